@@ -1,0 +1,430 @@
+// circuitlab: the command-line client. A thin layer over client::Client:
+// parse flags, call, print (human tables by default, --json for scripts).
+//
+// Exit codes: 0 success; 1 the watched run ended FAILED or CANCELLED; 2 bad
+// usage or spec file; 10 + gRPC status code for an RPC error (e.g. 13
+// INVALID_ARGUMENT, 15 NOT_FOUND, 18 RESOURCE_EXHAUSTED, 24 UNAVAILABLE);
+// 130 watching stopped by Ctrl-C (the run goes on).
+#include <signal.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <google/protobuf/util/time_util.h>
+
+#include <algorithm>
+#include <atomic>
+#include <csignal>
+#include <cmath>
+#include <iomanip>
+#include <cstdio>
+#include <ctime>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "client/lib/client.h"
+
+namespace {
+
+using circuitlab::client::Client;
+using circuitlab::client::ClientOptions;
+namespace v1 = circuitlab::v1;
+
+std::atomic<bool> g_interrupted{false};
+extern "C" void OnSigint(int) { g_interrupted.store(true); }
+
+struct Globals {
+  std::string server = "127.0.0.1:50051";
+  double timeout_s = 30;
+  bool json = false;
+  std::string token_file;
+};
+
+int ExitCodeFor(const absl::Status& s) { return s.ok() ? 0 : 10 + static_cast<int>(s.code()); }
+
+int ReportError(const absl::Status& s) {
+  std::cerr << "error: " << absl::StatusCodeToString(s.code()) << ": " << s.message() << "\n";
+  if (s.code() == absl::StatusCode::kUnavailable) {
+    std::cerr << "hint: is circuitlab-server running and reachable at the --server address?\n";
+  }
+  return ExitCodeFor(s);
+}
+
+std::string StateName(v1::RunState s) {
+  std::string name = v1::RunState_Name(s);
+  const std::string prefix = "RUN_STATE_";
+  if (name.rfind(prefix, 0) == 0) name = name.substr(prefix.size());
+  return name;
+}
+
+v1::RunState ParseState(const std::string& text) {
+  std::string up = text;
+  std::transform(up.begin(), up.end(), up.begin(), ::toupper);
+  v1::RunState s;
+  if (v1::RunState_Parse("RUN_STATE_" + up, &s) || v1::RunState_Parse(up, &s)) return s;
+  throw CLI::ValidationError("--state", "unknown state '" + text + "' (queued|running|succeeded|failed|cancelled)");
+}
+
+bool IsFinal(v1::RunState s) {
+  return s == v1::RUN_STATE_SUCCEEDED || s == v1::RUN_STATE_FAILED || s == v1::RUN_STATE_CANCELLED;
+}
+
+std::string FormatTime(const google::protobuf::Timestamp& t) {
+  if (t.seconds() == 0 && t.nanos() == 0) return "-";
+  std::time_t secs = t.seconds();
+  char buf[32];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%d %H:%M:%S", std::localtime(&secs));
+  return buf;
+}
+
+std::string Fixed(double v, int digits = 3) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%.*f", digits, v);
+  return buf;
+}
+
+std::string Duration(double seconds) {
+  if (!(seconds > 0) || !std::isfinite(seconds)) return "-";
+  long s = std::lround(seconds);
+  char buf[32];
+  if (s >= 3600) {
+    std::snprintf(buf, sizeof(buf), "%ldh%02ldm", s / 3600, (s / 60) % 60);
+  } else {
+    std::snprintf(buf, sizeof(buf), "%ldm%02lds", s / 60, s % 60);
+  }
+  return buf;
+}
+
+void PrintRunDetails(const v1::Run& run) {
+  const v1::Progress& p = run.progress();
+  std::cout << "run        " << run.run_id() << "  " << run.name() << "\n"
+            << "state      " << StateName(run.state()) << (run.device().empty() ? "" : "  on " + run.device())
+            << "  attempts " << run.attempts() << "\n"
+            << "progress   step " << p.step() << "/" << p.total_steps();
+  if (p.steps_per_second() > 0) std::cout << "  " << Fixed(p.steps_per_second(), 1) << " steps/s";
+  std::cout << "  checkpoint at step " << run.checkpoint_step() << "\n"
+            << "created    " << FormatTime(run.created_at()) << "  started " << FormatTime(run.started_at())
+            << "  finished " << FormatTime(run.finished_at()) << "\n";
+  if (run.tags_size() > 0) {
+    std::cout << "tags      ";
+    for (const auto& t : run.tags()) std::cout << " " << t;
+    std::cout << "\n";
+  }
+  if (!run.error().empty()) std::cout << "error      " << run.error() << "\n";
+  if (!p.latest().empty()) {
+    std::cout << "latest metrics:\n";
+    for (const auto& [name, value] : std::map<std::string, double>(p.latest().begin(), p.latest().end())) {
+      std::printf("  %-32s %.4f\n", name.c_str(), value);
+    }
+  }
+}
+
+// Renders progress events: a live bar on a terminal, a line every few
+// seconds otherwise.
+class ProgressPrinter {
+ public:
+  explicit ProgressPrinter(bool json) : json_(json), tty_(isatty(STDERR_FILENO)) {}
+
+  void OnEvent(const v1::RunEvent& ev) {
+    if (json_) {
+      std::cout << circuitlab::client::ToJson(ev, false) << "\n" << std::flush;
+      return;
+    }
+    if (ev.has_snapshot()) {
+      const v1::Run& run = ev.snapshot();
+      total_ = run.progress().total_steps();
+      run_id_ = run.run_id();
+      if (!announced_) {
+        std::cerr << "watching " << run.run_id() << " (" << run.name() << "): " << StateName(run.state()) << "\n";
+        announced_ = true;
+      }
+      latest_.insert(run.progress().latest().begin(), run.progress().latest().end());
+      Draw(run.progress().step(), run.progress().steps_per_second(), run.progress().eta_seconds());
+      state_ = run.state();
+      error_ = run.error();
+    } else if (ev.has_progress()) {
+      const v1::Progress& p = ev.progress();
+      if (p.total_steps() > 0) total_ = p.total_steps();
+      for (const auto& [k, v] : p.latest()) latest_[k] = v;
+      Draw(p.step(), p.steps_per_second(), p.eta_seconds());
+    } else if (ev.has_metrics()) {
+      for (const auto& pt : ev.metrics().points()) latest_[pt.name()] = pt.value();
+    } else if (ev.has_state()) {
+      state_ = ev.state().state();
+      error_ = ev.state().error();
+      EndLine();
+      std::cerr << run_id_ << ": " << StateName(state_) << (ev.state().device().empty() ? "" : " on " + ev.state().device())
+                << (error_.empty() ? "" : " (" + error_ + ")") << "\n";
+    }
+  }
+
+  void EndLine() {
+    if (drawn_ && tty_) std::cerr << "\n";
+    drawn_ = false;
+  }
+
+  v1::RunState state() const { return state_; }
+  const std::string& error() const { return error_; }
+  const std::map<std::string, double>& latest() const { return latest_; }
+
+ private:
+  std::string Get(const std::string& key) const {
+    auto it = latest_.find(key);
+    return it == latest_.end() ? "-" : Fixed(it->second);
+  }
+
+  void Draw(uint64_t step, double rate, double eta) {
+    const double frac = total_ > 0 ? static_cast<double>(step) / static_cast<double>(total_) : 0.0;
+    const int width = 24;
+    const int filled = static_cast<int>(std::round(frac * width));
+    std::ostringstream line;
+    line << "[" << std::string(filled, '#') << std::string(width - filled, '.') << "] " << std::setw(3)
+         << static_cast<int>(std::round(frac * 100)) << "%  step " << step << "/" << total_ << "  loss "
+         << Get("train/loss") << "  icl " << Get("eval/icl_rare/accuracy") << "  iwl " << Get("eval/iwl/accuracy")
+         << "  " << Fixed(rate, 1) << " it/s  eta " << Duration(eta);
+    if (tty_) {
+      std::cerr << "\r" << line.str() << "\033[K" << std::flush;
+      drawn_ = true;
+    } else {
+      const auto now = std::chrono::steady_clock::now();
+      if (now - last_line_ >= std::chrono::seconds(2) || step == total_) {
+        std::cerr << line.str() << "\n";
+        last_line_ = now;
+      }
+    }
+  }
+
+  bool json_;
+  bool tty_;
+  bool drawn_ = false;
+  bool announced_ = false;
+  uint64_t total_ = 0;
+  std::string run_id_;
+  v1::RunState state_ = v1::RUN_STATE_UNSPECIFIED;
+  std::string error_;
+  std::map<std::string, double> latest_;
+  std::chrono::steady_clock::time_point last_line_{};
+};
+
+int DoWatch(Client& client, const std::string& run_id, bool json) {
+  ProgressPrinter printer(json);
+  v1::WatchRunRequest req;
+  req.set_run_id(run_id);
+  req.set_include_metrics(true);
+  std::signal(SIGINT, OnSigint);
+  absl::Status s = client.Watch(req, [&](const v1::RunEvent& ev) { printer.OnEvent(ev); }, g_interrupted);
+  std::signal(SIGINT, SIG_DFL);
+  printer.EndLine();
+  if (absl::IsCancelled(s) && g_interrupted.load()) {
+    std::cerr << "stopped watching; " << run_id << " goes on (circuitlab cancel " << run_id << " stops it)\n";
+    return 130;
+  }
+  if (!s.ok()) return ReportError(s);
+  if (!json && IsFinal(printer.state())) {
+    const auto& latest = printer.latest();
+    std::cout << run_id << " " << StateName(printer.state()) << "\n";
+    for (const auto& [name, value] : latest) std::printf("  %-32s %.4f\n", name.c_str(), value);
+  }
+  return printer.state() == v1::RUN_STATE_SUCCEEDED ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "circuitlab: submit, watch and query experiments on a circuitlab-server.\n\n"
+      "Exit codes: 0 ok; 1 the watched run FAILED/was CANCELLED; 2 bad usage or spec; 10+code for a\n"
+      "gRPC error (13 INVALID_ARGUMENT, 15 NOT_FOUND, 18 RESOURCE_EXHAUSTED, 24 UNAVAILABLE);\n"
+      "130 watching stopped by Ctrl-C (the run goes on).",
+      "circuitlab"};
+  app.require_subcommand(1);
+  Globals g;
+  app.add_option("--server", g.server, "Server address host:port")->capture_default_str();
+  app.add_option("--timeout", g.timeout_s, "Deadline of each call, in seconds")->capture_default_str();
+  app.add_flag("--json", g.json, "Machine-readable output (protobuf JSON)");
+  app.add_option("--token-file", g.token_file, "File with the server's bearer token (first line)")
+      ->check(CLI::ExistingFile);
+
+  // submit
+  std::string spec_file;
+  bool submit_watch = false;
+  auto* submit = app.add_subcommand("submit",
+                                    "Submit an experiment spec (protobuf JSON) as a new run.\n"
+                                    "  circuitlab submit examples/induction.json --watch");
+  submit->add_option("FILE", spec_file, "ExperimentSpec JSON file")->required()->check(CLI::ExistingFile);
+  submit->add_flag("--watch,-w", submit_watch, "Watch the run until it ends");
+
+  // ls
+  std::vector<std::string> ls_states, ls_tags;
+  int ls_limit = 50;
+  std::string ls_page;
+  auto* ls = app.add_subcommand("ls", "List runs, newest first.\n  circuitlab ls --state running --tag demo");
+  ls->add_option("--state", ls_states, "Only runs in this state (repeatable): queued|running|succeeded|failed|cancelled");
+  ls->add_option("--tag", ls_tags, "Only runs with this tag (repeatable; all must match)");
+  ls->add_option("--limit", ls_limit, "Runs per page (1-1000)")->capture_default_str()->check(CLI::Range(1, 1000));
+  ls->add_option("--page-token", ls_page, "Continue from a previous page");
+
+  // show / watch / cancel
+  std::string run_id;
+  auto* show = app.add_subcommand("show", "Show one run: state, progress, latest metrics.\n  circuitlab show r3");
+  show->add_option("RUN", run_id, "Run id, e.g. r3")->required();
+  auto* watch = app.add_subcommand("watch",
+                                   "Follow a run live: progress bar with step, loss, ICL/IWL accuracy.\n"
+                                   "Ctrl-C stops watching, not the run.\n  circuitlab watch r3");
+  watch->add_option("RUN", run_id, "Run id")->required();
+  bool cancel_wait = false;
+  auto* cancel = app.add_subcommand("cancel", "Cancel a queued or running run.\n  circuitlab cancel r3 --wait");
+  cancel->add_option("RUN", run_id, "Run id")->required();
+  cancel->add_flag("--wait", cancel_wait, "Wait (up to --timeout) until the run has stopped");
+
+  // metrics
+  std::vector<std::string> m_names;
+  uint64_t m_min = 0, m_max = 0;
+  uint32_t m_points = 0;
+  bool m_csv = false;
+  auto* metrics = app.add_subcommand("metrics",
+                                     "Metric series of a run (train/loss, eval/<set>/accuracy, ...).\n"
+                                     "  circuitlab metrics r3 --name eval/icl_rare/accuracy --csv > icl.csv");
+  metrics->add_option("RUN", run_id, "Run id")->required();
+  metrics->add_option("--name", m_names, "Only this series (repeatable)");
+  metrics->add_option("--min-step", m_min, "First step (inclusive)");
+  metrics->add_option("--max-step", m_max, "Last step (inclusive; 0 = no bound)");
+  metrics->add_option("--max-points", m_points, "Downsample each series to at most this many points");
+  metrics->add_flag("--csv", m_csv, "CSV: run_id,name,step,value");
+
+  auto* health = app.add_subcommand("health", "Check that the server is up and serving.\n  circuitlab health");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    int rc = app.exit(e);
+    return rc == 0 ? 0 : 2;
+  }
+
+  ClientOptions opts;
+  opts.server = g.server;
+  opts.timeout = std::chrono::milliseconds(static_cast<int64_t>(g.timeout_s * 1000));
+  if (!g.token_file.empty()) {
+    std::ifstream in(g.token_file);
+    std::getline(in, opts.token);
+  }
+  Client client(opts);
+
+  if (*submit) {
+    auto spec = circuitlab::client::ReadSpecFile(spec_file);
+    if (!spec.ok()) {
+      std::cerr << "error: " << spec.status().message() << "\n";
+      return 2;
+    }
+    auto run = client.SubmitRun(*spec);
+    if (!run.ok()) return ReportError(run.status());
+    if (g.json && !submit_watch) {
+      std::cout << circuitlab::client::ToJson(*run) << "\n";
+    } else {
+      std::cerr << "submitted " << run->run_id() << " (" << run->name() << ", "
+                << run->spec().training().steps() << " steps)\n";
+      if (!submit_watch) std::cout << run->run_id() << "\n";
+    }
+    return submit_watch ? DoWatch(client, run->run_id(), g.json) : 0;
+  }
+  if (*ls) {
+    v1::ListRunsRequest req;
+    try {
+      for (const auto& s : ls_states) req.add_states(ParseState(s));
+    } catch (const CLI::ValidationError& e) {
+      std::cerr << "error: " << e.what() << "\n";
+      return 2;
+    }
+    for (const auto& t : ls_tags) req.add_tags(t);
+    req.set_page_size(ls_limit);
+    req.set_page_token(ls_page);
+    auto resp = client.ListRuns(req);
+    if (!resp.ok()) return ReportError(resp.status());
+    if (g.json) {
+      std::cout << circuitlab::client::ToJson(*resp) << "\n";
+      return 0;
+    }
+    std::printf("%-7s %-10s %-8s %-16s %-24s %s\n", "RUN", "STATE", "DEVICE", "STEP", "CREATED", "NAME");
+    for (const v1::Run& r : resp->runs()) {
+      std::string step = std::to_string(r.progress().step()) + "/" + std::to_string(r.progress().total_steps());
+      std::printf("%-7s %-10s %-8s %-16s %-24s %s\n", r.run_id().c_str(), StateName(r.state()).c_str(),
+                  r.device().empty() ? "-" : r.device().c_str(), step.c_str(), FormatTime(r.created_at()).c_str(),
+                  r.name().c_str());
+    }
+    std::cerr << resp->runs_size() << " of " << resp->total_size() << " run(s)";
+    if (!resp->next_page_token().empty()) std::cerr << "; next page: --page-token " << resp->next_page_token();
+    std::cerr << "\n";
+    return 0;
+  }
+  if (*show) {
+    auto run = client.GetRun(run_id);
+    if (!run.ok()) return ReportError(run.status());
+    if (g.json) {
+      std::cout << circuitlab::client::ToJson(*run) << "\n";
+    } else {
+      PrintRunDetails(*run);
+    }
+    return 0;
+  }
+  if (*watch) return DoWatch(client, run_id, g.json);
+  if (*cancel) {
+    auto run = client.CancelRun(run_id);
+    if (!run.ok()) return ReportError(run.status());
+    const auto deadline = std::chrono::steady_clock::now() + opts.timeout;
+    while (cancel_wait && !IsFinal(run->state()) && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      run = client.GetRun(run_id);
+      if (!run.ok()) return ReportError(run.status());
+    }
+    if (g.json) {
+      std::cout << circuitlab::client::ToJson(*run) << "\n";
+    } else {
+      std::cout << run->run_id() << " "
+                << (IsFinal(run->state()) ? StateName(run->state()) : "cancel requested (stops at its next step)")
+                << "\n";
+    }
+    return 0;
+  }
+  if (*metrics) {
+    v1::GetMetricsRequest req;
+    req.set_run_id(run_id);
+    for (const auto& n : m_names) req.add_names(n);
+    req.set_min_step(m_min);
+    req.set_max_step(m_max);
+    req.set_max_points(m_points);
+    auto resp = client.GetMetrics(req);
+    if (!resp.ok()) return ReportError(resp.status());
+    if (g.json) {
+      std::cout << circuitlab::client::ToJson(*resp) << "\n";
+    } else if (m_csv) {
+      std::cout << "run_id,name,step,value\n";
+      for (const auto& s : resp->series()) {
+        for (int i = 0; i < s.steps_size(); ++i) {
+          std::printf("%s,%s,%llu,%.9g\n", run_id.c_str(), s.name().c_str(),
+                      static_cast<unsigned long long>(s.steps(i)), s.values(i));
+        }
+      }
+    } else {
+      std::printf("%-32s %8s %10s %10s %10s %10s\n", "SERIES", "POINTS", "FIRST", "LAST", "MIN", "MAX");
+      for (const auto& s : resp->series()) {
+        if (s.values_size() == 0) continue;
+        auto [mn, mx] = std::minmax_element(s.values().begin(), s.values().end());
+        std::printf("%-32s %8llu %10.4f %10.4f %10.4f %10.4f\n", s.name().c_str(),
+                    static_cast<unsigned long long>(s.total_points()), s.values(0), s.values(s.values_size() - 1),
+                    *mn, *mx);
+      }
+    }
+    return 0;
+  }
+  if (*health) {
+    absl::Status s = client.Health();
+    if (!s.ok()) return ReportError(s);
+    std::cout << "SERVING " << g.server << "\n";
+    return 0;
+  }
+  return 2;
+}

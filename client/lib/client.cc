@@ -1,0 +1,200 @@
+#include "client/lib/client.h"
+
+#include <google/protobuf/util/json_util.h>
+#include <grpcpp/grpcpp.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <mutex>
+#include <sstream>
+#include <thread>
+
+#include "circuitlab/v1/experiment_service.grpc.pb.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+
+namespace circuitlab::client {
+namespace {
+
+absl::Status FromGrpc(const grpc::Status& s) {
+  if (s.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+}
+
+std::string DefaultClientName() {
+  const char* user = std::getenv("USER");
+  char host[256] = {0};
+  gethostname(host, sizeof(host) - 1);
+  return std::string(user ? user : "user") + "@" + host;
+}
+
+}  // namespace
+
+absl::StatusOr<v1::ExperimentSpec> ParseSpecJson(const std::string& json) {
+  v1::ExperimentSpec spec;
+  google::protobuf::util::JsonParseOptions opts;
+  opts.ignore_unknown_fields = false;
+  auto status = google::protobuf::util::JsonStringToMessage(json, &spec, opts);
+  if (!status.ok()) {
+    return absl::InvalidArgumentError("spec is not a valid circuitlab.v1.ExperimentSpec: " +
+                                      std::string(status.message()));
+  }
+  return spec;
+}
+
+absl::StatusOr<v1::ExperimentSpec> ReadSpecFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError("cannot read spec file " + path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  auto spec = ParseSpecJson(ss.str());
+  if (!spec.ok()) return absl::InvalidArgumentError(path + ": " + std::string(spec.status().message()));
+  return spec;
+}
+
+std::string ToJson(const google::protobuf::Message& message, bool pretty) {
+  std::string out;
+  google::protobuf::util::JsonPrintOptions opts;
+  opts.add_whitespace = pretty;
+  opts.preserve_proto_field_names = true;
+  if (!google::protobuf::util::MessageToJsonString(message, &out, opts).ok()) return "{}";
+  return out;
+}
+
+struct Client::Impl {
+  ClientOptions options;
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<v1::ExperimentService::Stub> stub;
+  std::unique_ptr<grpc::health::v1::Health::Stub> health;
+
+  void Prepare(grpc::ClientContext& ctx, bool deadline) const {
+    if (deadline) ctx.set_deadline(std::chrono::system_clock::now() + options.timeout);
+    if (!options.token.empty()) ctx.AddMetadata("authorization", "Bearer " + options.token);
+    ctx.AddMetadata("x-circuitlab-client", options.client_name);
+  }
+};
+
+Client::Client(const ClientOptions& options) : impl_(std::make_unique<Impl>()) {
+  impl_->options = options;
+  if (impl_->options.client_name.empty()) impl_->options.client_name = DefaultClientName();
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(64 << 20);
+  impl_->channel = grpc::CreateCustomChannel(options.server, grpc::InsecureChannelCredentials(), args);
+  impl_->stub = v1::ExperimentService::NewStub(impl_->channel);
+  impl_->health = grpc::health::v1::Health::NewStub(impl_->channel);
+}
+
+Client::~Client() = default;
+
+absl::StatusOr<v1::Run> Client::SubmitRun(const v1::ExperimentSpec& spec) {
+  grpc::ClientContext ctx;
+  impl_->Prepare(ctx, true);
+  v1::SubmitRunRequest req;
+  *req.mutable_spec() = spec;
+  v1::SubmitRunResponse resp;
+  grpc::Status s = impl_->stub->SubmitRun(&ctx, req, &resp);
+  if (!s.ok()) return FromGrpc(s);
+  return resp.run();
+}
+
+absl::StatusOr<v1::Run> Client::GetRun(const std::string& run_id) {
+  grpc::ClientContext ctx;
+  impl_->Prepare(ctx, true);
+  v1::GetRunRequest req;
+  req.set_run_id(run_id);
+  v1::Run resp;
+  grpc::Status s = impl_->stub->GetRun(&ctx, req, &resp);
+  if (!s.ok()) return FromGrpc(s);
+  return resp;
+}
+
+absl::StatusOr<v1::ListRunsResponse> Client::ListRuns(const v1::ListRunsRequest& request) {
+  grpc::ClientContext ctx;
+  impl_->Prepare(ctx, true);
+  v1::ListRunsResponse resp;
+  grpc::Status s = impl_->stub->ListRuns(&ctx, request, &resp);
+  if (!s.ok()) return FromGrpc(s);
+  return resp;
+}
+
+absl::StatusOr<v1::Run> Client::CancelRun(const std::string& run_id) {
+  grpc::ClientContext ctx;
+  impl_->Prepare(ctx, true);
+  v1::CancelRunRequest req;
+  req.set_run_id(run_id);
+  v1::Run resp;
+  grpc::Status s = impl_->stub->CancelRun(&ctx, req, &resp);
+  if (!s.ok()) return FromGrpc(s);
+  return resp;
+}
+
+absl::StatusOr<v1::GetMetricsResponse> Client::GetMetrics(const v1::GetMetricsRequest& request) {
+  grpc::ClientContext ctx;
+  impl_->Prepare(ctx, true);
+  v1::GetMetricsResponse resp;
+  grpc::Status s = impl_->stub->GetMetrics(&ctx, request, &resp);
+  if (!s.ok()) return FromGrpc(s);
+  return resp;
+}
+
+absl::Status Client::Health() {
+  grpc::ClientContext ctx;
+  impl_->Prepare(ctx, true);
+  grpc::health::v1::HealthCheckRequest req;
+  grpc::health::v1::HealthCheckResponse resp;
+  grpc::Status s = impl_->health->Check(&ctx, req, &resp);
+  if (!s.ok()) return FromGrpc(s);
+  if (resp.status() != grpc::health::v1::HealthCheckResponse::SERVING) {
+    return absl::UnavailableError("server is not serving (shutting down)");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Client::Watch(const v1::WatchRunRequest& request,
+                           const std::function<void(const v1::RunEvent&)>& on_event, const std::atomic<bool>& stop,
+                           std::chrono::milliseconds reconnect_for) {
+  v1::WatchRunRequest req = request;
+  auto give_up_at = std::chrono::steady_clock::now() + reconnect_for;
+  while (true) {
+    grpc::ClientContext ctx;
+    impl_->Prepare(ctx, false);
+    std::mutex mu;
+    bool done = false;
+    // Cancels the stream when `stop` is set (e.g. Ctrl-C), never the run.
+    std::thread canceller([&] {
+      while (true) {
+        {
+          std::lock_guard<std::mutex> lock(mu);
+          if (done) return;
+        }
+        if (stop.load()) {
+          ctx.TryCancel();
+          return;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+    });
+    auto reader = impl_->stub->WatchRun(&ctx, req);
+    v1::RunEvent ev;
+    bool got_any = false;
+    while (reader->Read(&ev)) {
+      got_any = true;
+      req.set_after_sequence(ev.sequence());
+      req.set_epoch(ev.epoch());
+      on_event(ev);
+    }
+    grpc::Status s = reader->Finish();
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      done = true;
+    }
+    canceller.join();
+    if (stop.load()) return absl::CancelledError("stopped watching");
+    if (s.error_code() != grpc::StatusCode::UNAVAILABLE) return FromGrpc(s);
+    if (got_any) give_up_at = std::chrono::steady_clock::now() + reconnect_for;
+    if (std::chrono::steady_clock::now() >= give_up_at) return FromGrpc(s);
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  }
+}
+
+}  // namespace circuitlab::client

@@ -1,0 +1,60 @@
+// circuitlab's C++ client library: one channel to a server, typed calls with
+// deadlines, spec files read through protobuf's own JSON parser.
+//
+// Thread-safety: a Client may be shared; each call is independent.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "circuitlab/v1/experiment_service.pb.h"
+
+namespace circuitlab::client {
+
+struct ClientOptions {
+  std::string server = "127.0.0.1:50051";
+  std::chrono::milliseconds timeout{30000};  // deadline of unary calls
+  std::string token;                          // bearer token, if the server wants one
+  std::string client_name;                    // sent as x-circuitlab-client (default user@host)
+};
+
+// Parses an ExperimentSpec from protobuf JSON. Unknown fields are an error
+// that names the field; InvalidArgument for malformed JSON, NotFound for a
+// missing file.
+absl::StatusOr<v1::ExperimentSpec> ParseSpecJson(const std::string& json);
+absl::StatusOr<v1::ExperimentSpec> ReadSpecFile(const std::string& path);
+
+// Protobuf JSON of any message (field names as in the .proto).
+std::string ToJson(const google::protobuf::Message& message, bool pretty = true);
+
+class Client {
+ public:
+  explicit Client(const ClientOptions& options);
+  ~Client();
+
+  absl::StatusOr<v1::Run> SubmitRun(const v1::ExperimentSpec& spec);
+  absl::StatusOr<v1::Run> GetRun(const std::string& run_id);
+  absl::StatusOr<v1::ListRunsResponse> ListRuns(const v1::ListRunsRequest& request);
+  absl::StatusOr<v1::Run> CancelRun(const std::string& run_id);
+  absl::StatusOr<v1::GetMetricsResponse> GetMetrics(const v1::GetMetricsRequest& request);
+  // SERVING -> OK; NOT_SERVING -> Unavailable; unreachable -> the RPC error.
+  absl::Status Health();
+
+  // Streams a run's events to `on_event` until the run ends (OK), the stream
+  // fails, or `stop` becomes true (Cancelled). Reconnects on UNAVAILABLE for up
+  // to `reconnect_for`, resuming after the last event seen.
+  absl::Status Watch(const v1::WatchRunRequest& request, const std::function<void(const v1::RunEvent&)>& on_event,
+                     const std::atomic<bool>& stop,
+                     std::chrono::milliseconds reconnect_for = std::chrono::seconds(30));
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace circuitlab::client

@@ -1,0 +1,80 @@
+// The engine's torch-free facade: what the scheduler (and tests) call to run
+// training. Everything that touches tensors lives behind it in engine .cc
+// files and engine-private headers.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "circuitlab/v1/spec.pb.h"
+#include "server/common/cancel.h"
+#include "server/engine/spec.h"
+
+namespace circuitlab::engine {
+
+struct Metric {
+  std::string name;  // e.g. "train/loss", "eval/icl_rare/accuracy"
+  double value = 0;
+};
+
+// Receives what a training run produces. Called on the training thread;
+// implementations must not block for long (they slow training).
+class TrainObserver {
+ public:
+  virtual ~TrainObserver() = default;
+  // Metrics recorded at `step` (1-based, after the step's update).
+  virtual void OnMetrics(int64_t step, const std::vector<Metric>& metrics) = 0;
+  // Progress after `step`, at most a few times a second.
+  virtual void OnProgress(int64_t step, double steps_per_second) = 0;
+  // A checkpoint of the state after `step`. An error fails the run.
+  virtual absl::Status OnCheckpoint(int64_t step, const std::string& bytes) = 0;
+};
+
+struct TrainRequest {
+  v1::ExperimentSpec spec;  // resolved (ResolveSpec)
+  std::string device = "cpu";  // "cpu" or "cuda:N"
+  // Resume from this checkpoint (bytes an earlier OnCheckpoint produced for
+  // the same spec). The resumed run continues bit-for-bit on CPU.
+  std::optional<std::string> resume_from;
+  const CancelToken* cancel = nullptr;  // polled every step; may be null
+  int intra_op_threads = 1;
+};
+
+enum class TrainEnd {
+  kCompleted,  // every step ran; a final checkpoint was delivered
+  kCancelled,  // stopped on a kCancel request
+  kPreempted,  // stopped on a kPreempt request; a checkpoint of the last step was delivered
+};
+
+struct TrainOutcome {
+  TrainEnd end = TrainEnd::kCompleted;
+  int64_t last_step = 0;
+};
+
+// Runs training runs. Thread-safe: one instance serves every worker.
+class Executor {
+ public:
+  virtual ~Executor() = default;
+  // InvalidArgument for a checkpoint that does not belong to the spec,
+  // Internal for failures inside LibTorch (the message says what failed).
+  virtual absl::StatusOr<TrainOutcome> Train(const TrainRequest& request, TrainObserver& observer) = 0;
+};
+
+// The LibTorch executor.
+std::unique_ptr<Executor> MakeTorchExecutor();
+
+// CUDA devices LibTorch can use (0 on CPU-only builds).
+int CudaDeviceCount();
+
+// Process-wide runtime settings; call once at start-up before any training:
+// BLAS threads (OpenBLAS) pinned to `blas_threads`, and glibc malloc
+// thresholds raised so freed activation buffers are reused rather than
+// returned to the OS every step.
+void ConfigureRuntime(int blas_threads);
+
+}  // namespace circuitlab::engine

@@ -1,0 +1,50 @@
+// Validation and default resolution of an ExperimentSpec (torch-free).
+//
+// ResolveSpec fills every unset optional field with its documented default
+// (see proto/circuitlab/v1/spec.proto) and checks every field. The first
+// problem is returned as
+//   InvalidArgument("task.associative_recall.num_blocks must be in [1, 256], got 0")
+// naming the field path as it appears in the JSON spec, the allowed range and
+// the value. Specs that are valid but too big for this server's limits answer
+// ResourceExhausted, naming the limit.
+#pragma once
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "circuitlab/v1/spec.pb.h"
+
+namespace circuitlab::engine {
+
+struct EngineLimits {
+  // Most optimisation steps one run may ask for.
+  uint64_t max_steps = 10'000'000;
+  // Most memory one run may need (estimated; see EstimateRunMemoryBytes).
+  uint64_t max_run_memory_bytes = 4ULL << 30;
+};
+
+// Fills defaults in place and validates. On error `spec` may be partly
+// resolved.
+absl::Status ResolveSpec(const EngineLimits& limits, v1::ExperimentSpec* spec);
+
+// Vocabulary size V, position vocabulary P and sequence length T of a resolved
+// associative-recall spec.
+struct TaskShape {
+  int64_t vocab = 0;
+  int64_t positions = 0;
+  int64_t seq_len = 0;
+};
+TaskShape ShapeOf(const v1::ExperimentSpec& resolved);
+
+// Residual width d_L = (H+1)^L (V+P) of a resolved spec's model.
+int64_t ResidualWidth(const v1::ExperimentSpec& resolved);
+
+// Trainable parameters of a resolved spec's model.
+int64_t ParameterCount(const v1::ExperimentSpec& resolved);
+
+// Rough upper estimate of the memory a training step and an evaluation chunk
+// of a resolved spec need: parameters with gradients and optimiser state, and
+// the activations autograd keeps.
+uint64_t EstimateRunMemoryBytes(const v1::ExperimentSpec& resolved);
+
+}  // namespace circuitlab::engine

@@ -1,0 +1,256 @@
+#include "server/engine/tasks/assoc_recall.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <cmath>
+#include <limits>
+
+namespace circuitlab::engine {
+namespace {
+
+const auto kLong = torch::TensorOptions().dtype(torch::kLong);
+const auto kDouble = torch::TensorOptions().dtype(torch::kDouble);
+
+// B independent uniform permutations of [0, n), first `take` entries each.
+torch::Tensor RowPermutations(int64_t batch, int64_t n, int64_t take, torch::Generator& gen) {
+  return torch::rand({batch, n}, gen, kDouble).argsort(/*dim=*/1, /*descending=*/false).narrow(1, 0, take);
+}
+
+torch::Tensor Coin(torch::IntArrayRef shape, double p, torch::Generator& gen) {
+  if (p <= 0.0) return torch::zeros(shape, torch::kBool);
+  if (p >= 1.0) return torch::ones(shape, torch::kBool);
+  return torch::rand(shape, gen, kDouble) < p;
+}
+
+}  // namespace
+
+AssocRecallConfig AssocRecallConfig::FromSpec(const v1::ExperimentSpec& spec) {
+  const auto& t = spec.task().associative_recall();
+  const auto& d = spec.data();
+  AssocRecallConfig c;
+  c.num_common = t.num_common();
+  c.num_rare = t.num_rare();
+  c.num_heldout = t.num_heldout();
+  c.num_blocks = t.num_blocks();
+  c.block_length = t.block_length();
+  c.absolute_positions = t.position_mode() == v1::POSITION_MODE_ABSOLUTE;
+  c.num_positions = t.num_positions();
+  c.rare_fraction = d.rare_fraction();
+  c.variability = d.variability();
+  c.variant_mode = d.variability_mode() == v1::VARIABILITY_MODE_VARIANT;
+  c.zipf_exponent = d.zipf_exponent();
+  c.burstiness = d.burstiness();
+  c.max_gap = d.max_gap();
+  return c;
+}
+
+AssocRecallTask::AssocRecallTask(const AssocRecallConfig& config, uint64_t pool_seed) : cfg_(config) {
+  vocab_ = kNumSpecials + cfg_.num_common + cfg_.num_rare + cfg_.num_heldout;
+  seq_len_ = 1 + cfg_.num_blocks * (cfg_.block_length + cfg_.max_gap) + (cfg_.block_length - 1);
+  torch::Generator gen = at::make_generator<at::CPUGeneratorImpl>(pool_seed);
+  const int64_t npairs = cfg_.num_common / 2;
+  pairs_ = (torch::randperm(cfg_.num_common, gen, kLong) + kNumSpecials).view({npairs, 2});
+  // rank[p] = Zipf rank (0-based) of pair p; P(rank r) ~ (r+1)^-zeta.
+  torch::Tensor rank = torch::randperm(npairs, gen, kLong).to(torch::kDouble);
+  pair_log_w_ = -cfg_.zipf_exponent * torch::log(rank + 1.0);
+  partner_ = torch::full({vocab_}, -1, kLong);
+  pair_of_tok_ = torch::full({vocab_}, -1, kLong);
+  if (npairs > 0) {
+    torch::Tensor left = pairs_.select(1, 0), right = pairs_.select(1, 1);
+    partner_.index_put_({left}, right);
+    partner_.index_put_({right}, left);
+    torch::Tensor ids = torch::arange(npairs, kLong);
+    pair_of_tok_.index_put_({left}, ids);
+    pair_of_tok_.index_put_({right}, ids);
+  }
+}
+
+int64_t AssocRecallTask::num_positions() const { return cfg_.absolute_positions ? seq_len_ : cfg_.num_positions; }
+
+bool AssocRecallTask::Supports(SampleMode mode) const {
+  const int64_t npairs = cfg_.num_common / 2;
+  switch (mode) {
+    case SampleMode::kTrain:
+    case SampleMode::kIclRare:
+      return true;
+    case SampleMode::kIclHoldout:
+      return cfg_.num_heldout >= 2;
+    case SampleMode::kIwl:
+      return npairs >= 1;
+    case SampleMode::kConflict:
+      return npairs >= 2;
+  }
+  return false;
+}
+
+Batch AssocRecallTask::Sample(int64_t B, SampleMode mode, torch::Generator& gen) const {
+  using torch::indexing::Slice;
+  const int64_t n = cfg_.num_blocks, k = cfg_.block_length, T = seq_len_;
+  const int64_t npairs = cfg_.num_common / 2;
+  const bool train = mode == SampleMode::kTrain;
+
+  // --- query class and how many copies of its block the context holds ---
+  torch::Tensor rare_query;
+  int64_t copies = 1;
+  double dist_rare = npairs == 0 ? 1.0 : cfg_.rare_fraction;
+  switch (mode) {
+    case SampleMode::kTrain:
+      rare_query = npairs == 0 ? torch::ones({B}, torch::kBool) : Coin({B}, cfg_.rare_fraction, gen);
+      copies = cfg_.burstiness;
+      break;
+    case SampleMode::kIclRare:
+    case SampleMode::kIclHoldout:
+      rare_query = torch::ones({B}, torch::kBool);
+      dist_rare = 1.0;
+      break;
+    case SampleMode::kIwl:
+      rare_query = torch::zeros({B}, torch::kBool);
+      copies = 0;
+      break;
+    case SampleMode::kConflict:
+      rare_query = torch::zeros({B}, torch::kBool);
+      break;
+  }
+
+  // Rare slots per sequence: 0,1 for the query pair (or 0 for a fresh
+  // re-pairing/variant token), then 2+2j, 3+2j for distractor j.
+  torch::Tensor rslots = RowPermutations(B, cfg_.num_rare, 2 * n + 2, gen) + rare_begin();
+
+  // --- common query pair, orientation ---
+  torch::Tensor qpair = torch::zeros({B}, kLong);
+  torch::Tensor a_common = torch::zeros({B}, kLong), partner = torch::zeros({B}, kLong);
+  if (npairs > 0) {
+    qpair = torch::multinomial(torch::softmax(pair_log_w_, 0), B, /*replacement=*/true, gen);
+    torch::Tensor orient = Coin({B}, 0.5, gen).to(torch::kLong);
+    a_common = pairs_.index({qpair, orient});
+    partner = pairs_.index({qpair, 1 - orient});
+  }
+  torch::Tensor varied = torch::zeros({B}, torch::kBool);
+  if (train && npairs > 0) varied = Coin({B}, cfg_.variability, gen).logical_and(rare_query.logical_not());
+
+  torch::Tensor key, value, kind;
+  torch::Tensor rkey = rslots.select(1, 0), rval = rslots.select(1, 1);
+  if (cfg_.variant_mode) {
+    key = torch::where(varied, rkey, a_common);
+    value = partner;
+  } else {
+    key = a_common;
+    value = torch::where(varied, rkey, partner);
+  }
+  key = torch::where(rare_query, rkey, key);
+  value = torch::where(rare_query, rval, value);
+  kind = torch::where(rare_query, torch::full({B}, int64_t{kQueryRare}, kLong),
+                      torch::where(varied, torch::full({B}, int64_t{kQueryCommonVaried}, kLong),
+                                   torch::full({B}, int64_t{kQueryCommonCanon}, kLong)));
+  torch::Tensor alt = value;
+
+  // Pairs a common distractor must not use.
+  torch::Tensor excluded;
+  if (npairs > 0) {
+    excluded = torch::zeros({B, npairs}, torch::kBool);
+    excluded.scatter_(1, qpair.unsqueeze(1), rare_query.logical_not().unsqueeze(1));
+  }
+
+  if (mode == SampleMode::kIclHoldout) {
+    torch::Tensor h = RowPermutations(B, cfg_.num_heldout, 2, gen) + heldout_begin();
+    key = h.select(1, 0);
+    value = h.select(1, 1);
+    alt = value;
+    kind = torch::full({B}, int64_t{kQueryHoldout}, kLong);
+  } else if (mode == SampleMode::kConflict) {
+    // x: a member of another common pair (Zipf-weighted), in context as [a x].
+    torch::Tensor logits = pair_log_w_.unsqueeze(0).expand({B, npairs}).clone();
+    logits.masked_fill_(excluded, -std::numeric_limits<double>::infinity());
+    torch::Tensor xpair = torch::multinomial(torch::softmax(logits, 1), 1, false, gen).squeeze(1);
+    torch::Tensor xorient = Coin({B}, 0.5, gen).to(torch::kLong);
+    value = pairs_.index({xpair, xorient});
+    alt = partner;
+    excluded.scatter_(1, xpair.unsqueeze(1), true);
+  }
+
+  // --- distractors: rare w.p. dist_rare, else an unused common pair drawn by
+  // Zipf weight without replacement (Gumbel top-k); a common distractor that
+  // finds no unused pair becomes rare ---
+  torch::Tensor slot = torch::arange(n, kLong).unsqueeze(0).expand({B, n});
+  torch::Tensor is_distractor = slot >= copies;
+  torch::Tensor rare_pairs = rslots.narrow(1, 2, 2 * n).view({B, n, 2});
+  torch::Tensor dkey = rare_pairs.select(2, 0), dval = rare_pairs.select(2, 1);
+  torch::Tensor want_common = Coin({B, n}, 1.0 - dist_rare, gen).logical_and(is_distractor);
+  if (npairs > 0) {
+    const int64_t m = std::min(n, npairs);
+    torch::Tensor u = torch::rand({B, npairs}, gen, kDouble).clamp_min(1e-300);
+    torch::Tensor gumbel_keys = pair_log_w_.unsqueeze(0) - torch::log(-torch::log(u));
+    gumbel_keys.masked_fill_(excluded, -std::numeric_limits<double>::infinity());
+    auto [cand_val, cand_idx] = gumbel_keys.topk(m, 1);
+    torch::Tensor crank = (want_common.to(torch::kLong).cumsum(1) - 1).clamp(0, m - 1);
+    torch::Tensor got = cand_val.gather(1, crank).isfinite();
+    torch::Tensor has_rank = want_common.to(torch::kLong).cumsum(1) <= m;
+    torch::Tensor use_common = want_common.logical_and(got).logical_and(has_rank);
+    torch::Tensor cpair = cand_idx.gather(1, crank);
+    torch::Tensor corient = Coin({B, n}, 0.5, gen).to(torch::kLong);
+    torch::Tensor ckey = pairs_.index({cpair, corient}), cval = pairs_.index({cpair, 1 - corient});
+    dkey = torch::where(use_common, ckey, dkey);
+    dval = torch::where(use_common, cval, dval);
+  }
+  torch::Tensor bkey = torch::where(is_distractor, dkey, key.unsqueeze(1));
+  torch::Tensor bval = torch::where(is_distractor, dval, value.unsqueeze(1));
+
+  // --- shuffle the blocks ---
+  torch::Tensor perm = torch::rand({B, n}, gen, kDouble).argsort(/*dim=*/1, /*descending=*/false);
+  bkey = bkey.gather(1, perm);
+  bval = bval.gather(1, perm);
+
+  // --- layout: BOS, leading fillers, [gap fillers, block] x n, query block ---
+  torch::Tensor gaps = cfg_.max_gap > 0 ? torch::randint(0, cfg_.max_gap + 1, {B, n}, gen, kLong)
+                                        : torch::zeros({B, n}, kLong);
+  torch::Tensor gsum = gaps.cumsum(1);
+  torch::Tensor lead = n * cfg_.max_gap - gsum.select(1, n - 1);
+  torch::Tensor start = 1 + lead.unsqueeze(1) + gsum + torch::arange(n, kLong).unsqueeze(0) * k;
+  const int64_t qstart = T - (k - 1);
+
+  torch::Tensor tokens = torch::full({B, T}, kFill, kLong);
+  tokens.scatter_(1, start, bkey);
+  tokens.scatter_(1, start + (k - 1), bval);
+  tokens.index_put_({Slice(), qstart}, key);
+
+  torch::Tensor block_of = torch::full({B, T}, -1, kLong);
+  torch::Tensor block_ids = torch::arange(n, kLong).unsqueeze(0).expand({B, n});
+  for (int64_t j = 0; j < k; ++j) block_of.scatter_(1, start + j, block_ids);
+  block_of.index_put_({Slice(), Slice(qstart, T)}, n);
+
+  torch::Tensor pids;
+  if (cfg_.absolute_positions) {
+    pids = torch::arange(T, kLong).unsqueeze(0).expand({B, T}).contiguous();
+  } else {
+    const int64_t P = cfg_.num_positions;
+    pids = torch::randint(0, P, {B, T}, gen, kLong);  // fillers and BOS: independent uniform
+    torch::Tensor phi = torch::randint(0, P, {B, n + 1}, gen, kLong);
+    torch::Tensor bphi = phi.narrow(1, 0, n);
+    for (int64_t j = 0; j < k; ++j) pids.scatter_(1, start + j, (bphi + j).remainder(P));
+    for (int64_t j = 0; j < k - 1; ++j) pids.index_put_({Slice(), qstart + j}, (phi.select(1, n) + j).remainder(P));
+  }
+
+  Batch out;
+  out.tokens = tokens;
+  out.pids = pids;
+  out.target = value;
+  out.alt_target = alt;
+  out.query_kind = kind;
+  out.block_of_token = block_of;
+  return out;
+}
+
+std::vector<EvalSetInfo> EvalSets(const AssocRecallTask& task) {
+  std::vector<EvalSetInfo> sets;
+  const std::pair<SampleMode, const char*> all[] = {{SampleMode::kIclRare, "icl_rare"},
+                                                    {SampleMode::kIclHoldout, "icl_holdout"},
+                                                    {SampleMode::kIwl, "iwl"},
+                                                    {SampleMode::kConflict, "conflict"},
+                                                    {SampleMode::kTrain, "train_mix"}};
+  for (const auto& [mode, name] : all) {
+    if (task.Supports(mode)) sets.push_back({mode, name});
+  }
+  return sets;
+}
+
+}  // namespace circuitlab::engine

@@ -1,0 +1,233 @@
+#include "server/engine/train/trainer.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <cmath>
+#include <sstream>
+
+#include "server/common/seeds.h"
+
+namespace circuitlab::engine {
+namespace {
+
+constexpr int64_t kEvalChunk = 512;
+constexpr int64_t kCheckpointFormat = 1;
+
+torch::Generator MakeGenerator(uint64_t seed) { return at::make_generator<at::CPUGeneratorImpl>(seed); }
+
+// Seeds of one member, by purpose (SCIENCE.md 0.3).
+uint64_t PoolSeed(uint64_t seed) { return DeriveSeed63(seed, "pool"); }
+uint64_t InitSeed(uint64_t seed) { return DeriveSeed63(seed, "init"); }
+uint64_t BatchSeed(uint64_t seed, int64_t step) { return DeriveSeed63(seed, "batch", static_cast<uint64_t>(step)); }
+uint64_t EvalSeed(uint64_t seed, SampleMode mode) {
+  return DeriveSeed63(seed, "eval", static_cast<uint64_t>(mode));
+}
+
+std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(const v1::TrainingSpec& t,
+                                                       const std::vector<torch::Tensor>& params) {
+  if (t.optimizer() == v1::OPTIMIZER_KIND_ADAM) {
+    auto opts = torch::optim::AdamOptions(t.learning_rate())
+                    .betas({t.adam_beta1(), t.adam_beta2()})
+                    .weight_decay(t.weight_decay());
+    return std::make_unique<torch::optim::Adam>(params, opts);
+  }
+  auto opts = torch::optim::SGDOptions(t.learning_rate()).momentum(t.momentum()).weight_decay(t.weight_decay());
+  return std::make_unique<torch::optim::SGD>(params, opts);
+}
+
+}  // namespace
+
+EnsembleTrainer::EnsembleTrainer(const v1::ExperimentSpec& spec, std::vector<uint64_t> member_seeds,
+                                 torch::Device device)
+    : spec_(spec), seeds_(std::move(member_seeds)), device_(device) {
+  const AssocRecallConfig task_cfg = AssocRecallConfig::FromSpec(spec_);
+  for (uint64_t seed : seeds_) tasks_.emplace_back(task_cfg, PoolSeed(seed));
+
+  const auto& m = spec_.model().imir();
+  ImirModelConfig model_cfg;
+  model_cfg.vocab = tasks_[0].vocab_size();
+  model_cfg.positions = tasks_[0].num_positions();
+  model_cfg.layers = m.num_layers();
+  model_cfg.heads = m.num_heads();
+  model_cfg.zero_init = m.init() == v1::INIT_SCHEME_ZERO;
+  model_cfg.init_std = m.init_std();
+  model_ = std::make_unique<ImirModel>(model_cfg, ensemble(), device_);
+  std::vector<uint64_t> init_seeds;
+  for (uint64_t seed : seeds_) init_seeds.push_back(InitSeed(seed));
+  model_->Initialize(init_seeds);
+  optimizer_ = MakeOptimizer(spec_.training(), model_->parameters());
+
+  const int64_t eval_size = spec_.recording().eval_size();
+  for (const EvalSetInfo& info : EvalSets(tasks_[0])) {
+    EvalSet set{info.name, info.mode, {}};
+    for (size_t e = 0; e < seeds_.size(); ++e) {
+      torch::Generator gen = MakeGenerator(EvalSeed(seeds_[e], info.mode));
+      set.per_member.push_back(tasks_[e].Sample(eval_size, info.mode, gen));
+    }
+    eval_sets_.push_back(std::move(set));
+  }
+}
+
+EnsembleTrainer::Stacked EnsembleTrainer::Stack(const std::vector<const Batch*>& batches, int64_t begin,
+                                                int64_t count) const {
+  std::vector<torch::Tensor> tok, pid, tgt, alt;
+  for (const Batch* b : batches) {
+    tok.push_back(b->tokens.narrow(0, begin, count));
+    pid.push_back(b->pids.narrow(0, begin, count));
+    tgt.push_back(b->target.narrow(0, begin, count));
+    alt.push_back(b->alt_target.narrow(0, begin, count));
+  }
+  return {torch::stack(tok).to(device_), torch::stack(pid).to(device_), torch::stack(tgt).to(device_),
+          torch::stack(alt).to(device_)};
+}
+
+std::vector<std::vector<Metric>> EnsembleTrainer::Step(bool record) {
+  const int64_t batch = spec_.training().batch_size();
+  const int64_t next = step_ + 1;
+  std::vector<Batch> batches;
+  std::vector<const Batch*> ptrs;
+  for (size_t e = 0; e < seeds_.size(); ++e) {
+    torch::Generator gen = MakeGenerator(BatchSeed(seeds_[e], next));
+    batches.push_back(tasks_[e].Sample(batch, SampleMode::kTrain, gen));
+  }
+  for (const Batch& b : batches) ptrs.push_back(&b);
+  Stacked s = Stack(ptrs, 0, batch);
+
+  torch::Tensor logits = model_->Forward(s.tokens, s.pids);                      // [E, B, V]
+  torch::Tensor nll = -torch::log_softmax(logits, -1).gather(-1, s.target.unsqueeze(-1)).squeeze(-1);
+  torch::Tensor member_loss = nll.mean(1);                                       // [E]
+  optimizer_->zero_grad();
+  // Members share no parameters, so the gradient of the sum is each member's
+  // own gradient.
+  member_loss.sum().backward();
+
+  std::vector<std::vector<Metric>> out;
+  if (record) {
+    torch::NoGradGuard no_grad;
+    torch::Tensor sq = torch::zeros({ensemble()}, torch::TensorOptions().dtype(torch::kDouble).device(device_));
+    for (const torch::Tensor& p : model_->parameters()) {
+      sq += p.grad().to(torch::kDouble).pow(2).flatten(1).sum(1);
+    }
+    torch::Tensor acc = (logits.argmax(-1) == s.target).to(torch::kDouble).mean(1).cpu();
+    torch::Tensor loss = member_loss.detach().to(torch::kDouble).cpu();
+    torch::Tensor norm = sq.sqrt().cpu();
+    for (int64_t e = 0; e < ensemble(); ++e) {
+      out.push_back({{"train/loss", loss[e].item<double>()},
+                     {"train/accuracy", acc[e].item<double>()},
+                     {"train/grad_norm", norm[e].item<double>()}});
+    }
+  }
+  optimizer_->step();
+  step_ = next;
+  return out;
+}
+
+std::vector<std::vector<Metric>> EnsembleTrainer::Evaluate() const {
+  torch::NoGradGuard no_grad;
+  std::vector<std::vector<Metric>> out(seeds_.size());
+  const auto dopts = torch::TensorOptions().dtype(torch::kDouble).device(device_);
+  for (const EvalSet& set : eval_sets_) {
+    std::vector<const Batch*> ptrs;
+    for (const Batch& b : set.per_member) ptrs.push_back(&b);
+    const int64_t total = set.per_member[0].tokens.size(0);
+    torch::Tensor correct = torch::zeros({ensemble()}, dopts), nll = torch::zeros({ensemble()}, dopts);
+    torch::Tensor p_target = torch::zeros({ensemble()}, dopts), p_alt = torch::zeros({ensemble()}, dopts);
+    torch::Tensor logit_diff = torch::zeros({ensemble()}, dopts);
+    for (int64_t begin = 0; begin < total; begin += kEvalChunk) {
+      const int64_t count = std::min(kEvalChunk, total - begin);
+      Stacked s = Stack(ptrs, begin, count);
+      torch::Tensor logits = model_->Forward(s.tokens, s.pids).to(torch::kDouble);  // [E, b, V]
+      torch::Tensor logp = torch::log_softmax(logits, -1);
+      torch::Tensor lp_t = logp.gather(-1, s.target.unsqueeze(-1)).squeeze(-1);
+      torch::Tensor lp_a = logp.gather(-1, s.alt_target.unsqueeze(-1)).squeeze(-1);
+      correct += (logits.argmax(-1) == s.target).to(torch::kDouble).sum(1);
+      nll -= lp_t.sum(1);
+      p_target += lp_t.exp().sum(1);
+      p_alt += lp_a.exp().sum(1);
+      logit_diff += (logits.gather(-1, s.target.unsqueeze(-1)) - logits.gather(-1, s.alt_target.unsqueeze(-1)))
+                        .squeeze(-1)
+                        .sum(1);
+    }
+    const double inv = 1.0 / static_cast<double>(total);
+    correct = (correct * inv).cpu();
+    nll = (nll * inv).cpu();
+    p_target = (p_target * inv).cpu();
+    p_alt = (p_alt * inv).cpu();
+    logit_diff = (logit_diff * inv).cpu();
+    const std::string prefix = "eval/" + set.name + "/";
+    for (int64_t e = 0; e < ensemble(); ++e) {
+      out[e].push_back({prefix + "accuracy", correct[e].item<double>()});
+      out[e].push_back({prefix + "loss", nll[e].item<double>()});
+      out[e].push_back({prefix + "p_target", p_target[e].item<double>()});
+      if (set.mode == SampleMode::kConflict) {
+        // target = in-context partner x (ICL answer), alt = C(a) (IWL answer).
+        out[e].push_back({prefix + "p_icl", p_target[e].item<double>()});
+        out[e].push_back({prefix + "p_iwl", p_alt[e].item<double>()});
+        out[e].push_back({prefix + "logit_diff", logit_diff[e].item<double>()});
+      }
+    }
+  }
+  return out;
+}
+
+uint64_t EnsembleTrainer::Fingerprint() const {
+  // What determines the trajectory: task, data, model, training and seeds.
+  uint64_t h = HashPurpose(spec_.task().SerializeAsString());
+  h = Mix64(h ^ HashPurpose(spec_.data().SerializeAsString()));
+  h = Mix64(h ^ HashPurpose(spec_.model().SerializeAsString()));
+  h = Mix64(h ^ HashPurpose(spec_.training().SerializeAsString()));
+  for (uint64_t s : seeds_) h = Mix64(h ^ s);
+  return h >> 1;
+}
+
+std::string EnsembleTrainer::SaveCheckpoint() const {
+  torch::serialize::OutputArchive archive;
+  archive.write("format", torch::tensor(kCheckpointFormat));
+  archive.write("fingerprint", torch::tensor(static_cast<int64_t>(Fingerprint())));
+  archive.write("step", torch::tensor(step_));
+  std::vector<int64_t> seeds(seeds_.begin(), seeds_.end());
+  archive.write("rng/member_seeds", torch::tensor(seeds));
+  const auto names = model_->parameter_names();
+  const auto params = model_->parameters();
+  for (size_t i = 0; i < params.size(); ++i) archive.write("param/" + names[i], params[i].detach().cpu());
+  torch::serialize::OutputArchive opt;
+  optimizer_->save(opt);
+  archive.write("optimizer", opt);
+  std::ostringstream out;
+  archive.save_to(out);
+  return out.str();
+}
+
+absl::Status EnsembleTrainer::LoadCheckpoint(const std::string& bytes) {
+  torch::serialize::InputArchive archive;
+  std::istringstream in(bytes);
+  archive.load_from(in, device_);
+  torch::Tensor format, fingerprint, step;
+  archive.read("format", format);
+  if (format.item<int64_t>() != kCheckpointFormat) {
+    return absl::InvalidArgumentError("checkpoint format " + std::to_string(format.item<int64_t>()) +
+                                      " is not supported (expected " + std::to_string(kCheckpointFormat) + ")");
+  }
+  archive.read("fingerprint", fingerprint);
+  if (static_cast<uint64_t>(fingerprint.item<int64_t>()) != Fingerprint()) {
+    return absl::InvalidArgumentError("checkpoint belongs to a different spec, seed or ensemble");
+  }
+  archive.read("step", step);
+  const auto names = model_->parameter_names();
+  const auto params = model_->parameters();
+  {
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < params.size(); ++i) {
+      torch::Tensor t;
+      archive.read("param/" + names[i], t);
+      params[i].copy_(t);
+    }
+  }
+  torch::serialize::InputArchive opt;
+  archive.read("optimizer", opt);
+  optimizer_->load(opt);
+  step_ = step.item<int64_t>();
+  return absl::OkStatus();
+}
+
+}  // namespace circuitlab::engine

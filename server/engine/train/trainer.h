@@ -1,0 +1,77 @@
+// Training of an ensemble of IMIR models on associative recall. Engine-private
+// (includes LibTorch).
+//
+// Member e of an ensemble is defined by its master seed alone: its task pool,
+// training stream, initialisation and evaluation sets derive from it, so
+// member e trains exactly as a one-member run with that seed would (the
+// ensemble shares tensor ops, not randomness or parameters).
+//
+// Randomness is counter-based: the batch of step s comes from a generator
+// seeded with DeriveSeed(seed, "batch", s). The RNG state a checkpoint needs to
+// resume is therefore (seed, step), which it stores with the weights and the
+// optimiser state.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "circuitlab/v1/spec.pb.h"
+#include "server/engine/engine.h"
+#include "server/engine/models/imir_model.h"
+#include "server/engine/tasks/assoc_recall.h"
+
+namespace circuitlab::engine {
+
+class EnsembleTrainer {
+ public:
+  // `spec` must be resolved. One member per seed.
+  EnsembleTrainer(const v1::ExperimentSpec& spec, std::vector<uint64_t> member_seeds, torch::Device device);
+
+  // Runs the next step. When `record` is set, returns each member's training
+  // metrics of this step (loss, accuracy, gradient norm); else an empty vector.
+  std::vector<std::vector<Metric>> Step(bool record);
+
+  // Evaluation metrics of every member on its fixed evaluation sets.
+  std::vector<std::vector<Metric>> Evaluate() const;
+
+  // Weights, optimiser state and RNG state (seeds + step).
+  std::string SaveCheckpoint() const;
+  // InvalidArgument when the checkpoint belongs to another spec or ensemble.
+  absl::Status LoadCheckpoint(const std::string& bytes);
+
+  int64_t step() const { return step_; }
+  int64_t total_steps() const { return static_cast<int64_t>(spec_.training().steps()); }
+  int64_t ensemble() const { return static_cast<int64_t>(seeds_.size()); }
+  const ImirModel& model() const { return *model_; }
+  const AssocRecallTask& task(int64_t member) const { return tasks_[member]; }
+
+ private:
+  struct EvalSet {
+    std::string name;
+    SampleMode mode;
+    std::vector<Batch> per_member;  // fixed by each member's eval seed
+  };
+
+  // Stacks one batch per member into [E, B, ...] tensors on the device.
+  struct Stacked {
+    torch::Tensor tokens, pids, target, alt_target;
+  };
+  Stacked Stack(const std::vector<const Batch*>& batches, int64_t begin, int64_t count) const;
+  uint64_t Fingerprint() const;
+
+  v1::ExperimentSpec spec_;
+  std::vector<uint64_t> seeds_;
+  torch::Device device_;
+  std::vector<AssocRecallTask> tasks_;
+  std::unique_ptr<ImirModel> model_;
+  std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  std::vector<EvalSet> eval_sets_;
+  int64_t step_ = 0;
+};
+
+}  // namespace circuitlab::engine

@@ -1,0 +1,150 @@
+// circuitlab-server: flags -> store, engine, scheduler, gRPC server; then wait
+// for SIGINT/SIGTERM and drain. The only file that knows every concrete type.
+#include <signal.h>
+
+#include <CLI/CLI.hpp>
+#include <spdlog/spdlog.h>
+
+#include <cstdio>
+#include <fstream>
+#include <random>
+#include <sstream>
+
+#include "server/common/clock.h"
+#include "server/common/logging.h"
+#include "server/engine/engine.h"
+#include "server/rpc/server.h"
+#include "server/scheduler/scheduler.h"
+#include "server/store/store.h"
+
+namespace {
+
+std::string RandomEpoch() {
+  std::random_device rd;
+  std::ostringstream ss;
+  ss << std::hex << rd() << rd();
+  return ss.str();
+}
+
+int Fail(const std::string& what, const absl::Status& s) {
+  spdlog::critical("{}: {}", what, s.ToString());
+  std::fprintf(stderr, "circuitlab-server: %s: %s\n", what.c_str(), std::string(s.message()).c_str());
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "circuitlab-server: a gRPC experiment service for how small transformers learn to reason in context.\n"
+      "Owns this machine's devices, schedules training runs, stores runs/metrics/checkpoints in SQLite under\n"
+      "--data, and resumes unfinished runs on restart. SIGTERM/SIGINT drain: stop accepting, checkpoint\n"
+      "running runs (they resume on the next start), flush, exit 0.\n\n"
+      "Example:\n  circuitlab-server --data ./data --listen 127.0.0.1:50051 --cpu-slots 2",
+      "circuitlab-server"};
+  std::string data_dir = "./data";
+  std::string listen = "127.0.0.1:50051";
+  std::string token_file;
+  std::string log_level = "info";
+  int cpu_slots = 1;
+  int threads_per_run = 1;
+  int max_queued = 1000;
+  int max_queued_per_client = 200;
+  uint64_t max_steps = 10'000'000;
+  uint64_t max_run_memory_mb = 4096;
+  bool use_cuda = true;
+  app.add_option("--data", data_dir, "Data directory (SQLite database, checkpoints)")->capture_default_str();
+  app.add_option("--listen", listen, "Address to listen on; port 0 picks a free port (printed at start)")
+      ->capture_default_str();
+  app.add_option("--auth-token-file", token_file,
+                 "File whose first line is the bearer token clients must send; required to listen beyond "
+                 "loopback")
+      ->check(CLI::ExistingFile);
+  app.add_option("--cpu-slots", cpu_slots, "Runs trained at once on CPU (one worker per slot)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 256));
+  app.add_option("--threads-per-run", threads_per_run, "LibTorch/BLAS threads per run")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 256));
+  app.add_flag("--cuda,!--no-cuda", use_cuda, "Use the CUDA devices LibTorch reports (default on)");
+  app.add_option("--max-queued-runs", max_queued, "Queued runs accepted before RESOURCE_EXHAUSTED")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1000000));
+  app.add_option("--max-queued-per-client", max_queued_per_client, "Queued runs per client")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1000000));
+  app.add_option("--max-steps", max_steps, "Most training steps one run may ask for")
+      ->capture_default_str()
+      ->check(CLI::Range(uint64_t{1}, uint64_t{10'000'000}));
+  app.add_option("--max-run-memory-mb", max_run_memory_mb, "Most memory (estimated) one run may need")
+      ->capture_default_str()
+      ->check(CLI::Range(uint64_t{16}, uint64_t{1} << 24));
+  app.add_option("--log-level", log_level, "trace|debug|info|warn|error|off")->capture_default_str();
+  app.set_version_flag("--version", "circuitlab-server 0.1.0");
+  CLI11_PARSE(app, argc, argv);
+
+  if (absl::Status s = circuitlab::SetupLogging(log_level); !s.ok()) return Fail("bad flag", s);
+
+  // Signals go to the sigwait below, never to a worker thread: block them
+  // before any thread starts.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  std::string token;
+  if (!token_file.empty()) {
+    std::ifstream in(token_file);
+    std::getline(in, token);
+    if (token.size() < 16) {
+      return Fail("bad --auth-token-file", absl::InvalidArgumentError("the token must be at least 16 characters"));
+    }
+  }
+
+  circuitlab::engine::ConfigureRuntime(threads_per_run);
+  auto store = circuitlab::store::Store::Open(data_dir);
+  if (!store.ok()) return Fail("cannot open --data " + data_dir, store.status());
+
+  circuitlab::scheduler::SchedulerOptions opts;
+  opts.cpu_slots = cpu_slots;
+  opts.cuda_devices = use_cuda ? circuitlab::engine::CudaDeviceCount() : 0;
+  opts.intra_op_threads = threads_per_run;
+  opts.max_queued_runs = max_queued;
+  opts.max_queued_per_client = max_queued_per_client;
+  opts.limits.max_steps = max_steps;
+  opts.limits.max_run_memory_bytes = max_run_memory_mb << 20;
+  opts.epoch = RandomEpoch();
+  if (opts.cpu_slots + opts.cuda_devices == 0) {
+    return Fail("bad flags", absl::InvalidArgumentError("no device slots: set --cpu-slots >= 1 or use CUDA"));
+  }
+  std::unique_ptr<circuitlab::engine::Executor> executor = circuitlab::engine::MakeTorchExecutor();
+  circuitlab::scheduler::Scheduler scheduler(opts, store->get(), executor.get(), circuitlab::Clock::Real());
+  if (absl::Status s = scheduler.Start(); !s.ok()) return Fail("cannot start the scheduler", s);
+
+  circuitlab::rpc::ServerOptions server_opts;
+  server_opts.listen = listen;
+  server_opts.auth_token = token;
+  auto server = circuitlab::rpc::GrpcServer::Start(server_opts, &scheduler);
+  if (!server.ok()) {
+    scheduler.Drain();
+    return Fail("cannot serve", server.status());
+  }
+  std::string slots;
+  for (const std::string& s : scheduler.device_slots()) slots += (slots.empty() ? "" : ",") + s;
+  spdlog::info("circuitlab-server listening on {} (port {}), data {}, devices [{}]", listen, (*server)->port(),
+               data_dir, slots);
+  // One machine-readable line for scripts and tests that start us on port 0.
+  std::printf("listening port=%d\n", (*server)->port());
+  std::fflush(stdout);
+
+  int sig = 0;
+  sigwait(&signals, &sig);
+  spdlog::info("received {}: draining (running runs checkpoint and resume on the next start)",
+               sig == SIGTERM ? "SIGTERM" : "SIGINT");
+  (*server)->MarkNotServing();
+  scheduler.Drain();
+  (*server)->Shutdown(std::chrono::seconds(1));
+  spdlog::info("stopped cleanly");
+  return 0;
+}

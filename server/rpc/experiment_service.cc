@@ -1,0 +1,205 @@
+#include "server/rpc/experiment_service.h"
+
+#include <memory>
+#include <mutex>
+
+#include "server/common/status_macros.h"
+
+namespace circuitlab::rpc {
+namespace {
+
+bool IsFinalState(v1::RunState s) {
+  return s == v1::RUN_STATE_SUCCEEDED || s == v1::RUN_STATE_FAILED || s == v1::RUN_STATE_CANCELLED;
+}
+
+// Streams one run's events. One write in flight; the next event is pulled
+// when the previous write completes or, when none is ready, when the hub
+// notifies. The hub's notification may outlive the reactor, so it holds only
+// a shared Link that the reactor detaches from in OnDone.
+class WatchReactor : public grpc::ServerWriteReactor<v1::RunEvent> {
+ public:
+  WatchReactor(scheduler::Scheduler* core, scheduler::Watch watch)
+      : core_(core), watch_(std::move(watch)), link_(std::make_shared<Link>()) {
+    link_->reactor = this;
+    PumpVia(link_);
+  }
+
+  void OnWriteDone(bool ok) override {
+    std::lock_guard<std::mutex> lock(link_->mu);
+    writing_ = false;
+    if (!ok) return FinishLocked(grpc::Status(grpc::StatusCode::CANCELLED, "client went away"));
+    if (finish_after_write_) return FinishLocked(grpc::Status::OK);
+    PumpLocked();
+  }
+
+  void OnCancel() override {
+    std::lock_guard<std::mutex> lock(link_->mu);
+    cancelled_ = true;
+    if (!writing_) FinishLocked(grpc::Status(grpc::StatusCode::CANCELLED, "watch cancelled"));
+  }
+
+  void OnDone() override {
+    {
+      std::lock_guard<std::mutex> lock(link_->mu);
+      link_->reactor = nullptr;
+    }
+    core_->StopWatch(watch_);
+    delete this;
+  }
+
+ private:
+  struct Link {
+    std::mutex mu;
+    WatchReactor* reactor = nullptr;
+  };
+
+  static void PumpVia(const std::shared_ptr<Link>& link) {
+    std::lock_guard<std::mutex> lock(link->mu);
+    if (link->reactor != nullptr) link->reactor->PumpLocked();
+  }
+
+  void FinishLocked(const grpc::Status& status) {
+    if (finished_) return;
+    finished_ = true;
+    Finish(status);
+  }
+
+  void StartWriteLocked(v1::RunEvent event, bool last) {
+    event_ = std::move(event);
+    finish_after_write_ = last;
+    writing_ = true;
+    StartWrite(&event_);
+  }
+
+  void PumpLocked() {
+    if (writing_ || finished_ || cancelled_) return;
+    while (true) {
+      scheduler::Subscriber::Item item = watch_.subscriber->Next();
+      switch (item.kind) {
+        case scheduler::Subscriber::Kind::kEvent: {
+          const bool last = item.event.has_state() && IsFinalState(item.event.state().state());
+          return StartWriteLocked(std::move(item.event), last);
+        }
+        case scheduler::Subscriber::Kind::kResync: {
+          absl::StatusOr<v1::RunEvent> snap = core_->Snapshot(watch_.run_id, item.sequence, /*resync=*/sent_any_);
+          if (!snap.ok()) return FinishLocked(ToGrpcStatus(snap.status()));
+          sent_any_ = true;
+          const bool last = IsFinalState(snap->snapshot().state());
+          return StartWriteLocked(std::move(*snap), last);
+        }
+        case scheduler::Subscriber::Kind::kEnd:
+          return FinishLocked(grpc::Status::OK);
+        case scheduler::Subscriber::Kind::kNone: {
+          std::weak_ptr<Link> weak = link_;
+          if (watch_.subscriber->Arm([weak] {
+                if (auto link = weak.lock()) PumpVia(link);
+              })) {
+            return;
+          }
+          break;  // something arrived meanwhile: poll again
+        }
+      }
+    }
+  }
+
+  scheduler::Scheduler* const core_;
+  const scheduler::Watch watch_;
+  const std::shared_ptr<Link> link_;
+  // Guarded by link_->mu.
+  v1::RunEvent event_;
+  bool writing_ = false;
+  bool finished_ = false;
+  bool cancelled_ = false;
+  bool finish_after_write_ = false;
+  bool sent_any_ = false;
+};
+
+}  // namespace
+
+grpc::Status ToGrpcStatus(const absl::Status& status) {
+  if (status.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
+}
+
+absl::Status ExperimentServiceImpl::CheckAuth(const grpc::CallbackServerContext* ctx) const {
+  if (auth_token_.empty()) return absl::OkStatus();
+  const auto& md = ctx->client_metadata();
+  auto it = md.find("authorization");
+  if (it != md.end() && std::string(it->second.data(), it->second.size()) == "Bearer " + auth_token_) {
+    return absl::OkStatus();
+  }
+  return absl::UnauthenticatedError("this server requires 'authorization: Bearer <token>' metadata "
+                                    "(circuitlab --token-file FILE)");
+}
+
+std::string ExperimentServiceImpl::ClientOf(const grpc::CallbackServerContext* ctx) {
+  const auto& md = ctx->client_metadata();
+  if (auto it = md.find("x-circuitlab-client"); it != md.end() && it->second.size() <= 128) {
+    return std::string(it->second.data(), it->second.size());
+  }
+  // "ipv4:127.0.0.1:53012" -> "ipv4:127.0.0.1"
+  std::string peer = ctx->peer();
+  if (auto colon = peer.rfind(':'); colon != std::string::npos && colon > 5) peer.resize(colon);
+  return peer;
+}
+
+grpc::ServerUnaryReactor* ExperimentServiceImpl::SubmitRun(grpc::CallbackServerContext* ctx,
+                                                           const v1::SubmitRunRequest* req,
+                                                           v1::SubmitRunResponse* resp) {
+  return Unary(ctx, [&]() -> absl::Status {
+    CL_ASSIGN_OR_RETURN(*resp->mutable_run(), core_->Submit(req->spec(), ClientOf(ctx)));
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* ExperimentServiceImpl::GetRun(grpc::CallbackServerContext* ctx,
+                                                        const v1::GetRunRequest* req, v1::Run* resp) {
+  return Unary(ctx, [&]() -> absl::Status {
+    CL_ASSIGN_OR_RETURN(*resp, core_->GetRun(req->run_id()));
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* ExperimentServiceImpl::ListRuns(grpc::CallbackServerContext* ctx,
+                                                          const v1::ListRunsRequest* req,
+                                                          v1::ListRunsResponse* resp) {
+  return Unary(ctx, [&]() -> absl::Status {
+    CL_ASSIGN_OR_RETURN(*resp, core_->ListRuns(*req));
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* ExperimentServiceImpl::CancelRun(grpc::CallbackServerContext* ctx,
+                                                           const v1::CancelRunRequest* req, v1::Run* resp) {
+  return Unary(ctx, [&]() -> absl::Status {
+    CL_ASSIGN_OR_RETURN(*resp, core_->Cancel(req->run_id()));
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* ExperimentServiceImpl::GetMetrics(grpc::CallbackServerContext* ctx,
+                                                            const v1::GetMetricsRequest* req,
+                                                            v1::GetMetricsResponse* resp) {
+  return Unary(ctx, [&]() -> absl::Status {
+    CL_ASSIGN_OR_RETURN(*resp, core_->GetMetrics(*req));
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerWriteReactor<v1::RunEvent>* ExperimentServiceImpl::WatchRun(grpc::CallbackServerContext* ctx,
+                                                                        const v1::WatchRunRequest* req) {
+  absl::Status s = CheckAuth(ctx);
+  absl::StatusOr<scheduler::Watch> watch = s.ok() ? core_->StartWatch(*req) : absl::StatusOr<scheduler::Watch>(s);
+  if (!watch.ok()) {
+    // A reactor that only reports the error.
+    class Failed : public grpc::ServerWriteReactor<v1::RunEvent> {
+     public:
+      explicit Failed(const grpc::Status& st) { Finish(st); }
+      void OnDone() override { delete this; }
+    };
+    return new Failed(ToGrpcStatus(watch.status()));
+  }
+  return new WatchReactor(core_, std::move(*watch));
+}
+
+}  // namespace circuitlab::rpc

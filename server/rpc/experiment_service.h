@@ -1,0 +1,56 @@
+// ExperimentService handlers (callback API). Each unary handler checks auth,
+// calls the scheduler and converts the status; WatchRun is a write reactor
+// with one write in flight, fed by the progress hub.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "circuitlab/v1/experiment_service.grpc.pb.h"
+#include "server/scheduler/scheduler.h"
+
+namespace circuitlab::rpc {
+
+// The single absl -> gRPC status conversion (the codes share numbers).
+grpc::Status ToGrpcStatus(const absl::Status& status);
+
+class ExperimentServiceImpl final : public v1::ExperimentService::CallbackService {
+ public:
+  ExperimentServiceImpl(scheduler::Scheduler* core, std::string auth_token)
+      : core_(core), auth_token_(std::move(auth_token)) {}
+
+  grpc::ServerUnaryReactor* SubmitRun(grpc::CallbackServerContext* ctx, const v1::SubmitRunRequest* req,
+                                      v1::SubmitRunResponse* resp) override;
+  grpc::ServerUnaryReactor* GetRun(grpc::CallbackServerContext* ctx, const v1::GetRunRequest* req,
+                                   v1::Run* resp) override;
+  grpc::ServerUnaryReactor* ListRuns(grpc::CallbackServerContext* ctx, const v1::ListRunsRequest* req,
+                                     v1::ListRunsResponse* resp) override;
+  grpc::ServerUnaryReactor* CancelRun(grpc::CallbackServerContext* ctx, const v1::CancelRunRequest* req,
+                                      v1::Run* resp) override;
+  grpc::ServerUnaryReactor* GetMetrics(grpc::CallbackServerContext* ctx, const v1::GetMetricsRequest* req,
+                                       v1::GetMetricsResponse* resp) override;
+  grpc::ServerWriteReactor<v1::RunEvent>* WatchRun(grpc::CallbackServerContext* ctx,
+                                                   const v1::WatchRunRequest* req) override;
+
+ private:
+  // Unauthenticated unless the call carries the configured bearer token.
+  absl::Status CheckAuth(const grpc::CallbackServerContext* ctx) const;
+  // Who submits: the x-circuitlab-client metadata, else the peer's host.
+  static std::string ClientOf(const grpc::CallbackServerContext* ctx);
+
+  template <typename Fn>
+  grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* ctx, Fn&& fn) {
+    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+    absl::Status s = CheckAuth(ctx);
+    if (s.ok()) s = fn();
+    reactor->Finish(ToGrpcStatus(s));
+    return reactor;
+  }
+
+  scheduler::Scheduler* const core_;
+  const std::string auth_token_;
+};
+
+}  // namespace circuitlab::rpc

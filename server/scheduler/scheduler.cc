@@ -1,0 +1,490 @@
+#include "server/scheduler/scheduler.h"
+
+#include <google/protobuf/util/json_util.h>
+#include <google/protobuf/util/time_util.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cctype>
+
+#include "server/common/status_macros.h"
+
+namespace circuitlab::scheduler {
+namespace {
+
+constexpr int kMaxPageSize = 1000;
+constexpr int kDefaultPageSize = 50;
+constexpr int kMaxMetricNames = 256;
+constexpr uint32_t kMaxMetricPoints = 100000;
+constexpr uint32_t kDefaultMetricPoints = 10000;
+
+bool IsFinal(int state) {
+  return state == v1::RUN_STATE_SUCCEEDED || state == v1::RUN_STATE_FAILED || state == v1::RUN_STATE_CANCELLED;
+}
+
+google::protobuf::Timestamp ToTimestamp(int64_t micros) {
+  return google::protobuf::util::TimeUtil::MicrosecondsToTimestamp(micros);
+}
+
+std::string StateName(int state) {
+  return v1::RunState_IsValid(state) ? v1::RunState_Name(static_cast<v1::RunState>(state)) : std::to_string(state);
+}
+
+v1::RunEvent StateEvent(int state, const std::string& device, const std::string& error) {
+  v1::RunEvent ev;
+  ev.mutable_state()->set_state(static_cast<v1::RunState>(state));
+  ev.mutable_state()->set_device(device);
+  ev.mutable_state()->set_error(error);
+  return ev;
+}
+
+}  // namespace
+
+absl::StatusOr<int64_t> ParseRunId(const std::string& text, const std::string& field) {
+  std::string digits = text;
+  if (!digits.empty() && (digits[0] == 'r' || digits[0] == 'R')) digits.erase(0, 1);
+  if (digits.empty() || digits.size() > 18 ||
+      !std::all_of(digits.begin(), digits.end(), [](unsigned char c) { return std::isdigit(c); })) {
+    return absl::InvalidArgumentError(field + " must look like r<number> (e.g. r17), got '" + text + "'");
+  }
+  const int64_t id = std::stoll(digits);
+  if (id <= 0) return absl::InvalidArgumentError(field + " must be positive, got '" + text + "'");
+  return id;
+}
+
+std::string FormatRunId(int64_t id) { return "r" + std::to_string(id); }
+
+// Forwards what a training run produces to the store and to watchers.
+class Scheduler::RunObserver : public engine::TrainObserver {
+ public:
+  RunObserver(Scheduler* s, int64_t run_id, std::shared_ptr<Active> active, int keep_checkpoints)
+      : s_(s), run_id_(run_id), active_(std::move(active)), keep_(keep_checkpoints) {}
+
+  void OnMetrics(int64_t step, const std::vector<engine::Metric>& metrics) override {
+    std::vector<store::MetricPoint> rows;
+    v1::RunEvent ev;
+    for (const engine::Metric& m : metrics) {
+      rows.push_back({m.name, step, m.value});
+      v1::MetricPoint* p = ev.mutable_metrics()->add_points();
+      p->set_name(m.name);
+      p->set_step(static_cast<uint64_t>(step));
+      p->set_value(m.value);
+    }
+    s_->store_->AppendMetrics(run_id_, std::move(rows));
+    {
+      std::lock_guard<std::mutex> lock(s_->mu_);
+      for (const engine::Metric& m : metrics) active_->latest[m.name] = m.value;
+    }
+    s_->hub_.Publish(run_id_, std::move(ev));
+  }
+
+  void OnProgress(int64_t step, double steps_per_second) override {
+    s_->store_->RecordProgress(run_id_, step);
+    v1::RunEvent ev;
+    v1::Progress* p = ev.mutable_progress();
+    {
+      std::lock_guard<std::mutex> lock(s_->mu_);
+      active_->step = step;
+      active_->rate = steps_per_second;
+      p->set_step(static_cast<uint64_t>(step));
+      p->set_total_steps(static_cast<uint64_t>(active_->total));
+      p->set_steps_per_second(steps_per_second);
+      if (steps_per_second > 0) p->set_eta_seconds(static_cast<double>(active_->total - step) / steps_per_second);
+      p->mutable_latest()->insert(active_->latest.begin(), active_->latest.end());
+    }
+    s_->hub_.Publish(run_id_, std::move(ev));
+  }
+
+  absl::Status OnCheckpoint(int64_t step, const std::string& bytes) override {
+    return s_->store_->PutCheckpoint(run_id_, step, bytes, keep_);
+  }
+
+ private:
+  Scheduler* s_;
+  int64_t run_id_;
+  std::shared_ptr<Active> active_;
+  int keep_;
+};
+
+Scheduler::Scheduler(SchedulerOptions options, store::Store* store, engine::Executor* executor, Clock* clock)
+    : options_(std::move(options)),
+      store_(store),
+      executor_(executor),
+      clock_(clock),
+      hub_(options_.epoch, 1024, options_.heartbeat) {
+  for (int i = 0; i < options_.cuda_devices; ++i) {
+    slots_.push_back({"cuda:" + std::to_string(i), true, "cuda:" + std::to_string(i)});
+  }
+  for (int i = 0; i < options_.cpu_slots; ++i) slots_.push_back({"cpu:" + std::to_string(i), false, "cpu"});
+  for (const Slot& s : slots_) slot_names_.push_back(s.name);
+}
+
+Scheduler::~Scheduler() { Drain(); }
+
+absl::Status Scheduler::Start() {
+  // Runs a killed server left RUNNING go back to the queue; they resume from
+  // their newest checkpoint when a worker takes them.
+  CL_ASSIGN_OR_RETURN(std::vector<int64_t> orphans, store_->RunIdsInState(v1::RUN_STATE_RUNNING));
+  for (int64_t id : orphans) {
+    store::RunTransition t;
+    t.state = v1::RUN_STATE_QUEUED;
+    t.from_states = {v1::RUN_STATE_RUNNING};
+    CL_RETURN_IF_ERROR(store_->TransitionRun(id, t));
+    spdlog::info("recovered {}: re-queued after an unclean stop", FormatRunId(id));
+  }
+  CL_ASSIGN_OR_RETURN(std::vector<int64_t> queued, store_->RunIdsInState(v1::RUN_STATE_QUEUED));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (int64_t id : queued) {
+      CL_ASSIGN_OR_RETURN(store::RunRow row, store_->GetRun(id));
+      queue_[{row.priority, id}] = {row.device_request, row.client};
+      ++queued_per_client_[row.client];
+    }
+    started_ = true;
+    for (size_t i = 0; i < slots_.size(); ++i) workers_.emplace_back([this, i] { WorkerLoop(i); });
+  }
+  spdlog::info("scheduler: {} device slot(s), {} run(s) queued", slots_.size(), queued.size());
+  return absl::OkStatus();
+}
+
+void Scheduler::Drain() {
+  std::vector<std::thread> workers;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (draining_ && workers_.empty()) return;
+    draining_ = true;
+    for (auto& [id, active] : active_) active->cancel.Request(StopReason::kPreempt);
+    workers.swap(workers_);
+  }
+  work_cv_.notify_all();
+  for (std::thread& w : workers) w.join();
+  if (absl::Status s = store_->Flush(); !s.ok()) spdlog::error("final flush failed: {}", s.ToString());
+}
+
+absl::StatusOr<v1::Run> Scheduler::Submit(v1::ExperimentSpec spec, const std::string& client) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (draining_) return absl::UnavailableError("the server is shutting down; submit again after it restarts");
+  }
+  CL_RETURN_IF_ERROR(engine::ResolveSpec(options_.limits, &spec));
+  const v1::DeviceKind device = spec.resources().device();
+  const bool have_cpu = options_.cpu_slots > 0, have_cuda = options_.cuda_devices > 0;
+  if ((device == v1::DEVICE_KIND_CUDA && !have_cuda) || (device == v1::DEVICE_KIND_CPU && !have_cpu)) {
+    return absl::FailedPreconditionError("resources.device is " + v1::DeviceKind_Name(device) +
+                                         " but this server has no such device (slots: " +
+                                         std::to_string(slots_.size()) + ")");
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (static_cast<int>(queue_.size()) >= options_.max_queued_runs) {
+      return absl::ResourceExhaustedError("the queue is full: " + std::to_string(queue_.size()) +
+                                          " runs queued (server limit --max-queued-runs=" +
+                                          std::to_string(options_.max_queued_runs) + ")");
+    }
+    if (queued_per_client_[client] >= options_.max_queued_per_client) {
+      return absl::ResourceExhaustedError("client '" + client + "' already has " +
+                                          std::to_string(queued_per_client_[client]) +
+                                          " runs queued (server limit --max-queued-per-client=" +
+                                          std::to_string(options_.max_queued_per_client) + ")");
+    }
+  }
+  store::NewRun row;
+  row.name = spec.name();
+  row.spec = spec.SerializeAsString();
+  google::protobuf::util::JsonPrintOptions json;
+  json.preserve_proto_field_names = true;
+  if (!google::protobuf::util::MessageToJsonString(spec, &row.spec_json, json).ok()) row.spec_json = "{}";
+  row.state = v1::RUN_STATE_QUEUED;
+  row.priority = spec.resources().priority();
+  row.device_request = device;
+  row.total_steps = static_cast<int64_t>(spec.training().steps());
+  row.created_at_us = clock_->NowMicros();
+  row.tags.assign(spec.tags().begin(), spec.tags().end());
+  row.client = client;
+  CL_ASSIGN_OR_RETURN(int64_t id, store_->InsertRun(row));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_[{row.priority, id}] = {row.device_request, client};
+    ++queued_per_client_[client];
+  }
+  work_cv_.notify_all();
+  spdlog::info("submitted {} ({}, {} steps) from {}", FormatRunId(id), row.name, row.total_steps, client);
+  return GetRun(FormatRunId(id));
+}
+
+absl::StatusOr<v1::Run> Scheduler::ToRun(const store::RunRow& row) {
+  v1::Run run;
+  run.set_run_id(FormatRunId(row.id));
+  run.set_name(row.name);
+  if (!run.mutable_spec()->ParseFromString(row.spec)) {
+    return absl::DataLossError("stored spec of " + FormatRunId(row.id) + " does not parse");
+  }
+  run.set_state(static_cast<v1::RunState>(row.state));
+  for (const std::string& t : row.tags) run.add_tags(t);
+  *run.mutable_created_at() = ToTimestamp(row.created_at_us);
+  if (row.started_at_us > 0) *run.mutable_started_at() = ToTimestamp(row.started_at_us);
+  if (row.finished_at_us > 0) *run.mutable_finished_at() = ToTimestamp(row.finished_at_us);
+  run.set_device(row.device);
+  run.set_error(row.error);
+  run.set_attempts(static_cast<uint32_t>(row.attempts));
+  run.set_checkpoint_step(static_cast<uint64_t>(row.checkpoint_step));
+  v1::Progress* p = run.mutable_progress();
+  p->set_step(static_cast<uint64_t>(row.step));
+  p->set_total_steps(static_cast<uint64_t>(row.total_steps));
+  std::lock_guard<std::mutex> lock(mu_);
+  if (auto it = active_.find(row.id); it != active_.end()) {
+    const Active& a = *it->second;
+    p->set_step(static_cast<uint64_t>(std::max(a.step, row.step)));
+    p->set_steps_per_second(a.rate);
+    if (a.rate > 0) p->set_eta_seconds(static_cast<double>(a.total - a.step) / a.rate);
+  }
+  return run;
+}
+
+absl::StatusOr<v1::Run> Scheduler::GetRun(const std::string& run_id) {
+  CL_ASSIGN_OR_RETURN(int64_t id, ParseRunId(run_id));
+  CL_ASSIGN_OR_RETURN(store::RunRow row, store_->GetRun(id));
+  CL_ASSIGN_OR_RETURN(v1::Run run, ToRun(row));
+  CL_ASSIGN_OR_RETURN(auto latest, store_->LatestMetrics(id));
+  run.mutable_progress()->mutable_latest()->insert(latest.begin(), latest.end());
+  return run;
+}
+
+absl::StatusOr<v1::ListRunsResponse> Scheduler::ListRuns(const v1::ListRunsRequest& request) {
+  if (request.page_size() < 0 || request.page_size() > kMaxPageSize) {
+    return absl::InvalidArgumentError("page_size must be in [0, " + std::to_string(kMaxPageSize) + "], got " +
+                                      std::to_string(request.page_size()));
+  }
+  store::RunFilter filter;
+  filter.limit = request.page_size() == 0 ? kDefaultPageSize : request.page_size();
+  for (int s : request.states()) {
+    if (!v1::RunState_IsValid(s) || s == v1::RUN_STATE_UNSPECIFIED) {
+      return absl::InvalidArgumentError("states contains an unknown run state: " + std::to_string(s));
+    }
+    filter.states.push_back(s);
+  }
+  if (request.tags_size() > 32) {
+    return absl::InvalidArgumentError("tags must have at most 32 entries, got " + std::to_string(request.tags_size()));
+  }
+  filter.tags.assign(request.tags().begin(), request.tags().end());
+  if (!request.page_token().empty()) {
+    CL_ASSIGN_OR_RETURN(filter.before_id, ParseRunId(request.page_token(), "page_token"));
+  }
+  CL_ASSIGN_OR_RETURN(store::RunPage page, store_->ListRuns(filter));
+  v1::ListRunsResponse out;
+  out.set_total_size(page.total);
+  for (const store::RunRow& row : page.runs) {
+    CL_ASSIGN_OR_RETURN(*out.add_runs(), ToRun(row));
+  }
+  if (static_cast<int>(page.runs.size()) == filter.limit && page.runs.back().id > 1) {
+    // Another page exists only if some matching run has a smaller id.
+    store::RunFilter probe = filter;
+    probe.before_id = page.runs.back().id;
+    probe.limit = 1;
+    CL_ASSIGN_OR_RETURN(store::RunPage next, store_->ListRuns(probe));
+    if (!next.runs.empty()) out.set_next_page_token(FormatRunId(page.runs.back().id));
+  }
+  return out;
+}
+
+absl::StatusOr<v1::Run> Scheduler::Cancel(const std::string& run_id) {
+  CL_ASSIGN_OR_RETURN(int64_t id, ParseRunId(run_id));
+  CL_ASSIGN_OR_RETURN(store::RunRow row, store_->GetRun(id));
+  bool was_queued = false;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    auto q = queue_.find({row.priority, id});
+    if (q != queue_.end()) {
+      --queued_per_client_[q->second.client];
+      queue_.erase(q);
+      was_queued = true;
+    } else if (auto a = active_.find(id); a != active_.end()) {
+      // The worker stops at the next step and records CANCELLED; RPC threads
+      // never wait for it.
+      a->second->cancel.Request(StopReason::kCancel);
+    } else if (IsFinal(row.state)) {
+      return absl::FailedPreconditionError("run " + run_id + " already ended (" + StateName(row.state) + ")");
+    } else if (row.state == v1::RUN_STATE_QUEUED) {
+      was_queued = true;  // queued but not in memory: re-queued by a drain
+    }
+  }
+  if (was_queued) {
+    store::RunTransition t;
+    t.state = v1::RUN_STATE_CANCELLED;
+    t.finished_at_us = clock_->NowMicros();
+    t.from_states = {v1::RUN_STATE_QUEUED};
+    CL_RETURN_IF_ERROR(Transition(id, t));
+  }
+  return GetRun(run_id);
+}
+
+absl::StatusOr<v1::GetMetricsResponse> Scheduler::GetMetrics(const v1::GetMetricsRequest& request) {
+  CL_ASSIGN_OR_RETURN(int64_t id, ParseRunId(request.run_id()));
+  if (request.names_size() > kMaxMetricNames) {
+    return absl::InvalidArgumentError("names must have at most " + std::to_string(kMaxMetricNames) +
+                                      " entries, got " + std::to_string(request.names_size()));
+  }
+  if (request.max_points() > kMaxMetricPoints) {
+    return absl::InvalidArgumentError("max_points must be in [0, " + std::to_string(kMaxMetricPoints) + "], got " +
+                                      std::to_string(request.max_points()));
+  }
+  if (request.max_step() > 0 && request.max_step() < request.min_step()) {
+    return absl::InvalidArgumentError("max_step (" + std::to_string(request.max_step()) +
+                                      ") must be 0 or at least min_step (" + std::to_string(request.min_step()) + ")");
+  }
+  constexpr uint64_t kMaxStep = 1ULL << 62;
+  if (request.min_step() > kMaxStep || request.max_step() > kMaxStep) {
+    return absl::InvalidArgumentError("min_step and max_step must be at most 2^62");
+  }
+  CL_RETURN_IF_ERROR(store_->GetRun(id).status());
+  store::MetricQuery q;
+  q.names.assign(request.names().begin(), request.names().end());
+  q.min_step = static_cast<int64_t>(request.min_step());
+  q.max_step = static_cast<int64_t>(request.max_step());
+  q.max_points = static_cast<int>(request.max_points() == 0 ? kDefaultMetricPoints : request.max_points());
+  CL_ASSIGN_OR_RETURN(std::vector<store::MetricSeries> series, store_->GetMetrics(id, q));
+  v1::GetMetricsResponse out;
+  for (store::MetricSeries& s : series) {
+    v1::MetricSeries* o = out.add_series();
+    o->set_name(s.name);
+    o->mutable_steps()->Add(s.steps.begin(), s.steps.end());
+    o->mutable_values()->Add(s.values.begin(), s.values.end());
+    o->set_total_points(static_cast<uint64_t>(s.total_points));
+  }
+  return out;
+}
+
+absl::StatusOr<Watch> Scheduler::StartWatch(const v1::WatchRunRequest& request) {
+  CL_ASSIGN_OR_RETURN(int64_t id, ParseRunId(request.run_id()));
+  CL_RETURN_IF_ERROR(store_->GetRun(id).status());
+  Watch w;
+  w.run_id = id;
+  w.subscriber = hub_.Subscribe(id, request.after_sequence(), request.epoch(), request.include_metrics());
+  return w;
+}
+
+void Scheduler::StopWatch(const Watch& watch) { hub_.Unsubscribe(watch.run_id, watch.subscriber); }
+
+absl::StatusOr<v1::RunEvent> Scheduler::Snapshot(int64_t run_id, uint64_t sequence, bool resync) {
+  v1::RunEvent ev;
+  CL_ASSIGN_OR_RETURN(*ev.mutable_snapshot(), GetRun(FormatRunId(run_id)));
+  ev.set_sequence(sequence);
+  ev.set_epoch(hub_.epoch());
+  ev.set_resync(resync);
+  return ev;
+}
+
+absl::Status Scheduler::Transition(int64_t run_id, const store::RunTransition& t) {
+  CL_RETURN_IF_ERROR(store_->TransitionRun(run_id, t));
+  // Persisted first, announced second.
+  hub_.Publish(run_id, StateEvent(t.state, t.device.value_or(""), t.error.value_or("")));
+  if (IsFinal(t.state)) hub_.Close(run_id);
+  return absl::OkStatus();
+}
+
+int64_t Scheduler::PickLocked(size_t slot) {
+  const Slot& me = slots_[slot];
+  const bool idle_cuda = std::any_of(slots_.begin(), slots_.end(), [](const Slot& s) { return s.cuda && !s.busy; });
+  for (const auto& [key, q] : queue_) {
+    const bool fits = q.device_request == v1::DEVICE_KIND_CPU    ? !me.cuda
+                      : q.device_request == v1::DEVICE_KIND_CUDA ? me.cuda
+                                                                 : (me.cuda || !idle_cuda);
+    if (fits) return key.id;
+  }
+  return 0;
+}
+
+void Scheduler::WorkerLoop(size_t slot) {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    int64_t id = 0;
+    work_cv_.wait(lock, [&] { return draining_ || (id = PickLocked(slot)) != 0; });
+    if (draining_) return;
+    auto it = std::find_if(queue_.begin(), queue_.end(), [&](const auto& e) { return e.first.id == id; });
+    --queued_per_client_[it->second.client];
+    queue_.erase(it);
+    active_[id] = std::make_shared<Active>();
+    slots_[slot].busy = true;
+    lock.unlock();
+    Execute(slot, id);
+    lock.lock();
+    active_.erase(id);
+    slots_[slot].busy = false;
+    work_cv_.notify_all();  // a run waiting for "any" device may now fit elsewhere
+  }
+}
+
+void Scheduler::Execute(size_t slot, int64_t id) {
+  const Slot& dev = slots_[slot];
+  std::shared_ptr<Active> active;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    active = active_[id];
+  }
+  auto fail = [&](const absl::Status& why) {
+    spdlog::error("{} failed: {}", FormatRunId(id), why.ToString());
+    store::RunTransition t;
+    t.state = v1::RUN_STATE_FAILED;
+    t.error = why.ToString();
+    t.finished_at_us = clock_->NowMicros();
+    if (absl::Status s = Transition(id, t); !s.ok()) spdlog::error("cannot record failure: {}", s.ToString());
+  };
+
+  absl::StatusOr<store::RunRow> row = store_->GetRun(id);
+  if (!row.ok()) return fail(row.status());
+  engine::TrainRequest request;
+  if (!request.spec.ParseFromString(row->spec)) return fail(absl::DataLossError("stored spec does not parse"));
+
+  store::RunTransition running;
+  running.state = v1::RUN_STATE_RUNNING;
+  running.device = dev.name;
+  running.started_at_us = clock_->NowMicros();
+  running.increment_attempts = true;
+  running.from_states = {v1::RUN_STATE_QUEUED};
+  if (absl::Status s = Transition(id, running); !s.ok()) {
+    spdlog::error("{} could not start: {}", FormatRunId(id), s.ToString());
+    return;
+  }
+
+  absl::StatusOr<std::optional<store::Checkpoint>> ckpt = store_->LatestCheckpoint(id);
+  if (!ckpt.ok()) return fail(ckpt.status());
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    active->total = row->total_steps;
+    active->step = *ckpt ? (*ckpt)->step : 0;
+  }
+  if (*ckpt) {
+    spdlog::info("{} resumes from its checkpoint at step {}", FormatRunId(id), (*ckpt)->step);
+    request.resume_from = std::move((*ckpt)->bytes);
+  }
+  request.device = dev.torch_device;
+  request.cancel = &active->cancel;
+  request.intra_op_threads = options_.intra_op_threads;
+  spdlog::info("{} running on {}", FormatRunId(id), dev.name);
+
+  RunObserver observer(this, id, active, static_cast<int>(request.spec.recording().keep_checkpoints()));
+  absl::StatusOr<engine::TrainOutcome> outcome = executor_->Train(request, observer);
+  if (!outcome.ok()) return fail(outcome.status());
+
+  store::RunTransition end;
+  switch (outcome->end) {
+    case engine::TrainEnd::kCompleted:
+      end.state = v1::RUN_STATE_SUCCEEDED;
+      break;
+    case engine::TrainEnd::kCancelled:
+      end.state = v1::RUN_STATE_CANCELLED;
+      break;
+    case engine::TrainEnd::kPreempted:
+      end.state = v1::RUN_STATE_QUEUED;  // resumes on the next start
+      break;
+  }
+  if (IsFinal(end.state)) end.finished_at_us = clock_->NowMicros();
+  end.from_states = {v1::RUN_STATE_RUNNING};
+  if (absl::Status s = Transition(id, end); !s.ok()) {
+    spdlog::error("{}: cannot record the end of the run: {}", FormatRunId(id), s.ToString());
+    return;
+  }
+  spdlog::info("{} {} at step {}", FormatRunId(id), StateName(end.state), outcome->last_step);
+}
+
+}  // namespace circuitlab::scheduler

@@ -1,0 +1,139 @@
+// The experiment core: a persisted priority queue of runs, a device
+// inventory with one worker per slot, cancellation, crash recovery and the
+// read side (runs, metrics, watch streams) the RPC layer adapts.
+//
+// Life of a run: Submit validates and resolves the spec (engine::ResolveSpec),
+// inserts a QUEUED row and wakes a worker. The worker that takes it persists
+// RUNNING (state changes are committed before they are announced to
+// watchers), resumes from the newest checkpoint if one exists, streams
+// metrics/progress/checkpoints to the store and the progress hub, and persists
+// the final state. A server killed at any moment leaves RUNNING rows behind;
+// Start() turns them back into QUEUED, so they resume from their checkpoint.
+// Drain() (SIGTERM) stops accepting, checkpoints and re-queues running runs.
+//
+// Thread-safety: all public methods are thread-safe.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "circuitlab/v1/experiment_service.pb.h"
+#include "server/common/cancel.h"
+#include "server/common/clock.h"
+#include "server/engine/engine.h"
+#include "server/scheduler/progress_hub.h"
+#include "server/store/store.h"
+
+namespace circuitlab::scheduler {
+
+struct SchedulerOptions {
+  int cpu_slots = 1;
+  int cuda_devices = 0;        // from engine::CudaDeviceCount()
+  int intra_op_threads = 1;    // LibTorch threads per worker
+  int max_queued_runs = 1000;  // RESOURCE_EXHAUSTED beyond
+  int max_queued_per_client = 200;
+  engine::EngineLimits limits;
+  std::string epoch;  // names this server process in watch events
+  std::chrono::milliseconds heartbeat = std::chrono::seconds(5);
+};
+
+// "r17" <-> 17. InvalidArgument naming `field` for anything else.
+absl::StatusOr<int64_t> ParseRunId(const std::string& text, const std::string& field = "run_id");
+std::string FormatRunId(int64_t id);
+
+// What WatchRun streams: a subscription plus how to build snapshots.
+struct Watch {
+  std::shared_ptr<Subscriber> subscriber;
+  int64_t run_id = 0;
+};
+
+class Scheduler {
+ public:
+  // Does not start workers (see Start). `store`, `executor` and `clock` must
+  // outlive the scheduler.
+  Scheduler(SchedulerOptions options, store::Store* store, engine::Executor* executor, Clock* clock);
+  ~Scheduler();  // Drain()s if still running
+
+  // Recovers runs a previous process left RUNNING, loads the queue and starts
+  // one worker per device slot.
+  absl::Status Start();
+  // Stops accepting submissions (UNAVAILABLE), preempts running runs (they
+  // checkpoint and return to QUEUED), waits for the workers and flushes the
+  // store. Idempotent.
+  void Drain();
+
+  // ---- ExperimentService core ----
+  absl::StatusOr<v1::Run> Submit(v1::ExperimentSpec spec, const std::string& client);
+  absl::StatusOr<v1::Run> GetRun(const std::string& run_id);
+  absl::StatusOr<v1::ListRunsResponse> ListRuns(const v1::ListRunsRequest& request);
+  absl::StatusOr<v1::Run> Cancel(const std::string& run_id);
+  absl::StatusOr<v1::GetMetricsResponse> GetMetrics(const v1::GetMetricsRequest& request);
+  // Subscribes first, so nothing published after the snapshot is missed.
+  absl::StatusOr<Watch> StartWatch(const v1::WatchRunRequest& request);
+  void StopWatch(const Watch& watch);
+  // The snapshot event that opens (or resyncs) a stream.
+  absl::StatusOr<v1::RunEvent> Snapshot(int64_t run_id, uint64_t sequence, bool resync);
+
+  ProgressHub& hub() { return hub_; }
+  const std::vector<std::string>& device_slots() const { return slot_names_; }
+
+ private:
+  struct QueueKey {
+    int priority;
+    int64_t id;
+    bool operator<(const QueueKey& o) const { return priority != o.priority ? priority > o.priority : id < o.id; }
+  };
+  struct Queued {
+    int device_request;
+    std::string client;
+  };
+  struct Active {
+    CancelToken cancel;
+    int64_t step = 0;
+    int64_t total = 0;
+    double rate = 0;
+    std::map<std::string, double> latest;
+  };
+  struct Slot {
+    std::string name;  // "cpu:0", "cuda:1"
+    bool cuda;
+    std::string torch_device;
+    bool busy = false;
+  };
+  class RunObserver;
+
+  void WorkerLoop(size_t slot);
+  // The queued run slot `slot` should take next, or 0.
+  int64_t PickLocked(size_t slot);
+  void Execute(size_t slot, int64_t run_id);
+  absl::Status Transition(int64_t run_id, const store::RunTransition& t);
+  absl::StatusOr<v1::Run> ToRun(const store::RunRow& row);
+
+  const SchedulerOptions options_;
+  store::Store* const store_;
+  engine::Executor* const executor_;
+  Clock* const clock_;
+  ProgressHub hub_;
+  std::vector<std::string> slot_names_;
+
+  std::mutex mu_;
+  std::condition_variable work_cv_;
+  std::map<QueueKey, Queued> queue_;
+  std::map<std::string, int> queued_per_client_;
+  std::map<int64_t, std::shared_ptr<Active>> active_;
+  std::vector<Slot> slots_;
+  bool started_ = false;
+  bool draining_ = false;
+  std::vector<std::thread> workers_;
+};
+
+}  // namespace circuitlab::scheduler

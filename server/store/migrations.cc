@@ -1,0 +1,101 @@
+#include "server/store/migrations.h"
+
+#include <string>
+
+#include "server/common/status_macros.h"
+
+namespace circuitlab::store {
+namespace {
+
+// Numbered migrations. Never edit a shipped one; append a new one.
+// Times are microseconds since the Unix epoch.
+constexpr const char* kMigrations[] = {
+    // 1: runs, tags, metrics, checkpoints.
+    R"sql(
+CREATE TABLE runs (
+  id              INTEGER PRIMARY KEY AUTOINCREMENT,
+  name            TEXT    NOT NULL,
+  spec            BLOB    NOT NULL,
+  spec_json       TEXT    NOT NULL,
+  state           INTEGER NOT NULL,
+  priority        INTEGER NOT NULL DEFAULT 0,
+  device_request  INTEGER NOT NULL DEFAULT 0,
+  created_at      INTEGER NOT NULL,
+  started_at      INTEGER NOT NULL DEFAULT 0,
+  finished_at     INTEGER NOT NULL DEFAULT 0,
+  device          TEXT    NOT NULL DEFAULT '',
+  error           TEXT    NOT NULL DEFAULT '',
+  step            INTEGER NOT NULL DEFAULT 0,
+  total_steps     INTEGER NOT NULL DEFAULT 0,
+  attempts        INTEGER NOT NULL DEFAULT 0,
+  checkpoint_step INTEGER NOT NULL DEFAULT 0,
+  client          TEXT    NOT NULL DEFAULT ''
+);
+CREATE INDEX runs_by_state ON runs(state, priority DESC, id);
+
+CREATE TABLE run_tags (
+  tag    TEXT    NOT NULL,
+  run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+  PRIMARY KEY (tag, run_id)
+) WITHOUT ROWID;
+CREATE INDEX run_tags_by_run ON run_tags(run_id);
+
+CREATE TABLE metric_names (
+  id   INTEGER PRIMARY KEY,
+  name TEXT NOT NULL UNIQUE
+);
+
+-- One clustered index answers "series X of run R over a step range".
+CREATE TABLE metrics (
+  run_id  INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+  name_id INTEGER NOT NULL REFERENCES metric_names(id),
+  step    INTEGER NOT NULL,
+  value   REAL    NOT NULL,
+  PRIMARY KEY (run_id, name_id, step)
+) WITHOUT ROWID;
+
+-- The checkpoint file holds weights, optimiser state and the RNG state
+-- (data seed + step counter); this row points at it and guards it by checksum.
+CREATE TABLE checkpoints (
+  run_id     INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+  step       INTEGER NOT NULL,
+  path       TEXT    NOT NULL,
+  size_bytes INTEGER NOT NULL,
+  checksum   INTEGER NOT NULL,
+  created_at INTEGER NOT NULL,
+  PRIMARY KEY (run_id, step)
+) WITHOUT ROWID;
+)sql",
+};
+
+constexpr int kLatest = static_cast<int>(sizeof(kMigrations) / sizeof(kMigrations[0]));
+
+absl::StatusOr<int> UserVersion(Connection& conn) {
+  CL_ASSIGN_OR_RETURN(Statement st, conn.Prepare("PRAGMA user_version"));
+  CL_ASSIGN_OR_RETURN(bool row, st.Step());
+  if (!row) return absl::InternalError("PRAGMA user_version returned no row");
+  return static_cast<int>(st.ColumnInt(0));
+}
+
+}  // namespace
+
+int LatestSchemaVersion() { return kLatest; }
+
+absl::Status Migrate(Connection& conn) {
+  CL_ASSIGN_OR_RETURN(int version, UserVersion(conn));
+  if (version > kLatest) {
+    return absl::FailedPreconditionError("database schema version " + std::to_string(version) +
+                                         " is newer than this binary's (" + std::to_string(kLatest) +
+                                         "); upgrade circuitlab-server or use another --data directory");
+  }
+  for (int v = version; v < kLatest; ++v) {
+    Transaction tx(&conn);
+    CL_RETURN_IF_ERROR(tx.Begin());
+    CL_RETURN_IF_ERROR(conn.Exec(kMigrations[v]));
+    CL_RETURN_IF_ERROR(conn.Exec("PRAGMA user_version = " + std::to_string(v + 1)));
+    CL_RETURN_IF_ERROR(tx.Commit());
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace circuitlab::store

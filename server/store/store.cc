@@ -1,0 +1,648 @@
+#include "server/store/store.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <future>
+#include <mutex>
+#include <sstream>
+#include <thread>
+
+#include "server/common/clock.h"
+#include "server/common/status_macros.h"
+#include "server/store/migrations.h"
+#include "server/store/sqlite.h"
+
+namespace circuitlab::store {
+namespace fs = std::filesystem;
+
+namespace {
+
+absl::Status ErrnoError(const std::string& what) {
+  int e = errno;
+  std::string msg = what + ": " + std::strerror(e);
+  if (e == ENOSPC || e == EDQUOT) return absl::ResourceExhaustedError(msg);
+  if (e == EACCES || e == EPERM || e == EROFS) return absl::PermissionDeniedError(msg);
+  return absl::InternalError(msg);
+}
+
+// FNV-1a 64 folded to 63 bits (stored as a SQLite INTEGER).
+int64_t Checksum(const std::string& bytes) {
+  uint64_t h = 0xCBF29CE484222325ULL;
+  for (unsigned char c : bytes) {
+    h ^= c;
+    h *= 0x100000001B3ULL;
+  }
+  return static_cast<int64_t>(h >> 1);
+}
+
+absl::Status FsyncPath(const std::string& path, int flags) {
+  int fd = ::open(path.c_str(), flags);
+  if (fd < 0) return ErrnoError("open " + path);
+  int rc = ::fsync(fd);
+  ::close(fd);
+  if (rc != 0) return ErrnoError("fsync " + path);
+  return absl::OkStatus();
+}
+
+// temp file + fsync + rename + fsync(dir): the file at `path` is either the old
+// one or the complete new one, never a torn write.
+absl::Status WriteFileAtomically(const std::string& path, const std::string& bytes) {
+  const std::string tmp = path + ".tmp";
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return ErrnoError("create " + tmp);
+  size_t off = 0;
+  while (off < bytes.size()) {
+    ssize_t n = ::write(fd, bytes.data() + off, bytes.size() - off);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      absl::Status s = ErrnoError("write " + tmp);
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      return s;
+    }
+    off += static_cast<size_t>(n);
+  }
+  if (::fsync(fd) != 0) {
+    absl::Status s = ErrnoError("fsync " + tmp);
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    return s;
+  }
+  ::close(fd);
+  if (::rename(tmp.c_str(), path.c_str()) != 0) return ErrnoError("rename " + tmp);
+  return FsyncPath(fs::path(path).parent_path().string(), O_RDONLY | O_DIRECTORY);
+}
+
+absl::StatusOr<std::string> ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::DataLossError("checkpoint file missing: " + path);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+RunRow ReadRunRow(Statement& st) {
+  RunRow r;
+  r.id = st.ColumnInt(0);
+  r.name = st.ColumnText(1);
+  r.spec = st.ColumnBlob(2);
+  r.state = static_cast<int>(st.ColumnInt(3));
+  r.priority = static_cast<int>(st.ColumnInt(4));
+  r.device_request = static_cast<int>(st.ColumnInt(5));
+  r.created_at_us = st.ColumnInt(6);
+  r.started_at_us = st.ColumnInt(7);
+  r.finished_at_us = st.ColumnInt(8);
+  r.device = st.ColumnText(9);
+  r.error = st.ColumnText(10);
+  r.step = st.ColumnInt(11);
+  r.total_steps = st.ColumnInt(12);
+  r.attempts = static_cast<int>(st.ColumnInt(13));
+  r.checkpoint_step = st.ColumnInt(14);
+  r.client = st.ColumnText(15);
+  return r;
+}
+
+constexpr const char* kRunColumns =
+    "id, name, spec, state, priority, device_request, created_at, started_at, finished_at, device, error, "
+    "step, total_steps, attempts, checkpoint_step, client";
+
+absl::Status LoadTags(Connection& conn, RunRow& row) {
+  CL_ASSIGN_OR_RETURN(Statement st, conn.Prepare("SELECT tag FROM run_tags WHERE run_id = ? ORDER BY tag"));
+  st.Bind(1, row.id);
+  while (true) {
+    CL_ASSIGN_OR_RETURN(bool more, st.Step());
+    if (!more) break;
+    row.tags.push_back(st.ColumnText(0));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+
+class Store::Impl {
+ public:
+  using WriteFn = std::function<absl::Status(Connection&)>;
+
+  Impl(std::string dir, StoreOptions options, int lock_fd, std::unique_ptr<Connection> writer)
+      : dir_(std::move(dir)), options_(options), lock_fd_(lock_fd), writer_conn_(std::move(writer)) {
+    writer_thread_ = std::thread([this] { WriterLoop(); });
+  }
+
+  ~Impl() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    writer_thread_.join();
+    readers_.clear();
+    writer_conn_.reset();
+    if (lock_fd_ >= 0) ::close(lock_fd_);
+  }
+
+  const std::string& dir() const { return dir_; }
+  std::string db_path() const { return dir_ + "/circuitlab.db"; }
+
+  // Queue a write; returns a future for its (post-commit) status.
+  std::future<absl::Status> Submit(WriteFn fn, bool sync) {
+    Op op{std::move(fn), sync, std::promise<absl::Status>()};
+    std::future<absl::Status> f = op.done.get_future();
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (stopping_) {
+        op.done.set_value(absl::UnavailableError("store is closing"));
+        return f;
+      }
+      if (!sync) {
+        space_cv_.wait(lock, [&] { return stopping_ || pending_async_ < options_.max_pending_ops; });
+        ++pending_async_;
+        if (!first_async_) first_async_ = std::chrono::steady_clock::now();
+      } else {
+        ++pending_sync_;
+      }
+      queue_.push_back(std::move(op));
+    }
+    cv_.notify_all();
+    return f;
+  }
+
+  absl::Status Write(WriteFn fn) { return Submit(std::move(fn), /*sync=*/true).get(); }
+
+  // A read-only connection, returned to the pool when the handle dies.
+  struct ReaderDeleter {
+    Impl* impl;
+    void operator()(Connection* c) const { impl->Release(c); }
+  };
+  using Reader = std::unique_ptr<Connection, ReaderDeleter>;
+
+  absl::StatusOr<Reader> AcquireReader() {
+    {
+      std::lock_guard<std::mutex> lock(readers_mu_);
+      if (!free_readers_.empty()) {
+        Connection* c = free_readers_.back();
+        free_readers_.pop_back();
+        return Reader(c, ReaderDeleter{this});
+      }
+    }
+    CL_ASSIGN_OR_RETURN(std::unique_ptr<Connection> conn, Connection::Open(db_path(), /*read_write=*/false));
+    Connection* raw = conn.get();
+    std::lock_guard<std::mutex> lock(readers_mu_);
+    readers_.push_back(std::move(conn));
+    return Reader(raw, ReaderDeleter{this});
+  }
+
+  void Release(Connection* c) {
+    std::lock_guard<std::mutex> lock(readers_mu_);
+    if (static_cast<int>(free_readers_.size()) < options_.reader_connections) {
+      free_readers_.push_back(c);
+      return;
+    }
+    readers_.erase(std::remove_if(readers_.begin(), readers_.end(), [&](auto& p) { return p.get() == c; }),
+                   readers_.end());
+  }
+
+  // Metric-name ids, cached; only the writer thread calls this.
+  absl::StatusOr<int64_t> NameId(Connection& conn, const std::string& name) {
+    for (auto* cache : {&name_ids_, &name_ids_batch_, &name_ids_op_}) {
+      auto it = cache->find(name);
+      if (it != cache->end()) return it->second;
+    }
+    {
+      CL_ASSIGN_OR_RETURN(Statement ins, conn.Prepare("INSERT OR IGNORE INTO metric_names(name) VALUES (?)"));
+      ins.Bind(1, name);
+      CL_RETURN_IF_ERROR(ins.Run());
+    }
+    CL_ASSIGN_OR_RETURN(Statement sel, conn.Prepare("SELECT id FROM metric_names WHERE name = ?"));
+    sel.Bind(1, name);
+    CL_ASSIGN_OR_RETURN(bool row, sel.Step());
+    if (!row) return absl::InternalError("metric name vanished: " + name);
+    int64_t id = sel.ColumnInt(0);
+    name_ids_op_.emplace(name, id);
+    return id;
+  }
+
+ private:
+  struct Op {
+    WriteFn fn;
+    bool sync;
+    std::promise<absl::Status> done;
+  };
+
+  void WriterLoop() {
+    while (true) {
+      std::deque<Op> batch;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        while (true) {
+          if (queue_.empty()) {
+            if (stopping_) {
+              writer_done_ = true;
+              return;
+            }
+            cv_.wait(lock);
+            continue;
+          }
+          if (stopping_ || pending_sync_ > 0 || pending_async_ >= options_.max_batch_ops) break;
+          auto deadline = first_async_.value_or(std::chrono::steady_clock::now()) + options_.flush_interval;
+          if (std::chrono::steady_clock::now() >= deadline) break;
+          cv_.wait_until(lock, deadline);
+        }
+        batch.swap(queue_);
+        pending_async_ = 0;
+        pending_sync_ = 0;
+        first_async_.reset();
+      }
+      space_cv_.notify_all();
+      Commit(batch);
+    }
+  }
+
+  // One transaction per batch; a savepoint per op so one failing op does not
+  // take the others down.
+  void Commit(std::deque<Op>& batch) {
+    std::vector<absl::Status> results(batch.size());
+    Transaction tx(writer_conn_.get());
+    absl::Status s = tx.Begin();
+    if (s.ok()) {
+      for (size_t i = 0; i < batch.size(); ++i) {
+        absl::Status sp = writer_conn_->Exec("SAVEPOINT op");
+        if (!sp.ok()) {
+          results[i] = sp;
+          continue;
+        }
+        results[i] = batch[i].fn(*writer_conn_);
+        if (results[i].ok()) {
+          writer_conn_->Exec("RELEASE op").IgnoreError();
+          name_ids_batch_.merge(name_ids_op_);
+        } else {
+          writer_conn_->Exec("ROLLBACK TO op").IgnoreError();
+          writer_conn_->Exec("RELEASE op").IgnoreError();
+        }
+        name_ids_op_.clear();
+      }
+      s = tx.Commit();
+    }
+    if (s.ok()) name_ids_.merge(name_ids_batch_);
+    name_ids_batch_.clear();
+    for (size_t i = 0; i < batch.size(); ++i) batch[i].done.set_value(s.ok() ? results[i] : s);
+  }
+
+  const std::string dir_;
+  const StoreOptions options_;
+  const int lock_fd_;
+  std::unique_ptr<Connection> writer_conn_;
+  // Metric-name ids (writer thread only): committed, committed-in-this-batch,
+  // and written by the op in progress (dropped if it rolls back).
+  std::map<std::string, int64_t> name_ids_;
+  std::map<std::string, int64_t> name_ids_batch_;
+  std::map<std::string, int64_t> name_ids_op_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::condition_variable space_cv_;
+  std::deque<Op> queue_;
+  size_t pending_async_ = 0;
+  size_t pending_sync_ = 0;
+  std::optional<std::chrono::steady_clock::time_point> first_async_;
+  bool stopping_ = false;
+  bool writer_done_ = false;
+  std::thread writer_thread_;
+
+  std::mutex readers_mu_;
+  std::vector<std::unique_ptr<Connection>> readers_;
+  std::vector<Connection*> free_readers_;
+};
+
+// ---------------------------------------------------------------------------
+
+absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& data_dir, StoreOptions options) {
+  std::error_code ec;
+  fs::create_directories(data_dir + "/checkpoints", ec);
+  if (ec) return absl::PermissionDeniedError("cannot create data directory " + data_dir + ": " + ec.message());
+  const std::string lock_path = data_dir + "/LOCK";
+  int lock_fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (lock_fd < 0) return ErrnoError("open " + lock_path);
+  if (::flock(lock_fd, LOCK_EX | LOCK_NB) != 0) {
+    ::close(lock_fd);
+    return absl::FailedPreconditionError("data directory " + data_dir +
+                                         " is in use by another circuitlab-server (lock " + lock_path + ")");
+  }
+  auto conn = Connection::Open(data_dir + "/circuitlab.db", /*read_write=*/true);
+  if (!conn.ok()) {
+    ::close(lock_fd);
+    return conn.status();
+  }
+  if (absl::Status s = Migrate(**conn); !s.ok()) {
+    ::close(lock_fd);
+    return s;
+  }
+  auto impl = std::make_unique<Impl>(data_dir, options, lock_fd, std::move(*conn));
+  return std::unique_ptr<Store>(new Store(std::move(impl)));
+}
+
+Store::Store(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Store::~Store() = default;
+
+const std::string& Store::data_dir() const { return impl_->dir(); }
+
+absl::StatusOr<int64_t> Store::InsertRun(const NewRun& run) {
+  int64_t id = 0;
+  CL_RETURN_IF_ERROR(impl_->Write([&](Connection& c) -> absl::Status {
+    CL_ASSIGN_OR_RETURN(Statement st,
+                        c.Prepare("INSERT INTO runs(name, spec, spec_json, state, priority, device_request, "
+                                  "created_at, total_steps, client) VALUES (?,?,?,?,?,?,?,?,?)"));
+    st.Bind(1, run.name)
+        .BindBlob(2, run.spec)
+        .Bind(3, run.spec_json)
+        .Bind(4, int64_t{run.state})
+        .Bind(5, int64_t{run.priority})
+        .Bind(6, int64_t{run.device_request})
+        .Bind(7, run.created_at_us)
+        .Bind(8, run.total_steps)
+        .Bind(9, run.client);
+    CL_RETURN_IF_ERROR(st.Run());
+    id = c.LastInsertRowId();
+    for (const std::string& tag : run.tags) {
+      CL_ASSIGN_OR_RETURN(Statement t, c.Prepare("INSERT OR IGNORE INTO run_tags(tag, run_id) VALUES (?, ?)"));
+      t.Bind(1, tag).Bind(2, id);
+      CL_RETURN_IF_ERROR(t.Run());
+    }
+    return absl::OkStatus();
+  }));
+  return id;
+}
+
+absl::Status Store::TransitionRun(int64_t run_id, const RunTransition& t) {
+  return impl_->Write([&](Connection& c) -> absl::Status {
+    int current = 0;
+    {
+      CL_ASSIGN_OR_RETURN(Statement st, c.Prepare("SELECT state FROM runs WHERE id = ?"));
+      st.Bind(1, run_id);
+      CL_ASSIGN_OR_RETURN(bool row, st.Step());
+      if (!row) return absl::NotFoundError("run r" + std::to_string(run_id) + " not found");
+      current = static_cast<int>(st.ColumnInt(0));
+    }
+    if (!t.from_states.empty() &&
+        std::find(t.from_states.begin(), t.from_states.end(), current) == t.from_states.end()) {
+      return absl::FailedPreconditionError("run r" + std::to_string(run_id) + " is in state " +
+                                           std::to_string(current));
+    }
+    CL_ASSIGN_OR_RETURN(
+        Statement st,
+        c.Prepare("UPDATE runs SET state = ?1, device = COALESCE(?2, device), error = COALESCE(?3, error), "
+                  "started_at = CASE WHEN ?4 IS NOT NULL AND started_at = 0 THEN ?4 ELSE started_at END, "
+                  "finished_at = COALESCE(?5, finished_at), attempts = attempts + ?6 WHERE id = ?7"));
+    st.Bind(1, int64_t{t.state});
+    t.device ? st.Bind(2, *t.device) : st.BindNull(2);
+    t.error ? st.Bind(3, *t.error) : st.BindNull(3);
+    t.started_at_us ? st.Bind(4, *t.started_at_us) : st.BindNull(4);
+    t.finished_at_us ? st.Bind(5, *t.finished_at_us) : st.BindNull(5);
+    st.Bind(6, int64_t{t.increment_attempts ? 1 : 0}).Bind(7, run_id);
+    return st.Run();
+  });
+}
+
+void Store::RecordProgress(int64_t run_id, int64_t step) {
+  impl_->Submit(
+      [run_id, step](Connection& c) -> absl::Status {
+        CL_ASSIGN_OR_RETURN(Statement st, c.Prepare("UPDATE runs SET step = ? WHERE id = ?"));
+        st.Bind(1, step).Bind(2, run_id);
+        return st.Run();
+      },
+      /*sync=*/false);
+}
+
+void Store::AppendMetrics(int64_t run_id, std::vector<MetricPoint> points) {
+  if (points.empty()) return;
+  Impl* impl = impl_.get();
+  impl_->Submit(
+      [impl, run_id, points = std::move(points)](Connection& c) -> absl::Status {
+        for (const MetricPoint& p : points) {
+          CL_ASSIGN_OR_RETURN(int64_t name_id, impl->NameId(c, p.name));
+          CL_ASSIGN_OR_RETURN(Statement st, c.Prepare("INSERT OR REPLACE INTO metrics(run_id, name_id, step, value) "
+                                                      "VALUES (?, ?, ?, ?)"));
+          st.Bind(1, run_id).Bind(2, name_id).Bind(3, p.step).Bind(4, p.value);
+          CL_RETURN_IF_ERROR(st.Run());
+        }
+        return absl::OkStatus();
+      },
+      /*sync=*/false);
+}
+
+absl::Status Store::PutCheckpoint(int64_t run_id, int64_t step, const std::string& bytes, int keep) {
+  const std::string dir = impl_->dir() + "/checkpoints/r" + std::to_string(run_id);
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) return absl::PermissionDeniedError("cannot create " + dir + ": " + ec.message());
+  char name[64];
+  std::snprintf(name, sizeof(name), "/step-%012lld.ckpt", static_cast<long long>(step));
+  const std::string path = dir + name;
+  CL_RETURN_IF_ERROR(WriteFileAtomically(path, bytes));
+  const int64_t checksum = Checksum(bytes);
+  const int64_t now = Clock::Real()->NowMicros();
+  std::vector<std::string> doomed;
+  CL_RETURN_IF_ERROR(impl_->Write([&](Connection& c) -> absl::Status {
+    {
+      CL_ASSIGN_OR_RETURN(Statement st, c.Prepare("INSERT OR REPLACE INTO checkpoints(run_id, step, path, size_bytes, "
+                                                  "checksum, created_at) VALUES (?,?,?,?,?,?)"));
+      st.Bind(1, run_id).Bind(2, step).Bind(3, path).Bind(4, static_cast<int64_t>(bytes.size()));
+      st.Bind(5, checksum).Bind(6, now);
+      CL_RETURN_IF_ERROR(st.Run());
+    }
+    {
+      CL_ASSIGN_OR_RETURN(Statement st, c.Prepare("UPDATE runs SET checkpoint_step = ? WHERE id = ?"));
+      st.Bind(1, step).Bind(2, run_id);
+      CL_RETURN_IF_ERROR(st.Run());
+    }
+    if (keep > 0) {
+      CL_ASSIGN_OR_RETURN(Statement sel, c.Prepare("SELECT path FROM checkpoints WHERE run_id = ? ORDER BY step DESC "
+                                                   "LIMIT -1 OFFSET ?"));
+      sel.Bind(1, run_id).Bind(2, int64_t{keep});
+      while (true) {
+        CL_ASSIGN_OR_RETURN(bool more, sel.Step());
+        if (!more) break;
+        doomed.push_back(sel.ColumnText(0));
+      }
+      CL_ASSIGN_OR_RETURN(Statement del, c.Prepare("DELETE FROM checkpoints WHERE run_id = ? AND step NOT IN "
+                                                   "(SELECT step FROM checkpoints WHERE run_id = ? ORDER BY step "
+                                                   "DESC LIMIT ?)"));
+      del.Bind(1, run_id).Bind(2, run_id).Bind(3, int64_t{keep});
+      CL_RETURN_IF_ERROR(del.Run());
+    }
+    return absl::OkStatus();
+  }));
+  // Files go only after the rows that pointed at them are gone.
+  for (const std::string& p : doomed) fs::remove(p, ec);
+  return absl::OkStatus();
+}
+
+absl::Status Store::Flush() {
+  return impl_->Write([](Connection&) { return absl::OkStatus(); });
+}
+
+absl::StatusOr<RunRow> Store::GetRun(int64_t run_id) {
+  CL_ASSIGN_OR_RETURN(Impl::Reader r, impl_->AcquireReader());
+  RunRow row;
+  {
+    CL_ASSIGN_OR_RETURN(Statement st, r->Prepare(std::string("SELECT ") + kRunColumns + " FROM runs WHERE id = ?"));
+    st.Bind(1, run_id);
+    CL_ASSIGN_OR_RETURN(bool found, st.Step());
+    if (!found) return absl::NotFoundError("run r" + std::to_string(run_id) + " not found");
+    row = ReadRunRow(st);
+  }
+  CL_RETURN_IF_ERROR(LoadTags(*r, row));
+  return row;
+}
+
+absl::StatusOr<RunPage> Store::ListRuns(const RunFilter& filter) {
+  // Built from fixed fragments and bound parameters only.
+  std::string where = " WHERE 1=1";
+  std::vector<std::string> text_params;
+  if (!filter.states.empty()) {
+    where += " AND state IN (";
+    for (size_t i = 0; i < filter.states.size(); ++i) where += (i ? "," : "") + std::to_string(filter.states[i]);
+    where += ")";
+  }
+  for (size_t i = 0; i < filter.tags.size(); ++i) {
+    where += " AND id IN (SELECT run_id FROM run_tags WHERE tag = ?)";
+    text_params.push_back(filter.tags[i]);
+  }
+  CL_ASSIGN_OR_RETURN(Impl::Reader r, impl_->AcquireReader());
+  RunPage page;
+  {
+    CL_ASSIGN_OR_RETURN(Statement st, r->Prepare("SELECT count(*) FROM runs" + where));
+    for (size_t i = 0; i < text_params.size(); ++i) st.Bind(static_cast<int>(i + 1), text_params[i]);
+    CL_ASSIGN_OR_RETURN(bool row, st.Step());
+    page.total = row ? st.ColumnInt(0) : 0;
+  }
+  std::string sql = std::string("SELECT ") + kRunColumns + " FROM runs" + where;
+  if (filter.before_id > 0) sql += " AND id < " + std::to_string(filter.before_id);
+  sql += " ORDER BY id DESC LIMIT " + std::to_string(std::max(1, filter.limit));
+  {
+    CL_ASSIGN_OR_RETURN(Statement st, r->Prepare(sql));
+    for (size_t i = 0; i < text_params.size(); ++i) st.Bind(static_cast<int>(i + 1), text_params[i]);
+    while (true) {
+      CL_ASSIGN_OR_RETURN(bool more, st.Step());
+      if (!more) break;
+      page.runs.push_back(ReadRunRow(st));
+    }
+  }
+  for (RunRow& row : page.runs) CL_RETURN_IF_ERROR(LoadTags(*r, row));
+  return page;
+}
+
+absl::StatusOr<std::vector<int64_t>> Store::RunIdsInState(int state) {
+  CL_ASSIGN_OR_RETURN(Impl::Reader r, impl_->AcquireReader());
+  CL_ASSIGN_OR_RETURN(Statement st, r->Prepare("SELECT id FROM runs WHERE state = ? ORDER BY priority DESC, id"));
+  st.Bind(1, int64_t{state});
+  std::vector<int64_t> ids;
+  while (true) {
+    CL_ASSIGN_OR_RETURN(bool more, st.Step());
+    if (!more) break;
+    ids.push_back(st.ColumnInt(0));
+  }
+  return ids;
+}
+
+absl::StatusOr<std::vector<MetricSeries>> Store::GetMetrics(int64_t run_id, const MetricQuery& q) {
+  CL_ASSIGN_OR_RETURN(Impl::Reader r, impl_->AcquireReader());
+  // Which series.
+  std::vector<std::pair<int64_t, std::string>> names;
+  {
+    CL_ASSIGN_OR_RETURN(Statement st, r->Prepare("SELECT DISTINCT n.id, n.name FROM metric_names n WHERE EXISTS "
+                                                 "(SELECT 1 FROM metrics m WHERE m.run_id = ? AND m.name_id = n.id) "
+                                                 "ORDER BY n.name"));
+    st.Bind(1, run_id);
+    while (true) {
+      CL_ASSIGN_OR_RETURN(bool more, st.Step());
+      if (!more) break;
+      std::string name = st.ColumnText(1);
+      if (q.names.empty() || std::find(q.names.begin(), q.names.end(), name) != q.names.end()) {
+        names.emplace_back(st.ColumnInt(0), std::move(name));
+      }
+    }
+  }
+  const int64_t max_step = q.max_step > 0 ? q.max_step : std::numeric_limits<int64_t>::max();
+  std::vector<MetricSeries> out;
+  for (auto& [id, name] : names) {
+    MetricSeries s;
+    s.name = name;
+    {
+      CL_ASSIGN_OR_RETURN(Statement st, r->Prepare("SELECT count(*) FROM metrics WHERE run_id = ? AND name_id = ? "
+                                                   "AND step BETWEEN ? AND ?"));
+      st.Bind(1, run_id).Bind(2, id).Bind(3, q.min_step).Bind(4, max_step);
+      CL_ASSIGN_OR_RETURN(bool row, st.Step());
+      s.total_points = row ? st.ColumnInt(0) : 0;
+    }
+    // Evenly spaced by rank: keep rank i when i % stride == 0, plus the last.
+    const int64_t max_points = std::max(2, q.max_points);
+    const int64_t stride = s.total_points <= max_points ? 1 : (s.total_points - 2) / (max_points - 1) + 1;
+    CL_ASSIGN_OR_RETURN(Statement st, r->Prepare("SELECT step, value FROM metrics WHERE run_id = ? AND name_id = ? "
+                                                 "AND step BETWEEN ? AND ? ORDER BY step"));
+    st.Bind(1, run_id).Bind(2, id).Bind(3, q.min_step).Bind(4, max_step);
+    int64_t rank = 0;
+    while (true) {
+      CL_ASSIGN_OR_RETURN(bool more, st.Step());
+      if (!more) break;
+      if (rank % stride == 0 || rank == s.total_points - 1) {
+        s.steps.push_back(st.ColumnInt(0));
+        s.values.push_back(st.ColumnDouble(1));
+      }
+      ++rank;
+    }
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+absl::StatusOr<std::map<std::string, double>> Store::LatestMetrics(int64_t run_id) {
+  CL_ASSIGN_OR_RETURN(Impl::Reader r, impl_->AcquireReader());
+  // SQLite's bare-column rule: with max(step), value comes from that row.
+  CL_ASSIGN_OR_RETURN(Statement st, r->Prepare("SELECT n.name, m.value, max(m.step) FROM metrics m JOIN metric_names n "
+                                               "ON n.id = m.name_id WHERE m.run_id = ? GROUP BY m.name_id"));
+  st.Bind(1, run_id);
+  std::map<std::string, double> out;
+  while (true) {
+    CL_ASSIGN_OR_RETURN(bool more, st.Step());
+    if (!more) break;
+    out[st.ColumnText(0)] = st.ColumnDouble(1);
+  }
+  return out;
+}
+
+absl::StatusOr<std::optional<Checkpoint>> Store::LatestCheckpoint(int64_t run_id) {
+  std::string path;
+  int64_t step = 0, size = 0, checksum = 0;
+  {
+    CL_ASSIGN_OR_RETURN(Impl::Reader r, impl_->AcquireReader());
+    CL_ASSIGN_OR_RETURN(Statement st, r->Prepare("SELECT step, path, size_bytes, checksum FROM checkpoints WHERE "
+                                                 "run_id = ? ORDER BY step DESC LIMIT 1"));
+    st.Bind(1, run_id);
+    CL_ASSIGN_OR_RETURN(bool found, st.Step());
+    if (!found) return std::optional<Checkpoint>();
+    step = st.ColumnInt(0);
+    path = st.ColumnText(1);
+    size = st.ColumnInt(2);
+    checksum = st.ColumnInt(3);
+  }
+  CL_ASSIGN_OR_RETURN(std::string bytes, ReadFile(path));
+  if (static_cast<int64_t>(bytes.size()) != size || Checksum(bytes) != checksum) {
+    return absl::DataLossError("checkpoint " + path + " does not match its checksum");
+  }
+  return std::optional<Checkpoint>(Checkpoint{step, std::move(bytes)});
+}
+
+}  // namespace circuitlab::store

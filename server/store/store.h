@@ -1,0 +1,181 @@
+// circuitlab's persistent state: one SQLite database (WAL) plus checkpoint
+// files under a data directory.
+//
+//   <data>/circuitlab.db        runs, tags, metrics, checkpoint index
+//   <data>/checkpoints/r<id>/   checkpoint files, written atomically
+//   <data>/LOCK                 held (flock) while a Store is open
+//
+// The store speaks in rows and bytes; it knows nothing of protobuf, gRPC or
+// tensors. Run states are stored as the integers the caller gives (the
+// scheduler uses circuitlab.v1.RunState numbers).
+//
+// Writes go through one writer thread that owns the only read-write
+// connection. Metric and progress rows are queued and committed in batches
+// (at most `flush_interval` late); every other write waits for its commit, so
+// a state change is durable before the caller announces it. A kill -9 loses at
+// most the last uncommitted batch of metrics/progress. Reads use their own
+// read-only connections from a pool and never block the writer.
+//
+// Thread-safety: all public methods are thread-safe.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace circuitlab::store {
+
+// The schema version this binary writes. Opening a database with a newer
+// version fails with FailedPrecondition.
+int LatestSchemaVersion();
+
+struct StoreOptions {
+  // Longest time a queued metric/progress write waits before its commit.
+  std::chrono::milliseconds flush_interval{200};
+  // Queued asynchronous writes that force an early commit.
+  size_t max_batch_ops = 512;
+  // Queued asynchronous writes beyond which Append* calls block (backpressure).
+  size_t max_pending_ops = 20000;
+  // Read-only connections kept open.
+  int reader_connections = 4;
+};
+
+struct NewRun {
+  std::string name;
+  std::string spec;       // serialized circuitlab.v1.ExperimentSpec
+  std::string spec_json;  // the same, as JSON, for people and sqlite3 queries
+  int state = 0;
+  int priority = 0;
+  int device_request = 0;
+  int64_t total_steps = 0;
+  int64_t created_at_us = 0;
+  std::vector<std::string> tags;
+  std::string client;
+};
+
+struct RunRow {
+  int64_t id = 0;
+  std::string name;
+  std::string spec;
+  int state = 0;
+  int priority = 0;
+  int device_request = 0;
+  int64_t created_at_us = 0;
+  int64_t started_at_us = 0;   // 0 = never
+  int64_t finished_at_us = 0;  // 0 = not finished
+  std::string device;
+  std::string error;
+  int64_t step = 0;
+  int64_t total_steps = 0;
+  int attempts = 0;
+  int64_t checkpoint_step = 0;
+  std::vector<std::string> tags;
+  std::string client;
+};
+
+// A state transition. Unset optionals leave the column unchanged.
+struct RunTransition {
+  int state = 0;
+  std::optional<std::string> device;
+  std::optional<std::string> error;
+  std::optional<int64_t> started_at_us;   // only written if the run has none yet
+  std::optional<int64_t> finished_at_us;  // 0 clears it
+  bool increment_attempts = false;
+  // Only apply if the run is currently in one of these states (empty = any).
+  // FailedPrecondition otherwise.
+  std::vector<int> from_states;
+};
+
+struct RunFilter {
+  std::vector<int> states;        // any of these; empty = all
+  std::vector<std::string> tags;  // all of these
+  int64_t before_id = 0;          // pagination: only ids < before_id (0 = none)
+  int limit = 50;
+};
+
+struct RunPage {
+  std::vector<RunRow> runs;
+  int64_t total = 0;  // matching rows over all pages
+};
+
+struct MetricPoint {
+  std::string name;
+  int64_t step = 0;
+  double value = 0;
+};
+
+struct MetricQuery {
+  std::vector<std::string> names;  // empty = all
+  int64_t min_step = 0;
+  int64_t max_step = 0;  // 0 = unbounded
+  int max_points = 10000;
+};
+
+struct MetricSeries {
+  std::string name;
+  std::vector<int64_t> steps;
+  std::vector<double> values;
+  int64_t total_points = 0;
+};
+
+struct Checkpoint {
+  int64_t step = 0;
+  std::string bytes;
+};
+
+class Store {
+ public:
+  // Opens or creates the store under `data_dir`, applies pending migrations and
+  // takes the directory lock. FailedPrecondition when another process holds
+  // the lock or the database is newer than this binary; DataLoss when the file
+  // is not a database.
+  static absl::StatusOr<std::unique_ptr<Store>> Open(const std::string& data_dir, StoreOptions options = {});
+  ~Store();  // flushes and stops the writer
+  Store(const Store&) = delete;
+  Store& operator=(const Store&) = delete;
+
+  // ---- writes ----
+  absl::StatusOr<int64_t> InsertRun(const NewRun& run);
+  // NotFound for an unknown id, FailedPrecondition when from_states does not
+  // hold.
+  absl::Status TransitionRun(int64_t run_id, const RunTransition& t);
+  // Batched: progress (last completed step).
+  void RecordProgress(int64_t run_id, int64_t step);
+  // Batched: metric points; a point at an existing (run, name, step) replaces
+  // it (a resumed run recomputes the steps after its checkpoint).
+  void AppendMetrics(int64_t run_id, std::vector<MetricPoint> points);
+  // Writes the checkpoint file atomically (temp + fsync + rename), then its
+  // row, then deletes checkpoints beyond the newest `keep` (0 = keep all).
+  absl::Status PutCheckpoint(int64_t run_id, int64_t step, const std::string& bytes, int keep);
+  // Waits until everything queued so far is committed.
+  absl::Status Flush();
+
+  // ---- reads ----
+  absl::StatusOr<RunRow> GetRun(int64_t run_id);
+  absl::StatusOr<RunPage> ListRuns(const RunFilter& filter);
+  // Ids of runs in `state`, by priority (high first) then id.
+  absl::StatusOr<std::vector<int64_t>> RunIdsInState(int state);
+  absl::StatusOr<std::vector<MetricSeries>> GetMetrics(int64_t run_id, const MetricQuery& q);
+  // The value at the highest step of every series of the run.
+  absl::StatusOr<std::map<std::string, double>> LatestMetrics(int64_t run_id);
+  // The newest checkpoint, verified against its checksum (DataLoss if it does
+  // not match); nullopt when the run has none.
+  absl::StatusOr<std::optional<Checkpoint>> LatestCheckpoint(int64_t run_id);
+
+  const std::string& data_dir() const;
+
+  class Impl;
+
+ private:
+  explicit Store(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace circuitlab::store
