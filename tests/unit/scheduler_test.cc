@@ -1,0 +1,274 @@
+#include "server/scheduler/scheduler.h"
+
+#include <gtest/gtest.h>
+
+#include "tests/test_util/fake_executor.h"
+#include "tests/test_util/temp_dir.h"
+
+namespace circuitlab::scheduler {
+namespace {
+
+using circuitlab::testing::FakeExecutor;
+using circuitlab::testing::TempDir;
+using circuitlab::testing::WaitFor;
+
+v1::ExperimentSpec SmallSpec(uint64_t steps = 20, int priority = 0) {
+  v1::ExperimentSpec spec;
+  spec.mutable_training()->set_steps(steps);
+  spec.mutable_resources()->set_priority(priority);
+  spec.mutable_recording()->set_eval_size(16);
+  return spec;
+}
+
+class SchedulerTest : public ::testing::Test {
+ protected:
+  void SetUp() override { Open(); }
+
+  void Open(SchedulerOptions opts = {}) {
+    scheduler_.reset();
+    store_.reset();
+    auto store = store::Store::Open(dir_.path());
+    ASSERT_TRUE(store.ok()) << store.status();
+    store_ = std::move(*store);
+    opts.epoch = "test";
+    opts.heartbeat = std::chrono::milliseconds(0);
+    scheduler_ = std::make_unique<Scheduler>(opts, store_.get(), &executor_, &clock_);
+  }
+
+  v1::RunState StateOf(const std::string& id) {
+    auto run = scheduler_->GetRun(id);
+    return run.ok() ? run->state() : v1::RUN_STATE_UNSPECIFIED;
+  }
+
+  TempDir dir_;
+  FakeClock clock_;
+  FakeExecutor executor_;
+  std::unique_ptr<store::Store> store_;
+  std::unique_ptr<Scheduler> scheduler_;
+};
+
+TEST(RunIdTest, ParsesAndFormats) {
+  EXPECT_EQ(*ParseRunId("r17"), 17);
+  EXPECT_EQ(*ParseRunId("17"), 17);
+  EXPECT_EQ(FormatRunId(17), "r17");
+  for (const char* bad : {"", "r", "rx", "r-1", "r0", "17a", "r99999999999999999999"}) {
+    auto id = ParseRunId(bad);
+    EXPECT_EQ(id.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(id.status().message().find("run_id"), std::string::npos);
+  }
+}
+
+TEST_F(SchedulerTest, RunsToCompletionAndStoresEverything) {
+  ASSERT_TRUE(scheduler_->Start().ok());
+  auto run = scheduler_->Submit(SmallSpec(20), "alice");
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_EQ(run->run_id(), "r1");
+  EXPECT_EQ(run->spec().training().steps(), 20u);  // resolved spec stored
+  ASSERT_TRUE(WaitFor([&] { return StateOf("r1") == v1::RUN_STATE_SUCCEEDED; }));
+  auto done = scheduler_->GetRun("r1");
+  EXPECT_EQ(done->progress().step(), 20u);
+  EXPECT_EQ(done->device(), "cpu:0");
+  EXPECT_EQ(done->attempts(), 1u);
+  EXPECT_EQ(done->checkpoint_step(), 20u);
+  EXPECT_GT(done->finished_at().seconds(), 0);
+  EXPECT_DOUBLE_EQ(done->progress().latest().at("train/loss"), 1.0 / 20);
+
+  v1::GetMetricsRequest req;
+  req.set_run_id("r1");
+  req.add_names("train/step");
+  auto metrics = scheduler_->GetMetrics(req);
+  ASSERT_TRUE(metrics.ok());
+  ASSERT_EQ(metrics->series_size(), 1);
+  EXPECT_EQ(metrics->series(0).values_size(), 20);
+}
+
+TEST_F(SchedulerTest, HigherPriorityRunsFirst) {
+  executor_.Close();  // hold the first run so the others queue up
+  ASSERT_TRUE(scheduler_->Start().ok());
+  auto named = [](const std::string& name, int priority) {
+    v1::ExperimentSpec spec = SmallSpec(3, priority);
+    spec.set_name(name);
+    return spec;
+  };
+  ASSERT_TRUE(scheduler_->Submit(named("first", 0), "a").ok());
+  ASSERT_TRUE(WaitFor([&] { return StateOf("r1") == v1::RUN_STATE_RUNNING; }));
+  ASSERT_TRUE(scheduler_->Submit(named("low", 0), "a").ok());
+  ASSERT_TRUE(scheduler_->Submit(named("high", 10), "a").ok());
+  ASSERT_TRUE(scheduler_->Submit(named("low-later", 0), "a").ok());
+  executor_.Open();
+  ASSERT_TRUE(WaitFor([&] { return executor_.started() == 4; }));
+  EXPECT_EQ(executor_.started_names(), (std::vector<std::string>{"first", "high", "low", "low-later"}));
+}
+
+TEST_F(SchedulerTest, CancelQueuedAndRunning) {
+  executor_.Close();
+  ASSERT_TRUE(scheduler_->Start().ok());
+  ASSERT_TRUE(scheduler_->Submit(SmallSpec(100), "a").ok());
+  ASSERT_TRUE(WaitFor([&] { return StateOf("r1") == v1::RUN_STATE_RUNNING; }));
+  ASSERT_TRUE(scheduler_->Submit(SmallSpec(100), "a").ok());
+  auto queued = scheduler_->Cancel("r2");
+  ASSERT_TRUE(queued.ok());
+  EXPECT_EQ(queued->state(), v1::RUN_STATE_CANCELLED);
+  ASSERT_TRUE(scheduler_->Cancel("r1").ok());
+  executor_.Open();
+  ASSERT_TRUE(WaitFor([&] { return StateOf("r1") == v1::RUN_STATE_CANCELLED; }));
+  EXPECT_LT(scheduler_->GetRun("r1")->progress().step(), 100u);
+  // Cancelling an ended run is a precondition failure; unknown runs are not found.
+  EXPECT_EQ(scheduler_->Cancel("r1").status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(scheduler_->Cancel("r99").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(executor_.started(), 1);  // r2 never ran
+}
+
+TEST_F(SchedulerTest, EngineFailureMarksTheRunFailedWithTheReason) {
+  executor_.fail_with = absl::InternalError("LibTorch error: boom");
+  executor_.fail_after = 3;
+  ASSERT_TRUE(scheduler_->Start().ok());
+  ASSERT_TRUE(scheduler_->Submit(SmallSpec(10), "a").ok());
+  ASSERT_TRUE(WaitFor([&] { return StateOf("r1") == v1::RUN_STATE_FAILED; }));
+  EXPECT_NE(scheduler_->GetRun("r1")->error().find("boom"), std::string::npos);
+}
+
+TEST_F(SchedulerTest, QueueLimitsAnswerResourceExhausted) {
+  SchedulerOptions opts;
+  opts.max_queued_runs = 3;
+  opts.max_queued_per_client = 2;
+  Open(opts);
+  // Not started: everything stays queued.
+  ASSERT_TRUE(scheduler_->Submit(SmallSpec(), "alice").ok());
+  ASSERT_TRUE(scheduler_->Submit(SmallSpec(), "alice").ok());
+  auto third = scheduler_->Submit(SmallSpec(), "alice");
+  EXPECT_EQ(third.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(third.status().message().find("--max-queued-per-client=2"), std::string::npos);
+  ASSERT_TRUE(scheduler_->Submit(SmallSpec(), "bob").ok());
+  auto full = scheduler_->Submit(SmallSpec(), "carol");
+  EXPECT_EQ(full.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(full.status().message().find("--max-queued-runs=3"), std::string::npos);
+  // Nothing half-written: exactly three rows exist.
+  v1::ListRunsRequest list;
+  EXPECT_EQ(scheduler_->ListRuns(list)->total_size(), 3);
+}
+
+TEST_F(SchedulerTest, BadSpecIsRejectedBeforeAnythingIsStored) {
+  v1::ExperimentSpec spec = SmallSpec();
+  spec.mutable_task()->mutable_associative_recall()->set_num_blocks(0);
+  auto run = scheduler_->Submit(spec, "a");
+  EXPECT_EQ(run.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(scheduler_->ListRuns({})->total_size(), 0);
+}
+
+TEST_F(SchedulerTest, CudaRequestWithoutCudaIsAPreconditionFailure) {
+  v1::ExperimentSpec spec = SmallSpec();
+  spec.mutable_resources()->set_device(v1::DEVICE_KIND_CUDA);
+  EXPECT_EQ(scheduler_->Submit(spec, "a").status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(SchedulerTest, DrainPreemptsAndTheNextStartResumesFromTheCheckpoint) {
+  executor_.step_time = std::chrono::milliseconds(5);
+  ASSERT_TRUE(scheduler_->Start().ok());
+  ASSERT_TRUE(scheduler_->Submit(SmallSpec(400), "a").ok());
+  ASSERT_TRUE(WaitFor([&] { return scheduler_->GetRun("r1")->progress().step() >= 20; }));
+  scheduler_->Drain();
+  auto row = scheduler_->GetRun("r1");
+  EXPECT_EQ(row->state(), v1::RUN_STATE_QUEUED);
+  const uint64_t checkpoint = row->checkpoint_step();
+  EXPECT_GE(checkpoint, 20u);
+  EXPECT_EQ(scheduler_->Submit(SmallSpec(), "a").status().code(), absl::StatusCode::kUnavailable);
+
+  executor_.step_time = std::chrono::milliseconds(0);
+  Open();
+  ASSERT_TRUE(scheduler_->Start().ok());
+  ASSERT_TRUE(WaitFor([&] { return StateOf("r1") == v1::RUN_STATE_SUCCEEDED; }));
+  EXPECT_EQ(executor_.resumed_from(), static_cast<int64_t>(checkpoint));
+  EXPECT_EQ(scheduler_->GetRun("r1")->attempts(), 2u);
+}
+
+TEST_F(SchedulerTest, RunsLeftRunningByACrashAreRequeuedAndResumed) {
+  // Simulate a crash: a RUNNING row with a checkpoint, and no process behind it.
+  ASSERT_TRUE(scheduler_->Submit(SmallSpec(30), "a").ok());
+  store::RunTransition t;
+  t.state = v1::RUN_STATE_RUNNING;
+  ASSERT_TRUE(store_->TransitionRun(1, t).ok());
+  ASSERT_TRUE(store_->PutCheckpoint(1, 10, "step=10", 0).ok());
+  Open();
+  ASSERT_TRUE(scheduler_->Start().ok());
+  ASSERT_TRUE(WaitFor([&] { return StateOf("r1") == v1::RUN_STATE_SUCCEEDED; }));
+  EXPECT_EQ(executor_.resumed_from(), 10);
+}
+
+TEST_F(SchedulerTest, ListValidatesAndPaginates) {
+  for (int i = 0; i < 5; ++i) {
+    v1::ExperimentSpec spec = SmallSpec();
+    if (i % 2 == 0) spec.add_tags("even");
+    ASSERT_TRUE(scheduler_->Submit(spec, "a").ok());
+  }
+  v1::ListRunsRequest req;
+  req.set_page_size(2);
+  auto page = scheduler_->ListRuns(req);
+  ASSERT_TRUE(page.ok());
+  EXPECT_EQ(page->runs_size(), 2);
+  EXPECT_EQ(page->runs(0).run_id(), "r5");
+  EXPECT_EQ(page->total_size(), 5);
+  std::vector<std::string> seen;
+  while (true) {
+    for (const auto& r : page->runs()) seen.push_back(r.run_id());
+    if (page->next_page_token().empty()) break;
+    req.set_page_token(page->next_page_token());
+    page = scheduler_->ListRuns(req);
+  }
+  EXPECT_EQ(seen, (std::vector<std::string>{"r5", "r4", "r3", "r2", "r1"}));
+
+  req = v1::ListRunsRequest();
+  req.add_tags("even");
+  EXPECT_EQ(scheduler_->ListRuns(req)->total_size(), 3);
+  req = v1::ListRunsRequest();
+  req.set_page_size(5000);
+  EXPECT_EQ(scheduler_->ListRuns(req).status().code(), absl::StatusCode::kInvalidArgument);
+  req = v1::ListRunsRequest();
+  req.set_page_token("garbage");
+  EXPECT_EQ(scheduler_->ListRuns(req).status().code(), absl::StatusCode::kInvalidArgument);
+  req = v1::ListRunsRequest();
+  req.add_states(static_cast<v1::RunState>(99));
+  EXPECT_EQ(scheduler_->ListRuns(req).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(SchedulerTest, MetricsRequestsAreValidated) {
+  ASSERT_TRUE(scheduler_->Submit(SmallSpec(), "a").ok());
+  v1::GetMetricsRequest req;
+  req.set_run_id("r1");
+  req.set_max_points(1'000'000);
+  EXPECT_EQ(scheduler_->GetMetrics(req).status().code(), absl::StatusCode::kInvalidArgument);
+  req.set_max_points(10);
+  req.set_min_step(10);
+  req.set_max_step(5);
+  EXPECT_EQ(scheduler_->GetMetrics(req).status().code(), absl::StatusCode::kInvalidArgument);
+  req.set_run_id("r2");
+  req.set_max_step(0);
+  EXPECT_EQ(scheduler_->GetMetrics(req).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(SchedulerTest, WatchSeesSnapshotStateChangesAndEnd) {
+  executor_.Close();
+  ASSERT_TRUE(scheduler_->Start().ok());
+  ASSERT_TRUE(scheduler_->Submit(SmallSpec(5), "a").ok());
+  v1::WatchRunRequest req;
+  req.set_run_id("r1");
+  auto watch = scheduler_->StartWatch(req);
+  ASSERT_TRUE(watch.ok());
+  executor_.Open();
+  std::vector<v1::RunState> states;
+  bool ended = false;
+  ASSERT_TRUE(WaitFor([&] {
+    for (auto item = watch->subscriber->Next(); item.kind != Subscriber::Kind::kNone;
+         item = watch->subscriber->Next()) {
+      if (item.kind == Subscriber::Kind::kEnd) return ended = true;
+      if (item.kind == Subscriber::Kind::kEvent && item.event.has_state()) states.push_back(item.event.state().state());
+    }
+    return false;
+  }));
+  ASSERT_FALSE(states.empty());
+  EXPECT_EQ(states.back(), v1::RUN_STATE_SUCCEEDED);
+  scheduler_->StopWatch(*watch);
+}
+
+}  // namespace
+}  // namespace circuitlab::scheduler

@@ -1,0 +1,157 @@
+#include "server/engine/spec.h"
+
+#include <gtest/gtest.h>
+
+namespace circuitlab::engine {
+namespace {
+
+TEST(SpecTest, EmptySpecResolvesToDocumentedDefaults) {
+  v1::ExperimentSpec spec;
+  ASSERT_TRUE(ResolveSpec({}, &spec).ok());
+  const auto& t = spec.task().associative_recall();
+  EXPECT_EQ(t.num_common(), 32u);
+  EXPECT_EQ(t.num_rare(), 64u);
+  EXPECT_EQ(t.num_heldout(), 16u);
+  EXPECT_EQ(t.num_blocks(), 8u);
+  EXPECT_EQ(t.block_length(), 2u);
+  EXPECT_EQ(t.position_mode(), v1::POSITION_MODE_BLOCK_OFFSET);
+  EXPECT_EQ(t.num_positions(), 64u);
+  EXPECT_DOUBLE_EQ(spec.data().rare_fraction(), 0.5);
+  EXPECT_EQ(spec.data().variability_mode(), v1::VARIABILITY_MODE_REPAIR);
+  EXPECT_EQ(spec.model().imir().num_layers(), 2u);
+  EXPECT_EQ(spec.training().optimizer(), v1::OPTIMIZER_KIND_SGD);
+  EXPECT_DOUBLE_EQ(spec.training().learning_rate(), 2.0);
+  EXPECT_EQ(spec.training().steps(), 1000u);
+  EXPECT_EQ(spec.recording().eval_every(), 100u);
+  EXPECT_EQ(spec.resources().device(), v1::DEVICE_KIND_ANY);
+  EXPECT_EQ(spec.name(), "associative_recall");
+  // Resolving twice changes nothing.
+  v1::ExperimentSpec again = spec;
+  ASSERT_TRUE(ResolveSpec({}, &again).ok());
+  EXPECT_EQ(again.SerializeAsString(), spec.SerializeAsString());
+}
+
+TEST(SpecTest, AdamGetsItsOwnDefaultLearningRate) {
+  v1::ExperimentSpec spec;
+  spec.mutable_training()->set_optimizer(v1::OPTIMIZER_KIND_ADAM);
+  ASSERT_TRUE(ResolveSpec({}, &spec).ok());
+  EXPECT_DOUBLE_EQ(spec.training().learning_rate(), 1e-3);
+}
+
+TEST(SpecTest, ShortRunsClampRecordingDefaults) {
+  v1::ExperimentSpec spec;
+  spec.mutable_training()->set_steps(5);
+  ASSERT_TRUE(ResolveSpec({}, &spec).ok());
+  EXPECT_EQ(spec.recording().eval_every(), 5u);
+  EXPECT_EQ(spec.recording().checkpoint_every(), 5u);
+}
+
+struct BadCase {
+  std::string name;
+  std::function<void(v1::ExperimentSpec&)> mutate;
+  absl::StatusCode code;
+  std::string message;  // the exact message, or a prefix when it ends in '*'
+};
+
+class SpecErrorTest : public ::testing::TestWithParam<BadCase> {};
+
+TEST_P(SpecErrorTest, NamesFieldRangeAndValue) {
+  v1::ExperimentSpec spec;
+  GetParam().mutate(spec);
+  absl::Status s = ResolveSpec({}, &spec);
+  EXPECT_EQ(s.code(), GetParam().code) << s;
+  const std::string& want = GetParam().message;
+  if (!want.empty() && want.back() == '*') {
+    EXPECT_EQ(std::string(s.message()).substr(0, want.size() - 1), want.substr(0, want.size() - 1)) << s;
+  } else {
+    EXPECT_EQ(s.message(), want);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Fields, SpecErrorTest,
+    ::testing::Values(
+        BadCase{"blocks", [](auto& s) { s.mutable_task()->mutable_associative_recall()->set_num_blocks(0); },
+                absl::StatusCode::kInvalidArgument, "task.associative_recall.num_blocks must be in [1, 256], got 0"},
+        BadCase{"odd_common", [](auto& s) { s.mutable_task()->mutable_associative_recall()->set_num_common(7); },
+                absl::StatusCode::kInvalidArgument,
+                "task.associative_recall.num_common must be even (common tokens come in fixed pairs), got 7"},
+        BadCase{"too_few_rare", [](auto& s) { s.mutable_task()->mutable_associative_recall()->set_num_rare(10); },
+                absl::StatusCode::kInvalidArgument, "task.associative_recall.num_rare must be at least 2 * num_blocks + 2 = 18*"},
+        BadCase{"block_length", [](auto& s) { s.mutable_task()->mutable_associative_recall()->set_block_length(1); },
+                absl::StatusCode::kInvalidArgument, "task.associative_recall.block_length must be in [2, 16], got 1"},
+        BadCase{"positions",
+                [](auto& s) {
+                  s.mutable_task()->mutable_associative_recall()->set_block_length(4);
+                  s.mutable_task()->mutable_associative_recall()->set_num_positions(3);
+                },
+                absl::StatusCode::kInvalidArgument, "task.associative_recall.num_positions must be at least block_length*"},
+        BadCase{"rare_fraction", [](auto& s) { s.mutable_data()->set_rare_fraction(1.5); },
+                absl::StatusCode::kInvalidArgument, "data.rare_fraction must be in [0, 1], got 1.5"},
+        BadCase{"nan", [](auto& s) { s.mutable_data()->set_variability(std::nan("")); },
+                absl::StatusCode::kInvalidArgument, "data.variability must be in [0, 1], got nan"},
+        BadCase{"no_common_needs_all_rare",
+                [](auto& s) {
+                  s.mutable_task()->mutable_associative_recall()->set_num_common(0);
+                  s.mutable_data()->set_rare_fraction(0.5);
+                },
+                absl::StatusCode::kInvalidArgument,
+                "data.rare_fraction must be 1 when task.associative_recall.num_common is 0, got 0.5"},
+        BadCase{"burstiness", [](auto& s) { s.mutable_data()->set_burstiness(9); },
+                absl::StatusCode::kInvalidArgument, "data.burstiness must be in [1, 8], got 9"},
+        BadCase{"layers", [](auto& s) { s.mutable_model()->mutable_imir()->set_num_layers(0); },
+                absl::StatusCode::kInvalidArgument, "model.imir.num_layers must be in [1, 6], got 0"},
+        BadCase{"width",
+                [](auto& s) {
+                  s.mutable_model()->mutable_imir()->set_num_layers(6);
+                  s.mutable_model()->mutable_imir()->set_num_heads(8);
+                },
+                absl::StatusCode::kInvalidArgument, "model residual width*"},
+        BadCase{"lr", [](auto& s) { s.mutable_training()->set_learning_rate(0); },
+                absl::StatusCode::kInvalidArgument, "training.learning_rate must be in (0, 1000], got 0"},
+        BadCase{"batch", [](auto& s) { s.mutable_training()->set_batch_size(0); },
+                absl::StatusCode::kInvalidArgument, "training.batch_size must be in [1, 65536], got 0"},
+        BadCase{"momentum", [](auto& s) { s.mutable_training()->set_momentum(1.0); },
+                absl::StatusCode::kInvalidArgument, "training.momentum must be in [0, 1), got 1"},
+        BadCase{"steps_limit", [](auto& s) { s.mutable_training()->set_steps(20'000'000); },
+                absl::StatusCode::kResourceExhausted, "training.steps must be at most this server's --max-steps*"},
+        BadCase{"eval_every", [](auto& s) { s.mutable_recording()->set_eval_every(2000); },
+                absl::StatusCode::kInvalidArgument, "recording.eval_every must be in [1, 1000], got 2000"},
+        BadCase{"eval_size", [](auto& s) { s.mutable_recording()->set_eval_size(1); },
+                absl::StatusCode::kInvalidArgument, "recording.eval_size must be in [16, 65536], got 1"},
+        BadCase{"priority", [](auto& s) { s.mutable_resources()->set_priority(5000); },
+                absl::StatusCode::kInvalidArgument, "resources.priority must be in [-1000, 1000], got 5000"},
+        BadCase{"tag", [](auto& s) { s.add_tags("bad tag!"); }, absl::StatusCode::kInvalidArgument,
+                "tags[0] may only contain letters, digits and _.:=-, got 'bad tag!'"},
+        BadCase{"name", [](auto& s) { s.set_name(std::string(300, 'n')); }, absl::StatusCode::kInvalidArgument,
+                "name must be at most 200 characters, got 300"},
+        BadCase{"enum", [](auto& s) { s.mutable_training()->set_optimizer(static_cast<v1::OptimizerKind>(42)); },
+                absl::StatusCode::kInvalidArgument, "training.optimizer is not a known value: 42"},
+        BadCase{"memory",
+                [](auto& s) {
+                  s.mutable_task()->mutable_associative_recall()->set_num_blocks(256);
+                  s.mutable_task()->mutable_associative_recall()->set_num_rare(2048);
+                  s.mutable_training()->set_batch_size(65536);
+                },
+                absl::StatusCode::kResourceExhausted, "this run needs about*"}),
+    [](const ::testing::TestParamInfo<BadCase>& info) { return info.param.name; });
+
+TEST(SpecTest, ShapeAndWidth) {
+  v1::ExperimentSpec spec;
+  auto* t = spec.mutable_task()->mutable_associative_recall();
+  t->set_num_common(8);
+  t->set_num_rare(24);
+  t->set_num_heldout(8);
+  t->set_num_blocks(6);
+  t->set_num_positions(16);
+  ASSERT_TRUE(ResolveSpec({}, &spec).ok());
+  TaskShape s = ShapeOf(spec);
+  EXPECT_EQ(s.vocab, 4 + 8 + 24 + 8);
+  EXPECT_EQ(s.seq_len, 1 + 6 * 2 + 1);
+  EXPECT_EQ(s.positions, 16);
+  EXPECT_EQ(ResidualWidth(spec), 4 * (44 + 16));
+  EXPECT_EQ(ParameterCount(spec), 60 * 60 + 120 * 120 + 44 * 240);
+}
+
+}  // namespace
+}  // namespace circuitlab::engine

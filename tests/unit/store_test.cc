@@ -1,0 +1,246 @@
+#include "server/store/store.h"
+
+#include <gtest/gtest.h>
+#include <sqlite3.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "tests/test_util/temp_dir.h"
+
+namespace circuitlab::store {
+namespace {
+
+using circuitlab::testing::TempDir;
+
+NewRun SampleRun(const std::string& name, std::vector<std::string> tags = {}, int priority = 0) {
+  NewRun r;
+  r.name = name;
+  r.spec = "spec-bytes";
+  r.spec_json = "{}";
+  r.state = 1;
+  r.priority = priority;
+  r.total_steps = 100;
+  r.created_at_us = 1;
+  r.tags = std::move(tags);
+  r.client = "tester";
+  return r;
+}
+
+TEST(StoreTest, InsertGetAndTransition) {
+  TempDir dir;
+  auto store = Store::Open(dir.path());
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto id = (*store)->InsertRun(SampleRun("a", {"x", "y"}));
+  ASSERT_TRUE(id.ok()) << id.status();
+  auto row = (*store)->GetRun(*id);
+  ASSERT_TRUE(row.ok());
+  EXPECT_EQ(row->name, "a");
+  EXPECT_EQ(row->spec, "spec-bytes");
+  EXPECT_EQ(row->tags, (std::vector<std::string>{"x", "y"}));
+  EXPECT_EQ(row->state, 1);
+
+  RunTransition t;
+  t.state = 2;
+  t.device = "cpu:0";
+  t.started_at_us = 42;
+  t.increment_attempts = true;
+  t.from_states = {1};
+  ASSERT_TRUE((*store)->TransitionRun(*id, t).ok());
+  row = (*store)->GetRun(*id);
+  EXPECT_EQ(row->state, 2);
+  EXPECT_EQ(row->device, "cpu:0");
+  EXPECT_EQ(row->started_at_us, 42);
+  EXPECT_EQ(row->attempts, 1);
+
+  // started_at is only written once; from_states is enforced.
+  t.started_at_us = 99;
+  t.from_states = {1};
+  EXPECT_EQ((*store)->TransitionRun(*id, t).code(), absl::StatusCode::kFailedPrecondition);
+  t.from_states = {2};
+  ASSERT_TRUE((*store)->TransitionRun(*id, t).ok());
+  EXPECT_EQ((*store)->GetRun(*id)->started_at_us, 42);
+}
+
+TEST(StoreTest, UnknownRunIsNotFound) {
+  TempDir dir;
+  auto store = Store::Open(dir.path());
+  ASSERT_TRUE(store.ok());
+  EXPECT_EQ((*store)->GetRun(7).status().code(), absl::StatusCode::kNotFound);
+  RunTransition t;
+  t.state = 2;
+  EXPECT_EQ((*store)->TransitionRun(7, t).code(), absl::StatusCode::kNotFound);
+}
+
+TEST(StoreTest, ListFiltersByStateAndTagsAndPaginates) {
+  TempDir dir;
+  auto store = Store::Open(dir.path());
+  ASSERT_TRUE(store.ok());
+  for (int i = 0; i < 7; ++i) {
+    NewRun r = SampleRun("run" + std::to_string(i), i % 2 == 0 ? std::vector<std::string>{"even", "all"}
+                                                               : std::vector<std::string>{"all"});
+    r.state = i < 3 ? 1 : 3;
+    ASSERT_TRUE((*store)->InsertRun(r).ok());
+  }
+  RunFilter f;
+  f.tags = {"even", "all"};
+  auto page = (*store)->ListRuns(f);
+  ASSERT_TRUE(page.ok());
+  EXPECT_EQ(page->total, 4);
+  ASSERT_EQ(page->runs.size(), 4u);
+  EXPECT_EQ(page->runs[0].name, "run6");  // newest first
+
+  f = RunFilter();
+  f.states = {1};
+  page = (*store)->ListRuns(f);
+  EXPECT_EQ(page->total, 3);
+
+  f = RunFilter();
+  f.limit = 3;
+  page = (*store)->ListRuns(f);
+  ASSERT_EQ(page->runs.size(), 3u);
+  f.before_id = page->runs.back().id;
+  auto page2 = (*store)->ListRuns(f);
+  ASSERT_EQ(page2->runs.size(), 3u);
+  EXPECT_LT(page2->runs[0].id, page->runs.back().id);
+  EXPECT_EQ(page2->total, 7);
+}
+
+TEST(StoreTest, MetricsBatchReplaceAndDownsample) {
+  TempDir dir;
+  auto store = Store::Open(dir.path());
+  ASSERT_TRUE(store.ok());
+  auto id = (*store)->InsertRun(SampleRun("m"));
+  for (int step = 1; step <= 1000; ++step) {
+    (*store)->AppendMetrics(*id, {{"train/loss", step, 1.0 / step}, {"eval/acc", step, step * 0.001}});
+  }
+  // A resumed run recomputes a step: the new value replaces the old.
+  (*store)->AppendMetrics(*id, {{"train/loss", 10, 123.0}});
+  ASSERT_TRUE((*store)->Flush().ok());
+
+  MetricQuery q;
+  q.names = {"train/loss"};
+  auto series = (*store)->GetMetrics(*id, q);
+  ASSERT_TRUE(series.ok());
+  ASSERT_EQ(series->size(), 1u);
+  EXPECT_EQ((*series)[0].total_points, 1000);
+  EXPECT_EQ((*series)[0].values[9], 123.0);
+
+  q.min_step = 100;
+  q.max_step = 199;
+  q.max_points = 10;
+  series = (*store)->GetMetrics(*id, q);
+  const MetricSeries& s = (*series)[0];
+  EXPECT_EQ(s.total_points, 100);
+  EXPECT_LE(s.steps.size(), 10u);
+  EXPECT_GE(s.steps.size(), 9u);
+  EXPECT_EQ(s.steps.front(), 100);
+  EXPECT_EQ(s.steps.back(), 199);  // the last point of the range is always kept
+
+  auto latest = (*store)->LatestMetrics(*id);
+  ASSERT_TRUE(latest.ok());
+  EXPECT_DOUBLE_EQ(latest->at("train/loss"), 1.0 / 1000);
+  EXPECT_DOUBLE_EQ(latest->at("eval/acc"), 1.0);
+}
+
+TEST(StoreTest, CheckpointsAreAtomicVerifiedAndPruned) {
+  TempDir dir;
+  auto store = Store::Open(dir.path());
+  ASSERT_TRUE(store.ok());
+  auto id = (*store)->InsertRun(SampleRun("c"));
+  auto none = (*store)->LatestCheckpoint(*id);
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(none->has_value());
+  for (int step : {10, 20, 30}) {
+    ASSERT_TRUE((*store)->PutCheckpoint(*id, step, "payload-" + std::to_string(step), /*keep=*/2).ok());
+  }
+  auto latest = (*store)->LatestCheckpoint(*id);
+  ASSERT_TRUE(latest.ok());
+  ASSERT_TRUE(latest->has_value());
+  EXPECT_EQ((*latest)->step, 30);
+  EXPECT_EQ((*latest)->bytes, "payload-30");
+  EXPECT_EQ((*store)->GetRun(*id)->checkpoint_step, 30);
+  // Only the newest two files remain, and no temp files.
+  int files = 0;
+  for (auto& e : std::filesystem::directory_iterator(dir.path() + "/checkpoints/r" + std::to_string(*id))) {
+    EXPECT_EQ(e.path().extension(), ".ckpt");
+    ++files;
+  }
+  EXPECT_EQ(files, 2);
+
+  // A corrupted file is detected, not loaded.
+  std::ofstream(dir.path() + "/checkpoints/r" + std::to_string(*id) + "/step-000000000030.ckpt") << "payload-31";
+  EXPECT_EQ((*store)->LatestCheckpoint(*id).status().code(), absl::StatusCode::kDataLoss);
+}
+
+TEST(StoreTest, SecondOpenOfTheSameDirectoryIsRefused) {
+  TempDir dir;
+  auto first = Store::Open(dir.path());
+  ASSERT_TRUE(first.ok());
+  auto second = Store::Open(dir.path());
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kFailedPrecondition);
+  first->reset();
+  EXPECT_TRUE(Store::Open(dir.path()).ok());
+}
+
+TEST(StoreTest, DataSurvivesReopen) {
+  TempDir dir;
+  int64_t id;
+  {
+    auto store = Store::Open(dir.path());
+    ASSERT_TRUE(store.ok());
+    id = *(*store)->InsertRun(SampleRun("persist"));
+    (*store)->AppendMetrics(id, {{"train/loss", 1, 0.5}});
+    (*store)->RecordProgress(id, 7);
+  }  // closing flushes the queued batch
+  auto store = Store::Open(dir.path());
+  ASSERT_TRUE(store.ok());
+  EXPECT_EQ((*store)->GetRun(id)->step, 7);
+  EXPECT_EQ((*store)->LatestMetrics(id)->at("train/loss"), 0.5);
+}
+
+TEST(StoreTest, RefusesADatabaseNewerThanTheBinary) {
+  TempDir dir;
+  { ASSERT_TRUE(Store::Open(dir.path()).ok()); }
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open((dir.path() + "/circuitlab.db").c_str(), &db), SQLITE_OK);
+  const std::string sql = "PRAGMA user_version = " + std::to_string(LatestSchemaVersion() + 1);
+  ASSERT_EQ(sqlite3_exec(db, sql.c_str(), nullptr, nullptr, nullptr), SQLITE_OK);
+  sqlite3_close(db);
+  auto store = Store::Open(dir.path());
+  EXPECT_EQ(store.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(store.status().message().find("newer than this binary"), std::string::npos);
+}
+
+TEST(StoreTest, NotADatabaseIsDataLoss) {
+  TempDir dir;
+  std::ofstream(dir.path() + "/circuitlab.db") << std::string(4096, 'x');
+  auto store = Store::Open(dir.path());
+  EXPECT_EQ(store.status().code(), absl::StatusCode::kDataLoss) << store.status();
+}
+
+TEST(StoreTest, ManyConcurrentWritersAndReaders) {
+  TempDir dir;
+  auto store = Store::Open(dir.path());
+  ASSERT_TRUE(store.ok());
+  auto id = *(*store)->InsertRun(SampleRun("concurrent"));
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int step = 0; step < 500; ++step) {
+        (*store)->AppendMetrics(id, {{"m" + std::to_string(t), step, static_cast<double>(step)}});
+        if (step % 50 == 0) {
+          ASSERT_TRUE((*store)->GetRun(id).ok());
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  ASSERT_TRUE((*store)->Flush().ok());
+  auto series = (*store)->GetMetrics(id, {});
+  ASSERT_EQ(series->size(), 4u);
+  for (const auto& s : *series) EXPECT_EQ(s.total_points, 500);
+}
+
+}  // namespace
+}  // namespace circuitlab::store

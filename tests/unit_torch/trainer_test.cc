@@ -1,0 +1,204 @@
+#include "server/engine/train/trainer.h"
+
+#include <gtest/gtest.h>
+
+#include "server/engine/spec.h"
+
+namespace circuitlab::engine {
+namespace {
+
+v1::ExperimentSpec SmallSpec(v1::OptimizerKind opt, uint64_t steps = 20) {
+  v1::ExperimentSpec spec;
+  auto* t = spec.mutable_task()->mutable_associative_recall();
+  t->set_num_common(8);
+  t->set_num_rare(24);
+  t->set_num_heldout(8);
+  t->set_num_blocks(4);
+  t->set_num_positions(12);
+  spec.mutable_training()->set_optimizer(opt);
+  spec.mutable_training()->set_batch_size(32);
+  spec.mutable_training()->set_steps(steps);
+  if (opt == v1::OPTIMIZER_KIND_SGD) {
+    spec.mutable_training()->set_learning_rate(4.0);
+    spec.mutable_training()->set_momentum(0.9);
+  } else {
+    spec.mutable_training()->set_learning_rate(1e-2);
+  }
+  spec.mutable_model()->mutable_imir()->set_init_std(0.1);
+  spec.mutable_recording()->set_eval_size(64);
+  EXPECT_TRUE(ResolveSpec({}, &spec).ok());
+  return spec;
+}
+
+double ValueOf(const std::vector<Metric>& ms, const std::string& name) {
+  for (const auto& m : ms) {
+    if (m.name == name) return m.value;
+  }
+  ADD_FAILURE() << "no metric " << name;
+  return NAN;
+}
+
+class EnsembleTest : public ::testing::TestWithParam<v1::OptimizerKind> {};
+
+// An ensemble of E trains member e exactly as a one-member run with the same
+// seed: same losses at every step (to 1e-6) and the same final weights.
+TEST_P(EnsembleTest, EachMemberTrainsAsItsOwnRun) {
+  const v1::ExperimentSpec spec = SmallSpec(GetParam());
+  const std::vector<uint64_t> seeds = {11, 12, 13};
+  EnsembleTrainer ensemble(spec, seeds, torch::kCPU);
+  std::vector<std::unique_ptr<EnsembleTrainer>> singles;
+  for (uint64_t s : seeds) singles.push_back(std::make_unique<EnsembleTrainer>(spec, std::vector<uint64_t>{s}, torch::kCPU));
+
+  for (int step = 1; step <= 20; ++step) {
+    auto joint = ensemble.Step(/*record=*/true);
+    for (size_t e = 0; e < seeds.size(); ++e) {
+      auto own = singles[e]->Step(true);
+      EXPECT_NEAR(ValueOf(joint[e], "train/loss"), ValueOf(own[0], "train/loss"), 1e-6) << "member " << e << " step " << step;
+      EXPECT_NEAR(ValueOf(joint[e], "train/grad_norm"), ValueOf(own[0], "train/grad_norm"), 1e-5);
+    }
+  }
+  auto joint_eval = ensemble.Evaluate();
+  for (size_t e = 0; e < seeds.size(); ++e) {
+    auto own_eval = singles[e]->Evaluate();
+    EXPECT_NEAR(ValueOf(joint_eval[e], "eval/icl_rare/loss"), ValueOf(own_eval[0], "eval/icl_rare/loss"), 1e-6);
+    const auto jp = ensemble.model().parameters();
+    const auto op = singles[e]->model().parameters();
+    for (size_t i = 0; i < jp.size(); ++i) {
+      EXPECT_TRUE(torch::allclose(jp[i][e], op[i][0], 1e-5, 1e-6)) << "parameter " << i << " member " << e;
+    }
+  }
+  // Members really differ from each other (different seeds).
+  EXPECT_NE(ValueOf(joint_eval[0], "eval/icl_rare/loss"), ValueOf(joint_eval[1], "eval/icl_rare/loss"));
+}
+
+INSTANTIATE_TEST_SUITE_P(Optimizers, EnsembleTest,
+                         ::testing::Values(v1::OPTIMIZER_KIND_SGD, v1::OPTIMIZER_KIND_ADAM));
+
+class ResumeTest : public ::testing::TestWithParam<v1::OptimizerKind> {};
+
+// A checkpoint holds everything needed to continue bit-for-bit on CPU.
+TEST_P(ResumeTest, ResumedTrainingIsBitIdentical) {
+  const v1::ExperimentSpec spec = SmallSpec(GetParam(), 30);
+  EnsembleTrainer straight(spec, {5}, torch::kCPU);
+  std::vector<double> straight_losses;
+  for (int i = 0; i < 30; ++i) straight_losses.push_back(ValueOf(straight.Step(true)[0], "train/loss"));
+
+  std::string ckpt;
+  {
+    EnsembleTrainer first(spec, {5}, torch::kCPU);
+    for (int i = 0; i < 15; ++i) first.Step(false);
+    ckpt = first.SaveCheckpoint();
+  }
+  EnsembleTrainer resumed(spec, {5}, torch::kCPU);
+  ASSERT_TRUE(resumed.LoadCheckpoint(ckpt).ok());
+  EXPECT_EQ(resumed.step(), 15);
+  for (int i = 15; i < 30; ++i) {
+    EXPECT_EQ(ValueOf(resumed.Step(true)[0], "train/loss"), straight_losses[i]) << "step " << i + 1;
+  }
+  const auto a = straight.model().parameters(), b = resumed.model().parameters();
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(torch::equal(a[i], b[i])) << "parameter " << i;
+}
+
+INSTANTIATE_TEST_SUITE_P(Optimizers, ResumeTest, ::testing::Values(v1::OPTIMIZER_KIND_SGD, v1::OPTIMIZER_KIND_ADAM));
+
+TEST(CheckpointTest, ACheckpointOfAnotherSpecIsRefused) {
+  EnsembleTrainer a(SmallSpec(v1::OPTIMIZER_KIND_SGD), {1}, torch::kCPU);
+  a.Step(false);
+  EnsembleTrainer other_seed(SmallSpec(v1::OPTIMIZER_KIND_SGD), {2}, torch::kCPU);
+  EXPECT_EQ(other_seed.LoadCheckpoint(a.SaveCheckpoint()).code(), absl::StatusCode::kInvalidArgument);
+  v1::ExperimentSpec lr = SmallSpec(v1::OPTIMIZER_KIND_SGD);
+  lr.mutable_training()->set_learning_rate(1.0);
+  EnsembleTrainer other_lr(lr, {1}, torch::kCPU);
+  EXPECT_EQ(other_lr.LoadCheckpoint(a.SaveCheckpoint()).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// Records what the executor reports.
+class Recorder : public TrainObserver {
+ public:
+  void OnMetrics(int64_t step, const std::vector<Metric>& m) override { metrics[step] = m; }
+  void OnProgress(int64_t step, double) override { last_progress = step; }
+  absl::Status OnCheckpoint(int64_t step, const std::string& bytes) override {
+    checkpoints[step] = bytes;
+    if (cancel_at_checkpoint != nullptr) cancel_at_checkpoint->Request(reason);
+    return absl::OkStatus();
+  }
+  std::map<int64_t, std::vector<Metric>> metrics;
+  std::map<int64_t, std::string> checkpoints;
+  int64_t last_progress = 0;
+  CancelToken* cancel_at_checkpoint = nullptr;
+  StopReason reason = StopReason::kCancel;
+};
+
+TEST(ExecutorTest, RecordsOnScheduleAndHonoursCancelAndPreempt) {
+  auto exec = MakeTorchExecutor();
+  TrainRequest req;
+  req.spec = SmallSpec(v1::OPTIMIZER_KIND_SGD, 20);
+  req.spec.mutable_recording()->set_metrics_every(5);
+  req.spec.mutable_recording()->set_eval_every(10);
+  req.spec.mutable_recording()->set_checkpoint_every(8);
+  Recorder rec;
+  auto out = exec->Train(req, rec);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(out->end, TrainEnd::kCompleted);
+  EXPECT_EQ(out->last_step, 20);
+  // Step 0 (initial evaluation), every 5th step, and the last.
+  std::vector<int64_t> steps;
+  for (const auto& [s, m] : rec.metrics) steps.push_back(s);
+  EXPECT_EQ(steps, (std::vector<int64_t>{0, 5, 10, 15, 20}));
+  EXPECT_FALSE(std::isnan(ValueOf(rec.metrics[10], "eval/icl_rare/accuracy")));
+  EXPECT_FALSE(std::isnan(ValueOf(rec.metrics[20], "eval/conflict/logit_diff")));
+  EXPECT_EQ(rec.checkpoints.size(), 3u);  // 8, 16, 20
+  EXPECT_TRUE(rec.checkpoints.count(20));
+  EXPECT_EQ(rec.last_progress, 20);
+
+  // Preempted at the first checkpoint: stops right there, checkpoint in hand.
+  CancelToken preempt;
+  Recorder stop;
+  stop.cancel_at_checkpoint = &preempt;
+  stop.reason = StopReason::kPreempt;
+  req.cancel = &preempt;
+  out = exec->Train(req, stop);
+  ASSERT_TRUE(out.ok());
+  EXPECT_EQ(out->end, TrainEnd::kPreempted);
+  EXPECT_EQ(out->last_step, 8);
+
+  // Resuming from it finishes the run with the uninterrupted run's numbers.
+  TrainRequest resume = req;
+  CancelToken none;
+  resume.cancel = &none;
+  resume.resume_from = stop.checkpoints.at(8);
+  Recorder rest;
+  out = exec->Train(resume, rest);
+  ASSERT_TRUE(out.ok());
+  EXPECT_EQ(out->end, TrainEnd::kCompleted);
+  EXPECT_EQ(rest.metrics.count(0), 0u);  // no fresh initial evaluation on resume
+  EXPECT_EQ(ValueOf(rest.metrics[20], "train/loss"), ValueOf(rec.metrics[20], "train/loss"));
+  for (const Metric& m : rec.metrics[20]) EXPECT_EQ(ValueOf(rest.metrics[20], m.name), m.value) << m.name;
+
+  // Cancelled: stops without a final checkpoint.
+  CancelToken cancel;
+  cancel.Request(StopReason::kCancel);
+  req.cancel = &cancel;
+  Recorder cancelled;
+  out = exec->Train(req, cancelled);
+  ASSERT_TRUE(out.ok());
+  EXPECT_EQ(out->end, TrainEnd::kCancelled);
+  EXPECT_TRUE(cancelled.checkpoints.empty());
+}
+
+TEST(ExecutorTest, LibTorchFailuresBecomeStatuses) {
+  auto exec = MakeTorchExecutor();
+  TrainRequest req;
+  req.spec = SmallSpec(v1::OPTIMIZER_KIND_SGD, 5);
+  req.resume_from = "definitely not a checkpoint";
+  Recorder rec;
+  auto out = exec->Train(req, rec);
+  EXPECT_EQ(out.status().code(), absl::StatusCode::kInternal);
+  req.resume_from.reset();
+  req.device = "cuda:3";
+  out = exec->Train(req, rec);
+  EXPECT_FALSE(out.ok());
+}
+
+}  // namespace
+}  // namespace circuitlab::engine
