@@ -1,0 +1,117 @@
+// Training-step benchmark of the IMIR engine (C++/LibTorch side).
+//
+// Times, on one spec: (a) the full training step as the server runs it (data
+// generation + forward + backward + SGD), (b) the model step alone on fixed,
+// pre-generated batches, and (c) one evaluation pass. With --dump FILE it also
+// writes the fixed batches so the Python peer (imir_peer.py) trains the same
+// model on exactly the same data. Prints one JSON object.
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+
+#include "client/lib/client.h"
+#include "server/common/seeds.h"
+#include "server/engine/engine.h"
+#include "server/engine/spec.h"
+#include "server/engine/train/trainer.h"
+
+namespace ce = circuitlab::engine;
+
+namespace {
+
+double Seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+void WriteBatches(const std::string& path, const std::vector<ce::Batch>& batches, int64_t vocab, int64_t positions,
+                  int64_t layers, int64_t heads, double lr) {
+  std::ofstream out(path, std::ios::binary);
+  const int64_t header[] = {static_cast<int64_t>(batches.size()), batches[0].tokens.size(0),
+                            batches[0].tokens.size(1), vocab, positions, layers, heads};
+  out.write(reinterpret_cast<const char*>(header), sizeof(header));
+  out.write(reinterpret_cast<const char*>(&lr), sizeof(lr));
+  for (const ce::Batch& b : batches) {
+    for (const torch::Tensor& t : {b.tokens, b.pids, b.target}) {
+      torch::Tensor c = t.contiguous();
+      out.write(reinterpret_cast<const char*>(c.data_ptr<int64_t>()), c.numel() * sizeof(int64_t));
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"IMIR training-step benchmark (C++ side)"};
+  std::string spec_path;
+  int steps = 200, warmup = 20, threads = 1, fixed_batches = 8;
+  std::string dump;
+  app.add_option("--spec", spec_path, "ExperimentSpec JSON")->required()->check(CLI::ExistingFile);
+  app.add_option("--steps", steps, "Timed steps");
+  app.add_option("--warmup", warmup, "Untimed steps first");
+  app.add_option("--threads", threads, "Intra-op threads");
+  app.add_option("--fixed-batches", fixed_batches, "Pre-generated batches cycled in mode (b)");
+  app.add_option("--dump", dump, "Write the fixed batches here for the Python peer");
+  CLI11_PARSE(app, argc, argv);
+
+  ce::ConfigureRuntime(threads);
+  at::set_num_threads(threads);
+  auto spec = circuitlab::client::ReadSpecFile(spec_path);
+  if (!spec.ok() || !ce::ResolveSpec({}, &*spec).ok()) {
+    std::fprintf(stderr, "bad spec\n");
+    return 2;
+  }
+  spec->mutable_training()->set_steps(1'000'000);
+
+  // (a) full step, as the server runs it.
+  ce::EnsembleTrainer trainer(*spec, {spec->seed()}, torch::kCPU);
+  for (int i = 0; i < warmup; ++i) trainer.Step(false);
+  auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < steps; ++i) trainer.Step(false);
+  auto t1 = std::chrono::steady_clock::now();
+  const double full = steps / Seconds(t0, t1);
+
+  // (c) one evaluation pass over every evaluation set.
+  auto e0 = std::chrono::steady_clock::now();
+  trainer.Evaluate();
+  auto e1 = std::chrono::steady_clock::now();
+
+  // (b) model step only, on fixed batches (the part the Python peer also does).
+  const auto& task = trainer.task(0);
+  std::vector<ce::Batch> batches;
+  for (int i = 0; i < fixed_batches; ++i) {
+    torch::Generator gen = at::make_generator<at::CPUGeneratorImpl>(circuitlab::DeriveSeed63(spec->seed(), "bench", i));
+    batches.push_back(task.Sample(spec->training().batch_size(), ce::SampleMode::kTrain, gen));
+  }
+  const auto& m = spec->model().imir();
+  if (!dump.empty()) {
+    WriteBatches(dump, batches, task.vocab_size(), task.num_positions(), m.num_layers(), m.num_heads(),
+                 spec->training().learning_rate());
+  }
+  ce::ImirModel model({task.vocab_size(), task.num_positions(), m.num_layers(), m.num_heads(), false, m.init_std()},
+                      1, torch::kCPU);
+  model.Initialize({1});
+  torch::optim::SGD opt(model.parameters(), torch::optim::SGDOptions(spec->training().learning_rate()));
+  auto model_step = [&](const ce::Batch& b) {
+    torch::Tensor logits = model.Forward(b.tokens.unsqueeze(0), b.pids.unsqueeze(0));
+    torch::Tensor loss = torch::nll_loss(torch::log_softmax(logits[0], -1), b.target);
+    opt.zero_grad();
+    loss.backward();
+    opt.step();
+  };
+  for (int i = 0; i < warmup; ++i) model_step(batches[i % fixed_batches]);
+  auto m0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < steps; ++i) model_step(batches[i % fixed_batches]);
+  auto m1 = std::chrono::steady_clock::now();
+  const double model_only = steps / Seconds(m0, m1);
+
+  std::printf(
+      "{\"impl\": \"cpp\", \"threads\": %d, \"batch\": %u, \"seq_len\": %lld, \"d0\": %lld, \"layers\": %u, "
+      "\"full_steps_per_s\": %.2f, \"model_steps_per_s\": %.2f, \"eval_pass_s\": %.3f}\n",
+      threads, spec->training().batch_size(), static_cast<long long>(task.seq_len()),
+      static_cast<long long>(task.vocab_size() + task.num_positions()), m.num_layers(), full, model_only,
+      Seconds(e0, e1));
+  return 0;
+}

@@ -1,0 +1,107 @@
+"""Python client for circuitlab-server over stubs generated from the same
+protos as the server (proto/circuitlab/v1). Needs Debian's python3-grpcio and
+python3-protobuf, and protoc + grpc_python_plugin to generate the stubs (done
+on first import into client/python/circuitlab_pb/, or CIRCUITLAB_PB_DIR).
+
+    import circuitlab_client as cl
+    c = cl.Client("127.0.0.1:50051")
+    run = c.submit(cl.spec_from_json(open("examples/induction.json").read()))
+    for event in c.watch(run.run_id):
+        ...
+    c.metrics(run.run_id, names=["train/loss"])   # {name: [(step, value), ...]}
+"""
+import os
+import subprocess
+import sys
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_PROTO_ROOT = os.path.join(_HERE, "..", "..", "proto")
+_PB_DIR = os.environ.get("CIRCUITLAB_PB_DIR", os.path.join(_HERE, "circuitlab_pb"))
+_PROTOS = ["circuitlab/v1/spec.proto", "circuitlab/v1/experiment_service.proto", "grpc/health/v1/health.proto"]
+
+
+def _generate_stubs():
+    marker = os.path.join(_PB_DIR, "circuitlab", "v1", "experiment_service_pb2_grpc.py")
+    sources = [os.path.join(_PROTO_ROOT, p) for p in _PROTOS]
+    if os.path.exists(marker) and all(os.path.getmtime(s) <= os.path.getmtime(marker) for s in sources):
+        return
+    os.makedirs(_PB_DIR, exist_ok=True)
+    plugin = ["--plugin=protoc-gen-grpc_python=/usr/bin/grpc_python_plugin"]
+    subprocess.run(["protoc", f"--python_out={_PB_DIR}", f"--grpc_python_out={_PB_DIR}", f"-I{_PROTO_ROOT}"] +
+                   plugin + sources[:2], check=True)
+    # health.proto would generate a top-level "grpc" package that shadows
+    # grpcio; generate it as module circuitlab_health instead (the wire name,
+    # grpc.health.v1.Health, comes from its package line and is unchanged).
+    src = os.path.join(_PB_DIR, "_src", "circuitlab_health")
+    os.makedirs(src, exist_ok=True)
+    with open(sources[2]) as f, open(os.path.join(src, "health.proto"), "w") as out:
+        out.write(f.read())
+    subprocess.run(["protoc", f"--python_out={_PB_DIR}", f"--grpc_python_out={_PB_DIR}",
+                    f"-I{os.path.dirname(src)}", os.path.join(src, "health.proto")] + plugin, check=True)
+
+
+_generate_stubs()
+sys.path.insert(0, _PB_DIR)
+
+import grpc  # noqa: E402
+from google.protobuf import json_format  # noqa: E402
+from circuitlab.v1 import experiment_service_pb2 as pb  # noqa: E402
+from circuitlab.v1 import experiment_service_pb2_grpc as pb_grpc  # noqa: E402
+from circuitlab.v1 import spec_pb2  # noqa: E402
+from circuitlab_health import health_pb2, health_pb2_grpc  # noqa: E402
+
+FINAL_STATES = {pb.RUN_STATE_SUCCEEDED, pb.RUN_STATE_FAILED, pb.RUN_STATE_CANCELLED}
+
+
+def spec_from_json(text):
+    """An ExperimentSpec from protobuf JSON; unknown fields raise ParseError."""
+    return json_format.Parse(text, spec_pb2.ExperimentSpec())
+
+
+class Client:
+    def __init__(self, server="127.0.0.1:50051", timeout=30.0, token=None):
+        self._channel = grpc.insecure_channel(server)
+        self._stub = pb_grpc.ExperimentServiceStub(self._channel)
+        self._health = health_pb2_grpc.HealthStub(self._channel)
+        self._timeout = timeout
+        self._metadata = [("authorization", f"Bearer {token}")] if token else []
+
+    def health(self):
+        resp = self._health.Check(health_pb2.HealthCheckRequest(), timeout=self._timeout)
+        return resp.status == health_pb2.HealthCheckResponse.SERVING
+
+    def submit(self, spec):
+        return self._stub.SubmitRun(pb.SubmitRunRequest(spec=spec), timeout=self._timeout,
+                                    metadata=self._metadata).run
+
+    def get(self, run_id):
+        return self._stub.GetRun(pb.GetRunRequest(run_id=run_id), timeout=self._timeout, metadata=self._metadata)
+
+    def list(self, states=(), tags=(), page_size=0):
+        """All matching runs, following pagination."""
+        runs, token = [], ""
+        while True:
+            resp = self._stub.ListRuns(pb.ListRunsRequest(states=states, tags=tags, page_size=page_size,
+                                                          page_token=token),
+                                       timeout=self._timeout, metadata=self._metadata)
+            runs.extend(resp.runs)
+            token = resp.next_page_token
+            if not token:
+                return runs
+
+    def cancel(self, run_id):
+        return self._stub.CancelRun(pb.CancelRunRequest(run_id=run_id), timeout=self._timeout,
+                                    metadata=self._metadata)
+
+    def watch(self, run_id, include_metrics=False, after_sequence=0, epoch=""):
+        """Yields RunEvents until the run ends."""
+        req = pb.WatchRunRequest(run_id=run_id, include_metrics=include_metrics, after_sequence=after_sequence,
+                                 epoch=epoch)
+        yield from self._stub.WatchRun(req, metadata=self._metadata)
+
+    def metrics(self, run_id, names=(), min_step=0, max_step=0, max_points=0):
+        """{series name: [(step, value), ...]}"""
+        resp = self._stub.GetMetrics(pb.GetMetricsRequest(run_id=run_id, names=names, min_step=min_step,
+                                                          max_step=max_step, max_points=max_points),
+                                     timeout=self._timeout, metadata=self._metadata)
+        return {s.name: list(zip(s.steps, s.values)) for s in resp.series}

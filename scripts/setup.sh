@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Installs the Debian packages circuitlab needs (only those missing; list in
+# deploy/packages.txt) and builds everything into build/ with CMake + Ninja.
+#   scripts/setup.sh            # idempotent; re-running only rebuilds what changed
+# Environment: BUILD_DIR (default build), CMAKE_BUILD_TYPE (default RelWithDebInfo).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build_dir="${BUILD_DIR:-build}"
+
+missing=()
+while read -r pkg; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+done < <(scripts/packages.sh build runtime test)
+if [ ${#missing[@]} -gt 0 ]; then
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  echo "==> installing ${#missing[@]} Debian package(s): ${missing[*]}"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# libopenblas0-pthread registers itself as libblas.so.3 (the reference BLAS is
+# ~20x slower for LibTorch's CPU kernels); say which one is active.
+blas=$(readlink -f /usr/lib/x86_64-linux-gnu/libblas.so.3 2>/dev/null || true)
+echo "==> BLAS: ${blas:-unknown}"
+
+echo "==> building into ${build_dir}/"
+cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE="${CMAKE_BUILD_TYPE:-RelWithDebInfo}" >/dev/null
+cmake --build "$build_dir"

@@ -1,0 +1,167 @@
+// End-to-end tests: the circuitlab-server and circuitlab binaries, driven as
+// a user drives them (paths come from CMake).
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include "client/lib/client.h"
+#include "tests/test_util/process.h"
+#include "tests/test_util/temp_dir.h"
+
+namespace circuitlab {
+namespace {
+
+using testing::CommandResult;
+using testing::RunCommand;
+using testing::ServerProcess;
+using testing::TempDir;
+using testing::WaitFor;
+
+const std::string kServer = CIRCUITLAB_SERVER_BIN;
+const std::string kCli = CIRCUITLAB_CLI_BIN;
+const std::string kExamples = CIRCUITLAB_EXAMPLES_DIR;
+
+CommandResult Cli(const ServerProcess& server, std::vector<std::string> args) {
+  std::vector<std::string> argv = {kCli, "--server", server.address()};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return RunCommand(argv);
+}
+
+std::string WriteSpec(const TempDir& dir, const std::string& name, const std::string& json) {
+  const std::string path = dir.path() + "/" + name;
+  std::ofstream(path) << json;
+  return path;
+}
+
+constexpr const char* kTinySpec = R"({
+  "name": "e2e", "seed": 5, "tags": ["e2e"],
+  "task": {"associative_recall": {"num_common": 4, "num_rare": 12, "num_heldout": 4, "num_blocks": 4,
+                                  "num_positions": 8}},
+  "training": {"learning_rate": 4.0, "batch_size": 32, "steps": STEPS},
+  "recording": {"metrics_every": 10, "eval_every": 50, "eval_size": 64, "checkpoint_every": 25}
+})";
+
+std::string Tiny(int steps) {
+  std::string s = kTinySpec;
+  s.replace(s.find("STEPS"), 5, std::to_string(steps));
+  return s;
+}
+
+TEST(EndToEndTest, UserSessionThroughTheCli) {
+  TempDir dir;
+  ServerProcess server(kServer, dir.path() + "/data");
+  ASSERT_TRUE(server.ok());
+
+  EXPECT_EQ(Cli(server, {"health"}).exit_code, 0);
+  const std::string spec = WriteSpec(dir, "tiny.json", Tiny(100));
+  CommandResult submit = Cli(server, {"submit", spec, "--watch"});
+  EXPECT_EQ(submit.exit_code, 0) << submit.out;
+  EXPECT_NE(submit.out.find("r1 SUCCEEDED"), std::string::npos) << submit.out;
+  EXPECT_NE(submit.out.find("eval/icl_rare/accuracy"), std::string::npos);
+
+  CommandResult ls = Cli(server, {"ls", "--tag", "e2e"});
+  EXPECT_EQ(ls.exit_code, 0);
+  EXPECT_NE(ls.out.find("SUCCEEDED"), std::string::npos) << ls.out;
+
+  CommandResult json = Cli(server, {"--json", "show", "r1"});
+  ASSERT_EQ(json.exit_code, 0);
+  EXPECT_NE(json.out.find("\"state\": \"RUN_STATE_SUCCEEDED\""), std::string::npos) << json.out;
+
+  CommandResult csv = Cli(server, {"metrics", "r1", "--name", "train/loss", "--csv"});
+  ASSERT_EQ(csv.exit_code, 0);
+  EXPECT_EQ(csv.out.rfind("run_id,name,step,value\n", 0), 0u) << csv.out;
+  EXPECT_EQ(std::count(csv.out.begin(), csv.out.end(), '\n'), 11);  // header + steps 10..100
+  EXPECT_NE(csv.out.find("r1,train/loss,100,"), std::string::npos);
+
+  // A submitted run can be watched separately and cancelled.
+  CommandResult queued = Cli(server, {"submit", WriteSpec(dir, "long.json", Tiny(1000000))});
+  ASSERT_EQ(queued.exit_code, 0) << queued.out;
+  CommandResult cancel = Cli(server, {"cancel", "r2", "--wait"});
+  EXPECT_EQ(cancel.exit_code, 0);
+  EXPECT_NE(cancel.out.find("CANCELLED"), std::string::npos) << cancel.out;
+  EXPECT_EQ(Cli(server, {"watch", "r2"}).exit_code, 1) << "watching a cancelled run exits 1";
+
+  EXPECT_EQ(server.Stop(SIGTERM), 0) << "SIGTERM drains and exits 0";
+}
+
+TEST(EndToEndTest, ErrorsAreClearAndExitCodesMapStatuses) {
+  TempDir dir;
+  ServerProcess server(kServer, dir.path() + "/data");
+  ASSERT_TRUE(server.ok());
+
+  // An unknown field is named by protobuf's own JSON parser: exit 2.
+  CommandResult unknown = Cli(server, {"submit", WriteSpec(dir, "typo.json", R"({"trainig": {}})")});
+  EXPECT_EQ(unknown.exit_code, 2);
+  EXPECT_NE(unknown.out.find("trainig"), std::string::npos) << unknown.out;
+
+  // An out-of-range value: INVALID_ARGUMENT (10 + 3) naming field, range, value.
+  CommandResult bad = Cli(server, {"submit", WriteSpec(dir, "bad.json", R"({"training": {"batch_size": 0}})")});
+  EXPECT_EQ(bad.exit_code, 13);
+  EXPECT_NE(bad.out.find("training.batch_size must be in [1, 65536], got 0"), std::string::npos) << bad.out;
+
+  EXPECT_EQ(Cli(server, {"show", "r42"}).exit_code, 15);  // NOT_FOUND
+  EXPECT_EQ(Cli(server, {"frobnicate"}).exit_code, 2);
+  CommandResult help = Cli(server, {"--help"});
+  EXPECT_EQ(help.exit_code, 0);
+  EXPECT_NE(help.out.find("submit"), std::string::npos);
+  EXPECT_NE(help.out.find("Exit codes"), std::string::npos);
+
+  server.Stop(SIGTERM);
+  CommandResult down = RunCommand({kCli, "--server", server.address(), "--timeout", "2", "health"});
+  EXPECT_EQ(down.exit_code, 24) << down.out;  // UNAVAILABLE
+}
+
+// kill -9 at any moment loses at most the last unflushed batch; the restarted
+// server resumes the run from its checkpoint, and on CPU it ends with exactly
+// the final loss of an uninterrupted run of the same spec.
+TEST(EndToEndTest, KilledServerResumesRunsWithIdenticalResults) {
+  TempDir dir;
+  const std::string data = dir.path() + "/data";
+  const std::string spec = WriteSpec(dir, "resume.json", Tiny(600));
+  auto client_for = [](const ServerProcess& s) {
+    client::ClientOptions o;
+    o.server = s.address();
+    return std::make_unique<client::Client>(o);
+  };
+  {
+    ServerProcess server(kServer, data);
+    ASSERT_TRUE(server.ok());
+    ASSERT_EQ(Cli(server, {"submit", spec}).exit_code, 0);
+    auto c = client_for(server);
+    ASSERT_TRUE(WaitFor([&] {
+      auto run = c->GetRun("r1");
+      return run.ok() && run->checkpoint_step() >= 100;
+    }));
+    EXPECT_EQ(server.Stop(SIGKILL), 128 + SIGKILL);
+  }
+  ServerProcess server(kServer, data);
+  ASSERT_TRUE(server.ok());
+  CommandResult watch = Cli(server, {"watch", "r1"});
+  EXPECT_EQ(watch.exit_code, 0) << watch.out;
+  ASSERT_EQ(Cli(server, {"submit", spec, "--watch"}).exit_code, 0);
+
+  auto c = client_for(server);
+  EXPECT_EQ(c->GetRun("r1")->attempts(), 2u);
+  EXPECT_EQ(c->GetRun("r2")->attempts(), 1u);
+  v1::GetMetricsRequest req;
+  req.add_names("train/loss");
+  req.add_names("eval/icl_rare/accuracy");
+  req.set_run_id("r1");
+  auto resumed = c->GetMetrics(req);
+  req.set_run_id("r2");
+  auto straight = c->GetMetrics(req);
+  ASSERT_TRUE(resumed.ok() && straight.ok());
+  ASSERT_EQ(resumed->series_size(), 2);
+  for (int i = 0; i < 2; ++i) {
+    // Every recorded step matches, including those recomputed after the resume.
+    EXPECT_EQ(resumed->series(i).steps_size(), straight->series(i).steps_size());
+    for (int k = 0; k < straight->series(i).values_size(); ++k) {
+      EXPECT_EQ(resumed->series(i).values(k), straight->series(i).values(k))
+          << resumed->series(i).name() << " at step " << straight->series(i).steps(k);
+    }
+  }
+  EXPECT_EQ(server.Stop(SIGTERM), 0);
+}
+
+}  // namespace
+}  // namespace circuitlab
