@@ -72,6 +72,19 @@ struct Client::Impl {
     if (!options.token.empty()) ctx.AddMetadata("authorization", "Bearer " + options.token);
     ctx.AddMetadata("x-circuitlab-client", options.client_name);
   }
+
+  // One unary ExperimentService call with the deadline and metadata.
+  template <typename Req, typename Resp>
+  absl::StatusOr<Resp> Unary(grpc::Status (v1::ExperimentService::Stub::*method)(grpc::ClientContext*, const Req&,
+                                                                                 Resp*),
+                             const Req& req) {
+    grpc::ClientContext ctx;
+    Prepare(ctx, true);
+    Resp resp;
+    grpc::Status s = (stub.get()->*method)(&ctx, req, &resp);
+    if (!s.ok()) return FromGrpc(s);
+    return resp;
+  }
 };
 
 Client::Client(const ClientOptions& options) : impl_(std::make_unique<Impl>()) {
@@ -87,54 +100,31 @@ Client::Client(const ClientOptions& options) : impl_(std::make_unique<Impl>()) {
 Client::~Client() = default;
 
 absl::StatusOr<v1::Run> Client::SubmitRun(const v1::ExperimentSpec& spec) {
-  grpc::ClientContext ctx;
-  impl_->Prepare(ctx, true);
   v1::SubmitRunRequest req;
   *req.mutable_spec() = spec;
-  v1::SubmitRunResponse resp;
-  grpc::Status s = impl_->stub->SubmitRun(&ctx, req, &resp);
-  if (!s.ok()) return FromGrpc(s);
-  return resp.run();
+  auto resp = impl_->Unary(&v1::ExperimentService::Stub::SubmitRun, req);
+  if (!resp.ok()) return resp.status();
+  return resp->run();
 }
 
 absl::StatusOr<v1::Run> Client::GetRun(const std::string& run_id) {
-  grpc::ClientContext ctx;
-  impl_->Prepare(ctx, true);
   v1::GetRunRequest req;
   req.set_run_id(run_id);
-  v1::Run resp;
-  grpc::Status s = impl_->stub->GetRun(&ctx, req, &resp);
-  if (!s.ok()) return FromGrpc(s);
-  return resp;
+  return impl_->Unary(&v1::ExperimentService::Stub::GetRun, req);
 }
 
 absl::StatusOr<v1::ListRunsResponse> Client::ListRuns(const v1::ListRunsRequest& request) {
-  grpc::ClientContext ctx;
-  impl_->Prepare(ctx, true);
-  v1::ListRunsResponse resp;
-  grpc::Status s = impl_->stub->ListRuns(&ctx, request, &resp);
-  if (!s.ok()) return FromGrpc(s);
-  return resp;
+  return impl_->Unary(&v1::ExperimentService::Stub::ListRuns, request);
 }
 
 absl::StatusOr<v1::Run> Client::CancelRun(const std::string& run_id) {
-  grpc::ClientContext ctx;
-  impl_->Prepare(ctx, true);
   v1::CancelRunRequest req;
   req.set_run_id(run_id);
-  v1::Run resp;
-  grpc::Status s = impl_->stub->CancelRun(&ctx, req, &resp);
-  if (!s.ok()) return FromGrpc(s);
-  return resp;
+  return impl_->Unary(&v1::ExperimentService::Stub::CancelRun, req);
 }
 
 absl::StatusOr<v1::GetMetricsResponse> Client::GetMetrics(const v1::GetMetricsRequest& request) {
-  grpc::ClientContext ctx;
-  impl_->Prepare(ctx, true);
-  v1::GetMetricsResponse resp;
-  grpc::Status s = impl_->stub->GetMetrics(&ctx, request, &resp);
-  if (!s.ok()) return FromGrpc(s);
-  return resp;
+  return impl_->Unary(&v1::ExperimentService::Stub::GetMetrics, request);
 }
 
 absl::Status Client::Health() {

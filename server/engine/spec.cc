@@ -263,9 +263,18 @@ uint64_t EstimateRunMemoryBytes(const v1::ExperimentSpec& spec) {
   }
   activations += batch * d + 3.0 * batch * static_cast<double>(s.vocab);
   const double params = static_cast<double>(ParameterCount(spec));
+  // The generator draws a random permutation of the rare (and held-out)
+  // tokens and Gumbel keys over the pairs per sequence: float64 keys plus
+  // int64 indices, for a training batch or an evaluation chunk at a time.
+  const auto& task = spec.task().associative_recall();
+  const double sampling =
+      16.0 * batch * (task.num_rare() + task.num_heldout() + task.num_common() / 2.0 + 4.0 * task.num_blocks());
+  // Evaluation sets are kept for the whole run: tokens, ids, block index per
+  // position (int64) for each of the five sets.
+  const double eval_sets = 5.0 * spec.recording().eval_size() * t * 3.0 * 8.0;
   // float32; parameters with gradient and two optimiser buffers; activations
   // kept for backward plus their gradients.
-  return static_cast<uint64_t>(4.0 * (4.0 * params + 2.0 * activations));
+  return static_cast<uint64_t>(4.0 * (4.0 * params + 2.0 * activations) + sampling + eval_sets);
 }
 
 absl::Status ResolveSpec(const EngineLimits& limits, v1::ExperimentSpec* spec) {

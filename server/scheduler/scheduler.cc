@@ -174,10 +174,13 @@ absl::StatusOr<v1::Run> Scheduler::Submit(v1::ExperimentSpec spec, const std::st
                                          " but this server has no such device (slots: " +
                                          std::to_string(slots_.size()) + ")");
   }
+  // Reserve the queue places before the insert, so concurrent submissions
+  // cannot overshoot the limits; give them back if the insert fails.
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (static_cast<int>(queue_.size()) >= options_.max_queued_runs) {
-      return absl::ResourceExhaustedError("the queue is full: " + std::to_string(queue_.size()) +
+    const int queued = static_cast<int>(queue_.size()) + reserved_;
+    if (queued >= options_.max_queued_runs) {
+      return absl::ResourceExhaustedError("the queue is full: " + std::to_string(queued) +
                                           " runs queued (server limit --max-queued-runs=" +
                                           std::to_string(options_.max_queued_runs) + ")");
     }
@@ -187,6 +190,8 @@ absl::StatusOr<v1::Run> Scheduler::Submit(v1::ExperimentSpec spec, const std::st
                                           " runs queued (server limit --max-queued-per-client=" +
                                           std::to_string(options_.max_queued_per_client) + ")");
     }
+    ++reserved_;
+    ++queued_per_client_[client];
   }
   store::NewRun row;
   row.name = spec.name();
@@ -201,15 +206,35 @@ absl::StatusOr<v1::Run> Scheduler::Submit(v1::ExperimentSpec spec, const std::st
   row.created_at_us = clock_->NowMicros();
   row.tags.assign(spec.tags().begin(), spec.tags().end());
   row.client = client;
-  CL_ASSIGN_OR_RETURN(int64_t id, store_->InsertRun(row));
+  absl::StatusOr<int64_t> inserted = store_->InsertRun(row);
   {
     std::lock_guard<std::mutex> lock(mu_);
-    queue_[{row.priority, id}] = {row.device_request, client};
-    ++queued_per_client_[client];
+    --reserved_;
+    if (inserted.ok()) {
+      queue_[{row.priority, *inserted}] = {row.device_request, client};
+    } else {
+      --queued_per_client_[client];
+    }
   }
-  work_cv_.notify_all();
+  if (!inserted.ok()) return inserted.status();
+  const int64_t id = *inserted;
   spdlog::info("submitted {} ({}, {} steps) from {}", FormatRunId(id), row.name, row.total_steps, client);
-  return GetRun(FormatRunId(id));
+  // The answer is the run as submitted (QUEUED), built before a worker can
+  // take it.
+  store::RunRow submitted;
+  submitted.id = id;
+  submitted.name = row.name;
+  submitted.spec = row.spec;
+  submitted.state = row.state;
+  submitted.priority = row.priority;
+  submitted.device_request = row.device_request;
+  submitted.created_at_us = row.created_at_us;
+  submitted.total_steps = row.total_steps;
+  submitted.tags = row.tags;
+  submitted.client = row.client;
+  absl::StatusOr<v1::Run> run = ToRun(submitted);
+  work_cv_.notify_all();
+  return run;
 }
 
 absl::StatusOr<v1::Run> Scheduler::ToRun(const store::RunRow& row) {
@@ -480,6 +505,7 @@ void Scheduler::Execute(size_t slot, int64_t id) {
   }
   if (IsFinal(end.state)) end.finished_at_us = clock_->NowMicros();
   end.from_states = {v1::RUN_STATE_RUNNING};
+  store_->RecordProgress(id, outcome->last_step);  // committed with the transition below
   if (absl::Status s = Transition(id, end); !s.ok()) {
     spdlog::error("{}: cannot record the end of the run: {}", FormatRunId(id), s.ToString());
     return;

@@ -129,6 +129,7 @@ class Scheduler {
   std::condition_variable work_cv_;
   std::map<QueueKey, Queued> queue_;
   std::map<std::string, int> queued_per_client_;
+  int reserved_ = 0;  // queue places held by submissions being inserted
   std::map<int64_t, std::shared_ptr<Active>> active_;
   std::vector<Slot> slots_;
   bool started_ = false;

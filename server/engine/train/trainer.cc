@@ -35,6 +35,22 @@ std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(const v1::TrainingSpec& t
   return std::make_unique<torch::optim::SGD>(params, opts);
 }
 
+Batch Concat(const std::vector<Batch>& parts) {
+  auto cat = [&](torch::Tensor Batch::*field) {
+    std::vector<torch::Tensor> ts;
+    for (const Batch& b : parts) ts.push_back(b.*field);
+    return torch::cat(ts, 0);
+  };
+  Batch out;
+  out.tokens = cat(&Batch::tokens);
+  out.pids = cat(&Batch::pids);
+  out.target = cat(&Batch::target);
+  out.alt_target = cat(&Batch::alt_target);
+  out.query_kind = cat(&Batch::query_kind);
+  out.block_of_token = cat(&Batch::block_of_token);
+  return out;
+}
+
 }  // namespace
 
 EnsembleTrainer::EnsembleTrainer(const v1::ExperimentSpec& spec, std::vector<uint64_t> member_seeds,
@@ -61,8 +77,13 @@ EnsembleTrainer::EnsembleTrainer(const v1::ExperimentSpec& spec, std::vector<uin
   for (const EvalSetInfo& info : EvalSets(tasks_[0])) {
     EvalSet set{info.name, info.mode, {}};
     for (size_t e = 0; e < seeds_.size(); ++e) {
+      // Drawn in chunks so the generator's per-sequence buffers stay bounded.
       torch::Generator gen = MakeGenerator(EvalSeed(seeds_[e], info.mode));
-      set.per_member.push_back(tasks_[e].Sample(eval_size, info.mode, gen));
+      std::vector<Batch> chunks;
+      for (int64_t done = 0; done < eval_size; done += kEvalChunk) {
+        chunks.push_back(tasks_[e].Sample(std::min(kEvalChunk, eval_size - done), info.mode, gen));
+      }
+      set.per_member.push_back(Concat(chunks));
     }
     eval_sets_.push_back(std::move(set));
   }
