@@ -4,7 +4,7 @@
 set -euo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
 list="${PACKAGES_FILE:-$here/deploy/packages.txt}"
-[ $# -gt 0 ] || { echo "usage: $0 STAGE [STAGE...]  (stages: build runtime test)" >&2; exit 2; }
+[ $# -gt 0 ] || { echo "usage: $0 STAGE [STAGE...]  (stages: build runtime test bench)" >&2; exit 2; }
 awk -v want="$*" '
   BEGIN { n = split(want, w, " "); for (i = 1; i <= n; i++) need[w[i]] = 1 }
   /^[[:space:]]*(#|$)/ { next }

@@ -50,6 +50,7 @@ int main(int argc, char** argv) {
   int threads_per_run = 1;
   int max_queued = 1000;
   int max_queued_per_client = 200;
+  int max_watchers = 1024;
   uint64_t max_steps = 10'000'000;
   uint64_t max_run_memory_mb = 4096;
   bool use_cuda = true;
@@ -71,6 +72,9 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::Range(1, 1000000));
   app.add_option("--max-queued-per-client", max_queued_per_client, "Queued runs per client")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1000000));
+  app.add_option("--max-watchers", max_watchers, "Open WatchRun streams before RESOURCE_EXHAUSTED")
       ->capture_default_str()
       ->check(CLI::Range(1, 1000000));
   app.add_option("--max-steps", max_steps, "Most training steps one run may ask for")
@@ -112,6 +116,7 @@ int main(int argc, char** argv) {
   opts.intra_op_threads = threads_per_run;
   opts.max_queued_runs = max_queued;
   opts.max_queued_per_client = max_queued_per_client;
+  opts.max_watchers = max_watchers;
   opts.limits.max_steps = max_steps;
   opts.limits.max_run_memory_bytes = max_run_memory_mb << 20;
   opts.epoch = RandomEpoch();

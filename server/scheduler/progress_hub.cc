@@ -52,8 +52,10 @@ std::function<void()> Subscriber::End() {
   return std::exchange(notify_, nullptr);
 }
 
-ProgressHub::ProgressHub(std::string epoch, size_t buffer_per_run, std::chrono::milliseconds heartbeat)
-    : epoch_(std::move(epoch)), buffer_per_run_(buffer_per_run), heartbeat_(heartbeat) {
+ProgressHub::ProgressHub(std::string epoch, size_t buffer_per_run, std::chrono::milliseconds heartbeat,
+                         size_t max_subscribers)
+    : epoch_(std::move(epoch)), buffer_per_run_(buffer_per_run), heartbeat_(heartbeat),
+      max_subscribers_(max_subscribers) {
   if (heartbeat_.count() > 0) heartbeat_thread_ = std::thread([this] { HeartbeatLoop(); });
 }
 
@@ -94,6 +96,7 @@ void ProgressHub::Close(int64_t run_id) {
     for (const auto& sub : it->second.subscribers) {
       if (auto fn = sub->End()) notify.push_back(std::move(fn));
     }
+    subscribers_ -= it->second.subscribers.size();
     channels_.erase(it);
   }
   for (auto& fn : notify) fn();
@@ -103,6 +106,8 @@ std::shared_ptr<Subscriber> ProgressHub::Subscribe(int64_t run_id, uint64_t afte
                                                    bool include_metrics) {
   std::shared_ptr<Subscriber> sub(new Subscriber(include_metrics, buffer_per_run_ + kSubscriberSlack));
   std::lock_guard<std::mutex> lock(mu_);
+  if (subscribers_ >= max_subscribers_) return nullptr;
+  ++subscribers_;
   Channel& ch = channels_[run_id];
   sub->start_sequence_ = ch.next_sequence - 1;
   const bool can_replay = after_sequence > 0 && epoch == epoch_ && after_sequence <= sub->start_sequence_ &&
@@ -123,7 +128,7 @@ void ProgressHub::Unsubscribe(int64_t run_id, const std::shared_ptr<Subscriber>&
   std::lock_guard<std::mutex> lock(mu_);
   auto it = channels_.find(run_id);
   if (it == channels_.end()) return;
-  it->second.subscribers.erase(sub);
+  if (it->second.subscribers.erase(sub) > 0) --subscribers_;
   // Drop idle channels nobody publishes to (e.g. watchers of ended runs).
   if (it->second.subscribers.empty() && it->second.buffer.empty()) channels_.erase(it);
 }

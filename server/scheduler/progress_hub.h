@@ -75,7 +75,7 @@ class ProgressHub {
   // `epoch` names this server process in every event. Heartbeats go to every
   // subscriber every `heartbeat` (0 disables).
   ProgressHub(std::string epoch, size_t buffer_per_run = 1024,
-              std::chrono::milliseconds heartbeat = std::chrono::seconds(5));
+              std::chrono::milliseconds heartbeat = std::chrono::seconds(5), size_t max_subscribers = 1024);
   ~ProgressHub();
 
   const std::string& epoch() const { return epoch_; }
@@ -88,7 +88,7 @@ class ProgressHub {
 
   // A subscription to `run_id`. With after_sequence > 0 and a matching epoch,
   // buffered events after it are replayed; otherwise the first item is
-  // kResync.
+  // kResync. nullptr when `max_subscribers` subscriptions are open already.
   std::shared_ptr<Subscriber> Subscribe(int64_t run_id, uint64_t after_sequence, const std::string& epoch,
                                         bool include_metrics);
   void Unsubscribe(int64_t run_id, const std::shared_ptr<Subscriber>& sub);
@@ -105,6 +105,8 @@ class ProgressHub {
   const std::string epoch_;
   const size_t buffer_per_run_;
   const std::chrono::milliseconds heartbeat_;
+  const size_t max_subscribers_;
+  size_t subscribers_ = 0;  // open subscriptions, over all runs
   std::mutex mu_;
   std::map<int64_t, Channel> channels_;
   std::condition_variable stop_cv_;

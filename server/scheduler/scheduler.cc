@@ -17,6 +17,9 @@ constexpr int kDefaultPageSize = 50;
 constexpr int kMaxMetricNames = 256;
 constexpr uint32_t kMaxMetricPoints = 100000;
 constexpr uint32_t kDefaultMetricPoints = 10000;
+// Points in one GetMetrics answer over all series (~16 bytes each); beyond
+// it every series is downsampled further.
+constexpr int64_t kMaxPointsPerResponse = 2'000'000;
 
 bool IsFinal(int state) {
   return state == v1::RUN_STATE_SUCCEEDED || state == v1::RUN_STATE_FAILED || state == v1::RUN_STATE_CANCELLED;
@@ -111,7 +114,7 @@ Scheduler::Scheduler(SchedulerOptions options, store::Store* store, engine::Exec
       store_(store),
       executor_(executor),
       clock_(clock),
-      hub_(options_.epoch, 1024, options_.heartbeat) {
+      hub_(options_.epoch, 1024, options_.heartbeat, static_cast<size_t>(std::max(1, options_.max_watchers))) {
   for (int i = 0; i < options_.cuda_devices; ++i) {
     slots_.push_back({"cuda:" + std::to_string(i), true, "cuda:" + std::to_string(i)});
   }
@@ -367,6 +370,7 @@ absl::StatusOr<v1::GetMetricsResponse> Scheduler::GetMetrics(const v1::GetMetric
   q.min_step = static_cast<int64_t>(request.min_step());
   q.max_step = static_cast<int64_t>(request.max_step());
   q.max_points = static_cast<int>(request.max_points() == 0 ? kDefaultMetricPoints : request.max_points());
+  q.max_total_points = kMaxPointsPerResponse;
   CL_ASSIGN_OR_RETURN(std::vector<store::MetricSeries> series, store_->GetMetrics(id, q));
   v1::GetMetricsResponse out;
   for (store::MetricSeries& s : series) {
@@ -385,6 +389,10 @@ absl::StatusOr<Watch> Scheduler::StartWatch(const v1::WatchRunRequest& request) 
   Watch w;
   w.run_id = id;
   w.subscriber = hub_.Subscribe(id, request.after_sequence(), request.epoch(), request.include_metrics());
+  if (w.subscriber == nullptr) {
+    return absl::ResourceExhaustedError("too many open watch streams (server limit " +
+                                        std::to_string(options_.max_watchers) + "); close some and retry");
+  }
   return w;
 }
 

@@ -44,6 +44,7 @@ struct SchedulerOptions {
   engine::EngineLimits limits;
   std::string epoch;  // names this server process in watch events
   std::chrono::milliseconds heartbeat = std::chrono::seconds(5);
+  int max_watchers = 1024;  // open WatchRun streams, over all clients
 };
 
 // "r17" <-> 17. InvalidArgument naming `field` for anything else.

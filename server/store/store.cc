@@ -576,6 +576,8 @@ absl::StatusOr<std::vector<MetricSeries>> Store::GetMetrics(int64_t run_id, cons
     }
   }
   const int64_t max_step = q.max_step > 0 ? q.max_step : std::numeric_limits<int64_t>::max();
+  const int64_t per_series_cap =
+      std::min<int64_t>(q.max_points, q.max_total_points / std::max<int64_t>(1, static_cast<int64_t>(names.size())));
   std::vector<MetricSeries> out;
   for (auto& [id, name] : names) {
     MetricSeries s;
@@ -588,7 +590,7 @@ absl::StatusOr<std::vector<MetricSeries>> Store::GetMetrics(int64_t run_id, cons
       s.total_points = row ? st.ColumnInt(0) : 0;
     }
     // Evenly spaced by rank: keep rank i when i % stride == 0, plus the last.
-    const int64_t max_points = std::max(2, q.max_points);
+    const int64_t max_points = std::max<int64_t>(2, per_series_cap);
     const int64_t stride = s.total_points <= max_points ? 1 : (s.total_points - 2) / (max_points - 1) + 1;
     CL_ASSIGN_OR_RETURN(Statement st, r->Prepare("SELECT step, value FROM metrics WHERE run_id = ? AND name_id = ? "
                                                  "AND step BETWEEN ? AND ? ORDER BY step"));

@@ -116,6 +116,9 @@ struct MetricQuery {
   int64_t min_step = 0;
   int64_t max_step = 0;  // 0 = unbounded
   int max_points = 10000;
+  // Cap over all series of the answer: each series gets at most
+  // max_total_points / (number of series) points.
+  int64_t max_total_points = 2'000'000;
 };
 
 struct MetricSeries {

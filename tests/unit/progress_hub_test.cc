@@ -106,6 +106,19 @@ TEST(ProgressHubTest, ArmNotifiesOnceWhenSomethingArrives) {
   EXPECT_EQ(calls.load(), 1);
 }
 
+TEST(ProgressHubTest, OpenSubscriptionsAreCapped) {
+  ProgressHub hub("e", 16, std::chrono::milliseconds(0), /*max_subscribers=*/2);
+  auto a = hub.Subscribe(1, 0, "", false);
+  auto b = hub.Subscribe(2, 0, "", false);
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  EXPECT_EQ(hub.Subscribe(3, 0, "", false), nullptr);
+  hub.Unsubscribe(1, a);
+  EXPECT_NE(hub.Subscribe(3, 0, "", false), nullptr);
+  hub.Close(2);  // closing a run frees its subscriptions too
+  EXPECT_NE(hub.Subscribe(4, 0, "", false), nullptr);
+}
+
 TEST(ProgressHubTest, HeartbeatsReachIdleSubscribers) {
   ProgressHub hub("e", 16, std::chrono::milliseconds(20));
   auto sub = hub.Subscribe(1, 0, "", false);

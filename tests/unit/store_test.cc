@@ -137,6 +137,16 @@ TEST(StoreTest, MetricsBatchReplaceAndDownsample) {
   EXPECT_EQ(s.steps.front(), 100);
   EXPECT_EQ(s.steps.back(), 199);  // the last point of the range is always kept
 
+  // The cap over all series of one answer downsamples every series further.
+  q = MetricQuery();
+  q.max_total_points = 100;
+  series = (*store)->GetMetrics(*id, q);
+  ASSERT_EQ(series->size(), 2u);
+  for (const auto& s2 : *series) {
+    EXPECT_LE(s2.steps.size(), 50u);
+    EXPECT_EQ(s2.steps.back(), 1000);
+  }
+
   auto latest = (*store)->LatestMetrics(*id);
   ASSERT_TRUE(latest.ok());
   EXPECT_DOUBLE_EQ(latest->at("train/loss"), 1.0 / 1000);
