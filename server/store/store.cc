@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <future>
 #include <mutex>
 #include <sstream>
@@ -508,7 +509,8 @@ absl::StatusOr<RunRow> Store::GetRun(int64_t run_id) {
 }
 
 absl::StatusOr<RunPage> Store::ListRuns(const RunFilter& filter) {
-  // Built from fixed fragments and bound parameters only.
+  // Built from fixed fragments and bound parameters only (the state list
+  // holds validated integers), so few distinct statements are ever cached.
   std::string where = " WHERE 1=1";
   std::vector<std::string> text_params;
   if (!filter.states.empty()) {
@@ -528,12 +530,16 @@ absl::StatusOr<RunPage> Store::ListRuns(const RunFilter& filter) {
     CL_ASSIGN_OR_RETURN(bool row, st.Step());
     page.total = row ? st.ColumnInt(0) : 0;
   }
-  std::string sql = std::string("SELECT ") + kRunColumns + " FROM runs" + where;
-  if (filter.before_id > 0) sql += " AND id < " + std::to_string(filter.before_id);
-  sql += " ORDER BY id DESC LIMIT " + std::to_string(std::max(1, filter.limit));
+  // The page position and size are bound, so the cached statement is the
+  // same for every page of a filter.
+  const std::string sql = std::string("SELECT ") + kRunColumns + " FROM runs" + where +
+                          " AND id < ? ORDER BY id DESC LIMIT ?";
   {
     CL_ASSIGN_OR_RETURN(Statement st, r->Prepare(sql));
-    for (size_t i = 0; i < text_params.size(); ++i) st.Bind(static_cast<int>(i + 1), text_params[i]);
+    const int n = static_cast<int>(text_params.size());
+    for (int i = 0; i < n; ++i) st.Bind(i + 1, text_params[i]);
+    st.Bind(n + 1, filter.before_id > 0 ? filter.before_id : std::numeric_limits<int64_t>::max());
+    st.Bind(n + 2, int64_t{std::max(1, filter.limit)});
     while (true) {
       CL_ASSIGN_OR_RETURN(bool more, st.Step());
       if (!more) break;
