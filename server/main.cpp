@@ -124,13 +124,15 @@ int main(int argc, char** argv) {
     return Fail("bad flags", absl::InvalidArgumentError("no device slots: set --cpu-slots >= 1 or use CUDA"));
   }
   std::unique_ptr<circuitlab::engine::Executor> executor = circuitlab::engine::MakeTorchExecutor();
+  std::unique_ptr<circuitlab::engine::Analyzer> analyzer = circuitlab::engine::MakeTorchAnalyzer();
   circuitlab::scheduler::Scheduler scheduler(opts, store->get(), executor.get(), circuitlab::Clock::Real());
+  circuitlab::scheduler::AnalysisCore analysis(store->get(), analyzer.get());
   if (absl::Status s = scheduler.Start(); !s.ok()) return Fail("cannot start the scheduler", s);
 
   circuitlab::rpc::ServerOptions server_opts;
   server_opts.listen = listen;
   server_opts.auth_token = token;
-  auto server = circuitlab::rpc::GrpcServer::Start(server_opts, &scheduler);
+  auto server = circuitlab::rpc::GrpcServer::Start(server_opts, &scheduler, &analysis);
   if (!server.ok()) {
     scheduler.Drain();
     return Fail("cannot serve", server.status());

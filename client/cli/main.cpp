@@ -87,6 +87,13 @@ std::string Fixed(double v, int digits = 3) {
   return buf;
 }
 
+// Left-aligns to `width` terminal columns (labels contain multi-byte "∅→").
+std::string Pad(const std::string& s, size_t width) {
+  size_t columns = 0;
+  for (unsigned char c : s) columns += (c & 0xC0) != 0x80;
+  return columns >= width ? s : s + std::string(width - columns, ' ');
+}
+
 std::string Duration(double seconds) {
   if (!(seconds > 0) || !std::isfinite(seconds)) return "-";
   long s = std::lround(seconds);
@@ -296,6 +303,34 @@ int main(int argc, char** argv) {
   metrics->add_option("--max-points", m_points, "Downsample each series to at most this many points");
   metrics->add_flag("--csv", m_csv, "CSV: run_id,name,step,value");
 
+  // coords / project
+  std::vector<std::string> c_names;
+  bool c_complete = false, c_csv = false, c_all = false, p_force = false;
+  uint64_t c_min = 0, c_max = 0, p_step = 0;
+  uint32_t c_points = 0;
+  auto* coords = app.add_subcommand(
+      "coords",
+      "IMIR coordinates over training (recorded every recording.coordinates_every steps).\n"
+      "Names are labels (L2H1:[∅→(1,0)]:I_t) or canonical names (alpha, beta, gamma, delta).\n"
+      "  circuitlab coords r3 --name alpha --name beta --name gamma --csv > abc.csv");
+  coords->add_option("RUN", run_id, "Run id")->required();
+  coords->add_option("--name", c_names, "Only this coordinate (repeatable)");
+  coords->add_flag("--complete", c_complete, "The complete set (needs recording.complete_coordinates)");
+  coords->add_option("--min-step", c_min, "First step (inclusive)");
+  coords->add_option("--max-step", c_max, "Last step (inclusive; 0 = no bound)");
+  coords->add_option("--max-points", c_points, "Downsample each series to at most this many points");
+  coords->add_flag("--csv", c_csv, "CSV: run_id,label,canonical,step,value");
+  coords->add_flag("--all", c_all, "Show every coordinate (default: the 30 largest)");
+  auto* project = app.add_subcommand(
+      "project",
+      "Project a stored checkpoint onto the IMIR basis: coordinates and off-manifold residual rho.\n"
+      "  circuitlab project r3 --step 500 --complete");
+  project->add_option("RUN", run_id, "Run id")->required();
+  project->add_option("--step", p_step, "Checkpoint step (default: the newest)");
+  project->add_flag("--complete", c_complete, "Project onto the complete set (the commutant)");
+  project->add_flag("--force", p_force, "Recompute even if the answer is stored");
+  project->add_flag("--all", c_all, "Show every coordinate (default: the 20 largest)");
+
   auto* health = app.add_subcommand("health", "Check that the server is up and serving.\n  circuitlab health");
 
   try {
@@ -417,6 +452,100 @@ int main(int argc, char** argv) {
                     static_cast<unsigned long long>(s.total_points()), s.values(0), s.values(s.values_size() - 1),
                     *mn, *mx);
       }
+    }
+    return 0;
+  }
+  if (*coords) {
+    v1::GetTrajectoryRequest req;
+    req.set_run_id(run_id);
+    req.set_selection(c_complete ? v1::BASIS_SELECTION_COMPLETE : v1::BASIS_SELECTION_PAPER);
+    for (const auto& n : c_names) req.add_names(n);
+    req.set_min_step(c_min);
+    req.set_max_step(c_max);
+    req.set_max_points(c_points);
+    auto resp = client.GetTrajectory(req);
+    if (!resp.ok()) return ReportError(resp.status());
+    if (g.json) {
+      std::cout << circuitlab::client::ToJson(*resp) << "\n";
+      return 0;
+    }
+    if (c_csv) {
+      std::cout << "run_id,label,canonical,step,value\n";
+      for (const auto& s : resp->series()) {
+        for (int i = 0; i < s.steps_size(); ++i) {
+          std::printf("%s,\"%s\",%s,%llu,%.9g\n", run_id.c_str(), s.coordinate().label().c_str(),
+                      s.coordinate().canonical().c_str(), static_cast<unsigned long long>(s.steps(i)), s.values(i));
+        }
+      }
+      return 0;
+    }
+    if (resp->series_size() == 0) {
+      std::cerr << "no coordinates recorded for " << run_id
+                << (c_complete ? " (complete set: set recording.complete_coordinates)" : "") << "\n";
+      return 0;
+    }
+    std::vector<const v1::CoordinateSeries*> rows;
+    for (const auto& s : resp->series()) rows.push_back(&s);
+    const size_t limit = c_all || !c_names.empty() ? rows.size() : std::min<size_t>(30, rows.size());
+    if (limit < rows.size()) {
+      std::stable_sort(rows.begin(), rows.end(), [](auto* a, auto* b) {
+        return std::abs(a->coordinate().magnitude()) > std::abs(b->coordinate().magnitude());
+      });
+    }
+    std::printf("%s %-6s %7s %10s %10s %10s\n", Pad("COORDINATE", 34).c_str(), "NAME", "POINTS", "FIRST", "LAST",
+                "MAX|.|");
+    for (size_t i = 0; i < limit; ++i) {
+      const auto& s = *rows[i];
+      double mx = 0;
+      for (double v : s.values()) mx = std::max(mx, std::abs(v));
+      std::printf("%s %-6s %7llu %10.4f %10.4f %10.4f\n", Pad(s.coordinate().label(), 34).c_str(),
+                  s.coordinate().canonical().c_str(), static_cast<unsigned long long>(s.total_points()),
+                  s.values_size() ? s.values(0) : 0.0, s.values_size() ? s.values(s.values_size() - 1) : 0.0, mx);
+    }
+    if (limit < rows.size()) std::cerr << limit << " of " << rows.size() << " coordinates (largest last magnitude; --all for every one)\n";
+    v1::GetMetricsRequest mreq;
+    mreq.set_run_id(run_id);
+    mreq.add_names("manifold/rho");
+    mreq.add_names("manifold/rho_paper");
+    if (auto m = client.GetMetrics(mreq); m.ok()) {
+      for (const auto& s : m->series()) {
+        if (s.values_size() > 0) {
+          std::printf("%s %-6s %7llu %10.4f %10.4f\n", Pad(s.name(), 34).c_str(), "",
+                      static_cast<unsigned long long>(s.total_points()), s.values(0), s.values(s.values_size() - 1));
+        }
+      }
+    }
+    return 0;
+  }
+  if (*project) {
+    v1::ProjectCheckpointRequest req;
+    req.set_run_id(run_id);
+    req.set_step(p_step);
+    req.set_selection(c_complete ? v1::BASIS_SELECTION_COMPLETE : v1::BASIS_SELECTION_PAPER);
+    req.set_force(p_force);
+    auto resp = client.ProjectCheckpoint(req);
+    if (!resp.ok()) return ReportError(resp.status());
+    if (g.json) {
+      std::cout << circuitlab::client::ToJson(*resp) << "\n";
+      return 0;
+    }
+    std::printf("%s step %llu, %s basis (%d coordinates)%s\n", resp->run_id().c_str(),
+                static_cast<unsigned long long>(resp->step()), c_complete ? "complete" : "paper",
+                resp->coordinates_size(), resp->from_store() ? ", stored answer" : "");
+    std::printf("rho %.4f (this basis), %.4f (complete)\n", resp->rho(), resp->rho_complete());
+    for (const auto& [matrix, rho] : std::map<std::string, double>(resp->rho_by_matrix().begin(),
+                                                                    resp->rho_by_matrix().end())) {
+      std::printf("  rho %-6s %.4f\n", matrix.c_str(), rho);
+    }
+    std::vector<const v1::Coordinate*> rows;
+    for (const auto& c : resp->coordinates()) rows.push_back(&c);
+    std::stable_sort(rows.begin(), rows.end(),
+                     [](auto* a, auto* b) { return std::abs(a->magnitude()) > std::abs(b->magnitude()); });
+    const size_t limit = c_all ? rows.size() : std::min<size_t>(20, rows.size());
+    std::printf("%s %-6s %12s %12s\n", Pad("COORDINATE", 34).c_str(), "NAME", "VALUE", "MAGNITUDE");
+    for (size_t i = 0; i < limit; ++i) {
+      std::printf("%s %-6s %12.5f %12.5f%s\n", Pad(rows[i]->label(), 34).c_str(), rows[i]->canonical().c_str(),
+                  rows[i]->value(), rows[i]->magnitude(), rows[i]->gauge() ? "  (gauge)" : "");
     }
     return 0;
   }

@@ -10,6 +10,7 @@
 #include <sstream>
 #include <thread>
 
+#include "circuitlab/v1/analysis_service.grpc.pb.h"
 #include "circuitlab/v1/experiment_service.grpc.pb.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 
@@ -65,6 +66,7 @@ struct Client::Impl {
   ClientOptions options;
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<v1::ExperimentService::Stub> stub;
+  std::unique_ptr<v1::AnalysisService::Stub> analysis;
   std::unique_ptr<grpc::health::v1::Health::Stub> health;
 
   void Prepare(grpc::ClientContext& ctx, bool deadline) const {
@@ -73,17 +75,22 @@ struct Client::Impl {
     ctx.AddMetadata("x-circuitlab-client", options.client_name);
   }
 
-  // One unary ExperimentService call with the deadline and metadata.
+  // One unary call with the deadline and metadata.
+  template <typename Stub, typename Req, typename Resp>
+  absl::StatusOr<Resp> Call(Stub* s, grpc::Status (Stub::*method)(grpc::ClientContext*, const Req&, Resp*),
+                            const Req& req) {
+    grpc::ClientContext ctx;
+    Prepare(ctx, true);
+    Resp resp;
+    grpc::Status status = (s->*method)(&ctx, req, &resp);
+    if (!status.ok()) return FromGrpc(status);
+    return resp;
+  }
   template <typename Req, typename Resp>
   absl::StatusOr<Resp> Unary(grpc::Status (v1::ExperimentService::Stub::*method)(grpc::ClientContext*, const Req&,
                                                                                  Resp*),
                              const Req& req) {
-    grpc::ClientContext ctx;
-    Prepare(ctx, true);
-    Resp resp;
-    grpc::Status s = (stub.get()->*method)(&ctx, req, &resp);
-    if (!s.ok()) return FromGrpc(s);
-    return resp;
+    return Call(stub.get(), method, req);
   }
 };
 
@@ -94,6 +101,7 @@ Client::Client(const ClientOptions& options) : impl_(std::make_unique<Impl>()) {
   args.SetMaxReceiveMessageSize(64 << 20);
   impl_->channel = grpc::CreateCustomChannel(options.server, grpc::InsecureChannelCredentials(), args);
   impl_->stub = v1::ExperimentService::NewStub(impl_->channel);
+  impl_->analysis = v1::AnalysisService::NewStub(impl_->channel);
   impl_->health = grpc::health::v1::Health::NewStub(impl_->channel);
 }
 
@@ -125,6 +133,14 @@ absl::StatusOr<v1::Run> Client::CancelRun(const std::string& run_id) {
 
 absl::StatusOr<v1::GetMetricsResponse> Client::GetMetrics(const v1::GetMetricsRequest& request) {
   return impl_->Unary(&v1::ExperimentService::Stub::GetMetrics, request);
+}
+
+absl::StatusOr<v1::ProjectCheckpointResponse> Client::ProjectCheckpoint(const v1::ProjectCheckpointRequest& request) {
+  return impl_->Call(impl_->analysis.get(), &v1::AnalysisService::Stub::ProjectCheckpoint, request);
+}
+
+absl::StatusOr<v1::GetTrajectoryResponse> Client::GetTrajectory(const v1::GetTrajectoryRequest& request) {
+  return impl_->Call(impl_->analysis.get(), &v1::AnalysisService::Stub::GetTrajectory, request);
 }
 
 absl::Status Client::Health() {

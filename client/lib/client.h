@@ -12,6 +12,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "circuitlab/v1/analysis_service.pb.h"
 #include "circuitlab/v1/experiment_service.pb.h"
 
 namespace circuitlab::client {
@@ -44,6 +45,10 @@ class Client {
   absl::StatusOr<v1::GetMetricsResponse> GetMetrics(const v1::GetMetricsRequest& request);
   // SERVING -> OK; NOT_SERVING -> Unavailable; unreachable -> the RPC error.
   absl::Status Health();
+
+  // AnalysisService.
+  absl::StatusOr<v1::ProjectCheckpointResponse> ProjectCheckpoint(const v1::ProjectCheckpointRequest& request);
+  absl::StatusOr<v1::GetTrajectoryResponse> GetTrajectory(const v1::GetTrajectoryRequest& request);
 
   // Streams a run's events to `on_event` until the run ends (OK), the stream
   // fails, or `stop` becomes true (Cancelled). Reconnects on UNAVAILABLE for up

@@ -4,14 +4,49 @@
 #include <malloc.h>
 
 #include <chrono>
+#include <optional>
 #include <exception>
 
+#include "server/engine/manifold/projection.h"
 #include "server/engine/train/trainer.h"
 
 namespace circuitlab::engine {
 namespace {
 
 constexpr double kProgressIntervalSeconds = 0.5;
+
+// Projects the weights onto the paper and complete bases at recording steps:
+// paper coordinates (and complete ones on request) go to OnCoordinates, the
+// residuals rho to the metrics of the step.
+class ManifoldRecorder {
+ public:
+  ManifoldRecorder(const EnsembleTrainer& trainer, bool store_complete)
+      : paper_(BuildBasis(trainer.task(0).Symmetry(), trainer.model().config().layers,
+                          trainer.model().config().heads, Selection::kPaper)),
+        complete_(BuildBasis(trainer.task(0).Symmetry(), trainer.model().config().layers,
+                             trainer.model().config().heads, Selection::kComplete)),
+        store_complete_(store_complete) {}
+
+  absl::Status Announce(TrainObserver& observer) const {
+    if (absl::Status s = observer.OnBasis(paper_); !s.ok()) return s;
+    return store_complete_ ? observer.OnBasis(complete_) : absl::OkStatus();
+  }
+
+  // Appends the step's rho metrics to `metrics`.
+  void Record(int64_t step, const ImirModel& model, TrainObserver& observer, std::vector<Metric>& metrics) const {
+    const Projection paper = Project(model, 0, paper_);
+    const Projection complete = Project(model, 0, complete_);
+    observer.OnCoordinates(step, Selection::kPaper, paper.values);
+    if (store_complete_) observer.OnCoordinates(step, Selection::kComplete, complete.values);
+    metrics.push_back({"manifold/rho", complete.rho()});
+    metrics.push_back({"manifold/rho_paper", paper.rho()});
+    for (const MatrixNorms& m : complete.matrices) metrics.push_back({"manifold/rho/" + m.matrix, m.rho()});
+  }
+
+ private:
+  Basis paper_, complete_;
+  bool store_complete_;
+};
 
 class TorchExecutor : public Executor {
  public:
@@ -35,14 +70,21 @@ class TorchExecutor : public Executor {
       return absl::FailedPreconditionError("device " + request.device + " is not available");
     }
     const v1::ExperimentSpec& spec = request.spec;
+    const auto& rec = spec.recording();
     EnsembleTrainer trainer(spec, {spec.seed()}, device);
+    std::optional<ManifoldRecorder> manifold;
+    if (rec.coordinates_every() > 0) {
+      manifold.emplace(trainer, rec.complete_coordinates());
+      if (absl::Status s = manifold->Announce(observer); !s.ok()) return s;
+    }
     if (request.resume_from) {
       if (absl::Status s = trainer.LoadCheckpoint(*request.resume_from); !s.ok()) return s;
     } else {
-      observer.OnMetrics(0, trainer.Evaluate()[0]);
+      std::vector<Metric> initial = trainer.Evaluate()[0];
+      if (manifold) manifold->Record(0, trainer.model(), observer, initial);
+      observer.OnMetrics(0, initial);
     }
 
-    const auto& rec = spec.recording();
     const int64_t total = trainer.total_steps();
     int64_t last_checkpoint = trainer.step();
     auto last_report = std::chrono::steady_clock::now();
@@ -72,6 +114,9 @@ class TorchExecutor : public Executor {
         auto eval = trainer.Evaluate();
         points.insert(points.end(), eval[0].begin(), eval[0].end());
       }
+      if (manifold && (last || next % rec.coordinates_every() == 0)) {
+        manifold->Record(next, trainer.model(), observer, points);
+      }
       if (!points.empty()) observer.OnMetrics(next, points);
 
       const auto now = std::chrono::steady_clock::now();
@@ -90,9 +135,42 @@ class TorchExecutor : public Executor {
   }
 };
 
+class TorchAnalyzer : public Analyzer {
+ public:
+  absl::StatusOr<CheckpointProjection> ProjectCheckpoint(const v1::ExperimentSpec& spec,
+                                                         const std::string& checkpoint,
+                                                         Selection selection) override {
+    try {
+      // The run's own task pool: its fixed pairing is the relation C.
+      AssocRecallTask task(AssocRecallConfig::FromSpec(spec), PoolSeedOf(spec.seed()));
+      const auto& m = spec.model().imir();
+      ImirModel model({task.vocab_size(), task.num_positions(), m.num_layers(), m.num_heads()}, 1, torch::kCPU);
+      if (absl::Status s = LoadWeights(checkpoint, model); !s.ok()) return s;
+      const TaskSymmetry sym = task.Symmetry();
+      CheckpointProjection out;
+      out.basis = BuildBasis(sym, m.num_layers(), m.num_heads(), selection);
+      const Projection p = Project(model, 0, out.basis);
+      out.values = p.values;
+      out.rho = p.rho();
+      for (const MatrixNorms& n : p.matrices) out.rho_by_matrix.emplace_back(n.matrix, n.rho());
+      out.rho_complete = selection == Selection::kComplete
+                             ? out.rho
+                             : Project(model, 0, BuildBasis(sym, m.num_layers(), m.num_heads(), Selection::kComplete))
+                                   .rho();
+      return out;
+    } catch (const c10::Error& e) {
+      return absl::InvalidArgumentError(std::string("cannot read the checkpoint: ") + e.what_without_backtrace());
+    } catch (const std::exception& e) {
+      return absl::InternalError(std::string("projection failed: ") + e.what());
+    }
+  }
+};
+
 }  // namespace
 
 std::unique_ptr<Executor> MakeTorchExecutor() { return std::make_unique<TorchExecutor>(); }
+
+std::unique_ptr<Analyzer> MakeTorchAnalyzer() { return std::make_unique<TorchAnalyzer>(); }
 
 int CudaDeviceCount() { return static_cast<int>(torch::cuda::device_count()); }
 

@@ -13,6 +13,7 @@
 #include "absl/status/statusor.h"
 #include "circuitlab/v1/spec.pb.h"
 #include "server/common/cancel.h"
+#include "server/engine/manifold/basis.h"
 #include "server/engine/spec.h"
 
 namespace circuitlab::engine {
@@ -33,6 +34,11 @@ class TrainObserver {
   virtual void OnProgress(int64_t step, double steps_per_second) = 0;
   // A checkpoint of the state after `step`. An error fails the run.
   virtual absl::Status OnCheckpoint(int64_t step, const std::string& bytes) = 0;
+  // The basis coordinates will be reported in; once per attempt, before any
+  // OnCoordinates for it. An error fails the run.
+  virtual absl::Status OnBasis(const Basis& basis) { return absl::OkStatus(); }
+  // Coordinates (Basis::coords order) of the weights after `step`.
+  virtual void OnCoordinates(int64_t step, Selection selection, const std::vector<double>& values) {}
 };
 
 struct TrainRequest {
@@ -67,6 +73,27 @@ class Executor {
 
 // The LibTorch executor.
 std::unique_ptr<Executor> MakeTorchExecutor();
+
+// A checkpoint's weights projected onto a basis (SCIENCE.md C.4).
+struct CheckpointProjection {
+  Basis basis;                                      // coords in order
+  std::vector<double> values;                       // raw coefficient per coordinate
+  double rho = 0;                                   // against `basis`
+  std::vector<std::pair<std::string, double>> rho_by_matrix;
+  double rho_complete = 0;                          // against the complete set
+};
+
+// Pure analyses of stored checkpoints. Thread-safe.
+class Analyzer {
+ public:
+  virtual ~Analyzer() = default;
+  // InvalidArgument when the checkpoint does not fit the spec's model.
+  virtual absl::StatusOr<CheckpointProjection> ProjectCheckpoint(const v1::ExperimentSpec& spec,
+                                                                 const std::string& checkpoint,
+                                                                 Selection selection) = 0;
+};
+
+std::unique_ptr<Analyzer> MakeTorchAnalyzer();
 
 // CUDA devices LibTorch can use (0 on CPU-only builds).
 int CudaDeviceCount();

@@ -181,11 +181,13 @@ absl::Status ResolveRecording(v1::ExperimentSpec* spec) {
   if (!r->has_eval_size()) r->set_eval_size(2048);
   if (!r->has_checkpoint_every()) r->set_checkpoint_every(clamp_default(250));
   if (!r->has_keep_checkpoints()) r->set_keep_checkpoints(0);
+  if (!r->has_coordinates_every()) r->set_coordinates_every(r->eval_every());
   CL_RETURN_IF_ERROR(CheckRange<uint64_t>(p + "metrics_every", r->metrics_every(), 1, steps));
   CL_RETURN_IF_ERROR(CheckRange<uint64_t>(p + "eval_every", r->eval_every(), 1, steps));
   CL_RETURN_IF_ERROR(CheckRange<uint32_t>(p + "eval_size", r->eval_size(), 16, 65536));
   CL_RETURN_IF_ERROR(CheckRange<uint64_t>(p + "checkpoint_every", r->checkpoint_every(), 1, steps));
   CL_RETURN_IF_ERROR(CheckRange<uint32_t>(p + "keep_checkpoints", r->keep_checkpoints(), 0, 1000));
+  CL_RETURN_IF_ERROR(CheckRange<uint64_t>(p + "coordinates_every", r->coordinates_every(), 0, steps));
   return absl::OkStatus();
 }
 

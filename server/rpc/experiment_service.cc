@@ -116,22 +116,6 @@ class WatchReactor : public grpc::ServerWriteReactor<v1::RunEvent> {
 
 }  // namespace
 
-grpc::Status ToGrpcStatus(const absl::Status& status) {
-  if (status.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
-}
-
-absl::Status ExperimentServiceImpl::CheckAuth(const grpc::CallbackServerContext* ctx) const {
-  if (auth_token_.empty()) return absl::OkStatus();
-  const auto& md = ctx->client_metadata();
-  auto it = md.find("authorization");
-  if (it != md.end() && std::string(it->second.data(), it->second.size()) == "Bearer " + auth_token_) {
-    return absl::OkStatus();
-  }
-  return absl::UnauthenticatedError("this server requires 'authorization: Bearer <token>' metadata "
-                                    "(circuitlab --token-file FILE)");
-}
-
 std::string ExperimentServiceImpl::ClientOf(const grpc::CallbackServerContext* ctx) {
   const auto& md = ctx->client_metadata();
   if (auto it = md.find("x-circuitlab-client"); it != md.end() && it->second.size() <= 128) {
@@ -188,7 +172,7 @@ grpc::ServerUnaryReactor* ExperimentServiceImpl::GetMetrics(grpc::CallbackServer
 
 grpc::ServerWriteReactor<v1::RunEvent>* ExperimentServiceImpl::WatchRun(grpc::CallbackServerContext* ctx,
                                                                         const v1::WatchRunRequest* req) {
-  absl::Status s = CheckAuth(ctx);
+  absl::Status s = CheckAuth(ctx, auth_token_);
   absl::StatusOr<scheduler::Watch> watch = s.ok() ? core_->StartWatch(*req) : absl::StatusOr<scheduler::Watch>(s);
   if (!watch.ok()) {
     // A reactor that only reports the error.

@@ -9,12 +9,10 @@
 
 #include "absl/status/status.h"
 #include "circuitlab/v1/experiment_service.grpc.pb.h"
+#include "server/rpc/service_util.h"
 #include "server/scheduler/scheduler.h"
 
 namespace circuitlab::rpc {
-
-// The single absl -> gRPC status conversion (the codes share numbers).
-grpc::Status ToGrpcStatus(const absl::Status& status);
 
 class ExperimentServiceImpl final : public v1::ExperimentService::CallbackService {
  public:
@@ -35,18 +33,12 @@ class ExperimentServiceImpl final : public v1::ExperimentService::CallbackServic
                                                    const v1::WatchRunRequest* req) override;
 
  private:
-  // Unauthenticated unless the call carries the configured bearer token.
-  absl::Status CheckAuth(const grpc::CallbackServerContext* ctx) const;
   // Who submits: the x-circuitlab-client metadata, else the peer's host.
   static std::string ClientOf(const grpc::CallbackServerContext* ctx);
 
   template <typename Fn>
   grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* ctx, Fn&& fn) {
-    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-    absl::Status s = CheckAuth(ctx);
-    if (s.ok()) s = fn();
-    reactor->Finish(ToGrpcStatus(s));
-    return reactor;
+    return UnaryCall(ctx, auth_token_, std::forward<Fn>(fn));
   }
 
   scheduler::Scheduler* const core_;

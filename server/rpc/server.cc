@@ -4,6 +4,7 @@
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 
+#include "server/rpc/analysis_service.h"
 #include "server/rpc/experiment_service.h"
 
 namespace circuitlab::rpc {
@@ -19,19 +20,22 @@ bool IsLoopbackAddress(const std::string& host_port) {
 }
 
 absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const ServerOptions& options,
-                                                              scheduler::Scheduler* core) {
+                                                              scheduler::Scheduler* experiments,
+                                                              scheduler::AnalysisCore* analysis) {
   if (!IsLoopbackAddress(options.listen) && options.auth_token.empty()) {
     return absl::InvalidArgumentError("--listen " + options.listen +
                                       " is not a loopback address: listening beyond this machine requires "
                                       "--auth-token-file");
   }
   std::unique_ptr<GrpcServer> server(new GrpcServer());
-  server->service_ = std::make_unique<ExperimentServiceImpl>(core, options.auth_token);
+  server->experiments_ = std::make_unique<ExperimentServiceImpl>(experiments, options.auth_token);
+  server->analysis_ = std::make_unique<AnalysisServiceImpl>(analysis, options.auth_token);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &server->port_);
-  builder.RegisterService(server->service_.get());
+  builder.RegisterService(server->experiments_.get());
+  builder.RegisterService(server->analysis_.get());
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   server->server_ = builder.BuildAndStart();
   if (server->server_ == nullptr || server->port_ == 0) {

@@ -11,6 +11,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "server/scheduler/analysis_core.h"
 #include "server/scheduler/scheduler.h"
 
 namespace grpc {
@@ -34,7 +35,8 @@ class GrpcServer {
   // Binds and starts serving. InvalidArgument for a non-loopback address
   // without a token; Unavailable when the address cannot be bound.
   static absl::StatusOr<std::unique_ptr<GrpcServer>> Start(const ServerOptions& options,
-                                                           scheduler::Scheduler* core);
+                                                           scheduler::Scheduler* experiments,
+                                                           scheduler::AnalysisCore* analysis);
   ~GrpcServer();
 
   // The port actually bound (useful with port 0).
@@ -47,7 +49,8 @@ class GrpcServer {
 
  private:
   GrpcServer() = default;
-  std::unique_ptr<grpc::Service> service_;
+  std::unique_ptr<grpc::Service> experiments_;
+  std::unique_ptr<grpc::Service> analysis_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
 };

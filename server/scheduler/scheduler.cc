@@ -102,7 +102,25 @@ class Scheduler::RunObserver : public engine::TrainObserver {
     return s_->store_->PutCheckpoint(run_id_, step, bytes, keep_);
   }
 
+  absl::Status OnBasis(const engine::Basis& basis) override {
+    std::vector<store::CoordinateDefRow> rows;
+    rows.reserve(basis.coords.size());
+    for (const engine::CoordinateDef& d : basis.coords) {
+      rows.push_back({0, d.index, d.label, d.canonical, d.matrix, d.layer, d.head, d.block_q, d.block_k, d.element,
+                      d.norm, d.gauge});
+    }
+    CL_ASSIGN_OR_RETURN(coord_ids_[static_cast<int>(basis.selection)],
+                        s_->store_->PutCoordinateDefs(run_id_, engine::SelectionName(basis.selection), rows));
+    return absl::OkStatus();
+  }
+
+  void OnCoordinates(int64_t step, engine::Selection selection, const std::vector<double>& values) override {
+    auto it = coord_ids_.find(static_cast<int>(selection));
+    if (it != coord_ids_.end()) s_->store_->AppendCoordinates(run_id_, step, it->second, values);
+  }
+
  private:
+  std::map<int, std::vector<int64_t>> coord_ids_;  // by selection
   Scheduler* s_;
   int64_t run_id_;
   std::shared_ptr<Active> active_;

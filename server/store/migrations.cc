@@ -66,6 +66,52 @@ CREATE TABLE checkpoints (
   PRIMARY KEY (run_id, step)
 ) WITHOUT ROWID;
 )sql",
+    // 2: IMIR coordinates (basis described once per run and selection) and
+    // stored analyses.
+    R"sql(
+CREATE TABLE coordinate_defs (
+  coord_id    INTEGER PRIMARY KEY,
+  run_id      INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+  selection   TEXT    NOT NULL,
+  coord_index INTEGER NOT NULL,
+  label       TEXT    NOT NULL,
+  canonical   TEXT    NOT NULL,
+  matrix      TEXT    NOT NULL,
+  layer       INTEGER NOT NULL,
+  head        INTEGER NOT NULL,
+  block_q     TEXT    NOT NULL,
+  block_k     TEXT    NOT NULL,
+  element     TEXT    NOT NULL,
+  norm        REAL    NOT NULL,
+  gauge       INTEGER NOT NULL,
+  UNIQUE (run_id, selection, coord_index)
+);
+CREATE INDEX coordinate_defs_by_label ON coordinate_defs(run_id, selection, label);
+CREATE INDEX coordinate_defs_by_canonical ON coordinate_defs(canonical, run_id) WHERE canonical != '';
+
+-- "coordinate X over all steps of run R": the primary key.
+-- "all coordinates of run R at step s": coordinates_by_step.
+CREATE TABLE coordinates (
+  coord_id INTEGER NOT NULL REFERENCES coordinate_defs(coord_id) ON DELETE CASCADE,
+  step     INTEGER NOT NULL,
+  run_id   INTEGER NOT NULL,
+  value    REAL    NOT NULL,
+  PRIMARY KEY (coord_id, step)
+) WITHOUT ROWID;
+CREATE INDEX coordinates_by_step ON coordinates(run_id, step);
+
+-- Analyses are pure functions of (run, request): stored under a hash of the
+-- canonical request and answered from here when asked again.
+CREATE TABLE analyses (
+  run_id       INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+  kind         TEXT    NOT NULL,
+  request_hash INTEGER NOT NULL,
+  request      BLOB    NOT NULL,
+  result       BLOB    NOT NULL,
+  created_at   INTEGER NOT NULL,
+  PRIMARY KEY (run_id, kind, request_hash)
+) WITHOUT ROWID;
+)sql",
 };
 
 constexpr int kLatest = static_cast<int>(sizeof(kMigrations) / sizeof(kMigrations[0]));

@@ -129,6 +129,62 @@ absl::Status LoadTags(Connection& conn, RunRow& row) {
   return absl::OkStatus();
 }
 
+// Counts the rows of a series in a step range, then reads them keeping evenly
+// spaced ranks (always the first and the last). Both statements take the
+// same leading `keys` and then (min_step, max_step); rows are (step, value).
+absl::Status ReadDownsampled(Connection& c, const std::string& count_sql, const std::string& rows_sql,
+                             const std::vector<int64_t>& keys, int64_t min_step, int64_t max_step,
+                             int64_t max_points, std::vector<int64_t>& steps, std::vector<double>& values,
+                             int64_t& total) {
+  auto bind = [&](Statement& st) {
+    int i = 1;
+    for (int64_t k : keys) st.Bind(i++, k);
+    st.Bind(i, min_step);
+    st.Bind(i + 1, max_step);
+  };
+  {
+    CL_ASSIGN_OR_RETURN(Statement st, c.Prepare(count_sql));
+    bind(st);
+    CL_ASSIGN_OR_RETURN(bool row, st.Step());
+    total = row ? st.ColumnInt(0) : 0;
+  }
+  max_points = std::max<int64_t>(2, max_points);
+  const int64_t stride = total <= max_points ? 1 : (total - 2) / (max_points - 1) + 1;
+  CL_ASSIGN_OR_RETURN(Statement st, c.Prepare(rows_sql));
+  bind(st);
+  int64_t rank = 0;
+  while (true) {
+    CL_ASSIGN_OR_RETURN(bool more, st.Step());
+    if (!more) break;
+    if (rank % stride == 0 || rank == total - 1) {
+      steps.push_back(st.ColumnInt(0));
+      values.push_back(st.ColumnDouble(1));
+    }
+    ++rank;
+  }
+  return absl::OkStatus();
+}
+
+constexpr const char* kCoordinateDefColumns =
+    "coord_id, coord_index, label, canonical, matrix, layer, head, block_q, block_k, element, norm, gauge";
+
+CoordinateDefRow ReadCoordinateDef(Statement& st, int first = 0) {
+  CoordinateDefRow d;
+  d.id = st.ColumnInt(first);
+  d.index = static_cast<int32_t>(st.ColumnInt(first + 1));
+  d.label = st.ColumnText(first + 2);
+  d.canonical = st.ColumnText(first + 3);
+  d.matrix = st.ColumnText(first + 4);
+  d.layer = static_cast<int>(st.ColumnInt(first + 5));
+  d.head = static_cast<int>(st.ColumnInt(first + 6));
+  d.block_q = st.ColumnText(first + 7);
+  d.block_k = st.ColumnText(first + 8);
+  d.element = st.ColumnText(first + 9);
+  d.norm = st.ColumnDouble(first + 10);
+  d.gauge = st.ColumnInt(first + 11) != 0;
+  return d;
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------
@@ -588,29 +644,10 @@ absl::StatusOr<std::vector<MetricSeries>> Store::GetMetrics(int64_t run_id, cons
   for (auto& [id, name] : names) {
     MetricSeries s;
     s.name = name;
-    {
-      CL_ASSIGN_OR_RETURN(Statement st, r->Prepare("SELECT count(*) FROM metrics WHERE run_id = ? AND name_id = ? "
-                                                   "AND step BETWEEN ? AND ?"));
-      st.Bind(1, run_id).Bind(2, id).Bind(3, q.min_step).Bind(4, max_step);
-      CL_ASSIGN_OR_RETURN(bool row, st.Step());
-      s.total_points = row ? st.ColumnInt(0) : 0;
-    }
-    // Evenly spaced by rank: keep rank i when i % stride == 0, plus the last.
-    const int64_t max_points = std::max<int64_t>(2, per_series_cap);
-    const int64_t stride = s.total_points <= max_points ? 1 : (s.total_points - 2) / (max_points - 1) + 1;
-    CL_ASSIGN_OR_RETURN(Statement st, r->Prepare("SELECT step, value FROM metrics WHERE run_id = ? AND name_id = ? "
-                                                 "AND step BETWEEN ? AND ? ORDER BY step"));
-    st.Bind(1, run_id).Bind(2, id).Bind(3, q.min_step).Bind(4, max_step);
-    int64_t rank = 0;
-    while (true) {
-      CL_ASSIGN_OR_RETURN(bool more, st.Step());
-      if (!more) break;
-      if (rank % stride == 0 || rank == s.total_points - 1) {
-        s.steps.push_back(st.ColumnInt(0));
-        s.values.push_back(st.ColumnDouble(1));
-      }
-      ++rank;
-    }
+    CL_RETURN_IF_ERROR(ReadDownsampled(
+        *r, "SELECT count(*) FROM metrics WHERE run_id = ? AND name_id = ? AND step BETWEEN ? AND ?",
+        "SELECT step, value FROM metrics WHERE run_id = ? AND name_id = ? AND step BETWEEN ? AND ? ORDER BY step",
+        {run_id, id}, q.min_step, max_step, per_series_cap, s.steps, s.values, s.total_points));
     out.push_back(std::move(s));
   }
   return out;
@@ -632,13 +669,18 @@ absl::StatusOr<std::map<std::string, double>> Store::LatestMetrics(int64_t run_i
 }
 
 absl::StatusOr<std::optional<Checkpoint>> Store::LatestCheckpoint(int64_t run_id) {
+  return CheckpointAt(run_id, -1);
+}
+
+absl::StatusOr<std::optional<Checkpoint>> Store::CheckpointAt(int64_t run_id, int64_t step) {
   std::string path;
-  int64_t step = 0, size = 0, checksum = 0;
+  int64_t size = 0, checksum = 0;
   {
     CL_ASSIGN_OR_RETURN(Impl::Reader r, impl_->AcquireReader());
+    // step < 0 means the newest.
     CL_ASSIGN_OR_RETURN(Statement st, r->Prepare("SELECT step, path, size_bytes, checksum FROM checkpoints WHERE "
-                                                 "run_id = ? ORDER BY step DESC LIMIT 1"));
-    st.Bind(1, run_id);
+                                                 "run_id = ?1 AND (?2 < 0 OR step = ?2) ORDER BY step DESC LIMIT 1"));
+    st.Bind(1, run_id).Bind(2, step);
     CL_ASSIGN_OR_RETURN(bool found, st.Step());
     if (!found) return std::optional<Checkpoint>();
     step = st.ColumnInt(0);
@@ -651,6 +693,147 @@ absl::StatusOr<std::optional<Checkpoint>> Store::LatestCheckpoint(int64_t run_id
     return absl::DataLossError("checkpoint " + path + " does not match its checksum");
   }
   return std::optional<Checkpoint>(Checkpoint{step, std::move(bytes)});
+}
+
+absl::StatusOr<std::vector<int64_t>> Store::CheckpointSteps(int64_t run_id) {
+  CL_ASSIGN_OR_RETURN(Impl::Reader r, impl_->AcquireReader());
+  CL_ASSIGN_OR_RETURN(Statement st, r->Prepare("SELECT step FROM checkpoints WHERE run_id = ? ORDER BY step"));
+  st.Bind(1, run_id);
+  std::vector<int64_t> steps;
+  while (true) {
+    CL_ASSIGN_OR_RETURN(bool more, st.Step());
+    if (!more) break;
+    steps.push_back(st.ColumnInt(0));
+  }
+  return steps;
+}
+
+absl::StatusOr<std::vector<int64_t>> Store::PutCoordinateDefs(int64_t run_id, const std::string& selection,
+                                                              const std::vector<CoordinateDefRow>& defs) {
+  std::vector<int64_t> ids;
+  CL_RETURN_IF_ERROR(impl_->Write([&](Connection& c) -> absl::Status {
+    ids.clear();
+    {
+      CL_ASSIGN_OR_RETURN(Statement st, c.Prepare("SELECT coord_id FROM coordinate_defs WHERE run_id = ? AND "
+                                                  "selection = ? ORDER BY coord_index"));
+      st.Bind(1, run_id).Bind(2, selection);
+      while (true) {
+        CL_ASSIGN_OR_RETURN(bool more, st.Step());
+        if (!more) break;
+        ids.push_back(st.ColumnInt(0));
+      }
+    }
+    if (!ids.empty()) {
+      if (ids.size() != defs.size()) {
+        return absl::FailedPreconditionError("run r" + std::to_string(run_id) + " already has " +
+                                             std::to_string(ids.size()) + " " + selection + " coordinates, not " +
+                                             std::to_string(defs.size()));
+      }
+      return absl::OkStatus();
+    }
+    for (const CoordinateDefRow& d : defs) {
+      CL_ASSIGN_OR_RETURN(Statement st, c.Prepare("INSERT INTO coordinate_defs(run_id, selection, coord_index, label, "
+                                                  "canonical, matrix, layer, head, block_q, block_k, element, norm, "
+                                                  "gauge) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)"));
+      st.Bind(1, run_id).Bind(2, selection).Bind(3, int64_t{d.index}).Bind(4, d.label).Bind(5, d.canonical);
+      st.Bind(6, d.matrix).Bind(7, int64_t{d.layer}).Bind(8, int64_t{d.head}).Bind(9, d.block_q).Bind(10, d.block_k);
+      st.Bind(11, d.element).Bind(12, d.norm).Bind(13, int64_t{d.gauge ? 1 : 0});
+      CL_RETURN_IF_ERROR(st.Run());
+      ids.push_back(c.LastInsertRowId());
+    }
+    return absl::OkStatus();
+  }));
+  return ids;
+}
+
+void Store::AppendCoordinates(int64_t run_id, int64_t step, std::vector<int64_t> ids, std::vector<double> values) {
+  if (ids.empty()) return;
+  impl_->Submit(
+      [run_id, step, ids = std::move(ids), values = std::move(values)](Connection& c) -> absl::Status {
+        for (size_t i = 0; i < ids.size() && i < values.size(); ++i) {
+          CL_ASSIGN_OR_RETURN(Statement st, c.Prepare("INSERT OR REPLACE INTO coordinates(coord_id, step, run_id, "
+                                                      "value) VALUES (?, ?, ?, ?)"));
+          st.Bind(1, ids[i]).Bind(2, step).Bind(3, run_id).Bind(4, values[i]);
+          CL_RETURN_IF_ERROR(st.Run());
+        }
+        return absl::OkStatus();
+      },
+      /*sync=*/false);
+}
+
+absl::StatusOr<std::vector<CoordinateSeries>> Store::GetTrajectory(int64_t run_id, const TrajectoryQuery& q) {
+  CL_ASSIGN_OR_RETURN(Impl::Reader r, impl_->AcquireReader());
+  std::vector<CoordinateDefRow> defs;
+  {
+    CL_ASSIGN_OR_RETURN(Statement st, r->Prepare(std::string("SELECT ") + kCoordinateDefColumns +
+                                                 " FROM coordinate_defs WHERE run_id = ? AND selection = ? "
+                                                 "ORDER BY coord_index"));
+    st.Bind(1, run_id).Bind(2, q.selection);
+    while (true) {
+      CL_ASSIGN_OR_RETURN(bool more, st.Step());
+      if (!more) break;
+      CoordinateDefRow d = ReadCoordinateDef(st);
+      const bool wanted = q.names.empty() ||
+                          std::find(q.names.begin(), q.names.end(), d.label) != q.names.end() ||
+                          (!d.canonical.empty() && std::find(q.names.begin(), q.names.end(), d.canonical) !=
+                                                       q.names.end());
+      if (wanted) defs.push_back(std::move(d));
+    }
+  }
+  const int64_t max_step = q.max_step > 0 ? q.max_step : std::numeric_limits<int64_t>::max();
+  const int64_t cap =
+      std::min<int64_t>(q.max_points, q.max_total_points / std::max<int64_t>(1, static_cast<int64_t>(defs.size())));
+  std::vector<CoordinateSeries> out;
+  for (CoordinateDefRow& d : defs) {
+    CoordinateSeries s;
+    CL_RETURN_IF_ERROR(ReadDownsampled(
+        *r, "SELECT count(*) FROM coordinates WHERE coord_id = ? AND step BETWEEN ? AND ?",
+        "SELECT step, value FROM coordinates WHERE coord_id = ? AND step BETWEEN ? AND ? ORDER BY step", {d.id},
+        q.min_step, max_step, cap, s.steps, s.values, s.total_points));
+    s.def = std::move(d);
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<std::pair<CoordinateDefRow, double>>> Store::CoordinatesAt(int64_t run_id,
+                                                                                        const std::string& selection,
+                                                                                        int64_t step) {
+  CL_ASSIGN_OR_RETURN(Impl::Reader r, impl_->AcquireReader());
+  CL_ASSIGN_OR_RETURN(Statement st,
+                      r->Prepare(std::string("SELECT c.value, ") + kCoordinateDefColumns +
+                                 " FROM coordinates c JOIN coordinate_defs USING (coord_id) WHERE c.run_id = ? AND "
+                                 "c.step = ? AND selection = ? ORDER BY coord_index"));
+  st.Bind(1, run_id).Bind(2, step).Bind(3, selection);
+  std::vector<std::pair<CoordinateDefRow, double>> out;
+  while (true) {
+    CL_ASSIGN_OR_RETURN(bool more, st.Step());
+    if (!more) break;
+    out.emplace_back(ReadCoordinateDef(st, 1), st.ColumnDouble(0));
+  }
+  return out;
+}
+
+absl::Status Store::PutAnalysis(int64_t run_id, const std::string& kind, int64_t request_hash,
+                                const std::string& request, const std::string& result) {
+  const int64_t now = Clock::Real()->NowMicros();
+  return impl_->Write([&](Connection& c) -> absl::Status {
+    CL_ASSIGN_OR_RETURN(Statement st, c.Prepare("INSERT OR REPLACE INTO analyses(run_id, kind, request_hash, request, "
+                                                "result, created_at) VALUES (?, ?, ?, ?, ?, ?)"));
+    st.Bind(1, run_id).Bind(2, kind).Bind(3, request_hash).BindBlob(4, request).BindBlob(5, result).Bind(6, now);
+    return st.Run();
+  });
+}
+
+absl::StatusOr<std::optional<std::string>> Store::GetAnalysis(int64_t run_id, const std::string& kind,
+                                                              int64_t request_hash) {
+  CL_ASSIGN_OR_RETURN(Impl::Reader r, impl_->AcquireReader());
+  CL_ASSIGN_OR_RETURN(Statement st, r->Prepare("SELECT result FROM analyses WHERE run_id = ? AND kind = ? AND "
+                                               "request_hash = ?"));
+  st.Bind(1, run_id).Bind(2, kind).Bind(3, request_hash);
+  CL_ASSIGN_OR_RETURN(bool found, st.Step());
+  if (!found) return std::optional<std::string>();
+  return std::optional<std::string>(st.ColumnBlob(0));
 }
 
 }  // namespace circuitlab::store

@@ -133,6 +133,33 @@ struct Checkpoint {
   std::string bytes;
 };
 
+// One coordinate of a run's basis (engine::CoordinateDef, as rows).
+struct CoordinateDefRow {
+  int64_t id = 0;  // assigned by the store
+  int32_t index = 0;
+  std::string label, canonical, matrix;
+  int layer = 0, head = 0;
+  std::string block_q, block_k, element;
+  double norm = 0;
+  bool gauge = false;
+};
+
+struct TrajectoryQuery {
+  std::string selection = "paper";
+  std::vector<std::string> names;  // labels or canonical names; empty = all
+  int64_t min_step = 0;
+  int64_t max_step = 0;  // 0 = unbounded
+  int max_points = 10000;
+  int64_t max_total_points = 2'000'000;
+};
+
+struct CoordinateSeries {
+  CoordinateDefRow def;
+  std::vector<int64_t> steps;
+  std::vector<double> values;
+  int64_t total_points = 0;
+};
+
 class Store {
  public:
   // Opens or creates the store under `data_dir`, applies pending migrations and
@@ -157,6 +184,16 @@ class Store {
   // Writes the checkpoint file atomically (temp + fsync + rename), then its
   // row, then deletes checkpoints beyond the newest `keep` (0 = keep all).
   absl::Status PutCheckpoint(int64_t run_id, int64_t step, const std::string& bytes, int keep);
+  // Stores the coordinate definitions of (run, selection) once and returns
+  // their ids in index order; a second call with the same number of
+  // definitions returns the stored ids (a resumed run), a different number
+  // is FailedPrecondition.
+  absl::StatusOr<std::vector<int64_t>> PutCoordinateDefs(int64_t run_id, const std::string& selection,
+                                                         const std::vector<CoordinateDefRow>& defs);
+  // Batched: coordinate values at `step` (ids from PutCoordinateDefs).
+  void AppendCoordinates(int64_t run_id, int64_t step, std::vector<int64_t> ids, std::vector<double> values);
+  absl::Status PutAnalysis(int64_t run_id, const std::string& kind, int64_t request_hash, const std::string& request,
+                           const std::string& result);
   // Waits until everything queued so far is committed.
   absl::Status Flush();
 
@@ -171,6 +208,19 @@ class Store {
   // The newest checkpoint, verified against its checksum (DataLoss if it does
   // not match); nullopt when the run has none.
   absl::StatusOr<std::optional<Checkpoint>> LatestCheckpoint(int64_t run_id);
+  // The checkpoint at exactly `step` (verified); nullopt when there is none.
+  absl::StatusOr<std::optional<Checkpoint>> CheckpointAt(int64_t run_id, int64_t step);
+  // Steps that have checkpoints, ascending.
+  absl::StatusOr<std::vector<int64_t>> CheckpointSteps(int64_t run_id);
+  // Coordinate series of a run, in index order, downsampled like GetMetrics.
+  absl::StatusOr<std::vector<CoordinateSeries>> GetTrajectory(int64_t run_id, const TrajectoryQuery& q);
+  // Every coordinate of (run, selection) at one step, in index order.
+  absl::StatusOr<std::vector<std::pair<CoordinateDefRow, double>>> CoordinatesAt(int64_t run_id,
+                                                                                 const std::string& selection,
+                                                                                 int64_t step);
+  // A stored analysis result; nullopt when none.
+  absl::StatusOr<std::optional<std::string>> GetAnalysis(int64_t run_id, const std::string& kind,
+                                                         int64_t request_hash);
 
   const std::string& data_dir() const;
 

@@ -10,6 +10,7 @@
 #include "client/lib/client.h"
 #include "server/engine/engine.h"
 #include "server/rpc/server.h"
+#include "server/scheduler/analysis_core.h"
 #include "server/scheduler/scheduler.h"
 #include "server/store/store.h"
 #include "tests/test_util/fake_executor.h"
@@ -46,9 +47,10 @@ class Server {
     opts.epoch = "epoch-" + std::to_string(reinterpret_cast<uintptr_t>(this));
     opts.heartbeat = std::chrono::milliseconds(200);
     scheduler_ = std::make_unique<scheduler::Scheduler>(opts, store_.get(), executor, Clock::Real());
+    analysis_ = std::make_unique<scheduler::AnalysisCore>(store_.get(), analyzer_.get());
     EXPECT_TRUE(scheduler_->Start().ok());
     server_opts.listen = "127.0.0.1:0";
-    auto server = rpc::GrpcServer::Start(server_opts, scheduler_.get());
+    auto server = rpc::GrpcServer::Start(server_opts, scheduler_.get(), analysis_.get());
     EXPECT_TRUE(server.ok()) << server.status();
     server_ = std::move(*server);
   }
@@ -62,7 +64,9 @@ class Server {
 
  private:
   std::unique_ptr<store::Store> store_;
+  std::unique_ptr<engine::Analyzer> analyzer_ = engine::MakeTorchAnalyzer();
   std::unique_ptr<scheduler::Scheduler> scheduler_;
+  std::unique_ptr<scheduler::AnalysisCore> analysis_;
   std::unique_ptr<rpc::GrpcServer> server_;
 };
 
@@ -175,6 +179,77 @@ TEST(IntegrationTest, SubmitWatchAndQueryMetrics) {
   ASSERT_TRUE(c.Watch(req, [&](const v1::RunEvent& ev) { events.push_back(ev); }, stop).ok());
   ASSERT_EQ(events.size(), 1u);
   EXPECT_EQ(events[0].snapshot().state(), v1::RUN_STATE_SUCCEEDED);
+}
+
+// Coordinates recorded during training and the projection of the final
+// checkpoint agree; a second projection comes from the store.
+TEST(IntegrationTest, CoordinatesOverTrainingAndCheckpointProjection) {
+  TempDir dir;
+  auto exec = engine::MakeTorchExecutor();
+  Server server(dir.path(), exec.get());
+  auto c = MakeClient(server.address());
+  v1::ExperimentSpec spec = TinySpec(60);
+  spec.mutable_recording()->set_coordinates_every(20);
+  spec.mutable_recording()->set_complete_coordinates(true);
+  auto run = c.SubmitRun(spec);
+  ASSERT_TRUE(run.ok());
+  ASSERT_EQ(WaitForEnd(c, run->run_id()), v1::RUN_STATE_SUCCEEDED);
+
+  v1::GetTrajectoryRequest traj;
+  traj.set_run_id(run->run_id());
+  traj.add_names("alpha");
+  traj.add_names("beta");
+  traj.add_names("gamma");
+  traj.add_names("delta");
+  auto t = c.GetTrajectory(traj);
+  ASSERT_TRUE(t.ok()) << t.status();
+  ASSERT_EQ(t->series_size(), 4);
+  EXPECT_EQ(t->series(0).coordinate().label(), "L1H1:[∅→∅]:S_1");
+  EXPECT_EQ(t->series(0).steps_size(), 4);  // steps 0, 20, 40, 60
+  EXPECT_EQ(t->series(0).steps(3), 60u);
+  traj.clear_names();
+  EXPECT_EQ(c.GetTrajectory(traj)->series_size(), 28);  // 4 + 16 + 8 with the relation C
+  traj.set_selection(v1::BASIS_SELECTION_COMPLETE);
+  auto complete = c.GetTrajectory(traj);
+  EXPECT_GT(complete->series_size(), 100);
+
+  v1::ProjectCheckpointRequest proj;
+  proj.set_run_id(run->run_id());
+  auto p = c.ProjectCheckpoint(proj);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->step(), 60u);
+  EXPECT_FALSE(p->from_store());
+  ASSERT_EQ(p->coordinates_size(), 28);
+  for (int i = 0; i < 4; ++i) {
+    const auto& s = t->series(i);
+    const std::string& label = s.coordinate().label();
+    for (const auto& coord : p->coordinates()) {
+      if (coord.label() == label) {
+        EXPECT_NEAR(coord.value(), s.values(s.values_size() - 1), 1e-9) << label;
+      }
+    }
+  }
+  EXPECT_GT(p->rho(), p->rho_complete()) << "the paper set is a subspace of the complete set";
+  v1::GetMetricsRequest m;
+  m.set_run_id(run->run_id());
+  m.add_names("manifold/rho");
+  auto rho = c.GetMetrics(m);
+  ASSERT_EQ(rho->series_size(), 1);
+  EXPECT_NEAR(rho->series(0).values(rho->series(0).values_size() - 1), p->rho_complete(), 1e-9);
+
+  auto again = c.ProjectCheckpoint(proj);
+  EXPECT_TRUE(again->from_store());
+  EXPECT_EQ(again->rho(), p->rho());
+  proj.set_force(true);
+  EXPECT_FALSE(c.ProjectCheckpoint(proj)->from_store());
+  proj.set_step(13);
+  auto missing = c.ProjectCheckpoint(proj);
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(missing.status().message().find("checkpoints at steps: 20, 40, 60"), std::string::npos)
+      << missing.status();
+  proj.set_step(0);
+  proj.set_selection(static_cast<v1::BasisSelection>(9));
+  EXPECT_EQ(c.ProjectCheckpoint(proj).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(IntegrationTest, CancelMidRunAndDroppingAWatchNeverCancels) {

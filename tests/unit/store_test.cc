@@ -183,6 +183,77 @@ TEST(StoreTest, CheckpointsAreAtomicVerifiedAndPruned) {
   EXPECT_EQ((*store)->LatestCheckpoint(*id).status().code(), absl::StatusCode::kDataLoss);
 }
 
+TEST(StoreTest, CoordinatesAreDescribedOnceAndQueriedBySeriesAndByStep) {
+  TempDir dir;
+  auto store = Store::Open(dir.path());
+  ASSERT_TRUE(store.ok());
+  const int64_t id = *(*store)->InsertRun(SampleRun("coords"));
+  std::vector<CoordinateDefRow> defs;
+  for (int i = 0; i < 5; ++i) {
+    CoordinateDefRow d;
+    d.index = i;
+    d.label = "L1H1:[∅→∅]:S_" + std::to_string(i);
+    d.canonical = i == 1 ? "alpha" : "";
+    d.matrix = "L1H1";
+    d.layer = 1;
+    d.head = 1;
+    d.element = "S_" + std::to_string(i);
+    d.norm = 4.0;
+    defs.push_back(d);
+  }
+  auto ids = (*store)->PutCoordinateDefs(id, "paper", defs);
+  ASSERT_TRUE(ids.ok()) << ids.status();
+  ASSERT_EQ(ids->size(), 5u);
+  // A resumed run describes its basis again: same ids, nothing duplicated.
+  auto again = (*store)->PutCoordinateDefs(id, "paper", defs);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(*again, *ids);
+  defs.pop_back();
+  EXPECT_EQ((*store)->PutCoordinateDefs(id, "paper", defs).status().code(), absl::StatusCode::kFailedPrecondition);
+
+  for (int step = 0; step <= 100; step += 10) {
+    std::vector<double> values;
+    for (int i = 0; i < 5; ++i) values.push_back(step * 0.01 * i);
+    (*store)->AppendCoordinates(id, step, *ids, values);
+  }
+  ASSERT_TRUE((*store)->Flush().ok());
+
+  TrajectoryQuery q;
+  q.names = {"alpha", "L1H1:[∅→∅]:S_3"};
+  auto series = (*store)->GetTrajectory(id, q);
+  ASSERT_TRUE(series.ok()) << series.status();
+  ASSERT_EQ(series->size(), 2u);
+  EXPECT_EQ((*series)[0].def.canonical, "alpha");
+  EXPECT_EQ((*series)[0].steps.size(), 11u);
+  EXPECT_DOUBLE_EQ((*series)[1].values.back(), 3.0);
+  q.names.clear();
+  q.selection = "complete";
+  EXPECT_TRUE((*store)->GetTrajectory(id, q)->empty());
+
+  auto at = (*store)->CoordinatesAt(id, "paper", 50);
+  ASSERT_TRUE(at.ok());
+  ASSERT_EQ(at->size(), 5u);
+  EXPECT_EQ((*at)[2].first.element, "S_2");
+  EXPECT_DOUBLE_EQ((*at)[2].second, 1.0);
+}
+
+TEST(StoreTest, AnalysesAreStoredByRequestHash) {
+  TempDir dir;
+  auto store = Store::Open(dir.path());
+  ASSERT_TRUE(store.ok());
+  const int64_t id = *(*store)->InsertRun(SampleRun("analyses"));
+  EXPECT_FALSE((*store)->GetAnalysis(id, "project", 42)->has_value());
+  ASSERT_TRUE((*store)->PutAnalysis(id, "project", 42, "request", "result-1").ok());
+  ASSERT_TRUE((*store)->PutAnalysis(id, "project", 42, "request", "result-2").ok());  // forced recompute
+  EXPECT_EQ(**(*store)->GetAnalysis(id, "project", 42), "result-2");
+  EXPECT_FALSE((*store)->GetAnalysis(id, "project", 43)->has_value());
+  ASSERT_TRUE((*store)->PutCheckpoint(id, 5, "five", 0).ok());
+  ASSERT_TRUE((*store)->PutCheckpoint(id, 9, "nine", 0).ok());
+  EXPECT_EQ((*(*store)->CheckpointAt(id, 5))->bytes, "five");
+  EXPECT_FALSE((*store)->CheckpointAt(id, 6)->has_value());
+  EXPECT_EQ(*(*store)->CheckpointSteps(id), (std::vector<int64_t>{5, 9}));
+}
+
 TEST(StoreTest, SecondOpenOfTheSameDirectoryIsRefused) {
   TempDir dir;
   auto first = Store::Open(dir.path());

@@ -240,6 +240,22 @@ Batch AssocRecallTask::Sample(int64_t B, SampleMode mode, torch::Generator& gen)
   return out;
 }
 
+TaskSymmetry AssocRecallTask::Symmetry() const {
+  TaskSymmetry s;
+  s.class_names = {"FILL", "SEP", "QRY", "GIVE", "common", "rare", "heldout"};
+  s.token_class.resize(vocab_);
+  for (int64_t t = 0; t < vocab_; ++t) {
+    s.token_class[t] = t < kNumSpecials ? static_cast<int>(t) : t < rare_begin() ? 4 : t < heldout_begin() ? 5 : 6;
+  }
+  s.partner.assign(partner_.data_ptr<int64_t>(), partner_.data_ptr<int64_t>() + vocab_);
+  s.heldout.resize(vocab_);
+  for (int64_t t = 0; t < vocab_; ++t) s.heldout[t] = t >= heldout_begin();
+  s.positions = num_positions();
+  s.cyclic_positions = !cfg_.absolute_positions;
+  s.block_length = cfg_.block_length;
+  return s;
+}
+
 std::vector<EvalSetInfo> EvalSets(const AssocRecallTask& task) {
   std::vector<EvalSetInfo> sets;
   const std::pair<SampleMode, const char*> all[] = {{SampleMode::kIclRare, "icl_rare"},

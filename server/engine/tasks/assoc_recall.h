@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "circuitlab/v1/spec.pb.h"
+#include "server/engine/manifold/basis.h"
 
 namespace circuitlab::engine {
 
@@ -76,6 +77,12 @@ class AssocRecallTask {
   // config cannot express (see Supports) must not be asked for.
   Batch Sample(int64_t batch, SampleMode mode, torch::Generator& gen) const;
   bool Supports(SampleMode mode) const;
+
+  // The symmetry group of the data (SCIENCE.md A.1, G.5): classes FILL, SEP,
+  // QRY, GIVE (singletons; unused ones are their own class), common (with the
+  // fixed pairing), rare, held-out; cyclic position shifts in BLOCK_OFFSET
+  // mode, none in ABSOLUTE mode.
+  TaskSymmetry Symmetry() const;
 
   int64_t vocab_size() const { return vocab_; }
   int64_t num_positions() const;  // P (position vocabulary)

@@ -16,7 +16,6 @@ constexpr int64_t kCheckpointFormat = 1;
 torch::Generator MakeGenerator(uint64_t seed) { return at::make_generator<at::CPUGeneratorImpl>(seed); }
 
 // Seeds of one member, by purpose (SCIENCE.md 0.3).
-uint64_t PoolSeed(uint64_t seed) { return DeriveSeed63(seed, "pool"); }
 uint64_t InitSeed(uint64_t seed) { return DeriveSeed63(seed, "init"); }
 uint64_t BatchSeed(uint64_t seed, int64_t step) { return DeriveSeed63(seed, "batch", static_cast<uint64_t>(step)); }
 uint64_t EvalSeed(uint64_t seed, SampleMode mode) {
@@ -57,7 +56,7 @@ EnsembleTrainer::EnsembleTrainer(const v1::ExperimentSpec& spec, std::vector<uin
                                  torch::Device device)
     : spec_(spec), seeds_(std::move(member_seeds)), device_(device) {
   const AssocRecallConfig task_cfg = AssocRecallConfig::FromSpec(spec_);
-  for (uint64_t seed : seeds_) tasks_.emplace_back(task_cfg, PoolSeed(seed));
+  for (uint64_t seed : seeds_) tasks_.emplace_back(task_cfg, PoolSeedOf(seed));
 
   const auto& m = spec_.model().imir();
   ImirModelConfig model_cfg;
@@ -217,6 +216,33 @@ std::string EnsembleTrainer::SaveCheckpoint() const {
   std::ostringstream out;
   archive.save_to(out);
   return out.str();
+}
+
+uint64_t PoolSeedOf(uint64_t member_seed) { return DeriveSeed63(member_seed, "pool"); }
+
+absl::Status LoadWeights(const std::string& checkpoint, ImirModel& model) {
+  torch::serialize::InputArchive archive;
+  std::istringstream in(checkpoint);
+  archive.load_from(in, torch::kCPU);
+  torch::Tensor format;
+  archive.read("format", format);
+  if (format.item<int64_t>() != kCheckpointFormat) {
+    return absl::InvalidArgumentError("checkpoint format " + std::to_string(format.item<int64_t>()) +
+                                      " is not supported");
+  }
+  const auto names = model.parameter_names();
+  const auto params = model.parameters();
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < params.size(); ++i) {
+    torch::Tensor t;
+    archive.read("param/" + names[i], t);
+    if (!t.sizes().equals(params[i].sizes())) {
+      return absl::InvalidArgumentError("checkpoint parameter " + names[i] + " has shape " +
+                                        c10::str(t.sizes()) + ", the spec's model " + c10::str(params[i].sizes()));
+    }
+    params[i].copy_(t);
+  }
+  return absl::OkStatus();
 }
 
 absl::Status EnsembleTrainer::LoadCheckpoint(const std::string& bytes) {

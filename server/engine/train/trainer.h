@@ -27,6 +27,13 @@
 
 namespace circuitlab::engine {
 
+// Seed of a member's fixed task pool (common pairs, Zipf ranks).
+uint64_t PoolSeedOf(uint64_t member_seed);
+
+// Reads only the weights of a checkpoint into `model` (no optimiser, no
+// evaluation sets). InvalidArgument when shapes or format do not match.
+absl::Status LoadWeights(const std::string& checkpoint, ImirModel& model);
+
 class EnsembleTrainer {
  public:
   // `spec` must be resolved. One member per seed.

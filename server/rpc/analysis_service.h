@@ -1,0 +1,29 @@
+// AnalysisService handlers (callback API): thin adapters over AnalysisCore.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <string>
+
+#include "circuitlab/v1/analysis_service.grpc.pb.h"
+#include "server/scheduler/analysis_core.h"
+
+namespace circuitlab::rpc {
+
+class AnalysisServiceImpl final : public v1::AnalysisService::CallbackService {
+ public:
+  AnalysisServiceImpl(scheduler::AnalysisCore* core, std::string auth_token)
+      : core_(core), auth_token_(std::move(auth_token)) {}
+
+  grpc::ServerUnaryReactor* ProjectCheckpoint(grpc::CallbackServerContext* ctx,
+                                              const v1::ProjectCheckpointRequest* req,
+                                              v1::ProjectCheckpointResponse* resp) override;
+  grpc::ServerUnaryReactor* GetTrajectory(grpc::CallbackServerContext* ctx, const v1::GetTrajectoryRequest* req,
+                                          v1::GetTrajectoryResponse* resp) override;
+
+ private:
+  scheduler::AnalysisCore* const core_;
+  const std::string auth_token_;
+};
+
+}  // namespace circuitlab::rpc
