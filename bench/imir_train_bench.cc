@@ -15,6 +15,7 @@
 #include "client/lib/client.h"
 #include "server/common/seeds.h"
 #include "server/engine/engine.h"
+#include "server/engine/manifold/projection.h"
 #include "server/engine/spec.h"
 #include "server/engine/train/trainer.h"
 
@@ -48,12 +49,14 @@ int main(int argc, char** argv) {
   std::string spec_path;
   int steps = 200, warmup = 20, threads = 1, fixed_batches = 8;
   std::string dump;
+  std::vector<int> project_every = {100, 10, 1};
   app.add_option("--spec", spec_path, "ExperimentSpec JSON")->required()->check(CLI::ExistingFile);
   app.add_option("--steps", steps, "Timed steps");
   app.add_option("--warmup", warmup, "Untimed steps first");
   app.add_option("--threads", threads, "Intra-op threads");
   app.add_option("--fixed-batches", fixed_batches, "Pre-generated batches cycled in mode (b)");
   app.add_option("--dump", dump, "Write the fixed batches here for the Python peer");
+  app.add_option("--project-every", project_every, "Report the projection overhead at these recording intervals");
   CLI11_PARSE(app, argc, argv);
 
   ce::ConfigureRuntime(threads);
@@ -72,6 +75,34 @@ int main(int argc, char** argv) {
   for (int i = 0; i < steps; ++i) trainer.Step(false);
   auto t1 = std::chrono::steady_clock::now();
   const double full = steps / Seconds(t0, t1);
+
+  // (d) the IMIR projection onto the paper and complete bases, as the server
+  // records it.
+  const ce::Projector paper(ce::BuildBasis(trainer.task(0).Symmetry(), spec->model().imir().num_layers(),
+                                           spec->model().imir().num_heads(), ce::Selection::kPaper));
+  const ce::Projector complete(ce::BuildBasis(trainer.task(0).Symmetry(), spec->model().imir().num_layers(),
+                                              spec->model().imir().num_heads(), ce::Selection::kComplete));
+  // Projection time against step time, interleaved so machine noise hits
+  // both alike: overhead at "every N steps" = t_project / (N t_step).
+  double step_s = 0, project_s = 0;
+  for (int i = 0; i < steps; ++i) {
+    auto s0 = std::chrono::steady_clock::now();
+    trainer.Step(false);
+    auto s1 = std::chrono::steady_clock::now();
+    paper.Project(trainer.model(), 0);
+    complete.Project(trainer.model(), 0);
+    auto s2 = std::chrono::steady_clock::now();
+    step_s += Seconds(s0, s1);
+    project_s += Seconds(s1, s2);
+  }
+  std::string projected;
+  for (int every : project_every) {
+    if (every <= 0) continue;
+    char buf[64];
+    std::snprintf(buf, sizeof(buf), "%s\"%d\": %.4f", projected.empty() ? "" : ", ", every,
+                  project_s / (every * step_s));
+    projected += buf;
+  }
 
   // (c) one evaluation pass over every evaluation set.
   auto e0 = std::chrono::steady_clock::now();
@@ -109,9 +140,10 @@ int main(int argc, char** argv) {
 
   std::printf(
       "{\"impl\": \"cpp\", \"threads\": %d, \"batch\": %u, \"seq_len\": %lld, \"d0\": %lld, \"layers\": %u, "
-      "\"full_steps_per_s\": %.2f, \"model_steps_per_s\": %.2f, \"eval_pass_s\": %.3f}\n",
+      "\"full_steps_per_s\": %.2f, \"model_steps_per_s\": %.2f, \"eval_pass_s\": %.3f, "
+      "\"step_ms\": %.3f, \"projection_ms\": %.3f, \"projection_overhead_every\": {%s}}\n",
       threads, spec->training().batch_size(), static_cast<long long>(task.seq_len()),
       static_cast<long long>(task.vocab_size() + task.num_positions()), m.num_layers(), full, model_only,
-      Seconds(e0, e1));
+      Seconds(e0, e1), 1000 * step_s / steps, 1000 * project_s / steps, projected.c_str());
   return 0;
 }

@@ -28,14 +28,14 @@ class ManifoldRecorder {
         store_complete_(store_complete) {}
 
   absl::Status Announce(TrainObserver& observer) const {
-    if (absl::Status s = observer.OnBasis(paper_); !s.ok()) return s;
-    return store_complete_ ? observer.OnBasis(complete_) : absl::OkStatus();
+    if (absl::Status s = observer.OnBasis(paper_.basis()); !s.ok()) return s;
+    return store_complete_ ? observer.OnBasis(complete_.basis()) : absl::OkStatus();
   }
 
   // Appends the step's rho metrics to `metrics`.
   void Record(int64_t step, const ImirModel& model, TrainObserver& observer, std::vector<Metric>& metrics) const {
-    const Projection paper = Project(model, 0, paper_);
-    const Projection complete = Project(model, 0, complete_);
+    const Projection paper = paper_.Project(model, 0);
+    const Projection complete = complete_.Project(model, 0);
     observer.OnCoordinates(step, Selection::kPaper, paper.values);
     if (store_complete_) observer.OnCoordinates(step, Selection::kComplete, complete.values);
     metrics.push_back({"manifold/rho", complete.rho()});
@@ -44,7 +44,7 @@ class ManifoldRecorder {
   }
 
  private:
-  Basis paper_, complete_;
+  Projector paper_, complete_;
   bool store_complete_;
 };
 

@@ -814,6 +814,30 @@ absl::StatusOr<std::vector<std::pair<CoordinateDefRow, double>>> Store::Coordina
   return out;
 }
 
+absl::StatusOr<std::vector<Store::LastValue>> Store::LastCoordinateOfRuns(const std::vector<int64_t>& run_ids,
+                                                                         const std::string& selection,
+                                                                         const std::string& label) {
+  std::string ids = "[";
+  for (size_t i = 0; i < run_ids.size(); ++i) ids += (i ? "," : "") + std::to_string(run_ids[i]);
+  ids += "]";
+  CL_ASSIGN_OR_RETURN(Impl::Reader r, impl_->AcquireReader());
+  // coordinate_defs_by_label finds each run's coordinate; the coordinates
+  // primary key (coord_id, step) finds its last step.
+  CL_ASSIGN_OR_RETURN(Statement st,
+                      r->Prepare("SELECT d.run_id, c.step, c.value FROM coordinate_defs d JOIN coordinates c ON "
+                                 "c.coord_id = d.coord_id AND c.step = (SELECT max(step) FROM coordinates WHERE "
+                                 "coord_id = d.coord_id) WHERE d.run_id IN (SELECT value FROM json_each(?1)) AND "
+                                 "d.selection = ?2 AND d.label = ?3 ORDER BY d.run_id"));
+  st.Bind(1, ids).Bind(2, selection).Bind(3, label);
+  std::vector<LastValue> out;
+  while (true) {
+    CL_ASSIGN_OR_RETURN(bool more, st.Step());
+    if (!more) break;
+    out.push_back({st.ColumnInt(0), st.ColumnInt(1), st.ColumnDouble(2)});
+  }
+  return out;
+}
+
 absl::Status Store::PutAnalysis(int64_t run_id, const std::string& kind, int64_t request_hash,
                                 const std::string& request, const std::string& result) {
   const int64_t now = Clock::Real()->NowMicros();

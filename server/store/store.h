@@ -218,6 +218,14 @@ class Store {
   absl::StatusOr<std::vector<std::pair<CoordinateDefRow, double>>> CoordinatesAt(int64_t run_id,
                                                                                  const std::string& selection,
                                                                                  int64_t step);
+  // Coordinate `label` at the last recorded step of each of `run_ids` (one
+  // query; runs without it are left out): (run_id, step, value).
+  struct LastValue {
+    int64_t run_id = 0, step = 0;
+    double value = 0;
+  };
+  absl::StatusOr<std::vector<LastValue>> LastCoordinateOfRuns(const std::vector<int64_t>& run_ids,
+                                                              const std::string& selection, const std::string& label);
   // A stored analysis result; nullopt when none.
   absl::StatusOr<std::optional<std::string>> GetAnalysis(int64_t run_id, const std::string& kind,
                                                          int64_t request_hash);

@@ -230,6 +230,18 @@ TEST(StoreTest, CoordinatesAreDescribedOnceAndQueriedBySeriesAndByStep) {
   q.selection = "complete";
   EXPECT_TRUE((*store)->GetTrajectory(id, q)->empty());
 
+  auto other = *(*store)->InsertRun(SampleRun("coords-2"));
+  auto other_ids = *(*store)->PutCoordinateDefs(other, "paper", defs);
+  (*store)->AppendCoordinates(other, 30, other_ids, {0.5, 0.25, 0.0, 0.0});
+  ASSERT_TRUE((*store)->Flush().ok());
+  auto last = (*store)->LastCoordinateOfRuns({id, other, 999}, "paper", "L1H1:[∅→∅]:S_1");
+  ASSERT_TRUE(last.ok()) << last.status();
+  ASSERT_EQ(last->size(), 2u);
+  EXPECT_EQ((*last)[0].step, 100);
+  EXPECT_DOUBLE_EQ((*last)[0].value, 1.0);
+  EXPECT_EQ((*last)[1].run_id, other);
+  EXPECT_DOUBLE_EQ((*last)[1].value, 0.25);
+
   auto at = (*store)->CoordinatesAt(id, "paper", 50);
   ASSERT_TRUE(at.ok());
   ASSERT_EQ(at->size(), 5u);

@@ -16,22 +16,6 @@ torch::Tensor PartIndex(const BlockParts& parts) {
   return torch::tensor(ids, torch::kLong);
 }
 
-torch::Tensor Sizes(const BlockParts& parts) { return torch::tensor(parts.sizes, kF64); }
-
-// blocks: [n_blocks, entries]. Returns per-block sums over each part [n_blocks, parts].
-torch::Tensor PartSums(const torch::Tensor& blocks, const BlockParts& parts) {
-  const int64_t n = static_cast<int64_t>(parts.names.size());
-  torch::Tensor sums = torch::zeros({blocks.size(0), n + 1}, kF64);
-  sums.index_add_(1, PartIndex(parts), blocks);
-  return sums.narrow(1, 0, n);
-}
-
-// [H, n*d0, n*d0] -> [H*n*n, d0*d0], blocks in (head, query block, key block) order.
-torch::Tensor KqBlocks(const torch::Tensor& w, int64_t n, int64_t d0) {
-  const int64_t H = w.size(0);
-  return w.view({H, n, d0, n, d0}).permute({0, 1, 3, 2, 4}).reshape({H * n * n, d0 * d0});
-}
-
 }  // namespace
 
 double MatrixNorms::rho() const {
@@ -48,56 +32,97 @@ double Projection::rho() const {
   return total <= 0 ? 0.0 : std::sqrt(std::max(0.0, total - on) / total);
 }
 
-Projection Project(const ImirModel& model, int64_t member, const Basis& basis) {
+Projector::Projector(const Basis& basis)
+    : basis_(basis),
+      kq_index_(PartIndex(basis.kq)),
+      readout_index_(PartIndex(basis.readout)) {}
+
+Projection Projector::Project(const ImirModel& model, int64_t member) const {
+  // One pass over the float32 weights per matrix, accumulating part sums in
+  // float64: this runs at every recording step, and a few hundred tiny tensor
+  // ops would cost ten times the arithmetic.
   torch::NoGradGuard no_grad;
   const int64_t d0 = model.d0(), H = model.config().heads, V = model.config().vocab;
+  const std::vector<int32_t>& kq_part = basis_.kq.part;
+  const std::vector<int32_t>& ro_part = basis_.readout.part;
+  const size_t kq_parts = basis_.kq.names.size(), ro_parts = basis_.readout.names.size();
   Projection out;
-  out.values.reserve(basis.coords.size());
-  const torch::Tensor kq_sizes = Sizes(basis.kq);
+  out.values.reserve(basis_.coords.size());
+  auto finish = [&](const std::vector<double>& sums, const std::vector<int64_t>& sizes, size_t parts,
+                    const std::string& name, double total) {
+    double on = 0;
+    for (size_t i = 0; i < sums.size(); ++i) {
+      const double mean = sums[i] / static_cast<double>(sizes[i % parts]);
+      out.values.push_back(mean);
+      on += sums[i] * mean;
+    }
+    out.matrices.push_back({name, total, on});
+  };
   int64_t n = 1;
   for (int64_t l = 0; l < model.config().layers; ++l) {
-    torch::Tensor w = model.kq(l)[member].detach().to(torch::kCPU, torch::kDouble);
-    torch::Tensor sums = PartSums(KqBlocks(w, n, d0), basis.kq).view({H, n * n, -1});  // [H, n*n, parts]
-    torch::Tensor means = sums / kq_sizes;
-    torch::Tensor on = (sums * means).sum({1, 2});
-    torch::Tensor total = w.pow(2).sum({1, 2});
-    const double* m = means.contiguous().data_ptr<double>();
-    out.values.insert(out.values.end(), m, m + means.numel());
+    const torch::Tensor w = model.kq(l)[member].detach().to(torch::kCPU).contiguous();  // [H, n d0, n d0]
+    const float* data = w.data_ptr<float>();
+    const int64_t width = n * d0;
     for (int64_t h = 0; h < H; ++h) {
-      out.matrices.push_back({"L" + std::to_string(l + 1) + "H" + std::to_string(h + 1), total[h].item<double>(),
-                              on[h].item<double>()});
+      std::vector<double> sums(static_cast<size_t>(n * n) * kq_parts, 0.0);
+      double total = 0;
+      const float* wh = data + h * width * width;
+      for (int64_t row = 0; row < width; ++row) {
+        const int64_t qb = row / d0, r = row % d0;
+        for (int64_t col = 0; col < width; ++col) {
+          const double v = wh[row * width + col];
+          total += v * v;
+          const int32_t part = kq_part[static_cast<size_t>(r * d0 + col % d0)];
+          if (part >= 0) sums[static_cast<size_t>(qb * n + col / d0) * kq_parts + part] += v;
+        }
+      }
+      finish(sums, basis_.kq.sizes, kq_parts, "L" + std::to_string(l + 1) + "H" + std::to_string(h + 1), total);
     }
     n *= H + 1;
   }
-  torch::Tensor r = model.readout()[member].detach().to(torch::kCPU, torch::kDouble);  // [V, n*d0]
-  torch::Tensor blocks = r.view({V, n, d0}).permute({1, 0, 2}).reshape({n, V * d0});
-  torch::Tensor sums = PartSums(blocks, basis.readout);
-  torch::Tensor means = sums / Sizes(basis.readout);
-  const double* m = means.contiguous().data_ptr<double>();
-  out.values.insert(out.values.end(), m, m + means.numel());
-  out.matrices.push_back({"OUT", r.pow(2).sum().item<double>(), (sums * means).sum().item<double>()});
+  const torch::Tensor r = model.readout()[member].detach().to(torch::kCPU).contiguous();  // [V, n d0]
+  const float* data = r.data_ptr<float>();
+  std::vector<double> sums(static_cast<size_t>(n) * ro_parts, 0.0);
+  double total = 0;
+  for (int64_t row = 0; row < V; ++row) {
+    for (int64_t col = 0; col < n * d0; ++col) {
+      const double v = data[row * n * d0 + col];
+      total += v * v;
+      const int32_t part = ro_part[static_cast<size_t>(row * d0 + col % d0)];
+      if (part >= 0) sums[static_cast<size_t>(col / d0) * ro_parts + part] += v;
+    }
+  }
+  finish(sums, basis_.readout.sizes, ro_parts, "OUT", total);
   return out;
 }
 
-void LoadProjected(const Basis& basis, const Projection& p, ImirModel& target, int64_t member) {
+void Projector::LoadProjected(const Projection& p, ImirModel& target, int64_t member) const {
   torch::NoGradGuard no_grad;
   const int64_t d0 = target.d0(), H = target.config().heads, V = target.config().vocab;
   torch::Tensor values = torch::tensor(p.values, kF64);
   int64_t offset = 0, n = 1;
-  auto fill = [&](const BlockParts& parts, int64_t blocks) {
+  auto fill = [&](const BlockParts& parts, const torch::Tensor& index, int64_t blocks) {
     const int64_t np = static_cast<int64_t>(parts.names.size());
     torch::Tensor means = values.narrow(0, offset, blocks * np).view({blocks, np});
     offset += blocks * np;
     torch::Tensor padded = torch::cat({means, torch::zeros({blocks, 1}, kF64)}, 1);  // dump bin -> 0
-    return padded.index_select(1, PartIndex(parts));                               // [blocks, entries]
+    return padded.index_select(1, index);                                           // [blocks, entries]
   };
   for (int64_t l = 0; l < target.config().layers; ++l) {
-    torch::Tensor blocks = fill(basis.kq, H * n * n).view({H, n, n, d0, d0}).permute({0, 1, 3, 2, 4});
+    torch::Tensor blocks = fill(basis_.kq, kq_index_, H * n * n).view({H, n, n, d0, d0}).permute({0, 1, 3, 2, 4});
     target.kq(l)[member].copy_(blocks.reshape({H, n * d0, n * d0}));
     n *= H + 1;
   }
-  torch::Tensor blocks = fill(basis.readout, n).view({n, V, d0}).permute({1, 0, 2});
+  torch::Tensor blocks = fill(basis_.readout, readout_index_, n).view({n, V, d0}).permute({1, 0, 2});
   target.readout()[member].copy_(blocks.reshape({V, n * d0}));
+}
+
+Projection Project(const ImirModel& model, int64_t member, const Basis& basis) {
+  return Projector(basis).Project(model, member);
+}
+
+void LoadProjected(const Basis& basis, const Projection& projection, ImirModel& target, int64_t member) {
+  Projector(basis).LoadProjected(projection, target, member);
 }
 
 }  // namespace circuitlab::engine

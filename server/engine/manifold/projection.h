@@ -30,11 +30,25 @@ struct Projection {
   double rho() const;          // model level: over all matrices
 };
 
-// Projects ensemble member `member` of `model` onto `basis`.
-Projection Project(const ImirModel& model, int64_t member, const Basis& basis);
+// Projects models onto one basis; builds the basis' index tensors once.
+class Projector {
+ public:
+  explicit Projector(const Basis& basis);
+  const Basis& basis() const { return basis_; }
 
-// Overwrites member `member` of `target` with the on-manifold part W_S of the
-// projection (a model of the same shape).
+  // Projects ensemble member `member` of `model`.
+  Projection Project(const ImirModel& model, int64_t member) const;
+  // Overwrites member `member` of `target` with the on-manifold part W_S of
+  // `projection` (a model of the same shape).
+  void LoadProjected(const Projection& projection, ImirModel& target, int64_t member) const;
+
+ private:
+  Basis basis_;
+  torch::Tensor kq_index_, readout_index_;  // part per block entry, for LoadProjected
+};
+
+// One-off conveniences (build a Projector each call).
+Projection Project(const ImirModel& model, int64_t member, const Basis& basis);
 void LoadProjected(const Basis& basis, const Projection& projection, ImirModel& target, int64_t member);
 
 }  // namespace circuitlab::engine
