@@ -16,12 +16,15 @@ cli="build/client/circuitlab --server 127.0.0.1:${port}"
 
 mkdir -p "$data"
 echo "==> starting circuitlab-server (data: $data, listening on 127.0.0.1:${port}, log: $data/server.log)"
-"$server" --data "$data" --listen "127.0.0.1:${port}" >>"$data/server.log" 2>&1 &
+ready="$data/server.ready"
+rm -f "$ready"
+"$server" --data "$data" --listen "127.0.0.1:${port}" >"$ready" 2>>"$data/server.log" &
 pid=$!
 trap 'kill -TERM $pid 2>/dev/null || true; wait $pid 2>/dev/null || true' EXIT
-for _ in $(seq 1 100); do
-  $cli --timeout 1 health >/dev/null 2>&1 && break
-  kill -0 $pid 2>/dev/null || { echo "server failed to start:"; tail -20 "$data/server.log"; exit 1; }
+# Our own server says "listening port=N" once it serves (another process on
+# the port would answer health checks too).
+until grep -q "^listening port=" "$ready" 2>/dev/null; do
+  kill -0 $pid 2>/dev/null || { echo "server failed to start:"; tail -5 "$data/server.log"; exit 1; }
   sleep 0.2
 done
 $cli health
@@ -31,6 +34,9 @@ run=$($cli submit "$spec")
 $cli watch "$run"
 echo "==> $run metrics (circuitlab metrics $run --csv exports every point)"
 $cli metrics "$run"
+echo "==> $run IMIR coordinates over training: induction head (alpha, beta, gamma), in-weights map (delta),"
+echo "    off-manifold residual rho (circuitlab coords $run --csv exports them; circuitlab project $run projects a checkpoint)"
+$cli coords "$run" --name alpha --name beta --name gamma --name delta
 echo "==> runs in $data"
 $cli ls
 kill -TERM $pid
