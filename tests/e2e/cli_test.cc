@@ -73,6 +73,16 @@ TEST(EndToEndTest, UserSessionThroughTheCli) {
   EXPECT_EQ(std::count(csv.out.begin(), csv.out.end(), '\n'), 11);  // header + steps 10..100
   EXPECT_NE(csv.out.find("r1,train/loss,100,"), std::string::npos);
 
+  // IMIR coordinates over training and the projection of a checkpoint.
+  CommandResult coords = Cli(server, {"coords", "r1", "--name", "alpha", "--csv"});
+  ASSERT_EQ(coords.exit_code, 0) << coords.out;
+  EXPECT_NE(coords.out.find("r1,\"L1H1:[∅→∅]:S_1\",alpha,100,"), std::string::npos) << coords.out;
+  CommandResult project = Cli(server, {"project", "r1", "--complete"});
+  ASSERT_EQ(project.exit_code, 0) << project.out;
+  EXPECT_NE(project.out.find("r1 step 100, complete basis"), std::string::npos) << project.out;
+  EXPECT_NE(project.out.find("rho "), std::string::npos);
+  EXPECT_EQ(Cli(server, {"project", "r1", "--step", "7"}).exit_code, 15);  // no checkpoint there
+
   // A submitted run can be watched separately and cancelled.
   CommandResult queued = Cli(server, {"submit", WriteSpec(dir, "long.json", Tiny(1000000))});
   ASSERT_EQ(queued.exit_code, 0) << queued.out;
