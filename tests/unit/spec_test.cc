@@ -23,6 +23,8 @@ TEST(SpecTest, EmptySpecResolvesToDocumentedDefaults) {
   EXPECT_DOUBLE_EQ(spec.training().learning_rate(), 2.0);
   EXPECT_EQ(spec.training().steps(), 1000u);
   EXPECT_EQ(spec.recording().eval_every(), 100u);
+  EXPECT_EQ(spec.recording().coordinates_every(), 100u);  // follows eval_every
+  EXPECT_FALSE(spec.recording().complete_coordinates());
   EXPECT_EQ(spec.resources().device(), v1::DEVICE_KIND_ANY);
   EXPECT_EQ(spec.name(), "associative_recall");
   // Resolving twice changes nothing.
@@ -117,6 +119,8 @@ INSTANTIATE_TEST_SUITE_P(
                 absl::StatusCode::kResourceExhausted, "training.steps must be at most this server's --max-steps*"},
         BadCase{"eval_every", [](auto& s) { s.mutable_recording()->set_eval_every(2000); },
                 absl::StatusCode::kInvalidArgument, "recording.eval_every must be in [1, 1000], got 2000"},
+        BadCase{"coordinates_every", [](auto& s) { s.mutable_recording()->set_coordinates_every(5000); },
+                absl::StatusCode::kInvalidArgument, "recording.coordinates_every must be in [0, 1000], got 5000"},
         BadCase{"eval_size", [](auto& s) { s.mutable_recording()->set_eval_size(1); },
                 absl::StatusCode::kInvalidArgument, "recording.eval_size must be in [16, 65536], got 1"},
         BadCase{"priority", [](auto& s) { s.mutable_resources()->set_priority(5000); },
