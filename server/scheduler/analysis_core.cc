@@ -9,7 +9,6 @@
 namespace circuitlab::scheduler {
 namespace {
 
-constexpr uint32_t kMaxPoints = 100000;
 constexpr uint32_t kDefaultPoints = 10000;
 constexpr int kMaxNames = 4096;
 
@@ -98,17 +97,7 @@ absl::StatusOr<v1::GetTrajectoryResponse> AnalysisCore::GetTrajectory(const v1::
     return absl::InvalidArgumentError("names must have at most " + std::to_string(kMaxNames) + " entries, got " +
                                       std::to_string(request.names_size()));
   }
-  if (request.max_points() > kMaxPoints) {
-    return absl::InvalidArgumentError("max_points must be in [0, " + std::to_string(kMaxPoints) + "], got " +
-                                      std::to_string(request.max_points()));
-  }
-  if (request.max_step() > 0 && request.max_step() < request.min_step()) {
-    return absl::InvalidArgumentError("max_step must be 0 or at least min_step");
-  }
-  constexpr uint64_t kMaxStep = 1ULL << 62;
-  if (request.min_step() > kMaxStep || request.max_step() > kMaxStep) {
-    return absl::InvalidArgumentError("min_step and max_step must be at most 2^62");
-  }
+  CL_RETURN_IF_ERROR(ValidateSeriesRange(request.min_step(), request.max_step(), request.max_points()));
   CL_RETURN_IF_ERROR(store_->GetRun(id).status());
   store::TrajectoryQuery q;
   q.selection = engine::SelectionName(ToSelection(request.selection()));

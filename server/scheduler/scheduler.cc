@@ -57,6 +57,22 @@ absl::StatusOr<int64_t> ParseRunId(const std::string& text, const std::string& f
 
 std::string FormatRunId(int64_t id) { return "r" + std::to_string(id); }
 
+absl::Status ValidateSeriesRange(uint64_t min_step, uint64_t max_step, uint32_t max_points) {
+  if (max_points > kMaxMetricPoints) {
+    return absl::InvalidArgumentError("max_points must be in [0, " + std::to_string(kMaxMetricPoints) + "], got " +
+                                      std::to_string(max_points));
+  }
+  if (max_step > 0 && max_step < min_step) {
+    return absl::InvalidArgumentError("max_step (" + std::to_string(max_step) + ") must be 0 or at least min_step (" +
+                                      std::to_string(min_step) + ")");
+  }
+  constexpr uint64_t kMaxStep = 1ULL << 62;
+  if (min_step > kMaxStep || max_step > kMaxStep) {
+    return absl::InvalidArgumentError("min_step and max_step must be at most 2^62");
+  }
+  return absl::OkStatus();
+}
+
 // Forwards what a training run produces to the store and to watchers.
 class Scheduler::RunObserver : public engine::TrainObserver {
  public:
@@ -370,18 +386,7 @@ absl::StatusOr<v1::GetMetricsResponse> Scheduler::GetMetrics(const v1::GetMetric
     return absl::InvalidArgumentError("names must have at most " + std::to_string(kMaxMetricNames) +
                                       " entries, got " + std::to_string(request.names_size()));
   }
-  if (request.max_points() > kMaxMetricPoints) {
-    return absl::InvalidArgumentError("max_points must be in [0, " + std::to_string(kMaxMetricPoints) + "], got " +
-                                      std::to_string(request.max_points()));
-  }
-  if (request.max_step() > 0 && request.max_step() < request.min_step()) {
-    return absl::InvalidArgumentError("max_step (" + std::to_string(request.max_step()) +
-                                      ") must be 0 or at least min_step (" + std::to_string(request.min_step()) + ")");
-  }
-  constexpr uint64_t kMaxStep = 1ULL << 62;
-  if (request.min_step() > kMaxStep || request.max_step() > kMaxStep) {
-    return absl::InvalidArgumentError("min_step and max_step must be at most 2^62");
-  }
+  CL_RETURN_IF_ERROR(ValidateSeriesRange(request.min_step(), request.max_step(), request.max_points()));
   CL_RETURN_IF_ERROR(store_->GetRun(id).status());
   store::MetricQuery q;
   q.names.assign(request.names().begin(), request.names().end());

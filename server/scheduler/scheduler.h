@@ -51,6 +51,10 @@ struct SchedulerOptions {
 absl::StatusOr<int64_t> ParseRunId(const std::string& text, const std::string& field = "run_id");
 std::string FormatRunId(int64_t id);
 
+// Checks a series request (GetMetrics, GetTrajectory): max_points in
+// [0, 100000], max_step 0 or >= min_step, both at most 2^62.
+absl::Status ValidateSeriesRange(uint64_t min_step, uint64_t max_step, uint32_t max_points);
+
 // What WatchRun streams: a subscription plus how to build snapshots.
 struct Watch {
   std::shared_ptr<Subscriber> subscriber;

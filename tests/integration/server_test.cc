@@ -250,6 +250,12 @@ TEST(IntegrationTest, CoordinatesOverTrainingAndCheckpointProjection) {
   proj.set_step(0);
   proj.set_selection(static_cast<v1::BasisSelection>(9));
   EXPECT_EQ(c.ProjectCheckpoint(proj).status().code(), absl::StatusCode::kInvalidArgument);
+  traj.set_max_step(5);
+  traj.set_min_step(10);
+  EXPECT_EQ(c.GetTrajectory(traj).status().code(), absl::StatusCode::kInvalidArgument);
+  traj.set_run_id("r77");
+  traj.set_max_step(0);
+  EXPECT_EQ(c.GetTrajectory(traj).status().code(), absl::StatusCode::kNotFound);
 }
 
 TEST(IntegrationTest, CancelMidRunAndDroppingAWatchNeverCancels) {
