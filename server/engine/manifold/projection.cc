@@ -38,11 +38,17 @@ Projector::Projector(const Basis& basis)
       readout_index_(PartIndex(basis.readout)) {}
 
 Projection Projector::Project(const ImirModel& model, int64_t member) const {
-  // One pass over the float32 weights per matrix, accumulating part sums in
-  // float64: this runs at every recording step, and a few hundred tiny tensor
-  // ops would cost ten times the arithmetic.
+  std::vector<torch::Tensor> kq;
+  for (int64_t l = 0; l < model.config().layers; ++l) kq.push_back(model.kq(l)[member]);
+  return ProjectTensors(kq, model.readout()[member]);
+}
+
+Projection Projector::ProjectTensors(const std::vector<torch::Tensor>& kq, const torch::Tensor& readout) const {
+  // One pass over the weights per matrix, accumulating part sums in float64:
+  // this runs at every recording step, and a few hundred tiny tensor ops
+  // would cost ten times the arithmetic.
   torch::NoGradGuard no_grad;
-  const int64_t d0 = model.d0(), H = model.config().heads, V = model.config().vocab;
+  const int64_t V = readout.size(0), d0 = kq.at(0).size(-1), H = kq.at(0).size(0);
   const std::vector<int32_t>& kq_part = basis_.kq.part;
   const std::vector<int32_t>& ro_part = basis_.readout.part;
   const size_t kq_parts = basis_.kq.names.size(), ro_parts = basis_.readout.names.size();
@@ -58,40 +64,55 @@ Projection Projector::Project(const ImirModel& model, int64_t member) const {
     }
     out.matrices.push_back({name, total, on});
   };
+  // Reads float32 or float64 weights in place (no converted copy).
+  auto cpu = [](const torch::Tensor& t) {
+    torch::Tensor c = t.detach().to(torch::kCPU);
+    return c.scalar_type() == torch::kFloat || c.scalar_type() == torch::kDouble ? c.contiguous()
+                                                                                 : c.to(torch::kDouble).contiguous();
+  };
+  auto visit = [](const torch::Tensor& t, auto&& fn) {
+    if (t.scalar_type() == torch::kFloat) {
+      fn(t.data_ptr<float>());
+    } else {
+      fn(t.data_ptr<double>());
+    }
+  };
   int64_t n = 1;
-  for (int64_t l = 0; l < model.config().layers; ++l) {
-    const torch::Tensor w = model.kq(l)[member].detach().to(torch::kCPU).contiguous();  // [H, n d0, n d0]
-    const float* data = w.data_ptr<float>();
+  for (size_t l = 0; l < kq.size(); ++l) {
+    const torch::Tensor w = cpu(kq[l]);  // [H, n d0, n d0]
     const int64_t width = n * d0;
     for (int64_t h = 0; h < H; ++h) {
       std::vector<double> sums(static_cast<size_t>(n * n) * kq_parts, 0.0);
       double total = 0;
-      const float* wh = data + h * width * width;
-      for (int64_t row = 0; row < width; ++row) {
-        const int64_t qb = row / d0, r = row % d0;
-        for (int64_t col = 0; col < width; ++col) {
-          const double v = wh[row * width + col];
-          total += v * v;
-          const int32_t part = kq_part[static_cast<size_t>(r * d0 + col % d0)];
-          if (part >= 0) sums[static_cast<size_t>(qb * n + col / d0) * kq_parts + part] += v;
+      visit(w, [&](const auto* data) {
+        const auto* wh = data + h * width * width;
+        for (int64_t row = 0; row < width; ++row) {
+          const int64_t qb = row / d0, r = row % d0;
+          for (int64_t col = 0; col < width; ++col) {
+            const double v = wh[row * width + col];
+            total += v * v;
+            const int32_t part = kq_part[static_cast<size_t>(r * d0 + col % d0)];
+            if (part >= 0) sums[static_cast<size_t>(qb * n + col / d0) * kq_parts + part] += v;
+          }
         }
-      }
+      });
       finish(sums, basis_.kq.sizes, kq_parts, "L" + std::to_string(l + 1) + "H" + std::to_string(h + 1), total);
     }
     n *= H + 1;
   }
-  const torch::Tensor r = model.readout()[member].detach().to(torch::kCPU).contiguous();  // [V, n d0]
-  const float* data = r.data_ptr<float>();
+  const torch::Tensor r = cpu(readout);  // [V, n d0]
   std::vector<double> sums(static_cast<size_t>(n) * ro_parts, 0.0);
   double total = 0;
-  for (int64_t row = 0; row < V; ++row) {
-    for (int64_t col = 0; col < n * d0; ++col) {
-      const double v = data[row * n * d0 + col];
-      total += v * v;
-      const int32_t part = ro_part[static_cast<size_t>(row * d0 + col % d0)];
-      if (part >= 0) sums[static_cast<size_t>(col / d0) * ro_parts + part] += v;
+  visit(r, [&](const auto* data) {
+    for (int64_t row = 0; row < V; ++row) {
+      for (int64_t col = 0; col < n * d0; ++col) {
+        const double v = data[row * n * d0 + col];
+        total += v * v;
+        const int32_t part = ro_part[static_cast<size_t>(row * d0 + col % d0)];
+        if (part >= 0) sums[static_cast<size_t>(col / d0) * ro_parts + part] += v;
+      }
     }
-  }
+  });
   finish(sums, basis_.readout.sizes, ro_parts, "OUT", total);
   return out;
 }

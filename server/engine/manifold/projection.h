@@ -38,6 +38,9 @@ class Projector {
 
   // Projects ensemble member `member` of `model`.
   Projection Project(const ImirModel& model, int64_t member) const;
+  // Projects matrices shaped like one member's weights (e.g. gradients):
+  // kq[l] is [H, d_l, d_l], readout [V, d_L]; any floating dtype, any device.
+  Projection ProjectTensors(const std::vector<torch::Tensor>& kq, const torch::Tensor& readout) const;
   // Overwrites member `member` of `target` with the on-manifold part W_S of
   // `projection` (a model of the same shape).
   void LoadProjected(const Projection& projection, ImirModel& target, int64_t member) const;

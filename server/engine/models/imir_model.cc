@@ -9,7 +9,7 @@ namespace circuitlab::engine {
 
 ImirModel::ImirModel(const ImirModelConfig& config, int64_t ensemble, torch::Device device)
     : cfg_(config), ensemble_(ensemble), device_(device) {
-  const auto opts = torch::TensorOptions().dtype(torch::kFloat).device(device_);
+  const auto opts = torch::TensorOptions().dtype(cfg_.float64 ? torch::kDouble : torch::kFloat).device(device_);
   for (int64_t l = 0; l < cfg_.layers; ++l) {
     const int64_t d = width(l);
     kq_.push_back(torch::zeros({ensemble_, cfg_.heads, d, d}, opts).requires_grad_(true));
@@ -29,7 +29,7 @@ void ImirModel::Initialize(const std::vector<uint64_t>& init_seeds) {
     torch::Generator gen = at::make_generator<at::CPUGeneratorImpl>(init_seeds.at(e));
     auto draw = [&](torch::IntArrayRef shape) {
       if (cfg_.zero_init) return torch::zeros(shape);
-      return torch::randn(shape, gen) * cfg_.init_std;
+      return torch::randn(shape, gen, torch::kDouble) * cfg_.init_std;
     };
     for (auto& w : kq_) w[e].copy_(draw(w[e].sizes()));
     readout_[e].copy_(draw(readout_[e].sizes()));
@@ -52,7 +52,7 @@ std::vector<std::string> ImirModel::parameter_names() const {
 torch::Tensor ImirModel::Embed(const torch::Tensor& tokens, const torch::Tensor& pids) const {
   auto sizes = tokens.sizes().vec();
   sizes.push_back(d0());
-  torch::Tensor x = torch::zeros(sizes, torch::TensorOptions().dtype(torch::kFloat).device(device_));
+  torch::Tensor x = torch::zeros(sizes, readout_.options().requires_grad(false));
   x.scatter_(-1, tokens.unsqueeze(-1), 1.0f);
   x.scatter_(-1, (pids + cfg_.vocab).unsqueeze(-1), 1.0f);
   return x;

@@ -27,6 +27,7 @@ struct ImirModelConfig {
   int64_t heads = 1;
   bool zero_init = false;
   double init_std = 0.01;
+  bool float64 = false;  // float32 for training; float64 for invariance checks (SCIENCE.md 0.3)
 };
 
 class ImirModel {

@@ -1,0 +1,142 @@
+#include "server/engine/manifold/invariance.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "server/common/seeds.h"
+#include "server/engine/manifold/projection.h"
+#include "server/engine/models/imir_model.h"
+
+namespace circuitlab::engine {
+namespace {
+
+// Only points with 1 - f_N <= this are in the asymptotic regime
+// a/N + b (below it the Monte-Carlo noise no longer dominates the total).
+constexpr double kAsymptotic = 0.1;
+
+// Fits y = a/N + b over the asymptotic points by least squares weighted by
+// 1/y^2 (relative errors: the ladder spans orders of magnitude); returns
+// max(b, 0). With fewer than two such points the smallest y observed stands
+// in (an upper bound on the plateau the ladder could show).
+double FitPlateau(const std::vector<int64_t>& n, const std::vector<double>& y) {
+  double sw = 0, sx = 0, sy = 0, sxx = 0, sxy = 0;
+  int points = 0;
+  for (size_t i = 0; i < n.size(); ++i) {
+    if (!(y[i] > 0 && y[i] <= kAsymptotic)) continue;
+    ++points;
+    const double w = 1.0 / (y[i] * y[i]), x = 1.0 / static_cast<double>(n[i]);
+    sw += w;
+    sx += w * x;
+    sy += w * y[i];
+    sxx += w * x * x;
+    sxy += w * x * y[i];
+  }
+  const double det = sw * sxx - sx * sx;
+  if (points < 2 || det <= 0) return y.empty() ? 0.0 : *std::min_element(y.begin(), y.end());
+  const double b = (sxx * sy - sx * sxy) / det;
+  return std::max(0.0, b);
+}
+
+double FitSlope(const std::vector<int64_t>& n, const std::vector<double>& y) {
+  double k = 0, sx = 0, sy = 0, sxx = 0, sxy = 0;
+  for (size_t i = 0; i < n.size(); ++i) {
+    if (!(y[i] > 0 && y[i] <= kAsymptotic)) continue;
+    const double x = std::log(static_cast<double>(n[i])), ly = std::log(y[i]);
+    k += 1;
+    sx += x;
+    sy += ly;
+    sxx += x * x;
+    sxy += x * ly;
+  }
+  if (k < 2) return std::numeric_limits<double>::quiet_NaN();
+  return (k * sxy - sx * sy) / (k * sxx - sx * sx);
+}
+
+}  // namespace
+
+double InvarianceResult::max_matrix_plateau() const {
+  double m = 0;
+  for (size_t i = 1; i < series.size(); ++i) m = std::max(m, series[i].plateau);
+  return m;
+}
+
+InvarianceResult CheckInvariance(const AssocRecallTask& task, const Basis& point_basis, const Basis& check_basis,
+                                 const InvarianceConfig& cfg, const std::function<void(int64_t, int64_t)>& progress) {
+  ImirModelConfig mc;
+  mc.vocab = task.vocab_size();
+  mc.positions = task.num_positions();
+  mc.layers = cfg.layers;
+  mc.heads = cfg.heads;
+  mc.zero_init = true;
+  mc.float64 = true;
+  ImirModel model(mc, 1, torch::kCPU);
+
+  // The point: raw coordinates N(0, s^2) on the point basis, plus optional
+  // relative noise off the span.
+  torch::Generator gen = at::make_generator<at::CPUGeneratorImpl>(DeriveSeed63(cfg.seed, "invariance/point"));
+  Projection point;
+  torch::Tensor coords = torch::randn({static_cast<int64_t>(point_basis.coords.size())}, gen, torch::kDouble);
+  coords.mul_(cfg.coordinate_std);
+  point.values.assign(coords.data_ptr<double>(), coords.data_ptr<double>() + coords.numel());
+  Projector(point_basis).LoadProjected(point, model, 0);
+  if (cfg.off_manifold_noise > 0) {
+    torch::NoGradGuard no_grad;
+    for (const torch::Tensor& p : model.parameters()) {
+      torch::Tensor noise = torch::randn(p.sizes(), gen, torch::kDouble);
+      const double scale = cfg.off_manifold_noise * p.norm().item<double>() / std::max(1e-300, noise.norm().item<double>());
+      p.add_(noise * scale);
+    }
+  }
+
+  const Projector check(check_basis);
+  const int64_t total = cfg.sample_sizes.back();
+  std::vector<torch::Tensor> grad_sum;
+  for (const torch::Tensor& p : model.parameters()) grad_sum.push_back(torch::zeros_like(p));
+  InvarianceResult result;
+  result.sample_sizes = cfg.sample_sizes;
+  std::vector<std::vector<double>> off;  // [series][ladder point]
+  size_t next = 0;
+  int64_t done = 0;
+  torch::Generator data = at::make_generator<at::CPUGeneratorImpl>(DeriveSeed63(cfg.seed, "invariance/data"));
+  while (done < total) {
+    // Chunks end exactly on ladder points so each snapshot is a prefix mean.
+    const int64_t count = std::min(cfg.chunk, cfg.sample_sizes[next] - done);
+    Batch b = task.Sample(count, SampleMode::kTrain, data);
+    torch::Tensor logits = model.Forward(b.tokens.unsqueeze(0), b.pids.unsqueeze(0))[0];
+    torch::Tensor loss = torch::nll_loss(torch::log_softmax(logits, -1), b.target, {}, at::Reduction::Sum);
+    for (const torch::Tensor& p : model.parameters()) p.mutable_grad() = torch::Tensor();
+    loss.backward();
+    const auto params = model.parameters();
+    for (size_t i = 0; i < params.size(); ++i) grad_sum[i].add_(params[i].grad());
+    done += count;
+    if (progress) progress(done, total);
+    if (done == cfg.sample_sizes[next]) {
+      std::vector<torch::Tensor> kq(grad_sum.begin(), grad_sum.end() - 1);
+      const Projection g = check.ProjectTensors(kq, grad_sum.back());  // the mean's fraction = the sum's
+      if (off.empty()) off.resize(g.matrices.size() + 1);
+      double tot = 0, on = 0;
+      for (size_t m = 0; m < g.matrices.size(); ++m) {
+        tot += g.matrices[m].total_sq;
+        on += g.matrices[m].on_sq;
+        off[m + 1].push_back(g.matrices[m].total_sq > 0 ? 1.0 - g.matrices[m].on_sq / g.matrices[m].total_sq : 0.0);
+      }
+      off[0].push_back(tot > 0 ? 1.0 - on / tot : 0.0);
+      if (result.series.empty()) {
+        result.series.push_back({"all", {}, 0, 0});
+        for (const MatrixNorms& m : g.matrices) result.series.push_back({m.matrix, {}, 0, 0});
+      }
+      ++next;
+    }
+  }
+  for (size_t s = 0; s < result.series.size(); ++s) {
+    result.series[s].off_fraction = off[s];
+    result.series[s].plateau = FitPlateau(cfg.sample_sizes, off[s]);
+    result.series[s].slope = FitSlope(cfg.sample_sizes, off[s]);
+  }
+  return result;
+}
+
+}  // namespace circuitlab::engine

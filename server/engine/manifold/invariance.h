@@ -1,0 +1,52 @@
+// Numerical check of Theorem 1 (SCIENCE.md C.6, E.2 as corrected by G.5): at
+// a point of the span S, the expected gradient of the loss lies in S.
+// Engine-private (includes LibTorch).
+//
+// The model is float64, placed at a point of S (raw coordinates i.i.d.
+// N(0, s^2), optionally pushed off S by relative noise: control (a)). The
+// expected gradient is estimated over N fresh sequences for a nested ladder of
+// N (one pass: the gradient sum is snapshotted at each N); the off-span
+// fraction 1 - f_N = 1 - ||P_S g||^2 / ||g||^2 is reported overall and per
+// matrix, with a fit of 1 - f_N = a/N + b (b: the extrapolated plateau) and
+// the log-log slope, both over the points with 1 - f_N <= 0.1 (Monte-Carlo
+// noise alone gives slope -1 and plateau 0).
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "server/engine/manifold/basis.h"
+#include "server/engine/tasks/assoc_recall.h"
+
+namespace circuitlab::engine {
+
+struct InvarianceConfig {
+  int64_t layers = 2, heads = 1;
+  std::vector<int64_t> sample_sizes = {256, 1024, 4096, 16384, 65536};  // ascending
+  int64_t chunk = 1024;
+  double coordinate_std = 1.0;      // s
+  double off_manifold_noise = 0.0;  // relative Frobenius norm of noise added to the point
+  uint64_t seed = 1;
+};
+
+struct InvarianceSeries {
+  std::string matrix;               // "all", "L1H1", ..., "OUT"
+  std::vector<double> off_fraction;  // 1 - f_N per sample size
+  double plateau = 0;               // b of the fit a/N + b (clamped at 0)
+  double slope = 0;                 // d log(1 - f_N) / d log N over points <= 0.1 (NaN if < 2 points)
+};
+
+struct InvarianceResult {
+  std::vector<int64_t> sample_sizes;
+  std::vector<InvarianceSeries> series;  // "all" first, then each matrix
+  double max_matrix_plateau() const;
+};
+
+// `point_basis` places the point; `check_basis` is the span tested (usually
+// the same). `progress(done, total)` is called after each chunk.
+InvarianceResult CheckInvariance(const AssocRecallTask& task, const Basis& point_basis, const Basis& check_basis,
+                                 const InvarianceConfig& config,
+                                 const std::function<void(int64_t, int64_t)>& progress = {});
+
+}  // namespace circuitlab::engine
