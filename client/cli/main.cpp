@@ -331,6 +331,23 @@ int main(int argc, char** argv) {
   project->add_flag("--force", p_force, "Recompute even if the answer is stored");
   project->add_flag("--all", c_all, "Show every coordinate (default: the 20 largest)");
 
+  // invariance
+  bool i_paper = false, i_controls = false;
+  std::vector<uint64_t> i_samples;
+  double i_std = 0;
+  auto* invariance = app.add_subcommand(
+      "invariance",
+      "Theorem 1 numerically (SCIENCE.md C.6): at a random point of the span, does the expected gradient stay\n"
+      "in it? Off-span fraction 1-f_N over a ladder of sample sizes, per matrix, with plateau and slope.\n"
+      "Runs as a queued job on the server; this command waits and shows progress.\n"
+      "  circuitlab invariance r3 --controls");
+  invariance->add_option("RUN", run_id, "Run whose spec gives the task and model")->required();
+  invariance->add_flag("--paper", i_paper, "Test the paper span instead of the complete one");
+  invariance->add_flag("--controls", i_controls, "Also run the must-fail controls");
+  invariance->add_option("--samples", i_samples, "Ladder of sample sizes (ascending)")->delimiter(',');
+  invariance->add_option("--std", i_std, "Scale s of the random point's coordinates (default 1)");
+  invariance->add_flag("--force", p_force, "Recompute even if stored");
+
   auto* health = app.add_subcommand("health", "Check that the server is up and serving.\n  circuitlab health");
 
   try {
@@ -546,6 +563,56 @@ int main(int argc, char** argv) {
     for (size_t i = 0; i < limit; ++i) {
       std::printf("%s %-6s %12.5f %12.5f%s\n", Pad(rows[i]->label(), 34).c_str(), rows[i]->canonical().c_str(),
                   rows[i]->value(), rows[i]->magnitude(), rows[i]->gauge() ? "  (gauge)" : "");
+    }
+    return 0;
+  }
+  if (*invariance) {
+    v1::CheckInvarianceRequest req;
+    req.set_run_id(run_id);
+    req.set_selection(i_paper ? v1::BASIS_SELECTION_PAPER : v1::BASIS_SELECTION_COMPLETE);
+    for (uint64_t n : i_samples) req.add_sample_sizes(n);
+    req.set_coordinate_std(i_std);
+    req.set_controls(i_controls);
+    req.set_force(p_force);
+    const bool tty = isatty(STDERR_FILENO);
+    absl::StatusOr<v1::CheckInvarianceResponse> resp;
+    bool waited = false;
+    while (true) {
+      resp = client.CheckInvariance(req);
+      if (!resp.ok()) return ReportError(resp.status());
+      req.set_force(false);  // the job is queued; later calls only ask about it
+      const auto state = resp->state();
+      if (state == v1::CheckInvarianceResponse::STATE_DONE || state == v1::CheckInvarianceResponse::STATE_FAILED) {
+        break;
+      }
+      waited = true;
+      if (tty) {
+        std::cerr << "\r" << (state == v1::CheckInvarianceResponse::STATE_QUEUED ? "queued " : "running ")
+                  << Fixed(100 * resp->progress(), 0) << "%\033[K" << std::flush;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    }
+    if (tty) std::cerr << "\r\033[K";
+    if (g.json) {
+      std::cout << circuitlab::client::ToJson(*resp) << "\n";
+    } else if (resp->state() == v1::CheckInvarianceResponse::STATE_FAILED) {
+      std::cerr << "error: the invariance check failed: " << resp->error() << "\n";
+      return 1;
+    } else {
+      std::printf("ladder N:");
+      for (uint64_t n : resp->sample_sizes()) std::printf(" %llu", static_cast<unsigned long long>(n));
+      std::printf("%s\n", resp->from_store() && !waited ? "  (stored answer)" : "");
+      for (const auto& check : resp->checks()) {
+        std::printf("%s: %s (largest matrix plateau %.2e)\n", check.name().c_str(),
+                    check.name() == "in_span" ? (check.passed() ? "IN SPAN" : "NOT IN SPAN")
+                                              : (check.passed() ? "fails, as a control must" : "DID NOT FAIL"),
+                    check.max_matrix_plateau());
+        for (const auto& s : check.series()) {
+          std::printf("  %-5s 1-f_N:", s.matrix().c_str());
+          for (double v : s.off_fraction()) std::printf(" %.2e", v);
+          std::printf("   plateau %.2e  slope %.3f\n", s.plateau(), s.slope());
+        }
+      }
     }
     return 0;
   }

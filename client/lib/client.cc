@@ -143,6 +143,10 @@ absl::StatusOr<v1::GetTrajectoryResponse> Client::GetTrajectory(const v1::GetTra
   return impl_->Call(impl_->analysis.get(), &v1::AnalysisService::Stub::GetTrajectory, request);
 }
 
+absl::StatusOr<v1::CheckInvarianceResponse> Client::CheckInvariance(const v1::CheckInvarianceRequest& request) {
+  return impl_->Call(impl_->analysis.get(), &v1::AnalysisService::Stub::CheckInvariance, request);
+}
+
 absl::Status Client::Health() {
   grpc::ClientContext ctx;
   impl_->Prepare(ctx, true);

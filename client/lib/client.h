@@ -49,6 +49,7 @@ class Client {
   // AnalysisService.
   absl::StatusOr<v1::ProjectCheckpointResponse> ProjectCheckpoint(const v1::ProjectCheckpointRequest& request);
   absl::StatusOr<v1::GetTrajectoryResponse> GetTrajectory(const v1::GetTrajectoryRequest& request);
+  absl::StatusOr<v1::CheckInvarianceResponse> CheckInvariance(const v1::CheckInvarianceRequest& request);
 
   // Streams a run's events to `on_event` until the run ends (OK), the stream
   // fails, or `stop` becomes true (Cancelled). Reconnects on UNAVAILABLE for up

@@ -3,10 +3,12 @@
 #include <dlfcn.h>
 #include <malloc.h>
 
+#include <algorithm>
 #include <chrono>
 #include <optional>
 #include <exception>
 
+#include "server/engine/manifold/invariance.h"
 #include "server/engine/manifold/projection.h"
 #include "server/engine/train/trainer.h"
 
@@ -162,6 +164,59 @@ class TorchAnalyzer : public Analyzer {
       return absl::InvalidArgumentError(std::string("cannot read the checkpoint: ") + e.what_without_backtrace());
     } catch (const std::exception& e) {
       return absl::InternalError(std::string("projection failed: ") + e.what());
+    }
+  }
+
+  absl::StatusOr<InvarianceReport> CheckInvariance(const v1::ExperimentSpec& spec, const InvarianceRequest& request,
+                                                   const std::function<void(double)>& progress,
+                                                   const CancelToken* cancel) override {
+    try {
+      at::set_num_threads(1);
+      const AssocRecallTask task(AssocRecallConfig::FromSpec(spec), PoolSeedOf(spec.seed()));
+      const auto& m = spec.model().imir();
+      const TaskSymmetry sym = task.Symmetry();
+      const Basis span = BuildBasis(sym, m.num_layers(), m.num_heads(), request.selection);
+      struct Check {
+        std::string name;
+        Basis basis;
+        double noise;
+      };
+      std::vector<Check> checks = {{"in_span", span, 0.0}};
+      if (request.controls) {
+        checks.push_back({"control_off_span", span, 0.3});
+        if (std::any_of(sym.partner.begin(), sym.partner.end(), [](int p) { return p >= 0; })) {
+          TaskSymmetry without = sym;  // claims the fixed pairs are exchangeable
+          std::fill(without.partner.begin(), without.partner.end(), -1);
+          checks.push_back({"control_no_relation", BuildBasis(without, m.num_layers(), m.num_heads(),
+                                                              request.selection), 0.0});
+        }
+      }
+      InvarianceReport report;
+      report.sample_sizes = request.sample_sizes;
+      for (size_t i = 0; i < checks.size(); ++i) {
+        InvarianceConfig ic;
+        ic.layers = m.num_layers();
+        ic.heads = m.num_heads();
+        ic.sample_sizes = request.sample_sizes;
+        ic.coordinate_std = request.coordinate_std;
+        ic.off_manifold_noise = checks[i].noise;
+        ic.seed = request.seed;
+        bool stopped = false;
+        // The free function (this member shares its name).
+        InvarianceResult r = engine::CheckInvariance(task, checks[i].basis, checks[i].basis, ic,
+                                                     [&](int64_t done, int64_t total) {
+          if (progress) progress((static_cast<double>(i) + static_cast<double>(done) / total) / checks.size());
+          stopped = cancel != nullptr && cancel->stop_requested();
+          return !stopped;
+        });
+        if (stopped) return absl::CancelledError("invariance check stopped");
+        report.checks.push_back({checks[i].name, r.series});
+      }
+      return report;
+    } catch (const c10::Error& e) {
+      return absl::InternalError(std::string("LibTorch error: ") + e.what_without_backtrace());
+    } catch (const std::exception& e) {
+      return absl::InternalError(std::string("invariance check failed: ") + e.what());
     }
   }
 };

@@ -3,7 +3,9 @@
 // files and engine-private headers.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -83,6 +85,37 @@ struct CheckpointProjection {
   double rho_complete = 0;                          // against the complete set
 };
 
+// One ladder of the invariance check (SCIENCE.md C.6).
+struct InvarianceSeriesReport {
+  std::string matrix;                // "all", "L1H1", ..., "OUT"
+  std::vector<double> off_fraction;  // 1 - f_N per sample size
+  double plateau = 0;                // fitted over points with 1 - f_N <= 0.1
+  double slope = 0;                  // over the same points; NaN if fewer than 2
+};
+
+struct InvarianceCheckReport {
+  std::string name;  // "in_span", "control_off_span", "control_no_relation"
+  std::vector<InvarianceSeriesReport> series;  // "all" first
+  double max_matrix_plateau() const {
+    double m = 0;
+    for (size_t i = 1; i < series.size(); ++i) m = std::max(m, series[i].plateau);
+    return m;
+  }
+};
+
+struct InvarianceRequest {
+  Selection selection = Selection::kComplete;
+  std::vector<int64_t> sample_sizes;
+  double coordinate_std = 1.0;
+  uint64_t seed = 1;
+  bool controls = false;
+};
+
+struct InvarianceReport {
+  std::vector<int64_t> sample_sizes;
+  std::vector<InvarianceCheckReport> checks;
+};
+
 // Pure analyses of stored checkpoints. Thread-safe.
 class Analyzer {
  public:
@@ -91,6 +124,12 @@ class Analyzer {
   virtual absl::StatusOr<CheckpointProjection> ProjectCheckpoint(const v1::ExperimentSpec& spec,
                                                                  const std::string& checkpoint,
                                                                  Selection selection) = 0;
+  // The invariance check on the spec's task and model. `progress(fraction)`
+  // is called as it goes; Cancelled when `cancel` stops it.
+  virtual absl::StatusOr<InvarianceReport> CheckInvariance(const v1::ExperimentSpec& spec,
+                                                           const InvarianceRequest& request,
+                                                           const std::function<void(double)>& progress,
+                                                           const CancelToken* cancel) = 0;
 };
 
 std::unique_ptr<Analyzer> MakeTorchAnalyzer();

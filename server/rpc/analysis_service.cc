@@ -23,4 +23,13 @@ grpc::ServerUnaryReactor* AnalysisServiceImpl::GetTrajectory(grpc::CallbackServe
   });
 }
 
+grpc::ServerUnaryReactor* AnalysisServiceImpl::CheckInvariance(grpc::CallbackServerContext* ctx,
+                                                               const v1::CheckInvarianceRequest* req,
+                                                               v1::CheckInvarianceResponse* resp) {
+  return UnaryCall(ctx, auth_token_, [&]() -> absl::Status {
+    CL_ASSIGN_OR_RETURN(*resp, core_->CheckInvariance(*req));
+    return absl::OkStatus();
+  });
+}
+
 }  // namespace circuitlab::rpc

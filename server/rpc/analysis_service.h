@@ -20,6 +20,8 @@ class AnalysisServiceImpl final : public v1::AnalysisService::CallbackService {
                                               v1::ProjectCheckpointResponse* resp) override;
   grpc::ServerUnaryReactor* GetTrajectory(grpc::CallbackServerContext* ctx, const v1::GetTrajectoryRequest* req,
                                           v1::GetTrajectoryResponse* resp) override;
+  grpc::ServerUnaryReactor* CheckInvariance(grpc::CallbackServerContext* ctx, const v1::CheckInvarianceRequest* req,
+                                            v1::CheckInvarianceResponse* resp) override;
 
  private:
   scheduler::AnalysisCore* const core_;

@@ -1,5 +1,8 @@
 #include "server/scheduler/analysis_core.h"
 
+#include <spdlog/spdlog.h>
+
+#include <cmath>
 #include <string>
 
 #include "server/common/seeds.h"
@@ -11,6 +14,20 @@ namespace {
 
 constexpr uint32_t kDefaultPoints = 10000;
 constexpr int kMaxNames = 4096;
+constexpr int kMaxLadder = 12;
+constexpr uint64_t kMinSamples = 16, kMaxSamples = 1 << 22;
+const std::vector<uint64_t> kDefaultLadder = {256, 1024, 4096, 16384, 65536, 262144};
+
+// SCIENCE.md G.5: in span when every matrix's plateau <= 1e-3 and slope in
+// [-1.2, -0.8]; a control fails as it must when some plateau >= 0.01.
+bool Passed(const engine::InvarianceCheckReport& c) {
+  if (c.name != "in_span") return c.max_matrix_plateau() >= 0.01;
+  for (size_t i = 1; i < c.series.size(); ++i) {
+    const auto& s = c.series[i];
+    if (!(s.plateau <= 1e-3) || !(s.slope >= -1.2 && s.slope <= -0.8)) return false;
+  }
+  return true;
+}
 
 engine::Selection ToSelection(v1::BasisSelection s) {
   return s == v1::BASIS_SELECTION_COMPLETE ? engine::Selection::kComplete : engine::Selection::kPaper;
@@ -38,6 +55,156 @@ void FillCoordinate(const store::CoordinateDefRow& d, double value, v1::Coordina
 }
 
 }  // namespace
+
+AnalysisCore::AnalysisCore(store::Store* store, engine::Analyzer* analyzer, int max_jobs)
+    : store_(store), analyzer_(analyzer), max_jobs_(max_jobs) {
+  worker_ = std::thread([this] { WorkerLoop(); });
+}
+
+AnalysisCore::~AnalysisCore() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+    for (auto& [key, job] : jobs_) job->cancel.Request(StopReason::kCancel);
+  }
+  cv_.notify_all();
+  worker_.join();
+}
+
+absl::StatusOr<v1::CheckInvarianceResponse> AnalysisCore::CheckInvariance(const v1::CheckInvarianceRequest& request) {
+  CL_ASSIGN_OR_RETURN(int64_t id, ParseRunId(request.run_id()));
+  CL_RETURN_IF_ERROR(CheckSelection(request.selection()));
+  if (request.sample_sizes_size() > kMaxLadder) {
+    return absl::InvalidArgumentError("sample_sizes must have at most " + std::to_string(kMaxLadder) +
+                                      " entries, got " + std::to_string(request.sample_sizes_size()));
+  }
+  for (int i = 0; i < request.sample_sizes_size(); ++i) {
+    const uint64_t n = request.sample_sizes(i);
+    if (n < kMinSamples || n > kMaxSamples) {
+      return absl::InvalidArgumentError("sample_sizes[" + std::to_string(i) + "] must be in [" +
+                                        std::to_string(kMinSamples) + ", " + std::to_string(kMaxSamples) +
+                                        "], got " + std::to_string(n));
+    }
+    if (i > 0 && n <= request.sample_sizes(i - 1)) {
+      return absl::InvalidArgumentError("sample_sizes must be strictly increasing, got " + std::to_string(n) +
+                                        " after " + std::to_string(request.sample_sizes(i - 1)));
+    }
+  }
+  if (!(request.coordinate_std() >= 0 && request.coordinate_std() <= 100)) {
+    return absl::InvalidArgumentError("coordinate_std must be in (0, 100] (0 means 1), got " +
+                                      std::to_string(request.coordinate_std()));
+  }
+  CL_ASSIGN_OR_RETURN(store::RunRow row, store_->GetRun(id));
+  v1::ExperimentSpec spec;
+  if (!spec.ParseFromString(row.spec)) return absl::DataLossError("stored spec of " + request.run_id() + " does not parse");
+
+  // The canonical request: defaults resolved, force dropped.
+  v1::CheckInvarianceRequest canonical;
+  canonical.set_run_id(FormatRunId(id));
+  canonical.set_selection(request.selection() == v1::BASIS_SELECTION_PAPER ? v1::BASIS_SELECTION_PAPER
+                                                                           : v1::BASIS_SELECTION_COMPLETE);
+  if (request.sample_sizes_size() == 0) {
+    canonical.mutable_sample_sizes()->Add(kDefaultLadder.begin(), kDefaultLadder.end());
+  } else {
+    *canonical.mutable_sample_sizes() = request.sample_sizes();
+  }
+  canonical.set_coordinate_std(request.coordinate_std() == 0 ? 1.0 : request.coordinate_std());
+  canonical.set_seed(request.seed() == 0 ? spec.seed() : request.seed());
+  canonical.set_controls(request.controls());
+  const std::string key = canonical.SerializeAsString();
+  const int64_t hash = static_cast<int64_t>(HashPurpose(key) >> 1);
+
+  if (!request.force()) {
+    CL_ASSIGN_OR_RETURN(std::optional<std::string> stored, store_->GetAnalysis(id, "invariance", hash));
+    v1::CheckInvarianceResponse resp;
+    if (stored && resp.ParseFromString(*stored)) {
+      resp.set_from_store(true);
+      return resp;
+    }
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = jobs_.find({id, hash});
+  if (it != jobs_.end()) {
+    const bool retry = it->second->status.state() == v1::CheckInvarianceResponse::STATE_FAILED && request.force();
+    if (!retry) return it->second->status;
+    jobs_.erase(it);
+  }
+  if (static_cast<int>(jobs_.size()) >= max_jobs_) {
+    return absl::ResourceExhaustedError("too many analysis jobs queued (" + std::to_string(jobs_.size()) +
+                                        "); ask again later");
+  }
+  auto job = std::make_shared<Job>();
+  job->run_id = id;
+  job->hash = hash;
+  job->key = key;
+  job->spec = std::move(spec);
+  job->request.selection = ToSelection(canonical.selection());
+  job->request.sample_sizes.assign(canonical.sample_sizes().begin(), canonical.sample_sizes().end());
+  job->request.coordinate_std = canonical.coordinate_std();
+  job->request.seed = canonical.seed();
+  job->request.controls = canonical.controls();
+  job->status.set_state(v1::CheckInvarianceResponse::STATE_QUEUED);
+  jobs_[{id, hash}] = job;
+  queue_.push_back(job);
+  cv_.notify_all();
+  return job->status;
+}
+
+void AnalysisCore::WorkerLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+    if (stopping_) return;
+    std::shared_ptr<Job> job = queue_.front();
+    queue_.pop_front();
+    job->status.set_state(v1::CheckInvarianceResponse::STATE_RUNNING);
+    lock.unlock();
+    RunJob(*job);
+    lock.lock();
+  }
+}
+
+void AnalysisCore::RunJob(Job& job) {
+  auto progress = [&](double fraction) {
+    std::lock_guard<std::mutex> lock(mu_);
+    job.status.set_progress(fraction);
+  };
+  absl::StatusOr<engine::InvarianceReport> report =
+      analyzer_->CheckInvariance(job.spec, job.request, progress, &job.cancel);
+  v1::CheckInvarianceResponse done;
+  if (report.ok()) {
+    done.set_state(v1::CheckInvarianceResponse::STATE_DONE);
+    done.set_progress(1.0);
+    done.mutable_sample_sizes()->Add(report->sample_sizes.begin(), report->sample_sizes.end());
+    for (const engine::InvarianceCheckReport& c : report->checks) {
+      v1::InvarianceCheck* out = done.add_checks();
+      out->set_name(c.name);
+      out->set_max_matrix_plateau(c.max_matrix_plateau());
+      out->set_passed(Passed(c));
+      for (const engine::InvarianceSeriesReport& s : c.series) {
+        v1::InvarianceSeries* o = out->add_series();
+        o->set_matrix(s.matrix);
+        o->mutable_off_fraction()->Add(s.off_fraction.begin(), s.off_fraction.end());
+        o->set_plateau(s.plateau);
+        o->set_slope(s.slope);
+      }
+    }
+    // Stored first, then forgotten: later requests find it in the store.
+    absl::Status stored = store_->PutAnalysis(job.run_id, "invariance", job.hash, job.key, done.SerializeAsString());
+    if (!stored.ok()) {
+      done.Clear();
+      done.set_state(v1::CheckInvarianceResponse::STATE_FAILED);
+      done.set_error("cannot store the result: " + stored.ToString());
+    }
+  } else {
+    done.set_state(v1::CheckInvarianceResponse::STATE_FAILED);
+    done.set_error(report.status().ToString());
+    spdlog::warn("invariance check of r{} failed: {}", job.run_id, report.status().ToString());
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  job.status = done;
+  if (done.state() == v1::CheckInvarianceResponse::STATE_DONE) jobs_.erase({job.run_id, job.hash});
+}
 
 absl::StatusOr<v1::ProjectCheckpointResponse> AnalysisCore::ProjectCheckpoint(
     const v1::ProjectCheckpointRequest& request) {

@@ -258,6 +258,42 @@ TEST(IntegrationTest, CoordinatesOverTrainingAndCheckpointProjection) {
   EXPECT_EQ(c.GetTrajectory(traj).status().code(), absl::StatusCode::kNotFound);
 }
 
+// The invariance check runs as a queued job: QUEUED/RUNNING, then DONE with
+// the ladder, then answered from the store.
+TEST(IntegrationTest, InvarianceCheckIsAQueuedStoredJob) {
+  TempDir dir;
+  testing::FakeExecutor exec;
+  Server server(dir.path(), &exec);
+  auto c = MakeClient(server.address());
+  ASSERT_TRUE(c.SubmitRun(TinySpec(60)).ok());
+  v1::CheckInvarianceRequest req;
+  req.set_run_id("r1");
+  req.add_sample_sizes(256);
+  req.add_sample_sizes(1024);
+  req.add_sample_sizes(4096);
+  req.set_controls(true);
+  auto first = c.CheckInvariance(req);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_NE(first->state(), v1::CheckInvarianceResponse::STATE_DONE);
+  absl::StatusOr<v1::CheckInvarianceResponse> r;
+  ASSERT_TRUE(WaitFor([&] {
+    r = c.CheckInvariance(req);
+    return r.ok() && r->state() == v1::CheckInvarianceResponse::STATE_DONE;
+  }, std::chrono::seconds(120)));
+  ASSERT_EQ(r->checks_size(), 3);  // in_span + both controls (the tiny task has common pairs)
+  EXPECT_EQ(r->checks(0).name(), "in_span");
+  EXPECT_EQ(r->checks(2).name(), "control_no_relation");
+  for (const auto& check : r->checks()) {
+    ASSERT_EQ(check.series_size(), 4) << check.name();  // all, L1H1, L2H1, OUT
+    EXPECT_EQ(check.series(0).off_fraction_size(), 3);
+  }
+  // The span keeps the gradient far better than a point off it.
+  EXPECT_LT(r->checks(0).series(0).off_fraction(2), r->checks(1).series(0).off_fraction(2));
+  EXPECT_TRUE(c.CheckInvariance(req)->from_store());
+  req.set_run_id("r2");
+  EXPECT_EQ(c.CheckInvariance(req).status().code(), absl::StatusCode::kNotFound);
+}
+
 TEST(IntegrationTest, CancelMidRunAndDroppingAWatchNeverCancels) {
   TempDir dir;
   auto exec = engine::MakeTorchExecutor();

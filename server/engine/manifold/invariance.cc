@@ -57,14 +57,10 @@ double FitSlope(const std::vector<int64_t>& n, const std::vector<double>& y) {
 
 }  // namespace
 
-double InvarianceResult::max_matrix_plateau() const {
-  double m = 0;
-  for (size_t i = 1; i < series.size(); ++i) m = std::max(m, series[i].plateau);
-  return m;
-}
+
 
 InvarianceResult CheckInvariance(const AssocRecallTask& task, const Basis& point_basis, const Basis& check_basis,
-                                 const InvarianceConfig& cfg, const std::function<void(int64_t, int64_t)>& progress) {
+                                 const InvarianceConfig& cfg, const std::function<bool(int64_t, int64_t)>& progress) {
   ImirModelConfig mc;
   mc.vocab = task.vocab_size();
   mc.positions = task.num_positions();
@@ -112,7 +108,7 @@ InvarianceResult CheckInvariance(const AssocRecallTask& task, const Basis& point
     const auto params = model.parameters();
     for (size_t i = 0; i < params.size(); ++i) grad_sum[i].add_(params[i].grad());
     done += count;
-    if (progress) progress(done, total);
+    if (progress && !progress(done, total)) return result;
     if (done == cfg.sample_sizes[next]) {
       std::vector<torch::Tensor> kq(grad_sum.begin(), grad_sum.end() - 1);
       const Projection g = check.ProjectTensors(kq, grad_sum.back());  // the mean's fraction = the sum's

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "server/engine/engine.h"
 #include "server/engine/manifold/basis.h"
 #include "server/engine/tasks/assoc_recall.h"
 
@@ -30,23 +31,19 @@ struct InvarianceConfig {
   uint64_t seed = 1;
 };
 
-struct InvarianceSeries {
-  std::string matrix;               // "all", "L1H1", ..., "OUT"
-  std::vector<double> off_fraction;  // 1 - f_N per sample size
-  double plateau = 0;               // b of the fit a/N + b (clamped at 0)
-  double slope = 0;                 // d log(1 - f_N) / d log N over points <= 0.1 (NaN if < 2 points)
-};
+using InvarianceSeries = InvarianceSeriesReport;
 
-struct InvarianceResult {
+// One check's ladder: series ("all" first, then each matrix) and
+// max_matrix_plateau() from the report, plus the sample sizes.
+struct InvarianceResult : InvarianceCheckReport {
   std::vector<int64_t> sample_sizes;
-  std::vector<InvarianceSeries> series;  // "all" first, then each matrix
-  double max_matrix_plateau() const;
 };
 
 // `point_basis` places the point; `check_basis` is the span tested (usually
-// the same). `progress(done, total)` is called after each chunk.
+// the same). `progress(done, total)` is called after each chunk; returning
+// false stops the check (the result is then partial).
 InvarianceResult CheckInvariance(const AssocRecallTask& task, const Basis& point_basis, const Basis& check_basis,
                                  const InvarianceConfig& config,
-                                 const std::function<void(int64_t, int64_t)>& progress = {});
+                                 const std::function<bool(int64_t, int64_t)>& progress = {});
 
 }  // namespace circuitlab::engine

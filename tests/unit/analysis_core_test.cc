@@ -1,0 +1,143 @@
+#include "server/scheduler/analysis_core.h"
+
+#include "circuitlab/v1/experiment_service.pb.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <condition_variable>
+
+#include "tests/test_util/temp_dir.h"
+
+namespace circuitlab::scheduler {
+namespace {
+
+using circuitlab::testing::TempDir;
+using circuitlab::testing::WaitFor;
+using State = v1::CheckInvarianceResponse;
+
+// An analyzer whose invariance check waits at a gate and reports progress.
+class FakeAnalyzer : public engine::Analyzer {
+ public:
+  absl::StatusOr<engine::CheckpointProjection> ProjectCheckpoint(const v1::ExperimentSpec&, const std::string&,
+                                                                 engine::Selection) override {
+    return absl::UnimplementedError("not in this fake");
+  }
+  absl::StatusOr<engine::InvarianceReport> CheckInvariance(const v1::ExperimentSpec&,
+                                                           const engine::InvarianceRequest& request,
+                                                           const std::function<void(double)>& progress,
+                                                           const CancelToken* cancel) override {
+    calls++;
+    progress(0.5);
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return open || (cancel && cancel->stop_requested()); });
+    if (cancel && cancel->stop_requested()) return absl::CancelledError("stopped");
+    if (!fail.ok()) return fail;
+    engine::InvarianceReport r;
+    r.sample_sizes = request.sample_sizes;
+    engine::InvarianceCheckReport in{"in_span", {{"all", {0.1, 0.01}, 0.0, -1.0}, {"L1H1", {0.1, 0.01}, 0.0, -1.0}}};
+    r.checks.push_back(in);
+    return r;
+  }
+  void Open() {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      open = true;
+    }
+    cv.notify_all();
+  }
+  std::mutex mu;
+  std::condition_variable cv;
+  bool open = false;
+  absl::Status fail = absl::OkStatus();
+  std::atomic<int> calls{0};
+};
+
+class AnalysisCoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto store = store::Store::Open(dir_.path());
+    ASSERT_TRUE(store.ok());
+    store_ = std::move(*store);
+    store::NewRun run;
+    run.name = "r";
+    run.spec = v1::ExperimentSpec().SerializeAsString();
+    run.spec_json = "{}";
+    run.state = v1::RUN_STATE_SUCCEEDED;
+    ASSERT_TRUE(store_->InsertRun(run).ok());
+  }
+  v1::CheckInvarianceRequest Request() {
+    v1::CheckInvarianceRequest req;
+    req.set_run_id("r1");
+    req.add_sample_sizes(256);
+    req.add_sample_sizes(1024);
+    return req;
+  }
+  TempDir dir_;
+  std::unique_ptr<store::Store> store_;
+  FakeAnalyzer analyzer_;
+};
+
+TEST_F(AnalysisCoreTest, QueuedThenRunningThenStored) {
+  AnalysisCore core(store_.get(), &analyzer_);
+  auto first = core.CheckInvariance(Request());
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_TRUE(first->state() == State::STATE_QUEUED || first->state() == State::STATE_RUNNING);
+  ASSERT_TRUE(WaitFor([&] { return core.CheckInvariance(Request())->progress() == 0.5; }));
+  EXPECT_EQ(core.CheckInvariance(Request())->state(), State::STATE_RUNNING);
+  analyzer_.Open();
+  ASSERT_TRUE(WaitFor([&] { return core.CheckInvariance(Request())->state() == State::STATE_DONE; }));
+  auto done = core.CheckInvariance(Request());
+  EXPECT_TRUE(done->from_store());
+  ASSERT_EQ(done->checks_size(), 1);
+  EXPECT_TRUE(done->checks(0).passed());
+  EXPECT_EQ(done->sample_sizes_size(), 2);
+  EXPECT_EQ(analyzer_.calls.load(), 1) << "asking again never recomputes";
+  // Defaults resolve to the same canonical request: the seed 0 means the run's.
+  auto same = Request();
+  same.set_seed(0);
+  EXPECT_TRUE(core.CheckInvariance(same)->from_store());
+  // force recomputes.
+  auto forced = Request();
+  forced.set_force(true);
+  EXPECT_NE(core.CheckInvariance(forced)->state(), State::STATE_DONE);
+  ASSERT_TRUE(WaitFor([&] { return analyzer_.calls.load() == 2; }));
+}
+
+TEST_F(AnalysisCoreTest, FailuresAreReportedAndRetriedWithForce) {
+  analyzer_.fail = absl::InternalError("boom");
+  analyzer_.Open();
+  AnalysisCore core(store_.get(), &analyzer_);
+  ASSERT_TRUE(core.CheckInvariance(Request()).ok());
+  ASSERT_TRUE(WaitFor([&] { return core.CheckInvariance(Request())->state() == State::STATE_FAILED; }));
+  EXPECT_NE(core.CheckInvariance(Request())->error().find("boom"), std::string::npos);
+  analyzer_.fail = absl::OkStatus();
+  auto retry = Request();
+  retry.set_force(true);
+  ASSERT_TRUE(core.CheckInvariance(retry).ok());
+  ASSERT_TRUE(WaitFor([&] { return core.CheckInvariance(Request())->state() == State::STATE_DONE; }));
+}
+
+TEST_F(AnalysisCoreTest, RequestsAreValidatedAndJobsBounded) {
+  AnalysisCore core(store_.get(), &analyzer_, /*max_jobs=*/1);
+  auto bad = Request();
+  bad.add_sample_sizes(512);  // not increasing
+  EXPECT_EQ(core.CheckInvariance(bad).status().message(), "sample_sizes must be strictly increasing, got 512 after 1024");
+  bad = Request();
+  bad.set_coordinate_std(-1);
+  EXPECT_EQ(core.CheckInvariance(bad).status().code(), absl::StatusCode::kInvalidArgument);
+  bad = Request();
+  bad.set_sample_sizes(0, 3);
+  EXPECT_EQ(core.CheckInvariance(bad).status().message(), "sample_sizes[0] must be in [16, 4194304], got 3");
+  bad = Request();
+  bad.set_run_id("r9");
+  EXPECT_EQ(core.CheckInvariance(bad).status().code(), absl::StatusCode::kNotFound);
+  ASSERT_TRUE(core.CheckInvariance(Request()).ok());
+  auto other = Request();
+  other.set_seed(5);
+  EXPECT_EQ(core.CheckInvariance(other).status().code(), absl::StatusCode::kResourceExhausted);
+  // Destroying the core cancels the running job instead of waiting for it.
+}
+
+}  // namespace
+}  // namespace circuitlab::scheduler
