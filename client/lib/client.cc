@@ -86,12 +86,6 @@ struct Client::Impl {
     if (!status.ok()) return FromGrpc(status);
     return resp;
   }
-  template <typename Req, typename Resp>
-  absl::StatusOr<Resp> Unary(grpc::Status (v1::ExperimentService::Stub::*method)(grpc::ClientContext*, const Req&,
-                                                                                 Resp*),
-                             const Req& req) {
-    return Call(stub.get(), method, req);
-  }
 };
 
 Client::Client(const ClientOptions& options) : impl_(std::make_unique<Impl>()) {
@@ -110,7 +104,7 @@ Client::~Client() = default;
 absl::StatusOr<v1::Run> Client::SubmitRun(const v1::ExperimentSpec& spec) {
   v1::SubmitRunRequest req;
   *req.mutable_spec() = spec;
-  auto resp = impl_->Unary(&v1::ExperimentService::Stub::SubmitRun, req);
+  auto resp = impl_->Call(impl_->stub.get(), &v1::ExperimentService::Stub::SubmitRun, req);
   if (!resp.ok()) return resp.status();
   return resp->run();
 }
@@ -118,21 +112,21 @@ absl::StatusOr<v1::Run> Client::SubmitRun(const v1::ExperimentSpec& spec) {
 absl::StatusOr<v1::Run> Client::GetRun(const std::string& run_id) {
   v1::GetRunRequest req;
   req.set_run_id(run_id);
-  return impl_->Unary(&v1::ExperimentService::Stub::GetRun, req);
+  return impl_->Call(impl_->stub.get(), &v1::ExperimentService::Stub::GetRun, req);
 }
 
 absl::StatusOr<v1::ListRunsResponse> Client::ListRuns(const v1::ListRunsRequest& request) {
-  return impl_->Unary(&v1::ExperimentService::Stub::ListRuns, request);
+  return impl_->Call(impl_->stub.get(), &v1::ExperimentService::Stub::ListRuns, request);
 }
 
 absl::StatusOr<v1::Run> Client::CancelRun(const std::string& run_id) {
   v1::CancelRunRequest req;
   req.set_run_id(run_id);
-  return impl_->Unary(&v1::ExperimentService::Stub::CancelRun, req);
+  return impl_->Call(impl_->stub.get(), &v1::ExperimentService::Stub::CancelRun, req);
 }
 
 absl::StatusOr<v1::GetMetricsResponse> Client::GetMetrics(const v1::GetMetricsRequest& request) {
-  return impl_->Unary(&v1::ExperimentService::Stub::GetMetrics, request);
+  return impl_->Call(impl_->stub.get(), &v1::ExperimentService::Stub::GetMetrics, request);
 }
 
 absl::StatusOr<v1::ProjectCheckpointResponse> Client::ProjectCheckpoint(const v1::ProjectCheckpointRequest& request) {

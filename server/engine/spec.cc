@@ -11,8 +11,6 @@
 namespace circuitlab::engine {
 namespace {
 
-// Sequences evaluated per forward pass (bounds evaluation memory).
-constexpr int64_t kEvalChunk = 512;
 constexpr int64_t kMaxResidualWidth = 1 << 16;
 
 std::string Num(double v) {

@@ -16,6 +16,10 @@
 
 namespace circuitlab::engine {
 
+// Sequences evaluated (and sampled) per forward pass: bounds evaluation
+// memory; the memory estimate below assumes it.
+inline constexpr int64_t kEvalChunk = 512;
+
 struct EngineLimits {
   // Most optimisation steps one run may ask for.
   uint64_t max_steps = 10'000'000;

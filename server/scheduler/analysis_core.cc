@@ -246,9 +246,7 @@ absl::StatusOr<v1::ProjectCheckpointResponse> AnalysisCore::ProjectCheckpoint(
   resp.set_step(canonical.step());
   resp.set_selection(canonical.selection());
   for (const engine::CoordinateDef& d : p.basis.coords) {
-    store::CoordinateDefRow row_def{0, d.index, d.label, d.canonical, d.matrix, d.layer, d.head, d.block_q,
-                                    d.block_k, d.element, d.norm, d.gauge};
-    FillCoordinate(row_def, p.values[d.index], resp.add_coordinates());
+    FillCoordinate(ToCoordinateRow(d), p.values[d.index], resp.add_coordinates());
   }
   resp.set_rho(p.rho);
   for (const auto& [matrix, rho] : p.rho_by_matrix) (*resp.mutable_rho_by_matrix())[matrix] = rho;

@@ -57,6 +57,10 @@ absl::StatusOr<int64_t> ParseRunId(const std::string& text, const std::string& f
 
 std::string FormatRunId(int64_t id) { return "r" + std::to_string(id); }
 
+store::CoordinateDefRow ToCoordinateRow(const engine::CoordinateDef& d) {
+  return {0, d.index, d.label, d.canonical, d.matrix, d.layer, d.head, d.block_q, d.block_k, d.element, d.norm, d.gauge};
+}
+
 absl::Status ValidateSeriesRange(uint64_t min_step, uint64_t max_step, uint32_t max_points) {
   if (max_points > kMaxMetricPoints) {
     return absl::InvalidArgumentError("max_points must be in [0, " + std::to_string(kMaxMetricPoints) + "], got " +
@@ -121,10 +125,7 @@ class Scheduler::RunObserver : public engine::TrainObserver {
   absl::Status OnBasis(const engine::Basis& basis) override {
     std::vector<store::CoordinateDefRow> rows;
     rows.reserve(basis.coords.size());
-    for (const engine::CoordinateDef& d : basis.coords) {
-      rows.push_back({0, d.index, d.label, d.canonical, d.matrix, d.layer, d.head, d.block_q, d.block_k, d.element,
-                      d.norm, d.gauge});
-    }
+    for (const engine::CoordinateDef& d : basis.coords) rows.push_back(ToCoordinateRow(d));
     CL_ASSIGN_OR_RETURN(coord_ids_[static_cast<int>(basis.selection)],
                         s_->store_->PutCoordinateDefs(run_id_, engine::SelectionName(basis.selection), rows));
     return absl::OkStatus();

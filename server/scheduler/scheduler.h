@@ -51,6 +51,9 @@ struct SchedulerOptions {
 absl::StatusOr<int64_t> ParseRunId(const std::string& text, const std::string& field = "run_id");
 std::string FormatRunId(int64_t id);
 
+// The store's row for an engine basis coordinate.
+store::CoordinateDefRow ToCoordinateRow(const engine::CoordinateDef& d);
+
 // Checks a series request (GetMetrics, GetTrajectory): max_points in
 // [0, 100000], max_step 0 or >= min_step, both at most 2^62.
 absl::Status ValidateSeriesRange(uint64_t min_step, uint64_t max_step, uint32_t max_points);

@@ -27,9 +27,11 @@ void ImirModel::Initialize(const std::vector<uint64_t>& init_seeds) {
   torch::NoGradGuard no_grad;
   for (int64_t e = 0; e < ensemble_; ++e) {
     torch::Generator gen = at::make_generator<at::CPUGeneratorImpl>(init_seeds.at(e));
+    // Drawn in the parameters' own dtype, so float32 runs keep their values.
+    const auto dtype = readout_.scalar_type();
     auto draw = [&](torch::IntArrayRef shape) {
-      if (cfg_.zero_init) return torch::zeros(shape);
-      return torch::randn(shape, gen, torch::kDouble) * cfg_.init_std;
+      if (cfg_.zero_init) return torch::zeros(shape, dtype);
+      return torch::randn(shape, gen, dtype) * cfg_.init_std;
     };
     for (auto& w : kq_) w[e].copy_(draw(w[e].sizes()));
     readout_[e].copy_(draw(readout_[e].sizes()));

@@ -6,11 +6,11 @@
 #include <sstream>
 
 #include "server/common/seeds.h"
+#include "server/engine/spec.h"
 
 namespace circuitlab::engine {
 namespace {
 
-constexpr int64_t kEvalChunk = 512;
 constexpr int64_t kCheckpointFormat = 1;
 
 torch::Generator MakeGenerator(uint64_t seed) { return at::make_generator<at::CPUGeneratorImpl>(seed); }
