@@ -121,8 +121,8 @@ int main(int argc, char** argv) {
     WriteBatches(dump, batches, task.vocab_size(), task.num_positions(), m.num_layers(), m.num_heads(),
                  spec->training().learning_rate());
   }
-  ce::ImirModel model({task.vocab_size(), task.num_positions(), m.num_layers(), m.num_heads(), false, m.init_std()},
-                      1, torch::kCPU);
+  const std::unique_ptr<ce::ImirModel> model_ptr = ce::MakeModel(*spec, task, 1, torch::kCPU);
+  ce::ImirModel& model = *model_ptr;
   model.Initialize({1});
   torch::optim::SGD opt(model.parameters(), torch::optim::SGDOptions(spec->training().learning_rate()));
   auto model_step = [&](const ce::Batch& b) {

@@ -144,11 +144,12 @@ class TorchAnalyzer : public Analyzer {
                                                          Selection selection) override {
     try {
       // The run's own task pool: its fixed pairing is the relation C.
-      AssocRecallTask task(AssocRecallConfig::FromSpec(spec), PoolSeedOf(spec.seed()));
+      const std::unique_ptr<BlockTask> task = MakeBlockTask(spec, PoolSeedOf(spec.seed()));
       const auto& m = spec.model().imir();
-      ImirModel model({task.vocab_size(), task.num_positions(), m.num_layers(), m.num_heads()}, 1, torch::kCPU);
+      const std::unique_ptr<ImirModel> model_ptr = MakeModel(spec, *task, 1, torch::kCPU);
+      ImirModel& model = *model_ptr;
       if (absl::Status s = LoadWeights(checkpoint, model); !s.ok()) return s;
-      const TaskSymmetry sym = task.Symmetry();
+      const TaskSymmetry sym = task->Symmetry();
       CheckpointProjection out;
       out.basis = BuildBasis(sym, m.num_layers(), m.num_heads(), selection);
       const Projection p = Project(model, 0, out.basis);
@@ -172,7 +173,8 @@ class TorchAnalyzer : public Analyzer {
                                                    const CancelToken* cancel) override {
     try {
       at::set_num_threads(1);
-      const AssocRecallTask task(AssocRecallConfig::FromSpec(spec), PoolSeedOf(spec.seed()));
+      const std::unique_ptr<BlockTask> task_ptr = MakeBlockTask(spec, PoolSeedOf(spec.seed()));
+      const BlockTask& task = *task_ptr;
       const auto& m = spec.model().imir();
       const TaskSymmetry sym = task.Symmetry();
       const Basis span = BuildBasis(sym, m.num_layers(), m.num_heads(), request.selection);

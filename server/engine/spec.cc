@@ -36,9 +36,119 @@ bool ValidTagChar(char c) {
   return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.' || c == ':' || c == '=' || c == '-';
 }
 
+absl::Status CheckPositionMode(const std::string& field, v1::PositionMode* mode) {
+  if (*mode == v1::POSITION_MODE_UNSPECIFIED) *mode = v1::POSITION_MODE_BLOCK_OFFSET;
+  if (!v1::PositionMode_IsValid(*mode)) {
+    return absl::InvalidArgumentError(field + " is not a known value: " + std::to_string(*mode));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status AtLeast(const std::string& field, uint32_t value, uint32_t need, const std::string& why) {
+  if (value < need) {
+    return absl::InvalidArgumentError(field + " must be at least " + std::to_string(need) + " (" + why + "), got " +
+                                      std::to_string(value));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ResolveKHop(v1::KHopTask* t) {
+  const std::string p = "task.k_hop.";
+  if (!t->has_num_tokens()) t->set_num_tokens(32);
+  if (!t->has_num_blocks()) t->set_num_blocks(6);
+  if (!t->has_hops()) t->set_hops(2);
+  if (!t->has_num_positions()) t->set_num_positions(16);
+  v1::PositionMode mode = t->position_mode();
+  CL_RETURN_IF_ERROR(CheckPositionMode(p + "position_mode", &mode));
+  t->set_position_mode(mode);
+  CL_RETURN_IF_ERROR(CheckRange<uint32_t>(p + "num_tokens", t->num_tokens(), 4, 2048));
+  CL_RETURN_IF_ERROR(CheckRange<uint32_t>(p + "num_blocks", t->num_blocks(), 1, 256));
+  CL_RETURN_IF_ERROR(CheckRange<uint32_t>(p + "hops", t->hops(), 1, t->num_blocks()));
+  CL_RETURN_IF_ERROR(CheckRange<uint32_t>(p + "num_positions", t->num_positions(), 2, 4096));
+  return AtLeast(p + "num_tokens", t->num_tokens(), 2 * t->num_blocks() - t->hops() + 1,
+                 "2 * num_blocks - hops + 1 distinct tokens per sequence");
+}
+
+absl::Status ResolveNGram(v1::NGramTask* t) {
+  const std::string p = "task.ngram.";
+  if (!t->has_alphabet()) t->set_alphabet(3);
+  if (!t->has_order()) t->set_order(2);
+  if (!t->has_length()) t->set_length(32);
+  CL_RETURN_IF_ERROR(CheckRange<uint32_t>(p + "alphabet", t->alphabet(), 2, 16));
+  CL_RETURN_IF_ERROR(CheckRange<uint32_t>(p + "order", t->order(), 2, 4));
+  return CheckRange<uint32_t>(p + "length", t->length(), t->order(), 512);
+}
+
+absl::Status ResolveIoi(v1::IoiTask* t) {
+  const std::string p = "task.ioi.";
+  if (!t->has_num_names()) t->set_num_names(32);
+  if (!t->has_max_fillers()) t->set_max_fillers(0);
+  CL_RETURN_IF_ERROR(CheckRange<uint32_t>(p + "num_names", t->num_names(), 3, 2048));
+  return CheckRange<uint32_t>(p + "max_fillers", t->max_fillers(), 0, 16);
+}
+
+absl::Status ResolveConditionalRetrieval(v1::ConditionalRetrievalTask* t) {
+  const std::string p = "task.conditional_retrieval.";
+  if (!t->has_num_tokens()) t->set_num_tokens(32);
+  if (!t->has_num_tags()) t->set_num_tags(4);
+  if (!t->has_num_blocks()) t->set_num_blocks(6);
+  if (!t->has_tags_per_key()) t->set_tags_per_key(2);
+  if (!t->has_num_positions()) t->set_num_positions(16);
+  v1::PositionMode mode = t->position_mode();
+  CL_RETURN_IF_ERROR(CheckPositionMode(p + "position_mode", &mode));
+  t->set_position_mode(mode);
+  CL_RETURN_IF_ERROR(CheckRange<uint32_t>(p + "num_tokens", t->num_tokens(), 4, 2048));
+  CL_RETURN_IF_ERROR(CheckRange<uint32_t>(p + "num_tags", t->num_tags(), 2, 64));
+  CL_RETURN_IF_ERROR(CheckRange<uint32_t>(p + "num_blocks", t->num_blocks(), 2, 256));
+  CL_RETURN_IF_ERROR(CheckRange<uint32_t>(p + "tags_per_key", t->tags_per_key(), 2, t->num_tags()));
+  if (t->num_blocks() % t->tags_per_key() != 0) {
+    return absl::InvalidArgumentError(p + "num_blocks must be a multiple of tags_per_key (" +
+                                      std::to_string(t->tags_per_key()) + "), got " +
+                                      std::to_string(t->num_blocks()));
+  }
+  CL_RETURN_IF_ERROR(CheckRange<uint32_t>(p + "num_positions", t->num_positions(), 3, 4096));
+  return AtLeast(p + "num_tokens", t->num_tokens(), t->num_blocks() / t->tags_per_key() + t->num_blocks(),
+                 "num_blocks / tags_per_key keys and num_blocks values, all distinct");
+}
+
+absl::Status ResolvePermutationInversion(v1::PermutationInversionTask* t) {
+  const std::string p = "task.permutation_inversion.";
+  if (!t->has_num_tokens()) t->set_num_tokens(32);
+  if (!t->has_num_blocks()) t->set_num_blocks(6);
+  if (!t->has_num_positions()) t->set_num_positions(16);
+  v1::PositionMode mode = t->position_mode();
+  CL_RETURN_IF_ERROR(CheckPositionMode(p + "position_mode", &mode));
+  t->set_position_mode(mode);
+  CL_RETURN_IF_ERROR(CheckRange<uint32_t>(p + "num_tokens", t->num_tokens(), 4, 2048));
+  CL_RETURN_IF_ERROR(CheckRange<uint32_t>(p + "num_blocks", t->num_blocks(), 1, 256));
+  CL_RETURN_IF_ERROR(CheckRange<uint32_t>(p + "num_positions", t->num_positions(), 2, 4096));
+  return AtLeast(p + "num_tokens", t->num_tokens(), t->num_blocks() + 1, "num_blocks + 1");
+}
+
+absl::Status ResolveMinimalIcl(v1::MinimalIclTask* t) {
+  const std::string p = "task.minimal_icl.";
+  if (!t->has_num_pairs()) t->set_num_pairs(8);
+  CL_RETURN_IF_ERROR(CheckRange<uint32_t>(p + "num_pairs", t->num_pairs(), 1, 256));
+  if (!t->has_num_items()) t->set_num_items(std::max<uint32_t>(32, t->num_pairs()));
+  if (!t->has_num_labels()) t->set_num_labels(std::max<uint32_t>(32, t->num_pairs()));
+  CL_RETURN_IF_ERROR(CheckRange<uint32_t>(p + "num_items", t->num_items(), t->num_pairs(), 2048));
+  return CheckRange<uint32_t>(p + "num_labels", t->num_labels(), t->num_pairs(), 2048);
+}
+
 absl::Status ResolveTask(v1::ExperimentSpec* spec) {
-  if (spec->task().kind_case() == v1::TaskSpec::KIND_NOT_SET) spec->mutable_task()->mutable_associative_recall();
-  auto* t = spec->mutable_task()->mutable_associative_recall();
+  auto* task = spec->mutable_task();
+  switch (task->kind_case()) {
+    case v1::TaskSpec::kKHop: return ResolveKHop(task->mutable_k_hop());
+    case v1::TaskSpec::kNgram: return ResolveNGram(task->mutable_ngram());
+    case v1::TaskSpec::kIoi: return ResolveIoi(task->mutable_ioi());
+    case v1::TaskSpec::kConditionalRetrieval:
+      return ResolveConditionalRetrieval(task->mutable_conditional_retrieval());
+    case v1::TaskSpec::kPermutationInversion:
+      return ResolvePermutationInversion(task->mutable_permutation_inversion());
+    case v1::TaskSpec::kMinimalIcl: return ResolveMinimalIcl(task->mutable_minimal_icl());
+    default: break;
+  }
+  auto* t = task->mutable_associative_recall();
   const std::string p = "task.associative_recall.";
   if (!t->has_num_common()) t->set_num_common(32);
   if (!t->has_num_rare()) t->set_num_rare(64);
@@ -78,6 +188,13 @@ absl::Status ResolveTask(v1::ExperimentSpec* spec) {
 }
 
 absl::Status ResolveData(v1::ExperimentSpec* spec) {
+  if (spec->task().kind_case() != v1::TaskSpec::kAssociativeRecall) {
+    if (spec->data().ByteSizeLong() != 0) {
+      return absl::InvalidArgumentError("data applies only to task.associative_recall; task." +
+                                        TaskName(spec->task()) + " has no data statistics, leave data unset");
+    }
+    return absl::OkStatus();
+  }
   const auto& t = spec->task().associative_recall();
   auto* d = spec->mutable_data();
   const std::string p = "data.";
@@ -104,6 +221,57 @@ absl::Status ResolveData(v1::ExperimentSpec* spec) {
   return absl::OkStatus();
 }
 
+constexpr int kMaxCoordinateNames = 100000;
+
+absl::Status ResolveCoordinates(const v1::ExperimentSpec& spec, v1::ImirModel* m) {
+  const std::string p = "model.imir.";
+  if (m->coordinate_basis() == v1::BASIS_SELECTION_UNSPECIFIED) m->set_coordinate_basis(v1::BASIS_SELECTION_PAPER);
+  if (!v1::BasisSelection_IsValid(m->coordinate_basis())) {
+    return absl::InvalidArgumentError(p + "coordinate_basis is not a known value: " +
+                                      std::to_string(m->coordinate_basis()));
+  }
+  if (m->coordinate_scaling() == v1::COORDINATE_SCALING_UNSPECIFIED) {
+    m->set_coordinate_scaling(v1::COORDINATE_SCALING_UNIT_NORM);
+  }
+  if (!v1::CoordinateScaling_IsValid(m->coordinate_scaling())) {
+    return absl::InvalidArgumentError(p + "coordinate_scaling is not a known value: " +
+                                      std::to_string(m->coordinate_scaling()));
+  }
+  if (m->coordinates_size() > kMaxCoordinateNames) {
+    return absl::InvalidArgumentError(p + "coordinates must have at most " + std::to_string(kMaxCoordinateNames) +
+                                      " entries, got " + std::to_string(m->coordinates_size()));
+  }
+  const Basis basis = CoordinateBasisOf(spec);
+  std::vector<bool> trained(basis.coords.size(), m->coordinates_size() == 0);
+  for (int i = 0; i < m->coordinates_size(); ++i) {
+    const int32_t id = FindCoordinate(basis, m->coordinates(i));
+    const std::string field = p + "coordinates[" + std::to_string(i) + "]";
+    if (id < 0) {
+      return absl::InvalidArgumentError(field + " '" + m->coordinates(i) + "' is not a coordinate of the " +
+                                        SelectionName(basis.selection) + " basis of this task and model (" +
+                                        std::to_string(basis.coords.size()) +
+                                        " coordinates; list them with `circuitlab project`)");
+    }
+    if (trained[static_cast<size_t>(id)]) {
+      return absl::InvalidArgumentError(field + " '" + m->coordinates(i) + "' names " + basis.coords[id].label +
+                                        " a second time");
+    }
+    trained[static_cast<size_t>(id)] = true;
+  }
+  for (const auto& [name, value] : m->initial_coordinates()) {
+    const int32_t id = FindCoordinate(basis, name);
+    const std::string field = p + "initial_coordinates['" + name + "']";
+    if (id < 0 || !trained[static_cast<size_t>(id)]) {
+      return absl::InvalidArgumentError(field + (id < 0 ? " is not a coordinate of the basis"
+                                                        : " is not one of model.imir.coordinates"));
+    }
+    if (!std::isfinite(value) || std::abs(value) > 1e6) {
+      return absl::InvalidArgumentError(field + " must be finite and in [-1e6, 1e6], got " + Num(value));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ResolveModel(v1::ExperimentSpec* spec) {
   if (spec->model().kind_case() == v1::ModelSpec::KIND_NOT_SET) spec->mutable_model()->mutable_imir();
   auto* m = spec->mutable_model()->mutable_imir();
@@ -116,8 +284,8 @@ absl::Status ResolveModel(v1::ExperimentSpec* spec) {
 
   CL_RETURN_IF_ERROR(CheckRange<uint32_t>(p + "num_layers", m->num_layers(), 1, 6));
   CL_RETURN_IF_ERROR(CheckRange<uint32_t>(p + "num_heads", m->num_heads(), 1, 8));
-  if (m->parameterisation() != v1::PARAMETERISATION_FULL) {
-    return absl::InvalidArgumentError(p + "parameterisation must be PARAMETERISATION_FULL, got " +
+  if (!v1::Parameterisation_IsValid(m->parameterisation())) {
+    return absl::InvalidArgumentError(p + "parameterisation is not a known value: " +
                                       std::to_string(m->parameterisation()));
   }
   if (!v1::InitScheme_IsValid(m->init())) {
@@ -129,6 +297,19 @@ absl::Status ResolveModel(v1::ExperimentSpec* spec) {
     return absl::InvalidArgumentError("model residual width (num_heads+1)^num_layers * (vocabulary + positions) = " +
                                       std::to_string(width) + " exceeds " + std::to_string(kMaxResidualWidth) +
                                       "; use fewer layers/heads or a smaller vocabulary");
+  }
+  if (m->parameterisation() == v1::PARAMETERISATION_COORDINATES) {
+    CL_RETURN_IF_ERROR(ResolveCoordinates(*spec, m));
+  } else {
+    if (m->init() == v1::INIT_SCHEME_PROJECTED) {
+      return absl::InvalidArgumentError(p + "init INIT_SCHEME_PROJECTED needs parameterisation "
+                                        "PARAMETERISATION_COORDINATES");
+    }
+    if (m->coordinates_size() > 0 || !m->initial_coordinates().empty() || m->coordinate_basis() != 0 ||
+        m->coordinate_scaling() != 0) {
+      return absl::InvalidArgumentError(p + "coordinates, initial_coordinates, coordinate_basis and "
+                                        "coordinate_scaling need parameterisation PARAMETERISATION_COORDINATES");
+    }
   }
   return absl::OkStatus();
 }
@@ -147,6 +328,10 @@ absl::Status ResolveTraining(const EngineLimits& limits, v1::ExperimentSpec* spe
   if (!tr->has_adam_beta1()) tr->set_adam_beta1(0.9);
   if (!tr->has_adam_beta2()) tr->set_adam_beta2(0.999);
   if (!tr->has_weight_decay()) tr->set_weight_decay(0.0);
+  if (tr->loss() == v1::LOSS_KIND_UNSPECIFIED) tr->set_loss(v1::LOSS_KIND_CROSS_ENTROPY);
+  if (!v1::LossKind_IsValid(tr->loss())) {
+    return absl::InvalidArgumentError(p + "loss is not a known value: " + std::to_string(tr->loss()));
+  }
 
   if (!(tr->learning_rate() > 0.0 && tr->learning_rate() <= 1000.0)) {
     return absl::InvalidArgumentError(p + "learning_rate must be in (0, 1000], got " + Num(tr->learning_rate()));
@@ -194,7 +379,7 @@ absl::Status ResolveTop(v1::ExperimentSpec* spec) {
     return absl::InvalidArgumentError("name must be at most 200 characters, got " +
                                       std::to_string(spec->name().size()));
   }
-  if (spec->name().empty()) spec->set_name("associative_recall");
+  if (spec->name().empty()) spec->set_name(TaskName(spec->task()));
   if (spec->tags_size() > 32) {
     return absl::InvalidArgumentError("tags must have at most 32 entries, got " + std::to_string(spec->tags_size()));
   }
@@ -220,16 +405,6 @@ absl::Status ResolveTop(v1::ExperimentSpec* spec) {
 
 }  // namespace
 
-TaskShape ShapeOf(const v1::ExperimentSpec& spec) {
-  const auto& t = spec.task().associative_recall();
-  TaskShape s;
-  s.vocab = 4 + int64_t{t.num_common()} + t.num_rare() + t.num_heldout();
-  const int64_t n = t.num_blocks(), k = t.block_length();
-  s.seq_len = 1 + n * (k + spec.data().max_gap()) + (k - 1);
-  s.positions = t.position_mode() == v1::POSITION_MODE_ABSOLUTE ? s.seq_len : int64_t{t.num_positions()};
-  return s;
-}
-
 int64_t ResidualWidth(const v1::ExperimentSpec& spec) {
   const TaskShape s = ShapeOf(spec);
   const auto& m = spec.model().imir();
@@ -238,9 +413,33 @@ int64_t ResidualWidth(const v1::ExperimentSpec& spec) {
   return width;
 }
 
+Basis CoordinateBasisOf(const v1::ExperimentSpec& spec) {
+  const auto& m = spec.model().imir();
+  return BuildBasis(DeclaredSymmetry(spec), m.num_layers(), m.num_heads(),
+                    m.coordinate_basis() == v1::BASIS_SELECTION_COMPLETE ? Selection::kComplete : Selection::kPaper);
+}
+
+std::vector<int32_t> TrainedCoordinates(const v1::ExperimentSpec& spec, const Basis& basis) {
+  const auto& m = spec.model().imir();
+  std::vector<bool> trained(basis.coords.size(), m.coordinates_size() == 0);
+  for (const std::string& name : m.coordinates()) {
+    const int32_t id = FindCoordinate(basis, name);
+    if (id >= 0) trained[static_cast<size_t>(id)] = true;
+  }
+  std::vector<int32_t> out;
+  for (size_t i = 0; i < trained.size(); ++i) {
+    if (trained[i]) out.push_back(static_cast<int32_t>(i));
+  }
+  return out;
+}
+
 int64_t ParameterCount(const v1::ExperimentSpec& spec) {
   const TaskShape s = ShapeOf(spec);
   const auto& m = spec.model().imir();
+  if (m.parameterisation() == v1::PARAMETERISATION_COORDINATES) {
+    return m.coordinates_size() > 0 ? m.coordinates_size()
+                                    : static_cast<int64_t>(CoordinateBasisOf(spec).coords.size());
+  }
   int64_t d = s.vocab + s.positions, params = 0;
   for (uint32_t l = 0; l < m.num_layers(); ++l) {
     params += int64_t{m.num_heads()} * d * d;
@@ -262,15 +461,20 @@ uint64_t EstimateRunMemoryBytes(const v1::ExperimentSpec& spec) {
     d *= (m.num_heads() + 1);
   }
   activations += batch * d + 3.0 * batch * static_cast<double>(s.vocab);
-  const double params = static_cast<double>(ParameterCount(spec));
-  // The generator draws a random permutation of the rare (and held-out)
-  // tokens and Gumbel keys over the pairs per sequence: float64 keys plus
-  // int64 indices, for a training batch or an evaluation chunk at a time.
-  const auto& task = spec.task().associative_recall();
-  const double sampling =
-      16.0 * batch * (task.num_rare() + task.num_heldout() + task.num_common() / 2.0 + 4.0 * task.num_blocks());
+  double params = static_cast<double>(ParameterCount(spec));
+  if (m.parameterisation() == v1::PARAMETERISATION_COORDINATES) {
+    // The dense matrices are materialised from the coefficients every step
+    // (with their gradients), as large as a FULL model's parameters.
+    v1::ExperimentSpec full = spec;
+    full.mutable_model()->mutable_imir()->set_parameterisation(v1::PARAMETERISATION_FULL);
+    params += static_cast<double>(ParameterCount(full)) / 2.0;
+  }
+  // Generators draw random permutations of their token pools (and, for
+  // associative recall, Gumbel keys over the pairs) per sequence: float64
+  // keys plus int64 indices, for a batch or an evaluation chunk at a time.
+  const double sampling = 16.0 * batch * (static_cast<double>(s.vocab) + 4.0 * t);
   // Evaluation sets are kept for the whole run: tokens, ids, block index per
-  // position (int64) for each of the five sets.
+  // position (int64) for each of at most five sets.
   const double eval_sets = 5.0 * spec.recording().eval_size() * t * 3.0 * 8.0;
   // float32; parameters with gradient and two optimiser buffers; activations
   // kept for backward plus their gradients.

@@ -10,9 +10,11 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "circuitlab/v1/spec.pb.h"
+#include "server/engine/tasks/catalog.h"  // TaskShape, ShapeOf
 
 namespace circuitlab::engine {
 
@@ -31,14 +33,13 @@ struct EngineLimits {
 // resolved.
 absl::Status ResolveSpec(const EngineLimits& limits, v1::ExperimentSpec* spec);
 
-// Vocabulary size V, position vocabulary P and sequence length T of a resolved
-// associative-recall spec.
-struct TaskShape {
-  int64_t vocab = 0;
-  int64_t positions = 0;
-  int64_t seq_len = 0;
-};
-TaskShape ShapeOf(const v1::ExperimentSpec& resolved);
+// The model's coordinate basis (COORDINATES parameterisation): the spec's
+// coordinate_basis built on the task's declared symmetry.
+Basis CoordinateBasisOf(const v1::ExperimentSpec& resolved);
+
+// Indices into CoordinateBasisOf of the trained coordinates, in basis order
+// (all when the spec lists none). The spec must be resolved.
+std::vector<int32_t> TrainedCoordinates(const v1::ExperimentSpec& resolved, const Basis& basis);
 
 // Residual width d_L = (H+1)^L (V+P) of a resolved spec's model.
 int64_t ResidualWidth(const v1::ExperimentSpec& resolved);

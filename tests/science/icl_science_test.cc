@@ -13,6 +13,7 @@
 #include "server/engine/manifold/invariance.h"
 #include "server/engine/manifold/projection.h"
 #include "server/engine/spec.h"
+#include "server/engine/tasks/assoc_recall.h"
 #include "server/engine/train/trainer.h"
 
 namespace circuitlab::engine {
@@ -127,7 +128,7 @@ double SpearmanWithTime(const std::vector<double>& y) {
   return num / den;
 }
 
-double IclAccuracy(const ImirModel& model, int64_t member, const AssocRecallTask& task, uint64_t seed) {
+double IclAccuracy(const ImirModel& model, int64_t member, const BlockTask& task, uint64_t seed) {
   torch::NoGradGuard no_grad;
   torch::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
   Batch b = task.Sample(2048, SampleMode::kIclRare, gen);

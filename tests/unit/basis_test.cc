@@ -27,7 +27,8 @@ TaskSymmetry Symmetry(int common, int rare, int heldout, int64_t positions, bool
   for (int i = 0; i < heldout; ++i) s.heldout[4 + common + rare + i] = true;
   s.positions = positions;
   s.cyclic_positions = cyclic;
-  s.block_length = k;
+  s.paper_shifts.clear();
+  for (int64_t r = 0; r < k; ++r) s.paper_shifts.push_back(r);
   return s;
 }
 

@@ -22,7 +22,7 @@ AssocRecallConfig RareOnly() {
 }
 
 TEST(ImirModelTest, WidthsFollowTheBlockResidual) {
-  ImirModelConfig cfg{/*vocab=*/10, /*positions=*/6, /*layers=*/3, /*heads=*/2};
+  ImirModelConfig cfg = DenseConfig(/*vocab=*/10, /*positions=*/6, /*layers=*/3, /*heads=*/2);
   ImirModel model(cfg, 2, torch::kCPU);
   EXPECT_EQ(model.d0(), 16);
   EXPECT_EQ(model.width(1), 48);
@@ -33,7 +33,7 @@ TEST(ImirModelTest, WidthsFollowTheBlockResidual) {
 
 TEST(ImirModelTest, CausalChangingALaterTokenNeverChangesAnEarlierOutput) {
   AssocRecallTask task(RareOnly(), 1);
-  ImirModelConfig cfg{task.vocab_size(), task.num_positions(), 2, 2, false, 0.5};
+  ImirModelConfig cfg = DenseConfig(task.vocab_size(), task.num_positions(), 2, 2, false, 0.5);
   ImirModel model(cfg, 1, torch::kCPU);
   model.Initialize({3});
   auto gen = Gen(2);
@@ -65,7 +65,7 @@ TEST(ImirModelTest, HandBuiltInductionHeadSolvesRecall) {
   task_cfg.absolute_positions = true;
   AssocRecallTask task(task_cfg, 4);
   const int64_t V = task.vocab_size(), P = task.num_positions(), d0 = V + P;
-  ImirModelConfig cfg{V, P, 2, 1, /*zero_init=*/true};
+  ImirModelConfig cfg = DenseConfig(V, P, 2, 1, /*zero_init=*/true);
   ImirModel model(cfg, 1, torch::kCPU);
   const double alpha = 30, beta = 30, gamma = 30;
   {
@@ -94,7 +94,7 @@ TEST(ImirModelTest, HandBuiltInductionHeadSolvesRecall) {
 
 TEST(ImirModelTest, ZeroInitGivesUniformPredictions) {
   AssocRecallTask task(RareOnly(), 1);
-  ImirModel model({task.vocab_size(), task.num_positions(), 2, 1, true}, 2, torch::kCPU);
+  ImirModel model(DenseConfig(task.vocab_size(), task.num_positions(), 2, 1, true), 2, torch::kCPU);
   model.Initialize({1, 2});
   auto gen = Gen(1);
   Batch b = task.Sample(4, SampleMode::kTrain, gen);

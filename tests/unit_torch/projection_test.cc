@@ -35,7 +35,7 @@ class ProjectionTest : public ::testing::TestWithParam<Selection> {};
 TEST_P(ProjectionTest, PointsOfTheSpanProjectOntoThemselves) {
   AssocRecallTask task(Config(), 1);
   for (int64_t layers : {1, 2, 3}) {
-    ImirModel model({task.vocab_size(), task.num_positions(), layers, 2}, 2, torch::kCPU);
+    ImirModel model(DenseConfig(task.vocab_size(), task.num_positions(), layers, 2), 2, torch::kCPU);
     Basis basis = BuildBasis(task.Symmetry(), layers, 2, GetParam());
     Projection p;
     p.values = RandomValues(basis.coords.size(), 7);
@@ -55,7 +55,7 @@ INSTANTIATE_TEST_SUITE_P(Sets, ProjectionTest, ::testing::Values(Selection::kPap
 
 TEST(ProjectionTest, RandomWeightsAreMostlyOffTheManifold) {
   AssocRecallTask task(Config(), 1);
-  ImirModel model({task.vocab_size(), task.num_positions(), 2, 1, false, 0.01}, 1, torch::kCPU);
+  ImirModel model(DenseConfig(task.vocab_size(), task.num_positions(), 2, 1, false, 0.01), 1, torch::kCPU);
   model.Initialize({3});
   const double complete = Project(model, 0, BuildBasis(task.Symmetry(), 2, 1, Selection::kComplete)).rho();
   const double paper = Project(model, 0, BuildBasis(task.Symmetry(), 2, 1, Selection::kPaper)).rho();
@@ -79,7 +79,7 @@ TEST(ProjectionTest, InductionHeadFromCanonicalCoordinatesSolvesRecall) {
     }
   }
   ASSERT_EQ(found.size(), 3u);
-  ImirModel model({task.vocab_size(), task.num_positions(), 2, 1, true}, 1, torch::kCPU);
+  ImirModel model(DenseConfig(task.vocab_size(), task.num_positions(), 2, 1, true), 1, torch::kCPU);
   LoadProjected(basis, p, model, 0);
   torch::Generator gen = at::make_generator<at::CPUGeneratorImpl>(3);
   Batch b = task.Sample(512, SampleMode::kIclRare, gen);

@@ -1,5 +1,6 @@
 #include "server/engine/manifold/basis.h"
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 
@@ -60,8 +61,13 @@ BlockParts KeyQueryParts(const TaskSymmetry& s, Selection selection) {
           if (s.partner[r] == c) b.Add(r, c, "C");
         } else if (!rt && !ct) {
           const int64_t u = r - V, v = c - V;
-          const int64_t back = s.cyclic_positions ? ((u - v) % P + P) % P : u - v;
-          if (back >= 0 && back < s.block_length) b.Add(r, c, "S_" + Num(back));
+          for (int64_t shift : s.paper_shifts) {
+            const bool match = s.cyclic_positions ? ((u - v - shift) % P + P) % P == 0 : u - v == shift;
+            if (match) {
+              b.Add(r, c, "S_" + Num(shift));
+              break;
+            }
+          }
         }
         continue;
       }
@@ -109,6 +115,13 @@ BlockParts ReadoutParts(const TaskSymmetry& s, Selection selection) {
     }
   }
   return b.Take();
+}
+
+int32_t FindCoordinate(const Basis& basis, const std::string& name) {
+  for (const CoordinateDef& c : basis.coords) {
+    if (c.label == name || (!c.canonical.empty() && c.canonical == name)) return c.index;
+  }
+  return -1;
 }
 
 std::string PathName(int64_t index, int64_t depth, int64_t layers, int64_t heads) {

@@ -40,7 +40,9 @@ struct TaskSymmetry {
   std::vector<bool> heldout;
   int64_t positions = 0;  // P
   bool cyclic_positions = true;  // the cyclic shift group acts on ids (else no position symmetry)
-  int64_t block_length = 2;      // k: the paper set's shifts S_0..S_{k-1}
+  // The paper set's position shifts S_r ("attend r back"; -1 = one forward,
+  // the backward-in-block selection of A.1.6). Default S_0, S_1 (k = 2).
+  std::vector<int64_t> paper_shifts = {0, 1};
   int64_t vocab() const { return static_cast<int64_t>(token_class.size()); }
   int64_t d0() const { return vocab() + positions; }
 };
@@ -90,6 +92,10 @@ struct Basis {
 // layers not taken ("∅" when all are zero); the block written by head h of
 // layer l sits at offset h (H+1)^(l-1) d0.
 Basis BuildBasis(const TaskSymmetry& sym, int64_t layers, int64_t heads, Selection selection);
+
+// The coordinate with this label or canonical name (alpha, beta, gamma,
+// delta), or -1.
+int32_t FindCoordinate(const Basis& basis, const std::string& name);
 
 // "(h_1,...,h_L)" or "∅" for the block at `index` of a layer-`depth` residual.
 std::string PathName(int64_t index, int64_t depth, int64_t layers, int64_t heads);

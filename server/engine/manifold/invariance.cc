@@ -59,7 +59,7 @@ double FitSlope(const std::vector<int64_t>& n, const std::vector<double>& y) {
 
 
 
-InvarianceResult CheckInvariance(const AssocRecallTask& task, const Basis& point_basis, const Basis& check_basis,
+InvarianceResult CheckInvariance(const BlockTask& task, const Basis& point_basis, const Basis& check_basis,
                                  const InvarianceConfig& cfg, const std::function<bool(int64_t, int64_t)>& progress) {
   ImirModelConfig mc;
   mc.vocab = task.vocab_size();

@@ -18,7 +18,7 @@
 
 #include "server/engine/engine.h"
 #include "server/engine/manifold/basis.h"
-#include "server/engine/tasks/assoc_recall.h"
+#include "server/engine/tasks/block_task.h"
 
 namespace circuitlab::engine {
 
@@ -42,7 +42,7 @@ struct InvarianceResult : InvarianceCheckReport {
 // `point_basis` places the point; `check_basis` is the span tested (usually
 // the same). `progress(done, total)` is called after each chunk; returning
 // false stops the check (the result is then partial).
-InvarianceResult CheckInvariance(const AssocRecallTask& task, const Basis& point_basis, const Basis& check_basis,
+InvarianceResult CheckInvariance(const BlockTask& task, const Basis& point_basis, const Basis& check_basis,
                                  const InvarianceConfig& config,
                                  const std::function<bool(int64_t, int64_t)>& progress = {});
 

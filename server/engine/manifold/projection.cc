@@ -38,6 +38,7 @@ Projector::Projector(const Basis& basis)
       readout_index_(PartIndex(basis.readout)) {}
 
 Projection Projector::Project(const ImirModel& model, int64_t member) const {
+  torch::NoGradGuard no_grad;  // coordinate models materialise their matrices here
   std::vector<torch::Tensor> kq;
   for (int64_t l = 0; l < model.config().layers; ++l) kq.push_back(model.kq(l)[member]);
   return ProjectTensors(kq, model.readout()[member]);
@@ -129,13 +130,14 @@ void Projector::LoadProjected(const Projection& p, ImirModel& target, int64_t me
     torch::Tensor padded = torch::cat({means, torch::zeros({blocks, 1}, kF64)}, 1);  // dump bin -> 0
     return padded.index_select(1, index);                                           // [blocks, entries]
   };
+  std::vector<torch::Tensor> kq;
   for (int64_t l = 0; l < target.config().layers; ++l) {
     torch::Tensor blocks = fill(basis_.kq, kq_index_, H * n * n).view({H, n, n, d0, d0}).permute({0, 1, 3, 2, 4});
-    target.kq(l)[member].copy_(blocks.reshape({H, n * d0, n * d0}));
+    kq.push_back(blocks.reshape({H, n * d0, n * d0}));
     n *= H + 1;
   }
   torch::Tensor blocks = fill(basis_.readout, readout_index_, n).view({n, V, d0}).permute({1, 0, 2});
-  target.readout()[member].copy_(blocks.reshape({V, n * d0}));
+  target.AssignDense(member, kq, blocks.reshape({V, n * d0}));
 }
 
 Projection Project(const ImirModel& model, int64_t member, const Basis& basis) {

@@ -3,18 +3,112 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <limits>
+#include <map>
 #include <string>
+
+#include "server/engine/manifold/projection.h"
 
 namespace circuitlab::engine {
 
 ImirModel::ImirModel(const ImirModelConfig& config, int64_t ensemble, torch::Device device)
     : cfg_(config), ensemble_(ensemble), device_(device) {
   const auto opts = torch::TensorOptions().dtype(cfg_.float64 ? torch::kDouble : torch::kFloat).device(device_);
+  if (coordinate_model()) {
+    const int64_t K = static_cast<int64_t>(cfg_.coordinates->trained.size());
+    coef_ = torch::zeros({ensemble_, K}, opts).requires_grad_(true);
+    PlanCoordinates();
+    return;
+  }
   for (int64_t l = 0; l < cfg_.layers; ++l) {
     const int64_t d = width(l);
     kq_.push_back(torch::zeros({ensemble_, cfg_.heads, d, d}, opts).requires_grad_(true));
   }
   readout_ = torch::zeros({ensemble_, cfg_.vocab, width(cfg_.layers)}, opts).requires_grad_(true);
+}
+
+void ImirModel::PlanCoordinates() {
+  const CoordinateConfig& cc = *cfg_.coordinates;
+  const Basis& basis = cc.basis;
+  const int64_t H = cfg_.heads, L = cfg_.layers, d0 = this->d0(), V = cfg_.vocab;
+  const int64_t K = static_cast<int64_t>(cc.trained.size());
+  TORCH_CHECK(basis.layers == L && basis.heads == H, "coordinate basis built for another model shape");
+  TORCH_CHECK(static_cast<int64_t>(basis.kq.part.size()) == d0 * d0, "coordinate basis built for another task");
+  position_of_.assign(basis.coords.size(), -1);
+  std::vector<double> scale;
+  for (int64_t i = 0; i < K; ++i) {
+    const int32_t b = cc.trained[static_cast<size_t>(i)];
+    position_of_.at(static_cast<size_t>(b)) = static_cast<int32_t>(i);
+    scale.push_back(cc.unit_norm ? 1.0 / basis.coords[static_cast<size_t>(b)].norm : 1.0);
+  }
+  scale_ = torch::tensor(scale, torch::kDouble).to(coef_.options().requires_grad(false));
+
+  const int64_t pk = static_cast<int64_t>(basis.kq.names.size());
+  const int64_t pr = static_cast<int64_t>(basis.readout.names.size());
+  int64_t offset = 0, n = 1;
+  active_pairs_.assign(static_cast<size_t>(L), std::vector<std::vector<std::pair<int64_t, int64_t>>>(H));
+  for (int64_t l = 0; l < L; ++l) {
+    const int64_t d = n * d0;
+    std::vector<int64_t> gather(static_cast<size_t>(H * d * d), K);
+    for (int64_t h = 0; h < H; ++h) {
+      std::map<std::pair<int64_t, int64_t>, bool> active;
+      for (int64_t row = 0; row < d; ++row) {
+        const int64_t qb = row / d0, r = row % d0;
+        for (int64_t col = 0; col < d; ++col) {
+          const int32_t part = basis.kq.part[static_cast<size_t>(r * d0 + col % d0)];
+          if (part < 0) continue;
+          const int64_t kb = col / d0;
+          const int64_t index = offset + ((h * n + qb) * n + kb) * pk + part;
+          const int32_t pos = position_of_[static_cast<size_t>(index)];
+          if (pos < 0) continue;
+          gather[static_cast<size_t>((h * d + row) * d + col)] = pos;
+          active[{qb, kb}] = true;
+        }
+      }
+      for (const auto& [pair, unused] : active) active_pairs_[l][h].push_back(pair);
+    }
+    kq_gather_.push_back(torch::tensor(gather, torch::kLong).to(device_));
+    offset += H * n * n * pk;
+    n *= H + 1;
+  }
+  std::vector<int64_t> gather(static_cast<size_t>(V * n * d0), K);
+  std::vector<bool> readout_active(static_cast<size_t>(n), false);
+  for (int64_t row = 0; row < V; ++row) {
+    for (int64_t col = 0; col < n * d0; ++col) {
+      const int32_t part = basis.readout.part[static_cast<size_t>(row * d0 + col % d0)];
+      if (part < 0) continue;
+      const int32_t pos = position_of_[static_cast<size_t>(offset + (col / d0) * pr + part)];
+      if (pos < 0) continue;
+      gather[static_cast<size_t>(row * n * d0 + col)] = pos;
+      readout_active[static_cast<size_t>(col / d0)] = true;
+    }
+  }
+  readout_gather_ = torch::tensor(gather, torch::kLong).to(device_);
+  for (int64_t b = 0; b < n; ++b) {
+    if (readout_active[static_cast<size_t>(b)]) readout_blocks_.push_back(b);
+  }
+
+  // Which residual blocks and heads the readout depends on, layer by layer
+  // from the top.
+  block_needed_.assign(static_cast<size_t>(L + 1), {});
+  head_needed_.assign(static_cast<size_t>(L), std::vector<bool>(static_cast<size_t>(H), false));
+  block_needed_[L] = readout_active;
+  for (int64_t l = L; l >= 1; --l) {
+    const int64_t prev = block_needed_[l].size() / (H + 1);
+    std::vector<bool> need(static_cast<size_t>(prev), false);
+    for (int64_t pi = 0; pi < prev; ++pi) {
+      if (block_needed_[l][pi]) need[pi] = true;  // skipped layer l
+    }
+    for (int64_t h = 0; h < H; ++h) {
+      for (int64_t pi = 0; pi < prev; ++pi) {
+        if (!block_needed_[l][(h + 1) * prev + pi]) continue;
+        head_needed_[l - 1][h] = true;
+        need[pi] = true;  // the head copies block pi
+      }
+      if (!head_needed_[l - 1][h]) continue;
+      for (const auto& [qb, kb] : active_pairs_[l - 1][h]) need[qb] = need[kb] = true;
+    }
+    block_needed_[l - 1] = need;
+  }
 }
 
 int64_t ImirModel::width(int64_t layer) const {
@@ -28,23 +122,64 @@ void ImirModel::Initialize(const std::vector<uint64_t>& init_seeds) {
   for (int64_t e = 0; e < ensemble_; ++e) {
     torch::Generator gen = at::make_generator<at::CPUGeneratorImpl>(init_seeds.at(e));
     // Drawn in the parameters' own dtype, so float32 runs keep their values.
-    const auto dtype = readout_.scalar_type();
+    const auto dtype = coordinate_model() ? coef_.scalar_type() : readout_.scalar_type();
     auto draw = [&](torch::IntArrayRef shape) {
       if (cfg_.zero_init) return torch::zeros(shape, dtype);
       return torch::randn(shape, gen, dtype) * cfg_.init_std;
     };
+    if (coordinate_model()) {
+      coef_[e].copy_(draw(coef_[e].sizes()));
+      continue;
+    }
     for (auto& w : kq_) w[e].copy_(draw(w[e].sizes()));
     readout_[e].copy_(draw(readout_[e].sizes()));
   }
 }
 
+torch::Tensor ImirModel::ScaledValues() const {
+  return torch::cat({coef_ * scale_, torch::zeros({ensemble_, 1}, coef_.options().requires_grad(false))}, 1);
+}
+
+torch::Tensor ImirModel::kq(int64_t layer) const {
+  if (!coordinate_model()) return kq_[layer];
+  const int64_t d = width(layer);
+  return ScaledValues().index_select(1, kq_gather_[layer]).view({ensemble_, cfg_.heads, d, d});
+}
+
+torch::Tensor ImirModel::readout() const {
+  if (!coordinate_model()) return readout_;
+  return ScaledValues().index_select(1, readout_gather_).view({ensemble_, cfg_.vocab, width(cfg_.layers)});
+}
+
+void ImirModel::AssignDense(int64_t member, const std::vector<torch::Tensor>& kq, const torch::Tensor& readout) {
+  torch::NoGradGuard no_grad;
+  if (!coordinate_model()) {
+    for (int64_t l = 0; l < cfg_.layers; ++l) kq_[l][member].copy_(kq.at(l));
+    readout_[member].copy_(readout);
+    return;
+  }
+  const Projection p = Projector(cfg_.coordinates->basis).ProjectTensors(kq, readout);
+  for (int32_t b : cfg_.coordinates->trained) SetRawCoordinate(member, b, p.values[static_cast<size_t>(b)]);
+}
+
+void ImirModel::SetRawCoordinate(int64_t member, int32_t basis_index, double raw) {
+  if (!coordinate_model()) return;
+  const int32_t pos = position_of_.at(static_cast<size_t>(basis_index));
+  TORCH_CHECK(pos >= 0, "basis element ", basis_index, " is not a trained coordinate of this model");
+  torch::NoGradGuard no_grad;
+  const double s = scale_[pos].item<double>();
+  coef_.index_put_({member, pos}, raw / s);
+}
+
 std::vector<torch::Tensor> ImirModel::parameters() const {
+  if (coordinate_model()) return {coef_};
   std::vector<torch::Tensor> params = kq_;
   params.push_back(readout_);
   return params;
 }
 
 std::vector<std::string> ImirModel::parameter_names() const {
+  if (coordinate_model()) return {"coords"};
   std::vector<std::string> names;
   for (int64_t l = 0; l < cfg_.layers; ++l) names.push_back("L" + std::to_string(l + 1) + ".kq");
   names.push_back("out");
@@ -54,15 +189,20 @@ std::vector<std::string> ImirModel::parameter_names() const {
 torch::Tensor ImirModel::Embed(const torch::Tensor& tokens, const torch::Tensor& pids) const {
   auto sizes = tokens.sizes().vec();
   sizes.push_back(d0());
-  torch::Tensor x = torch::zeros(sizes, readout_.options().requires_grad(false));
+  const auto opts = (coordinate_model() ? coef_ : readout_).options().requires_grad(false);
+  torch::Tensor x = torch::zeros(sizes, opts);
   x.scatter_(-1, tokens.unsqueeze(-1), 1.0f);
   x.scatter_(-1, (pids + cfg_.vocab).unsqueeze(-1), 1.0f);
   return x;
 }
 
 torch::Tensor ImirModel::Forward(const torch::Tensor& tokens, const torch::Tensor& pids, bool all_positions) const {
+  TORCH_CHECK(tokens.size(0) == ensemble_, "batch has ", tokens.size(0), " ensemble members, the model ", ensemble_);
+  return coordinate_model() ? SparseForward(tokens, pids, all_positions) : DenseForward(tokens, pids, all_positions);
+}
+
+torch::Tensor ImirModel::DenseForward(const torch::Tensor& tokens, const torch::Tensor& pids, bool all_positions) const {
   const int64_t E = tokens.size(0), B = tokens.size(1), T = tokens.size(2), H = cfg_.heads;
-  TORCH_CHECK(E == ensemble_, "batch has ", E, " ensemble members, the model ", ensemble_);
   torch::Tensor x = Embed(tokens, pids);  // [E, B, T, d]
   const torch::Tensor causal =
       torch::ones({T, T}, torch::TensorOptions().dtype(torch::kBool).device(device_)).triu(1);
@@ -94,6 +234,69 @@ torch::Tensor ImirModel::Forward(const torch::Tensor& tokens, const torch::Tenso
   y = y.permute({0, 2, 1, 3}).reshape({E, B, H * d});
   torch::Tensor xl = torch::cat({xq, y}, -1);                                     // [E, B, d_L]
   return torch::matmul(xl, readout_.transpose(1, 2));                             // [E, B, V]
+}
+
+torch::Tensor ImirModel::SparseForward(const torch::Tensor& tokens, const torch::Tensor& pids,
+                                       bool all_positions) const {
+  const int64_t E = tokens.size(0), B = tokens.size(1), T = tokens.size(2), H = cfg_.heads, d0 = this->d0();
+  const torch::Tensor values = ScaledValues();
+  const torch::Tensor causal =
+      torch::ones({T, T}, torch::TensorOptions().dtype(torch::kBool).device(device_)).triu(1);
+  // x[pi]: residual block pi, [E, B, Tq, d0] (Tq = T, or 1 after the last
+  // layer when only the query is read out); undefined when nothing reads it.
+  std::vector<torch::Tensor> x = {Embed(tokens, pids)};
+  auto block = [&](const torch::Tensor& w, int64_t qb, int64_t kb) {  // [E, 1, d0, d0]
+    return w.narrow(-2, qb * d0, d0).narrow(-1, kb * d0, d0).unsqueeze(1);
+  };
+  int64_t n = 1;
+  for (int64_t l = 0; l < cfg_.layers; ++l) {
+    const bool query_only = !all_positions && l == cfg_.layers - 1;
+    const int64_t Tq = query_only ? 1 : T;
+    auto rows = [&](const torch::Tensor& t) { return query_only ? t.narrow(2, T - 1, 1) : t; };
+    const torch::Tensor w = values.index_select(1, kq_gather_[l]).view({E, H, n * d0, n * d0});
+    std::vector<torch::Tensor> next(static_cast<size_t>(n * (H + 1)));
+    for (int64_t pi = 0; pi < n; ++pi) {
+      if (block_needed_[l + 1][pi]) next[pi] = rows(x[pi]);
+    }
+    for (int64_t h = 0; h < H; ++h) {
+      if (!head_needed_[l][h]) continue;
+      const torch::Tensor wh = w.select(1, h);
+      // scores = sum over key blocks kb of (sum_qb x_qb W[qb, kb]) x_kb^T.
+      std::map<int64_t, torch::Tensor> queries;
+      for (const auto& [qb, kb] : active_pairs_[l][h]) {
+        torch::Tensor q = torch::matmul(rows(x[qb]), block(wh, qb, kb));
+        auto it = queries.find(kb);
+        if (it == queries.end()) {
+          queries.emplace(kb, q);
+        } else {
+          it->second = it->second + q;
+        }
+      }
+      torch::Tensor scores;
+      for (const auto& [kb, q] : queries) {
+        torch::Tensor s = torch::matmul(q, x[kb].transpose(-1, -2));  // [E, B, Tq, T]
+        scores = scores.defined() ? scores + s : s;
+      }
+      if (!scores.defined()) scores = torch::zeros({E, B, Tq, T}, values.options());
+      if (!query_only) scores = scores.masked_fill(causal, -std::numeric_limits<float>::infinity());
+      const torch::Tensor attn = torch::softmax(scores, -1);
+      for (int64_t pi = 0; pi < n; ++pi) {
+        const int64_t out = (h + 1) * n + pi;
+        if (block_needed_[l + 1][out]) next[out] = torch::matmul(attn, x[pi]);
+      }
+    }
+    x = std::move(next);
+    n *= H + 1;
+  }
+  const torch::Tensor r = values.index_select(1, readout_gather_).view({E, cfg_.vocab, n * d0});
+  const int64_t Tq = all_positions ? T : 1;
+  torch::Tensor logits;
+  for (int64_t b : readout_blocks_) {
+    torch::Tensor part = torch::matmul(x[b], r.narrow(2, b * d0, d0).transpose(1, 2).unsqueeze(1));  // [E, B, Tq, V]
+    logits = logits.defined() ? logits + part : part;
+  }
+  if (!logits.defined()) logits = torch::zeros({E, B, Tq, cfg_.vocab}, values.options());
+  return all_positions ? logits : logits.squeeze(2);
 }
 
 }  // namespace circuitlab::engine

@@ -7,18 +7,38 @@
 //   X_l    = [X_{l-1} | Y_1 | ... | Y_H]                         (d_l = (H+1) d_{l-1})
 //   logits = W_out x_L[T-1]                                      (W_out: V x d_L)
 //
-// Trainable: the merged key-query matrices W_{l,h} and W_out (FULL
-// parameterisation). Value/output maps are fixed copies, so block pi of X_l
-// holds what the path pi copied (see B.1 for the path/offset convention:
-// the block written by head h of layer l sits at offset h * d_{l-1}).
+// Two parameterisations:
+//   FULL         the merged key-query matrices W_{l,h} and W_out are dense
+//                trainable tensors.
+//   COORDINATES  W = sum_i c_i s_i B_i over chosen elements B_i of a basis
+//                (s_i = 1/||B_i||_F for unit-norm scaling, else 1); only the
+//                coefficients c [E, K] train. The dense matrices are
+//                materialised by one gather per step, and the forward is
+//                block-sparse: scores are assembled per (query block, key
+//                block) pair that carries a coordinate, heads whose output
+//                nothing reads are skipped, and only residual blocks that a
+//                later layer or the readout reads are computed.
+// Value/output maps are fixed copies, so block pi of X_l holds what the path
+// pi copied (see B.1 for the path/offset convention: the block written by
+// head h of layer l sits at offset h * d_{l-1}).
 #pragma once
 
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
+#include "server/engine/manifold/basis.h"
+
 namespace circuitlab::engine {
+
+// The COORDINATES parameterisation's choices.
+struct CoordinateConfig {
+  Basis basis;                   // the model's basis (BuildBasis for the task)
+  std::vector<int32_t> trained;  // indices into basis.coords, ascending
+  bool unit_norm = true;         // s_i = 1/||B_i||_F, else 1
+};
 
 struct ImirModelConfig {
   int64_t vocab = 0;      // V: token vocabulary, also the output vocabulary
@@ -28,28 +48,57 @@ struct ImirModelConfig {
   bool zero_init = false;
   double init_std = 0.01;
   bool float64 = false;  // float32 for training; float64 for invariance checks (SCIENCE.md 0.3)
+  std::shared_ptr<const CoordinateConfig> coordinates;  // null = FULL
 };
+
+// A FULL model's configuration.
+inline ImirModelConfig DenseConfig(int64_t vocab, int64_t positions, int64_t layers, int64_t heads,
+                                   bool zero_init = false, double init_std = 0.01) {
+  ImirModelConfig c;
+  c.vocab = vocab;
+  c.positions = positions;
+  c.layers = layers;
+  c.heads = heads;
+  c.zero_init = zero_init;
+  c.init_std = init_std;
+  return c;
+}
 
 class ImirModel {
  public:
   ImirModel(const ImirModelConfig& config, int64_t ensemble, torch::Device device);
 
   // Member e's weights drawn from a generator seeded with init_seeds[e]
-  // (i.i.d. N(0, init_std^2), or zeros). Gives member e exactly the weights an
-  // ensemble of one seeded with init_seeds[e] gets.
+  // (i.i.d. N(0, init_std^2) entries, or per coefficient for COORDINATES, or
+  // zeros). Gives member e exactly the weights an ensemble of one seeded with
+  // init_seeds[e] gets.
   void Initialize(const std::vector<uint64_t>& init_seeds);
 
   // tokens, pids: [E, B, T] int64. Returns logits [E, B, V] at the last
   // position, or [E, B, T, V] at every position when all_positions is set.
   torch::Tensor Forward(const torch::Tensor& tokens, const torch::Tensor& pids, bool all_positions = false) const;
 
-  // kq(l): [E, H, d_l, d_l] with d_l = (H+1)^l d0; readout: [E, V, d_L].
-  const torch::Tensor& kq(int64_t layer) const { return kq_[layer]; }
-  const torch::Tensor& readout() const { return readout_; }
+  // The dense matrices: kq(l): [E, H, d_l, d_l] with d_l = (H+1)^l d0;
+  // readout: [E, V, d_L]. FULL: the parameters themselves (writable views);
+  // COORDINATES: materialised from the coefficients (differentiable in grad
+  // mode; writing to them changes nothing: use AssignDense).
+  torch::Tensor kq(int64_t layer) const;
+  torch::Tensor readout() const;
+  // Sets member `member` to the given dense weights (shapes of one member):
+  // FULL copies them; COORDINATES sets each trained coefficient to the
+  // projection of the weights onto its element.
+  void AssignDense(int64_t member, const std::vector<torch::Tensor>& kq, const torch::Tensor& readout);
+  // COORDINATES: sets the coefficient of basis element `basis_index` (a
+  // trained one) of member `member` from a raw coefficient (the value that
+  // multiplies the 0/1 element). No-op for FULL.
+  void SetRawCoordinate(int64_t member, int32_t basis_index, double raw);
+
   std::vector<torch::Tensor> parameters() const;
-  // Parameter names in the order of parameters(): "L1.kq", ..., "out".
+  // Parameter names in the order of parameters(): "L1.kq", ..., "out"; or
+  // "coords" for COORDINATES.
   std::vector<std::string> parameter_names() const;
 
+  bool coordinate_model() const { return cfg_.coordinates != nullptr; }
   int64_t d0() const { return cfg_.vocab + cfg_.positions; }
   int64_t width(int64_t layer) const;  // d_layer
   int64_t ensemble() const { return ensemble_; }
@@ -57,12 +106,30 @@ class ImirModel {
 
  private:
   torch::Tensor Embed(const torch::Tensor& tokens, const torch::Tensor& pids) const;
+  torch::Tensor DenseForward(const torch::Tensor& tokens, const torch::Tensor& pids, bool all_positions) const;
+  torch::Tensor SparseForward(const torch::Tensor& tokens, const torch::Tensor& pids, bool all_positions) const;
+  torch::Tensor ScaledValues() const;  // [E, K + 1]: s_i c_i, then a zero
+  void PlanCoordinates();
 
   ImirModelConfig cfg_;
   int64_t ensemble_;
   torch::Device device_;
+  // FULL
   std::vector<torch::Tensor> kq_;
   torch::Tensor readout_;
+  // COORDINATES
+  torch::Tensor coef_;                      // [E, K] trainable
+  torch::Tensor scale_;                     // [K]
+  std::vector<int32_t> position_of_;        // basis index -> position in coef_, or -1
+  std::vector<torch::Tensor> kq_gather_;    // per layer [H * d * d] indices into ScaledValues()
+  torch::Tensor readout_gather_;            // [V * d_L]
+  // Sparse plan: per layer l (0-based), per head, the (query block, key block)
+  // pairs carrying a trained coordinate; which heads and residual blocks are
+  // needed; which readout blocks carry one.
+  std::vector<std::vector<std::vector<std::pair<int64_t, int64_t>>>> active_pairs_;
+  std::vector<std::vector<bool>> head_needed_;
+  std::vector<std::vector<bool>> block_needed_;  // per residual depth 0..L
+  std::vector<int64_t> readout_blocks_;
 };
 
 }  // namespace circuitlab::engine

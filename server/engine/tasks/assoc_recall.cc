@@ -3,6 +3,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <cmath>
+#include <stdexcept>
 #include <limits>
 
 namespace circuitlab::engine {
@@ -10,17 +11,6 @@ namespace {
 
 const auto kLong = torch::TensorOptions().dtype(torch::kLong);
 const auto kDouble = torch::TensorOptions().dtype(torch::kDouble);
-
-// B independent uniform permutations of [0, n), first `take` entries each.
-torch::Tensor RowPermutations(int64_t batch, int64_t n, int64_t take, torch::Generator& gen) {
-  return torch::rand({batch, n}, gen, kDouble).argsort(/*dim=*/1, /*descending=*/false).narrow(1, 0, take);
-}
-
-torch::Tensor Coin(torch::IntArrayRef shape, double p, torch::Generator& gen) {
-  if (p <= 0.0) return torch::zeros(shape, torch::kBool);
-  if (p >= 1.0) return torch::ones(shape, torch::kBool);
-  return torch::rand(shape, gen, kDouble) < p;
-}
 
 }  // namespace
 
@@ -79,6 +69,8 @@ bool AssocRecallTask::Supports(SampleMode mode) const {
       return npairs >= 1;
     case SampleMode::kConflict:
       return npairs >= 2;
+    case SampleMode::kTest:
+      return false;
   }
   return false;
 }
@@ -110,6 +102,8 @@ Batch AssocRecallTask::Sample(int64_t B, SampleMode mode, torch::Generator& gen)
     case SampleMode::kConflict:
       rare_query = torch::zeros({B}, torch::kBool);
       break;
+    case SampleMode::kTest:
+      throw std::invalid_argument("associative recall has no kTest sample mode");
   }
 
   // Rare slots per sequence: 0,1 for the query pair (or 0 for a fresh
@@ -241,22 +235,14 @@ Batch AssocRecallTask::Sample(int64_t B, SampleMode mode, torch::Generator& gen)
 }
 
 TaskSymmetry AssocRecallTask::Symmetry() const {
-  TaskSymmetry s;
-  s.class_names = {"FILL", "SEP", "QRY", "GIVE", "common", "rare", "heldout"};
-  s.token_class.resize(vocab_);
-  for (int64_t t = 0; t < vocab_; ++t) {
-    s.token_class[t] = t < kNumSpecials ? static_cast<int>(t) : t < rare_begin() ? 4 : t < heldout_begin() ? 5 : 6;
-  }
+  TaskSymmetry s = AssocRecallSymmetry(cfg_.num_common, cfg_.num_rare, cfg_.num_heldout, cfg_.block_length,
+                                       num_positions(), cfg_.absolute_positions);
   s.partner.assign(partner_.data_ptr<int64_t>(), partner_.data_ptr<int64_t>() + vocab_);
-  s.heldout.resize(vocab_);
-  for (int64_t t = 0; t < vocab_; ++t) s.heldout[t] = t >= heldout_begin();
-  s.positions = num_positions();
-  s.cyclic_positions = !cfg_.absolute_positions;
-  s.block_length = cfg_.block_length;
   return s;
 }
 
-std::vector<EvalSetInfo> EvalSets(const AssocRecallTask& task) {
+std::vector<EvalSetInfo> AssocRecallTask::EvalSets() const {
+  const AssocRecallTask& task = *this;
   std::vector<EvalSetInfo> sets;
   const std::pair<SampleMode, const char*> all[] = {{SampleMode::kIclRare, "icl_rare"},
                                                     {SampleMode::kIclHoldout, "icl_holdout"},
@@ -264,7 +250,7 @@ std::vector<EvalSetInfo> EvalSets(const AssocRecallTask& task) {
                                                     {SampleMode::kConflict, "conflict"},
                                                     {SampleMode::kTrain, "train_mix"}};
   for (const auto& [mode, name] : all) {
-    if (task.Supports(mode)) sets.push_back({mode, name});
+    if (task.Supports(mode)) sets.push_back({mode, name, ""});
   }
   return sets;
 }

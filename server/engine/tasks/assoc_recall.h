@@ -19,15 +19,9 @@
 #include <vector>
 
 #include "circuitlab/v1/spec.pb.h"
-#include "server/engine/manifold/basis.h"
+#include "server/engine/tasks/block_task.h"
 
 namespace circuitlab::engine {
-
-inline constexpr int64_t kFill = 0;
-inline constexpr int64_t kSep = 1;
-inline constexpr int64_t kQry = 2;
-inline constexpr int64_t kGive = 3;
-inline constexpr int64_t kNumSpecials = 4;
 
 // What kind of query a sequence asks (per sequence, in Batch::query_kind).
 enum QueryKind : int64_t {
@@ -35,24 +29,6 @@ enum QueryKind : int64_t {
   kQueryCommonCanon = 1,     // common pair with its fixed partner
   kQueryCommonVaried = 2,    // common pair re-paired (REPAIR) or shown as a variant (VARIANT)
   kQueryHoldout = 3,         // held-out rare pair
-};
-
-// Which distribution to sample.
-enum class SampleMode {
-  kTrain,       // the training distribution (train_mix)
-  kIclRare,     // f_r = 1, b = 1: answer only recoverable from context
-  kIclHoldout,  // query pair from held-out tokens, rare distractors
-  kIwl,         // common canonical query, its pair absent from the context
-  kConflict,    // common query a, context block [a x] with x another common token
-};
-
-struct Batch {
-  torch::Tensor tokens;          // [B, T] int64
-  torch::Tensor pids;            // [B, T] int64
-  torch::Tensor target;          // [B] int64
-  torch::Tensor alt_target;      // [B] int64: conflict: the in-weights answer C(a); else = target
-  torch::Tensor query_kind;      // [B] int64 (QueryKind)
-  torch::Tensor block_of_token;  // [B, T] int64: block index (n = query block), -1 for fillers
 };
 
 struct AssocRecallConfig {
@@ -68,25 +44,27 @@ struct AssocRecallConfig {
   static AssocRecallConfig FromSpec(const v1::ExperimentSpec& resolved);
 };
 
-class AssocRecallTask {
+class AssocRecallTask : public BlockTask {
  public:
   // `pool_seed` fixes the common pairs and their Zipf rank order.
   AssocRecallTask(const AssocRecallConfig& config, uint64_t pool_seed);
 
   // B sequences of `mode`. Never fails for a resolved config; modes that the
   // config cannot express (see Supports) must not be asked for.
-  Batch Sample(int64_t batch, SampleMode mode, torch::Generator& gen) const;
+  Batch Sample(int64_t batch, SampleMode mode, torch::Generator& gen) const override;
   bool Supports(SampleMode mode) const;
 
   // The symmetry group of the data (SCIENCE.md A.1, G.5): classes FILL, SEP,
   // QRY, GIVE (singletons; unused ones are their own class), common (with the
   // fixed pairing), rare, held-out; cyclic position shifts in BLOCK_OFFSET
   // mode, none in ABSOLUTE mode.
-  TaskSymmetry Symmetry() const;
+  TaskSymmetry Symmetry() const override;
+  // icl_rare, icl_holdout, iwl, conflict, train_mix (those the config supports).
+  std::vector<EvalSetInfo> EvalSets() const override;
 
-  int64_t vocab_size() const { return vocab_; }
-  int64_t num_positions() const;  // P (position vocabulary)
-  int64_t seq_len() const { return seq_len_; }
+  int64_t vocab_size() const override { return vocab_; }
+  int64_t num_positions() const override;  // P (position vocabulary)
+  int64_t seq_len() const override { return seq_len_; }
   const AssocRecallConfig& config() const { return cfg_; }
   // partner()[tok] = C(tok) for common tokens, -1 otherwise. [V] int64.
   const torch::Tensor& partner() const { return partner_; }
@@ -105,11 +83,7 @@ class AssocRecallTask {
   torch::Tensor pair_of_tok_;  // [V] pair index for common tokens, -1 otherwise
 };
 
-// The evaluation sets a config supports, with their metric names.
-struct EvalSetInfo {
-  SampleMode mode;
-  std::string name;  // icl_rare, icl_holdout, iwl, conflict, train_mix
-};
-std::vector<EvalSetInfo> EvalSets(const AssocRecallTask& task);
+// The evaluation sets a config supports (AssocRecallTask::EvalSets).
+inline std::vector<EvalSetInfo> EvalSets(const AssocRecallTask& task) { return task.EvalSets(); }
 
 }  // namespace circuitlab::engine

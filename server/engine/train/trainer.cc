@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "server/common/seeds.h"
+#include "server/engine/manifold/projection.h"
 #include "server/engine/spec.h"
 
 namespace circuitlab::engine {
@@ -47,40 +48,82 @@ Batch Concat(const std::vector<Batch>& parts) {
   out.alt_target = cat(&Batch::alt_target);
   out.query_kind = cat(&Batch::query_kind);
   out.block_of_token = cat(&Batch::block_of_token);
+  if (parts[0].bayes_logp.defined()) out.bayes_logp = cat(&Batch::bayes_logp);
   return out;
 }
 
 }  // namespace
 
+std::unique_ptr<ImirModel> MakeModel(const v1::ExperimentSpec& spec, const BlockTask& task, int64_t ensemble,
+                                     torch::Device device) {
+  const auto& m = spec.model().imir();
+  ImirModelConfig cfg;
+  cfg.vocab = task.vocab_size();
+  cfg.positions = task.num_positions();
+  cfg.layers = m.num_layers();
+  cfg.heads = m.num_heads();
+  cfg.zero_init = m.init() == v1::INIT_SCHEME_ZERO;
+  cfg.init_std = m.init_std();
+  if (m.parameterisation() == v1::PARAMETERISATION_COORDINATES) {
+    auto cc = std::make_shared<CoordinateConfig>();
+    cc->basis = BuildBasis(task.Symmetry(), m.num_layers(), m.num_heads(),
+                           m.coordinate_basis() == v1::BASIS_SELECTION_COMPLETE ? Selection::kComplete
+                                                                                : Selection::kPaper);
+    cc->trained = TrainedCoordinates(spec, cc->basis);
+    cc->unit_norm = m.coordinate_scaling() != v1::COORDINATE_SCALING_RAW;
+    cfg.coordinates = std::move(cc);
+  }
+  return std::make_unique<ImirModel>(cfg, ensemble, device);
+}
+
+void InitializeModel(const v1::ExperimentSpec& spec, const std::vector<uint64_t>& member_seeds, ImirModel& model) {
+  std::vector<uint64_t> init_seeds;
+  for (uint64_t seed : member_seeds) init_seeds.push_back(InitSeed(seed));
+  const auto& m = spec.model().imir();
+  if (!model.coordinate_model()) {
+    model.Initialize(init_seeds);
+    return;
+  }
+  if (m.init() == v1::INIT_SCHEME_PROJECTED) {
+    // The FULL model's NORMAL init of the same seeds, projected.
+    ImirModelConfig full = model.config();
+    full.coordinates = nullptr;
+    full.zero_init = false;
+    ImirModel dense(full, model.ensemble(), torch::kCPU);
+    dense.Initialize(init_seeds);
+    for (int64_t e = 0; e < model.ensemble(); ++e) {
+      std::vector<torch::Tensor> kq;
+      for (int64_t l = 0; l < full.layers; ++l) kq.push_back(dense.kq(l)[e].detach());
+      model.AssignDense(e, kq, dense.readout()[e].detach());
+    }
+  } else {
+    model.Initialize(init_seeds);
+  }
+  const Basis& basis = model.config().coordinates->basis;
+  for (const auto& [name, value] : m.initial_coordinates()) {
+    const int32_t id = FindCoordinate(basis, name);
+    if (id < 0) continue;  // ResolveSpec rejected unknown names
+    for (int64_t e = 0; e < model.ensemble(); ++e) model.SetRawCoordinate(e, id, value);
+  }
+}
+
 EnsembleTrainer::EnsembleTrainer(const v1::ExperimentSpec& spec, std::vector<uint64_t> member_seeds,
                                  torch::Device device)
     : spec_(spec), seeds_(std::move(member_seeds)), device_(device) {
-  const AssocRecallConfig task_cfg = AssocRecallConfig::FromSpec(spec_);
-  for (uint64_t seed : seeds_) tasks_.emplace_back(task_cfg, PoolSeedOf(seed));
-
-  const auto& m = spec_.model().imir();
-  ImirModelConfig model_cfg;
-  model_cfg.vocab = tasks_[0].vocab_size();
-  model_cfg.positions = tasks_[0].num_positions();
-  model_cfg.layers = m.num_layers();
-  model_cfg.heads = m.num_heads();
-  model_cfg.zero_init = m.init() == v1::INIT_SCHEME_ZERO;
-  model_cfg.init_std = m.init_std();
-  model_ = std::make_unique<ImirModel>(model_cfg, ensemble(), device_);
-  std::vector<uint64_t> init_seeds;
-  for (uint64_t seed : seeds_) init_seeds.push_back(InitSeed(seed));
-  model_->Initialize(init_seeds);
+  for (uint64_t seed : seeds_) tasks_.push_back(MakeBlockTask(spec_, PoolSeedOf(seed)));
+  model_ = MakeModel(spec_, *tasks_[0], ensemble(), device_);
+  InitializeModel(spec_, seeds_, *model_);
   optimizer_ = MakeOptimizer(spec_.training(), model_->parameters());
 
   const int64_t eval_size = spec_.recording().eval_size();
-  for (const EvalSetInfo& info : EvalSets(tasks_[0])) {
-    EvalSet set{info.name, info.mode, {}};
+  for (const EvalSetInfo& info : tasks_[0]->EvalSets()) {
+    EvalSet set{info, {}};
     for (size_t e = 0; e < seeds_.size(); ++e) {
       // Drawn in chunks so the generator's per-sequence buffers stay bounded.
       torch::Generator gen = MakeGenerator(EvalSeed(seeds_[e], info.mode));
       std::vector<Batch> chunks;
       for (int64_t done = 0; done < eval_size; done += kEvalChunk) {
-        chunks.push_back(tasks_[e].Sample(std::min(kEvalChunk, eval_size - done), info.mode, gen));
+        chunks.push_back(tasks_[e]->Sample(std::min(kEvalChunk, eval_size - done), info.mode, gen));
       }
       set.per_member.push_back(Concat(chunks));
     }
@@ -88,17 +131,28 @@ EnsembleTrainer::EnsembleTrainer(const v1::ExperimentSpec& spec, std::vector<uin
   }
 }
 
+torch::Tensor EnsembleTrainer::MemberLoss(const torch::Tensor& logits, const torch::Tensor& target) const {
+  if (spec_.training().loss() == v1::LOSS_KIND_MSE) {
+    torch::Tensor onehot = torch::zeros_like(logits).scatter_(-1, target.unsqueeze(-1), 1.0);
+    return (logits - onehot).pow(2).sum(-1).mean(1);
+  }
+  return (-torch::log_softmax(logits, -1).gather(-1, target.unsqueeze(-1)).squeeze(-1)).mean(1);
+}
+
 EnsembleTrainer::Stacked EnsembleTrainer::Stack(const std::vector<const Batch*>& batches, int64_t begin,
                                                 int64_t count) const {
-  std::vector<torch::Tensor> tok, pid, tgt, alt;
+  std::vector<torch::Tensor> tok, pid, tgt, alt, bayes;
   for (const Batch* b : batches) {
     tok.push_back(b->tokens.narrow(0, begin, count));
     pid.push_back(b->pids.narrow(0, begin, count));
     tgt.push_back(b->target.narrow(0, begin, count));
     alt.push_back(b->alt_target.narrow(0, begin, count));
+    if (b->bayes_logp.defined()) bayes.push_back(b->bayes_logp.narrow(0, begin, count));
   }
-  return {torch::stack(tok).to(device_), torch::stack(pid).to(device_), torch::stack(tgt).to(device_),
-          torch::stack(alt).to(device_)};
+  Stacked s{torch::stack(tok).to(device_), torch::stack(pid).to(device_), torch::stack(tgt).to(device_),
+            torch::stack(alt).to(device_), {}};
+  if (!bayes.empty()) s.bayes_logp = torch::stack(bayes).to(device_);
+  return s;
 }
 
 std::vector<std::vector<Metric>> EnsembleTrainer::Step(bool record) {
@@ -108,25 +162,25 @@ std::vector<std::vector<Metric>> EnsembleTrainer::Step(bool record) {
   std::vector<const Batch*> ptrs;
   for (size_t e = 0; e < seeds_.size(); ++e) {
     torch::Generator gen = MakeGenerator(BatchSeed(seeds_[e], next));
-    batches.push_back(tasks_[e].Sample(batch, SampleMode::kTrain, gen));
+    batches.push_back(tasks_[e]->Sample(batch, SampleMode::kTrain, gen));
   }
   for (const Batch& b : batches) ptrs.push_back(&b);
   Stacked s = Stack(ptrs, 0, batch);
 
   torch::Tensor logits = model_->Forward(s.tokens, s.pids);                      // [E, B, V]
-  torch::Tensor nll = -torch::log_softmax(logits, -1).gather(-1, s.target.unsqueeze(-1)).squeeze(-1);
-  torch::Tensor member_loss = nll.mean(1);                                       // [E]
+  torch::Tensor member_loss = MemberLoss(logits, s.target);                      // [E]
   optimizer_->zero_grad();
   // Members share no parameters, so the gradient of the sum is each member's
-  // own gradient.
-  member_loss.sum().backward();
+  // own gradient. (A coordinate model whose readout has no coordinate
+  // computes constant logits: nothing to differentiate.)
+  if (member_loss.requires_grad()) member_loss.sum().backward();
 
   std::vector<std::vector<Metric>> out;
   if (record) {
     torch::NoGradGuard no_grad;
     torch::Tensor sq = torch::zeros({ensemble()}, torch::TensorOptions().dtype(torch::kDouble).device(device_));
     for (const torch::Tensor& p : model_->parameters()) {
-      sq += p.grad().to(torch::kDouble).pow(2).flatten(1).sum(1);
+      if (p.grad().defined()) sq += p.grad().to(torch::kDouble).pow(2).flatten(1).sum(1);
     }
     torch::Tensor acc = (logits.argmax(-1) == s.target).to(torch::kDouble).mean(1).cpu();
     torch::Tensor loss = member_loss.detach().to(torch::kDouble).cpu();
@@ -150,9 +204,11 @@ std::vector<std::vector<Metric>> EnsembleTrainer::Evaluate() const {
     std::vector<const Batch*> ptrs;
     for (const Batch& b : set.per_member) ptrs.push_back(&b);
     const int64_t total = set.per_member[0].tokens.size(0);
-    torch::Tensor correct = torch::zeros({ensemble()}, dopts), nll = torch::zeros({ensemble()}, dopts);
+    torch::Tensor correct = torch::zeros({ensemble()}, dopts), loss = torch::zeros({ensemble()}, dopts);
     torch::Tensor p_target = torch::zeros({ensemble()}, dopts), p_alt = torch::zeros({ensemble()}, dopts);
-    torch::Tensor logit_diff = torch::zeros({ensemble()}, dopts);
+    torch::Tensor logit_diff = torch::zeros({ensemble()}, dopts), alt_correct = torch::zeros({ensemble()}, dopts);
+    torch::Tensor bayes_loss = torch::zeros({ensemble()}, dopts), bayes_correct = torch::zeros({ensemble()}, dopts);
+    bool has_bayes = false;
     for (int64_t begin = 0; begin < total; begin += kEvalChunk) {
       const int64_t count = std::min(kEvalChunk, total - begin);
       Stacked s = Stack(ptrs, begin, count);
@@ -160,30 +216,49 @@ std::vector<std::vector<Metric>> EnsembleTrainer::Evaluate() const {
       torch::Tensor logp = torch::log_softmax(logits, -1);
       torch::Tensor lp_t = logp.gather(-1, s.target.unsqueeze(-1)).squeeze(-1);
       torch::Tensor lp_a = logp.gather(-1, s.alt_target.unsqueeze(-1)).squeeze(-1);
-      correct += (logits.argmax(-1) == s.target).to(torch::kDouble).sum(1);
-      nll -= lp_t.sum(1);
+      torch::Tensor argmax = logits.argmax(-1);
+      correct += (argmax == s.target).to(torch::kDouble).sum(1);
+      alt_correct += (argmax == s.alt_target).to(torch::kDouble).sum(1);
+      loss += MemberLoss(logits, s.target) * static_cast<double>(count);
       p_target += lp_t.exp().sum(1);
       p_alt += lp_a.exp().sum(1);
       logit_diff += (logits.gather(-1, s.target.unsqueeze(-1)) - logits.gather(-1, s.alt_target.unsqueeze(-1)))
                         .squeeze(-1)
                         .sum(1);
+      if (s.bayes_logp.defined()) {
+        has_bayes = true;
+        bayes_loss -= s.bayes_logp.gather(-1, s.target.unsqueeze(-1)).squeeze(-1).sum(1);
+        bayes_correct += (s.bayes_logp.argmax(-1) == s.target).to(torch::kDouble).sum(1);
+      }
     }
     const double inv = 1.0 / static_cast<double>(total);
-    correct = (correct * inv).cpu();
-    nll = (nll * inv).cpu();
-    p_target = (p_target * inv).cpu();
-    p_alt = (p_alt * inv).cpu();
-    logit_diff = (logit_diff * inv).cpu();
-    const std::string prefix = "eval/" + set.name + "/";
+    auto mean = [&](const torch::Tensor& t) { return (t * inv).cpu(); };
+    correct = mean(correct);
+    loss = mean(loss);
+    p_target = mean(p_target);
+    p_alt = mean(p_alt);
+    logit_diff = mean(logit_diff);
+    alt_correct = mean(alt_correct);
+    bayes_loss = mean(bayes_loss);
+    bayes_correct = mean(bayes_correct);
+    const std::string prefix = "eval/" + set.info.name + "/";
     for (int64_t e = 0; e < ensemble(); ++e) {
       out[e].push_back({prefix + "accuracy", correct[e].item<double>()});
-      out[e].push_back({prefix + "loss", nll[e].item<double>()});
+      out[e].push_back({prefix + "loss", loss[e].item<double>()});
       out[e].push_back({prefix + "p_target", p_target[e].item<double>()});
-      if (set.mode == SampleMode::kConflict) {
+      if (set.info.mode == SampleMode::kConflict) {
         // target = in-context partner x (ICL answer), alt = C(a) (IWL answer).
         out[e].push_back({prefix + "p_icl", p_target[e].item<double>()});
         out[e].push_back({prefix + "p_iwl", p_alt[e].item<double>()});
         out[e].push_back({prefix + "logit_diff", logit_diff[e].item<double>()});
+      }
+      if (!set.info.alt_name.empty()) {
+        out[e].push_back({prefix + set.info.alt_name + "_accuracy", alt_correct[e].item<double>()});
+      }
+      if (has_bayes) {
+        // The Bayes-optimal predictor on the same sequences (a floor for the loss).
+        out[e].push_back({prefix + "bayes_loss", bayes_loss[e].item<double>()});
+        out[e].push_back({prefix + "bayes_accuracy", bayes_correct[e].item<double>()});
       }
     }
   }

@@ -1,4 +1,4 @@
-// Training of an ensemble of IMIR models on associative recall. Engine-private
+// Training of an ensemble of IMIR models on a block-list task. Engine-private
 // (includes LibTorch).
 //
 // Member e of an ensemble is defined by its master seed alone: its task pool,
@@ -23,12 +23,22 @@
 #include "circuitlab/v1/spec.pb.h"
 #include "server/engine/engine.h"
 #include "server/engine/models/imir_model.h"
-#include "server/engine/tasks/assoc_recall.h"
+#include "server/engine/tasks/block_task.h"
 
 namespace circuitlab::engine {
 
 // Seed of a member's fixed task pool (common pairs, Zipf ranks).
 uint64_t PoolSeedOf(uint64_t member_seed);
+
+// The spec's model for `task` (FULL or COORDINATES), not initialised.
+std::unique_ptr<ImirModel> MakeModel(const v1::ExperimentSpec& resolved, const BlockTask& task, int64_t ensemble,
+                                     torch::Device device);
+
+// Initialises every member as the spec says: `init` with the member's init
+// seed (DeriveSeed(seed, "init")); COORDINATES with INIT_SCHEME_PROJECTED
+// projects the FULL model's NORMAL init of the same seed; then
+// initial_coordinates override.
+void InitializeModel(const v1::ExperimentSpec& resolved, const std::vector<uint64_t>& member_seeds, ImirModel& model);
 
 // Reads only the weights of a checkpoint into `model` (no optimiser, no
 // evaluation sets). InvalidArgument when shapes or format do not match.
@@ -55,26 +65,27 @@ class EnsembleTrainer {
   int64_t total_steps() const { return static_cast<int64_t>(spec_.training().steps()); }
   int64_t ensemble() const { return static_cast<int64_t>(seeds_.size()); }
   const ImirModel& model() const { return *model_; }
-  const AssocRecallTask& task(int64_t member) const { return tasks_[member]; }
+  const BlockTask& task(int64_t member) const { return *tasks_[member]; }
 
  private:
   struct EvalSet {
-    std::string name;
-    SampleMode mode;
+    EvalSetInfo info;
     std::vector<Batch> per_member;  // fixed by each member's eval seed
   };
 
   // Stacks one batch per member into [E, B, ...] tensors on the device.
   struct Stacked {
-    torch::Tensor tokens, pids, target, alt_target;
+    torch::Tensor tokens, pids, target, alt_target, bayes_logp;
   };
   Stacked Stack(const std::vector<const Batch*>& batches, int64_t begin, int64_t count) const;
   uint64_t Fingerprint() const;
+  // Per-member mean loss [E] of logits [E, B, V] against targets [E, B].
+  torch::Tensor MemberLoss(const torch::Tensor& logits, const torch::Tensor& target) const;
 
   v1::ExperimentSpec spec_;
   std::vector<uint64_t> seeds_;
   torch::Device device_;
-  std::vector<AssocRecallTask> tasks_;
+  std::vector<std::unique_ptr<BlockTask>> tasks_;
   std::unique_ptr<ImirModel> model_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   std::vector<EvalSet> eval_sets_;
