@@ -109,6 +109,65 @@ INSTANTIATE_TEST_SUITE_P(
                   s.mutable_model()->mutable_imir()->set_num_heads(8);
                 },
                 absl::StatusCode::kInvalidArgument, "model residual width*"},
+        BadCase{"data_for_other_task",
+                [](auto& s) {
+                  s.mutable_task()->mutable_k_hop();
+                  s.mutable_data()->set_rare_fraction(0.5);
+                },
+                absl::StatusCode::kInvalidArgument,
+                "data applies only to task.associative_recall; task.k_hop has no data statistics, leave data unset"},
+        BadCase{"hops", [](auto& s) { s.mutable_task()->mutable_k_hop()->set_hops(7); },
+                absl::StatusCode::kInvalidArgument, "task.k_hop.hops must be in [1, 6], got 7"},
+        BadCase{"khop_tokens", [](auto& s) { s.mutable_task()->mutable_k_hop()->set_num_tokens(8); },
+                absl::StatusCode::kInvalidArgument, "task.k_hop.num_tokens must be at least 11 (2 * num_blocks*"},
+        BadCase{"ngram_alphabet", [](auto& s) { s.mutable_task()->mutable_ngram()->set_alphabet(1); },
+                absl::StatusCode::kInvalidArgument, "task.ngram.alphabet must be in [2, 16], got 1"},
+        BadCase{"cr_multiple",
+                [](auto& s) { s.mutable_task()->mutable_conditional_retrieval()->set_num_blocks(5); },
+                absl::StatusCode::kInvalidArgument,
+                "task.conditional_retrieval.num_blocks must be a multiple of tags_per_key (2), got 5"},
+        BadCase{"minimal_items",
+                [](auto& s) {
+                  s.mutable_task()->mutable_minimal_icl()->set_num_pairs(40);
+                  s.mutable_task()->mutable_minimal_icl()->set_num_items(20);
+                },
+                absl::StatusCode::kInvalidArgument, "task.minimal_icl.num_items must be in [40, 2048], got 20"},
+        BadCase{"unknown_coordinate",
+                [](auto& s) {
+                  auto* m = s.mutable_model()->mutable_imir();
+                  m->set_parameterisation(v1::PARAMETERISATION_COORDINATES);
+                  m->add_coordinates("alpha");
+                  m->add_coordinates("L9H1:[∅→∅]:I_t");
+                },
+                absl::StatusCode::kInvalidArgument,
+                "model.imir.coordinates[1] 'L9H1:[∅→∅]:I_t' is not a coordinate of the paper basis*"},
+        BadCase{"duplicate_coordinate",
+                [](auto& s) {
+                  auto* m = s.mutable_model()->mutable_imir();
+                  m->set_parameterisation(v1::PARAMETERISATION_COORDINATES);
+                  m->add_coordinates("gamma");
+                  m->add_coordinates("OUT:[(0,1)]:I");
+                },
+                absl::StatusCode::kInvalidArgument,
+                "model.imir.coordinates[1] 'OUT:[(0,1)]:I' names OUT:[(0,1)]:I a second time"},
+        BadCase{"initial_not_trained",
+                [](auto& s) {
+                  auto* m = s.mutable_model()->mutable_imir();
+                  m->set_parameterisation(v1::PARAMETERISATION_COORDINATES);
+                  m->add_coordinates("gamma");
+                  (*m->mutable_initial_coordinates())["beta"] = 1.0;
+                },
+                absl::StatusCode::kInvalidArgument,
+                "model.imir.initial_coordinates['beta'] is not one of model.imir.coordinates"},
+        BadCase{"projected_needs_coordinates",
+                [](auto& s) { s.mutable_model()->mutable_imir()->set_init(v1::INIT_SCHEME_PROJECTED); },
+                absl::StatusCode::kInvalidArgument,
+                "model.imir.init INIT_SCHEME_PROJECTED needs parameterisation PARAMETERISATION_COORDINATES"},
+        BadCase{"coordinates_need_coordinates",
+                [](auto& s) { s.mutable_model()->mutable_imir()->add_coordinates("alpha"); },
+                absl::StatusCode::kInvalidArgument, "model.imir.coordinates, initial_coordinates*"},
+        BadCase{"loss", [](auto& s) { s.mutable_training()->set_loss(static_cast<v1::LossKind>(9)); },
+                absl::StatusCode::kInvalidArgument, "training.loss is not a known value: 9"},
         BadCase{"lr", [](auto& s) { s.mutable_training()->set_learning_rate(0); },
                 absl::StatusCode::kInvalidArgument, "training.learning_rate must be in (0, 1000], got 0"},
         BadCase{"batch", [](auto& s) { s.mutable_training()->set_batch_size(0); },

@@ -245,8 +245,14 @@ torch::Tensor ImirModel::SparseForward(const torch::Tensor& tokens, const torch:
   // x[pi]: residual block pi, [E, B, Tq, d0] (Tq = T, or 1 after the last
   // layer when only the query is read out); undefined when nothing reads it.
   std::vector<torch::Tensor> x = {Embed(tokens, pids)};
-  auto block = [&](const torch::Tensor& w, int64_t qb, int64_t kb) {  // [E, 1, d0, d0]
-    return w.narrow(-2, qb * d0, d0).narrow(-1, kb * d0, d0).unsqueeze(1);
+  auto block = [&](const torch::Tensor& w, int64_t qb, int64_t kb) {  // [E, d0, d0]
+    return w.narrow(-2, qb * d0, d0).narrow(-1, kb * d0, d0);
+  };
+  // [E, B, t, d0] x [E, d0, m] -> [E, B, t, m] as one batched matmul over E
+  // (a broadcast matmul would copy the matrix B times).
+  auto times = [&](const torch::Tensor& xs, const torch::Tensor& w) {
+    const int64_t t = xs.size(2);
+    return torch::bmm(xs.reshape({E, B * t, d0}), w).view({E, B, t, w.size(-1)});
   };
   int64_t n = 1;
   for (int64_t l = 0; l < cfg_.layers; ++l) {
@@ -264,7 +270,7 @@ torch::Tensor ImirModel::SparseForward(const torch::Tensor& tokens, const torch:
       // scores = sum over key blocks kb of (sum_qb x_qb W[qb, kb]) x_kb^T.
       std::map<int64_t, torch::Tensor> queries;
       for (const auto& [qb, kb] : active_pairs_[l][h]) {
-        torch::Tensor q = torch::matmul(rows(x[qb]), block(wh, qb, kb));
+        torch::Tensor q = times(rows(x[qb]), block(wh, qb, kb));
         auto it = queries.find(kb);
         if (it == queries.end()) {
           queries.emplace(kb, q);
@@ -292,7 +298,7 @@ torch::Tensor ImirModel::SparseForward(const torch::Tensor& tokens, const torch:
   const int64_t Tq = all_positions ? T : 1;
   torch::Tensor logits;
   for (int64_t b : readout_blocks_) {
-    torch::Tensor part = torch::matmul(x[b], r.narrow(2, b * d0, d0).transpose(1, 2).unsqueeze(1));  // [E, B, Tq, V]
+    torch::Tensor part = times(x[b], r.narrow(2, b * d0, d0).transpose(1, 2));  // [E, B, Tq, V]
     logits = logits.defined() ? logits + part : part;
   }
   if (!logits.defined()) logits = torch::zeros({E, B, Tq, cfg_.vocab}, values.options());

@@ -1,0 +1,222 @@
+// Science tests of the coordinate-parameterised IMIR model on the minimal ICL
+// task of 2511.01033 (SCIENCE.md A.1.7): E.4 (growth order gamma -> beta ->
+// alpha; three coordinates carry the induction head) and E.5 (emergence time
+// ~ N^2, labelled long). Margins from measured runs (see the README's science
+// table and the closing notes).
+#include <gtest/gtest.h>
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+
+#include "client/lib/client.h"
+#include "server/engine/manifold/projection.h"
+#include "server/engine/spec.h"
+#include "server/engine/train/trainer.h"
+
+namespace circuitlab::engine {
+namespace {
+
+v1::ExperimentSpec Spec(const std::string& json) {
+  auto spec = client::ParseSpecJson(json);
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  const absl::Status s = ResolveSpec({}, &*spec);
+  EXPECT_TRUE(s.ok()) << s;
+  return *spec;
+}
+
+double ValueOf(const std::vector<Metric>& ms, const std::string& name) {
+  for (const auto& m : ms) {
+    if (m.name == name) return m.value;
+  }
+  ADD_FAILURE() << "no metric " << name;
+  return 0;
+}
+
+// The E.4 configuration: N pairs, 19-coordinate paper model, zero init, plain
+// SGD, MSE on the one-hot label.
+v1::ExperimentSpec MinimalIcl(int pairs, const char* scaling, double lr, int steps, int batch) {
+  char json[1024];
+  std::snprintf(json, sizeof(json), R"({
+    "task": {"minimal_icl": {"num_pairs": %d}},
+    "model": {"imir": {"num_layers": 2, "num_heads": 1, "parameterisation": "PARAMETERISATION_COORDINATES",
+                       "init": "INIT_SCHEME_ZERO", "coordinate_scaling": "%s"}},
+    "training": {"optimizer": "OPTIMIZER_KIND_SGD", "learning_rate": %g, "batch_size": %d, "steps": %d,
+                 "loss": "LOSS_KIND_MSE"},
+    "recording": {"eval_size": 4096}
+  })", pairs, scaling, lr, batch, steps);
+  return Spec(json);
+}
+
+struct Growth {
+  std::map<std::string, std::vector<double>> series;  // canonical name -> value per step (index = step)
+  std::vector<double> accuracy;                        // eval/test/accuracy per evaluation
+  int64_t reached = -1;                                // first evaluated step with accuracy >= target
+  std::vector<double> final_values;                    // every coordinate at the end (basis order)
+};
+
+// Trains member `member`'s ensemble until every member reached `target`
+// accuracy (evaluated every `eval_every` steps) or the spec's steps run out.
+std::vector<Growth> Train(const v1::ExperimentSpec& spec, const std::vector<uint64_t>& seeds, double target,
+                          int eval_every, EnsembleTrainer** out_trainer = nullptr) {
+  static std::unique_ptr<EnsembleTrainer> keep;
+  keep = std::make_unique<EnsembleTrainer>(spec, seeds, torch::kCPU);
+  EnsembleTrainer& trainer = *keep;
+  if (out_trainer != nullptr) *out_trainer = &trainer;
+  const Basis& basis = trainer.model().config().coordinates->basis;
+  Projector projector(basis);
+  std::vector<Growth> out(seeds.size());
+  auto record = [&] {
+    for (size_t e = 0; e < seeds.size(); ++e) {
+      const Projection p = projector.Project(trainer.model(), static_cast<int64_t>(e));
+      for (const CoordinateDef& c : basis.coords) {
+        if (!c.canonical.empty()) out[e].series[c.canonical].push_back(p.values[c.index]);
+      }
+      out[e].final_values = p.values;
+    }
+  };
+  record();
+  while (trainer.step() < trainer.total_steps()) {
+    trainer.Step(false);
+    record();
+    if (trainer.step() % eval_every != 0) continue;
+    const auto metrics = trainer.Evaluate();
+    bool all = true;
+    for (size_t e = 0; e < seeds.size(); ++e) {
+      const double acc = ValueOf(metrics[e], "eval/test/accuracy");
+      out[e].accuracy.push_back(acc);
+      if (std::getenv("CIRCUITLAB_VERBOSE") != nullptr) {
+        std::printf("  step %lld member %zu acc %.4f alpha %.3f beta %.3f gamma %.3f\n",
+                    static_cast<long long>(trainer.step()), e, acc, out[e].series["alpha"].back(),
+                    out[e].series["beta"].back(), out[e].series["gamma"].back());
+      }
+      if (acc >= target && out[e].reached < 0) out[e].reached = trainer.step();
+      all = all && out[e].reached >= 0;
+    }
+    if (all) break;
+  }
+  return out;
+}
+
+// First step at which |x| >= fraction * |x(end)|.
+int64_t FirstReach(const std::vector<double>& x, double fraction) {
+  const double goal = fraction * std::abs(x.back());
+  for (size_t i = 0; i < x.size(); ++i) {
+    if (std::abs(x[i]) >= goal) return static_cast<int64_t>(i);
+  }
+  return -1;
+}
+
+// Accuracy of member `member` restricted to the coordinates `keep` (every
+// other coordinate zeroed), on a fresh test batch.
+double RestrictedAccuracy(const v1::ExperimentSpec& spec, const EnsembleTrainer& trainer, int64_t member,
+                          const std::vector<double>& values, const std::vector<std::string>& keep) {
+  v1::ExperimentSpec ticket = spec;
+  auto* m = ticket.mutable_model()->mutable_imir();
+  m->clear_coordinates();
+  for (const std::string& name : keep) m->add_coordinates(name);
+  std::unique_ptr<ImirModel> model = MakeModel(ticket, trainer.task(member), 1, torch::kCPU);
+  const Basis& basis = model->config().coordinates->basis;
+  for (const std::string& name : keep) {
+    const int32_t id = FindCoordinate(basis, name);
+    model->SetRawCoordinate(0, id, values[static_cast<size_t>(id)]);
+  }
+  torch::NoGradGuard no_grad;
+  torch::Generator gen = at::make_generator<at::CPUGeneratorImpl>(12345);
+  const Batch b = trainer.task(member).Sample(4096, SampleMode::kTest, gen);
+  torch::Tensor logits = model->Forward(b.tokens.unsqueeze(0), b.pids.unsqueeze(0))[0];
+  return (logits.argmax(-1) == b.target).to(torch::kDouble).mean().item<double>();
+}
+
+// SCIENCE.md E.4 (with G.5) on the 19-coordinate model, unit-norm
+// coordinates (coordinate SGD = dense SGD projected on the span), zero init,
+// SGD lr 20, MSE, batch 512, N = 8. Measured (seeds 1-3): accuracy >= 0.95 at
+// step 275 (1.000); gamma reaches 10% of its final value at step 9-10, beta at
+// 138, alpha at 108-112; alpha, beta, gamma are the three largest
+// coordinates, the next is 0.232-0.236 of gamma; restricted to the three the
+// model keeps accuracy 1.000.
+// Asserted: gamma first by a factor 4 (t_gamma <= t_beta / 4 and <= t_alpha /
+// 4); alpha, beta, gamma the three largest with the next <= 0.3 of gamma;
+// restricted accuracy >= 0.9 x full. NOT reproduced, reported only: the claim
+// that beta grows before alpha -- alpha crosses 10% of its final value before
+// beta in 3/3 seeds here (and with raw scaling, lr 1: alpha 34-36, beta 43).
+TEST(ImirGrowthTest, GammaFirstAndThreeCoordinatesCarryTheInductionHead) {
+  const v1::ExperimentSpec spec = MinimalIcl(8, "COORDINATE_SCALING_UNIT_NORM", 20.0, 1500, 512);
+  const std::vector<uint64_t> seeds = {1, 2, 3};
+  EnsembleTrainer* trainer = nullptr;
+  const std::vector<Growth> runs = Train(spec, seeds, 0.95, 25, &trainer);
+  const Basis& basis = trainer->model().config().coordinates->basis;
+  for (size_t e = 0; e < seeds.size(); ++e) {
+    const Growth& g = runs[e];
+    ASSERT_GE(g.reached, 0) << "seed " << seeds[e] << " never reached accuracy 0.95";
+    const int64_t ta = FirstReach(g.series.at("alpha"), 0.1), tb = FirstReach(g.series.at("beta"), 0.1),
+                  tg = FirstReach(g.series.at("gamma"), 0.1);
+    // Magnitudes |c| ||B|| (C.4) of the three and of the largest other one.
+    double smallest_of_three = 1e300, largest_other = 0, gamma_mag = 0;
+    for (const CoordinateDef& c : basis.coords) {
+      const double mag = std::abs(g.final_values[c.index]) * c.norm;
+      if (c.canonical == "gamma") gamma_mag = mag;
+      if (c.canonical == "alpha" || c.canonical == "beta" || c.canonical == "gamma") {
+        smallest_of_three = std::min(smallest_of_three, mag);
+      } else {
+        largest_other = std::max(largest_other, mag);
+      }
+    }
+    const double full = g.accuracy.back();
+    const double restricted =
+        RestrictedAccuracy(spec, *trainer, static_cast<int64_t>(e), g.final_values, {"alpha", "beta", "gamma"});
+    std::printf("seed %llu: acc >= 0.95 at step %lld (%.4f); 10%% of final: t_gamma %lld t_beta %lld t_alpha %lld; "
+                "alpha %.3f beta %.3f gamma %.3f; next largest / gamma %.3f; restricted accuracy %.4f\n",
+                static_cast<unsigned long long>(seeds[e]), static_cast<long long>(g.reached), full,
+                static_cast<long long>(tg), static_cast<long long>(tb), static_cast<long long>(ta),
+                g.series.at("alpha").back(), g.series.at("beta").back(), g.series.at("gamma").back(),
+                largest_other / gamma_mag, restricted);
+    EXPECT_GE(tg, 0);
+    EXPECT_LE(4 * tg, tb);
+    EXPECT_LE(4 * tg, ta);
+    EXPECT_GT(smallest_of_three, largest_other);
+    EXPECT_LE(largest_other, 0.3 * gamma_mag);
+    EXPECT_GE(restricted, 0.9 * full);
+  }
+}
+
+// SCIENCE.md E.5 (long): the induction head's emergence time t*(N) -- the
+// first step where accuracy on 4096 fixed sequences reaches 0.5 -- grows like
+// N^2. Same lr and batch for every N; slope of log t* against log N.
+TEST(ImirGrowthLongTest, EmergenceTimeGrowsLikeNSquared) {
+  const std::vector<int> ns = {4, 8, 16};
+  const std::vector<uint64_t> seeds = {1, 2, 3};
+  std::vector<double> log_n, log_t;
+  for (int n : ns) {
+    const v1::ExperimentSpec spec = MinimalIcl(n, "COORDINATE_SCALING_UNIT_NORM", 20.0, 6000, 512);
+    const std::vector<Growth> runs = Train(spec, seeds, 0.5, 5);
+    for (size_t e = 0; e < seeds.size(); ++e) {
+      std::printf("N %d seed %llu: t* %lld\n", n, static_cast<unsigned long long>(seeds[e]),
+                  static_cast<long long>(runs[e].reached));
+      ASSERT_GT(runs[e].reached, 0) << "N " << n << " seed " << seeds[e] << " never reached 0.5";
+      log_n.push_back(std::log(static_cast<double>(n)));
+      log_t.push_back(std::log(static_cast<double>(runs[e].reached)));
+    }
+  }
+  double mx = 0, my = 0;
+  for (size_t i = 0; i < log_n.size(); ++i) {
+    mx += log_n[i] / log_n.size();
+    my += log_t[i] / log_t.size();
+  }
+  double sxy = 0, sxx = 0;
+  for (size_t i = 0; i < log_n.size(); ++i) {
+    sxy += (log_n[i] - mx) * (log_t[i] - my);
+    sxx += (log_n[i] - mx) * (log_n[i] - mx);
+  }
+  const double slope = sxy / sxx;
+  std::printf("slope of log t* against log N: %.3f\n", slope);
+  EXPECT_GE(slope, 1.5);
+  EXPECT_LE(slope, 2.5);
+}
+
+}  // namespace
+}  // namespace circuitlab::engine
