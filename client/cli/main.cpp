@@ -15,6 +15,7 @@
 #include <atomic>
 #include <csignal>
 #include <cmath>
+#include <filesystem>
 #include <iomanip>
 #include <cstdio>
 #include <ctime>
@@ -340,8 +341,11 @@ int main(int argc, char** argv) {
       "Theorem 1 numerically (SCIENCE.md C.6): at a random point of the span, does the expected gradient stay\n"
       "in it? Off-span fraction 1-f_N over a ladder of sample sizes, per matrix, with plateau and slope.\n"
       "Runs as a queued job on the server; this command waits and shows progress.\n"
-      "  circuitlab invariance r3 --controls");
-  invariance->add_option("RUN", run_id, "Run whose spec gives the task and model")->required();
+      "  circuitlab invariance r3 --controls\n"
+      "  circuitlab invariance examples/induction.json");
+  invariance->add_option("TARGET", run_id,
+                         "Run whose spec gives the task and model (r3), or a spec file (JSON) to check without a run")
+      ->required();
   invariance->add_flag("--paper", i_paper, "Test the paper span instead of the complete one");
   invariance->add_flag("--controls", i_controls, "Also run the must-fail controls");
   invariance->add_option("--samples", i_samples, "Ladder of sample sizes (ascending)")->delimiter(',');
@@ -568,7 +572,13 @@ int main(int argc, char** argv) {
   }
   if (*invariance) {
     v1::CheckInvarianceRequest req;
-    req.set_run_id(run_id);
+    if (std::filesystem::exists(run_id)) {
+      absl::StatusOr<v1::ExperimentSpec> spec = circuitlab::client::ReadSpecFile(run_id);
+      if (!spec.ok()) return ReportError(spec.status());
+      *req.mutable_spec() = *spec;
+    } else {
+      req.set_run_id(run_id);
+    }
     req.set_selection(i_paper ? v1::BASIS_SELECTION_PAPER : v1::BASIS_SELECTION_COMPLETE);
     for (uint64_t n : i_samples) req.add_sample_sizes(n);
     req.set_coordinate_std(i_std);

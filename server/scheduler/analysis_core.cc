@@ -7,6 +7,7 @@
 
 #include "server/common/seeds.h"
 #include "server/common/status_macros.h"
+#include "server/engine/spec.h"
 #include "server/scheduler/scheduler.h"
 
 namespace circuitlab::scheduler {
@@ -72,7 +73,12 @@ AnalysisCore::~AnalysisCore() {
 }
 
 absl::StatusOr<v1::CheckInvarianceResponse> AnalysisCore::CheckInvariance(const v1::CheckInvarianceRequest& request) {
-  CL_ASSIGN_OR_RETURN(int64_t id, ParseRunId(request.run_id()));
+  int64_t id = store::Store::kNoRun;
+  if (request.has_spec()) {
+    if (!request.run_id().empty()) return absl::InvalidArgumentError("give run_id or spec, not both");
+  } else {
+    CL_ASSIGN_OR_RETURN(id, ParseRunId(request.run_id()));
+  }
   CL_RETURN_IF_ERROR(CheckSelection(request.selection()));
   if (request.sample_sizes_size() > kMaxLadder) {
     return absl::InvalidArgumentError("sample_sizes must have at most " + std::to_string(kMaxLadder) +
@@ -94,13 +100,21 @@ absl::StatusOr<v1::CheckInvarianceResponse> AnalysisCore::CheckInvariance(const 
     return absl::InvalidArgumentError("coordinate_std must be in (0, 100] (0 means 1), got " +
                                       std::to_string(request.coordinate_std()));
   }
-  CL_ASSIGN_OR_RETURN(store::RunRow row, store_->GetRun(id));
   v1::ExperimentSpec spec;
-  if (!spec.ParseFromString(row.spec)) return absl::DataLossError("stored spec of " + request.run_id() + " does not parse");
-
-  // The canonical request: defaults resolved, force dropped.
-  v1::CheckInvarianceRequest canonical;
-  canonical.set_run_id(FormatRunId(id));
+  v1::CheckInvarianceRequest canonical;  // defaults resolved, force dropped
+  if (request.has_spec()) {
+    spec = request.spec();
+    if (absl::Status s = engine::ResolveSpec({}, &spec); !s.ok()) {
+      return absl::Status(s.code(), "spec: " + std::string(s.message()));
+    }
+    *canonical.mutable_spec() = spec;
+  } else {
+    CL_ASSIGN_OR_RETURN(store::RunRow row, store_->GetRun(id));
+    if (!spec.ParseFromString(row.spec)) {
+      return absl::DataLossError("stored spec of " + request.run_id() + " does not parse");
+    }
+    canonical.set_run_id(FormatRunId(id));
+  }
   canonical.set_selection(request.selection() == v1::BASIS_SELECTION_PAPER ? v1::BASIS_SELECTION_PAPER
                                                                            : v1::BASIS_SELECTION_COMPLETE);
   if (request.sample_sizes_size() == 0) {
@@ -199,7 +213,8 @@ void AnalysisCore::RunJob(Job& job) {
   } else {
     done.set_state(v1::CheckInvarianceResponse::STATE_FAILED);
     done.set_error(report.status().ToString());
-    spdlog::warn("invariance check of r{} failed: {}", job.run_id, report.status().ToString());
+    spdlog::warn("invariance check of {} failed: {}", job.run_id == store::Store::kNoRun ? "a spec" : FormatRunId(job.run_id),
+                 report.status().ToString());
   }
   std::lock_guard<std::mutex> lock(mu_);
   job.status = done;

@@ -112,6 +112,17 @@ CREATE TABLE analyses (
   PRIMARY KEY (run_id, kind, request_hash)
 ) WITHOUT ROWID;
 )sql",
+    // 3: analyses of a spec alone (no run), e.g. CheckInvariance on a spec file.
+    R"sql(
+CREATE TABLE spec_analyses (
+  kind         TEXT    NOT NULL,
+  request_hash INTEGER NOT NULL,
+  request      BLOB    NOT NULL,
+  result       BLOB    NOT NULL,
+  created_at   INTEGER NOT NULL,
+  PRIMARY KEY (kind, request_hash)
+) WITHOUT ROWID;
+)sql",
 };
 
 constexpr int kLatest = static_cast<int>(sizeof(kMigrations) / sizeof(kMigrations[0]));

@@ -842,6 +842,12 @@ absl::Status Store::PutAnalysis(int64_t run_id, const std::string& kind, int64_t
                                 const std::string& request, const std::string& result) {
   const int64_t now = Clock::Real()->NowMicros();
   return impl_->Write([&](Connection& c) -> absl::Status {
+    if (run_id == kNoRun) {
+      CL_ASSIGN_OR_RETURN(Statement st, c.Prepare("INSERT OR REPLACE INTO spec_analyses(kind, request_hash, request, "
+                                                  "result, created_at) VALUES (?, ?, ?, ?, ?)"));
+      st.Bind(1, kind).Bind(2, request_hash).BindBlob(3, request).BindBlob(4, result).Bind(5, now);
+      return st.Run();
+    }
     CL_ASSIGN_OR_RETURN(Statement st, c.Prepare("INSERT OR REPLACE INTO analyses(run_id, kind, request_hash, request, "
                                                 "result, created_at) VALUES (?, ?, ?, ?, ?, ?)"));
     st.Bind(1, run_id).Bind(2, kind).Bind(3, request_hash).BindBlob(4, request).BindBlob(5, result).Bind(6, now);
@@ -852,6 +858,13 @@ absl::Status Store::PutAnalysis(int64_t run_id, const std::string& kind, int64_t
 absl::StatusOr<std::optional<std::string>> Store::GetAnalysis(int64_t run_id, const std::string& kind,
                                                               int64_t request_hash) {
   CL_ASSIGN_OR_RETURN(Impl::Reader r, impl_->AcquireReader());
+  if (run_id == kNoRun) {
+    CL_ASSIGN_OR_RETURN(Statement st, r->Prepare("SELECT result FROM spec_analyses WHERE kind = ? AND request_hash = ?"));
+    st.Bind(1, kind).Bind(2, request_hash);
+    CL_ASSIGN_OR_RETURN(bool found, st.Step());
+    if (!found) return std::optional<std::string>();
+    return std::optional<std::string>(st.ColumnBlob(0));
+  }
   CL_ASSIGN_OR_RETURN(Statement st, r->Prepare("SELECT result FROM analyses WHERE run_id = ? AND kind = ? AND "
                                                "request_hash = ?"));
   st.Bind(1, run_id).Bind(2, kind).Bind(3, request_hash);

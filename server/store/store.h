@@ -192,6 +192,8 @@ class Store {
                                                          const std::vector<CoordinateDefRow>& defs);
   // Batched: coordinate values at `step` (ids from PutCoordinateDefs).
   void AppendCoordinates(int64_t run_id, int64_t step, std::vector<int64_t> ids, std::vector<double> values);
+  // Analyses of a spec alone (no run) use run_id kNoRun.
+  static constexpr int64_t kNoRun = 0;
   absl::Status PutAnalysis(int64_t run_id, const std::string& kind, int64_t request_hash, const std::string& request,
                            const std::string& result);
   // Waits until everything queued so far is committed.

@@ -289,9 +289,32 @@ TEST(IntegrationTest, InvarianceCheckIsAQueuedStoredJob) {
   }
   // The span keeps the gradient far better than a point off it.
   EXPECT_LT(r->checks(0).series(0).off_fraction(2), r->checks(1).series(0).off_fraction(2));
+  const v1::CheckInvarianceResponse by_run = *r;
   EXPECT_TRUE(c.CheckInvariance(req)->from_store());
   req.set_run_id("r2");
   EXPECT_EQ(c.CheckInvariance(req).status().code(), absl::StatusCode::kNotFound);
+
+  // A spec alone (no run): validated like SubmitRun, stored, answered again.
+  req.clear_run_id();
+  req.set_controls(false);
+  *req.mutable_spec() = TinySpec(60);
+  ASSERT_TRUE(WaitFor([&] {
+    r = c.CheckInvariance(req);
+    return r.ok() && r->state() == v1::CheckInvarianceResponse::STATE_DONE;
+  }, std::chrono::seconds(120))) << r.status();
+  ASSERT_EQ(r->checks_size(), 1);
+  // The same task, model and seed as r1: the same ladder, value for value.
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(r->checks(0).series(0).off_fraction(i), by_run.checks(0).series(0).off_fraction(i));
+  }
+  EXPECT_TRUE(c.CheckInvariance(req)->from_store());
+  req.set_run_id("r1");
+  EXPECT_EQ(c.CheckInvariance(req).status().code(), absl::StatusCode::kInvalidArgument);  // both
+  req.clear_run_id();
+  req.mutable_spec()->mutable_model()->mutable_imir()->set_num_layers(9);
+  auto bad = c.CheckInvariance(req);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(bad.status().message(), "spec: model.imir.num_layers must be in [1, 6], got 9");
 }
 
 TEST(IntegrationTest, CancelMidRunAndDroppingAWatchNeverCancels) {
