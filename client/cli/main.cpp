@@ -333,7 +333,7 @@ int main(int argc, char** argv) {
   project->add_flag("--all", c_all, "Show every coordinate (default: the 20 largest)");
 
   // invariance
-  bool i_paper = false, i_controls = false;
+  bool i_paper = false, i_controls = false, i_sgd = false;
   std::vector<uint64_t> i_samples;
   double i_std = 0;
   auto* invariance = app.add_subcommand(
@@ -348,6 +348,9 @@ int main(int argc, char** argv) {
       ->required();
   invariance->add_flag("--paper", i_paper, "Test the paper span instead of the complete one");
   invariance->add_flag("--controls", i_controls, "Also run the must-fail controls");
+  invariance->add_flag("--sgd", i_sgd,
+                       "Also the SGD corollary: rho after SGD from the point at batch 64/256/1024, plain and with "
+                       "symmetrised minibatch gradients");
   invariance->add_option("--samples", i_samples, "Ladder of sample sizes (ascending)")->delimiter(',');
   invariance->add_option("--std", i_std, "Scale s of the random point's coordinates (default 1)");
   invariance->add_flag("--force", p_force, "Recompute even if stored");
@@ -583,6 +586,7 @@ int main(int argc, char** argv) {
     for (uint64_t n : i_samples) req.add_sample_sizes(n);
     req.set_coordinate_std(i_std);
     req.set_controls(i_controls);
+    req.set_sgd_corollary(i_sgd);
     req.set_force(p_force);
     const bool tty = isatty(STDERR_FILENO);
     absl::StatusOr<v1::CheckInvarianceResponse> resp;
@@ -621,6 +625,15 @@ int main(int argc, char** argv) {
           std::printf("  %-5s 1-f_N:", s.matrix().c_str());
           for (double v : s.off_fraction()) std::printf(" %.2e", v);
           std::printf("   plateau %.2e  slope %.3f\n", s.plateau(), s.slope());
+        }
+      }
+      if (resp->sgd_size() > 0) {
+        std::printf("SGD corollary (%llu steps, lr %g; symmetrised over %llu group elements):\n",
+                    static_cast<unsigned long long>(resp->sgd_steps()), resp->sgd_learning_rate(),
+                    static_cast<unsigned long long>(resp->sgd_group_elements()));
+        for (const auto& p : resp->sgd()) {
+          std::printf("  batch %5llu  rho %.3e  symmetrised %.3e\n", static_cast<unsigned long long>(p.batch_size()),
+                      p.rho(), p.rho_symmetrised());
         }
       }
     }

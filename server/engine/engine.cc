@@ -214,6 +214,24 @@ class TorchAnalyzer : public Analyzer {
         if (stopped) return absl::CancelledError("invariance check stopped");
         report.checks.push_back({checks[i].name, r.series});
       }
+      if (request.sgd_corollary) {
+        SgdCorollaryConfig sc;
+        sc.layers = m.num_layers();
+        sc.heads = m.num_heads();
+        sc.coordinate_std = request.coordinate_std;
+        sc.seed = request.seed;
+        bool stopped = false;
+        for (const SgdCorollaryPoint& p : SgdCorollary(task, span, sc, [&](int64_t done, int64_t total) {
+               stopped = cancel != nullptr && cancel->stop_requested();
+               return !stopped;
+             })) {
+          report.sgd.push_back({p.batch_size, p.rho, p.rho_symmetrised});
+        }
+        if (stopped) return absl::CancelledError("invariance check stopped");
+        report.sgd_steps = sc.steps;
+        report.sgd_group_elements = sc.group_elements;
+        report.sgd_learning_rate = sc.learning_rate;
+      }
       return report;
     } catch (const c10::Error& e) {
       return absl::InternalError(std::string("LibTorch error: ") + e.what_without_backtrace());

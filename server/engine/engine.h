@@ -109,11 +109,22 @@ struct InvarianceRequest {
   double coordinate_std = 1.0;
   uint64_t seed = 1;
   bool controls = false;
+  bool sgd_corollary = false;  // also C.6 item 7 (SGD from the point, plain and symmetrised)
+};
+
+// C.6 item 7 at one batch size.
+struct SgdCorollaryReport {
+  int64_t batch_size = 0;
+  double rho = 0;
+  double rho_symmetrised = 0;
 };
 
 struct InvarianceReport {
   std::vector<int64_t> sample_sizes;
   std::vector<InvarianceCheckReport> checks;
+  std::vector<SgdCorollaryReport> sgd;  // when requested
+  int64_t sgd_steps = 0, sgd_group_elements = 0;
+  double sgd_learning_rate = 0;
 };
 
 // Pure analyses of stored checkpoints. Thread-safe.

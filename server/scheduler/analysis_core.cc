@@ -125,6 +125,7 @@ absl::StatusOr<v1::CheckInvarianceResponse> AnalysisCore::CheckInvariance(const 
   canonical.set_coordinate_std(request.coordinate_std() == 0 ? 1.0 : request.coordinate_std());
   canonical.set_seed(request.seed() == 0 ? spec.seed() : request.seed());
   canonical.set_controls(request.controls());
+  canonical.set_sgd_corollary(request.sgd_corollary());
   const std::string key = canonical.SerializeAsString();
   const int64_t hash = static_cast<int64_t>(HashPurpose(key) >> 1);
 
@@ -157,6 +158,7 @@ absl::StatusOr<v1::CheckInvarianceResponse> AnalysisCore::CheckInvariance(const 
   job->request.coordinate_std = canonical.coordinate_std();
   job->request.seed = canonical.seed();
   job->request.controls = canonical.controls();
+  job->request.sgd_corollary = canonical.sgd_corollary();
   job->status.set_state(v1::CheckInvarianceResponse::STATE_QUEUED);
   jobs_[{id, hash}] = job;
   queue_.push_back(job);
@@ -202,6 +204,17 @@ void AnalysisCore::RunJob(Job& job) {
         o->set_plateau(s.plateau);
         o->set_slope(s.slope);
       }
+    }
+    for (const engine::SgdCorollaryReport& p : report->sgd) {
+      v1::SgdCorollaryPoint* o = done.add_sgd();
+      o->set_batch_size(static_cast<uint64_t>(p.batch_size));
+      o->set_rho(p.rho);
+      o->set_rho_symmetrised(p.rho_symmetrised);
+    }
+    if (!report->sgd.empty()) {
+      done.set_sgd_steps(static_cast<uint64_t>(report->sgd_steps));
+      done.set_sgd_group_elements(static_cast<uint64_t>(report->sgd_group_elements));
+      done.set_sgd_learning_rate(report->sgd_learning_rate);
     }
     // Stored first, then forgotten: later requests find it in the store.
     absl::Status stored = store_->PutAnalysis(job.run_id, "invariance", job.hash, job.key, done.SerializeAsString());

@@ -59,6 +59,95 @@ double FitSlope(const std::vector<int64_t>& n, const std::vector<double>& y) {
 
 
 
+Batch ApplyRandomSymmetry(const Batch& batch, const TaskSymmetry& sym, torch::Generator& gen) {
+  const int64_t V = sym.vocab();
+  std::vector<int64_t> image(static_cast<size_t>(V));
+  for (int64_t t = 0; t < V; ++t) image[t] = t;
+  const int classes = static_cast<int>(sym.class_names.size());
+  for (int c = 0; c < classes; ++c) {
+    std::vector<int64_t> members, firsts;  // firsts: one member of each fixed pair
+    bool paired = true;
+    for (int64_t t = 0; t < V; ++t) {
+      if (sym.token_class[t] != c) continue;
+      members.push_back(t);
+      const int p = sym.partner[t];
+      if (p < 0 || sym.token_class[p] != c) paired = false;
+      if (p > t) firsts.push_back(t);
+    }
+    if (members.size() < 2) continue;
+    if (paired) {
+      // Permute the pairs and flip each with probability 1/2: C is kept.
+      const torch::Tensor order = torch::randperm(static_cast<int64_t>(firsts.size()), gen, torch::kLong);
+      const torch::Tensor flip = torch::rand({static_cast<int64_t>(firsts.size())}, gen, torch::kDouble) < 0.5;
+      for (size_t i = 0; i < firsts.size(); ++i) {
+        int64_t a = firsts[static_cast<size_t>(order[i].item<int64_t>())], b = sym.partner[a];
+        if (flip[i].item<bool>()) std::swap(a, b);
+        image[firsts[i]] = a;
+        image[sym.partner[firsts[i]]] = b;
+      }
+    } else if (std::all_of(members.begin(), members.end(), [&](int64_t t) { return sym.partner[t] < 0; })) {
+      const torch::Tensor order = torch::randperm(static_cast<int64_t>(members.size()), gen, torch::kLong);
+      for (size_t i = 0; i < members.size(); ++i) image[members[i]] = members[order[i].item<int64_t>()];
+    }
+  }
+  const torch::Tensor map = torch::tensor(image, torch::kLong);
+  Batch out = batch;
+  out.tokens = map.index({batch.tokens});
+  out.target = map.index({batch.target});
+  out.alt_target = map.index({batch.alt_target});
+  if (sym.cyclic_positions && sym.positions > 0) {
+    const int64_t shift = torch::randint(0, sym.positions, {1}, gen, torch::kLong).item<int64_t>();
+    out.pids = (batch.pids + shift).remainder(sym.positions);
+  }
+  return out;
+}
+
+std::vector<SgdCorollaryPoint> SgdCorollary(const BlockTask& task, const Basis& basis, const SgdCorollaryConfig& cfg,
+                                            const std::function<bool(int64_t, int64_t)>& progress) {
+  const TaskSymmetry sym = task.Symmetry();
+  const Projector projector(basis);
+  std::vector<SgdCorollaryPoint> out;
+  const int64_t total = 2 * cfg.steps * static_cast<int64_t>(cfg.batch_sizes.size());
+  int64_t done = 0;
+  for (int64_t batch : cfg.batch_sizes) {
+    SgdCorollaryPoint point;
+    point.batch_size = batch;
+    for (bool symmetrised : {false, true}) {
+      ImirModelConfig mc = DenseConfig(task.vocab_size(), task.num_positions(), cfg.layers, cfg.heads, true);
+      mc.float64 = true;
+      ImirModel model(mc, 1, torch::kCPU);
+      torch::Generator gen = at::make_generator<at::CPUGeneratorImpl>(DeriveSeed63(cfg.seed, "invariance/point"));
+      torch::Tensor coords = torch::randn({static_cast<int64_t>(basis.coords.size())}, gen, torch::kDouble);
+      coords.mul_(cfg.coordinate_std);
+      Projection start;
+      start.values.assign(coords.data_ptr<double>(), coords.data_ptr<double>() + coords.numel());
+      projector.LoadProjected(start, model, 0);
+      // The same data stream for both variants.
+      torch::Generator data = at::make_generator<at::CPUGeneratorImpl>(DeriveSeed63(cfg.seed, "invariance/sgd", batch));
+      torch::Generator group = at::make_generator<at::CPUGeneratorImpl>(DeriveSeed63(cfg.seed, "invariance/group", batch));
+      torch::optim::SGD opt(model.parameters(), torch::optim::SGDOptions(cfg.learning_rate));
+      for (int64_t step = 0; step < cfg.steps; ++step) {
+        const Batch b = task.Sample(batch, SampleMode::kTrain, data);
+        opt.zero_grad();
+        const int64_t copies = symmetrised ? cfg.group_elements : 1;
+        for (int64_t r = 0; r < copies; ++r) {
+          const Batch g = symmetrised ? ApplyRandomSymmetry(b, sym, group) : b;
+          torch::Tensor logits = model.Forward(g.tokens.unsqueeze(0), g.pids.unsqueeze(0))[0];
+          torch::Tensor loss = torch::nll_loss(torch::log_softmax(logits, -1), g.target) / static_cast<double>(copies);
+          loss.backward();
+        }
+        opt.step();
+        ++done;
+        if (progress && !progress(done, total)) return out;
+      }
+      const double rho = projector.Project(model, 0).rho();
+      (symmetrised ? point.rho_symmetrised : point.rho) = rho;
+    }
+    out.push_back(point);
+  }
+  return out;
+}
+
 InvarianceResult CheckInvariance(const BlockTask& task, const Basis& point_basis, const Basis& check_basis,
                                  const InvarianceConfig& cfg, const std::function<bool(int64_t, int64_t)>& progress) {
   ImirModelConfig mc;
