@@ -298,7 +298,7 @@ int main(int argc, char** argv) {
                                      "Metric series of a run (train/loss, eval/<set>/accuracy, ...).\n"
                                      "  circuitlab metrics r3 --name eval/icl_rare/accuracy --csv > icl.csv");
   metrics->add_option("RUN", run_id, "Run id")->required();
-  metrics->add_option("--name", m_names, "Only this series (repeatable)");
+  metrics->add_option("--name,--names", m_names, "Only these series (repeatable, or comma-separated)")->delimiter(',');
   metrics->add_option("--min-step", m_min, "First step (inclusive)");
   metrics->add_option("--max-step", m_max, "Last step (inclusive; 0 = no bound)");
   metrics->add_option("--max-points", m_points, "Downsample each series to at most this many points");
@@ -315,7 +315,7 @@ int main(int argc, char** argv) {
       "Names are labels (L2H1:[∅→(1,0)]:I_t) or canonical names (alpha, beta, gamma, delta).\n"
       "  circuitlab coords r3 --name alpha --name beta --name gamma --csv > abc.csv");
   coords->add_option("RUN", run_id, "Run id")->required();
-  coords->add_option("--name", c_names, "Only this coordinate (repeatable)");
+  coords->add_option("--name,--names", c_names, "Only these coordinates (repeatable, or comma-separated)")->delimiter(',');
   coords->add_flag("--complete", c_complete, "The complete set (needs recording.complete_coordinates)");
   coords->add_option("--min-step", c_min, "First step (inclusive)");
   coords->add_option("--max-step", c_max, "Last step (inclusive; 0 = no bound)");
