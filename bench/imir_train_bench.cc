@@ -62,8 +62,9 @@ int main(int argc, char** argv) {
   ce::ConfigureRuntime(threads);
   at::set_num_threads(threads);
   auto spec = circuitlab::client::ReadSpecFile(spec_path);
-  if (!spec.ok() || !ce::ResolveSpec({}, &*spec).ok()) {
-    std::fprintf(stderr, "bad spec\n");
+  absl::Status st = spec.ok() ? ce::ResolveSpec({}, &*spec) : spec.status();
+  if (!st.ok()) {
+    std::fprintf(stderr, "bad spec: %s\n", std::string(st.message()).c_str());
     return 2;
   }
   spec->mutable_training()->set_steps(1'000'000);
@@ -138,12 +139,17 @@ int main(int argc, char** argv) {
   auto m1 = std::chrono::steady_clock::now();
   const double model_only = steps / Seconds(m0, m1);
 
+  int64_t trained = 0;
+  for (const auto& p : model.parameters()) trained += p.numel();
   std::printf(
       "{\"impl\": \"cpp\", \"threads\": %d, \"batch\": %u, \"seq_len\": %lld, \"d0\": %lld, \"layers\": %u, "
       "\"full_steps_per_s\": %.2f, \"model_steps_per_s\": %.2f, \"eval_pass_s\": %.3f, "
-      "\"step_ms\": %.3f, \"projection_ms\": %.3f, \"projection_overhead_every\": {%s}}\n",
+      "\"step_ms\": %.3f, \"projection_ms\": %.3f, \"projection_overhead_every\": {%s}, "
+      "\"forward\": \"%s\", \"parameters\": %lld}\n",
       threads, spec->training().batch_size(), static_cast<long long>(task.seq_len()),
       static_cast<long long>(task.vocab_size() + task.num_positions()), m.num_layers(), full, model_only,
-      Seconds(e0, e1), 1000 * step_s / steps, 1000 * project_s / steps, projected.c_str());
+      Seconds(e0, e1), 1000 * step_s / steps, 1000 * project_s / steps, projected.c_str(),
+      !model.coordinate_model() ? "full-dense" : model.sparse_forward() ? "block-sparse" : "dense-materialised",
+      static_cast<long long>(trained));
   return 0;
 }

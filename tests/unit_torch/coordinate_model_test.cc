@@ -60,8 +60,18 @@ TEST_P(SparseForwardTest, MatchesTheDenseForward) {
   const Shape shape = GetParam();
   const v1::ExperimentSpec spec = Recall(shape.layers, shape.heads, shape.extra);
   EnsembleTrainer trainer(spec, {3, 4}, torch::kCPU);
-  const ImirModel& model = trainer.model();
-  ASSERT_TRUE(model.coordinate_model());
+  ASSERT_TRUE(trainer.model().coordinate_model());
+  // The same coefficients under a forced block-sparse forward.
+  ImirModelConfig cfg = trainer.model().config();
+  auto cc = std::make_shared<CoordinateConfig>(*cfg.coordinates);
+  cc->forward = CoordinateConfig::Forward::kSparse;
+  cfg.coordinates = cc;
+  ImirModel model(cfg, 2, torch::kCPU);
+  {
+    torch::NoGradGuard no_grad;
+    model.parameters()[0].copy_(trainer.model().parameters()[0]);
+  }
+  ASSERT_TRUE(model.sparse_forward());
   const std::unique_ptr<ImirModel> dense = DenseTwin(model);
   torch::Generator gen = at::make_generator<at::CPUGeneratorImpl>(7);
   const Batch b = trainer.task(0).Sample(32, SampleMode::kTrain, gen);
@@ -69,6 +79,8 @@ TEST_P(SparseForwardTest, MatchesTheDenseForward) {
   torch::NoGradGuard no_grad;
   for (bool all : {false, true}) {
     const torch::Tensor sparse = model.Forward(tok, pid, all), full = dense->Forward(tok, pid, all);
+    const torch::Tensor chosen = trainer.model().Forward(tok, pid, all);  // whichever the model picked
+    EXPECT_LT((chosen - full).abs().max().item<double>(), 1e-4 * (1 + full.abs().max().item<double>()));
     ASSERT_EQ(sparse.sizes(), full.sizes());
     EXPECT_LT((sparse - full).abs().max().item<double>(), 1e-4 * (1 + full.abs().max().item<double>()))
         << "all_positions " << all;

@@ -87,6 +87,34 @@ void ImirModel::PlanCoordinates() {
     if (readout_active[static_cast<size_t>(b)]) readout_blocks_.push_back(b);
   }
 
+  // The block-sparse forward pays off when few block pairs carry a
+  // coordinate (a ticket, a circuit); with most of them the dense matmuls on
+  // the materialised matrices are faster (bench/RESULTS.md).
+  int64_t active = 0, pairs = 0;
+  for (int64_t l = 0, m = 1; l < L; ++l, m *= H + 1) {
+    for (int64_t h = 0; h < H; ++h) active += static_cast<int64_t>(active_pairs_[l][h].size());
+    pairs += H * m * m;
+  }
+  sparse_ = cc.forward == CoordinateConfig::Forward::kAuto ? 2 * active <= pairs
+                                                           : cc.forward == CoordinateConfig::Forward::kSparse;
+  // Per active pair (and readout block), the gather of its d0 x d0 (V x d0)
+  // block alone: the sparse forward never materialises the whole matrices.
+  for (int64_t l = 0, m = 1; l < L; ++l, m *= H + 1) {
+    const int64_t d = m * d0;
+    const torch::Tensor full = kq_gather_[l].view({H, d, d});
+    pair_gather_.emplace_back();
+    for (int64_t h = 0; h < H; ++h) {
+      pair_gather_[l].emplace_back();
+      for (const auto& [qb, kb] : active_pairs_[l][h]) {
+        pair_gather_[l][h].push_back(full[h].narrow(0, qb * d0, d0).narrow(1, kb * d0, d0).reshape({-1}).contiguous());
+      }
+    }
+  }
+  {
+    const torch::Tensor full = readout_gather_.view({V, n * d0});
+    for (int64_t b : readout_blocks_) readout_block_gather_.push_back(full.narrow(1, b * d0, d0).reshape({-1}).contiguous());
+  }
+
   // Which residual blocks and heads the readout depends on, layer by layer
   // from the top.
   block_needed_.assign(static_cast<size_t>(L + 1), {});
@@ -198,10 +226,23 @@ torch::Tensor ImirModel::Embed(const torch::Tensor& tokens, const torch::Tensor&
 
 torch::Tensor ImirModel::Forward(const torch::Tensor& tokens, const torch::Tensor& pids, bool all_positions) const {
   TORCH_CHECK(tokens.size(0) == ensemble_, "batch has ", tokens.size(0), " ensemble members, the model ", ensemble_);
-  return coordinate_model() ? SparseForward(tokens, pids, all_positions) : DenseForward(tokens, pids, all_positions);
+  if (!coordinate_model()) return DenseForward(tokens, pids, all_positions, kq_, readout_);
+  if (sparse_) return SparseForward(tokens, pids, all_positions);
+  // Most block pairs carry a coordinate: a few large matmuls on the
+  // materialised matrices beat many small ones.
+  const torch::Tensor values = ScaledValues();
+  std::vector<torch::Tensor> kq;
+  for (int64_t l = 0; l < cfg_.layers; ++l) {
+    const int64_t d = width(l);
+    kq.push_back(values.index_select(1, kq_gather_[l]).view({ensemble_, cfg_.heads, d, d}));
+  }
+  const torch::Tensor readout =
+      values.index_select(1, readout_gather_).view({ensemble_, cfg_.vocab, width(cfg_.layers)});
+  return DenseForward(tokens, pids, all_positions, kq, readout);
 }
 
-torch::Tensor ImirModel::DenseForward(const torch::Tensor& tokens, const torch::Tensor& pids, bool all_positions) const {
+torch::Tensor ImirModel::DenseForward(const torch::Tensor& tokens, const torch::Tensor& pids, bool all_positions,
+                                      const std::vector<torch::Tensor>& kq_w, const torch::Tensor& readout_w) const {
   const int64_t E = tokens.size(0), B = tokens.size(1), T = tokens.size(2), H = cfg_.heads;
   torch::Tensor x = Embed(tokens, pids);  // [E, B, T, d]
   const torch::Tensor causal =
@@ -211,7 +252,7 @@ torch::Tensor ImirModel::DenseForward(const torch::Tensor& tokens, const torch::
   for (int64_t l = 0; l < full_layers; ++l) {
     const int64_t d = x.size(-1);
     // Queries for every head: [E, H, B*T, d] -> [E, H, B, T, d].
-    torch::Tensor q = torch::matmul(x.reshape({E, 1, B * T, d}), kq_[l]).view({E, H, B, T, d});
+    torch::Tensor q = torch::matmul(x.reshape({E, 1, B * T, d}), kq_w[l]).view({E, H, B, T, d});
     torch::Tensor xt = x.unsqueeze(1);                                   // [E, 1, B, T, d]
     torch::Tensor scores = torch::matmul(q, xt.transpose(-1, -2));       // [E, H, B, T, T]
     scores = scores.masked_fill(causal, -std::numeric_limits<float>::infinity());
@@ -220,20 +261,20 @@ torch::Tensor ImirModel::DenseForward(const torch::Tensor& tokens, const torch::
     x = torch::cat({x, y}, -1);
   }
   if (all_positions) {
-    return torch::matmul(x.reshape({E, B * T, x.size(-1)}), readout_.transpose(1, 2)).view({E, B, T, cfg_.vocab});
+    return torch::matmul(x.reshape({E, B * T, x.size(-1)}), readout_w.transpose(1, 2)).view({E, B, T, cfg_.vocab});
   }
 
   // Last layer: only the query (last position) is read out, so only its
   // attention row is computed.
   const int64_t d = x.size(-1);
   torch::Tensor xq = x.select(2, T - 1);                                          // [E, B, d]
-  torch::Tensor q = torch::matmul(xq.unsqueeze(1), kq_[cfg_.layers - 1]);         // [E, H, B, d]
+  torch::Tensor q = torch::matmul(xq.unsqueeze(1), kq_w[cfg_.layers - 1]);         // [E, H, B, d]
   torch::Tensor xt = x.unsqueeze(1);                                              // [E, 1, B, T, d]
   torch::Tensor scores = torch::matmul(q.unsqueeze(-2), xt.transpose(-1, -2));    // [E, H, B, 1, T]
   torch::Tensor y = torch::matmul(torch::softmax(scores, -1), xt).squeeze(-2);    // [E, H, B, d]
   y = y.permute({0, 2, 1, 3}).reshape({E, B, H * d});
   torch::Tensor xl = torch::cat({xq, y}, -1);                                     // [E, B, d_L]
-  return torch::matmul(xl, readout_.transpose(1, 2));                             // [E, B, V]
+  return torch::matmul(xl, readout_w.transpose(1, 2));                             // [E, B, V]
 }
 
 torch::Tensor ImirModel::SparseForward(const torch::Tensor& tokens, const torch::Tensor& pids,
@@ -245,9 +286,6 @@ torch::Tensor ImirModel::SparseForward(const torch::Tensor& tokens, const torch:
   // x[pi]: residual block pi, [E, B, Tq, d0] (Tq = T, or 1 after the last
   // layer when only the query is read out); undefined when nothing reads it.
   std::vector<torch::Tensor> x = {Embed(tokens, pids)};
-  auto block = [&](const torch::Tensor& w, int64_t qb, int64_t kb) {  // [E, d0, d0]
-    return w.narrow(-2, qb * d0, d0).narrow(-1, kb * d0, d0);
-  };
   // [E, B, t, d0] x [E, d0, m] -> [E, B, t, m] as one batched matmul over E
   // (a broadcast matmul would copy the matrix B times).
   auto times = [&](const torch::Tensor& xs, const torch::Tensor& w) {
@@ -259,18 +297,18 @@ torch::Tensor ImirModel::SparseForward(const torch::Tensor& tokens, const torch:
     const bool query_only = !all_positions && l == cfg_.layers - 1;
     const int64_t Tq = query_only ? 1 : T;
     auto rows = [&](const torch::Tensor& t) { return query_only ? t.narrow(2, T - 1, 1) : t; };
-    const torch::Tensor w = values.index_select(1, kq_gather_[l]).view({E, H, n * d0, n * d0});
     std::vector<torch::Tensor> next(static_cast<size_t>(n * (H + 1)));
     for (int64_t pi = 0; pi < n; ++pi) {
       if (block_needed_[l + 1][pi]) next[pi] = rows(x[pi]);
     }
     for (int64_t h = 0; h < H; ++h) {
       if (!head_needed_[l][h]) continue;
-      const torch::Tensor wh = w.select(1, h);
       // scores = sum over key blocks kb of (sum_qb x_qb W[qb, kb]) x_kb^T.
       std::map<int64_t, torch::Tensor> queries;
-      for (const auto& [qb, kb] : active_pairs_[l][h]) {
-        torch::Tensor q = times(rows(x[qb]), block(wh, qb, kb));
+      for (size_t i = 0; i < active_pairs_[l][h].size(); ++i) {
+        const auto [qb, kb] = active_pairs_[l][h][i];
+        const torch::Tensor w = values.index_select(1, pair_gather_[l][h][i]).view({E, d0, d0});
+        torch::Tensor q = times(rows(x[qb]), w);
         auto it = queries.find(kb);
         if (it == queries.end()) {
           queries.emplace(kb, q);
@@ -294,11 +332,12 @@ torch::Tensor ImirModel::SparseForward(const torch::Tensor& tokens, const torch:
     x = std::move(next);
     n *= H + 1;
   }
-  const torch::Tensor r = values.index_select(1, readout_gather_).view({E, cfg_.vocab, n * d0});
   const int64_t Tq = all_positions ? T : 1;
   torch::Tensor logits;
-  for (int64_t b : readout_blocks_) {
-    torch::Tensor part = times(x[b], r.narrow(2, b * d0, d0).transpose(1, 2));  // [E, B, Tq, V]
+  for (size_t i = 0; i < readout_blocks_.size(); ++i) {
+    const int64_t b = readout_blocks_[i];
+    const torch::Tensor r = values.index_select(1, readout_block_gather_[i]).view({E, cfg_.vocab, d0});
+    torch::Tensor part = times(x[b], r.transpose(1, 2));  // [E, B, Tq, V]
     logits = logits.defined() ? logits + part : part;
   }
   if (!logits.defined()) logits = torch::zeros({E, B, Tq, cfg_.vocab}, values.options());

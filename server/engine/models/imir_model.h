@@ -13,11 +13,14 @@
 //   COORDINATES  W = sum_i c_i s_i B_i over chosen elements B_i of a basis
 //                (s_i = 1/||B_i||_F for unit-norm scaling, else 1); only the
 //                coefficients c [E, K] train. The dense matrices are
-//                materialised by one gather per step, and the forward is
-//                block-sparse: scores are assembled per (query block, key
-//                block) pair that carries a coordinate, heads whose output
-//                nothing reads are skipped, and only residual blocks that a
-//                later layer or the readout reads are computed.
+//                materialised by one gather per step. When at most half of
+//                the key-query block pairs carry a coordinate (a ticket, a
+//                circuit) the forward is block-sparse: scores are assembled
+//                per (query block, key block) pair that carries one, heads
+//                whose output nothing reads are skipped, and only residual
+//                blocks that a later layer or the readout reads are
+//                computed; otherwise the dense forward runs on the
+//                materialised matrices.
 // Value/output maps are fixed copies, so block pi of X_l holds what the path
 // pi copied (see B.1 for the path/offset convention: the block written by
 // head h of layer l sits at offset h * d_{l-1}).
@@ -38,6 +41,9 @@ struct CoordinateConfig {
   Basis basis;                   // the model's basis (BuildBasis for the task)
   std::vector<int32_t> trained;  // indices into basis.coords, ascending
   bool unit_norm = true;         // s_i = 1/||B_i||_F, else 1
+  // Forward: chosen by how many block pairs carry a coordinate, or forced
+  // (tests compare the two).
+  enum class Forward { kAuto, kSparse, kDense } forward = Forward::kAuto;
 };
 
 struct ImirModelConfig {
@@ -99,6 +105,7 @@ class ImirModel {
   std::vector<std::string> parameter_names() const;
 
   bool coordinate_model() const { return cfg_.coordinates != nullptr; }
+  bool sparse_forward() const { return coordinate_model() && sparse_; }
   int64_t d0() const { return cfg_.vocab + cfg_.positions; }
   int64_t width(int64_t layer) const;  // d_layer
   int64_t ensemble() const { return ensemble_; }
@@ -106,7 +113,8 @@ class ImirModel {
 
  private:
   torch::Tensor Embed(const torch::Tensor& tokens, const torch::Tensor& pids) const;
-  torch::Tensor DenseForward(const torch::Tensor& tokens, const torch::Tensor& pids, bool all_positions) const;
+  torch::Tensor DenseForward(const torch::Tensor& tokens, const torch::Tensor& pids, bool all_positions,
+                             const std::vector<torch::Tensor>& kq, const torch::Tensor& readout) const;
   torch::Tensor SparseForward(const torch::Tensor& tokens, const torch::Tensor& pids, bool all_positions) const;
   torch::Tensor ScaledValues() const;  // [E, K + 1]: s_i c_i, then a zero
   void PlanCoordinates();
@@ -130,6 +138,9 @@ class ImirModel {
   std::vector<std::vector<bool>> head_needed_;
   std::vector<std::vector<bool>> block_needed_;  // per residual depth 0..L
   std::vector<int64_t> readout_blocks_;
+  std::vector<std::vector<std::vector<torch::Tensor>>> pair_gather_;  // [l][h][pair] -> [d0 * d0]
+  std::vector<torch::Tensor> readout_block_gather_;                      // per readout_blocks_ entry -> [V * d0]
+  bool sparse_ = true;  // block-sparse forward (few active pairs) or dense on materialised matrices
 };
 
 }  // namespace circuitlab::engine
