@@ -52,19 +52,27 @@ absl::Status AtLeast(const std::string& field, uint32_t value, uint32_t need, co
   return absl::OkStatus();
 }
 
-absl::Status ResolveKHop(v1::KHopTask* t) {
-  const std::string p = "task.k_hop.";
+// The fields the block-list tasks with position ids share (k-hop,
+// conditional retrieval, permutation inversion): num_tokens (32),
+// num_blocks (6), position_mode (BLOCK_OFFSET), num_positions (16).
+template <typename Task>
+absl::Status ResolveBlockList(const std::string& p, Task* t, uint32_t min_blocks, uint32_t min_positions) {
   if (!t->has_num_tokens()) t->set_num_tokens(32);
   if (!t->has_num_blocks()) t->set_num_blocks(6);
-  if (!t->has_hops()) t->set_hops(2);
   if (!t->has_num_positions()) t->set_num_positions(16);
   v1::PositionMode mode = t->position_mode();
   CL_RETURN_IF_ERROR(CheckPositionMode(p + "position_mode", &mode));
   t->set_position_mode(mode);
   CL_RETURN_IF_ERROR(CheckRange<uint32_t>(p + "num_tokens", t->num_tokens(), 4, 2048));
-  CL_RETURN_IF_ERROR(CheckRange<uint32_t>(p + "num_blocks", t->num_blocks(), 1, 256));
+  CL_RETURN_IF_ERROR(CheckRange<uint32_t>(p + "num_blocks", t->num_blocks(), min_blocks, 256));
+  return CheckRange<uint32_t>(p + "num_positions", t->num_positions(), min_positions, 4096);
+}
+
+absl::Status ResolveKHop(v1::KHopTask* t) {
+  const std::string p = "task.k_hop.";
+  if (!t->has_hops()) t->set_hops(2);
+  CL_RETURN_IF_ERROR(ResolveBlockList(p, t, 1, 2));
   CL_RETURN_IF_ERROR(CheckRange<uint32_t>(p + "hops", t->hops(), 1, t->num_blocks()));
-  CL_RETURN_IF_ERROR(CheckRange<uint32_t>(p + "num_positions", t->num_positions(), 2, 4096));
   return AtLeast(p + "num_tokens", t->num_tokens(), 2 * t->num_blocks() - t->hops() + 1,
                  "2 * num_blocks - hops + 1 distinct tokens per sequence");
 }
@@ -89,39 +97,23 @@ absl::Status ResolveIoi(v1::IoiTask* t) {
 
 absl::Status ResolveConditionalRetrieval(v1::ConditionalRetrievalTask* t) {
   const std::string p = "task.conditional_retrieval.";
-  if (!t->has_num_tokens()) t->set_num_tokens(32);
   if (!t->has_num_tags()) t->set_num_tags(4);
-  if (!t->has_num_blocks()) t->set_num_blocks(6);
   if (!t->has_tags_per_key()) t->set_tags_per_key(2);
-  if (!t->has_num_positions()) t->set_num_positions(16);
-  v1::PositionMode mode = t->position_mode();
-  CL_RETURN_IF_ERROR(CheckPositionMode(p + "position_mode", &mode));
-  t->set_position_mode(mode);
-  CL_RETURN_IF_ERROR(CheckRange<uint32_t>(p + "num_tokens", t->num_tokens(), 4, 2048));
+  CL_RETURN_IF_ERROR(ResolveBlockList(p, t, 2, 3));
   CL_RETURN_IF_ERROR(CheckRange<uint32_t>(p + "num_tags", t->num_tags(), 2, 64));
-  CL_RETURN_IF_ERROR(CheckRange<uint32_t>(p + "num_blocks", t->num_blocks(), 2, 256));
   CL_RETURN_IF_ERROR(CheckRange<uint32_t>(p + "tags_per_key", t->tags_per_key(), 2, t->num_tags()));
   if (t->num_blocks() % t->tags_per_key() != 0) {
     return absl::InvalidArgumentError(p + "num_blocks must be a multiple of tags_per_key (" +
                                       std::to_string(t->tags_per_key()) + "), got " +
                                       std::to_string(t->num_blocks()));
   }
-  CL_RETURN_IF_ERROR(CheckRange<uint32_t>(p + "num_positions", t->num_positions(), 3, 4096));
   return AtLeast(p + "num_tokens", t->num_tokens(), t->num_blocks() / t->tags_per_key() + t->num_blocks(),
                  "num_blocks / tags_per_key keys and num_blocks values, all distinct");
 }
 
 absl::Status ResolvePermutationInversion(v1::PermutationInversionTask* t) {
   const std::string p = "task.permutation_inversion.";
-  if (!t->has_num_tokens()) t->set_num_tokens(32);
-  if (!t->has_num_blocks()) t->set_num_blocks(6);
-  if (!t->has_num_positions()) t->set_num_positions(16);
-  v1::PositionMode mode = t->position_mode();
-  CL_RETURN_IF_ERROR(CheckPositionMode(p + "position_mode", &mode));
-  t->set_position_mode(mode);
-  CL_RETURN_IF_ERROR(CheckRange<uint32_t>(p + "num_tokens", t->num_tokens(), 4, 2048));
-  CL_RETURN_IF_ERROR(CheckRange<uint32_t>(p + "num_blocks", t->num_blocks(), 1, 256));
-  CL_RETURN_IF_ERROR(CheckRange<uint32_t>(p + "num_positions", t->num_positions(), 2, 4096));
+  CL_RETURN_IF_ERROR(ResolveBlockList(p, t, 1, 2));
   return AtLeast(p + "num_tokens", t->num_tokens(), t->num_blocks() + 1, "num_blocks + 1");
 }
 

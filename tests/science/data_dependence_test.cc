@@ -6,6 +6,7 @@
 #include <cstdio>
 
 #include "client/lib/client.h"
+#include "tests/test_util/spec.h"
 #include "server/engine/analysis/data_dependence.h"
 #include "server/engine/spec.h"
 
@@ -13,14 +14,11 @@ namespace circuitlab::engine {
 namespace {
 
 v1::ExperimentSpec LongRecall() {
-  auto spec = client::ParseSpecJson(R"({
+  return testing::ResolvedSpec(R"({
     "seed": 1,
     "task": {"associative_recall": {"num_common": 16, "num_rare": 48, "num_heldout": 8, "num_blocks": 16,
                                     "num_positions": 32}}
   })");
-  EXPECT_TRUE(spec.ok());
-  EXPECT_TRUE(ResolveSpec({}, &*spec).ok());
-  return *spec;
 }
 
 void Print(const DataDependenceRow& r) {

@@ -10,6 +10,7 @@
 #include <numeric>
 
 #include "client/lib/client.h"
+#include "tests/test_util/spec.h"
 #include "server/engine/manifold/invariance.h"
 #include "server/engine/manifold/projection.h"
 #include "server/engine/spec.h"
@@ -19,12 +20,7 @@
 namespace circuitlab::engine {
 namespace {
 
-v1::ExperimentSpec Spec(const std::string& json) {
-  auto spec = client::ParseSpecJson(json);
-  EXPECT_TRUE(spec.ok()) << spec.status();
-  EXPECT_TRUE(ResolveSpec({}, &*spec).ok());
-  return *spec;
-}
+v1::ExperimentSpec Spec(const std::string& json) { return testing::ResolvedSpec(json); }
 
 double ValueOf(const std::vector<Metric>& ms, const std::string& name) {
   for (const auto& m : ms) {

@@ -14,6 +14,7 @@
 #include <map>
 
 #include "client/lib/client.h"
+#include "tests/test_util/spec.h"
 #include "server/engine/manifold/projection.h"
 #include "server/engine/spec.h"
 #include "server/engine/train/trainer.h"
@@ -21,13 +22,7 @@
 namespace circuitlab::engine {
 namespace {
 
-v1::ExperimentSpec Spec(const std::string& json) {
-  auto spec = client::ParseSpecJson(json);
-  EXPECT_TRUE(spec.ok()) << spec.status();
-  const absl::Status s = ResolveSpec({}, &*spec);
-  EXPECT_TRUE(s.ok()) << s;
-  return *spec;
-}
+v1::ExperimentSpec Spec(const std::string& json) { return testing::ResolvedSpec(json); }
 
 double ValueOf(const std::vector<Metric>& ms, const std::string& name) {
   for (const auto& m : ms) {

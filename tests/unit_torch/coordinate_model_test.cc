@@ -7,6 +7,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include "client/lib/client.h"
+#include "tests/test_util/spec.h"
 #include "server/engine/manifold/projection.h"
 #include "server/engine/spec.h"
 #include "server/engine/train/trainer.h"
@@ -14,13 +15,7 @@
 namespace circuitlab::engine {
 namespace {
 
-v1::ExperimentSpec Spec(const std::string& json) {
-  auto spec = client::ParseSpecJson(json);
-  EXPECT_TRUE(spec.ok()) << spec.status();
-  const absl::Status s = ResolveSpec({}, &*spec);
-  EXPECT_TRUE(s.ok()) << s;
-  return *spec;
-}
+v1::ExperimentSpec Spec(const std::string& json) { return testing::ResolvedSpec(json); }
 
 v1::ExperimentSpec Recall(int layers, int heads, const std::string& model_extra) {
   return Spec(R"({"task": {"associative_recall": {"num_common": 8, "num_rare": 24, "num_heldout": 4,

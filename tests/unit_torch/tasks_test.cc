@@ -11,6 +11,7 @@
 #include <set>
 
 #include "client/lib/client.h"
+#include "tests/test_util/spec.h"
 #include "server/engine/spec.h"
 #include "server/engine/tasks/block_task.h"
 
@@ -18,11 +19,7 @@ namespace circuitlab::engine {
 namespace {
 
 v1::ExperimentSpec Spec(const std::string& task_json) {
-  auto spec = client::ParseSpecJson(R"({"task": )" + task_json + "}");
-  EXPECT_TRUE(spec.ok()) << spec.status();
-  const absl::Status s = ResolveSpec({}, &*spec);
-  EXPECT_TRUE(s.ok()) << s;
-  return *spec;
+  return testing::ResolvedSpec(R"({"task": )" + task_json + "}");
 }
 
 Batch Draw(const BlockTask& task, int64_t n, uint64_t seed = 1) {
