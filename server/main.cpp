@@ -126,7 +126,7 @@ int main(int argc, char** argv) {
   std::unique_ptr<circuitlab::engine::Executor> executor = circuitlab::engine::MakeTorchExecutor();
   std::unique_ptr<circuitlab::engine::Analyzer> analyzer = circuitlab::engine::MakeTorchAnalyzer();
   circuitlab::scheduler::Scheduler scheduler(opts, store->get(), executor.get(), circuitlab::Clock::Real());
-  circuitlab::scheduler::AnalysisCore analysis(store->get(), analyzer.get());
+  circuitlab::scheduler::AnalysisCore analysis(store->get(), analyzer.get(), /*max_jobs=*/64, opts.limits);
   if (absl::Status s = scheduler.Start(); !s.ok()) return Fail("cannot start the scheduler", s);
 
   circuitlab::rpc::ServerOptions server_opts;

@@ -207,7 +207,10 @@ class TorchAnalyzer : public Analyzer {
         // The free function (this member shares its name).
         InvarianceResult r = engine::CheckInvariance(task, checks[i].basis, checks[i].basis, ic,
                                                      [&](int64_t done, int64_t total) {
-          if (progress) progress((static_cast<double>(i) + static_cast<double>(done) / total) / checks.size());
+          if (progress) {
+            const double stages = static_cast<double>(checks.size()) + (request.sgd_corollary ? 1.0 : 0.0);
+            progress((static_cast<double>(i) + static_cast<double>(done) / total) / stages);
+          }
           stopped = cancel != nullptr && cancel->stop_requested();
           return !stopped;
         });
@@ -221,12 +224,13 @@ class TorchAnalyzer : public Analyzer {
         sc.coordinate_std = request.coordinate_std;
         sc.seed = request.seed;
         bool stopped = false;
-        for (const SgdCorollaryPoint& p : SgdCorollary(task, span, sc, [&](int64_t done, int64_t total) {
-               stopped = cancel != nullptr && cancel->stop_requested();
-               return !stopped;
-             })) {
-          report.sgd.push_back({p.batch_size, p.rho, p.rho_symmetrised});
-        }
+        // The SGD corollary is one more stage after the ladders.
+        const double stages = static_cast<double>(checks.size()) + 1.0;
+        report.sgd = SgdCorollary(task, span, sc, [&](int64_t done, int64_t total) {
+          if (progress) progress((stages - 1.0 + static_cast<double>(done) / total) / stages);
+          stopped = cancel != nullptr && cancel->stop_requested();
+          return !stopped;
+        });
         if (stopped) return absl::CancelledError("invariance check stopped");
         report.sgd_steps = sc.steps;
         report.sgd_group_elements = sc.group_elements;

@@ -115,8 +115,8 @@ struct InvarianceRequest {
 // C.6 item 7 at one batch size.
 struct SgdCorollaryReport {
   int64_t batch_size = 0;
-  double rho = 0;
-  double rho_symmetrised = 0;
+  double rho = 0;              // off-span residual after the plain SGD steps
+  double rho_symmetrised = 0;  // the same with symmetrised minibatch gradients
 };
 
 struct InvarianceReport {

@@ -7,7 +7,6 @@
 
 #include "server/common/seeds.h"
 #include "server/common/status_macros.h"
-#include "server/engine/spec.h"
 #include "server/scheduler/scheduler.h"
 
 namespace circuitlab::scheduler {
@@ -57,8 +56,8 @@ void FillCoordinate(const store::CoordinateDefRow& d, double value, v1::Coordina
 
 }  // namespace
 
-AnalysisCore::AnalysisCore(store::Store* store, engine::Analyzer* analyzer, int max_jobs)
-    : store_(store), analyzer_(analyzer), max_jobs_(max_jobs) {
+AnalysisCore::AnalysisCore(store::Store* store, engine::Analyzer* analyzer, int max_jobs, engine::EngineLimits limits)
+    : store_(store), analyzer_(analyzer), max_jobs_(max_jobs), limits_(limits) {
   worker_ = std::thread([this] { WorkerLoop(); });
 }
 
@@ -104,7 +103,7 @@ absl::StatusOr<v1::CheckInvarianceResponse> AnalysisCore::CheckInvariance(const 
   v1::CheckInvarianceRequest canonical;  // defaults resolved, force dropped
   if (request.has_spec()) {
     spec = request.spec();
-    if (absl::Status s = engine::ResolveSpec({}, &spec); !s.ok()) {
+    if (absl::Status s = engine::ResolveSpec(limits_, &spec); !s.ok()) {
       return absl::Status(s.code(), "spec: " + std::string(s.message()));
     }
     *canonical.mutable_spec() = spec;

@@ -19,6 +19,7 @@
 #include "server/common/cancel.h"
 #include "circuitlab/v1/analysis_service.pb.h"
 #include "server/engine/engine.h"
+#include "server/engine/spec.h"
 #include "server/store/store.h"
 
 namespace circuitlab::scheduler {
@@ -26,8 +27,9 @@ namespace circuitlab::scheduler {
 class AnalysisCore {
  public:
   // `store` and `analyzer` must outlive the core. `max_jobs` bounds queued
-  // plus running jobs (RESOURCE_EXHAUSTED beyond).
-  AnalysisCore(store::Store* store, engine::Analyzer* analyzer, int max_jobs = 64);
+  // plus running jobs (RESOURCE_EXHAUSTED beyond). `limits` apply to specs
+  // sent with a request (as SubmitRun applies them).
+  AnalysisCore(store::Store* store, engine::Analyzer* analyzer, int max_jobs = 64, engine::EngineLimits limits = {});
   // Stops the worker; a running job is cancelled and not stored.
   ~AnalysisCore();
 
@@ -53,6 +55,7 @@ class AnalysisCore {
   store::Store* const store_;
   engine::Analyzer* const analyzer_;
   const int max_jobs_;
+  const engine::EngineLimits limits_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::shared_ptr<Job>> queue_;

@@ -6,7 +6,7 @@
 #include <cstdio>
 
 #include "client/lib/client.h"
-#include "tests/test_util/spec.h"
+#include "tests/test_util/engine_util.h"
 #include "server/engine/analysis/data_dependence.h"
 #include "server/engine/spec.h"
 

@@ -10,7 +10,7 @@
 #include <numeric>
 
 #include "client/lib/client.h"
-#include "tests/test_util/spec.h"
+#include "tests/test_util/engine_util.h"
 #include "server/engine/manifold/invariance.h"
 #include "server/engine/manifold/projection.h"
 #include "server/engine/spec.h"
@@ -22,13 +22,7 @@ namespace {
 
 v1::ExperimentSpec Spec(const std::string& json) { return testing::ResolvedSpec(json); }
 
-double ValueOf(const std::vector<Metric>& ms, const std::string& name) {
-  for (const auto& m : ms) {
-    if (m.name == name) return m.value;
-  }
-  ADD_FAILURE() << "no metric " << name;
-  return NAN;
-}
+double ValueOf(const std::vector<Metric>& ms, const std::string& name) { return testing::MetricValue(ms, name); }
 
 struct Trace {
   std::vector<int64_t> first_step_icl90;        // per member, -1 = never
@@ -189,6 +183,19 @@ void PrintLadder(const char* what, const InvarianceResult& r) {
   }
 }
 
+// The small recall task of the gradient checks: V_r 16, no held-out tokens,
+// n 4, P 16.
+AssocRecallConfig GradientCheckTask(int64_t common, double rare_fraction) {
+  AssocRecallConfig cfg;
+  cfg.num_common = common;
+  cfg.num_rare = 16;
+  cfg.num_heldout = 0;
+  cfg.num_blocks = 4;
+  cfg.num_positions = 16;
+  cfg.rare_fraction = rare_fraction;
+  return cfg;
+}
+
 // SCIENCE.md E.2 (C.6, G.5): at a point of the complete span (the commutant
 // of the task's symmetry group) the expected gradient lies in the span: the
 // off-span fraction falls like 1/N (pure Monte-Carlo noise) towards a zero
@@ -201,13 +208,7 @@ void PrintLadder(const char* what, const InvarianceResult& r) {
 // and (b) 0.92. Asserted: G.5's gate, plateau <= 1e-3 and slope in
 // [-1.2, -0.8] for every matrix; controls >= 0.01.
 TEST(ScienceTest, ExpectedGradientStaysInTheSpan) {
-  AssocRecallConfig cfg;
-  cfg.num_common = 0;
-  cfg.num_rare = 16;
-  cfg.num_heldout = 0;
-  cfg.num_blocks = 4;
-  cfg.num_positions = 16;
-  cfg.rare_fraction = 1.0;
+  const AssocRecallConfig cfg = GradientCheckTask(/*common=*/0, /*rare_fraction=*/1.0);
   AssocRecallTask task(cfg, 1);
   InvarianceConfig ic;
   ic.sample_sizes = {256, 1024, 4096, 16384, 65536, 262144};
@@ -253,13 +254,7 @@ TEST(ScienceTest, ExpectedGradientStaysInTheSpan) {
 // 1.22e-3 at batch 64 / 256 / 1024 (ratios 2.07, 2.05); symmetrised 0.37-0.45
 // of plain. Asserted: ratios in [1.5, 2.7], symmetrised < 0.6 x plain.
 TEST(ScienceTest, SgdFromTheSpanLeavesItOnlyThroughNoise) {
-  AssocRecallConfig cfg;
-  cfg.num_common = 8;
-  cfg.num_rare = 16;
-  cfg.num_heldout = 0;
-  cfg.num_blocks = 4;
-  cfg.num_positions = 16;
-  cfg.rare_fraction = 0.5;
+  const AssocRecallConfig cfg = GradientCheckTask(/*common=*/8, /*rare_fraction=*/0.5);
   AssocRecallTask task(cfg, 1);
   const Basis complete = BuildBasis(task.Symmetry(), 2, 1, Selection::kComplete);
   SgdCorollaryConfig sc;

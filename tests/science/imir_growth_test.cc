@@ -14,7 +14,7 @@
 #include <map>
 
 #include "client/lib/client.h"
-#include "tests/test_util/spec.h"
+#include "tests/test_util/engine_util.h"
 #include "server/engine/manifold/projection.h"
 #include "server/engine/spec.h"
 #include "server/engine/train/trainer.h"
@@ -24,13 +24,7 @@ namespace {
 
 v1::ExperimentSpec Spec(const std::string& json) { return testing::ResolvedSpec(json); }
 
-double ValueOf(const std::vector<Metric>& ms, const std::string& name) {
-  for (const auto& m : ms) {
-    if (m.name == name) return m.value;
-  }
-  ADD_FAILURE() << "no metric " << name;
-  return 0;
-}
+double ValueOf(const std::vector<Metric>& ms, const std::string& name) { return testing::MetricValue(ms, name); }
 
 // The E.4 configuration: N pairs, 19-coordinate paper model, zero init, plain
 // SGD, MSE on the one-hot label.

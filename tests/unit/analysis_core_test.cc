@@ -127,6 +127,22 @@ TEST_F(AnalysisCoreTest, FailuresAreReportedAndRetriedWithForce) {
   ASSERT_TRUE(WaitFor([&] { return core.CheckInvariance(Request())->state() == State::STATE_DONE; }));
 }
 
+// A spec sent with the request meets the server's limits, as SubmitRun's do.
+TEST_F(AnalysisCoreTest, SpecRequestsMeetTheServerLimits) {
+  engine::EngineLimits limits;
+  limits.max_steps = 10;
+  AnalysisCore core(store_.get(), &analyzer_, /*max_jobs=*/4, limits);
+  v1::CheckInvarianceRequest req;
+  req.mutable_spec()->mutable_training()->set_steps(100);
+  auto r = core.CheckInvariance(req);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(std::string(r.status().message()).rfind("spec: training.steps must be at most this server's", 0), 0u)
+      << r.status();
+  req.mutable_spec()->mutable_training()->set_steps(10);
+  EXPECT_TRUE(core.CheckInvariance(req).ok());
+  analyzer_.Open();
+}
+
 TEST_F(AnalysisCoreTest, RequestsAreValidatedAndJobsBounded) {
   AnalysisCore core(store_.get(), &analyzer_, /*max_jobs=*/1);
   auto bad = Request();

@@ -7,7 +7,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include "client/lib/client.h"
-#include "tests/test_util/spec.h"
+#include "tests/test_util/engine_util.h"
 #include "server/engine/manifold/projection.h"
 #include "server/engine/spec.h"
 #include "server/engine/train/trainer.h"

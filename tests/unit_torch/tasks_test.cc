@@ -11,7 +11,7 @@
 #include <set>
 
 #include "client/lib/client.h"
-#include "tests/test_util/spec.h"
+#include "tests/test_util/engine_util.h"
 #include "server/engine/spec.h"
 #include "server/engine/tasks/block_task.h"
 

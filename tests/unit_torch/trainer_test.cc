@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "server/engine/spec.h"
+#include "tests/test_util/engine_util.h"
 
 namespace circuitlab::engine {
 namespace {
@@ -30,13 +31,7 @@ v1::ExperimentSpec SmallSpec(v1::OptimizerKind opt, uint64_t steps = 20) {
   return spec;
 }
 
-double ValueOf(const std::vector<Metric>& ms, const std::string& name) {
-  for (const auto& m : ms) {
-    if (m.name == name) return m.value;
-  }
-  ADD_FAILURE() << "no metric " << name;
-  return NAN;
-}
+double ValueOf(const std::vector<Metric>& ms, const std::string& name) { return testing::MetricValue(ms, name); }
 
 class EnsembleTest : public ::testing::TestWithParam<v1::OptimizerKind> {};
 

@@ -33,10 +33,15 @@ v1::ExperimentSpec SpecAt(const v1::ExperimentSpec& base, const DataDependencePo
   d->set_variability(p.variability);
   d->set_variability_mode(p.variant_mode ? v1::VARIABILITY_MODE_VARIANT : v1::VARIABILITY_MODE_REPAIR);
   d->set_burstiness(static_cast<uint32_t>(p.burstiness));
+  // The four canonical coordinates of the paper basis, raw scaling, from zero.
   auto* m = spec.mutable_model()->mutable_imir();
   m->Clear();
   m->set_num_layers(2);
   m->set_num_heads(1);
+  m->set_parameterisation(v1::PARAMETERISATION_COORDINATES);
+  m->set_coordinate_scaling(v1::COORDINATE_SCALING_RAW);
+  m->set_init(v1::INIT_SCHEME_ZERO);
+  for (const char* name : kNames) m->add_coordinates(name);
   return spec;
 }
 
@@ -48,27 +53,17 @@ Measured Measure(const v1::ExperimentSpec& base, const DataDependencePoint& poin
   const TaskSymmetry sym = task->Symmetry();
   const int64_t V = task->vocab_size(), T = task->seq_len();
 
-  // The four canonical coordinates of the paper basis, raw scaling, float64.
-  auto cc = std::make_shared<CoordinateConfig>();
-  cc->basis = BuildBasis(sym, 2, 1, Selection::kPaper);
+  const std::unique_ptr<ImirModel> model_ptr = MakeModel(spec, *task, 1, torch::kCPU, /*float64=*/true);
+  ImirModel& model = *model_ptr;
+  const CoordinateConfig& cc = *model.config().coordinates;
   int32_t ids[4];
-  for (int i = 0; i < 4; ++i) {
-    ids[i] = FindCoordinate(cc->basis, kNames[i]);
-    if (ids[i] < 0) throw std::invalid_argument(std::string("the task has no ") + kNames[i] + " coordinate");
-    cc->trained.push_back(ids[i]);
-  }
-  std::sort(cc->trained.begin(), cc->trained.end());
-  cc->unit_norm = false;
-  ImirModelConfig mc = DenseConfig(V, task->num_positions(), 2, 1, /*zero_init=*/true);
-  mc.float64 = true;
-  mc.coordinates = cc;
-  ImirModel model(mc, 1, torch::kCPU);
-  for (int i = 0; i < 3; ++i) model.SetRawCoordinate(0, ids[i], point.abg);
-  model.SetRawCoordinate(0, ids[3], point.delta);
   int64_t pos[4];
   for (int i = 0; i < 4; ++i) {
-    pos[i] = std::find(cc->trained.begin(), cc->trained.end(), ids[i]) - cc->trained.begin();
+    ids[i] = FindCoordinate(cc.basis, kNames[i]);
+    pos[i] = std::find(cc.trained.begin(), cc.trained.end(), ids[i]) - cc.trained.begin();
   }
+  for (int i = 0; i < 3; ++i) model.SetRawCoordinate(0, ids[i], point.abg);
+  model.SetRawCoordinate(0, ids[3], point.delta);
   const torch::Tensor coef = model.parameters()[0];
 
   // Closed-form ingredients: which tokens the readout's I covers, C(q).

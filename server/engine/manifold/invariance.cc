@@ -55,9 +55,21 @@ double FitSlope(const std::vector<int64_t>& n, const std::vector<double>& y) {
   return (k * sxy - sx * sy) / (k * sxx - sx * sx);
 }
 
+// A float64 FULL model at a random point of `basis`'s span: raw coordinates
+// i.i.d. N(0, s^2) drawn from `gen`.
+std::unique_ptr<ImirModel> ModelInSpan(const BlockTask& task, const Basis& basis, int64_t layers, int64_t heads,
+                                       double s, torch::Generator& gen) {
+  ImirModelConfig mc = DenseConfig(task.vocab_size(), task.num_positions(), layers, heads, /*zero_init=*/true);
+  mc.float64 = true;
+  auto model = std::make_unique<ImirModel>(mc, 1, torch::kCPU);
+  torch::Tensor coords = torch::randn({static_cast<int64_t>(basis.coords.size())}, gen, torch::kDouble).mul_(s);
+  Projection point;
+  point.values.assign(coords.data_ptr<double>(), coords.data_ptr<double>() + coords.numel());
+  Projector(basis).LoadProjected(point, *model, 0);
+  return model;
+}
+
 }  // namespace
-
-
 
 Batch ApplyRandomSymmetry(const Batch& batch, const TaskSymmetry& sym, torch::Generator& gen) {
   const int64_t V = sym.vocab();
@@ -113,15 +125,10 @@ std::vector<SgdCorollaryPoint> SgdCorollary(const BlockTask& task, const Basis& 
     SgdCorollaryPoint point;
     point.batch_size = batch;
     for (bool symmetrised : {false, true}) {
-      ImirModelConfig mc = DenseConfig(task.vocab_size(), task.num_positions(), cfg.layers, cfg.heads, true);
-      mc.float64 = true;
-      ImirModel model(mc, 1, torch::kCPU);
       torch::Generator gen = at::make_generator<at::CPUGeneratorImpl>(DeriveSeed63(cfg.seed, "invariance/point"));
-      torch::Tensor coords = torch::randn({static_cast<int64_t>(basis.coords.size())}, gen, torch::kDouble);
-      coords.mul_(cfg.coordinate_std);
-      Projection start;
-      start.values.assign(coords.data_ptr<double>(), coords.data_ptr<double>() + coords.numel());
-      projector.LoadProjected(start, model, 0);
+      const std::unique_ptr<ImirModel> model_ptr =
+          ModelInSpan(task, basis, cfg.layers, cfg.heads, cfg.coordinate_std, gen);
+      ImirModel& model = *model_ptr;
       // The same data stream for both variants.
       torch::Generator data = at::make_generator<at::CPUGeneratorImpl>(DeriveSeed63(cfg.seed, "invariance/sgd", batch));
       torch::Generator group = at::make_generator<at::CPUGeneratorImpl>(DeriveSeed63(cfg.seed, "invariance/group", batch));
@@ -150,23 +157,12 @@ std::vector<SgdCorollaryPoint> SgdCorollary(const BlockTask& task, const Basis& 
 
 InvarianceResult CheckInvariance(const BlockTask& task, const Basis& point_basis, const Basis& check_basis,
                                  const InvarianceConfig& cfg, const std::function<bool(int64_t, int64_t)>& progress) {
-  ImirModelConfig mc;
-  mc.vocab = task.vocab_size();
-  mc.positions = task.num_positions();
-  mc.layers = cfg.layers;
-  mc.heads = cfg.heads;
-  mc.zero_init = true;
-  mc.float64 = true;
-  ImirModel model(mc, 1, torch::kCPU);
-
   // The point: raw coordinates N(0, s^2) on the point basis, plus optional
   // relative noise off the span.
   torch::Generator gen = at::make_generator<at::CPUGeneratorImpl>(DeriveSeed63(cfg.seed, "invariance/point"));
-  Projection point;
-  torch::Tensor coords = torch::randn({static_cast<int64_t>(point_basis.coords.size())}, gen, torch::kDouble);
-  coords.mul_(cfg.coordinate_std);
-  point.values.assign(coords.data_ptr<double>(), coords.data_ptr<double>() + coords.numel());
-  Projector(point_basis).LoadProjected(point, model, 0);
+  const std::unique_ptr<ImirModel> model_ptr =
+      ModelInSpan(task, point_basis, cfg.layers, cfg.heads, cfg.coordinate_std, gen);
+  ImirModel& model = *model_ptr;
   if (cfg.off_manifold_noise > 0) {
     torch::NoGradGuard no_grad;
     for (const torch::Tensor& p : model.parameters()) {

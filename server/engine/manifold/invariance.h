@@ -63,11 +63,8 @@ struct SgdCorollaryConfig {
   uint64_t seed = 1;
 };
 
-struct SgdCorollaryPoint {
-  int64_t batch_size = 0;
-  double rho = 0;              // off-span residual after `steps` plain SGD steps
-  double rho_symmetrised = 0;  // the same with symmetrised minibatch gradients
-};
+// One batch size: rho after the plain and the symmetrised SGD steps.
+using SgdCorollaryPoint = SgdCorollaryReport;
 
 // `progress(done, total)` after each step; returning false stops.
 std::vector<SgdCorollaryPoint> SgdCorollary(const BlockTask& task, const Basis& basis, const SgdCorollaryConfig& config,

@@ -55,7 +55,7 @@ Batch Concat(const std::vector<Batch>& parts) {
 }  // namespace
 
 std::unique_ptr<ImirModel> MakeModel(const v1::ExperimentSpec& spec, const BlockTask& task, int64_t ensemble,
-                                     torch::Device device) {
+                                     torch::Device device, bool float64) {
   const auto& m = spec.model().imir();
   ImirModelConfig cfg;
   cfg.vocab = task.vocab_size();
@@ -64,6 +64,7 @@ std::unique_ptr<ImirModel> MakeModel(const v1::ExperimentSpec& spec, const Block
   cfg.heads = m.num_heads();
   cfg.zero_init = m.init() == v1::INIT_SCHEME_ZERO;
   cfg.init_std = m.init_std();
+  cfg.float64 = float64;
   if (m.parameterisation() == v1::PARAMETERISATION_COORDINATES) {
     auto cc = std::make_shared<CoordinateConfig>();
     cc->basis = BuildBasis(task.Symmetry(), m.num_layers(), m.num_heads(),

@@ -30,9 +30,10 @@ namespace circuitlab::engine {
 // Seed of a member's fixed task pool (common pairs, Zipf ranks).
 uint64_t PoolSeedOf(uint64_t member_seed);
 
-// The spec's model for `task` (FULL or COORDINATES), not initialised.
+// The spec's model for `task` (FULL or COORDINATES), not initialised;
+// float64 for numerical checks (SCIENCE.md 0.3).
 std::unique_ptr<ImirModel> MakeModel(const v1::ExperimentSpec& resolved, const BlockTask& task, int64_t ensemble,
-                                     torch::Device device);
+                                     torch::Device device, bool float64 = false);
 
 // Initialises every member as the spec says: `init` with the member's init
 // seed (DeriveSeed(seed, "init")); COORDINATES with INIT_SCHEME_PROJECTED
