@@ -50,6 +50,7 @@ int main(int argc, char** argv) {
   int threads_per_run = 1;
   int max_queued = 1000;
   int max_queued_per_client = 200;
+  int max_sweep_runs = 1024;
   int max_watchers = 1024;
   uint64_t max_steps = 10'000'000;
   uint64_t max_run_memory_mb = 4096;
@@ -71,6 +72,9 @@ int main(int argc, char** argv) {
   app.add_option("--max-queued-runs", max_queued, "Queued runs accepted before RESOURCE_EXHAUSTED")
       ->capture_default_str()
       ->check(CLI::Range(1, 1000000));
+  app.add_option("--max-sweep-runs", max_sweep_runs, "Most runs one sweep may expand to")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 100000));
   app.add_option("--max-queued-per-client", max_queued_per_client, "Queued runs per client")
       ->capture_default_str()
       ->check(CLI::Range(1, 1000000));
@@ -127,12 +131,13 @@ int main(int argc, char** argv) {
   std::unique_ptr<circuitlab::engine::Analyzer> analyzer = circuitlab::engine::MakeTorchAnalyzer();
   circuitlab::scheduler::Scheduler scheduler(opts, store->get(), executor.get(), circuitlab::Clock::Real());
   circuitlab::scheduler::AnalysisCore analysis(store->get(), analyzer.get(), /*max_jobs=*/64, opts.limits);
+  circuitlab::scheduler::SweepCore sweeps(&scheduler, store->get(), &analysis, max_sweep_runs);
   if (absl::Status s = scheduler.Start(); !s.ok()) return Fail("cannot start the scheduler", s);
 
   circuitlab::rpc::ServerOptions server_opts;
   server_opts.listen = listen;
   server_opts.auth_token = token;
-  auto server = circuitlab::rpc::GrpcServer::Start(server_opts, &scheduler, &analysis);
+  auto server = circuitlab::rpc::GrpcServer::Start(server_opts, &scheduler, &analysis, &sweeps);
   if (!server.ok()) {
     scheduler.Drain();
     return Fail("cannot serve", server.status());

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "client/lib/client.h"
+#include "client/lib/sweep_render.h"
 
 namespace {
 
@@ -68,6 +69,28 @@ v1::RunState ParseState(const std::string& text) {
   v1::RunState s;
   if (v1::RunState_Parse("RUN_STATE_" + up, &s) || v1::RunState_Parse(up, &s)) return s;
   throw CLI::ValidationError("--state", "unknown state '" + text + "' (queued|running|succeeded|failed|cancelled)");
+}
+
+// Splits comma-separated lists, keeping commas inside () and [] (coordinate
+// labels such as "OUT:[(0,1,0)]:I" hold them).
+std::vector<std::string> SplitList(const std::vector<std::string>& items) {
+  std::vector<std::string> out;
+  for (const std::string& item : items) {
+    int depth = 0;
+    std::string cur;
+    for (char c : item) {
+      if (c == '(' || c == '[') ++depth;
+      if (c == ')' || c == ']') --depth;
+      if (c == ',' && depth == 0) {
+        if (!cur.empty()) out.push_back(cur);
+        cur.clear();
+      } else {
+        cur += c;
+      }
+    }
+    if (!cur.empty()) out.push_back(cur);
+  }
+  return out;
 }
 
 bool IsFinal(v1::RunState s) {
@@ -315,7 +338,7 @@ int main(int argc, char** argv) {
       "Names are labels (L2H1:[∅→(1,0)]:I_t) or canonical names (alpha, beta, gamma, delta).\n"
       "  circuitlab coords r3 --name alpha --name beta --name gamma --csv > abc.csv");
   coords->add_option("RUN", run_id, "Run id")->required();
-  coords->add_option("--name,--names", c_names, "Only these coordinates (repeatable, or comma-separated)")->delimiter(',');
+  coords->add_option("--name,--names", c_names, "Only these coordinates (repeatable, or comma-separated)");
   coords->add_flag("--complete", c_complete, "The complete set (needs recording.complete_coordinates)");
   coords->add_option("--min-step", c_min, "First step (inclusive)");
   coords->add_option("--max-step", c_max, "Last step (inclusive; 0 = no bound)");
@@ -355,6 +378,90 @@ int main(int argc, char** argv) {
   invariance->add_option("--std", i_std, "Scale s of the random point's coordinates (default 1)");
   invariance->add_flag("--force", p_force, "Recompute even if stored");
 
+  // sweeps
+  std::string sweep_file, sweep_id;
+  bool sw_watch = false;
+  auto* sweep = app.add_subcommand(
+      "sweep",
+      "Submit a sweep: a base spec and axes (grid values, random ranges, seeds) expanded into runs under one\n"
+      "sweep id. All members are validated first; none is queued if one is invalid.\n"
+      "  circuitlab sweep examples/phase_diagram.json --watch");
+  sweep->add_option("FILE", sweep_file, "Sweep spec (circuitlab.v1.SweepSpec as JSON)")->required()->check(CLI::ExistingFile);
+  sweep->add_flag("--watch", sw_watch, "Wait for every member to end, showing progress");
+  auto* sweep_show = app.add_subcommand("sweep-show", "Show a sweep: its members' states.\n  circuitlab sweep-show s1");
+  sweep_show->add_option("SWEEP", sweep_id, "Sweep id, e.g. s1")->required();
+  auto* sweep_cancel =
+      app.add_subcommand("sweep-cancel", "Cancel every member of a sweep that has not ended.\n  circuitlab sweep-cancel s1");
+  sweep_cancel->add_option("SWEEP", sweep_id, "Sweep id")->required();
+  std::vector<std::string> ss_values, ss_filters, ss_pivot;
+  std::string ss_value, ss_agg, ss_svg;
+  bool ss_csv = false, ss_wait = false;
+  auto* sweep_summary = app.add_subcommand(
+      "sweep-summary",
+      "One row per member: swept values and summary values; filter, export, pivot into a 2-D map.\n"
+      "Value columns: a metric name (final value), coord:<name> (last recorded), first:<metric>>=<x> (first\n"
+      "step reaching x), circuit / pair / pair_predicted (the run's circuit label, computed on demand).\n"
+      "  circuitlab sweep-summary s1 --values eval/icl_rare/accuracy,pair --csv > s1.csv\n"
+      "  circuitlab sweep-summary s1 --pivot a b --value pair --svg map.svg --wait");
+  sweep_summary->add_option("SWEEP", sweep_id, "Sweep id")->required();
+  sweep_summary->add_option("--values", ss_values, "Value columns (comma-separated)");
+  sweep_summary->add_option("--filter", ss_filters, "Row filter column<op>value, op in = != < <= > >= (repeatable)");
+  sweep_summary->add_option("--pivot", ss_pivot, "Pivot: the X and Y columns")->expected(2);
+  sweep_summary->add_option("--value", ss_value, "Pivot: the value column (default: the first value column)");
+  sweep_summary->add_option("--aggregate", ss_agg, "Pivot: mean (default), min, max or count");
+  sweep_summary->add_flag("--csv", ss_csv, "Rows as CSV on stdout");
+  sweep_summary->add_option("--svg", ss_svg, "Write the pivot as an SVG heatmap to this file");
+  sweep_summary->add_flag("--wait", ss_wait, "Wait until on-demand cells (circuit labels) are computed");
+
+  // circuits
+  uint64_t d_step = 0;
+  std::string d_set, d_metric, d_order;
+  double d_tol = 0;
+  uint32_t d_n = 0, d_evals = 0;
+  auto* detect = app.add_subcommand(
+      "detect",
+      "Automatic circuit detection (SCIENCE.md D.1): project the checkpoint onto the IMIR basis, ablate\n"
+      "coordinates greedily while the metric stays within --tolerance, and name the minimal circuit left:\n"
+      "its coordinates, their roles (canonical / aiding / shortcut), the template recognised.\n"
+      "  circuitlab detect r3\n  circuitlab detect r3 --metric loss --tolerance 0.05");
+  detect->add_option("RUN", run_id, "Run id")->required();
+  detect->add_option("--step", d_step, "Checkpoint step (default: the newest)");
+  detect->add_option("--eval-set", d_set, "Evaluation set (default: icl_rare for recall, else test)");
+  detect->add_option("--metric", d_metric, "accuracy (default), loss or p_target");
+  detect->add_option("--tolerance", d_tol, "Allowed total degradation (default 0.01; 0.02 nats for loss)");
+  detect->add_option("--order", d_order, "magnitude_asc (default), effect_asc or label");
+  detect->add_option("--n-eval", d_n, "Sequences (default 2048)");
+  detect->add_option("--max-evals", d_evals, "Budget of metric evaluations (default 5000)");
+  detect->add_flag("--complete", c_complete, "FULL models: detect over the complete basis");
+  detect->add_flag("--force", p_force, "Recompute even if stored");
+
+  std::string iv_file;
+  std::vector<std::string> iv_zero, iv_sets;
+  std::vector<uint32_t> iv_heads;
+  auto* intervene = app.add_subcommand(
+      "intervene",
+      "Apply interventions to a checkpoint and compare with the clean model on the same sequences: loss,\n"
+      "accuracy, KL to the clean model, logit differences, per evaluation set. Interventions come from a\n"
+      "JSON file (circuitlab.v1.InterveneRequest; run_id is filled in) or the quick flags.\n"
+      "  circuitlab intervene r3 --zero beta\n"
+      "  circuitlab intervene r3 --ablate-head 2\n"
+      "  circuitlab intervene r3 --spec examples/ablate.json");
+  intervene->add_option("RUN", run_id, "Run id")->required();
+  intervene->add_option("--spec", iv_file, "InterveneRequest as JSON")->check(CLI::ExistingFile);
+  intervene->add_option("--zero", iv_zero, "Zero these coordinates (labels or alpha/beta/gamma/delta)");
+  intervene->add_option("--ablate-head", iv_heads, "Zero head 1 of these layers")->delimiter(',');
+  intervene->add_option("--eval-sets", iv_sets, "Evaluation sets (default: all)")->delimiter(',');
+  intervene->add_option("--step", d_step, "Checkpoint step (default: the newest)");
+  intervene->add_option("--n-eval", d_n, "Sequences per set (default 2048)");
+  intervene->add_flag("--force", p_force, "Recompute even if stored");
+
+  auto* label = app.add_subcommand(
+      "label",
+      "ICL vs IWL (SCIENCE.md D.2) and the winning layer pair (D.3) at every stored checkpoint, and the\n"
+      "run's label (ICL_ONLY, IWL_ONLY, BOTH_*, NEITHER, TRANSIENT_ICL).\n  circuitlab label r3");
+  label->add_option("RUN", run_id, "Run id")->required();
+  label->add_flag("--force", p_force, "Recompute even if stored");
+
   auto* health = app.add_subcommand("health", "Check that the server is up and serving.\n  circuitlab health");
 
   try {
@@ -372,6 +479,9 @@ int main(int argc, char** argv) {
     std::getline(in, opts.token);
   }
   Client client(opts);
+  c_names = SplitList(c_names);
+  ss_values = SplitList(ss_values);
+  iv_zero = SplitList(iv_zero);
 
   if (*submit) {
     auto spec = circuitlab::client::ReadSpecFile(spec_file);
@@ -636,6 +746,252 @@ int main(int argc, char** argv) {
                       p.rho(), p.rho_symmetrised());
         }
       }
+    }
+    return 0;
+  }
+  const bool tty = isatty(STDERR_FILENO);
+  // Asks `call` again until the queued analysis it reports is DONE or FAILED.
+  bool stored_answer = false;
+  auto wait_for = [&](auto call) {
+    auto resp = call(p_force);
+    stored_answer = resp.ok() && resp->from_store();
+    bool first = true;
+    while (resp.ok() && resp->state() != v1::ANALYSIS_STATE_DONE && resp->state() != v1::ANALYSIS_STATE_FAILED) {
+      if (tty) {
+        std::cerr << "\r" << (resp->state() == v1::ANALYSIS_STATE_QUEUED ? "queued " : "running ")
+                  << Fixed(100 * resp->progress(), 0) << "%\033[K" << std::flush;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(first ? 100 : 400));
+      first = false;
+      resp = call(false);  // the job is queued; later calls only ask about it
+    }
+    if (tty) std::cerr << "\r\033[K";
+    return resp;
+  };
+  if (*sweep) {
+    v1::SweepSpec spec;
+    if (absl::Status st = circuitlab::client::ReadJsonFile(sweep_file, &spec); !st.ok()) {
+      std::cerr << "error: " << st.message() << "\n";
+      return 2;
+    }
+    auto sw = client.SubmitSweep(spec);
+    if (!sw.ok()) return ReportError(sw.status());
+    std::cerr << "submitted " << sw->sweep_id() << " (" << sw->name() << ", " << sw->run_ids_size() << " runs: "
+              << (sw->run_ids_size() ? sw->run_ids(0) + ".." + sw->run_ids(sw->run_ids_size() - 1) : "") << ")\n";
+    if (!sw_watch) {
+      std::cout << (g.json ? circuitlab::client::ToJson(*sw) : sw->sweep_id()) << "\n";
+      return 0;
+    }
+    while (!sw->done() && !g_interrupted.load()) {
+      std::this_thread::sleep_for(std::chrono::seconds(1));
+      sw = client.GetSweep(sw->sweep_id());
+      if (!sw.ok()) return ReportError(sw.status());
+      std::string states;
+      for (const auto& [name, n] : std::map<std::string, uint32_t>(sw->states().begin(), sw->states().end())) {
+        states += " " + StateName(static_cast<v1::RunState>(v1::RunState_descriptor()->FindValueByName(name)->number())) +
+                  " " + std::to_string(n);
+      }
+      std::cerr << (tty ? "\r" : "") << sw->sweep_id() << ":" << states << (tty ? "\033[K" : "\n") << std::flush;
+    }
+    if (tty) std::cerr << "\n";
+    if (g_interrupted.load()) return 130;
+    v1::GetSweepSummaryRequest req;
+    req.set_sweep_id(sw->sweep_id());
+    auto summary = client.GetSweepSummary(req);
+    if (!summary.ok()) return ReportError(summary.status());
+    std::cout << (g.json ? circuitlab::client::ToJson(*summary) + "\n" : circuitlab::client::SummaryTable(*summary));
+    return 0;
+  }
+  if (*sweep_show || *sweep_cancel) {
+    auto sw = *sweep_show ? client.GetSweep(sweep_id) : client.CancelSweep(sweep_id);
+    if (!sw.ok()) return ReportError(sw.status());
+    if (g.json) {
+      std::cout << circuitlab::client::ToJson(*sw) << "\n";
+      return 0;
+    }
+    std::cout << sw->sweep_id() << "  " << sw->name() << "  " << sw->run_ids_size() << " runs"
+              << (sw->done() ? "  (done)" : "") << "\n";
+    for (const auto& [name, n] : std::map<std::string, uint32_t>(sw->states().begin(), sw->states().end())) {
+      std::cout << "  " << name.substr(std::string("RUN_STATE_").size()) << " " << n << "\n";
+    }
+    return 0;
+  }
+  if (*sweep_summary) {
+    v1::GetSweepSummaryRequest req;
+    req.set_sweep_id(sweep_id);
+    for (const auto& v : ss_values) req.add_values(v);
+    for (const auto& f : ss_filters) req.add_filters(f);
+    if (!ss_pivot.empty()) {
+      req.mutable_pivot()->set_x(ss_pivot[0]);
+      req.mutable_pivot()->set_y(ss_pivot[1]);
+      req.mutable_pivot()->set_value(!ss_value.empty() ? ss_value : ss_values.empty() ? "" : ss_values[0]);
+      req.mutable_pivot()->set_aggregate(ss_agg);
+    } else if (!ss_svg.empty()) {
+      std::cerr << "error: --svg needs --pivot X Y\n";
+      return 2;
+    }
+    auto resp = client.GetSweepSummary(req);
+    while (ss_wait && resp.ok() && resp->pending() > 0 && !g_interrupted.load()) {
+      if (tty) std::cerr << "\r" << resp->pending() << " cell(s) being computed\033[K" << std::flush;
+      std::this_thread::sleep_for(std::chrono::seconds(1));
+      resp = client.GetSweepSummary(req);
+    }
+    if (tty && ss_wait) std::cerr << "\r\033[K";
+    if (!resp.ok()) return ReportError(resp.status());
+    if (!ss_svg.empty()) {
+      std::ofstream out(ss_svg);
+      out << circuitlab::client::PivotSvg(resp->pivot(), resp->sweep_id() + ": " + resp->pivot().value());
+      if (!out) {
+        std::cerr << "error: cannot write " << ss_svg << "\n";
+        return 2;
+      }
+      std::cerr << "wrote " << ss_svg << "\n";
+    }
+    if (g.json) {
+      std::cout << circuitlab::client::ToJson(*resp) << "\n";
+    } else if (ss_csv) {
+      std::cout << circuitlab::client::SummaryCsv(*resp);
+    } else if (req.has_pivot()) {
+      std::cout << circuitlab::client::PivotText(resp->pivot(), isatty(STDOUT_FILENO));
+    } else {
+      std::cout << circuitlab::client::SummaryTable(*resp);
+    }
+    if (resp->pending() > 0) std::cerr << resp->pending() << " cell(s) still being computed (ask again, or --wait)\n";
+    return 0;
+  }
+  if (*detect) {
+    v1::DetectCircuitRequest req;
+    req.set_run_id(run_id);
+    req.set_step(d_step);
+    req.set_eval_set(d_set);
+    req.set_metric(d_metric);
+    req.set_tolerance(d_tol);
+    req.set_order(d_order);
+    req.set_n_eval(d_n);
+    req.set_max_evals(d_evals);
+    req.set_selection(c_complete ? v1::BASIS_SELECTION_COMPLETE : v1::BASIS_SELECTION_PAPER);
+    auto resp = wait_for([&](bool force) {
+      req.set_force(force);
+      return client.DetectCircuit(req);
+    });
+    if (!resp.ok()) return ReportError(resp.status());
+    if (g.json) {
+      std::cout << circuitlab::client::ToJson(*resp) << "\n";
+      return resp->state() == v1::ANALYSIS_STATE_DONE ? 0 : 1;
+    }
+    if (resp->state() == v1::ANALYSIS_STATE_FAILED) {
+      std::cerr << "error: circuit detection failed: " << resp->error() << "\n";
+      return 1;
+    }
+    std::printf("%s step %llu, %s on %s%s\n", run_id.c_str(), static_cast<unsigned long long>(resp->step()),
+                resp->metric().c_str(), resp->eval_set().c_str(), stored_answer ? "  (stored answer)" : "");
+    std::printf("dense %.4f   all coordinates %.4f   circuit %.4f   (%u of %u coordinates kept, %u evaluations%s)\n",
+                resp->m_dense(), resp->m_ref(), resp->m_circuit(), resp->circuit_size(), resp->candidates(),
+                resp->evaluations(), resp->budget_exhausted() ? ", budget exhausted" : "");
+    if (resp->projection_not_faithful()) {
+      std::printf("note: the projection is not faithful (|dense - all coordinates| > 0.05): the circuit describes "
+                  "the projected model\n");
+    }
+    std::string layers;
+    for (uint32_t l : resp->template_layers()) layers += (layers.empty() ? "" : ",") + std::to_string(l);
+    std::printf("template: %s%s\n", resp->template_name().empty() ? "none recognised" : resp->template_name().c_str(),
+                layers.empty() ? "" : (" (layers " + layers + ")").c_str());
+    for (const auto& e : resp->template_elements()) {
+      std::printf("  %s %s %s\n", e.found() ? "[x]" : "[ ]", Pad(e.label(), 30).c_str(), e.canonical().c_str());
+    }
+    std::printf("%s %-6s %-9s %10s %10s %10s\n", Pad("COORDINATE", 30).c_str(), "NAME", "ROLE", "VALUE", "MAGNITUDE",
+                "NECESSITY");
+    for (const auto& c : resp->circuit()) {
+      std::printf("%s %-6s %-9s %10.4f %10.4f %10.4f", Pad(c.coordinate().label(), 30).c_str(),
+                  c.coordinate().canonical().c_str(), c.role().c_str(), c.coordinate().value(),
+                  c.coordinate().magnitude(), c.necessity());
+      if (c.irrelevant_mass_delta_size() > 0) {
+        std::printf("  irrelevant-key mass without it:");
+        for (double v : c.irrelevant_mass_delta()) std::printf(" %+.3f", v);
+      }
+      std::printf("\n");
+    }
+    if (resp->irrelevant_mass_size() > 0) {
+      std::printf("irrelevant-key attention mass per layer with the circuit:");
+      for (double v : resp->irrelevant_mass()) std::printf(" %.3f", v);
+      std::printf("\n");
+    }
+    return 0;
+  }
+  if (*intervene) {
+    v1::InterveneRequest req;
+    if (!iv_file.empty()) {
+      if (absl::Status st = circuitlab::client::ReadJsonFile(iv_file, &req); !st.ok()) {
+        std::cerr << "error: " << st.message() << "\n";
+        return 2;
+      }
+    }
+    req.set_run_id(run_id);
+    if (d_step) req.set_step(d_step);
+    if (d_n) req.set_n_eval(d_n);
+    for (const auto& s : iv_sets) req.add_eval_sets(s);
+    if (!iv_zero.empty()) {
+      v1::Intervention* op = req.add_interventions();
+      op->set_op(v1::Intervention::OP_ZERO_COORDINATE);
+      for (const auto& c : iv_zero) op->add_coordinates(c);
+    }
+    for (uint32_t layer : iv_heads) {
+      v1::Intervention* op = req.add_interventions();
+      op->set_op(v1::Intervention::OP_ABLATE_HEAD);
+      op->set_layer(layer);
+    }
+    if (req.interventions_size() == 0) {
+      std::cerr << "error: no intervention given: use --spec FILE, --zero or --ablate-head\n";
+      return 2;
+    }
+    req.set_force(p_force);
+    auto resp = client.Intervene(req);
+    if (!resp.ok()) return ReportError(resp.status());
+    if (g.json) {
+      std::cout << circuitlab::client::ToJson(*resp) << "\n";
+      return 0;
+    }
+    std::printf("%s step %llu%s\n", resp->run_id().c_str(), static_cast<unsigned long long>(resp->step()),
+                resp->from_store() ? "  (stored answer)" : "");
+    for (int i = 0; i < resp->edited_size(); ++i) {
+      std::printf("  edited %s: %.4f -> %.4f\n", resp->edited(i).label().c_str(), resp->edited_before(i),
+                  resp->edited(i).value());
+    }
+    std::printf("%-12s %9s %9s %9s %9s %9s %18s\n", "SET", "ACC", "ACC'", "LOSS", "LOSS'", "KL", "LOGIT DIFF -> '");
+    for (const auto& e : resp->effects()) {
+      std::printf("%-12s %9.4f %9.4f %9.4f %9.4f %9.4f", e.eval_set().c_str(), e.accuracy_clean(), e.accuracy(),
+                  e.loss_clean(), e.loss(), e.kl_clean());
+      if (e.has_logit_diff()) std::printf(" %8.3f -> %7.3f", e.logit_diff_clean(), e.logit_diff());
+      std::printf("\n");
+    }
+    return 0;
+  }
+  if (*label) {
+    v1::LabelRunRequest req;
+    req.set_run_id(run_id);
+    auto resp = wait_for([&](bool force) {
+      req.set_force(force);
+      return client.LabelRun(req);
+    });
+    if (!resp.ok()) return ReportError(resp.status());
+    if (g.json) {
+      std::cout << circuitlab::client::ToJson(*resp) << "\n";
+      return resp->state() == v1::ANALYSIS_STATE_DONE ? 0 : 1;
+    }
+    if (resp->state() == v1::ANALYSIS_STATE_FAILED) {
+      std::cerr << "error: labelling failed: " << resp->error() << "\n";
+      return 1;
+    }
+    std::printf("%s: %s%s%s\n", run_id.c_str(), resp->label().c_str(),
+                resp->pair().empty() ? "" : ("  pair " + resp->pair()).c_str(),
+                resp->pair_predicted().empty() ? "" : ("  (initial magnitudes predicted " + resp->pair_predicted() + ")").c_str());
+    std::printf("%8s %-12s %8s %8s %-4s %-4s %-6s %-6s %8s %-14s %s\n", "STEP", "ICL SET", "ICL ACC", "IWL ACC", "ICL",
+                "IWL", "C_ICL", "C_IWL", "LD", "LABEL", "PAIR");
+    for (const auto& c : resp->checkpoints()) {
+      std::printf("%8llu %-12s %8.4f %8.4f %-4s %-4s %-6s %-6s %8.3f %-14s %s\n",
+                  static_cast<unsigned long long>(c.step()), c.icl_set().c_str(), c.icl_accuracy(), c.iwl_accuracy(),
+                  c.icl() ? "yes" : "no", c.iwl() ? "yes" : "no", c.coords_icl() ? "yes" : "no",
+                  c.coords_iwl() ? "yes" : "no", c.conflict_logit_diff(), c.label().c_str(), c.pair().c_str());
     }
     return 0;
   }

@@ -53,6 +53,21 @@ absl::StatusOr<v1::ExperimentSpec> ReadSpecFile(const std::string& path) {
   return spec;
 }
 
+absl::Status ReadJsonFile(const std::string& path, google::protobuf::Message* message) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError("cannot read " + path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  google::protobuf::util::JsonParseOptions opts;
+  opts.ignore_unknown_fields = false;
+  auto status = google::protobuf::util::JsonStringToMessage(ss.str(), message, opts);
+  if (!status.ok()) {
+    return absl::InvalidArgumentError(path + " is not a valid " + message->GetTypeName() + ": " +
+                                      std::string(status.message()));
+  }
+  return absl::OkStatus();
+}
+
 std::string ToJson(const google::protobuf::Message& message, bool pretty) {
   std::string out;
   google::protobuf::util::JsonPrintOptions opts;
@@ -139,6 +154,40 @@ absl::StatusOr<v1::GetTrajectoryResponse> Client::GetTrajectory(const v1::GetTra
 
 absl::StatusOr<v1::CheckInvarianceResponse> Client::CheckInvariance(const v1::CheckInvarianceRequest& request) {
   return impl_->Call(impl_->analysis.get(), &v1::AnalysisService::Stub::CheckInvariance, request);
+}
+
+absl::StatusOr<v1::DetectCircuitResponse> Client::DetectCircuit(const v1::DetectCircuitRequest& request) {
+  return impl_->Call(impl_->analysis.get(), &v1::AnalysisService::Stub::DetectCircuit, request);
+}
+
+absl::StatusOr<v1::InterveneResponse> Client::Intervene(const v1::InterveneRequest& request) {
+  return impl_->Call(impl_->analysis.get(), &v1::AnalysisService::Stub::Intervene, request);
+}
+
+absl::StatusOr<v1::LabelRunResponse> Client::LabelRun(const v1::LabelRunRequest& request) {
+  return impl_->Call(impl_->analysis.get(), &v1::AnalysisService::Stub::LabelRun, request);
+}
+
+absl::StatusOr<v1::Sweep> Client::SubmitSweep(const v1::SweepSpec& sweep) {
+  v1::SubmitSweepRequest req;
+  *req.mutable_sweep() = sweep;
+  return impl_->Call(impl_->stub.get(), &v1::ExperimentService::Stub::SubmitSweep, req);
+}
+
+absl::StatusOr<v1::Sweep> Client::GetSweep(const std::string& sweep_id) {
+  v1::GetSweepRequest req;
+  req.set_sweep_id(sweep_id);
+  return impl_->Call(impl_->stub.get(), &v1::ExperimentService::Stub::GetSweep, req);
+}
+
+absl::StatusOr<v1::Sweep> Client::CancelSweep(const std::string& sweep_id) {
+  v1::CancelSweepRequest req;
+  req.set_sweep_id(sweep_id);
+  return impl_->Call(impl_->stub.get(), &v1::ExperimentService::Stub::CancelSweep, req);
+}
+
+absl::StatusOr<v1::GetSweepSummaryResponse> Client::GetSweepSummary(const v1::GetSweepSummaryRequest& request) {
+  return impl_->Call(impl_->stub.get(), &v1::ExperimentService::Stub::GetSweepSummary, request);
 }
 
 absl::Status Client::Health() {

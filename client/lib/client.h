@@ -30,6 +30,10 @@ struct ClientOptions {
 absl::StatusOr<v1::ExperimentSpec> ParseSpecJson(const std::string& json);
 absl::StatusOr<v1::ExperimentSpec> ReadSpecFile(const std::string& path);
 
+// Reads any message (a sweep, an intervention request) from a protobuf JSON
+// file; the error names the file and the field at fault.
+absl::Status ReadJsonFile(const std::string& path, google::protobuf::Message* message);
+
 // Protobuf JSON of any message (field names as in the .proto).
 std::string ToJson(const google::protobuf::Message& message, bool pretty = true);
 
@@ -50,6 +54,15 @@ class Client {
   absl::StatusOr<v1::ProjectCheckpointResponse> ProjectCheckpoint(const v1::ProjectCheckpointRequest& request);
   absl::StatusOr<v1::GetTrajectoryResponse> GetTrajectory(const v1::GetTrajectoryRequest& request);
   absl::StatusOr<v1::CheckInvarianceResponse> CheckInvariance(const v1::CheckInvarianceRequest& request);
+  absl::StatusOr<v1::DetectCircuitResponse> DetectCircuit(const v1::DetectCircuitRequest& request);
+  absl::StatusOr<v1::InterveneResponse> Intervene(const v1::InterveneRequest& request);
+  absl::StatusOr<v1::LabelRunResponse> LabelRun(const v1::LabelRunRequest& request);
+
+  // Sweeps.
+  absl::StatusOr<v1::Sweep> SubmitSweep(const v1::SweepSpec& sweep);
+  absl::StatusOr<v1::Sweep> GetSweep(const std::string& sweep_id);
+  absl::StatusOr<v1::Sweep> CancelSweep(const std::string& sweep_id);
+  absl::StatusOr<v1::GetSweepSummaryResponse> GetSweepSummary(const v1::GetSweepSummaryRequest& request);
 
   // Streams a run's events to `on_event` until the run ends (OK), the stream
   // fails, or `stop` becomes true (Cancelled). Reconnects on UNAVAILABLE for up

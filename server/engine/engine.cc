@@ -8,6 +8,7 @@
 #include <optional>
 #include <exception>
 
+#include "server/engine/analysis/circuits.h"
 #include "server/engine/manifold/invariance.h"
 #include "server/engine/manifold/projection.h"
 #include "server/engine/train/trainer.h"
@@ -241,6 +242,37 @@ class TorchAnalyzer : public Analyzer {
       return absl::InternalError(std::string("LibTorch error: ") + e.what_without_backtrace());
     } catch (const std::exception& e) {
       return absl::InternalError(std::string("invariance check failed: ") + e.what());
+    }
+  }
+
+  absl::StatusOr<DetectReport> DetectCircuit(const v1::ExperimentSpec& spec, const std::string& checkpoint,
+                                             const DetectRequest& request, const std::function<void(double)>& progress,
+                                             const CancelToken* cancel) override {
+    return Guarded("circuit detection", [&] { return DetectCircuitImpl(spec, checkpoint, request, progress, cancel); });
+  }
+
+  absl::StatusOr<InterveneReport> Intervene(const v1::ExperimentSpec& spec, const std::string& checkpoint,
+                                            const InterveneRequest& request) override {
+    return Guarded("intervention", [&] { return InterveneImpl(spec, checkpoint, request); });
+  }
+
+  absl::StatusOr<LabelReport> LabelRun(const v1::ExperimentSpec& spec,
+                                       const std::vector<std::pair<int64_t, std::string>>& checkpoints,
+                                       const LabelRequest& request, const std::function<void(double)>& progress,
+                                       const CancelToken* cancel) override {
+    return Guarded("labelling", [&] { return LabelRunImpl(spec, checkpoints, request, progress, cancel); });
+  }
+
+ private:
+  // LibTorch reports failures by throwing; analyses turn them into statuses.
+  template <typename F>
+  static auto Guarded(const char* what, F&& f) -> decltype(f()) {
+    try {
+      return f();
+    } catch (const c10::Error& e) {
+      return absl::InternalError(std::string(what) + ": LibTorch error: " + e.what_without_backtrace());
+    } catch (const std::exception& e) {
+      return absl::InternalError(std::string(what) + " failed: " + e.what());
     }
   }
 };

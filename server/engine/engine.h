@@ -127,6 +127,105 @@ struct InvarianceReport {
   double sgd_learning_rate = 0;
 };
 
+// ---- circuits (SCIENCE.md D.1-D.3, D.6) ----
+
+// A metric measured on one evaluation set.
+enum class CircuitMetric { kAccuracy, kLoss, kPTarget };
+
+struct DetectRequest {
+  std::string eval_set;  // "" = the task's primary ICL set
+  int64_t n_eval = 2048;
+  CircuitMetric metric = CircuitMetric::kAccuracy;
+  double tolerance = 0.01;
+  enum class Order { kMagnitudeAsc, kEffectAsc, kLabel } order = Order::kMagnitudeAsc;
+  double prepass_eps = 1e-3;
+  int max_passes = 3;
+  Selection selection = Selection::kPaper;  // FULL models; COORDINATES use their own basis
+  int64_t max_evals = 5000;
+  uint64_t seed = 1;  // evaluation sequences
+};
+
+struct CircuitMember {
+  CoordinateDef def;
+  double value = 0;      // raw coefficient
+  std::string role;      // "canonical", "shortcut", "aiding"
+  double necessity = 0;  // m(K*) - m(K* \ {a}), positive = needed
+  std::vector<double> irrelevant_mass_delta;  // aiding: per layer, without minus with
+};
+
+struct DetectReport {
+  std::string eval_set;
+  double m_dense = 0, m_ref = 0, m_circuit = 0;
+  bool projection_not_faithful = false;
+  std::vector<CircuitMember> circuit;  // by decreasing magnitude
+  int64_t candidates = 0, evaluations = 0;
+  bool budget_exhausted = false;
+  std::string template_name;  // "induction_head", "two_hop_chain", "in_weights_memory", combos with '+', or ""
+  std::vector<int> template_layers;
+  struct Element {
+    std::string label, canonical;
+    bool found = false;
+  };
+  std::vector<Element> template_elements;
+  std::vector<double> irrelevant_mass;  // per layer, with K*
+};
+
+// One weight-space intervention (D.6 on IMIR models).
+struct InterventionOp {
+  enum class Kind { kZero, kScale, kSet, kAblateHead, kSwap, kKeepOnly } kind = Kind::kZero;
+  std::vector<std::string> coordinates;  // labels or canonical names
+  double scale = 1, value = 0;
+  int layer = 0, head = 1;
+  std::string source_checkpoint;   // kSwap: the other run's checkpoint
+  v1::ExperimentSpec source_spec;  // kSwap: its spec (same vocabulary, positions, layers, heads)
+};
+
+struct InterveneRequest {
+  std::vector<InterventionOp> ops;
+  std::vector<std::string> eval_sets;  // empty = all of the task's
+  int64_t n_eval = 2048;
+  uint64_t seed = 1;
+  Selection selection = Selection::kPaper;
+};
+
+struct EffectReport {
+  std::string eval_set, alt_name;
+  double loss_clean = 0, loss = 0, accuracy_clean = 0, accuracy = 0, kl_clean = 0;
+  bool has_logit_diff = false;
+  double logit_diff_clean = 0, logit_diff = 0;
+};
+
+struct InterveneReport {
+  std::vector<EffectReport> effects;
+  struct Edited {
+    CoordinateDef def;
+    double before = 0, after = 0;
+  };
+  std::vector<Edited> edited;
+};
+
+struct LabelRequest {
+  int64_t n_eval = 1024;
+  uint64_t seed = 1;
+};
+
+struct CheckpointLabelReport {
+  int64_t step = 0;
+  std::string icl_set;
+  double icl_accuracy = 0, iwl_accuracy = 0;
+  bool icl = false, iwl = false, coords_icl = false, coords_iwl = false, consistent = false;
+  double conflict_logit_diff = 0;
+  std::string label;
+  std::string pair;
+  std::vector<std::pair<std::string, double>> pair_scores;
+  std::vector<double> head_ablation;
+};
+
+struct LabelReport {
+  std::vector<CheckpointLabelReport> checkpoints;
+  std::string label, pair, pair_predicted;
+};
+
 // Pure analyses of stored checkpoints. Thread-safe.
 class Analyzer {
  public:
@@ -141,6 +240,21 @@ class Analyzer {
                                                            const InvarianceRequest& request,
                                                            const std::function<void(double)>& progress,
                                                            const CancelToken* cancel) = 0;
+  // Circuit detection (D.1) on one checkpoint.
+  virtual absl::StatusOr<DetectReport> DetectCircuit(const v1::ExperimentSpec& spec, const std::string& checkpoint,
+                                                     const DetectRequest& request,
+                                                     const std::function<void(double)>& progress,
+                                                     const CancelToken* cancel) = 0;
+  // Interventions on one checkpoint; InvalidArgument names the op and
+  // coordinate at fault.
+  virtual absl::StatusOr<InterveneReport> Intervene(const v1::ExperimentSpec& spec, const std::string& checkpoint,
+                                                    const InterveneRequest& request) = 0;
+  // D.2/D.3 labels of every checkpoint of a run, (step, bytes) ascending.
+  virtual absl::StatusOr<LabelReport> LabelRun(const v1::ExperimentSpec& spec,
+                                               const std::vector<std::pair<int64_t, std::string>>& checkpoints,
+                                               const LabelRequest& request,
+                                               const std::function<void(double)>& progress,
+                                               const CancelToken* cancel) = 0;
 };
 
 std::unique_ptr<Analyzer> MakeTorchAnalyzer();

@@ -32,4 +32,28 @@ grpc::ServerUnaryReactor* AnalysisServiceImpl::CheckInvariance(grpc::CallbackSer
   });
 }
 
+grpc::ServerUnaryReactor* AnalysisServiceImpl::DetectCircuit(grpc::CallbackServerContext* ctx,
+                                                    const v1::DetectCircuitRequest* req, v1::DetectCircuitResponse* resp) {
+  return UnaryCall(ctx, auth_token_, [&]() -> absl::Status {
+    CL_ASSIGN_OR_RETURN(*resp, core_->DetectCircuit(*req));
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* AnalysisServiceImpl::Intervene(grpc::CallbackServerContext* ctx,
+                                                    const v1::InterveneRequest* req, v1::InterveneResponse* resp) {
+  return UnaryCall(ctx, auth_token_, [&]() -> absl::Status {
+    CL_ASSIGN_OR_RETURN(*resp, core_->Intervene(*req));
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* AnalysisServiceImpl::LabelRun(grpc::CallbackServerContext* ctx,
+                                                    const v1::LabelRunRequest* req, v1::LabelRunResponse* resp) {
+  return UnaryCall(ctx, auth_token_, [&]() -> absl::Status {
+    CL_ASSIGN_OR_RETURN(*resp, core_->LabelRun(*req));
+    return absl::OkStatus();
+  });
+}
+
 }  // namespace circuitlab::rpc

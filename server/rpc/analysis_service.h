@@ -22,6 +22,12 @@ class AnalysisServiceImpl final : public v1::AnalysisService::CallbackService {
                                           v1::GetTrajectoryResponse* resp) override;
   grpc::ServerUnaryReactor* CheckInvariance(grpc::CallbackServerContext* ctx, const v1::CheckInvarianceRequest* req,
                                             v1::CheckInvarianceResponse* resp) override;
+  grpc::ServerUnaryReactor* DetectCircuit(grpc::CallbackServerContext* ctx, const v1::DetectCircuitRequest* req,
+                                          v1::DetectCircuitResponse* resp) override;
+  grpc::ServerUnaryReactor* Intervene(grpc::CallbackServerContext* ctx, const v1::InterveneRequest* req,
+                                      v1::InterveneResponse* resp) override;
+  grpc::ServerUnaryReactor* LabelRun(grpc::CallbackServerContext* ctx, const v1::LabelRunRequest* req,
+                                     v1::LabelRunResponse* resp) override;
 
  private:
   scheduler::AnalysisCore* const core_;

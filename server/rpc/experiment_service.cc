@@ -186,4 +186,38 @@ grpc::ServerWriteReactor<v1::RunEvent>* ExperimentServiceImpl::WatchRun(grpc::Ca
   return new WatchReactor(core_, std::move(*watch));
 }
 
+grpc::ServerUnaryReactor* ExperimentServiceImpl::SubmitSweep(grpc::CallbackServerContext* ctx,
+                                                             const v1::SubmitSweepRequest* req, v1::Sweep* resp) {
+  const std::string client = ClientOf(ctx);
+  return Unary(ctx, [&]() -> absl::Status {
+    CL_ASSIGN_OR_RETURN(*resp, sweeps_->Submit(req->sweep(), client));
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* ExperimentServiceImpl::GetSweep(grpc::CallbackServerContext* ctx,
+                                                          const v1::GetSweepRequest* req, v1::Sweep* resp) {
+  return Unary(ctx, [&]() -> absl::Status {
+    CL_ASSIGN_OR_RETURN(*resp, sweeps_->Get(req->sweep_id()));
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* ExperimentServiceImpl::CancelSweep(grpc::CallbackServerContext* ctx,
+                                                             const v1::CancelSweepRequest* req, v1::Sweep* resp) {
+  return Unary(ctx, [&]() -> absl::Status {
+    CL_ASSIGN_OR_RETURN(*resp, sweeps_->Cancel(req->sweep_id()));
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* ExperimentServiceImpl::GetSweepSummary(grpc::CallbackServerContext* ctx,
+                                                                 const v1::GetSweepSummaryRequest* req,
+                                                                 v1::GetSweepSummaryResponse* resp) {
+  return Unary(ctx, [&]() -> absl::Status {
+    CL_ASSIGN_OR_RETURN(*resp, sweeps_->Summary(*req));
+    return absl::OkStatus();
+  });
+}
+
 }  // namespace circuitlab::rpc

@@ -11,13 +11,14 @@
 #include "circuitlab/v1/experiment_service.grpc.pb.h"
 #include "server/rpc/service_util.h"
 #include "server/scheduler/scheduler.h"
+#include "server/scheduler/sweeps.h"
 
 namespace circuitlab::rpc {
 
 class ExperimentServiceImpl final : public v1::ExperimentService::CallbackService {
  public:
-  ExperimentServiceImpl(scheduler::Scheduler* core, std::string auth_token)
-      : core_(core), auth_token_(std::move(auth_token)) {}
+  ExperimentServiceImpl(scheduler::Scheduler* core, scheduler::SweepCore* sweeps, std::string auth_token)
+      : core_(core), sweeps_(sweeps), auth_token_(std::move(auth_token)) {}
 
   grpc::ServerUnaryReactor* SubmitRun(grpc::CallbackServerContext* ctx, const v1::SubmitRunRequest* req,
                                       v1::SubmitRunResponse* resp) override;
@@ -31,6 +32,14 @@ class ExperimentServiceImpl final : public v1::ExperimentService::CallbackServic
                                        v1::GetMetricsResponse* resp) override;
   grpc::ServerWriteReactor<v1::RunEvent>* WatchRun(grpc::CallbackServerContext* ctx,
                                                    const v1::WatchRunRequest* req) override;
+  grpc::ServerUnaryReactor* SubmitSweep(grpc::CallbackServerContext* ctx, const v1::SubmitSweepRequest* req,
+                                        v1::Sweep* resp) override;
+  grpc::ServerUnaryReactor* GetSweep(grpc::CallbackServerContext* ctx, const v1::GetSweepRequest* req,
+                                     v1::Sweep* resp) override;
+  grpc::ServerUnaryReactor* CancelSweep(grpc::CallbackServerContext* ctx, const v1::CancelSweepRequest* req,
+                                        v1::Sweep* resp) override;
+  grpc::ServerUnaryReactor* GetSweepSummary(grpc::CallbackServerContext* ctx, const v1::GetSweepSummaryRequest* req,
+                                            v1::GetSweepSummaryResponse* resp) override;
 
  private:
   // Who submits: the x-circuitlab-client metadata, else the peer's host.
@@ -42,6 +51,7 @@ class ExperimentServiceImpl final : public v1::ExperimentService::CallbackServic
   }
 
   scheduler::Scheduler* const core_;
+  scheduler::SweepCore* const sweeps_;
   const std::string auth_token_;
 };
 

@@ -21,14 +21,15 @@ bool IsLoopbackAddress(const std::string& host_port) {
 
 absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const ServerOptions& options,
                                                               scheduler::Scheduler* experiments,
-                                                              scheduler::AnalysisCore* analysis) {
+                                                              scheduler::AnalysisCore* analysis,
+                                                              scheduler::SweepCore* sweeps) {
   if (!IsLoopbackAddress(options.listen) && options.auth_token.empty()) {
     return absl::InvalidArgumentError("--listen " + options.listen +
                                       " is not a loopback address: listening beyond this machine requires "
                                       "--auth-token-file");
   }
   std::unique_ptr<GrpcServer> server(new GrpcServer());
-  server->experiments_ = std::make_unique<ExperimentServiceImpl>(experiments, options.auth_token);
+  server->experiments_ = std::make_unique<ExperimentServiceImpl>(experiments, sweeps, options.auth_token);
   server->analysis_ = std::make_unique<AnalysisServiceImpl>(analysis, options.auth_token);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();

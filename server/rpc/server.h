@@ -13,6 +13,7 @@
 #include "absl/status/statusor.h"
 #include "server/scheduler/analysis_core.h"
 #include "server/scheduler/scheduler.h"
+#include "server/scheduler/sweeps.h"
 
 namespace grpc {
 class Server;
@@ -36,7 +37,8 @@ class GrpcServer {
   // without a token; Unavailable when the address cannot be bound.
   static absl::StatusOr<std::unique_ptr<GrpcServer>> Start(const ServerOptions& options,
                                                            scheduler::Scheduler* experiments,
-                                                           scheduler::AnalysisCore* analysis);
+                                                           scheduler::AnalysisCore* analysis,
+                                                           scheduler::SweepCore* sweeps);
   ~GrpcServer();
 
   // The port actually bound (useful with port 0).

@@ -125,22 +125,78 @@ absl::StatusOr<v1::CheckInvarianceResponse> AnalysisCore::CheckInvariance(const 
   canonical.set_seed(request.seed() == 0 ? spec.seed() : request.seed());
   canonical.set_controls(request.controls());
   canonical.set_sgd_corollary(request.sgd_corollary());
-  const std::string key = canonical.SerializeAsString();
-  const int64_t hash = static_cast<int64_t>(HashPurpose(key) >> 1);
-
-  if (!request.force()) {
-    CL_ASSIGN_OR_RETURN(std::optional<std::string> stored, store_->GetAnalysis(id, "invariance", hash));
-    v1::CheckInvarianceResponse resp;
-    if (stored && resp.ParseFromString(*stored)) {
-      resp.set_from_store(true);
-      return resp;
+  engine::InvarianceRequest ir;
+  ir.selection = ToSelection(canonical.selection());
+  ir.sample_sizes.assign(canonical.sample_sizes().begin(), canonical.sample_sizes().end());
+  ir.coordinate_std = canonical.coordinate_std();
+  ir.seed = canonical.seed();
+  ir.controls = canonical.controls();
+  ir.sgd_corollary = canonical.sgd_corollary();
+  Work work = [this, spec = std::move(spec), ir](const std::function<void(double)>& progress,
+                                                 const CancelToken* cancel) -> absl::StatusOr<std::string> {
+    CL_ASSIGN_OR_RETURN(engine::InvarianceReport report, analyzer_->CheckInvariance(spec, ir, progress, cancel));
+    v1::CheckInvarianceResponse done;
+    done.set_state(v1::CheckInvarianceResponse::STATE_DONE);
+    done.set_progress(1.0);
+    done.mutable_sample_sizes()->Add(report.sample_sizes.begin(), report.sample_sizes.end());
+    for (const engine::InvarianceCheckReport& c : report.checks) {
+      v1::InvarianceCheck* out = done.add_checks();
+      out->set_name(c.name);
+      out->set_max_matrix_plateau(c.max_matrix_plateau());
+      out->set_passed(Passed(c));
+      for (const engine::InvarianceSeriesReport& sr : c.series) {
+        v1::InvarianceSeries* o = out->add_series();
+        o->set_matrix(sr.matrix);
+        o->mutable_off_fraction()->Add(sr.off_fraction.begin(), sr.off_fraction.end());
+        o->set_plateau(sr.plateau);
+        o->set_slope(sr.slope);
+      }
     }
+    for (const engine::SgdCorollaryReport& p : report.sgd) {
+      v1::SgdCorollaryPoint* o = done.add_sgd();
+      o->set_batch_size(static_cast<uint64_t>(p.batch_size));
+      o->set_rho(p.rho);
+      o->set_rho_symmetrised(p.rho_symmetrised);
+    }
+    if (!report.sgd.empty()) {
+      done.set_sgd_steps(static_cast<uint64_t>(report.sgd_steps));
+      done.set_sgd_group_elements(static_cast<uint64_t>(report.sgd_group_elements));
+      done.set_sgd_learning_rate(report.sgd_learning_rate);
+    }
+    return done.SerializeAsString();
+  };
+  CL_ASSIGN_OR_RETURN(Answer a, Enqueue("invariance", id, canonical.SerializeAsString(), request.force(), std::move(work)));
+  v1::CheckInvarianceResponse resp;
+  if (a.stored && resp.ParseFromString(*a.stored)) {
+    resp.set_from_store(true);
+    return resp;
+  }
+  // The two state enums share their numbers.
+  resp.set_state(static_cast<v1::CheckInvarianceResponse::State>(a.state));
+  resp.set_progress(a.progress);
+  resp.set_error(a.error);
+  return resp;
+}
+
+absl::StatusOr<AnalysisCore::Answer> AnalysisCore::Enqueue(const std::string& kind, int64_t run_id,
+                                                           const std::string& key, bool force, Work work) {
+  const int64_t hash = static_cast<int64_t>(HashPurpose(key) >> 1);
+  Answer answer;
+  if (!force) {
+    CL_ASSIGN_OR_RETURN(answer.stored, store_->GetAnalysis(run_id, kind, hash));
+    if (answer.stored) return answer;
   }
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = jobs_.find({id, hash});
+  auto it = jobs_.find({kind, run_id, hash});
   if (it != jobs_.end()) {
-    const bool retry = it->second->status.state() == v1::CheckInvarianceResponse::STATE_FAILED && request.force();
-    if (!retry) return it->second->status;
+    const Job& job = *it->second;
+    const bool retry = job.state == v1::ANALYSIS_STATE_FAILED && force;
+    if (!retry) {
+      answer.state = job.state;
+      answer.progress = job.progress;
+      answer.error = job.error;
+      return answer;
+    }
     jobs_.erase(it);
   }
   if (static_cast<int>(jobs_.size()) >= max_jobs_) {
@@ -148,21 +204,16 @@ absl::StatusOr<v1::CheckInvarianceResponse> AnalysisCore::CheckInvariance(const 
                                         "); ask again later");
   }
   auto job = std::make_shared<Job>();
-  job->run_id = id;
+  job->kind = kind;
+  job->run_id = run_id;
   job->hash = hash;
   job->key = key;
-  job->spec = std::move(spec);
-  job->request.selection = ToSelection(canonical.selection());
-  job->request.sample_sizes.assign(canonical.sample_sizes().begin(), canonical.sample_sizes().end());
-  job->request.coordinate_std = canonical.coordinate_std();
-  job->request.seed = canonical.seed();
-  job->request.controls = canonical.controls();
-  job->request.sgd_corollary = canonical.sgd_corollary();
-  job->status.set_state(v1::CheckInvarianceResponse::STATE_QUEUED);
-  jobs_[{id, hash}] = job;
+  job->work = std::move(work);
+  jobs_[{kind, run_id, hash}] = job;
   queue_.push_back(job);
   cv_.notify_all();
-  return job->status;
+  answer.state = v1::ANALYSIS_STATE_QUEUED;
+  return answer;
 }
 
 void AnalysisCore::WorkerLoop() {
@@ -172,7 +223,7 @@ void AnalysisCore::WorkerLoop() {
     if (stopping_) return;
     std::shared_ptr<Job> job = queue_.front();
     queue_.pop_front();
-    job->status.set_state(v1::CheckInvarianceResponse::STATE_RUNNING);
+    job->state = v1::ANALYSIS_STATE_RUNNING;
     lock.unlock();
     RunJob(*job);
     lock.lock();
@@ -182,72 +233,53 @@ void AnalysisCore::WorkerLoop() {
 void AnalysisCore::RunJob(Job& job) {
   auto progress = [&](double fraction) {
     std::lock_guard<std::mutex> lock(mu_);
-    job.status.set_progress(fraction);
+    job.progress = fraction;
   };
-  absl::StatusOr<engine::InvarianceReport> report =
-      analyzer_->CheckInvariance(job.spec, job.request, progress, &job.cancel);
-  v1::CheckInvarianceResponse done;
-  if (report.ok()) {
-    done.set_state(v1::CheckInvarianceResponse::STATE_DONE);
-    done.set_progress(1.0);
-    done.mutable_sample_sizes()->Add(report->sample_sizes.begin(), report->sample_sizes.end());
-    for (const engine::InvarianceCheckReport& c : report->checks) {
-      v1::InvarianceCheck* out = done.add_checks();
-      out->set_name(c.name);
-      out->set_max_matrix_plateau(c.max_matrix_plateau());
-      out->set_passed(Passed(c));
-      for (const engine::InvarianceSeriesReport& s : c.series) {
-        v1::InvarianceSeries* o = out->add_series();
-        o->set_matrix(s.matrix);
-        o->mutable_off_fraction()->Add(s.off_fraction.begin(), s.off_fraction.end());
-        o->set_plateau(s.plateau);
-        o->set_slope(s.slope);
-      }
-    }
-    for (const engine::SgdCorollaryReport& p : report->sgd) {
-      v1::SgdCorollaryPoint* o = done.add_sgd();
-      o->set_batch_size(static_cast<uint64_t>(p.batch_size));
-      o->set_rho(p.rho);
-      o->set_rho_symmetrised(p.rho_symmetrised);
-    }
-    if (!report->sgd.empty()) {
-      done.set_sgd_steps(static_cast<uint64_t>(report->sgd_steps));
-      done.set_sgd_group_elements(static_cast<uint64_t>(report->sgd_group_elements));
-      done.set_sgd_learning_rate(report->sgd_learning_rate);
-    }
+  absl::StatusOr<std::string> result = job.work(progress, &job.cancel);
+  absl::Status status = result.status();
+  if (result.ok()) {
     // Stored first, then forgotten: later requests find it in the store.
-    absl::Status stored = store_->PutAnalysis(job.run_id, "invariance", job.hash, job.key, done.SerializeAsString());
-    if (!stored.ok()) {
-      done.Clear();
-      done.set_state(v1::CheckInvarianceResponse::STATE_FAILED);
-      done.set_error("cannot store the result: " + stored.ToString());
-    }
-  } else {
-    done.set_state(v1::CheckInvarianceResponse::STATE_FAILED);
-    done.set_error(report.status().ToString());
-    spdlog::warn("invariance check of {} failed: {}", job.run_id == store::Store::kNoRun ? "a spec" : FormatRunId(job.run_id),
-                 report.status().ToString());
+    status = store_->PutAnalysis(job.run_id, job.kind, job.hash, job.key, *result);
+    if (!status.ok()) status = absl::InternalError("cannot store the result: " + status.ToString());
+  }
+  if (!status.ok()) {
+    spdlog::warn("{} of {} failed: {}", job.kind,
+                 job.run_id == store::Store::kNoRun ? "a spec" : FormatRunId(job.run_id), status.ToString());
   }
   std::lock_guard<std::mutex> lock(mu_);
-  job.status = done;
-  if (done.state() == v1::CheckInvarianceResponse::STATE_DONE) jobs_.erase({job.run_id, job.hash});
+  if (status.ok()) {
+    jobs_.erase({job.kind, job.run_id, job.hash});
+  } else {
+    job.state = v1::ANALYSIS_STATE_FAILED;
+    job.error = status.ToString();
+  }
+}
+
+absl::StatusOr<std::pair<v1::ExperimentSpec, store::Checkpoint>> AnalysisCore::RunCheckpoint(
+    int64_t id, uint64_t step, const std::string& run_id) {
+  CL_ASSIGN_OR_RETURN(store::RunRow row, store_->GetRun(id));
+  v1::ExperimentSpec spec;
+  if (!spec.ParseFromString(row.spec)) return absl::DataLossError("stored spec of " + run_id + " does not parse");
+  CL_ASSIGN_OR_RETURN(std::optional<store::Checkpoint> ckpt,
+                      store_->CheckpointAt(id, step == 0 ? -1 : static_cast<int64_t>(step)));
+  if (!ckpt) {
+    CL_ASSIGN_OR_RETURN(std::vector<int64_t> steps, store_->CheckpointSteps(id));
+    std::string have;
+    for (int64_t s : steps) have += (have.empty() ? "" : ", ") + std::to_string(s);
+    return absl::NotFoundError("run " + run_id + " has no checkpoint" +
+                               (step == 0 ? std::string() : " at step " + std::to_string(step)) +
+                               (have.empty() ? " yet" : " (checkpoints at steps: " + have + ")"));
+  }
+  return std::make_pair(std::move(spec), std::move(*ckpt));
 }
 
 absl::StatusOr<v1::ProjectCheckpointResponse> AnalysisCore::ProjectCheckpoint(
     const v1::ProjectCheckpointRequest& request) {
   CL_ASSIGN_OR_RETURN(int64_t id, ParseRunId(request.run_id()));
   CL_RETURN_IF_ERROR(CheckSelection(request.selection()));
-  CL_ASSIGN_OR_RETURN(store::RunRow row, store_->GetRun(id));
-  CL_ASSIGN_OR_RETURN(std::optional<store::Checkpoint> ckpt,
-                      store_->CheckpointAt(id, request.step() == 0 ? -1 : static_cast<int64_t>(request.step())));
-  if (!ckpt) {
-    CL_ASSIGN_OR_RETURN(std::vector<int64_t> steps, store_->CheckpointSteps(id));
-    std::string have;
-    for (int64_t s : steps) have += (have.empty() ? "" : ", ") + std::to_string(s);
-    return absl::NotFoundError("run " + request.run_id() + " has no checkpoint" +
-                               (request.step() == 0 ? std::string() : " at step " + std::to_string(request.step())) +
-                               (have.empty() ? " yet" : " (checkpoints at steps: " + have + ")"));
-  }
+  CL_ASSIGN_OR_RETURN(auto found, RunCheckpoint(id, request.step(), request.run_id()));
+  const v1::ExperimentSpec& spec = found.first;
+  const store::Checkpoint* ckpt = &found.second;
   // The canonical request: run, the resolved step, the resolved selection.
   v1::ProjectCheckpointRequest canonical;
   canonical.set_run_id(FormatRunId(id));
@@ -264,8 +296,6 @@ absl::StatusOr<v1::ProjectCheckpointResponse> AnalysisCore::ProjectCheckpoint(
       return resp;
     }
   }
-  v1::ExperimentSpec spec;
-  if (!spec.ParseFromString(row.spec)) return absl::DataLossError("stored spec of " + request.run_id() + " does not parse");
   CL_ASSIGN_OR_RETURN(engine::CheckpointProjection p,
                       analyzer_->ProjectCheckpoint(spec, ckpt->bytes, ToSelection(canonical.selection())));
   v1::ProjectCheckpointResponse resp;
@@ -307,6 +337,317 @@ absl::StatusOr<v1::GetTrajectoryResponse> AnalysisCore::GetTrajectory(const v1::
     o->set_total_points(static_cast<uint64_t>(s.total_points));
   }
   return out;
+}
+
+}  // namespace circuitlab::scheduler
+
+namespace circuitlab::scheduler {
+namespace {
+
+constexpr uint32_t kMinEval = 64, kMaxEval = 16384;
+constexpr int kMaxInterventions = 64;
+
+absl::Status CheckEvalSize(uint32_t n, uint32_t min, const std::string& field) {
+  if (n != 0 && (n < min || n > kMaxEval)) {
+    return absl::InvalidArgumentError(field + " must be in [" + std::to_string(min) + ", " + std::to_string(kMaxEval) +
+                                      "] (0 = default), got " + std::to_string(n));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<v1::DetectCircuitResponse> AnalysisCore::DetectCircuit(const v1::DetectCircuitRequest& request) {
+  CL_ASSIGN_OR_RETURN(int64_t id, ParseRunId(request.run_id()));
+  CL_RETURN_IF_ERROR(CheckSelection(request.selection()));
+  CL_RETURN_IF_ERROR(CheckEvalSize(request.n_eval(), kMinEval, "n_eval"));
+  engine::DetectRequest d;
+  const std::string metric = request.metric().empty() ? "accuracy" : request.metric();
+  if (metric == "accuracy") {
+    d.metric = engine::CircuitMetric::kAccuracy;
+  } else if (metric == "loss") {
+    d.metric = engine::CircuitMetric::kLoss;
+  } else if (metric == "p_target") {
+    d.metric = engine::CircuitMetric::kPTarget;
+  } else {
+    return absl::InvalidArgumentError("metric must be accuracy, loss or p_target, got '" + request.metric() + "'");
+  }
+  const double max_tol = d.metric == engine::CircuitMetric::kLoss ? 10.0 : 1.0;
+  if (!(request.tolerance() >= 0 && request.tolerance() <= max_tol)) {
+    return absl::InvalidArgumentError("tolerance must be in [0, " + std::to_string(static_cast<int>(max_tol)) +
+                                      "] for metric " + metric + " (0 = default), got " +
+                                      std::to_string(request.tolerance()));
+  }
+  const std::string order = request.order().empty() ? "magnitude_asc" : request.order();
+  if (order == "magnitude_asc") {
+    d.order = engine::DetectRequest::Order::kMagnitudeAsc;
+  } else if (order == "effect_asc") {
+    d.order = engine::DetectRequest::Order::kEffectAsc;
+  } else if (order == "label") {
+    d.order = engine::DetectRequest::Order::kLabel;
+  } else {
+    return absl::InvalidArgumentError("order must be magnitude_asc, effect_asc or label, got '" + request.order() + "'");
+  }
+  if (!(request.prepass_eps() >= 0 && request.prepass_eps() < 1)) {
+    return absl::InvalidArgumentError("prepass_eps must be in [0, 1) (0 = default), got " +
+                                      std::to_string(request.prepass_eps()));
+  }
+  if (request.max_passes() > 20) {
+    return absl::InvalidArgumentError("max_passes must be in [1, 20] (0 = default), got " +
+                                      std::to_string(request.max_passes()));
+  }
+  if (request.max_evals() > 100000) {
+    return absl::InvalidArgumentError("max_evals must be in [1, 100000] (0 = default), got " +
+                                      std::to_string(request.max_evals()));
+  }
+  CL_ASSIGN_OR_RETURN(auto found, RunCheckpoint(id, request.step(), request.run_id()));
+  const v1::ExperimentSpec& spec = found.first;
+  // The canonical request: every default resolved, force dropped.
+  v1::DetectCircuitRequest canonical;
+  canonical.set_run_id(FormatRunId(id));
+  canonical.set_step(static_cast<uint64_t>(found.second.step));
+  canonical.set_eval_set(request.eval_set());
+  canonical.set_n_eval(request.n_eval() == 0 ? 2048 : request.n_eval());
+  canonical.set_metric(metric);
+  canonical.set_tolerance(request.tolerance() != 0 ? request.tolerance()
+                                                   : d.metric == engine::CircuitMetric::kLoss ? 0.02 : 0.01);
+  canonical.set_order(order);
+  canonical.set_prepass_eps(request.prepass_eps() == 0 ? 1e-3 : request.prepass_eps());
+  canonical.set_max_passes(request.max_passes() == 0 ? 3 : request.max_passes());
+  canonical.set_selection(request.selection() == v1::BASIS_SELECTION_COMPLETE ? v1::BASIS_SELECTION_COMPLETE
+                                                                              : v1::BASIS_SELECTION_PAPER);
+  canonical.set_max_evals(request.max_evals() == 0 ? 5000 : request.max_evals());
+  canonical.set_seed(request.seed() == 0 ? spec.seed() : request.seed());
+  if (d.order == engine::DetectRequest::Order::kEffectAsc) {
+    // effect_asc spends O(K^2) evaluations: D.1 allows it for K <= 200.
+    CL_ASSIGN_OR_RETURN(v1::ProjectCheckpointResponse projected, [&] {
+      v1::ProjectCheckpointRequest p;
+      p.set_run_id(canonical.run_id());
+      p.set_step(canonical.step());
+      p.set_selection(canonical.selection());
+      return ProjectCheckpoint(p);
+    }());
+    if (projected.coordinates_size() > 200) {
+      return absl::InvalidArgumentError("order effect_asc is for at most 200 coordinates; this basis has " +
+                                        std::to_string(projected.coordinates_size()) + " (use magnitude_asc)");
+    }
+  }
+  d.eval_set = canonical.eval_set();
+  d.n_eval = canonical.n_eval();
+  d.tolerance = canonical.tolerance();
+  d.prepass_eps = canonical.prepass_eps();
+  d.max_passes = static_cast<int>(canonical.max_passes());
+  d.selection = ToSelection(canonical.selection());
+  d.max_evals = canonical.max_evals();
+  d.seed = canonical.seed();
+  Work work = [this, spec, bytes = std::move(found.second.bytes), d, canonical](
+                  const std::function<void(double)>& progress, const CancelToken* cancel) -> absl::StatusOr<std::string> {
+    CL_ASSIGN_OR_RETURN(engine::DetectReport r, analyzer_->DetectCircuit(spec, bytes, d, progress, cancel));
+    v1::DetectCircuitResponse done;
+    done.set_state(v1::ANALYSIS_STATE_DONE);
+    done.set_progress(1.0);
+    done.set_step(canonical.step());
+    done.set_metric(canonical.metric());
+    done.set_eval_set(r.eval_set);
+    done.set_m_dense(r.m_dense);
+    done.set_m_ref(r.m_ref);
+    done.set_m_circuit(r.m_circuit);
+    done.set_projection_not_faithful(r.projection_not_faithful);
+    for (const engine::CircuitMember& m : r.circuit) {
+      v1::CircuitCoordinate* o = done.add_circuit();
+      FillCoordinate(ToCoordinateRow(m.def), m.value, o->mutable_coordinate());
+      o->set_role(m.role);
+      o->set_necessity(m.necessity);
+      o->mutable_irrelevant_mass_delta()->Add(m.irrelevant_mass_delta.begin(), m.irrelevant_mass_delta.end());
+    }
+    done.set_candidates(static_cast<uint32_t>(r.candidates));
+    done.set_evaluations(static_cast<uint32_t>(r.evaluations));
+    done.set_budget_exhausted(r.budget_exhausted);
+    done.set_template_name(r.template_name);
+    for (int l : r.template_layers) done.add_template_layers(static_cast<uint32_t>(l));
+    for (const auto& e : r.template_elements) {
+      v1::TemplateElement* o = done.add_template_elements();
+      o->set_label(e.label);
+      o->set_canonical(e.canonical);
+      o->set_found(e.found);
+    }
+    done.mutable_irrelevant_mass()->Add(r.irrelevant_mass.begin(), r.irrelevant_mass.end());
+    return done.SerializeAsString();
+  };
+  CL_ASSIGN_OR_RETURN(Answer a,
+                      Enqueue("detect_circuit", id, canonical.SerializeAsString(), request.force(), std::move(work)));
+  v1::DetectCircuitResponse resp;
+  if (a.stored && resp.ParseFromString(*a.stored)) {
+    resp.set_from_store(true);
+    return resp;
+  }
+  resp.set_state(a.state);
+  resp.set_progress(a.progress);
+  resp.set_error(a.error);
+  return resp;
+}
+
+absl::StatusOr<v1::LabelRunResponse> AnalysisCore::LabelRun(const v1::LabelRunRequest& request) {
+  CL_ASSIGN_OR_RETURN(int64_t id, ParseRunId(request.run_id()));
+  CL_RETURN_IF_ERROR(CheckEvalSize(request.n_eval(), kMinEval, "n_eval"));
+  CL_ASSIGN_OR_RETURN(store::RunRow row, store_->GetRun(id));
+  v1::ExperimentSpec spec;
+  if (!spec.ParseFromString(row.spec)) return absl::DataLossError("stored spec of " + request.run_id() + " does not parse");
+  CL_ASSIGN_OR_RETURN(std::vector<int64_t> steps, store_->CheckpointSteps(id));
+  if (steps.empty()) return absl::FailedPreconditionError("run " + request.run_id() + " has no checkpoint yet");
+  // The canonical request names the checkpoints it labels, so a run that
+  // gains checkpoints is labelled afresh.
+  v1::LabelRunRequest canonical;
+  canonical.set_run_id(FormatRunId(id));
+  canonical.set_n_eval(request.n_eval() == 0 ? 1024 : request.n_eval());
+  std::string key = canonical.SerializeAsString();
+  for (int64_t s : steps) key += "/" + std::to_string(s);
+  engine::LabelRequest lr;
+  lr.n_eval = canonical.n_eval();
+  lr.seed = spec.seed();
+  Work work = [this, spec, id, steps, lr](const std::function<void(double)>& progress,
+                                          const CancelToken* cancel) -> absl::StatusOr<std::string> {
+    std::vector<std::pair<int64_t, std::string>> checkpoints;
+    for (int64_t s : steps) {
+      CL_ASSIGN_OR_RETURN(std::optional<store::Checkpoint> c, store_->CheckpointAt(id, s));
+      if (c) checkpoints.emplace_back(s, std::move(c->bytes));
+    }
+    CL_ASSIGN_OR_RETURN(engine::LabelReport r, analyzer_->LabelRun(spec, checkpoints, lr, progress, cancel));
+    v1::LabelRunResponse done;
+    done.set_state(v1::ANALYSIS_STATE_DONE);
+    done.set_progress(1.0);
+    for (const engine::CheckpointLabelReport& c : r.checkpoints) {
+      v1::CheckpointLabel* o = done.add_checkpoints();
+      o->set_step(static_cast<uint64_t>(c.step));
+      o->set_icl_set(c.icl_set);
+      o->set_icl_accuracy(c.icl_accuracy);
+      o->set_iwl_accuracy(c.iwl_accuracy);
+      o->set_icl(c.icl);
+      o->set_iwl(c.iwl);
+      o->set_coords_icl(c.coords_icl);
+      o->set_coords_iwl(c.coords_iwl);
+      o->set_consistent(c.consistent);
+      o->set_conflict_logit_diff(c.conflict_logit_diff);
+      o->set_label(c.label);
+      o->set_pair(c.pair);
+      for (const auto& [name, s] : c.pair_scores) (*o->mutable_pair_scores())[name] = s;
+      o->mutable_head_ablation()->Add(c.head_ablation.begin(), c.head_ablation.end());
+    }
+    done.set_label(r.label);
+    done.set_pair(r.pair);
+    done.set_pair_predicted(r.pair_predicted);
+    return done.SerializeAsString();
+  };
+  CL_ASSIGN_OR_RETURN(Answer a, Enqueue("label_run", id, key, request.force(), std::move(work)));
+  v1::LabelRunResponse resp;
+  if (a.stored && resp.ParseFromString(*a.stored)) {
+    resp.set_from_store(true);
+    return resp;
+  }
+  resp.set_state(a.state);
+  resp.set_progress(a.progress);
+  resp.set_error(a.error);
+  return resp;
+}
+
+absl::StatusOr<v1::InterveneResponse> AnalysisCore::Intervene(const v1::InterveneRequest& request) {
+  CL_ASSIGN_OR_RETURN(int64_t id, ParseRunId(request.run_id()));
+  CL_RETURN_IF_ERROR(CheckSelection(request.selection()));
+  CL_RETURN_IF_ERROR(CheckEvalSize(request.n_eval(), 16, "n_eval"));
+  if (request.interventions_size() == 0 || request.interventions_size() > kMaxInterventions) {
+    return absl::InvalidArgumentError("interventions must have 1 to " + std::to_string(kMaxInterventions) +
+                                      " entries, got " + std::to_string(request.interventions_size()));
+  }
+  if (request.eval_sets_size() > 16) {
+    return absl::InvalidArgumentError("eval_sets must have at most 16 entries, got " +
+                                      std::to_string(request.eval_sets_size()));
+  }
+  CL_ASSIGN_OR_RETURN(auto found, RunCheckpoint(id, request.step(), request.run_id()));
+  const v1::ExperimentSpec& spec = found.first;
+  v1::InterveneRequest canonical = request;
+  canonical.set_run_id(FormatRunId(id));
+  canonical.set_step(static_cast<uint64_t>(found.second.step));
+  canonical.set_n_eval(request.n_eval() == 0 ? 2048 : request.n_eval());
+  canonical.set_seed(request.seed() == 0 ? spec.seed() : request.seed());
+  canonical.set_selection(request.selection() == v1::BASIS_SELECTION_COMPLETE ? v1::BASIS_SELECTION_COMPLETE
+                                                                              : v1::BASIS_SELECTION_PAPER);
+  canonical.set_force(false);
+  engine::InterveneRequest ir;
+  ir.eval_sets.assign(request.eval_sets().begin(), request.eval_sets().end());
+  ir.n_eval = canonical.n_eval();
+  ir.seed = canonical.seed();
+  ir.selection = ToSelection(canonical.selection());
+  for (int i = 0; i < request.interventions_size(); ++i) {
+    v1::Intervention* in = canonical.mutable_interventions(i);
+    const std::string field = "interventions[" + std::to_string(i) + "]";
+    if (in->coordinates_size() > 4096) {
+      return absl::InvalidArgumentError(field + ".coordinates must have at most 4096 entries");
+    }
+    engine::InterventionOp op;
+    op.coordinates.assign(in->coordinates().begin(), in->coordinates().end());
+    op.scale = in->scale();
+    op.value = in->value();
+    op.layer = static_cast<int>(in->layer());
+    op.head = in->head() == 0 ? 1 : static_cast<int>(in->head());
+    if (!std::isfinite(op.scale) || !std::isfinite(op.value) || std::abs(op.scale) > 1e6 ||
+        std::abs(op.value) > 1e6) {
+      return absl::InvalidArgumentError(field + ": scale and value must be finite and in [-1e6, 1e6]");
+    }
+    switch (in->op()) {
+      case v1::Intervention::OP_ZERO_COORDINATE: op.kind = engine::InterventionOp::Kind::kZero; break;
+      case v1::Intervention::OP_SCALE_COORDINATE: op.kind = engine::InterventionOp::Kind::kScale; break;
+      case v1::Intervention::OP_SET_COORDINATE: op.kind = engine::InterventionOp::Kind::kSet; break;
+      case v1::Intervention::OP_ABLATE_HEAD: op.kind = engine::InterventionOp::Kind::kAblateHead; break;
+      case v1::Intervention::OP_KEEP_ONLY: op.kind = engine::InterventionOp::Kind::kKeepOnly; break;
+      case v1::Intervention::OP_SWAP_COORDINATES: {
+        op.kind = engine::InterventionOp::Kind::kSwap;
+        CL_ASSIGN_OR_RETURN(int64_t source, ParseRunId(in->source_run_id(), field + ".source_run_id"));
+        CL_ASSIGN_OR_RETURN(auto src, RunCheckpoint(source, in->source_step(), in->source_run_id()));
+        in->set_source_run_id(FormatRunId(source));
+        in->set_source_step(static_cast<uint64_t>(src.second.step));
+        op.source_spec = std::move(src.first);
+        op.source_checkpoint = std::move(src.second.bytes);
+        break;
+      }
+      default:
+        return absl::InvalidArgumentError(field + ".op must be one of the Intervention.Op values (got " +
+                                          std::to_string(in->op()) + ")");
+    }
+    ir.ops.push_back(std::move(op));
+  }
+  const std::string key = canonical.SerializeAsString();
+  const int64_t hash = static_cast<int64_t>(HashPurpose(key) >> 1);
+  if (!request.force()) {
+    CL_ASSIGN_OR_RETURN(std::optional<std::string> stored, store_->GetAnalysis(id, "intervene", hash));
+    v1::InterveneResponse resp;
+    if (stored && resp.ParseFromString(*stored)) {
+      resp.set_from_store(true);
+      return resp;
+    }
+  }
+  CL_ASSIGN_OR_RETURN(engine::InterveneReport r, analyzer_->Intervene(spec, found.second.bytes, ir));
+  v1::InterveneResponse resp;
+  resp.set_run_id(canonical.run_id());
+  resp.set_step(canonical.step());
+  for (const engine::EffectReport& e : r.effects) {
+    v1::InterventionEffect* o = resp.add_effects();
+    o->set_eval_set(e.eval_set);
+    o->set_loss_clean(e.loss_clean);
+    o->set_loss(e.loss);
+    o->set_accuracy_clean(e.accuracy_clean);
+    o->set_accuracy(e.accuracy);
+    o->set_kl_clean(e.kl_clean);
+    o->set_has_logit_diff(e.has_logit_diff);
+    o->set_logit_diff_clean(e.logit_diff_clean);
+    o->set_logit_diff(e.logit_diff);
+    o->set_alt_name(e.alt_name);
+  }
+  for (const engine::InterveneReport::Edited& e : r.edited) {
+    FillCoordinate(ToCoordinateRow(e.def), e.after, resp.add_edited());
+    resp.add_edited_before(e.before);
+  }
+  CL_RETURN_IF_ERROR(store_->PutAnalysis(id, "intervene", hash, key, resp.SerializeAsString()));
+  return resp;
 }
 
 }  // namespace circuitlab::scheduler

@@ -10,9 +10,12 @@
 
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <tuple>
 #include <thread>
 
 #include "absl/status/statusor.h"
@@ -38,17 +41,40 @@ class AnalysisCore {
   absl::StatusOr<v1::GetTrajectoryResponse> GetTrajectory(const v1::GetTrajectoryRequest& request);
   // Queues, reports on, or answers (from the store) an invariance check.
   absl::StatusOr<v1::CheckInvarianceResponse> CheckInvariance(const v1::CheckInvarianceRequest& request);
+  // Likewise circuit detection and run labels.
+  absl::StatusOr<v1::DetectCircuitResponse> DetectCircuit(const v1::DetectCircuitRequest& request);
+  absl::StatusOr<v1::LabelRunResponse> LabelRun(const v1::LabelRunRequest& request);
+  // Interventions run in the calling thread (forward passes only).
+  absl::StatusOr<v1::InterveneResponse> Intervene(const v1::InterveneRequest& request);
 
  private:
+  // The work of a queued analysis: the serialized DONE response.
+  using Work = std::function<absl::StatusOr<std::string>(const std::function<void(double)>& progress,
+                                                         const CancelToken* cancel)>;
   struct Job {
+    std::string kind;  // "invariance", "detect_circuit", "label_run"
     int64_t run_id = 0;
     int64_t hash = 0;
     std::string key;  // the canonical request, serialized
-    v1::ExperimentSpec spec;
-    engine::InvarianceRequest request;
-    v1::CheckInvarianceResponse status;  // state, progress, error; the result once DONE
+    Work work;
+    v1::AnalysisState state = v1::ANALYSIS_STATE_QUEUED;
+    double progress = 0;
+    std::string error;
     CancelToken cancel;
   };
+  // What a queued analysis has to say: its stored result, or its state.
+  struct Answer {
+    std::optional<std::string> stored;
+    v1::AnalysisState state = v1::ANALYSIS_STATE_UNSPECIFIED;
+    double progress = 0;
+    std::string error;
+  };
+  // Answers from the store unless `force`, else reports on or queues the job.
+  absl::StatusOr<Answer> Enqueue(const std::string& kind, int64_t run_id, const std::string& key, bool force,
+                                 Work work);
+  // The stored spec and the checkpoint at `step` (0 = newest) of a run.
+  absl::StatusOr<std::pair<v1::ExperimentSpec, store::Checkpoint>> RunCheckpoint(int64_t id, uint64_t step,
+                                                                                 const std::string& run_id);
   void WorkerLoop();
   void RunJob(Job& job);
 
@@ -59,7 +85,8 @@ class AnalysisCore {
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::shared_ptr<Job>> queue_;
-  std::map<std::pair<int64_t, int64_t>, std::shared_ptr<Job>> jobs_;  // (run, hash): queued, running, failed
+  // (kind, run, hash): queued, running, failed
+  std::map<std::tuple<std::string, int64_t, int64_t>, std::shared_ptr<Job>> jobs_;
   bool stopping_ = false;
   std::thread worker_;
 };

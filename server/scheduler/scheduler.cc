@@ -43,19 +43,34 @@ v1::RunEvent StateEvent(int state, const std::string& device, const std::string&
 
 }  // namespace
 
-absl::StatusOr<int64_t> ParseRunId(const std::string& text, const std::string& field) {
+namespace {
+
+absl::StatusOr<int64_t> ParseId(const std::string& text, const std::string& field, char prefix) {
   std::string digits = text;
-  if (!digits.empty() && (digits[0] == 'r' || digits[0] == 'R')) digits.erase(0, 1);
+  if (!digits.empty() && std::tolower(static_cast<unsigned char>(digits[0])) == prefix) digits.erase(0, 1);
   if (digits.empty() || digits.size() > 18 ||
       !std::all_of(digits.begin(), digits.end(), [](unsigned char c) { return std::isdigit(c); })) {
-    return absl::InvalidArgumentError(field + " must look like r<number> (e.g. r17), got '" + text + "'");
+    return absl::InvalidArgumentError(field + " must look like " + prefix + "<number> (e.g. " + prefix + "17), got '" +
+                                      text + "'");
   }
   const int64_t id = std::stoll(digits);
   if (id <= 0) return absl::InvalidArgumentError(field + " must be positive, got '" + text + "'");
   return id;
 }
 
+}  // namespace
+
+absl::StatusOr<int64_t> ParseRunId(const std::string& text, const std::string& field) {
+  return ParseId(text, field, 'r');
+}
+
 std::string FormatRunId(int64_t id) { return "r" + std::to_string(id); }
+
+absl::StatusOr<int64_t> ParseSweepId(const std::string& text, const std::string& field) {
+  return ParseId(text, field, 's');
+}
+
+std::string FormatSweepId(int64_t id) { return "s" + std::to_string(id); }
 
 store::CoordinateDefRow ToCoordinateRow(const engine::CoordinateDef& d) {
   return {0, d.index, d.label, d.canonical, d.matrix, d.layer, d.head, d.block_q, d.block_k, d.element, d.norm, d.gauge};
@@ -199,7 +214,7 @@ void Scheduler::Drain() {
   if (absl::Status s = store_->Flush(); !s.ok()) spdlog::error("final flush failed: {}", s.ToString());
 }
 
-absl::StatusOr<v1::Run> Scheduler::Submit(v1::ExperimentSpec spec, const std::string& client) {
+absl::StatusOr<store::NewRun> Scheduler::PrepareRun(v1::ExperimentSpec spec, const std::string& client) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (draining_) return absl::UnavailableError("the server is shutting down; submit again after it restarts");
@@ -211,25 +226,6 @@ absl::StatusOr<v1::Run> Scheduler::Submit(v1::ExperimentSpec spec, const std::st
     return absl::FailedPreconditionError("resources.device is " + v1::DeviceKind_Name(device) +
                                          " but this server has no such device (slots: " +
                                          std::to_string(slots_.size()) + ")");
-  }
-  // Reserve the queue places before the insert, so concurrent submissions
-  // cannot overshoot the limits; give them back if the insert fails.
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    const int queued = static_cast<int>(queue_.size()) + reserved_;
-    if (queued >= options_.max_queued_runs) {
-      return absl::ResourceExhaustedError("the queue is full: " + std::to_string(queued) +
-                                          " runs queued (server limit --max-queued-runs=" +
-                                          std::to_string(options_.max_queued_runs) + ")");
-    }
-    if (queued_per_client_[client] >= options_.max_queued_per_client) {
-      return absl::ResourceExhaustedError("client '" + client + "' already has " +
-                                          std::to_string(queued_per_client_[client]) +
-                                          " runs queued (server limit --max-queued-per-client=" +
-                                          std::to_string(options_.max_queued_per_client) + ")");
-    }
-    ++reserved_;
-    ++queued_per_client_[client];
   }
   store::NewRun row;
   row.name = spec.name();
@@ -244,6 +240,51 @@ absl::StatusOr<v1::Run> Scheduler::Submit(v1::ExperimentSpec spec, const std::st
   row.created_at_us = clock_->NowMicros();
   row.tags.assign(spec.tags().begin(), spec.tags().end());
   row.client = client;
+  return row;
+}
+
+absl::Status Scheduler::Reserve(int count, const std::string& client) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const int queued = static_cast<int>(queue_.size()) + reserved_;
+  if (queued + count > options_.max_queued_runs) {
+    return absl::ResourceExhaustedError(
+        "the queue is full: " + std::to_string(queued) + " runs queued" +
+        (count > 1 ? " and " + std::to_string(count) + " more asked for" : std::string()) +
+        " (server limit --max-queued-runs=" + std::to_string(options_.max_queued_runs) + ")");
+  }
+  if (queued_per_client_[client] + count > options_.max_queued_per_client) {
+    return absl::ResourceExhaustedError("client '" + client + "' already has " +
+                                        std::to_string(queued_per_client_[client]) + " runs queued" +
+                                        (count > 1 ? " and asks for " + std::to_string(count) + " more" : std::string()) +
+                                        " (server limit --max-queued-per-client=" +
+                                        std::to_string(options_.max_queued_per_client) + ")");
+  }
+  reserved_ += count;
+  queued_per_client_[client] += count;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::Run> Scheduler::Submitted(const store::NewRun& row, int64_t id) {
+  store::RunRow submitted;
+  submitted.id = id;
+  submitted.name = row.name;
+  submitted.spec = row.spec;
+  submitted.state = row.state;
+  submitted.priority = row.priority;
+  submitted.device_request = row.device_request;
+  submitted.created_at_us = row.created_at_us;
+  submitted.total_steps = row.total_steps;
+  submitted.tags = row.tags;
+  submitted.client = row.client;
+  submitted.sweep_id = row.sweep_id;
+  return ToRun(submitted);
+}
+
+absl::StatusOr<v1::Run> Scheduler::Submit(v1::ExperimentSpec spec, const std::string& client) {
+  CL_ASSIGN_OR_RETURN(store::NewRun row, PrepareRun(std::move(spec), client));
+  // Reserve the queue place before the insert, so concurrent submissions
+  // cannot overshoot the limits; give it back if the insert fails.
+  CL_RETURN_IF_ERROR(Reserve(1, client));
   absl::StatusOr<int64_t> inserted = store_->InsertRun(row);
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -259,20 +300,32 @@ absl::StatusOr<v1::Run> Scheduler::Submit(v1::ExperimentSpec spec, const std::st
   spdlog::info("submitted {} ({}, {} steps) from {}", FormatRunId(id), row.name, row.total_steps, client);
   // The answer is the run as submitted (QUEUED), built before a worker can
   // take it.
-  store::RunRow submitted;
-  submitted.id = id;
-  submitted.name = row.name;
-  submitted.spec = row.spec;
-  submitted.state = row.state;
-  submitted.priority = row.priority;
-  submitted.device_request = row.device_request;
-  submitted.created_at_us = row.created_at_us;
-  submitted.total_steps = row.total_steps;
-  submitted.tags = row.tags;
-  submitted.client = row.client;
-  absl::StatusOr<v1::Run> run = ToRun(submitted);
+  absl::StatusOr<v1::Run> run = Submitted(row, id);
   work_cv_.notify_all();
   return run;
+}
+
+absl::StatusOr<std::pair<int64_t, std::vector<int64_t>>> Scheduler::SubmitSweep(const store::NewSweep& sweep,
+                                                                                std::vector<store::NewRun> rows,
+                                                                                const std::string& client) {
+  const int count = static_cast<int>(rows.size());
+  CL_RETURN_IF_ERROR(Reserve(count, client));
+  absl::StatusOr<std::pair<int64_t, std::vector<int64_t>>> inserted = store_->InsertSweep(sweep, rows);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    reserved_ -= count;
+    if (inserted.ok()) {
+      for (size_t i = 0; i < rows.size(); ++i) {
+        queue_[{rows[i].priority, inserted->second[i]}] = {rows[i].device_request, client};
+      }
+    } else {
+      queued_per_client_[client] -= count;
+    }
+  }
+  if (!inserted.ok()) return inserted.status();
+  spdlog::info("submitted sweep {} ({}, {} runs) from {}", FormatSweepId(inserted->first), sweep.name, count, client);
+  work_cv_.notify_all();
+  return inserted;
 }
 
 absl::StatusOr<v1::Run> Scheduler::ToRun(const store::RunRow& row) {
@@ -291,6 +344,7 @@ absl::StatusOr<v1::Run> Scheduler::ToRun(const store::RunRow& row) {
   run.set_error(row.error);
   run.set_attempts(static_cast<uint32_t>(row.attempts));
   run.set_checkpoint_step(static_cast<uint64_t>(row.checkpoint_step));
+  if (row.sweep_id > 0) run.set_sweep_id(FormatSweepId(row.sweep_id));
   v1::Progress* p = run.mutable_progress();
   p->set_step(static_cast<uint64_t>(row.step));
   p->set_total_steps(static_cast<uint64_t>(row.total_steps));
@@ -330,6 +384,9 @@ absl::StatusOr<v1::ListRunsResponse> Scheduler::ListRuns(const v1::ListRunsReque
     return absl::InvalidArgumentError("tags must have at most 32 entries, got " + std::to_string(request.tags_size()));
   }
   filter.tags.assign(request.tags().begin(), request.tags().end());
+  if (!request.sweep_id().empty()) {
+    CL_ASSIGN_OR_RETURN(filter.sweep_id, ParseSweepId(request.sweep_id()));
+  }
   if (!request.page_token().empty()) {
     CL_ASSIGN_OR_RETURN(filter.before_id, ParseRunId(request.page_token(), "page_token"));
   }

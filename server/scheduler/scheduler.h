@@ -50,6 +50,9 @@ struct SchedulerOptions {
 // "r17" <-> 17. InvalidArgument naming `field` for anything else.
 absl::StatusOr<int64_t> ParseRunId(const std::string& text, const std::string& field = "run_id");
 std::string FormatRunId(int64_t id);
+// "s2" <-> 2, likewise.
+absl::StatusOr<int64_t> ParseSweepId(const std::string& text, const std::string& field = "sweep_id");
+std::string FormatSweepId(int64_t id);
 
 // The store's row for an engine basis coordinate.
 store::CoordinateDefRow ToCoordinateRow(const engine::CoordinateDef& d);
@@ -81,6 +84,15 @@ class Scheduler {
 
   // ---- ExperimentService core ----
   absl::StatusOr<v1::Run> Submit(v1::ExperimentSpec spec, const std::string& client);
+  // Validates and resolves a spec into the row Submit would insert (no
+  // insert): what a sweep checks for every member before queueing any.
+  absl::StatusOr<store::NewRun> PrepareRun(v1::ExperimentSpec spec, const std::string& client);
+  // Inserts a sweep with its prepared members and queues them all, or none
+  // (RESOURCE_EXHAUSTED when they do not fit the queue limits). Returns
+  // (sweep id, run ids).
+  absl::StatusOr<std::pair<int64_t, std::vector<int64_t>>> SubmitSweep(const store::NewSweep& sweep,
+                                                                        std::vector<store::NewRun> rows,
+                                                                        const std::string& client);
   absl::StatusOr<v1::Run> GetRun(const std::string& run_id);
   absl::StatusOr<v1::ListRunsResponse> ListRuns(const v1::ListRunsRequest& request);
   absl::StatusOr<v1::Run> Cancel(const std::string& run_id);
@@ -119,6 +131,10 @@ class Scheduler {
   };
   class RunObserver;
 
+  // Holds `count` queue places for `client` (RESOURCE_EXHAUSTED beyond the
+  // limits); the caller gives them back by decrementing reserved_.
+  absl::Status Reserve(int count, const std::string& client);
+  absl::StatusOr<v1::Run> Submitted(const store::NewRun& row, int64_t id);
   void WorkerLoop(size_t slot);
   // The queued run slot `slot` should take next, or 0.
   int64_t PickLocked(size_t slot);

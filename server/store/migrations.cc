@@ -123,6 +123,20 @@ CREATE TABLE spec_analyses (
   PRIMARY KEY (kind, request_hash)
 ) WITHOUT ROWID;
 )sql",
+    // 4: sweeps; a run may belong to one, with the values its axes gave it.
+    R"sql(
+CREATE TABLE sweeps (
+  id         INTEGER PRIMARY KEY,
+  name       TEXT    NOT NULL,
+  spec       BLOB    NOT NULL,
+  spec_json  TEXT    NOT NULL,
+  created_at INTEGER NOT NULL,
+  client     TEXT    NOT NULL DEFAULT ''
+);
+ALTER TABLE runs ADD COLUMN sweep_id INTEGER REFERENCES sweeps(id);
+ALTER TABLE runs ADD COLUMN sweep_values TEXT NOT NULL DEFAULT '';
+CREATE INDEX runs_by_sweep ON runs(sweep_id, id) WHERE sweep_id IS NOT NULL;
+)sql",
 };
 
 constexpr int kLatest = static_cast<int>(sizeof(kMigrations) / sizeof(kMigrations[0]));

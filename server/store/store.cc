@@ -111,12 +111,14 @@ RunRow ReadRunRow(Statement& st) {
   r.attempts = static_cast<int>(st.ColumnInt(13));
   r.checkpoint_step = st.ColumnInt(14);
   r.client = st.ColumnText(15);
+  r.sweep_id = st.ColumnInt(16);
+  r.sweep_values = st.ColumnText(17);
   return r;
 }
 
 constexpr const char* kRunColumns =
     "id, name, spec, state, priority, device_request, created_at, started_at, finished_at, device, error, "
-    "step, total_steps, attempts, checkpoint_step, client";
+    "step, total_steps, attempts, checkpoint_step, client, ifnull(sweep_id, 0), sweep_values";
 
 absl::Status LoadTags(Connection& conn, RunRow& row) {
   CL_ASSIGN_OR_RETURN(Statement st, conn.Prepare("SELECT tag FROM run_tags WHERE run_id = ? ORDER BY tag"));
@@ -415,31 +417,97 @@ Store::~Store() = default;
 
 const std::string& Store::data_dir() const { return impl_->dir(); }
 
+namespace {
+
+absl::StatusOr<int64_t> InsertRunRow(Connection& c, const NewRun& run) {
+  CL_ASSIGN_OR_RETURN(Statement st,
+                      c.Prepare("INSERT INTO runs(name, spec, spec_json, state, priority, device_request, "
+                                "created_at, total_steps, client, sweep_id, sweep_values) "
+                                "VALUES (?,?,?,?,?,?,?,?,?,?,?)"));
+  st.Bind(1, run.name)
+      .BindBlob(2, run.spec)
+      .Bind(3, run.spec_json)
+      .Bind(4, int64_t{run.state})
+      .Bind(5, int64_t{run.priority})
+      .Bind(6, int64_t{run.device_request})
+      .Bind(7, run.created_at_us)
+      .Bind(8, run.total_steps)
+      .Bind(9, run.client);
+  if (run.sweep_id > 0) {
+    st.Bind(10, run.sweep_id);
+  } else {
+    st.BindNull(10);
+  }
+  st.Bind(11, run.sweep_values);
+  CL_RETURN_IF_ERROR(st.Run());
+  const int64_t id = c.LastInsertRowId();
+  for (const std::string& tag : run.tags) {
+    CL_ASSIGN_OR_RETURN(Statement t, c.Prepare("INSERT OR IGNORE INTO run_tags(tag, run_id) VALUES (?, ?)"));
+    t.Bind(1, tag).Bind(2, id);
+    CL_RETURN_IF_ERROR(t.Run());
+  }
+  return id;
+}
+
+}  // namespace
+
 absl::StatusOr<int64_t> Store::InsertRun(const NewRun& run) {
   int64_t id = 0;
   CL_RETURN_IF_ERROR(impl_->Write([&](Connection& c) -> absl::Status {
-    CL_ASSIGN_OR_RETURN(Statement st,
-                        c.Prepare("INSERT INTO runs(name, spec, spec_json, state, priority, device_request, "
-                                  "created_at, total_steps, client) VALUES (?,?,?,?,?,?,?,?,?)"));
-    st.Bind(1, run.name)
-        .BindBlob(2, run.spec)
-        .Bind(3, run.spec_json)
-        .Bind(4, int64_t{run.state})
-        .Bind(5, int64_t{run.priority})
-        .Bind(6, int64_t{run.device_request})
-        .Bind(7, run.created_at_us)
-        .Bind(8, run.total_steps)
-        .Bind(9, run.client);
-    CL_RETURN_IF_ERROR(st.Run());
-    id = c.LastInsertRowId();
-    for (const std::string& tag : run.tags) {
-      CL_ASSIGN_OR_RETURN(Statement t, c.Prepare("INSERT OR IGNORE INTO run_tags(tag, run_id) VALUES (?, ?)"));
-      t.Bind(1, tag).Bind(2, id);
-      CL_RETURN_IF_ERROR(t.Run());
-    }
+    CL_ASSIGN_OR_RETURN(id, InsertRunRow(c, run));
     return absl::OkStatus();
   }));
   return id;
+}
+
+absl::StatusOr<std::pair<int64_t, std::vector<int64_t>>> Store::InsertSweep(const NewSweep& sweep,
+                                                                              std::vector<NewRun> runs) {
+  std::pair<int64_t, std::vector<int64_t>> ids;
+  CL_RETURN_IF_ERROR(impl_->Write([&](Connection& c) -> absl::Status {
+    ids.second.clear();
+    CL_ASSIGN_OR_RETURN(Statement st, c.Prepare("INSERT INTO sweeps(name, spec, spec_json, created_at, client) "
+                                                "VALUES (?,?,?,?,?)"));
+    st.Bind(1, sweep.name).BindBlob(2, sweep.spec).Bind(3, sweep.spec_json).Bind(4, sweep.created_at_us);
+    st.Bind(5, sweep.client);
+    CL_RETURN_IF_ERROR(st.Run());
+    ids.first = c.LastInsertRowId();
+    for (NewRun& run : runs) {
+      run.sweep_id = ids.first;
+      CL_ASSIGN_OR_RETURN(int64_t id, InsertRunRow(c, run));
+      ids.second.push_back(id);
+    }
+    return absl::OkStatus();
+  }));
+  return ids;
+}
+
+absl::StatusOr<SweepRow> Store::GetSweep(int64_t sweep_id) {
+  CL_ASSIGN_OR_RETURN(Impl::Reader r, impl_->AcquireReader());
+  CL_ASSIGN_OR_RETURN(Statement st, r->Prepare("SELECT id, name, spec, created_at, client FROM sweeps WHERE id = ?"));
+  st.Bind(1, sweep_id);
+  CL_ASSIGN_OR_RETURN(bool found, st.Step());
+  if (!found) return absl::NotFoundError("sweep s" + std::to_string(sweep_id) + " not found");
+  SweepRow row;
+  row.id = st.ColumnInt(0);
+  row.name = st.ColumnText(1);
+  row.spec = st.ColumnBlob(2);
+  row.created_at_us = st.ColumnInt(3);
+  row.client = st.ColumnText(4);
+  return row;
+}
+
+absl::StatusOr<std::vector<RunRow>> Store::SweepRuns(int64_t sweep_id) {
+  CL_ASSIGN_OR_RETURN(Impl::Reader r, impl_->AcquireReader());
+  CL_ASSIGN_OR_RETURN(Statement st,
+                      r->Prepare(std::string("SELECT ") + kRunColumns + " FROM runs WHERE sweep_id = ? ORDER BY id"));
+  st.Bind(1, sweep_id);
+  std::vector<RunRow> rows;
+  while (true) {
+    CL_ASSIGN_OR_RETURN(bool more, st.Step());
+    if (!more) break;
+    rows.push_back(ReadRunRow(st));
+  }
+  return rows;
 }
 
 absl::Status Store::TransitionRun(int64_t run_id, const RunTransition& t) {
@@ -574,6 +642,7 @@ absl::StatusOr<RunPage> Store::ListRuns(const RunFilter& filter) {
     for (size_t i = 0; i < filter.states.size(); ++i) where += (i ? "," : "") + std::to_string(filter.states[i]);
     where += ")";
   }
+  if (filter.sweep_id > 0) where += " AND sweep_id = " + std::to_string(filter.sweep_id);
   for (size_t i = 0; i < filter.tags.size(); ++i) {
     where += " AND id IN (SELECT run_id FROM run_tags WHERE tag = ?)";
     text_params.push_back(filter.tags[i]);
@@ -827,7 +896,7 @@ absl::StatusOr<std::vector<Store::LastValue>> Store::LastCoordinateOfRuns(const 
                       r->Prepare("SELECT d.run_id, c.step, c.value FROM coordinate_defs d JOIN coordinates c ON "
                                  "c.coord_id = d.coord_id AND c.step = (SELECT max(step) FROM coordinates WHERE "
                                  "coord_id = d.coord_id) WHERE d.run_id IN (SELECT value FROM json_each(?1)) AND "
-                                 "d.selection = ?2 AND d.label = ?3 ORDER BY d.run_id"));
+                                 "d.selection = ?2 AND (d.label = ?3 OR d.canonical = ?3) ORDER BY d.run_id"));
   st.Bind(1, ids).Bind(2, selection).Bind(3, label);
   std::vector<LastValue> out;
   while (true) {

@@ -58,6 +58,8 @@ struct NewRun {
   int64_t created_at_us = 0;
   std::vector<std::string> tags;
   std::string client;
+  int64_t sweep_id = 0;       // 0 = not in a sweep
+  std::string sweep_values;   // the member's axis values (JSON array)
 };
 
 struct RunRow {
@@ -78,6 +80,24 @@ struct RunRow {
   int64_t checkpoint_step = 0;
   std::vector<std::string> tags;
   std::string client;
+  int64_t sweep_id = 0;
+  std::string sweep_values;
+};
+
+struct NewSweep {
+  std::string name;
+  std::string spec;       // serialized circuitlab.v1.SweepSpec
+  std::string spec_json;
+  int64_t created_at_us = 0;
+  std::string client;
+};
+
+struct SweepRow {
+  int64_t id = 0;
+  std::string name;
+  std::string spec;
+  int64_t created_at_us = 0;
+  std::string client;
 };
 
 // A state transition. Unset optionals leave the column unchanged.
@@ -96,6 +116,7 @@ struct RunTransition {
 struct RunFilter {
   std::vector<int> states;        // any of these; empty = all
   std::vector<std::string> tags;  // all of these
+  int64_t sweep_id = 0;           // only members of this sweep (0 = any)
   int64_t before_id = 0;          // pagination: only ids < before_id (0 = none)
   int limit = 50;
 };
@@ -173,6 +194,10 @@ class Store {
 
   // ---- writes ----
   absl::StatusOr<int64_t> InsertRun(const NewRun& run);
+  // The sweep and all its member runs in one transaction (all or none); the
+  // members' sweep_id is set to the new sweep's. Returns (sweep id, run ids).
+  absl::StatusOr<std::pair<int64_t, std::vector<int64_t>>> InsertSweep(const NewSweep& sweep,
+                                                                       std::vector<NewRun> runs);
   // NotFound for an unknown id, FailedPrecondition when from_states does not
   // hold.
   absl::Status TransitionRun(int64_t run_id, const RunTransition& t);
@@ -202,6 +227,9 @@ class Store {
   // ---- reads ----
   absl::StatusOr<RunRow> GetRun(int64_t run_id);
   absl::StatusOr<RunPage> ListRuns(const RunFilter& filter);
+  absl::StatusOr<SweepRow> GetSweep(int64_t sweep_id);
+  // A sweep's members in expansion (id) order, tags not loaded.
+  absl::StatusOr<std::vector<RunRow>> SweepRuns(int64_t sweep_id);
   // Ids of runs in `state`, by priority (high first) then id.
   absl::StatusOr<std::vector<int64_t>> RunIdsInState(int state);
   absl::StatusOr<std::vector<MetricSeries>> GetMetrics(int64_t run_id, const MetricQuery& q);
@@ -220,7 +248,7 @@ class Store {
   absl::StatusOr<std::vector<std::pair<CoordinateDefRow, double>>> CoordinatesAt(int64_t run_id,
                                                                                  const std::string& selection,
                                                                                  int64_t step);
-  // Coordinate `label` at the last recorded step of each of `run_ids` (one
+  // Coordinate `label` (or canonical name) at the last recorded step of each of `run_ids` (one
   // query; runs without it are left out): (run_id, step, value).
   struct LastValue {
     int64_t run_id = 0, step = 0;

@@ -50,7 +50,8 @@ class Server {
     analysis_ = std::make_unique<scheduler::AnalysisCore>(store_.get(), analyzer_.get());
     EXPECT_TRUE(scheduler_->Start().ok());
     server_opts.listen = "127.0.0.1:0";
-    auto server = rpc::GrpcServer::Start(server_opts, scheduler_.get(), analysis_.get());
+    sweeps_ = std::make_unique<scheduler::SweepCore>(scheduler_.get(), store_.get(), analysis_.get(), 64);
+    auto server = rpc::GrpcServer::Start(server_opts, scheduler_.get(), analysis_.get(), sweeps_.get());
     EXPECT_TRUE(server.ok()) << server.status();
     server_ = std::move(*server);
   }
@@ -67,6 +68,7 @@ class Server {
   std::unique_ptr<engine::Analyzer> analyzer_ = engine::MakeTorchAnalyzer();
   std::unique_ptr<scheduler::Scheduler> scheduler_;
   std::unique_ptr<scheduler::AnalysisCore> analysis_;
+  std::unique_ptr<scheduler::SweepCore> sweeps_;
   std::unique_ptr<rpc::GrpcServer> server_;
 };
 

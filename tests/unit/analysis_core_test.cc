@@ -43,6 +43,21 @@ class FakeAnalyzer : public engine::Analyzer {
     r.checks.push_back(in);
     return r;
   }
+  absl::StatusOr<engine::DetectReport> DetectCircuit(const v1::ExperimentSpec&, const std::string&,
+                                                     const engine::DetectRequest&, const std::function<void(double)>&,
+                                                     const CancelToken*) override {
+    return absl::UnimplementedError("not in this fake");
+  }
+  absl::StatusOr<engine::InterveneReport> Intervene(const v1::ExperimentSpec&, const std::string&,
+                                                    const engine::InterveneRequest&) override {
+    return absl::UnimplementedError("not in this fake");
+  }
+  absl::StatusOr<engine::LabelReport> LabelRun(const v1::ExperimentSpec&,
+                                               const std::vector<std::pair<int64_t, std::string>>&,
+                                               const engine::LabelRequest&, const std::function<void(double)>&,
+                                               const CancelToken*) override {
+    return absl::UnimplementedError("not in this fake");
+  }
   void Open() {
     {
       std::lock_guard<std::mutex> lock(mu);

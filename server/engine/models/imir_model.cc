@@ -224,10 +224,11 @@ torch::Tensor ImirModel::Embed(const torch::Tensor& tokens, const torch::Tensor&
   return x;
 }
 
-torch::Tensor ImirModel::Forward(const torch::Tensor& tokens, const torch::Tensor& pids, bool all_positions) const {
+torch::Tensor ImirModel::Forward(const torch::Tensor& tokens, const torch::Tensor& pids, bool all_positions,
+                                std::vector<torch::Tensor>* attention) const {
   TORCH_CHECK(tokens.size(0) == ensemble_, "batch has ", tokens.size(0), " ensemble members, the model ", ensemble_);
-  if (!coordinate_model()) return DenseForward(tokens, pids, all_positions, kq_, readout_);
-  if (sparse_) return SparseForward(tokens, pids, all_positions);
+  if (!coordinate_model()) return DenseForward(tokens, pids, all_positions, kq_, readout_, attention);
+  if (sparse_ && attention == nullptr) return SparseForward(tokens, pids, all_positions);
   // Most block pairs carry a coordinate: a few large matmuls on the
   // materialised matrices beat many small ones.
   const torch::Tensor values = ScaledValues();
@@ -238,11 +239,13 @@ torch::Tensor ImirModel::Forward(const torch::Tensor& tokens, const torch::Tenso
   }
   const torch::Tensor readout =
       values.index_select(1, readout_gather_).view({ensemble_, cfg_.vocab, width(cfg_.layers)});
-  return DenseForward(tokens, pids, all_positions, kq, readout);
+  return DenseForward(tokens, pids, all_positions, kq, readout, attention);
 }
 
 torch::Tensor ImirModel::DenseForward(const torch::Tensor& tokens, const torch::Tensor& pids, bool all_positions,
-                                      const std::vector<torch::Tensor>& kq_w, const torch::Tensor& readout_w) const {
+                                      const std::vector<torch::Tensor>& kq_w, const torch::Tensor& readout_w,
+                                      std::vector<torch::Tensor>* attention) const {
+  if (attention != nullptr) attention->clear();
   const int64_t E = tokens.size(0), B = tokens.size(1), T = tokens.size(2), H = cfg_.heads;
   torch::Tensor x = Embed(tokens, pids);  // [E, B, T, d]
   const torch::Tensor causal =
@@ -256,7 +259,9 @@ torch::Tensor ImirModel::DenseForward(const torch::Tensor& tokens, const torch::
     torch::Tensor xt = x.unsqueeze(1);                                   // [E, 1, B, T, d]
     torch::Tensor scores = torch::matmul(q, xt.transpose(-1, -2));       // [E, H, B, T, T]
     scores = scores.masked_fill(causal, -std::numeric_limits<float>::infinity());
-    torch::Tensor y = torch::matmul(torch::softmax(scores, -1), xt);     // [E, H, B, T, d]
+    const torch::Tensor a = torch::softmax(scores, -1);
+    if (attention != nullptr) attention->push_back(a.select(3, T - 1));  // [E, H, B, T]
+    torch::Tensor y = torch::matmul(a, xt);                              // [E, H, B, T, d]
     y = y.permute({0, 2, 3, 1, 4}).reshape({E, B, T, H * d});
     x = torch::cat({x, y}, -1);
   }
@@ -271,7 +276,9 @@ torch::Tensor ImirModel::DenseForward(const torch::Tensor& tokens, const torch::
   torch::Tensor q = torch::matmul(xq.unsqueeze(1), kq_w[cfg_.layers - 1]);         // [E, H, B, d]
   torch::Tensor xt = x.unsqueeze(1);                                              // [E, 1, B, T, d]
   torch::Tensor scores = torch::matmul(q.unsqueeze(-2), xt.transpose(-1, -2));    // [E, H, B, 1, T]
-  torch::Tensor y = torch::matmul(torch::softmax(scores, -1), xt).squeeze(-2);    // [E, H, B, d]
+  const torch::Tensor a = torch::softmax(scores, -1);
+  if (attention != nullptr) attention->push_back(a.squeeze(-2));                  // [E, H, B, T]
+  torch::Tensor y = torch::matmul(a, xt).squeeze(-2);                             // [E, H, B, d]
   y = y.permute({0, 2, 1, 3}).reshape({E, B, H * d});
   torch::Tensor xl = torch::cat({xq, y}, -1);                                     // [E, B, d_L]
   return torch::matmul(xl, readout_w.transpose(1, 2));                             // [E, B, V]

@@ -82,7 +82,11 @@ class ImirModel {
 
   // tokens, pids: [E, B, T] int64. Returns logits [E, B, V] at the last
   // position, or [E, B, T, V] at every position when all_positions is set.
-  torch::Tensor Forward(const torch::Tensor& tokens, const torch::Tensor& pids, bool all_positions = false) const;
+  // With `attention`, also the last position's attention row of every layer
+  // (the hook L{l}.attn at the query): attention[l] is [E, H, B, T] (the
+  // dense forward runs).
+  torch::Tensor Forward(const torch::Tensor& tokens, const torch::Tensor& pids, bool all_positions = false,
+                        std::vector<torch::Tensor>* attention = nullptr) const;
 
   // The dense matrices: kq(l): [E, H, d_l, d_l] with d_l = (H+1)^l d0;
   // readout: [E, V, d_L]. FULL: the parameters themselves (writable views);
@@ -114,7 +118,8 @@ class ImirModel {
  private:
   torch::Tensor Embed(const torch::Tensor& tokens, const torch::Tensor& pids) const;
   torch::Tensor DenseForward(const torch::Tensor& tokens, const torch::Tensor& pids, bool all_positions,
-                             const std::vector<torch::Tensor>& kq, const torch::Tensor& readout) const;
+                             const std::vector<torch::Tensor>& kq, const torch::Tensor& readout,
+                             std::vector<torch::Tensor>* attention = nullptr) const;
   torch::Tensor SparseForward(const torch::Tensor& tokens, const torch::Tensor& pids, bool all_positions) const;
   torch::Tensor ScaledValues() const;  // [E, K + 1]: s_i c_i, then a zero
   void PlanCoordinates();

@@ -10,18 +10,20 @@
 #include "server/engine/spec.h"
 
 namespace circuitlab::engine {
+
+torch::Generator MakeGenerator(uint64_t seed) { return at::make_generator<at::CPUGeneratorImpl>(seed); }
+
+uint64_t EvalSeed(uint64_t seed, SampleMode mode) {
+  return DeriveSeed63(seed, "eval", static_cast<uint64_t>(mode));
+}
+
 namespace {
 
 constexpr int64_t kCheckpointFormat = 1;
 
-torch::Generator MakeGenerator(uint64_t seed) { return at::make_generator<at::CPUGeneratorImpl>(seed); }
-
 // Seeds of one member, by purpose (SCIENCE.md 0.3).
 uint64_t InitSeed(uint64_t seed) { return DeriveSeed63(seed, "init"); }
 uint64_t BatchSeed(uint64_t seed, int64_t step) { return DeriveSeed63(seed, "batch", static_cast<uint64_t>(step)); }
-uint64_t EvalSeed(uint64_t seed, SampleMode mode) {
-  return DeriveSeed63(seed, "eval", static_cast<uint64_t>(mode));
-}
 
 std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(const v1::TrainingSpec& t,
                                                        const std::vector<torch::Tensor>& params) {

@@ -27,6 +27,12 @@
 
 namespace circuitlab::engine {
 
+// A CPU generator seeded with `seed`.
+torch::Generator MakeGenerator(uint64_t seed);
+// Seed of a member's evaluation set `mode` (the same sequences at every
+// checkpoint, and in the circuit analyses).
+uint64_t EvalSeed(uint64_t seed, SampleMode mode);
+
 // Seed of a member's fixed task pool (common pairs, Zipf ranks).
 uint64_t PoolSeedOf(uint64_t member_seed);
 

@@ -1,0 +1,60 @@
+// Sweeps: a base spec and axes expanded into member runs grouped under a
+// sweep id, their summary table (one row per member: swept values and chosen
+// summary values), filters and a 2-D pivot.
+//
+// Expansion edits the base spec through protobuf's JSON mapping: the spec is
+// printed as JSON (proto field names), each axis sets its field (a dotted path
+// or a JSON pointer) to the member's value, and the result is parsed back by
+// protobuf, so every field a spec file can hold can be swept, and a value of
+// the wrong type is protobuf's own error naming the field.
+//
+// Thread-safety: SweepCore's methods are thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "circuitlab/v1/experiment_service.pb.h"
+#include "google/protobuf/struct.pb.h"
+#include "server/scheduler/analysis_core.h"
+#include "server/scheduler/scheduler.h"
+#include "server/store/store.h"
+
+namespace circuitlab::scheduler {
+
+struct SweepMember {
+  v1::ExperimentSpec spec;                      // not yet resolved
+  std::vector<google::protobuf::Value> values;  // per axis
+};
+
+// The members of a sweep in expansion order (grid axes vary fastest last;
+// random draws outermost). InvalidArgument naming the axis for a bad axis or
+// a value that does not fit its field; ResourceExhausted beyond max_members.
+absl::StatusOr<std::vector<SweepMember>> ExpandSweep(const v1::SweepSpec& sweep, int max_members);
+
+// Axis names (SweepAxis.name or the field's last component), in axis order.
+std::vector<std::string> AxisNames(const v1::SweepSpec& sweep);
+
+class SweepCore {
+ public:
+  // All must outlive the core; `analyses` may be null (then the "circuit"
+  // columns stay pending).
+  SweepCore(Scheduler* scheduler, store::Store* store, AnalysisCore* analyses, int max_sweep_runs = 1024);
+
+  absl::StatusOr<v1::Sweep> Submit(const v1::SweepSpec& sweep, const std::string& client);
+  absl::StatusOr<v1::Sweep> Get(const std::string& sweep_id);
+  absl::StatusOr<v1::Sweep> Cancel(const std::string& sweep_id);
+  absl::StatusOr<v1::GetSweepSummaryResponse> Summary(const v1::GetSweepSummaryRequest& request);
+
+ private:
+  absl::StatusOr<v1::Sweep> ToSweep(const store::SweepRow& row, const std::vector<store::RunRow>& runs);
+
+  Scheduler* const scheduler_;
+  store::Store* const store_;
+  AnalysisCore* const analyses_;
+  const int max_sweep_runs_;
+};
+
+}  // namespace circuitlab::scheduler
