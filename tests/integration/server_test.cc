@@ -553,3 +553,181 @@ TEST(IntegrationTest, RestartedServerResumesAndMatchesAnUninterruptedRun) {
 
 }  // namespace
 }  // namespace circuitlab
+
+namespace circuitlab {
+namespace {
+
+TEST(IntegrationTest, SweepExpandsFiltersPivotsAndCancels) {
+  TempDir dir;
+  auto exec = engine::MakeTorchExecutor();
+  scheduler::SchedulerOptions opts;
+  opts.cpu_slots = 2;
+  Server server(dir.path(), exec.get(), opts);
+  auto c = MakeClient(server.address());
+  v1::SweepSpec sweep;
+  sweep.set_name("lr-by-seed");
+  *sweep.mutable_base() = TinySpec(40);
+  v1::SweepAxis* lr = sweep.add_axes();
+  lr->set_field("training.learning_rate");
+  lr->set_name("lr");
+  lr->add_values()->set_number_value(0.5);
+  lr->add_values()->set_number_value(4);
+  v1::SweepAxis* seed = sweep.add_axes();
+  seed->set_field("seed");
+  seed->add_values()->set_number_value(1);
+  seed->add_values()->set_number_value(2);
+  auto sw = c.SubmitSweep(sweep);
+  ASSERT_TRUE(sw.ok()) << sw.status();
+  EXPECT_EQ(sw->sweep_id(), "s1");
+  ASSERT_EQ(sw->run_ids_size(), 4);
+  for (const std::string& id : sw->run_ids()) EXPECT_EQ(WaitForEnd(c, id), v1::RUN_STATE_SUCCEEDED);
+  auto run = c.GetRun("r3");
+  EXPECT_EQ(run->sweep_id(), "s1");
+  EXPECT_DOUBLE_EQ(run->spec().training().learning_rate(), 4.0);
+  EXPECT_EQ(run->spec().seed(), 1u);
+  EXPECT_TRUE(c.GetSweep("s1")->done());
+
+  v1::GetSweepSummaryRequest req;
+  req.set_sweep_id("s1");
+  req.add_values("eval/icl_rare/accuracy");
+  req.add_values("first:eval/icl_rare/accuracy>=0");
+  req.add_values("circuit");
+  req.mutable_pivot()->set_x("lr");
+  req.mutable_pivot()->set_y("seed");
+  req.mutable_pivot()->set_value("eval/icl_rare/accuracy");
+  absl::StatusOr<v1::GetSweepSummaryResponse> s;
+  // The circuit labels are computed on demand: pending until they are done.
+  ASSERT_TRUE(WaitFor([&] {
+    s = c.GetSweepSummary(req);
+    return s.ok() && s->pending() == 0;
+  }, std::chrono::seconds(120))) << s.status();
+  ASSERT_EQ(s->rows_size(), 4);
+  EXPECT_EQ(s->axes(0), "lr");
+  EXPECT_EQ(s->axes(1), "seed");
+  for (const v1::SweepRow& r : s->rows()) {
+    EXPECT_EQ(r.values(0).number_value(), FinalValue(c, r.run_id(), "eval/icl_rare/accuracy"));
+    EXPECT_EQ(r.values(1).number_value(), 0);  // the first evaluation (step 0) already reaches >= 0
+    EXPECT_FALSE(r.values(2).string_value().empty());
+  }
+  // The pivot: 2 x 2 cells, each the one run with those values.
+  ASSERT_EQ(s->pivot().cells_size(), 4);
+  EXPECT_EQ(s->pivot().x_values(1).number_value(), 4);
+  EXPECT_EQ(s->pivot().cells(1).number_value(), s->rows(2).values(0).number_value());  // seed 1, lr 4 = r3
+  req.clear_pivot();
+  req.add_filters("lr>=1");
+  req.add_filters("state=succeeded");
+  s = c.GetSweepSummary(req);
+  ASSERT_TRUE(s.ok()) << s.status();
+  ASSERT_EQ(s->rows_size(), 2);
+  EXPECT_EQ(s->rows(0).run_id(), "r3");
+  req.clear_filters();
+  req.add_filters("no_such>1");
+  EXPECT_EQ(c.GetSweepSummary(req).status().code(), absl::StatusCode::kInvalidArgument);
+  v1::ListRunsRequest list;
+  list.set_sweep_id("s1");
+  EXPECT_EQ(c.ListRuns(list)->total_size(), 4);
+
+  // A member that fails validation queues nothing; cancelling cancels all.
+  v1::SweepSpec bad = sweep;
+  bad.mutable_axes(0)->add_values()->set_number_value(-1);
+  auto rejected = c.SubmitSweep(bad);
+  EXPECT_EQ(rejected.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(rejected.status().message().find("training.learning_rate"), std::string::npos) << rejected.status();
+  EXPECT_EQ(c.ListRuns({})->total_size(), 4);
+  *sweep.mutable_base() = TinySpec(200000);
+  auto long_sweep = c.SubmitSweep(sweep);
+  ASSERT_TRUE(long_sweep.ok()) << long_sweep.status();
+  auto cancelled = c.CancelSweep(long_sweep->sweep_id());
+  ASSERT_TRUE(cancelled.ok()) << cancelled.status();
+  for (const std::string& id : long_sweep->run_ids()) EXPECT_EQ(WaitForEnd(c, id), v1::RUN_STATE_CANCELLED);
+  EXPECT_EQ(c.GetSweep("s9").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(IntegrationTest, DetectInterveneAndLabelAgreeOnACoordinateModel) {
+  TempDir dir;
+  auto exec = engine::MakeTorchExecutor();
+  Server server(dir.path(), exec.get());
+  auto c = MakeClient(server.address());
+  v1::ExperimentSpec spec = TinySpec(150);
+  spec.mutable_model()->mutable_imir()->set_parameterisation(v1::PARAMETERISATION_COORDINATES);
+  spec.mutable_model()->mutable_imir()->set_coordinate_scaling(v1::COORDINATE_SCALING_RAW);
+  ASSERT_TRUE(c.SubmitRun(spec).ok());
+  ASSERT_EQ(WaitForEnd(c, "r1"), v1::RUN_STATE_SUCCEEDED);
+
+  v1::DetectCircuitRequest dreq;
+  dreq.set_run_id("r1");
+  dreq.set_n_eval(512);
+  absl::StatusOr<v1::DetectCircuitResponse> d;
+  ASSERT_TRUE(WaitFor([&] {
+    d = c.DetectCircuit(dreq);
+    return d.ok() && (d->state() == v1::ANALYSIS_STATE_DONE || d->state() == v1::ANALYSIS_STATE_FAILED);
+  }, std::chrono::seconds(120))) << d.status();
+  ASSERT_EQ(d->state(), v1::ANALYSIS_STATE_DONE) << d->error();
+  EXPECT_EQ(d->eval_set(), "icl_rare");
+  // A coordinate model is its own projection.
+  EXPECT_NEAR(d->m_dense(), d->m_ref(), 1e-12);
+  EXPECT_FALSE(d->projection_not_faithful());
+  // The greedy ablation keeps the metric within the tolerance, with fewer coordinates.
+  EXPECT_GE(d->m_circuit(), d->m_ref() - 0.01);
+  EXPECT_LT(d->circuit_size(), static_cast<int>(d->candidates()));
+  EXPECT_GT(d->evaluations(), 0u);
+  for (const auto& m : d->circuit()) EXPECT_FALSE(m.role().empty());
+  EXPECT_TRUE(c.DetectCircuit(dreq)->from_store());
+
+  // Keeping only K* reproduces m_circuit on the same sequences.
+  v1::InterveneRequest ireq;
+  ireq.set_run_id("r1");
+  ireq.set_n_eval(512);
+  ireq.add_eval_sets("icl_rare");
+  v1::Intervention* keep = ireq.add_interventions();
+  keep->set_op(v1::Intervention::OP_KEEP_ONLY);
+  for (const auto& m : d->circuit()) keep->add_coordinates(m.coordinate().label());
+  auto iv = c.Intervene(ireq);
+  ASSERT_TRUE(iv.ok()) << iv.status();
+  ASSERT_EQ(iv->effects_size(), 1);
+  EXPECT_DOUBLE_EQ(iv->effects(0).accuracy(), d->m_circuit());
+  EXPECT_DOUBLE_EQ(iv->effects(0).accuracy_clean(), d->m_ref());
+  // Scaling by 1 changes nothing; ablating the last head changes the model.
+  ireq.clear_interventions();
+  v1::Intervention* same = ireq.add_interventions();
+  same->set_op(v1::Intervention::OP_SCALE_COORDINATE);
+  same->set_scale(1.0);
+  same->add_coordinates("gamma");
+  iv = c.Intervene(ireq);
+  ASSERT_TRUE(iv.ok()) << iv.status();
+  EXPECT_NEAR(iv->effects(0).kl_clean(), 0.0, 1e-12);
+  ireq.clear_interventions();
+  v1::Intervention* head = ireq.add_interventions();
+  head->set_op(v1::Intervention::OP_ABLATE_HEAD);
+  head->set_layer(2);
+  ireq.clear_eval_sets();
+  iv = c.Intervene(ireq);
+  ASSERT_TRUE(iv.ok()) << iv.status();
+  EXPECT_GE(iv->effects_size(), 4);  // every evaluation set of the task
+  EXPECT_GT(iv->effects(0).kl_clean(), 1e-6);
+  head->set_layer(3);
+  auto bad = c.Intervene(ireq);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(bad.status().message(), "interventions[0].layer must be in [1, 2], got 3");
+  head->set_op(v1::Intervention::OP_ZERO_COORDINATE);
+  head->add_coordinates("no_such");
+  EXPECT_EQ(c.Intervene(ireq).status().code(), absl::StatusCode::kInvalidArgument);
+
+  v1::LabelRunRequest lreq;
+  lreq.set_run_id("r1");
+  lreq.set_n_eval(256);
+  absl::StatusOr<v1::LabelRunResponse> l;
+  ASSERT_TRUE(WaitFor([&] {
+    l = c.LabelRun(lreq);
+    return l.ok() && (l->state() == v1::ANALYSIS_STATE_DONE || l->state() == v1::ANALYSIS_STATE_FAILED);
+  }, std::chrono::seconds(120))) << l.status();
+  ASSERT_EQ(l->state(), v1::ANALYSIS_STATE_DONE) << l->error();
+  ASSERT_GE(l->checkpoints_size(), 1);
+  EXPECT_EQ(l->label(), l->checkpoints(l->checkpoints_size() - 1).label());
+  EXPECT_EQ(l->checkpoints(0).head_ablation_size(), 2);
+  dreq.set_metric("median");
+  EXPECT_EQ(c.DetectCircuit(dreq).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace circuitlab
