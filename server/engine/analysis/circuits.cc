@@ -549,8 +549,11 @@ absl::StatusOr<LabelReport> LabelRunImpl(const v1::ExperimentSpec& spec,
   const bool coordinate_model = m.parameterisation() == v1::PARAMETERISATION_COORDINATES;
   const std::string primary = PrimaryEvalSet(spec);
   // SCIENCE.md G.5: coordinate models are labelled ICL by icl_holdout, dense
-  // one-hot models by icl_rare (their held-out rows never train).
-  const std::string icl_set = coordinate_model && sets.count("icl_holdout") ? "icl_holdout" : primary;
+  // one-hot models by icl_rare (their held-out rows never train). The paper
+  // basis's I_t leaves held-out tokens out as well (G.5), so only coordinate
+  // models over the complete basis can answer icl_holdout.
+  const bool holdout = coordinate_model && m.coordinate_basis() == v1::BASIS_SELECTION_COMPLETE;
+  const std::string icl_set = holdout && sets.count("icl_holdout") ? "icl_holdout" : primary;
   std::map<std::string, EvalData> data;
   for (const std::string& name : {icl_set, primary, std::string("iwl"), std::string("conflict")}) {
     if (!sets.count(name) || data.count(name)) continue;
