@@ -462,6 +462,17 @@ int main(int argc, char** argv) {
   label->add_option("RUN", run_id, "Run id")->required();
   label->add_flag("--force", p_force, "Recompute even if stored");
 
+  uint64_t dd_samples = 0;
+  auto* data_dep = app.add_subcommand(
+      "data-dependence",
+      "Theorems 2 and 3 numerically (SCIENCE.md D.4): the gradient along alpha, beta, gamma, delta at the zero\n"
+      "point over E.6's grid (common tokens suppress the ICL gradient by phi = f_r + (1 - f_r) f_v) and E.7's\n"
+      "burstiness (dL/dgamma = 1/V - b/T), with the count identity. A queued job; this command waits.\n"
+      "  circuitlab data-dependence r3\n  circuitlab data-dependence examples/induction.json --samples 16384");
+  data_dep->add_option("TARGET", run_id, "Run id, or a spec file (associative recall with common pairs)")->required();
+  data_dep->add_option("--samples", dd_samples, "Sequences per grid point (default 65536)");
+  data_dep->add_flag("--force", p_force, "Recompute even if stored");
+
   auto* health = app.add_subcommand("health", "Check that the server is up and serving.\n  circuitlab health");
 
   try {
@@ -992,6 +1003,42 @@ int main(int argc, char** argv) {
                   static_cast<unsigned long long>(c.step()), c.icl_set().c_str(), c.icl_accuracy(), c.iwl_accuracy(),
                   c.icl() ? "yes" : "no", c.iwl() ? "yes" : "no", c.coords_icl() ? "yes" : "no",
                   c.coords_iwl() ? "yes" : "no", c.conflict_logit_diff(), c.label().c_str(), c.pair().c_str());
+    }
+    return 0;
+  }
+  if (*data_dep) {
+    v1::CheckDataDependenceRequest req;
+    if (std::filesystem::exists(run_id)) {
+      absl::StatusOr<v1::ExperimentSpec> spec = circuitlab::client::ReadSpecFile(run_id);
+      if (!spec.ok()) return ReportError(spec.status());
+      *req.mutable_spec() = *spec;
+    } else {
+      req.set_run_id(run_id);
+    }
+    req.set_samples(dd_samples);
+    auto resp = wait_for([&](bool force) {
+      req.set_force(force);
+      return client.CheckDataDependence(req);
+    });
+    if (!resp.ok()) return ReportError(resp.status());
+    if (g.json) {
+      std::cout << circuitlab::client::ToJson(*resp) << "\n";
+      return resp->state() == v1::ANALYSIS_STATE_DONE ? 0 : 1;
+    }
+    if (resp->state() == v1::ANALYSIS_STATE_FAILED) {
+      std::cerr << "error: the data-dependence check failed: " << resp->error() << "\n";
+      return 1;
+    }
+    std::printf("%llu sequences per point%s\n", static_cast<unsigned long long>(resp->samples()),
+                stored_answer ? "  (stored answer)" : "");
+    std::printf("%-8s %5s %5s %3s %7s %5s %11s %9s %11s %8s %8s %6s %9s\n", "MODE", "F_R", "F_V", "B", "DELTA", "ABG",
+                "DL/DGAMMA", "STDERR", "CLOSED", "RATIO", "VECTOR", "PHI", "IDENTITY");
+    for (const auto& r : resp->rows()) {
+      const auto& p = r.point();
+      std::printf("%-8s %5.2f %5.2f %3u %7.3f %5.2f %11.4e %9.2e %11.4e %8.4f %8.4f %6.3f %9.1e\n",
+                  p.variability_mode() == v1::VARIABILITY_MODE_REPAIR ? "repair" : "variant", p.rare_fraction(),
+                  p.variability(), p.burstiness(), p.delta(), p.abg(), r.grad_gamma(), r.gamma_stderr(),
+                  r.closed_form_gamma(), r.ratio(), r.ratio_vector(), r.phi(), r.identity_max_rel_error());
     }
     return 0;
   }

@@ -168,6 +168,11 @@ absl::StatusOr<v1::LabelRunResponse> Client::LabelRun(const v1::LabelRunRequest&
   return impl_->Call(impl_->analysis.get(), &v1::AnalysisService::Stub::LabelRun, request);
 }
 
+absl::StatusOr<v1::CheckDataDependenceResponse> Client::CheckDataDependence(
+    const v1::CheckDataDependenceRequest& request) {
+  return impl_->Call(impl_->analysis.get(), &v1::AnalysisService::Stub::CheckDataDependence, request);
+}
+
 absl::StatusOr<v1::Sweep> Client::SubmitSweep(const v1::SweepSpec& sweep) {
   v1::SubmitSweepRequest req;
   *req.mutable_sweep() = sweep;

@@ -9,6 +9,7 @@
 #include <exception>
 
 #include "server/engine/analysis/circuits.h"
+#include "server/engine/analysis/data_dependence.h"
 #include "server/engine/manifold/invariance.h"
 #include "server/engine/manifold/projection.h"
 #include "server/engine/train/trainer.h"
@@ -89,6 +90,7 @@ class TorchExecutor : public Executor {
     }
 
     const int64_t total = trainer.total_steps();
+    const std::string& stop_metric = spec.training().stop_metric();
     int64_t last_checkpoint = trainer.step();
     auto last_report = std::chrono::steady_clock::now();
     int64_t last_report_step = trainer.step();
@@ -110,12 +112,24 @@ class TorchExecutor : public Executor {
         return TrainOutcome{TrainEnd::kCancelled, trainer.step()};
       }
       const int64_t next = trainer.step() + 1;
-      const bool last = next == total;
+      bool last = next == total;
       std::vector<std::vector<Metric>> metrics = trainer.Step(last || next % rec.metrics_every() == 0);
       std::vector<Metric> points = metrics.empty() ? std::vector<Metric>() : metrics[0];
       if (last || next % rec.eval_every() == 0) {
         auto eval = trainer.Evaluate();
         points.insert(points.end(), eval[0].begin(), eval[0].end());
+        if (!stop_metric.empty()) {
+          const auto it = std::find_if(eval[0].begin(), eval[0].end(),
+                                       [&](const Metric& m) { return m.name == stop_metric; });
+          if (it == eval[0].end()) {
+            std::string have;
+            for (const Metric& m : eval[0]) have += (have.empty() ? "" : ", ") + m.name;
+            return absl::InvalidArgumentError("training.stop_metric '" + stop_metric +
+                                              "' is not an evaluation metric of this task (" + have + ")");
+          }
+          // Early stop: this step becomes the last one (final records, checkpoint).
+          last = last || it->value >= spec.training().stop_at();
+        }
       }
       if (manifold && (last || next % rec.coordinates_every() == 0)) {
         manifold->Record(next, trainer.model(), observer, points);
@@ -133,6 +147,7 @@ class TorchExecutor : public Executor {
       if (last || next % rec.checkpoint_every() == 0) {
         if (absl::Status s = checkpoint(); !s.ok()) return s;
       }
+      if (last) break;
     }
     return TrainOutcome{TrainEnd::kCompleted, trainer.step()};
   }
@@ -254,6 +269,24 @@ class TorchAnalyzer : public Analyzer {
   absl::StatusOr<InterveneReport> Intervene(const v1::ExperimentSpec& spec, const std::string& checkpoint,
                                             const InterveneRequest& request) override {
     return Guarded("intervention", [&] { return InterveneImpl(spec, checkpoint, request); });
+  }
+
+  absl::StatusOr<std::vector<DataDependenceRow>> CheckDataDependence(
+      const v1::ExperimentSpec& spec, const std::vector<DataDependencePoint>& points,
+      const DataDependenceConfig& config, const std::function<void(double)>& progress,
+      const CancelToken* cancel) override {
+    return Guarded("data-dependence check", [&]() -> absl::StatusOr<std::vector<DataDependenceRow>> {
+      at::set_num_threads(1);
+      bool stopped = false;
+      std::vector<DataDependenceRow> rows =
+          engine::CheckDataDependence(spec, points, config, [&](int64_t done, int64_t total) {
+            if (progress) progress(static_cast<double>(done) / static_cast<double>(std::max<int64_t>(1, total)));
+            stopped = cancel != nullptr && cancel->stop_requested();
+            return !stopped;
+          });
+      if (stopped) return absl::CancelledError("data-dependence check stopped");
+      return rows;
+    });
   }
 
   absl::StatusOr<LabelReport> LabelRun(const v1::ExperimentSpec& spec,

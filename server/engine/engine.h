@@ -15,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "circuitlab/v1/spec.pb.h"
 #include "server/common/cancel.h"
+#include "server/engine/analysis/data_dependence.h"
 #include "server/engine/manifold/basis.h"
 #include "server/engine/spec.h"
 
@@ -249,6 +250,11 @@ class Analyzer {
   // coordinate at fault.
   virtual absl::StatusOr<InterveneReport> Intervene(const v1::ExperimentSpec& spec, const std::string& checkpoint,
                                                     const InterveneRequest& request) = 0;
+  // Theorems 2 and 3 (D.4) on the spec's associative-recall task sizes.
+  virtual absl::StatusOr<std::vector<DataDependenceRow>> CheckDataDependence(
+      const v1::ExperimentSpec& spec, const std::vector<DataDependencePoint>& points,
+      const DataDependenceConfig& config, const std::function<void(double)>& progress,
+      const CancelToken* cancel) = 0;
   // D.2/D.3 labels of every checkpoint of a run, (step, bytes) ascending.
   virtual absl::StatusOr<LabelReport> LabelRun(const v1::ExperimentSpec& spec,
                                                const std::vector<std::pair<int64_t, std::string>>& checkpoints,

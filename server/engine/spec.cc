@@ -343,6 +343,19 @@ absl::Status ResolveTraining(const EngineLimits& limits, v1::ExperimentSpec* spe
     }
   }
   CL_RETURN_IF_ERROR(CheckRange<double>(p + "weight_decay", tr->weight_decay(), 0.0, 1.0));
+  if (tr->stop_metric().empty()) {
+    if (tr->has_stop_at()) return absl::InvalidArgumentError(p + "stop_at needs " + p + "stop_metric");
+  } else {
+    const std::string& m = tr->stop_metric();
+    const size_t slash = m.find('/', 5);
+    if (m.size() > 128 || m.rfind("eval/", 0) != 0 || slash == std::string::npos || slash + 1 >= m.size()) {
+      return absl::InvalidArgumentError(p + "stop_metric must name an evaluation metric eval/<set>/<name> "
+                                        "(e.g. eval/icl_rare/accuracy), got '" + m + "'");
+    }
+    if (!tr->has_stop_at() || !std::isfinite(tr->stop_at())) {
+      return absl::InvalidArgumentError(p + "stop_at must be a finite number when stop_metric is set");
+    }
+  }
   return absl::OkStatus();
 }
 

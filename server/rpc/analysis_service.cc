@@ -56,4 +56,13 @@ grpc::ServerUnaryReactor* AnalysisServiceImpl::LabelRun(grpc::CallbackServerCont
   });
 }
 
+grpc::ServerUnaryReactor* AnalysisServiceImpl::CheckDataDependence(grpc::CallbackServerContext* ctx,
+                                                                   const v1::CheckDataDependenceRequest* req,
+                                                                   v1::CheckDataDependenceResponse* resp) {
+  return UnaryCall(ctx, auth_token_, [&]() -> absl::Status {
+    CL_ASSIGN_OR_RETURN(*resp, core_->CheckDataDependence(*req));
+    return absl::OkStatus();
+  });
+}
+
 }  // namespace circuitlab::rpc

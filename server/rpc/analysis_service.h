@@ -26,6 +26,9 @@ class AnalysisServiceImpl final : public v1::AnalysisService::CallbackService {
                                           v1::DetectCircuitResponse* resp) override;
   grpc::ServerUnaryReactor* Intervene(grpc::CallbackServerContext* ctx, const v1::InterveneRequest* req,
                                       v1::InterveneResponse* resp) override;
+  grpc::ServerUnaryReactor* CheckDataDependence(grpc::CallbackServerContext* ctx,
+                                                const v1::CheckDataDependenceRequest* req,
+                                                v1::CheckDataDependenceResponse* resp) override;
   grpc::ServerUnaryReactor* LabelRun(grpc::CallbackServerContext* ctx, const v1::LabelRunRequest* req,
                                      v1::LabelRunResponse* resp) override;
 

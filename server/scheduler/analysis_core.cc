@@ -7,6 +7,7 @@
 
 #include "server/common/seeds.h"
 #include "server/common/status_macros.h"
+#include "server/engine/tasks/catalog.h"
 #include "server/scheduler/scheduler.h"
 
 namespace circuitlab::scheduler {
@@ -71,13 +72,28 @@ AnalysisCore::~AnalysisCore() {
   worker_.join();
 }
 
-absl::StatusOr<v1::CheckInvarianceResponse> AnalysisCore::CheckInvariance(const v1::CheckInvarianceRequest& request) {
-  int64_t id = store::Store::kNoRun;
-  if (request.has_spec()) {
-    if (!request.run_id().empty()) return absl::InvalidArgumentError("give run_id or spec, not both");
-  } else {
-    CL_ASSIGN_OR_RETURN(id, ParseRunId(request.run_id()));
+absl::StatusOr<std::pair<int64_t, v1::ExperimentSpec>> AnalysisCore::TargetSpec(const std::string& run_id,
+                                                                                const v1::ExperimentSpec* spec) {
+  if (spec != nullptr) {
+    if (!run_id.empty()) return absl::InvalidArgumentError("give run_id or spec, not both");
+    v1::ExperimentSpec resolved = *spec;
+    if (absl::Status s = engine::ResolveSpec(limits_, &resolved); !s.ok()) {
+      return absl::Status(s.code(), "spec: " + std::string(s.message()));
+    }
+    return std::make_pair(store::Store::kNoRun, std::move(resolved));
   }
+  CL_ASSIGN_OR_RETURN(int64_t id, ParseRunId(run_id));
+  CL_ASSIGN_OR_RETURN(store::RunRow row, store_->GetRun(id));
+  v1::ExperimentSpec stored;
+  if (!stored.ParseFromString(row.spec)) return absl::DataLossError("stored spec of " + run_id + " does not parse");
+  return std::make_pair(id, std::move(stored));
+}
+
+absl::StatusOr<v1::CheckInvarianceResponse> AnalysisCore::CheckInvariance(const v1::CheckInvarianceRequest& request) {
+  if (request.has_spec() && !request.run_id().empty()) {
+    return absl::InvalidArgumentError("give run_id or spec, not both");
+  }
+  if (!request.has_spec()) CL_RETURN_IF_ERROR(ParseRunId(request.run_id()).status());
   CL_RETURN_IF_ERROR(CheckSelection(request.selection()));
   if (request.sample_sizes_size() > kMaxLadder) {
     return absl::InvalidArgumentError("sample_sizes must have at most " + std::to_string(kMaxLadder) +
@@ -99,19 +115,13 @@ absl::StatusOr<v1::CheckInvarianceResponse> AnalysisCore::CheckInvariance(const 
     return absl::InvalidArgumentError("coordinate_std must be in (0, 100] (0 means 1), got " +
                                       std::to_string(request.coordinate_std()));
   }
-  v1::ExperimentSpec spec;
+  CL_ASSIGN_OR_RETURN(auto target, TargetSpec(request.run_id(), request.has_spec() ? &request.spec() : nullptr));
+  const int64_t id = target.first;
+  v1::ExperimentSpec spec = std::move(target.second);
   v1::CheckInvarianceRequest canonical;  // defaults resolved, force dropped
-  if (request.has_spec()) {
-    spec = request.spec();
-    if (absl::Status s = engine::ResolveSpec(limits_, &spec); !s.ok()) {
-      return absl::Status(s.code(), "spec: " + std::string(s.message()));
-    }
+  if (id == store::Store::kNoRun) {
     *canonical.mutable_spec() = spec;
   } else {
-    CL_ASSIGN_OR_RETURN(store::RunRow row, store_->GetRun(id));
-    if (!spec.ParseFromString(row.spec)) {
-      return absl::DataLossError("stored spec of " + request.run_id() + " does not parse");
-    }
     canonical.set_run_id(FormatRunId(id));
   }
   canonical.set_selection(request.selection() == v1::BASIS_SELECTION_PAPER ? v1::BASIS_SELECTION_PAPER
@@ -647,6 +657,136 @@ absl::StatusOr<v1::InterveneResponse> AnalysisCore::Intervene(const v1::Interven
     resp.add_edited_before(e.before);
   }
   CL_RETURN_IF_ERROR(store_->PutAnalysis(id, "intervene", hash, key, resp.SerializeAsString()));
+  return resp;
+}
+
+absl::StatusOr<v1::CheckDataDependenceResponse> AnalysisCore::CheckDataDependence(
+    const v1::CheckDataDependenceRequest& request) {
+  CL_ASSIGN_OR_RETURN(auto target, TargetSpec(request.run_id(), request.has_spec() ? &request.spec() : nullptr));
+  const int64_t id = target.first;
+  const v1::ExperimentSpec& spec = target.second;
+  const bool recall = spec.task().has_associative_recall() || spec.task().kind_case() == v1::TaskSpec::KIND_NOT_SET;
+  if (!recall || spec.task().associative_recall().num_common() == 0) {
+    return absl::FailedPreconditionError("the data-dependence check needs an associative-recall task with common "
+                                         "pairs (task.associative_recall.num_common > 0)");
+  }
+  if (request.points_size() > 64) {
+    return absl::InvalidArgumentError("points must have at most 64 entries, got " +
+                                      std::to_string(request.points_size()));
+  }
+  if (request.samples() != 0 && (request.samples() < 256 || request.samples() > (1u << 20))) {
+    return absl::InvalidArgumentError("samples must be in [256, 1048576] (0 = 65536), got " +
+                                      std::to_string(request.samples()));
+  }
+  v1::CheckDataDependenceRequest canonical;
+  if (id == store::Store::kNoRun) {
+    *canonical.mutable_spec() = spec;
+  } else {
+    canonical.set_run_id(FormatRunId(id));
+  }
+  canonical.set_samples(request.samples() == 0 ? 65536 : request.samples());
+  canonical.set_seed(request.seed() == 0 ? spec.seed() : request.seed());
+  if (request.points_size() == 0) {
+    // E.6's grid at delta* in both modes, then E.7's burstiness at f_r = 1.
+    for (auto mode : {v1::VARIABILITY_MODE_VARIANT, v1::VARIABILITY_MODE_REPAIR}) {
+      for (double fr : {0.5, 0.25}) {
+        for (double fv : {0.0, 0.5}) {
+          v1::DataPoint* p = canonical.add_points();
+          p->set_rare_fraction(fr);
+          p->set_variability(fv);
+          p->set_variability_mode(mode);
+          p->set_burstiness(1);
+          p->set_delta_saturated(true);
+        }
+      }
+    }
+    for (uint32_t b : {1u, 2u, 4u, 8u}) {
+      if (b > spec.task().associative_recall().num_blocks()) break;
+      v1::DataPoint* p = canonical.add_points();
+      p->set_rare_fraction(1.0);
+      p->set_variability_mode(v1::VARIABILITY_MODE_VARIANT);
+      p->set_burstiness(b);
+    }
+  } else {
+    *canonical.mutable_points() = request.points();
+  }
+  const uint32_t blocks = spec.task().associative_recall().num_blocks();
+  std::vector<engine::DataDependencePoint> points;
+  for (int i = 0; i < canonical.points_size(); ++i) {
+    v1::DataPoint* p = canonical.mutable_points(i);
+    const std::string field = "points[" + std::to_string(i) + "]";
+    if (p->burstiness() == 0) p->set_burstiness(1);
+    if (p->variability_mode() == v1::VARIABILITY_MODE_UNSPECIFIED) p->set_variability_mode(v1::VARIABILITY_MODE_VARIANT);
+    if (!v1::VariabilityMode_IsValid(p->variability_mode())) {
+      return absl::InvalidArgumentError(field + ".variability_mode is not a known value");
+    }
+    if (!(p->rare_fraction() >= 0 && p->rare_fraction() <= 1)) {
+      return absl::InvalidArgumentError(field + ".rare_fraction must be in [0, 1], got " +
+                                        std::to_string(p->rare_fraction()));
+    }
+    if (!(p->variability() >= 0 && p->variability() <= 1)) {
+      return absl::InvalidArgumentError(field + ".variability must be in [0, 1], got " +
+                                        std::to_string(p->variability()));
+    }
+    if (p->burstiness() > blocks) {
+      return absl::InvalidArgumentError(field + ".burstiness must be in [1, " + std::to_string(blocks) +
+                                        "] (task.associative_recall.num_blocks), got " +
+                                        std::to_string(p->burstiness()));
+    }
+    if (!(p->abg() >= 0 && p->abg() <= 10)) {
+      return absl::InvalidArgumentError(field + ".abg must be in [0, 10], got " + std::to_string(p->abg()));
+    }
+    if (!(std::abs(p->delta()) <= 100)) {
+      return absl::InvalidArgumentError(field + ".delta must be in [-100, 100], got " + std::to_string(p->delta()));
+    }
+    engine::DataDependencePoint q;
+    q.rare_fraction = p->rare_fraction();
+    q.variability = p->variability();
+    q.variant_mode = p->variability_mode() == v1::VARIABILITY_MODE_VARIANT;
+    q.burstiness = p->burstiness();
+    q.delta = p->delta_saturated() ? engine::SaturatedDelta(engine::ShapeOf(spec).vocab) : p->delta();
+    q.abg = p->abg();
+    points.push_back(q);
+  }
+  engine::DataDependenceConfig config;
+  config.samples = static_cast<int64_t>(canonical.samples());
+  config.seed = canonical.seed();
+  Work work = [this, spec, points, config, canonical](const std::function<void(double)>& progress,
+                                                      const CancelToken* cancel) -> absl::StatusOr<std::string> {
+    CL_ASSIGN_OR_RETURN(std::vector<engine::DataDependenceRow> rows,
+                        analyzer_->CheckDataDependence(spec, points, config, progress, cancel));
+    v1::CheckDataDependenceResponse done;
+    done.set_state(v1::ANALYSIS_STATE_DONE);
+    done.set_progress(1.0);
+    done.set_samples(canonical.samples());
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const engine::DataDependenceRow& r = rows[i];
+      v1::DataDependenceRow* o = done.add_rows();
+      *o->mutable_point() = canonical.points(static_cast<int>(i));
+      o->mutable_point()->set_delta(r.point.delta);
+      o->set_grad_alpha(r.grad[0]);
+      o->set_grad_beta(r.grad[1]);
+      o->set_grad_gamma(r.grad[2]);
+      o->set_grad_delta(r.grad[3]);
+      o->set_gamma_stderr(r.gamma_stderr);
+      o->set_closed_form_gamma(r.closed_form_gamma);
+      o->set_ratio(r.ratio);
+      o->set_ratio_vector(r.ratio_vector);
+      o->set_phi(r.phi);
+      o->set_identity_max_rel_error(r.identity_max_rel_error);
+    }
+    return done.SerializeAsString();
+  };
+  CL_ASSIGN_OR_RETURN(Answer a,
+                      Enqueue("data_dependence", id, canonical.SerializeAsString(), request.force(), std::move(work)));
+  v1::CheckDataDependenceResponse resp;
+  if (a.stored && resp.ParseFromString(*a.stored)) {
+    resp.set_from_store(true);
+    return resp;
+  }
+  resp.set_state(a.state);
+  resp.set_progress(a.progress);
+  resp.set_error(a.error);
   return resp;
 }
 

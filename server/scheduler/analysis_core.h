@@ -44,6 +44,7 @@ class AnalysisCore {
   // Likewise circuit detection and run labels.
   absl::StatusOr<v1::DetectCircuitResponse> DetectCircuit(const v1::DetectCircuitRequest& request);
   absl::StatusOr<v1::LabelRunResponse> LabelRun(const v1::LabelRunRequest& request);
+  absl::StatusOr<v1::CheckDataDependenceResponse> CheckDataDependence(const v1::CheckDataDependenceRequest& request);
   // Interventions run in the calling thread (forward passes only).
   absl::StatusOr<v1::InterveneResponse> Intervene(const v1::InterveneRequest& request);
 
@@ -72,6 +73,10 @@ class AnalysisCore {
   // Answers from the store unless `force`, else reports on or queues the job.
   absl::StatusOr<Answer> Enqueue(const std::string& kind, int64_t run_id, const std::string& key, bool force,
                                  Work work);
+  // The spec a request names: a run's stored spec, or a spec sent with it
+  // (resolved under the server's limits; run id kNoRun).
+  absl::StatusOr<std::pair<int64_t, v1::ExperimentSpec>> TargetSpec(const std::string& run_id,
+                                                                    const v1::ExperimentSpec* spec);
   // The stored spec and the checkpoint at `step` (0 = newest) of a run.
   absl::StatusOr<std::pair<v1::ExperimentSpec, store::Checkpoint>> RunCheckpoint(int64_t id, uint64_t step,
                                                                                  const std::string& run_id);

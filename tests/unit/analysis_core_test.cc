@@ -52,6 +52,11 @@ class FakeAnalyzer : public engine::Analyzer {
                                                     const engine::InterveneRequest&) override {
     return absl::UnimplementedError("not in this fake");
   }
+  absl::StatusOr<std::vector<engine::DataDependenceRow>> CheckDataDependence(
+      const v1::ExperimentSpec&, const std::vector<engine::DataDependencePoint>&, const engine::DataDependenceConfig&,
+      const std::function<void(double)>&, const CancelToken*) override {
+    return absl::UnimplementedError("not in this fake");
+  }
   absl::StatusOr<engine::LabelReport> LabelRun(const v1::ExperimentSpec&,
                                                const std::vector<std::pair<int64_t, std::string>>&,
                                                const engine::LabelRequest&, const std::function<void(double)>&,

@@ -137,8 +137,6 @@ Measured Measure(const v1::ExperimentSpec& base, const DataDependencePoint& poin
 
 }  // namespace
 
-double SaturatedDelta(int64_t vocab) { return std::log(99.0 * static_cast<double>(vocab - 1)); }
-
 std::vector<DataDependenceRow> CheckDataDependence(const v1::ExperimentSpec& base,
                                                    const std::vector<DataDependencePoint>& points,
                                                    const DataDependenceConfig& cfg,

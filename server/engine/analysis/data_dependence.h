@@ -2,7 +2,8 @@
 // the gradient of the loss along the canonical coordinates (alpha, beta,
 // gamma, delta) of the 2-layer paper model on associative recall, at the
 // zero point (alpha = beta = gamma = 0, delta = 0 or delta*) or a seeded
-// point, for a grid of data statistics. Engine-private (includes LibTorch).
+// point, for a grid of data statistics. This header is torch-free (the
+// scheduler reaches it through engine.h); the implementation uses LibTorch.
 //
 // At the zero point both attention layers are uniform, so for every single
 // sequence dl/dgamma = sum_v p_v count_v / T - count_y / T with p =
@@ -10,6 +11,8 @@
 // the check compares autograd with this count, sequence by sequence.
 #pragma once
 
+#include <cmath>
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
@@ -55,6 +58,6 @@ std::vector<DataDependenceRow> CheckDataDependence(const v1::ExperimentSpec& bas
                                                    const std::function<bool(int64_t, int64_t)>& progress = {});
 
 // delta* = ln(99 (V_out - 1)): in-weights learning puts >= 0.99 on C(a).
-double SaturatedDelta(int64_t vocab);
+inline double SaturatedDelta(int64_t vocab) { return std::log(99.0 * static_cast<double>(vocab - 1)); }
 
 }  // namespace circuitlab::engine
