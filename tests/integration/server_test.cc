@@ -731,3 +731,68 @@ TEST(IntegrationTest, DetectInterveneAndLabelAgreeOnACoordinateModel) {
 
 }  // namespace
 }  // namespace circuitlab
+
+namespace circuitlab {
+namespace {
+
+TEST(IntegrationTest, EarlyStopAndDataDependenceCheck) {
+  TempDir dir;
+  auto exec = engine::MakeTorchExecutor();
+  Server server(dir.path(), exec.get());
+  auto c = MakeClient(server.address());
+  // Early stop: the run ends SUCCEEDED at the first evaluation reaching the threshold.
+  v1::ExperimentSpec spec = TinySpec(400);
+  spec.mutable_training()->set_stop_metric("eval/iwl/accuracy");
+  spec.mutable_training()->set_stop_at(-1.0);  // reached at the first evaluation
+  ASSERT_TRUE(c.SubmitRun(spec).ok());
+  ASSERT_EQ(WaitForEnd(c, "r1"), v1::RUN_STATE_SUCCEEDED);
+  auto run = c.GetRun("r1");
+  EXPECT_EQ(run->progress().step(), spec.recording().eval_every());
+  EXPECT_EQ(run->checkpoint_step(), spec.recording().eval_every());
+  spec.mutable_training()->set_stop_metric("eval/no_such_set/accuracy");
+  ASSERT_TRUE(c.SubmitRun(spec).ok());
+  ASSERT_EQ(WaitForEnd(c, "r2"), v1::RUN_STATE_FAILED);
+  EXPECT_NE(c.GetRun("r2")->error().find("not an evaluation metric"), std::string::npos) << c.GetRun("r2")->error();
+  spec.mutable_training()->set_stop_metric("train/loss");
+  EXPECT_EQ(c.SubmitRun(spec).status().code(), absl::StatusCode::kInvalidArgument);
+
+  // The data-dependence check on r1's task: the zero-point identities and
+  // E.7's exact burstiness law hold at any sample size.
+  v1::CheckDataDependenceRequest req;
+  req.set_run_id("r1");
+  req.set_samples(512);
+  for (uint32_t b : {1u, 2u}) {
+    v1::DataPoint* p = req.add_points();
+    p->set_rare_fraction(1.0);
+    p->set_burstiness(b);
+  }
+  v1::DataPoint* half = req.add_points();
+  half->set_rare_fraction(0.5);
+  half->set_delta_saturated(true);
+  absl::StatusOr<v1::CheckDataDependenceResponse> r;
+  ASSERT_TRUE(WaitFor([&] {
+    r = c.CheckDataDependence(req);
+    return r.ok() && (r->state() == v1::ANALYSIS_STATE_DONE || r->state() == v1::ANALYSIS_STATE_FAILED);
+  }, std::chrono::seconds(120))) << r.status();
+  ASSERT_EQ(r->state(), v1::ANALYSIS_STATE_DONE) << r->error();
+  ASSERT_EQ(r->rows_size(), 3);
+  for (const auto& row : r->rows()) EXPECT_LT(row.identity_max_rel_error(), 1e-9);
+  EXPECT_DOUBLE_EQ(r->rows(0).ratio(), 1.0);  // f_r = 1 is its own reference
+  EXPECT_NEAR(r->rows(1).grad_gamma(), r->rows(1).closed_form_gamma(), 1e-9);
+  EXPECT_GT(r->rows(2).point().delta(), 1.0);  // delta* resolved
+  EXPECT_DOUBLE_EQ(r->rows(2).phi(), 0.5);
+  EXPECT_TRUE(c.CheckDataDependence(req)->from_store());
+  req.mutable_points(0)->set_burstiness(99);
+  auto bad = c.CheckDataDependence(req);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("points[0].burstiness must be in [1, 4]"), std::string::npos) << bad.status();
+  req.clear_run_id();
+  *req.mutable_spec() = TinySpec(60);
+  req.mutable_spec()->mutable_task()->mutable_associative_recall()->set_num_common(0);
+  req.mutable_spec()->mutable_data()->set_rare_fraction(1.0);
+  auto no_commons = c.CheckDataDependence(req);
+  EXPECT_EQ(no_commons.status().code(), absl::StatusCode::kFailedPrecondition) << no_commons.status();
+}
+
+}  // namespace
+}  // namespace circuitlab
