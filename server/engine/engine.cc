@@ -36,10 +36,11 @@ class ManifoldRecorder {
     return store_complete_ ? observer.OnBasis(complete_.basis()) : absl::OkStatus();
   }
 
-  // Appends the step's rho metrics to `metrics`.
-  void Record(int64_t step, const ImirModel& model, TrainObserver& observer, std::vector<Metric>& metrics) const {
-    const Projection paper = paper_.Project(model, 0);
-    const Projection complete = complete_.Project(model, 0);
+  // Appends member `member`'s rho metrics of the step to `metrics`.
+  void Record(int64_t step, const ImirModel& model, int64_t member, TrainObserver& observer,
+              std::vector<Metric>& metrics) const {
+    const Projection paper = paper_.Project(model, member);
+    const Projection complete = complete_.Project(model, member);
     observer.OnCoordinates(step, Selection::kPaper, paper.values);
     if (store_complete_) observer.OnCoordinates(step, Selection::kComplete, complete.values);
     metrics.push_back({"manifold/rho", complete.rho()});
@@ -55,38 +56,69 @@ class ManifoldRecorder {
 class TorchExecutor : public Executor {
  public:
   absl::StatusOr<TrainOutcome> Train(const TrainRequest& request, TrainObserver& observer) override {
-    // LibTorch reports failures by throwing; this is the one place they are
-    // turned into a status.
-    try {
-      return TrainImpl(request, observer);
-    } catch (const c10::Error& e) {
-      return absl::InternalError(std::string("LibTorch error: ") + e.what_without_backtrace());
-    } catch (const std::exception& e) {
-      return absl::InternalError(std::string("training failed: ") + e.what());
-    }
+    std::vector<absl::StatusOr<TrainOutcome>> out = Guard({request}, {&observer});
+    return out.front();
+  }
+
+  std::vector<absl::StatusOr<TrainOutcome>> TrainPack(const std::vector<TrainRequest>& requests,
+                                                      const std::vector<TrainObserver*>& observers) override {
+    return Guard(requests, observers);
   }
 
  private:
-  absl::StatusOr<TrainOutcome> TrainImpl(const TrainRequest& request, TrainObserver& observer) {
+  // LibTorch reports failures by throwing; this is the one place they are
+  // turned into a status (for every member).
+  std::vector<absl::StatusOr<TrainOutcome>> Guard(const std::vector<TrainRequest>& requests,
+                                                  const std::vector<TrainObserver*>& observers) {
+    absl::Status failed;
+    try {
+      absl::StatusOr<std::vector<TrainOutcome>> out = TrainImpl(requests, observers);
+      if (out.ok()) return {out->begin(), out->end()};
+      failed = out.status();
+    } catch (const c10::Error& e) {
+      failed = absl::InternalError(std::string("LibTorch error: ") + e.what_without_backtrace());
+    } catch (const std::exception& e) {
+      failed = absl::InternalError(std::string("training failed: ") + e.what());
+    }
+    return std::vector<absl::StatusOr<TrainOutcome>>(requests.size(), failed);
+  }
+
+  // One ensemble member per request (SCIENCE.md 0.3: member e trains as a
+  // one-member run with its seed would).
+  absl::StatusOr<std::vector<TrainOutcome>> TrainImpl(const std::vector<TrainRequest>& requests,
+                                                      const std::vector<TrainObserver*>& observers) {
+    const TrainRequest& request = requests.front();
+    const size_t E = requests.size();
     at::set_num_threads(std::max(1, request.intra_op_threads));
     const torch::Device device(request.device);
     if (device.is_cuda() && device.index() >= CudaDeviceCount()) {
       return absl::FailedPreconditionError("device " + request.device + " is not available");
     }
     const v1::ExperimentSpec& spec = request.spec;
+    std::vector<uint64_t> seeds;
+    for (const TrainRequest& r : requests) {
+      if (E > 1 && (r.resume_from || !PackableTogether(r.spec, spec))) {
+        return absl::InvalidArgumentError("a pack holds fresh runs whose specs differ only in their seed");
+      }
+      seeds.push_back(r.spec.seed());
+    }
     const auto& rec = spec.recording();
-    EnsembleTrainer trainer(spec, {spec.seed()}, device);
+    EnsembleTrainer trainer(spec, seeds, device);
     std::optional<ManifoldRecorder> manifold;
     if (rec.coordinates_every() > 0) {
       manifold.emplace(trainer, rec.complete_coordinates());
-      if (absl::Status s = manifold->Announce(observer); !s.ok()) return s;
+      for (TrainObserver* o : observers) {
+        if (absl::Status s = manifold->Announce(*o); !s.ok()) return s;
+      }
     }
     if (request.resume_from) {
       if (absl::Status s = trainer.LoadCheckpoint(*request.resume_from); !s.ok()) return s;
     } else {
-      std::vector<Metric> initial = trainer.Evaluate()[0];
-      if (manifold) manifold->Record(0, trainer.model(), observer, initial);
-      observer.OnMetrics(0, initial);
+      std::vector<std::vector<Metric>> initial = trainer.Evaluate();
+      for (size_t e = 0; e < E; ++e) {
+        if (manifold) manifold->Record(0, trainer.model(), static_cast<int64_t>(e), *observers[e], initial[e]);
+        observers[e]->OnMetrics(0, initial[e]);
+      }
     }
 
     const int64_t total = trainer.total_steps();
@@ -95,30 +127,50 @@ class TorchExecutor : public Executor {
     auto last_report = std::chrono::steady_clock::now();
     int64_t last_report_step = trainer.step();
     double rate = 0;
+    std::vector<TrainOutcome> outcome(E);
+    std::vector<bool> live(E, true);  // members still reporting (a cancelled member drops out)
+    size_t live_count = E;
 
     auto checkpoint = [&]() -> absl::Status {
       last_checkpoint = trainer.step();
-      return observer.OnCheckpoint(trainer.step(), trainer.SaveCheckpoint());
+      for (size_t e = 0; e < E; ++e) {
+        if (!live[e]) continue;
+        const std::string bytes = E == 1 ? trainer.SaveCheckpoint() : trainer.SaveMemberCheckpoint(static_cast<int64_t>(e));
+        if (absl::Status s = observers[e]->OnCheckpoint(trainer.step(), bytes); !s.ok()) return s;
+      }
+      return absl::OkStatus();
+    };
+    auto finish = [&](TrainEnd end) {
+      for (size_t e = 0; e < E; ++e) {
+        if (live[e]) outcome[e] = TrainOutcome{end, trainer.step()};
+      }
+      return outcome;
     };
 
     while (trainer.step() < total) {
-      if (request.cancel != nullptr && request.cancel->stop_requested()) {
-        if (request.cancel->reason() == StopReason::kPreempt) {
+      for (size_t e = 0; e < E; ++e) {
+        const CancelToken* cancel = requests[e].cancel;
+        if (!live[e] || cancel == nullptr || !cancel->stop_requested()) continue;
+        if (cancel->reason() == StopReason::kPreempt) {
+          // A drain: every member checkpoints and goes back to the queue.
           if (trainer.step() != last_checkpoint) {
             if (absl::Status s = checkpoint(); !s.ok()) return s;
           }
-          return TrainOutcome{TrainEnd::kPreempted, trainer.step()};
+          return finish(TrainEnd::kPreempted);
         }
-        return TrainOutcome{TrainEnd::kCancelled, trainer.step()};
+        outcome[e] = TrainOutcome{TrainEnd::kCancelled, trainer.step()};
+        live[e] = false;
+        --live_count;
       }
+      if (live_count == 0) return outcome;
       const int64_t next = trainer.step() + 1;
       bool last = next == total;
-      std::vector<std::vector<Metric>> metrics = trainer.Step(last || next % rec.metrics_every() == 0);
-      std::vector<Metric> points = metrics.empty() ? std::vector<Metric>() : metrics[0];
+      std::vector<std::vector<Metric>> points = trainer.Step(last || next % rec.metrics_every() == 0);
+      points.resize(E);
       if (last || next % rec.eval_every() == 0) {
-        auto eval = trainer.Evaluate();
-        points.insert(points.end(), eval[0].begin(), eval[0].end());
-        if (!stop_metric.empty()) {
+        std::vector<std::vector<Metric>> eval = trainer.Evaluate();
+        for (size_t e = 0; e < E; ++e) points[e].insert(points[e].end(), eval[e].begin(), eval[e].end());
+        if (!stop_metric.empty()) {  // one member: packs never stop early
           const auto it = std::find_if(eval[0].begin(), eval[0].end(),
                                        [&](const Metric& m) { return m.name == stop_metric; });
           if (it == eval[0].end()) {
@@ -131,16 +183,21 @@ class TorchExecutor : public Executor {
           last = last || it->value >= spec.training().stop_at();
         }
       }
-      if (manifold && (last || next % rec.coordinates_every() == 0)) {
-        manifold->Record(next, trainer.model(), observer, points);
+      for (size_t e = 0; e < E; ++e) {
+        if (!live[e]) continue;
+        if (manifold && (last || next % rec.coordinates_every() == 0)) {
+          manifold->Record(next, trainer.model(), static_cast<int64_t>(e), *observers[e], points[e]);
+        }
+        if (!points[e].empty()) observers[e]->OnMetrics(next, points[e]);
       }
-      if (!points.empty()) observer.OnMetrics(next, points);
 
       const auto now = std::chrono::steady_clock::now();
       const double dt = std::chrono::duration<double>(now - last_report).count();
       if (dt >= kProgressIntervalSeconds || last) {
         rate = dt > 0 ? static_cast<double>(next - last_report_step) / dt : rate;
-        observer.OnProgress(next, rate);
+        for (size_t e = 0; e < E; ++e) {
+          if (live[e]) observers[e]->OnProgress(next, rate);
+        }
         last_report = now;
         last_report_step = next;
       }
@@ -149,7 +206,7 @@ class TorchExecutor : public Executor {
       }
       if (last) break;
     }
-    return TrainOutcome{TrainEnd::kCompleted, trainer.step()};
+    return finish(TrainEnd::kCompleted);
   }
 };
 

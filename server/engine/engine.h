@@ -72,6 +72,19 @@ class Executor {
   // InvalidArgument for a checkpoint that does not belong to the spec,
   // Internal for failures inside LibTorch (the message says what failed).
   virtual absl::StatusOr<TrainOutcome> Train(const TrainRequest& request, TrainObserver& observer) = 0;
+  // Several runs whose specs differ only in their seed (PackableTogether),
+  // trained as one ensemble sharing every tensor op: one member per request,
+  // each reporting to its own observer and writing its own checkpoints (the
+  // ones a run alone would write, so it resumes alone). Requests must not
+  // resume. A member whose token asks kCancel drops out (kCancelled) while the
+  // others go on; kPreempt on any member checkpoints and preempts them all.
+  // One answer per request. The default trains them one after another.
+  virtual std::vector<absl::StatusOr<TrainOutcome>> TrainPack(const std::vector<TrainRequest>& requests,
+                                                              const std::vector<TrainObserver*>& observers) {
+    std::vector<absl::StatusOr<TrainOutcome>> out;
+    for (size_t i = 0; i < requests.size(); ++i) out.push_back(Train(requests[i], *observers[i]));
+    return out;
+  }
 };
 
 // The LibTorch executor.

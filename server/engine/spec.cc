@@ -1,5 +1,8 @@
 #include "server/engine/spec.h"
 
+#include <google/protobuf/io/coded_stream.h>
+#include <google/protobuf/io/zero_copy_stream_impl_lite.h>
+
 #include <algorithm>
 #include <cctype>
 #include <cmath>
@@ -501,6 +504,30 @@ absl::Status ResolveSpec(const EngineLimits& limits, v1::ExperimentSpec* spec) {
                                         " MiB); reduce training.batch_size, the model or the task size");
   }
   return absl::OkStatus();
+}
+
+std::string PackKey(const v1::ExperimentSpec& resolved) {
+  if (!resolved.training().stop_metric().empty()) return "";
+  v1::ExperimentSpec key = resolved;
+  key.clear_name();
+  key.clear_tags();
+  key.clear_seed();
+  key.clear_resources();
+  std::string out;
+  {
+    // Deterministic serialization: map fields (initial_coordinates) in key
+    // order. The streams flush into `out` when they go out of scope.
+    google::protobuf::io::StringOutputStream stream(&out);
+    google::protobuf::io::CodedOutputStream coded(&stream);
+    coded.SetSerializationDeterministic(true);
+    key.SerializeToCodedStream(&coded);
+  }
+  return out;
+}
+
+bool PackableTogether(const v1::ExperimentSpec& a, const v1::ExperimentSpec& b) {
+  const std::string ka = PackKey(a);
+  return !ka.empty() && ka == PackKey(b);
 }
 
 }  // namespace circuitlab::engine

@@ -52,4 +52,11 @@ int64_t ParameterCount(const v1::ExperimentSpec& resolved);
 // the activations autograd keeps.
 uint64_t EstimateRunMemoryBytes(const v1::ExperimentSpec& resolved);
 
+// What decides whether resolved specs can train as one ensemble: the spec
+// without its name, tags, seed and resources (serialized); empty when the
+// spec may not be packed (an early stop ends members at different steps).
+std::string PackKey(const v1::ExperimentSpec& resolved);
+// PackKey(a) == PackKey(b) and neither is empty.
+bool PackableTogether(const v1::ExperimentSpec& a, const v1::ExperimentSpec& b);
+
 }  // namespace circuitlab::engine

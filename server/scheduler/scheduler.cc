@@ -174,6 +174,16 @@ Scheduler::Scheduler(SchedulerOptions options, store::Store* store, engine::Exec
 
 Scheduler::~Scheduler() { Drain(); }
 
+std::string Scheduler::PackOf(const store::RunRow& row) const {
+  // Only members of one sweep that never started (so have no checkpoint).
+  if (options_.max_pack <= 1 || row.sweep_id <= 0 || row.attempts > 0) return "";
+  v1::ExperimentSpec spec;
+  if (!spec.ParseFromString(row.spec)) return "";
+  const std::string key = engine::PackKey(spec);
+  if (key.empty()) return "";
+  return std::to_string(row.sweep_id) + "/" + std::to_string(row.device_request) + "/" + key;
+}
+
 absl::Status Scheduler::Start() {
   // Runs a killed server left RUNNING go back to the queue; they resume from
   // their newest checkpoint when a worker takes them.
@@ -190,7 +200,7 @@ absl::Status Scheduler::Start() {
     std::lock_guard<std::mutex> lock(mu_);
     for (int64_t id : queued) {
       CL_ASSIGN_OR_RETURN(store::RunRow row, store_->GetRun(id));
-      queue_[{row.priority, id}] = {row.device_request, row.client};
+      queue_[{row.priority, id}] = {row.device_request, row.client, PackOf(row)};
       ++queued_per_client_[row.client];
     }
     started_ = true;
@@ -290,7 +300,7 @@ absl::StatusOr<v1::Run> Scheduler::Submit(v1::ExperimentSpec spec, const std::st
     std::lock_guard<std::mutex> lock(mu_);
     --reserved_;
     if (inserted.ok()) {
-      queue_[{row.priority, *inserted}] = {row.device_request, client};
+      queue_[{row.priority, *inserted}] = {row.device_request, client, ""};
     } else {
       --queued_per_client_[client];
     }
@@ -316,7 +326,11 @@ absl::StatusOr<std::pair<int64_t, std::vector<int64_t>>> Scheduler::SubmitSweep(
     reserved_ -= count;
     if (inserted.ok()) {
       for (size_t i = 0; i < rows.size(); ++i) {
-        queue_[{rows[i].priority, inserted->second[i]}] = {rows[i].device_request, client};
+        store::RunRow as_row;
+        as_row.spec = rows[i].spec;
+        as_row.sweep_id = inserted->first;
+        as_row.device_request = rows[i].device_request;
+        queue_[{rows[i].priority, inserted->second[i]}] = {rows[i].device_request, client, PackOf(as_row)};
       }
     } else {
       queued_per_client_[client] -= count;
@@ -410,6 +424,11 @@ absl::StatusOr<v1::ListRunsResponse> Scheduler::ListRuns(const v1::ListRunsReque
 absl::StatusOr<v1::Run> Scheduler::Cancel(const std::string& run_id) {
   CL_ASSIGN_OR_RETURN(int64_t id, ParseRunId(run_id));
   CL_ASSIGN_OR_RETURN(store::RunRow row, store_->GetRun(id));
+  // A run whose end is recorded has ended, even while its worker is still
+  // winding down (it is then still in active_).
+  if (IsFinal(row.state)) {
+    return absl::FailedPreconditionError("run " + run_id + " already ended (" + StateName(row.state) + ")");
+  }
   bool was_queued = false;
   {
     std::unique_lock<std::mutex> lock(mu_);
@@ -422,8 +441,6 @@ absl::StatusOr<v1::Run> Scheduler::Cancel(const std::string& run_id) {
       // The worker stops at the next step and records CANCELLED; RPC threads
       // never wait for it.
       a->second->cancel.Request(StopReason::kCancel);
-    } else if (IsFinal(row.state)) {
-      return absl::FailedPreconditionError("run " + run_id + " already ended (" + StateName(row.state) + ")");
     } else if (row.state == v1::RUN_STATE_QUEUED) {
       was_queued = true;  // queued but not in memory: re-queued by a drain
     }
@@ -515,14 +532,31 @@ void Scheduler::WorkerLoop(size_t slot) {
     work_cv_.wait(lock, [&] { return draining_ || (id = PickLocked(slot)) != 0; });
     if (draining_) return;
     auto it = std::find_if(queue_.begin(), queue_.end(), [&](const auto& e) { return e.first.id == id; });
+    const std::string pack = it->second.pack;
+    std::vector<int64_t> ids = {id};
     --queued_per_client_[it->second.client];
     queue_.erase(it);
-    active_[id] = std::make_shared<Active>();
+    // Queued members of the same sweep that differ only in their seed train
+    // with it as one ensemble.
+    for (auto q = queue_.begin(); !pack.empty() && q != queue_.end() && static_cast<int>(ids.size()) < options_.max_pack;) {
+      if (q->second.pack != pack) {
+        ++q;
+        continue;
+      }
+      ids.push_back(q->first.id);
+      --queued_per_client_[q->second.client];
+      q = queue_.erase(q);
+    }
+    for (int64_t m : ids) active_[m] = std::make_shared<Active>();
     slots_[slot].busy = true;
     lock.unlock();
-    Execute(slot, id);
+    if (ids.size() == 1) {
+      Execute(slot, id);
+    } else {
+      ExecutePack(slot, ids);
+    }
     lock.lock();
-    active_.erase(id);
+    for (int64_t m : ids) active_.erase(m);
     slots_[slot].busy = false;
     work_cv_.notify_all();  // a run waiting for "any" device may now fit elsewhere
   }
@@ -535,14 +569,7 @@ void Scheduler::Execute(size_t slot, int64_t id) {
     std::lock_guard<std::mutex> lock(mu_);
     active = active_[id];
   }
-  auto fail = [&](const absl::Status& why) {
-    spdlog::error("{} failed: {}", FormatRunId(id), why.ToString());
-    store::RunTransition t;
-    t.state = v1::RUN_STATE_FAILED;
-    t.error = why.ToString();
-    t.finished_at_us = clock_->NowMicros();
-    if (absl::Status s = Transition(id, t); !s.ok()) spdlog::error("cannot record failure: {}", s.ToString());
-  };
+  auto fail = [&](const absl::Status& why) { FailRun(id, why); };
 
   absl::StatusOr<store::RunRow> row = store_->GetRun(id);
   if (!row.ok()) return fail(row.status());
@@ -577,9 +604,20 @@ void Scheduler::Execute(size_t slot, int64_t id) {
   spdlog::info("{} running on {}", FormatRunId(id), dev.name);
 
   RunObserver observer(this, id, active, static_cast<int>(request.spec.recording().keep_checkpoints()));
-  absl::StatusOr<engine::TrainOutcome> outcome = executor_->Train(request, observer);
-  if (!outcome.ok()) return fail(outcome.status());
+  Finish(id, executor_->Train(request, observer));
+}
 
+void Scheduler::FailRun(int64_t id, const absl::Status& why) {
+  spdlog::error("{} failed: {}", FormatRunId(id), why.ToString());
+  store::RunTransition t;
+  t.state = v1::RUN_STATE_FAILED;
+  t.error = why.ToString();
+  t.finished_at_us = clock_->NowMicros();
+  if (absl::Status s = Transition(id, t); !s.ok()) spdlog::error("cannot record failure: {}", s.ToString());
+}
+
+void Scheduler::Finish(int64_t id, const absl::StatusOr<engine::TrainOutcome>& outcome) {
+  if (!outcome.ok()) return FailRun(id, outcome.status());
   store::RunTransition end;
   switch (outcome->end) {
     case engine::TrainEnd::kCompleted:
@@ -600,6 +638,64 @@ void Scheduler::Execute(size_t slot, int64_t id) {
     return;
   }
   spdlog::info("{} {} at step {}", FormatRunId(id), StateName(end.state), outcome->last_step);
+}
+
+void Scheduler::ExecutePack(size_t slot, const std::vector<int64_t>& ids) {
+  const Slot& dev = slots_[slot];
+  std::vector<int64_t> members;
+  std::vector<engine::TrainRequest> requests;
+  std::vector<std::unique_ptr<RunObserver>> observers;
+  for (int64_t id : ids) {
+    std::shared_ptr<Active> active;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      active = active_[id];
+    }
+    absl::StatusOr<store::RunRow> row = store_->GetRun(id);
+    if (!row.ok()) {
+      FailRun(id, row.status());
+      continue;
+    }
+    engine::TrainRequest request;
+    if (!request.spec.ParseFromString(row->spec)) {
+      FailRun(id, absl::DataLossError("stored spec does not parse"));
+      continue;
+    }
+    store::RunTransition running;
+    running.state = v1::RUN_STATE_RUNNING;
+    running.device = dev.name;
+    running.started_at_us = clock_->NowMicros();
+    running.increment_attempts = true;
+    running.from_states = {v1::RUN_STATE_QUEUED};
+    if (absl::Status s = Transition(id, running); !s.ok()) {
+      spdlog::error("{} could not start: {}", FormatRunId(id), s.ToString());
+      continue;
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      active->total = row->total_steps;
+      active->step = 0;
+    }
+    request.device = dev.torch_device;
+    request.cancel = &active->cancel;
+    request.intra_op_threads = options_.intra_op_threads;
+    observers.push_back(std::make_unique<RunObserver>(this, id, active,
+                                                      static_cast<int>(request.spec.recording().keep_checkpoints())));
+    requests.push_back(std::move(request));
+    members.push_back(id);
+  }
+  if (members.empty()) return;
+  std::string names;
+  for (int64_t id : members) names += (names.empty() ? "" : ",") + FormatRunId(id);
+  spdlog::info("{} run(s) packed as one ensemble on {}: {}", members.size(), dev.name, names);
+  std::vector<engine::TrainObserver*> raw;
+  for (auto& o : observers) raw.push_back(o.get());
+  const std::vector<absl::StatusOr<engine::TrainOutcome>> outcomes = executor_->TrainPack(requests, raw);
+  for (size_t i = 0; i < members.size(); ++i) {
+    Finish(members[i], i < outcomes.size() ? outcomes[i]
+                                           : absl::StatusOr<engine::TrainOutcome>(
+                                                 absl::InternalError("the executor answered for fewer runs")));
+  }
 }
 
 }  // namespace circuitlab::scheduler

@@ -41,6 +41,9 @@ struct SchedulerOptions {
   int intra_op_threads = 1;    // LibTorch threads per worker
   int max_queued_runs = 1000;  // RESOURCE_EXHAUSTED beyond
   int max_queued_per_client = 200;
+  // Most members of one sweep (differing only in their seed) trained as one
+  // ensemble job; 1 turns packing off.
+  int max_pack = 8;
   engine::EngineLimits limits;
   std::string epoch;  // names this server process in watch events
   std::chrono::milliseconds heartbeat = std::chrono::seconds(5);
@@ -115,6 +118,7 @@ class Scheduler {
   struct Queued {
     int device_request;
     std::string client;
+    std::string pack;  // runs with the same non-empty key may train as one ensemble
   };
   struct Active {
     CancelToken cancel;
@@ -139,6 +143,13 @@ class Scheduler {
   // The queued run slot `slot` should take next, or 0.
   int64_t PickLocked(size_t slot);
   void Execute(size_t slot, int64_t run_id);
+  // Several fresh sweep members as one ensemble (engine::Executor::TrainPack).
+  void ExecutePack(size_t slot, const std::vector<int64_t>& run_ids);
+  // Records a run's end (or failure) after training.
+  void Finish(int64_t run_id, const absl::StatusOr<engine::TrainOutcome>& outcome);
+  void FailRun(int64_t run_id, const absl::Status& why);
+  // The pack key of a queued run ("" = trains alone).
+  std::string PackOf(const store::RunRow& row) const;
   absl::Status Transition(int64_t run_id, const store::RunTransition& t);
   absl::StatusOr<v1::Run> ToRun(const store::RunRow& row);
 

@@ -796,3 +796,80 @@ TEST(IntegrationTest, EarlyStopAndDataDependenceCheck) {
 
 }  // namespace
 }  // namespace circuitlab
+
+namespace circuitlab {
+namespace {
+
+// Seed members of a sweep train as one ensemble, yet each run matches the
+// same spec trained alone, and its checkpoint is its own.
+TEST(IntegrationTest, PackedSweepMembersMatchRunsTrainedAlone) {
+  TempDir dir;
+  auto exec = engine::MakeTorchExecutor();
+  Server server(dir.path(), exec.get());
+  auto c = MakeClient(server.address());
+  v1::SweepSpec sweep;
+  *sweep.mutable_base() = TinySpec(60);
+  v1::SweepAxis* seeds = sweep.add_axes();
+  seeds->set_field("seed");
+  for (int s : {1, 2, 3}) seeds->add_values()->set_number_value(s);
+  auto sw = c.SubmitSweep(sweep);
+  ASSERT_TRUE(sw.ok()) << sw.status();
+  for (const std::string& id : sw->run_ids()) ASSERT_EQ(WaitForEnd(c, id), v1::RUN_STATE_SUCCEEDED);
+  ASSERT_TRUE(c.SubmitRun(TinySpec(60, 2)).ok());
+  ASSERT_EQ(WaitForEnd(c, "r4"), v1::RUN_STATE_SUCCEEDED);
+  for (const char* name : {"eval/icl_rare/loss", "train/loss"}) {
+    EXPECT_NEAR(FinalValue(c, "r2", name), FinalValue(c, "r4", name), 1e-5) << name;
+  }
+  EXPECT_NE(FinalValue(c, "r1", "eval/icl_rare/loss"), FinalValue(c, "r2", "eval/icl_rare/loss"));
+  EXPECT_EQ(c.GetRun("r2")->attempts(), 1u);
+  // Each member's checkpoint is a one-member checkpoint of its own spec.
+  v1::ProjectCheckpointRequest p;
+  p.set_run_id("r2");
+  auto packed = c.ProjectCheckpoint(p);
+  ASSERT_TRUE(packed.ok()) << packed.status();
+  p.set_run_id("r4");
+  auto alone = c.ProjectCheckpoint(p);
+  ASSERT_TRUE(alone.ok()) << alone.status();
+  ASSERT_EQ(packed->coordinates_size(), alone->coordinates_size());
+  for (int i = 0; i < packed->coordinates_size(); ++i) {
+    EXPECT_NEAR(packed->coordinates(i).value(), alone->coordinates(i).value(), 1e-5);
+  }
+}
+
+}  // namespace
+}  // namespace circuitlab
+
+namespace circuitlab {
+namespace {
+
+// A drained pack checkpoints every member; after a restart each resumes
+// alone from its own checkpoint and ends like a run trained alone.
+TEST(IntegrationTest, DrainedPackMembersResumeAlone) {
+  TempDir dir;
+  auto exec = engine::MakeTorchExecutor();
+  v1::SweepSpec sweep;
+  *sweep.mutable_base() = TinySpec(400);
+  v1::SweepAxis* seeds = sweep.add_axes();
+  seeds->set_field("seed");
+  for (int s : {5, 6}) seeds->add_values()->set_number_value(s);
+  {
+    Server server(dir.path(), exec.get());
+    auto c = MakeClient(server.address());
+    ASSERT_TRUE(c.SubmitSweep(sweep).ok());
+    ASSERT_TRUE(WaitFor([&] { return c.GetRun("r2")->checkpoint_step() >= 40; }));
+  }  // drains: every member checkpoints and goes back to QUEUED
+  Server server(dir.path(), exec.get());
+  auto c = MakeClient(server.address());
+  for (const char* id : {"r1", "r2"}) {
+    ASSERT_EQ(WaitForEnd(c, id), v1::RUN_STATE_SUCCEEDED) << id;
+    EXPECT_EQ(c.GetRun(id)->attempts(), 2u) << id;
+  }
+  ASSERT_TRUE(c.SubmitRun(TinySpec(400, 6)).ok());
+  ASSERT_EQ(WaitForEnd(c, "r3"), v1::RUN_STATE_SUCCEEDED);
+  for (const char* name : {"train/loss", "eval/icl_rare/loss"}) {
+    EXPECT_NEAR(FinalValue(c, "r2", name), FinalValue(c, "r3", name), 1e-4) << name;
+  }
+}
+
+}  // namespace
+}  // namespace circuitlab

@@ -59,6 +59,20 @@ class FakeExecutor : public engine::Executor {
     return engine::TrainOutcome{engine::TrainEnd::kCompleted, step};
   }
 
+  std::vector<absl::StatusOr<engine::TrainOutcome>> TrainPack(const std::vector<engine::TrainRequest>& requests,
+                                                              const std::vector<engine::TrainObserver*>& observers) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      pack_sizes_.push_back(requests.size());
+    }
+    return engine::Executor::TrainPack(requests, observers);  // one after another
+  }
+  // Sizes of the packs TrainPack was given, in order.
+  std::vector<size_t> pack_sizes() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return pack_sizes_;
+  }
+
   // Holds every run before its next step until Open().
   void Close() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -88,6 +102,7 @@ class FakeExecutor : public engine::Executor {
   std::condition_variable cv_;
   bool gate_open_ = true;
   std::vector<std::string> started_names_;
+  std::vector<size_t> pack_sizes_;
   std::atomic<int> started_{0};
   std::atomic<int64_t> resumed_from_{-1};
 };

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include "server/scheduler/sweeps.h"
 #include "tests/test_util/fake_executor.h"
 #include "tests/test_util/temp_dir.h"
 
@@ -268,6 +269,57 @@ TEST_F(SchedulerTest, WatchSeesSnapshotStateChangesAndEnd) {
   ASSERT_FALSE(states.empty());
   EXPECT_EQ(states.back(), v1::RUN_STATE_SUCCEEDED);
   scheduler_->StopWatch(*watch);
+}
+
+}  // namespace
+}  // namespace circuitlab::scheduler
+
+namespace circuitlab::scheduler {
+namespace {
+
+v1::SweepSpec SeedSweep(const v1::ExperimentSpec& base, int seeds) {
+  v1::SweepSpec sweep;
+  *sweep.mutable_base() = base;
+  v1::SweepAxis* axis = sweep.add_axes();
+  axis->set_field("seed");
+  for (int i = 1; i <= seeds; ++i) axis->add_values()->set_number_value(i);
+  return sweep;
+}
+
+// Sweep members that differ only in their seed train as one ensemble job;
+// each still ends, checkpoints and reports as its own run.
+TEST_F(SchedulerTest, SeedMembersOfASweepArePackedIntoOneEnsemble) {
+  SweepCore sweeps(scheduler_.get(), store_.get(), nullptr);
+  ASSERT_TRUE(sweeps.Submit(SeedSweep(SmallSpec(10), 3), "alice").ok());  // queued before the worker starts
+  ASSERT_TRUE(scheduler_->Start().ok());
+  ASSERT_TRUE(WaitFor([&] { return sweeps.Get("s1")->done(); }));
+  EXPECT_EQ(executor_.pack_sizes(), (std::vector<size_t>{3}));
+  for (const char* id : {"r1", "r2", "r3"}) {
+    EXPECT_EQ(StateOf(id), v1::RUN_STATE_SUCCEEDED) << id;
+    EXPECT_EQ(scheduler_->GetRun(id)->checkpoint_step(), 10u) << id;
+  }
+  // A lone run is never packed, nor are members with an early stop.
+  v1::ExperimentSpec stop = SmallSpec(10);
+  stop.mutable_training()->set_stop_metric("eval/icl_rare/accuracy");
+  stop.mutable_training()->set_stop_at(2.0);
+  executor_.Close();
+  ASSERT_TRUE(sweeps.Submit(SeedSweep(stop, 2), "alice").ok());
+  ASSERT_TRUE(scheduler_->Submit(SmallSpec(10), "alice").ok());
+  executor_.Open();
+  ASSERT_TRUE(WaitFor([&] { return sweeps.Get("s2")->done() && StateOf("r6") == v1::RUN_STATE_SUCCEEDED; }));
+  EXPECT_EQ(executor_.pack_sizes().size(), 1u);
+}
+
+TEST_F(SchedulerTest, PackingCanBeTurnedOff) {
+  SchedulerOptions opts;
+  opts.max_pack = 1;
+  Open(opts);
+  SweepCore sweeps(scheduler_.get(), store_.get(), nullptr);
+  ASSERT_TRUE(sweeps.Submit(SeedSweep(SmallSpec(5), 3), "alice").ok());
+  ASSERT_TRUE(scheduler_->Start().ok());
+  ASSERT_TRUE(WaitFor([&] { return sweeps.Get("s1")->done(); }));
+  EXPECT_TRUE(executor_.pack_sizes().empty());
+  EXPECT_EQ(executor_.started(), 3);
 }
 
 }  // namespace

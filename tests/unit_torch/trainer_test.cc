@@ -66,6 +66,29 @@ TEST_P(EnsembleTest, EachMemberTrainsAsItsOwnRun) {
   EXPECT_NE(ValueOf(joint_eval[0], "eval/icl_rare/loss"), ValueOf(joint_eval[1], "eval/icl_rare/loss"));
 }
 
+// A member's own checkpoint (with its slice of the optimizer state) resumes
+// as a one-member run that continues the member's trajectory.
+TEST_P(EnsembleTest, MemberCheckpointResumesAsItsOwnRun) {
+  const v1::ExperimentSpec spec = SmallSpec(GetParam());
+  const std::vector<uint64_t> seeds = {11, 12, 13};
+  EnsembleTrainer ensemble(spec, seeds, torch::kCPU);
+  for (int step = 1; step <= 7; ++step) ensemble.Step(false);
+  EnsembleTrainer single(spec, {12}, torch::kCPU);
+  ASSERT_TRUE(single.LoadCheckpoint(ensemble.SaveMemberCheckpoint(1)).ok());
+  EXPECT_EQ(single.step(), 7);
+  // Another member's checkpoint does not fit this seed.
+  EXPECT_FALSE(single.LoadCheckpoint(ensemble.SaveMemberCheckpoint(0)).ok());
+  ASSERT_TRUE(single.LoadCheckpoint(ensemble.SaveMemberCheckpoint(1)).ok());
+  for (int step = 8; step <= 12; ++step) {
+    auto joint = ensemble.Step(true);
+    auto own = single.Step(true);
+    EXPECT_NEAR(ValueOf(joint[1], "train/loss"), ValueOf(own[0], "train/loss"), 1e-6) << "step " << step;
+  }
+  const auto jp = ensemble.model().parameters();
+  const auto op = single.model().parameters();
+  for (size_t i = 0; i < jp.size(); ++i) EXPECT_TRUE(torch::allclose(jp[i][1], op[i][0], 1e-5, 1e-6)) << i;
+}
+
 INSTANTIATE_TEST_SUITE_P(Optimizers, EnsembleTest,
                          ::testing::Values(v1::OPTIMIZER_KIND_SGD, v1::OPTIMIZER_KIND_ADAM));
 

@@ -268,32 +268,66 @@ std::vector<std::vector<Metric>> EnsembleTrainer::Evaluate() const {
   return out;
 }
 
-uint64_t EnsembleTrainer::Fingerprint() const {
+uint64_t EnsembleTrainer::Fingerprint(const std::vector<uint64_t>& seeds) const {
   // What determines the trajectory: task, data, model, training and seeds.
   uint64_t h = HashPurpose(spec_.task().SerializeAsString());
   h = Mix64(h ^ HashPurpose(spec_.data().SerializeAsString()));
   h = Mix64(h ^ HashPurpose(spec_.model().SerializeAsString()));
   h = Mix64(h ^ HashPurpose(spec_.training().SerializeAsString()));
-  for (uint64_t s : seeds_) h = Mix64(h ^ s);
+  for (uint64_t s : seeds) h = Mix64(h ^ s);
   return h >> 1;
 }
 
-std::string EnsembleTrainer::SaveCheckpoint() const {
+std::string EnsembleTrainer::Archive(const std::vector<uint64_t>& seeds, const std::vector<torch::Tensor>& params,
+                                     const torch::optim::Optimizer& optimizer) const {
   torch::serialize::OutputArchive archive;
   archive.write("format", torch::tensor(kCheckpointFormat));
-  archive.write("fingerprint", torch::tensor(static_cast<int64_t>(Fingerprint())));
+  archive.write("fingerprint", torch::tensor(static_cast<int64_t>(Fingerprint(seeds))));
   archive.write("step", torch::tensor(step_));
-  std::vector<int64_t> seeds(seeds_.begin(), seeds_.end());
-  archive.write("rng/member_seeds", torch::tensor(seeds));
+  std::vector<int64_t> s(seeds.begin(), seeds.end());
+  archive.write("rng/member_seeds", torch::tensor(s));
   const auto names = model_->parameter_names();
-  const auto params = model_->parameters();
   for (size_t i = 0; i < params.size(); ++i) archive.write("param/" + names[i], params[i].detach().cpu());
   torch::serialize::OutputArchive opt;
-  optimizer_->save(opt);
+  optimizer.save(opt);
   archive.write("optimizer", opt);
   std::ostringstream out;
   archive.save_to(out);
   return out.str();
+}
+
+std::string EnsembleTrainer::SaveCheckpoint() const { return Archive(seeds_, model_->parameters(), *optimizer_); }
+
+std::string EnsembleTrainer::SaveMemberCheckpoint(int64_t member) const {
+  if (ensemble() == 1) return SaveCheckpoint();
+  // A one-member optimizer over slices of the parameters, its state sliced
+  // from the ensemble's: the checkpoint a one-member run would have written.
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> params;
+  for (const torch::Tensor& p : model_->parameters()) {
+    params.push_back(p.narrow(0, member, 1).detach().clone().requires_grad_(true));
+  }
+  std::unique_ptr<torch::optim::Optimizer> single = MakeOptimizer(spec_.training(), params);
+  const auto key = [](const torch::Tensor& t) { return c10::guts::to_string(t.unsafeGetTensorImpl()); };
+  const auto slice = [&](const torch::Tensor& t) { return t.defined() ? t.narrow(0, member, 1).clone() : t; };
+  const auto full = model_->parameters();
+  for (size_t i = 0; i < full.size(); ++i) {
+    auto it = optimizer_->state().find(key(full[i]));
+    if (it == optimizer_->state().end()) continue;
+    if (auto* adam = dynamic_cast<torch::optim::AdamParamState*>(it->second.get())) {
+      auto st = std::make_unique<torch::optim::AdamParamState>();
+      st->step(adam->step());
+      st->exp_avg(slice(adam->exp_avg()));
+      st->exp_avg_sq(slice(adam->exp_avg_sq()));
+      st->max_exp_avg_sq(slice(adam->max_exp_avg_sq()));
+      single->state()[key(params[i])] = std::move(st);
+    } else if (auto* sgd = dynamic_cast<torch::optim::SGDParamState*>(it->second.get())) {
+      auto st = std::make_unique<torch::optim::SGDParamState>();
+      st->momentum_buffer(slice(sgd->momentum_buffer()));
+      single->state()[key(params[i])] = std::move(st);
+    }
+  }
+  return Archive({seeds_[static_cast<size_t>(member)]}, params, *single);
 }
 
 uint64_t PoolSeedOf(uint64_t member_seed) { return DeriveSeed63(member_seed, "pool"); }
@@ -334,7 +368,7 @@ absl::Status EnsembleTrainer::LoadCheckpoint(const std::string& bytes) {
                                       " is not supported (expected " + std::to_string(kCheckpointFormat) + ")");
   }
   archive.read("fingerprint", fingerprint);
-  if (static_cast<uint64_t>(fingerprint.item<int64_t>()) != Fingerprint()) {
+  if (static_cast<uint64_t>(fingerprint.item<int64_t>()) != Fingerprint(seeds_)) {
     return absl::InvalidArgumentError("checkpoint belongs to a different spec, seed or ensemble");
   }
   archive.read("step", step);

@@ -65,6 +65,9 @@ class EnsembleTrainer {
 
   // Weights, optimiser state and RNG state (seeds + step).
   std::string SaveCheckpoint() const;
+  // Member `member` alone: the checkpoint a one-member trainer with its seed
+  // would have written at this step (so a packed run resumes on its own).
+  std::string SaveMemberCheckpoint(int64_t member) const;
   // InvalidArgument when the checkpoint belongs to another spec or ensemble.
   absl::Status LoadCheckpoint(const std::string& bytes);
 
@@ -85,7 +88,9 @@ class EnsembleTrainer {
     torch::Tensor tokens, pids, target, alt_target, bayes_logp;
   };
   Stacked Stack(const std::vector<const Batch*>& batches, int64_t begin, int64_t count) const;
-  uint64_t Fingerprint() const;
+  uint64_t Fingerprint(const std::vector<uint64_t>& seeds) const;
+  std::string Archive(const std::vector<uint64_t>& seeds, const std::vector<torch::Tensor>& params,
+                      const torch::optim::Optimizer& optimizer) const;
   // Per-member mean loss [E] of logits [E, B, V] against targets [E, B].
   torch::Tensor MemberLoss(const torch::Tensor& logits, const torch::Tensor& target) const;
 
