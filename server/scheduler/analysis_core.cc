@@ -41,6 +41,21 @@ absl::Status CheckSelection(v1::BasisSelection s) {
   return absl::OkStatus();
 }
 
+// A queued analysis' response: the stored result, or the job's state. (The
+// invariance check's own State enum shares AnalysisState's numbers.)
+template <typename Response, typename Answer>
+Response FromAnswer(const Answer& a) {
+  Response resp;
+  if (a.stored && resp.ParseFromString(*a.stored)) {
+    resp.set_from_store(true);
+    return resp;
+  }
+  resp.set_state(static_cast<decltype(resp.state())>(a.state));
+  resp.set_progress(a.progress);
+  resp.set_error(a.error);
+  return resp;
+}
+
 void FillCoordinate(const store::CoordinateDefRow& d, double value, v1::Coordinate* c) {
   c->set_label(d.label);
   c->set_canonical(d.canonical);
@@ -176,16 +191,7 @@ absl::StatusOr<v1::CheckInvarianceResponse> AnalysisCore::CheckInvariance(const 
     return done.SerializeAsString();
   };
   CL_ASSIGN_OR_RETURN(Answer a, Enqueue("invariance", id, canonical.SerializeAsString(), request.force(), std::move(work)));
-  v1::CheckInvarianceResponse resp;
-  if (a.stored && resp.ParseFromString(*a.stored)) {
-    resp.set_from_store(true);
-    return resp;
-  }
-  // The two state enums share their numbers.
-  resp.set_state(static_cast<v1::CheckInvarianceResponse::State>(a.state));
-  resp.set_progress(a.progress);
-  resp.set_error(a.error);
-  return resp;
+  return FromAnswer<v1::CheckInvarianceResponse>(a);
 }
 
 absl::StatusOr<AnalysisCore::Answer> AnalysisCore::Enqueue(const std::string& kind, int64_t run_id,
@@ -486,15 +492,7 @@ absl::StatusOr<v1::DetectCircuitResponse> AnalysisCore::DetectCircuit(const v1::
   };
   CL_ASSIGN_OR_RETURN(Answer a,
                       Enqueue("detect_circuit", id, canonical.SerializeAsString(), request.force(), std::move(work)));
-  v1::DetectCircuitResponse resp;
-  if (a.stored && resp.ParseFromString(*a.stored)) {
-    resp.set_from_store(true);
-    return resp;
-  }
-  resp.set_state(a.state);
-  resp.set_progress(a.progress);
-  resp.set_error(a.error);
-  return resp;
+  return FromAnswer<v1::DetectCircuitResponse>(a);
 }
 
 absl::StatusOr<v1::LabelRunResponse> AnalysisCore::LabelRun(const v1::LabelRunRequest& request) {
@@ -549,15 +547,7 @@ absl::StatusOr<v1::LabelRunResponse> AnalysisCore::LabelRun(const v1::LabelRunRe
     return done.SerializeAsString();
   };
   CL_ASSIGN_OR_RETURN(Answer a, Enqueue("label_run", id, key, request.force(), std::move(work)));
-  v1::LabelRunResponse resp;
-  if (a.stored && resp.ParseFromString(*a.stored)) {
-    resp.set_from_store(true);
-    return resp;
-  }
-  resp.set_state(a.state);
-  resp.set_progress(a.progress);
-  resp.set_error(a.error);
-  return resp;
+  return FromAnswer<v1::LabelRunResponse>(a);
 }
 
 absl::StatusOr<v1::InterveneResponse> AnalysisCore::Intervene(const v1::InterveneRequest& request) {
@@ -779,15 +769,7 @@ absl::StatusOr<v1::CheckDataDependenceResponse> AnalysisCore::CheckDataDependenc
   };
   CL_ASSIGN_OR_RETURN(Answer a,
                       Enqueue("data_dependence", id, canonical.SerializeAsString(), request.force(), std::move(work)));
-  v1::CheckDataDependenceResponse resp;
-  if (a.stored && resp.ParseFromString(*a.stored)) {
-    resp.set_from_store(true);
-    return resp;
-  }
-  resp.set_state(a.state);
-  resp.set_progress(a.progress);
-  resp.set_error(a.error);
-  return resp;
+  return FromAnswer<v1::CheckDataDependenceResponse>(a);
 }
 
 }  // namespace circuitlab::scheduler

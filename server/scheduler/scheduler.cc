@@ -550,11 +550,7 @@ void Scheduler::WorkerLoop(size_t slot) {
     for (int64_t m : ids) active_[m] = std::make_shared<Active>();
     slots_[slot].busy = true;
     lock.unlock();
-    if (ids.size() == 1) {
-      Execute(slot, id);
-    } else {
-      ExecutePack(slot, ids);
-    }
+    Execute(slot, ids);
     lock.lock();
     for (int64_t m : ids) active_.erase(m);
     slots_[slot].busy = false;
@@ -562,20 +558,17 @@ void Scheduler::WorkerLoop(size_t slot) {
   }
 }
 
-void Scheduler::Execute(size_t slot, int64_t id) {
-  const Slot& dev = slots_[slot];
-  std::shared_ptr<Active> active;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    active = active_[id];
-  }
-  auto fail = [&](const absl::Status& why) { FailRun(id, why); };
-
+std::optional<engine::TrainRequest> Scheduler::StartRun(const Slot& dev, int64_t id, Active& active) {
   absl::StatusOr<store::RunRow> row = store_->GetRun(id);
-  if (!row.ok()) return fail(row.status());
+  if (!row.ok()) {
+    FailRun(id, row.status());
+    return std::nullopt;
+  }
   engine::TrainRequest request;
-  if (!request.spec.ParseFromString(row->spec)) return fail(absl::DataLossError("stored spec does not parse"));
-
+  if (!request.spec.ParseFromString(row->spec)) {
+    FailRun(id, absl::DataLossError("stored spec does not parse"));
+    return std::nullopt;
+  }
   store::RunTransition running;
   running.state = v1::RUN_STATE_RUNNING;
   running.device = dev.name;
@@ -584,27 +577,63 @@ void Scheduler::Execute(size_t slot, int64_t id) {
   running.from_states = {v1::RUN_STATE_QUEUED};
   if (absl::Status s = Transition(id, running); !s.ok()) {
     spdlog::error("{} could not start: {}", FormatRunId(id), s.ToString());
-    return;
+    return std::nullopt;
   }
-
   absl::StatusOr<std::optional<store::Checkpoint>> ckpt = store_->LatestCheckpoint(id);
-  if (!ckpt.ok()) return fail(ckpt.status());
+  if (!ckpt.ok()) {
+    FailRun(id, ckpt.status());
+    return std::nullopt;
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
-    active->total = row->total_steps;
-    active->step = *ckpt ? (*ckpt)->step : 0;
+    active.total = row->total_steps;
+    active.step = *ckpt ? (*ckpt)->step : 0;
   }
   if (*ckpt) {
     spdlog::info("{} resumes from its checkpoint at step {}", FormatRunId(id), (*ckpt)->step);
     request.resume_from = std::move((*ckpt)->bytes);
   }
   request.device = dev.torch_device;
-  request.cancel = &active->cancel;
+  request.cancel = &active.cancel;
   request.intra_op_threads = options_.intra_op_threads;
-  spdlog::info("{} running on {}", FormatRunId(id), dev.name);
+  return request;
+}
 
-  RunObserver observer(this, id, active, static_cast<int>(request.spec.recording().keep_checkpoints()));
-  Finish(id, executor_->Train(request, observer));
+void Scheduler::Execute(size_t slot, const std::vector<int64_t>& ids) {
+  const Slot& dev = slots_[slot];
+  std::vector<int64_t> members;
+  std::vector<engine::TrainRequest> requests;
+  std::vector<std::unique_ptr<RunObserver>> observers;
+  for (int64_t id : ids) {
+    std::shared_ptr<Active> active;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      active = active_[id];
+    }
+    std::optional<engine::TrainRequest> request = StartRun(dev, id, *active);
+    if (!request) continue;
+    observers.push_back(std::make_unique<RunObserver>(this, id, active,
+                                                      static_cast<int>(request->spec.recording().keep_checkpoints())));
+    requests.push_back(std::move(*request));
+    members.push_back(id);
+  }
+  if (members.empty()) return;
+  if (members.size() == 1) {
+    spdlog::info("{} running on {}", FormatRunId(members[0]), dev.name);
+    Finish(members[0], executor_->Train(requests[0], *observers[0]));
+    return;
+  }
+  std::string names;
+  for (int64_t id : members) names += (names.empty() ? "" : ",") + FormatRunId(id);
+  spdlog::info("{} run(s) packed as one ensemble on {}: {}", members.size(), dev.name, names);
+  std::vector<engine::TrainObserver*> raw;
+  for (auto& o : observers) raw.push_back(o.get());
+  const std::vector<absl::StatusOr<engine::TrainOutcome>> outcomes = executor_->TrainPack(requests, raw);
+  for (size_t i = 0; i < members.size(); ++i) {
+    Finish(members[i], i < outcomes.size() ? outcomes[i]
+                                           : absl::StatusOr<engine::TrainOutcome>(
+                                                 absl::InternalError("the executor answered for fewer runs")));
+  }
 }
 
 void Scheduler::FailRun(int64_t id, const absl::Status& why) {
@@ -638,64 +667,6 @@ void Scheduler::Finish(int64_t id, const absl::StatusOr<engine::TrainOutcome>& o
     return;
   }
   spdlog::info("{} {} at step {}", FormatRunId(id), StateName(end.state), outcome->last_step);
-}
-
-void Scheduler::ExecutePack(size_t slot, const std::vector<int64_t>& ids) {
-  const Slot& dev = slots_[slot];
-  std::vector<int64_t> members;
-  std::vector<engine::TrainRequest> requests;
-  std::vector<std::unique_ptr<RunObserver>> observers;
-  for (int64_t id : ids) {
-    std::shared_ptr<Active> active;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      active = active_[id];
-    }
-    absl::StatusOr<store::RunRow> row = store_->GetRun(id);
-    if (!row.ok()) {
-      FailRun(id, row.status());
-      continue;
-    }
-    engine::TrainRequest request;
-    if (!request.spec.ParseFromString(row->spec)) {
-      FailRun(id, absl::DataLossError("stored spec does not parse"));
-      continue;
-    }
-    store::RunTransition running;
-    running.state = v1::RUN_STATE_RUNNING;
-    running.device = dev.name;
-    running.started_at_us = clock_->NowMicros();
-    running.increment_attempts = true;
-    running.from_states = {v1::RUN_STATE_QUEUED};
-    if (absl::Status s = Transition(id, running); !s.ok()) {
-      spdlog::error("{} could not start: {}", FormatRunId(id), s.ToString());
-      continue;
-    }
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      active->total = row->total_steps;
-      active->step = 0;
-    }
-    request.device = dev.torch_device;
-    request.cancel = &active->cancel;
-    request.intra_op_threads = options_.intra_op_threads;
-    observers.push_back(std::make_unique<RunObserver>(this, id, active,
-                                                      static_cast<int>(request.spec.recording().keep_checkpoints())));
-    requests.push_back(std::move(request));
-    members.push_back(id);
-  }
-  if (members.empty()) return;
-  std::string names;
-  for (int64_t id : members) names += (names.empty() ? "" : ",") + FormatRunId(id);
-  spdlog::info("{} run(s) packed as one ensemble on {}: {}", members.size(), dev.name, names);
-  std::vector<engine::TrainObserver*> raw;
-  for (auto& o : observers) raw.push_back(o.get());
-  const std::vector<absl::StatusOr<engine::TrainOutcome>> outcomes = executor_->TrainPack(requests, raw);
-  for (size_t i = 0; i < members.size(); ++i) {
-    Finish(members[i], i < outcomes.size() ? outcomes[i]
-                                           : absl::StatusOr<engine::TrainOutcome>(
-                                                 absl::InternalError("the executor answered for fewer runs")));
-  }
 }
 
 }  // namespace circuitlab::scheduler

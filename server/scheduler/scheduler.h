@@ -19,6 +19,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -142,9 +143,12 @@ class Scheduler {
   void WorkerLoop(size_t slot);
   // The queued run slot `slot` should take next, or 0.
   int64_t PickLocked(size_t slot);
-  void Execute(size_t slot, int64_t run_id);
-  // Several fresh sweep members as one ensemble (engine::Executor::TrainPack).
-  void ExecutePack(size_t slot, const std::vector<int64_t>& run_ids);
+  // Trains the runs on the slot: one alone, several fresh sweep members as
+  // one ensemble (engine::Executor::TrainPack).
+  void Execute(size_t slot, const std::vector<int64_t>& run_ids);
+  // Marks the run RUNNING on the slot and builds its request (resuming from
+  // its newest checkpoint); nullopt when it cannot start (recorded).
+  std::optional<engine::TrainRequest> StartRun(const Slot& dev, int64_t run_id, Active& active);
   // Records a run's end (or failure) after training.
   void Finish(int64_t run_id, const absl::StatusOr<engine::TrainOutcome>& outcome);
   void FailRun(int64_t run_id, const absl::Status& why);
