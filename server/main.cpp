@@ -51,7 +51,7 @@ int main(int argc, char** argv) {
   int max_queued = 1000;
   int max_queued_per_client = 200;
   int max_sweep_runs = 1024;
-  int max_ensemble = 8;
+  int max_ensemble = 0;  // auto: 8 with CUDA devices, else 1
   int max_watchers = 1024;
   uint64_t max_steps = 10'000'000;
   uint64_t max_run_memory_mb = 4096;
@@ -74,8 +74,8 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::Range(1, 1000000));
   app.add_option("--max-ensemble", max_ensemble,
-                 "Most members of one sweep that differ only in their seed trained as one ensemble job (1 = off)")
-      ->capture_default_str()
+                 "Most members of one sweep that differ only in their seed trained as one ensemble job (1 = off; "
+                 "default 8 when CUDA devices are used, else 1: CPU slots already run runs in parallel)")
       ->check(CLI::Range(1, 64));
   app.add_option("--max-sweep-runs", max_sweep_runs, "Most runs one sweep may expand to")
       ->capture_default_str()
@@ -125,7 +125,7 @@ int main(int argc, char** argv) {
   opts.intra_op_threads = threads_per_run;
   opts.max_queued_runs = max_queued;
   opts.max_queued_per_client = max_queued_per_client;
-  opts.max_pack = max_ensemble;
+  opts.max_pack = max_ensemble > 0 ? max_ensemble : (opts.cuda_devices > 0 ? 8 : 1);
   opts.max_watchers = max_watchers;
   opts.limits.max_steps = max_steps;
   opts.limits.max_run_memory_bytes = max_run_memory_mb << 20;

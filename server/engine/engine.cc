@@ -131,14 +131,9 @@ class TorchExecutor : public Executor {
     std::vector<bool> live(E, true);  // members still reporting (a cancelled member drops out)
     size_t live_count = E;
 
-    auto checkpoint = [&]() -> absl::Status {
-      last_checkpoint = trainer.step();
-      for (size_t e = 0; e < E; ++e) {
-        if (!live[e]) continue;
-        const std::string bytes = E == 1 ? trainer.SaveCheckpoint() : trainer.SaveMemberCheckpoint(static_cast<int64_t>(e));
-        if (absl::Status s = observers[e]->OnCheckpoint(trainer.step(), bytes); !s.ok()) return s;
-      }
-      return absl::OkStatus();
+    auto save = [&](size_t e) -> absl::Status {
+      const std::string bytes = E == 1 ? trainer.SaveCheckpoint() : trainer.SaveMemberCheckpoint(static_cast<int64_t>(e));
+      return observers[e]->OnCheckpoint(trainer.step(), bytes);
     };
     auto finish = [&](TrainEnd end) {
       for (size_t e = 0; e < E; ++e) {
@@ -154,7 +149,10 @@ class TorchExecutor : public Executor {
         if (cancel->reason() == StopReason::kPreempt) {
           // A drain: every member checkpoints and goes back to the queue.
           if (trainer.step() != last_checkpoint) {
-            if (absl::Status s = checkpoint(); !s.ok()) return s;
+            for (size_t m = 0; m < E; ++m) {
+              if (!live[m]) continue;
+              if (absl::Status s = save(m); !s.ok()) return s;
+            }
           }
           return finish(TrainEnd::kPreempted);
         }
@@ -164,47 +162,54 @@ class TorchExecutor : public Executor {
       }
       if (live_count == 0) return outcome;
       const int64_t next = trainer.step() + 1;
-      bool last = next == total;
+      const bool last = next == total;
+      std::vector<bool> ends(E, last);  // a member's last step: the run's, or its early stop
       std::vector<std::vector<Metric>> points = trainer.Step(last || next % rec.metrics_every() == 0);
       points.resize(E);
       if (last || next % rec.eval_every() == 0) {
         std::vector<std::vector<Metric>> eval = trainer.Evaluate();
-        for (size_t e = 0; e < E; ++e) points[e].insert(points[e].end(), eval[e].begin(), eval[e].end());
-        if (!stop_metric.empty()) {  // one member: packs never stop early
-          const auto it = std::find_if(eval[0].begin(), eval[0].end(),
+        for (size_t e = 0; e < E; ++e) {
+          points[e].insert(points[e].end(), eval[e].begin(), eval[e].end());
+          if (stop_metric.empty() || !live[e]) continue;
+          const auto it = std::find_if(eval[e].begin(), eval[e].end(),
                                        [&](const Metric& m) { return m.name == stop_metric; });
-          if (it == eval[0].end()) {
+          if (it == eval[e].end()) {
             std::string have;
-            for (const Metric& m : eval[0]) have += (have.empty() ? "" : ", ") + m.name;
+            for (const Metric& m : eval[e]) have += (have.empty() ? "" : ", ") + m.name;
             return absl::InvalidArgumentError("training.stop_metric '" + stop_metric +
                                               "' is not an evaluation metric of this task (" + have + ")");
           }
-          // Early stop: this step becomes the last one (final records, checkpoint).
-          last = last || it->value >= spec.training().stop_at();
+          // Early stop: this step becomes the member's last (final records, checkpoint).
+          ends[e] = ends[e] || it->value >= spec.training().stop_at();
         }
       }
-      for (size_t e = 0; e < E; ++e) {
-        if (!live[e]) continue;
-        if (manifold && (last || next % rec.coordinates_every() == 0)) {
-          manifold->Record(next, trainer.model(), static_cast<int64_t>(e), *observers[e], points[e]);
-        }
-        if (!points[e].empty()) observers[e]->OnMetrics(next, points[e]);
-      }
-
       const auto now = std::chrono::steady_clock::now();
       const double dt = std::chrono::duration<double>(now - last_report).count();
-      if (dt >= kProgressIntervalSeconds || last) {
+      const bool report = dt >= kProgressIntervalSeconds || last;
+      if (report) {
         rate = dt > 0 ? static_cast<double>(next - last_report_step) / dt : rate;
-        for (size_t e = 0; e < E; ++e) {
-          if (live[e]) observers[e]->OnProgress(next, rate);
-        }
         last_report = now;
         last_report_step = next;
       }
-      if (last || next % rec.checkpoint_every() == 0) {
-        if (absl::Status s = checkpoint(); !s.ok()) return s;
+      const bool checkpoint_step = next % rec.checkpoint_every() == 0;
+      if (checkpoint_step || last) last_checkpoint = next;
+      for (size_t e = 0; e < E; ++e) {
+        if (!live[e]) continue;
+        if (manifold && (ends[e] || next % rec.coordinates_every() == 0)) {
+          manifold->Record(next, trainer.model(), static_cast<int64_t>(e), *observers[e], points[e]);
+        }
+        if (!points[e].empty()) observers[e]->OnMetrics(next, points[e]);
+        if (report || ends[e]) observers[e]->OnProgress(next, rate);
+        if (checkpoint_step || ends[e]) {
+          if (absl::Status s = save(e); !s.ok()) return s;
+        }
+        if (ends[e] && !last) {  // stopped early; the others go on
+          outcome[e] = TrainOutcome{TrainEnd::kCompleted, next};
+          live[e] = false;
+          --live_count;
+        }
       }
-      if (last) break;
+      if (last || live_count == 0) break;
     }
     return finish(TrainEnd::kCompleted);
   }

@@ -76,8 +76,9 @@ class Executor {
   // trained as one ensemble sharing every tensor op: one member per request,
   // each reporting to its own observer and writing its own checkpoints (the
   // ones a run alone would write, so it resumes alone). Requests must not
-  // resume. A member whose token asks kCancel drops out (kCancelled) while the
-  // others go on; kPreempt on any member checkpoints and preempts them all.
+  // resume. A member whose token asks kCancel drops out (kCancelled), and one
+  // that reaches its early stop ends there (kCompleted), while the others go
+  // on; kPreempt on any member checkpoints and preempts them all.
   // One answer per request. The default trains them one after another.
   virtual std::vector<absl::StatusOr<TrainOutcome>> TrainPack(const std::vector<TrainRequest>& requests,
                                                               const std::vector<TrainObserver*>& observers) {

@@ -507,7 +507,6 @@ absl::Status ResolveSpec(const EngineLimits& limits, v1::ExperimentSpec* spec) {
 }
 
 std::string PackKey(const v1::ExperimentSpec& resolved) {
-  if (!resolved.training().stop_metric().empty()) return "";
   v1::ExperimentSpec key = resolved;
   key.clear_name();
   key.clear_tags();
@@ -526,8 +525,7 @@ std::string PackKey(const v1::ExperimentSpec& resolved) {
 }
 
 bool PackableTogether(const v1::ExperimentSpec& a, const v1::ExperimentSpec& b) {
-  const std::string ka = PackKey(a);
-  return !ka.empty() && ka == PackKey(b);
+  return PackKey(a) == PackKey(b);
 }
 
 }  // namespace circuitlab::engine

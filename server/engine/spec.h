@@ -53,10 +53,9 @@ int64_t ParameterCount(const v1::ExperimentSpec& resolved);
 uint64_t EstimateRunMemoryBytes(const v1::ExperimentSpec& resolved);
 
 // What decides whether resolved specs can train as one ensemble: the spec
-// without its name, tags, seed and resources (serialized); empty when the
-// spec may not be packed (an early stop ends members at different steps).
+// without its name, tags, seed and resources (deterministically serialized).
 std::string PackKey(const v1::ExperimentSpec& resolved);
-// PackKey(a) == PackKey(b) and neither is empty.
+// PackKey(a) == PackKey(b).
 bool PackableTogether(const v1::ExperimentSpec& a, const v1::ExperimentSpec& b);
 
 }  // namespace circuitlab::engine

@@ -179,9 +179,7 @@ std::string Scheduler::PackOf(const store::RunRow& row) const {
   if (options_.max_pack <= 1 || row.sweep_id <= 0 || row.attempts > 0) return "";
   v1::ExperimentSpec spec;
   if (!spec.ParseFromString(row.spec)) return "";
-  const std::string key = engine::PackKey(spec);
-  if (key.empty()) return "";
-  return std::to_string(row.sweep_id) + "/" + std::to_string(row.device_request) + "/" + key;
+  return std::to_string(row.sweep_id) + "/" + std::to_string(row.device_request) + "/" + engine::PackKey(spec);
 }
 
 absl::Status Scheduler::Start() {

@@ -873,3 +873,47 @@ TEST(IntegrationTest, DrainedPackMembersResumeAlone) {
 
 }  // namespace
 }  // namespace circuitlab
+
+namespace circuitlab {
+namespace {
+
+// Packed members stop early on their own: each at the step it would alone.
+TEST(IntegrationTest, PackedMembersStopEarlyAtTheirOwnSteps) {
+  TempDir dir;
+  auto exec = engine::MakeTorchExecutor();
+  Server server(dir.path(), exec.get());
+  auto c = MakeClient(server.address());
+  v1::ExperimentSpec base = TinySpec(400);
+  // Measured: seeds 1, 2, 3 reach icl_rare >= 0.25 at steps 245, 240, 245
+  // (5, 6: 180, 235), so the members end at different steps.
+  base.mutable_training()->set_stop_metric("eval/icl_rare/accuracy");
+  base.mutable_training()->set_stop_at(0.25);
+  base.mutable_recording()->set_eval_every(5);
+  v1::SweepSpec sweep;
+  *sweep.mutable_base() = base;
+  v1::SweepAxis* seeds = sweep.add_axes();
+  seeds->set_field("seed");
+  for (int s : {1, 2, 5}) seeds->add_values()->set_number_value(s);
+  auto sw = c.SubmitSweep(sweep);
+  ASSERT_TRUE(sw.ok()) << sw.status();
+  std::vector<uint64_t> packed_steps;
+  for (const std::string& id : sw->run_ids()) {
+    ASSERT_EQ(WaitForEnd(c, id), v1::RUN_STATE_SUCCEEDED);
+    packed_steps.push_back(c.GetRun(id)->progress().step());
+  }
+  EXPECT_NE(packed_steps[0], packed_steps[2]);  // not one stop for all
+  const uint64_t seed_of[] = {1, 2, 5};
+  for (size_t i = 0; i < 3; ++i) {
+    v1::ExperimentSpec alone = base;
+    alone.set_seed(seed_of[i]);
+    auto run = c.SubmitRun(alone);
+    ASSERT_TRUE(run.ok());
+    ASSERT_EQ(WaitForEnd(c, run->run_id()), v1::RUN_STATE_SUCCEEDED);
+    EXPECT_EQ(c.GetRun(run->run_id())->progress().step(), packed_steps[i]) << "seed " << seed_of[i];
+    EXPECT_EQ(c.GetRun(run->run_id())->checkpoint_step(), packed_steps[i]);
+    EXPECT_LT(packed_steps[i], 400u);
+  }
+}
+
+}  // namespace
+}  // namespace circuitlab

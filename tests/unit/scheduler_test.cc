@@ -298,12 +298,10 @@ TEST_F(SchedulerTest, SeedMembersOfASweepArePackedIntoOneEnsemble) {
     EXPECT_EQ(StateOf(id), v1::RUN_STATE_SUCCEEDED) << id;
     EXPECT_EQ(scheduler_->GetRun(id)->checkpoint_step(), 10u) << id;
   }
-  // A lone run is never packed, nor are members with an early stop.
-  v1::ExperimentSpec stop = SmallSpec(10);
-  stop.mutable_training()->set_stop_metric("eval/icl_rare/accuracy");
-  stop.mutable_training()->set_stop_at(2.0);
+  // Lone runs are never packed, nor members of different sweeps.
   executor_.Close();
-  ASSERT_TRUE(sweeps.Submit(SeedSweep(stop, 2), "alice").ok());
+  ASSERT_TRUE(sweeps.Submit(SeedSweep(SmallSpec(10), 1), "alice").ok());
+  ASSERT_TRUE(scheduler_->Submit(SmallSpec(10), "alice").ok());
   ASSERT_TRUE(scheduler_->Submit(SmallSpec(10), "alice").ok());
   executor_.Open();
   ASSERT_TRUE(WaitFor([&] { return sweeps.Get("s2")->done() && StateOf("r6") == v1::RUN_STATE_SUCCEEDED; }));
