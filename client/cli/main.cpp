@@ -22,6 +22,7 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -91,6 +92,19 @@ std::vector<std::string> SplitList(const std::vector<std::string>& items) {
     if (!cur.empty()) out.push_back(cur);
   }
   return out;
+}
+
+// A spec file (checked without a run) or a run id.
+template <typename Request>
+absl::Status SetTarget(const std::string& target, Request* req) {
+  if (!std::filesystem::exists(target)) {
+    req->set_run_id(target);
+    return absl::OkStatus();
+  }
+  absl::StatusOr<v1::ExperimentSpec> spec = circuitlab::client::ReadSpecFile(target);
+  if (!spec.ok()) return spec.status();
+  *req->mutable_spec() = *spec;
+  return absl::OkStatus();
 }
 
 bool IsFinal(v1::RunState s) {
@@ -694,91 +708,81 @@ int main(int argc, char** argv) {
     }
     return 0;
   }
+  const bool tty = isatty(STDERR_FILENO);
+  // A queued analysis: asks `call(force)` again (force only the first time)
+  // until the job is DONE or FAILED, showing progress. Returns the exit code
+  // when nothing is left to print (an RPC error, --json output, a failed
+  // analysis); else nullopt with the DONE answer in *out. (CheckInvariance's
+  // own state enum shares AnalysisState's numbers.)
+  bool stored_answer = false;
+  auto run_queued = [&](const std::string& what, auto call, auto* out) -> std::optional<int> {
+    auto resp = call(p_force);
+    stored_answer = resp.ok() && resp->from_store();
+    auto state = [&] { return static_cast<int>(resp->state()); };
+    bool first = true;
+    while (resp.ok() && state() != v1::ANALYSIS_STATE_DONE && state() != v1::ANALYSIS_STATE_FAILED) {
+      if (tty) {
+        std::cerr << "\r" << (state() == v1::ANALYSIS_STATE_QUEUED ? "queued " : "running ")
+                  << Fixed(100 * resp->progress(), 0) << "%\033[K" << std::flush;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(first ? 100 : 400));
+      first = false;
+      resp = call(false);
+    }
+    if (tty) std::cerr << "\r\033[K";
+    if (!resp.ok()) return ReportError(resp.status());
+    if (g.json) {
+      std::cout << circuitlab::client::ToJson(*resp) << "\n";
+      return state() == v1::ANALYSIS_STATE_DONE ? 0 : 1;
+    }
+    if (state() == v1::ANALYSIS_STATE_FAILED) {
+      std::cerr << "error: " << what << " failed: " << resp->error() << "\n";
+      return 1;
+    }
+    *out = std::move(*resp);
+    return std::nullopt;
+  };
   if (*invariance) {
     v1::CheckInvarianceRequest req;
-    if (std::filesystem::exists(run_id)) {
-      absl::StatusOr<v1::ExperimentSpec> spec = circuitlab::client::ReadSpecFile(run_id);
-      if (!spec.ok()) return ReportError(spec.status());
-      *req.mutable_spec() = *spec;
-    } else {
-      req.set_run_id(run_id);
-    }
+    if (absl::Status st = SetTarget(run_id, &req); !st.ok()) return ReportError(st);
     req.set_selection(i_paper ? v1::BASIS_SELECTION_PAPER : v1::BASIS_SELECTION_COMPLETE);
     for (uint64_t n : i_samples) req.add_sample_sizes(n);
     req.set_coordinate_std(i_std);
     req.set_controls(i_controls);
     req.set_sgd_corollary(i_sgd);
-    req.set_force(p_force);
-    const bool tty = isatty(STDERR_FILENO);
-    absl::StatusOr<v1::CheckInvarianceResponse> resp;
-    bool waited = false;
-    while (true) {
-      resp = client.CheckInvariance(req);
-      if (!resp.ok()) return ReportError(resp.status());
-      req.set_force(false);  // the job is queued; later calls only ask about it
-      const auto state = resp->state();
-      if (state == v1::CheckInvarianceResponse::STATE_DONE || state == v1::CheckInvarianceResponse::STATE_FAILED) {
-        break;
-      }
-      waited = true;
-      if (tty) {
-        std::cerr << "\r" << (state == v1::CheckInvarianceResponse::STATE_QUEUED ? "queued " : "running ")
-                  << Fixed(100 * resp->progress(), 0) << "%\033[K" << std::flush;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    v1::CheckInvarianceResponse r;
+    const auto* resp = &r;
+    if (auto rc = run_queued("the invariance check", [&](bool force) {
+          req.set_force(force);
+          return client.CheckInvariance(req);
+        }, &r)) {
+      return *rc;
     }
-    if (tty) std::cerr << "\r\033[K";
-    if (g.json) {
-      std::cout << circuitlab::client::ToJson(*resp) << "\n";
-    } else if (resp->state() == v1::CheckInvarianceResponse::STATE_FAILED) {
-      std::cerr << "error: the invariance check failed: " << resp->error() << "\n";
-      return 1;
-    } else {
-      std::printf("ladder N:");
-      for (uint64_t n : resp->sample_sizes()) std::printf(" %llu", static_cast<unsigned long long>(n));
-      std::printf("%s\n", resp->from_store() && !waited ? "  (stored answer)" : "");
-      for (const auto& check : resp->checks()) {
-        std::printf("%s: %s (largest matrix plateau %.2e)\n", check.name().c_str(),
-                    check.name() == "in_span" ? (check.passed() ? "IN SPAN" : "NOT IN SPAN")
-                                              : (check.passed() ? "fails, as a control must" : "DID NOT FAIL"),
-                    check.max_matrix_plateau());
-        for (const auto& s : check.series()) {
-          std::printf("  %-5s 1-f_N:", s.matrix().c_str());
-          for (double v : s.off_fraction()) std::printf(" %.2e", v);
-          std::printf("   plateau %.2e  slope %.3f\n", s.plateau(), s.slope());
-        }
+    std::printf("ladder N:");
+    for (uint64_t n : resp->sample_sizes()) std::printf(" %llu", static_cast<unsigned long long>(n));
+    std::printf("%s\n", stored_answer ? "  (stored answer)" : "");
+    for (const auto& check : resp->checks()) {
+      std::printf("%s: %s (largest matrix plateau %.2e)\n", check.name().c_str(),
+                  check.name() == "in_span" ? (check.passed() ? "IN SPAN" : "NOT IN SPAN")
+                                            : (check.passed() ? "fails, as a control must" : "DID NOT FAIL"),
+                  check.max_matrix_plateau());
+      for (const auto& s : check.series()) {
+        std::printf("  %-5s 1-f_N:", s.matrix().c_str());
+        for (double v : s.off_fraction()) std::printf(" %.2e", v);
+        std::printf("   plateau %.2e  slope %.3f\n", s.plateau(), s.slope());
       }
-      if (resp->sgd_size() > 0) {
-        std::printf("SGD corollary (%llu steps, lr %g; symmetrised over %llu group elements):\n",
-                    static_cast<unsigned long long>(resp->sgd_steps()), resp->sgd_learning_rate(),
-                    static_cast<unsigned long long>(resp->sgd_group_elements()));
-        for (const auto& p : resp->sgd()) {
-          std::printf("  batch %5llu  rho %.3e  symmetrised %.3e\n", static_cast<unsigned long long>(p.batch_size()),
-                      p.rho(), p.rho_symmetrised());
-        }
+    }
+    if (resp->sgd_size() > 0) {
+      std::printf("SGD corollary (%llu steps, lr %g; symmetrised over %llu group elements):\n",
+                  static_cast<unsigned long long>(resp->sgd_steps()), resp->sgd_learning_rate(),
+                  static_cast<unsigned long long>(resp->sgd_group_elements()));
+      for (const auto& p : resp->sgd()) {
+        std::printf("  batch %5llu  rho %.3e  symmetrised %.3e\n", static_cast<unsigned long long>(p.batch_size()),
+                    p.rho(), p.rho_symmetrised());
       }
     }
     return 0;
   }
-  const bool tty = isatty(STDERR_FILENO);
-  // Asks `call` again until the queued analysis it reports is DONE or FAILED.
-  bool stored_answer = false;
-  auto wait_for = [&](auto call) {
-    auto resp = call(p_force);
-    stored_answer = resp.ok() && resp->from_store();
-    bool first = true;
-    while (resp.ok() && resp->state() != v1::ANALYSIS_STATE_DONE && resp->state() != v1::ANALYSIS_STATE_FAILED) {
-      if (tty) {
-        std::cerr << "\r" << (resp->state() == v1::ANALYSIS_STATE_QUEUED ? "queued " : "running ")
-                  << Fixed(100 * resp->progress(), 0) << "%\033[K" << std::flush;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(first ? 100 : 400));
-      first = false;
-      resp = call(false);  // the job is queued; later calls only ask about it
-    }
-    if (tty) std::cerr << "\r\033[K";
-    return resp;
-  };
   if (*sweep) {
     v1::SweepSpec spec;
     if (absl::Status st = circuitlab::client::ReadJsonFile(sweep_file, &spec); !st.ok()) {
@@ -881,18 +885,13 @@ int main(int argc, char** argv) {
     req.set_n_eval(d_n);
     req.set_max_evals(d_evals);
     req.set_selection(c_complete ? v1::BASIS_SELECTION_COMPLETE : v1::BASIS_SELECTION_PAPER);
-    auto resp = wait_for([&](bool force) {
-      req.set_force(force);
-      return client.DetectCircuit(req);
-    });
-    if (!resp.ok()) return ReportError(resp.status());
-    if (g.json) {
-      std::cout << circuitlab::client::ToJson(*resp) << "\n";
-      return resp->state() == v1::ANALYSIS_STATE_DONE ? 0 : 1;
-    }
-    if (resp->state() == v1::ANALYSIS_STATE_FAILED) {
-      std::cerr << "error: circuit detection failed: " << resp->error() << "\n";
-      return 1;
+    v1::DetectCircuitResponse r;
+    const auto* resp = &r;
+    if (auto rc = run_queued("circuit detection", [&](bool force) {
+          req.set_force(force);
+          return client.DetectCircuit(req);
+        }, &r)) {
+      return *rc;
     }
     std::printf("%s step %llu, %s on %s%s\n", run_id.c_str(), static_cast<unsigned long long>(resp->step()),
                 resp->metric().c_str(), resp->eval_set().c_str(), stored_answer ? "  (stored answer)" : "");
@@ -980,18 +979,13 @@ int main(int argc, char** argv) {
   if (*label) {
     v1::LabelRunRequest req;
     req.set_run_id(run_id);
-    auto resp = wait_for([&](bool force) {
-      req.set_force(force);
-      return client.LabelRun(req);
-    });
-    if (!resp.ok()) return ReportError(resp.status());
-    if (g.json) {
-      std::cout << circuitlab::client::ToJson(*resp) << "\n";
-      return resp->state() == v1::ANALYSIS_STATE_DONE ? 0 : 1;
-    }
-    if (resp->state() == v1::ANALYSIS_STATE_FAILED) {
-      std::cerr << "error: labelling failed: " << resp->error() << "\n";
-      return 1;
+    v1::LabelRunResponse r;
+    const auto* resp = &r;
+    if (auto rc = run_queued("labelling", [&](bool force) {
+          req.set_force(force);
+          return client.LabelRun(req);
+        }, &r)) {
+      return *rc;
     }
     std::printf("%s: %s%s%s\n", run_id.c_str(), resp->label().c_str(),
                 resp->pair().empty() ? "" : ("  pair " + resp->pair()).c_str(),
@@ -1008,26 +1002,15 @@ int main(int argc, char** argv) {
   }
   if (*data_dep) {
     v1::CheckDataDependenceRequest req;
-    if (std::filesystem::exists(run_id)) {
-      absl::StatusOr<v1::ExperimentSpec> spec = circuitlab::client::ReadSpecFile(run_id);
-      if (!spec.ok()) return ReportError(spec.status());
-      *req.mutable_spec() = *spec;
-    } else {
-      req.set_run_id(run_id);
-    }
+    if (absl::Status st = SetTarget(run_id, &req); !st.ok()) return ReportError(st);
     req.set_samples(dd_samples);
-    auto resp = wait_for([&](bool force) {
-      req.set_force(force);
-      return client.CheckDataDependence(req);
-    });
-    if (!resp.ok()) return ReportError(resp.status());
-    if (g.json) {
-      std::cout << circuitlab::client::ToJson(*resp) << "\n";
-      return resp->state() == v1::ANALYSIS_STATE_DONE ? 0 : 1;
-    }
-    if (resp->state() == v1::ANALYSIS_STATE_FAILED) {
-      std::cerr << "error: the data-dependence check failed: " << resp->error() << "\n";
-      return 1;
+    v1::CheckDataDependenceResponse r;
+    const auto* resp = &r;
+    if (auto rc = run_queued("the data-dependence check", [&](bool force) {
+          req.set_force(force);
+          return client.CheckDataDependence(req);
+        }, &r)) {
+      return *rc;
     }
     std::printf("%llu sequences per point%s\n", static_cast<unsigned long long>(resp->samples()),
                 stored_answer ? "  (stored answer)" : "");

@@ -436,16 +436,15 @@ absl::StatusOr<v1::DetectCircuitResponse> AnalysisCore::DetectCircuit(const v1::
   canonical.set_seed(request.seed() == 0 ? spec.seed() : request.seed());
   if (d.order == engine::DetectRequest::Order::kEffectAsc) {
     // effect_asc spends O(K^2) evaluations: D.1 allows it for K <= 200.
-    CL_ASSIGN_OR_RETURN(v1::ProjectCheckpointResponse projected, [&] {
-      v1::ProjectCheckpointRequest p;
-      p.set_run_id(canonical.run_id());
-      p.set_step(canonical.step());
-      p.set_selection(canonical.selection());
-      return ProjectCheckpoint(p);
-    }());
-    if (projected.coordinates_size() > 200) {
+    const auto& m = spec.model().imir();
+    const size_t k = m.parameterisation() == v1::PARAMETERISATION_COORDINATES
+                         ? engine::CoordinateBasisOf(spec).coords.size()
+                         : engine::BuildBasis(engine::DeclaredSymmetry(spec), m.num_layers(), m.num_heads(),
+                                              ToSelection(canonical.selection()))
+                               .coords.size();
+    if (k > 200) {
       return absl::InvalidArgumentError("order effect_asc is for at most 200 coordinates; this basis has " +
-                                        std::to_string(projected.coordinates_size()) + " (use magnitude_asc)");
+                                        std::to_string(k) + " (use magnitude_asc)");
     }
   }
   d.eval_set = canonical.eval_set();
@@ -740,6 +739,8 @@ absl::StatusOr<v1::CheckDataDependenceResponse> AnalysisCore::CheckDataDependenc
   }
   engine::DataDependenceConfig config;
   config.samples = static_cast<int64_t>(canonical.samples());
+  // The standard error comes from the spread of chunk means: at least 8 chunks.
+  config.chunk = std::min<int64_t>(config.chunk, config.samples / 8);
   config.seed = canonical.seed();
   Work work = [this, spec, points, config, canonical](const std::function<void(double)>& progress,
                                                       const CancelToken* cancel) -> absl::StatusOr<std::string> {

@@ -168,19 +168,15 @@ struct Filter {
   std::string column, op, value;
 };
 
+// The operator is the rightmost one, so column names that hold one
+// ("first:eval/icl_rare/accuracy>=0.5") can be filtered too.
 absl::StatusOr<Filter> ParseFilter(const std::string& text, int i) {
-  static const char* kOps[] = {">=", "<=", "!=", "=", "<", ">"};
-  for (const char* op : kOps) {
-    const size_t at = text.find(op);
-    if (at == std::string::npos || at == 0) continue;
-    // Take the earliest operator position (so "a>=1" is not read as "a>" "=1").
-    size_t first = at;
-    for (const char* other : kOps) {
-      const size_t o = text.find(other);
-      if (o != std::string::npos && o < first) first = o;
-    }
-    if (first != at) continue;
-    return Filter{text.substr(0, at), op, text.substr(at + std::string(op).size())};
+  const size_t end = text.find_last_of("<>=!");
+  if (end != std::string::npos && end > 0) {
+    size_t at = end;
+    if (text[end] == '=' && (text[end - 1] == '<' || text[end - 1] == '>' || text[end - 1] == '!')) --at;
+    const std::string op = text.substr(at, end - at + 1);
+    if (at > 0 && op != "!") return Filter{text.substr(0, at), op, text.substr(end + 1)};
   }
   return absl::InvalidArgumentError("filters[" + std::to_string(i) + "] '" + text +
                                     "' must read <column><op><value> with op one of = != < <= > >=");

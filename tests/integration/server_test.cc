@@ -104,6 +104,16 @@ double FinalValue(client::Client& c, const std::string& id, const std::string& n
   return m->series(0).values(m->series(0).values_size() - 1);
 }
 
+// A sweep of `base` over these seeds.
+v1::SweepSpec SeedSweep(const v1::ExperimentSpec& base, std::initializer_list<int> seeds) {
+  v1::SweepSpec sweep;
+  *sweep.mutable_base() = base;
+  v1::SweepAxis* axis = sweep.add_axes();
+  axis->set_field("seed");
+  for (int s : seeds) axis->add_values()->set_number_value(s);
+  return sweep;
+}
+
 TEST(IntegrationTest, SubmitWatchAndQueryMetrics) {
   TempDir dir;
   auto exec = engine::MakeTorchExecutor();
@@ -551,11 +561,6 @@ TEST(IntegrationTest, RestartedServerResumesAndMatchesAnUninterruptedRun) {
   }
 }
 
-}  // namespace
-}  // namespace circuitlab
-
-namespace circuitlab {
-namespace {
 
 TEST(IntegrationTest, SweepExpandsFiltersPivotsAndCancels) {
   TempDir dir;
@@ -616,6 +621,7 @@ TEST(IntegrationTest, SweepExpandsFiltersPivotsAndCancels) {
   req.clear_pivot();
   req.add_filters("lr>=1");
   req.add_filters("state=succeeded");
+  req.add_filters("first:eval/icl_rare/accuracy>=0=0");  // the operator is the rightmost one
   s = c.GetSweepSummary(req);
   ASSERT_TRUE(s.ok()) << s.status();
   ASSERT_EQ(s->rows_size(), 2);
@@ -729,11 +735,6 @@ TEST(IntegrationTest, DetectInterveneAndLabelAgreeOnACoordinateModel) {
   EXPECT_EQ(c.DetectCircuit(dreq).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
-}  // namespace
-}  // namespace circuitlab
-
-namespace circuitlab {
-namespace {
 
 TEST(IntegrationTest, EarlyStopAndDataDependenceCheck) {
   TempDir dir;
@@ -776,7 +777,10 @@ TEST(IntegrationTest, EarlyStopAndDataDependenceCheck) {
   }, std::chrono::seconds(120))) << r.status();
   ASSERT_EQ(r->state(), v1::ANALYSIS_STATE_DONE) << r->error();
   ASSERT_EQ(r->rows_size(), 3);
-  for (const auto& row : r->rows()) EXPECT_LT(row.identity_max_rel_error(), 1e-9);
+  for (const auto& row : r->rows()) {
+    EXPECT_LT(row.identity_max_rel_error(), 1e-9);
+    EXPECT_GT(row.gamma_stderr(), 0);  // defined even for few samples (chunk means)
+  }
   EXPECT_DOUBLE_EQ(r->rows(0).ratio(), 1.0);  // f_r = 1 is its own reference
   EXPECT_NEAR(r->rows(1).grad_gamma(), r->rows(1).closed_form_gamma(), 1e-9);
   EXPECT_GT(r->rows(2).point().delta(), 1.0);  // delta* resolved
@@ -794,11 +798,6 @@ TEST(IntegrationTest, EarlyStopAndDataDependenceCheck) {
   EXPECT_EQ(no_commons.status().code(), absl::StatusCode::kFailedPrecondition) << no_commons.status();
 }
 
-}  // namespace
-}  // namespace circuitlab
-
-namespace circuitlab {
-namespace {
 
 // Seed members of a sweep train as one ensemble, yet each run matches the
 // same spec trained alone, and its checkpoint is its own.
@@ -807,11 +806,7 @@ TEST(IntegrationTest, PackedSweepMembersMatchRunsTrainedAlone) {
   auto exec = engine::MakeTorchExecutor();
   Server server(dir.path(), exec.get());
   auto c = MakeClient(server.address());
-  v1::SweepSpec sweep;
-  *sweep.mutable_base() = TinySpec(60);
-  v1::SweepAxis* seeds = sweep.add_axes();
-  seeds->set_field("seed");
-  for (int s : {1, 2, 3}) seeds->add_values()->set_number_value(s);
+  const v1::SweepSpec sweep = SeedSweep(TinySpec(60), {1, 2, 3});
   auto sw = c.SubmitSweep(sweep);
   ASSERT_TRUE(sw.ok()) << sw.status();
   for (const std::string& id : sw->run_ids()) ASSERT_EQ(WaitForEnd(c, id), v1::RUN_STATE_SUCCEEDED);
@@ -836,22 +831,13 @@ TEST(IntegrationTest, PackedSweepMembersMatchRunsTrainedAlone) {
   }
 }
 
-}  // namespace
-}  // namespace circuitlab
-
-namespace circuitlab {
-namespace {
 
 // A drained pack checkpoints every member; after a restart each resumes
 // alone from its own checkpoint and ends like a run trained alone.
 TEST(IntegrationTest, DrainedPackMembersResumeAlone) {
   TempDir dir;
   auto exec = engine::MakeTorchExecutor();
-  v1::SweepSpec sweep;
-  *sweep.mutable_base() = TinySpec(400);
-  v1::SweepAxis* seeds = sweep.add_axes();
-  seeds->set_field("seed");
-  for (int s : {5, 6}) seeds->add_values()->set_number_value(s);
+  const v1::SweepSpec sweep = SeedSweep(TinySpec(400), {5, 6});
   {
     Server server(dir.path(), exec.get());
     auto c = MakeClient(server.address());
@@ -871,11 +857,6 @@ TEST(IntegrationTest, DrainedPackMembersResumeAlone) {
   }
 }
 
-}  // namespace
-}  // namespace circuitlab
-
-namespace circuitlab {
-namespace {
 
 // Packed members stop early on their own: each at the step it would alone.
 TEST(IntegrationTest, PackedMembersStopEarlyAtTheirOwnSteps) {
@@ -889,11 +870,7 @@ TEST(IntegrationTest, PackedMembersStopEarlyAtTheirOwnSteps) {
   base.mutable_training()->set_stop_metric("eval/icl_rare/accuracy");
   base.mutable_training()->set_stop_at(0.25);
   base.mutable_recording()->set_eval_every(5);
-  v1::SweepSpec sweep;
-  *sweep.mutable_base() = base;
-  v1::SweepAxis* seeds = sweep.add_axes();
-  seeds->set_field("seed");
-  for (int s : {1, 2, 5}) seeds->add_values()->set_number_value(s);
+  const v1::SweepSpec sweep = SeedSweep(base, {1, 2, 5});
   auto sw = c.SubmitSweep(sweep);
   ASSERT_TRUE(sw.ok()) << sw.status();
   std::vector<uint64_t> packed_steps;

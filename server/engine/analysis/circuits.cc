@@ -588,7 +588,10 @@ absl::StatusOr<LabelReport> LabelRunImpl(const v1::ExperimentSpec& spec,
   for (size_t k = 0; k < checkpoints.size(); ++k) {
     absl::StatusOr<Opened> o = Open(spec, checkpoints[k].second, Selection::kPaper);
     if (!o.ok()) return o.status();
-    const std::vector<double> c = projector.Project(*o->dense, 0).values;
+    // Open projected onto the paper basis already unless the run's own
+    // coordinate basis is the complete one.
+    const std::vector<double> c =
+        o->basis.selection == Selection::kPaper ? o->values : projector.Project(*o->dense, 0).values;
     CheckpointLabelReport r;
     r.step = checkpoints[k].first;
     r.icl_set = icl_set;
