@@ -10,8 +10,10 @@
 
 #include "server/engine/analysis/circuits.h"
 #include "server/engine/analysis/data_dependence.h"
+#include "server/engine/analysis/task_vectors.h"
 #include "server/engine/manifold/invariance.h"
 #include "server/engine/manifold/projection.h"
+#include "server/engine/train/latent_trainer.h"
 #include "server/engine/train/trainer.h"
 
 namespace circuitlab::engine {
@@ -103,10 +105,19 @@ class TorchExecutor : public Executor {
       seeds.push_back(r.spec.seed());
     }
     const auto& rec = spec.recording();
-    EnsembleTrainer trainer(spec, seeds, device);
+    std::unique_ptr<TrainerBase> trainer_ptr;
+    const EnsembleTrainer* imir = nullptr;
+    if (IsLatent(spec)) {
+      trainer_ptr = std::make_unique<LatentTrainer>(spec, seeds, device);
+    } else {
+      auto t = std::make_unique<EnsembleTrainer>(spec, seeds, device);
+      imir = t.get();
+      trainer_ptr = std::move(t);
+    }
+    TrainerBase& trainer = *trainer_ptr;
     std::optional<ManifoldRecorder> manifold;
-    if (rec.coordinates_every() > 0) {
-      manifold.emplace(trainer, rec.complete_coordinates());
+    if (imir != nullptr && rec.coordinates_every() > 0) {
+      manifold.emplace(*imir, rec.complete_coordinates());
       for (TrainObserver* o : observers) {
         if (absl::Status s = manifold->Announce(*o); !s.ok()) return s;
       }
@@ -116,7 +127,7 @@ class TorchExecutor : public Executor {
     } else {
       std::vector<std::vector<Metric>> initial = trainer.Evaluate();
       for (size_t e = 0; e < E; ++e) {
-        if (manifold) manifold->Record(0, trainer.model(), static_cast<int64_t>(e), *observers[e], initial[e]);
+        if (manifold) manifold->Record(0, imir->model(), static_cast<int64_t>(e), *observers[e], initial[e]);
         observers[e]->OnMetrics(0, initial[e]);
       }
     }
@@ -196,7 +207,7 @@ class TorchExecutor : public Executor {
       for (size_t e = 0; e < E; ++e) {
         if (!live[e]) continue;
         if (manifold && (ends[e] || next % rec.coordinates_every() == 0)) {
-          manifold->Record(next, trainer.model(), static_cast<int64_t>(e), *observers[e], points[e]);
+          manifold->Record(next, imir->model(), static_cast<int64_t>(e), *observers[e], points[e]);
         }
         if (!points[e].empty()) observers[e]->OnMetrics(next, points[e]);
         if (report || ends[e]) observers[e]->OnProgress(next, rate);
@@ -348,6 +359,35 @@ class TorchAnalyzer : public Analyzer {
           });
       if (stopped) return absl::CancelledError("data-dependence check stopped");
       return rows;
+    });
+  }
+
+  absl::StatusOr<TaskVectorReport> AnalyzeTaskVectors(const v1::ExperimentSpec& spec, const std::string& checkpoint,
+                                                      const TaskVectorRequest& request,
+                                                      const std::function<void(double)>& progress,
+                                                      const CancelToken* cancel) override {
+    return Guarded("task-vector analysis", [&]() -> absl::StatusOr<TaskVectorReport> {
+      if (!IsLatent(spec) || spec.model().kind_case() != v1::ModelSpec::kDecoder) {
+        return absl::FailedPreconditionError("task-vector analyses need a run of task.latent on model.decoder");
+      }
+      at::set_num_threads(1);
+      const int64_t layers = spec.model().decoder().num_layers();
+      for (const std::string& kind : {request.hook, request.estimation_hook, request.injection_hook}) {
+        if (absl::StatusOr<HookPoint> p = ParseHookPoint("L0." + kind, layers);
+            !p.ok() || p->kind == HookPoint::Kind::kPattern || p->kind == HookPoint::Kind::kHead) {
+          return absl::InvalidArgumentError("hook '" + kind + "' must be post_mlp, post_attn or resid_pre");
+        }
+      }
+      for (int l : request.layers) {
+        if (l < 0 || l >= layers) {
+          return absl::InvalidArgumentError("layers must be in [0, " + std::to_string(layers - 1) + "], got " +
+                                            std::to_string(l));
+        }
+      }
+      const LatentTaskGenerator task(spec.task().latent(), PoolSeedOf(spec.seed()));
+      const std::unique_ptr<DecoderModel> model = MakeDecoder(spec, 1, torch::kCPU);
+      if (absl::Status s = LoadWeights(checkpoint, model->parameter_names(), model->parameters()); !s.ok()) return s;
+      return RunTaskVectorAnalyses(*model, task, request, progress, cancel);
     });
   }
 

@@ -241,6 +241,55 @@ struct LabelReport {
   std::string label, pair, pair_predicted;
 };
 
+// ---- task-vector geometry (SCIENCE.md D.5, task.latent on model.decoder) ----
+
+// Which analyses; each fills rows under its own prefix.
+struct TaskVectorRequest {
+  bool p0 = true, p1 = true, p2 = true, p3 = true, steering = true, ood_r2 = true, kl = true;
+  // Hidden states for P0-P3 and OOD R^2: this hook kind at every layer of
+  // `layers` (empty = all): "post_mlp", "post_attn" or "resid_pre".
+  std::string hook = "post_mlp";
+  std::vector<int> layers;
+  // P0/P1 positions (empty: 2, 4, 8, 16, 32 and the last below T-1).
+  std::vector<int64_t> positions;
+  // Token-conditioned sequences per (position, token, task) cell.
+  int64_t samples_per_cell = 128;
+  // Estimation window of the task vectors, inclusive (-1: the last
+  // quarter of positions 0..T-2).
+  int64_t est_begin = -1, est_end = -1;
+  // P3: natural sequences per major.
+  int64_t p3_samples = 512;
+  // Steering (D.5.7): layer (-1 = last), the hooks the task vectors are
+  // estimated at and injected at, sequences per major for the estimate,
+  // evaluation samples, and the evaluation positions (inclusive; -1: T/3 to
+  // 2T/3).
+  int steering_layer = -1;
+  std::string estimation_hook = "post_attn", injection_hook = "post_attn";
+  int64_t steering_est_samples = 256, steering_samples = 2000;
+  int64_t steer_begin = -1, steer_end = -1;
+  // OOD R^2 (D.5.8): fresh OOD tasks and sequences averaged per task (and
+  // per major for the reference vectors).
+  int64_t ood_tasks = 32, ood_samples = 16;
+  // Mode transition (D.5.9): training-mixture sequences; the hybrid's
+  // p_common (G.4: fixed 0.9).
+  int64_t kl_samples = 512;
+  double p_common = 0.9;
+  uint64_t seed = 1;
+};
+
+// One number: analysis prefix/name, at a layer (-1: none) and a position
+// (-1: none).
+struct TaskVectorRow {
+  std::string name;  // e.g. "p0/resid_ratio", "p3/r_mean/task0", "steering/kl_inj"
+  int layer = -1;
+  int64_t position = -1;
+  double value = 0;
+};
+
+struct TaskVectorReport {
+  std::vector<TaskVectorRow> rows;
+};
+
 // Pure analyses of stored checkpoints. Thread-safe.
 class Analyzer {
  public:
@@ -269,6 +318,16 @@ class Analyzer {
       const v1::ExperimentSpec& spec, const std::vector<DataDependencePoint>& points,
       const DataDependenceConfig& config, const std::function<void(double)>& progress,
       const CancelToken* cancel) = 0;
+  // Task-vector geometry (D.5) of one checkpoint of a decoder model on a
+  // latent task. InvalidArgument for a hook or layer the model lacks,
+  // FailedPrecondition for an analysis the task kind does not support.
+  virtual absl::StatusOr<TaskVectorReport> AnalyzeTaskVectors(const v1::ExperimentSpec& spec,
+                                                              const std::string& checkpoint,
+                                                              const TaskVectorRequest& request,
+                                                              const std::function<void(double)>& progress,
+                                                              const CancelToken* cancel) {
+    return absl::UnimplementedError("this analyzer has no task-vector analyses");
+  }
   // D.2/D.3 labels of every checkpoint of a run, (step, bytes) ascending.
   virtual absl::StatusOr<LabelReport> LabelRun(const v1::ExperimentSpec& spec,
                                                const std::vector<std::pair<int64_t, std::string>>& checkpoints,

@@ -130,6 +130,39 @@ absl::Status ResolveMinimalIcl(v1::MinimalIclTask* t) {
   return CheckRange<uint32_t>(p + "num_labels", t->num_labels(), t->num_pairs(), 2048);
 }
 
+absl::Status ResolveLatent(v1::LatentTask* t) {
+  const std::string p = "task.latent.";
+  if (t->kind() == v1::LATENT_KIND_UNSPECIFIED) t->set_kind(v1::LATENT_KIND_DICE);
+  if (!v1::LatentKind_IsValid(t->kind())) {
+    return absl::InvalidArgumentError(p + "kind is not a known value: " + std::to_string(t->kind()) +
+                                      " (LATENT_KIND_DICE, LATENT_KIND_MARKOV, LATENT_KIND_DYCK)");
+  }
+  const bool dyck = t->kind() == v1::LATENT_KIND_DYCK;
+  if (!t->has_num_states()) t->set_num_states(t->kind() == v1::LATENT_KIND_MARKOV ? 7 : 6);
+  if (!t->has_seq_len()) t->set_seq_len(dyck ? 85 : 48);
+  if (!t->has_diversity()) t->set_diversity(-1);
+  if (!t->has_p_minor()) t->set_p_minor(0.1);
+  if (!t->has_num_majors()) t->set_num_majors(3);
+  if (!t->has_dirichlet_alpha()) t->set_dirichlet_alpha(1.0);
+  if (!t->has_num_ood()) t->set_num_ood(32);
+  if (!t->has_dyck_length()) t->set_dyck_length(10);
+  if (!t->has_repeat_prob()) t->set_repeat_prob(0.25);
+  CL_RETURN_IF_ERROR(CheckRange<uint32_t>(p + "num_states", t->num_states(), 2, 64));
+  CL_RETURN_IF_ERROR(CheckRange<uint32_t>(p + "seq_len", t->seq_len(), 4, 1024));
+  CL_RETURN_IF_ERROR(CheckRange<int32_t>(p + "diversity", t->diversity(), -1, 12));
+  CL_RETURN_IF_ERROR(CheckRange<double>(p + "p_minor", t->p_minor(), 0.0, 1.0));
+  CL_RETURN_IF_ERROR(CheckRange<uint32_t>(p + "num_majors", t->num_majors(), 2, 16));
+  if (!(t->dirichlet_alpha() > 0.0 && t->dirichlet_alpha() <= 100.0)) {
+    return absl::InvalidArgumentError(p + "dirichlet_alpha must be in (0, 100], got " + Num(t->dirichlet_alpha()));
+  }
+  CL_RETURN_IF_ERROR(CheckRange<uint32_t>(p + "num_ood", t->num_ood(), 1, 1024));
+  CL_RETURN_IF_ERROR(CheckRange<uint32_t>(p + "dyck_length", t->dyck_length(), 1, 64));
+  if (!(t->repeat_prob() > 0.0 && t->repeat_prob() <= 1.0)) {
+    return absl::InvalidArgumentError(p + "repeat_prob must be in (0, 1], got " + Num(t->repeat_prob()));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ResolveTask(v1::ExperimentSpec* spec) {
   auto* task = spec->mutable_task();
   switch (task->kind_case()) {
@@ -141,6 +174,7 @@ absl::Status ResolveTask(v1::ExperimentSpec* spec) {
     case v1::TaskSpec::kPermutationInversion:
       return ResolvePermutationInversion(task->mutable_permutation_inversion());
     case v1::TaskSpec::kMinimalIcl: return ResolveMinimalIcl(task->mutable_minimal_icl());
+    case v1::TaskSpec::kLatent: return ResolveLatent(task->mutable_latent());
     default: break;
   }
   auto* t = task->mutable_associative_recall();
@@ -267,8 +301,48 @@ absl::Status ResolveCoordinates(const v1::ExperimentSpec& spec, v1::ImirModel* m
   return absl::OkStatus();
 }
 
+absl::Status ResolveDecoder(v1::ExperimentSpec* spec) {
+  auto* m = spec->mutable_model()->mutable_decoder();
+  const std::string p = "model.decoder.";
+  if (!IsLatent(*spec)) {
+    return absl::InvalidArgumentError(p + "is the model of task.latent; task." + TaskName(spec->task()) +
+                                      " trains on model.imir");
+  }
+  if (!m->has_num_layers()) m->set_num_layers(2);
+  if (!m->has_d_model()) m->set_d_model(48);
+  if (!m->has_num_heads()) m->set_num_heads(2);
+  if (!m->has_mlp_width()) m->set_mlp_width(4 * std::min<uint32_t>(m->d_model(), 2048));
+  if (m->activation() == v1::ACTIVATION_UNSPECIFIED) m->set_activation(v1::ACTIVATION_SILU);
+  if (!m->has_init_std()) m->set_init_std(0.02);
+  if (!m->has_rope_base()) m->set_rope_base(10000.0);
+  CL_RETURN_IF_ERROR(CheckRange<uint32_t>(p + "num_layers", m->num_layers(), 1, 24));
+  CL_RETURN_IF_ERROR(CheckRange<uint32_t>(p + "d_model", m->d_model(), 4, 1024));
+  CL_RETURN_IF_ERROR(CheckRange<uint32_t>(p + "num_heads", m->num_heads(), 1, 16));
+  if (m->d_model() % (2 * m->num_heads()) != 0) {
+    return absl::InvalidArgumentError(p + "d_model must be a multiple of 2 * num_heads (RoPE rotates pairs of a "
+                                      "head's dimensions), got d_model " + std::to_string(m->d_model()) +
+                                      " and num_heads " + std::to_string(m->num_heads()));
+  }
+  CL_RETURN_IF_ERROR(CheckRange<uint32_t>(p + "mlp_width", m->mlp_width(), 1, 8192));
+  if (!v1::Activation_IsValid(m->activation())) {
+    return absl::InvalidArgumentError(p + "activation is not a known value: " + std::to_string(m->activation()));
+  }
+  CL_RETURN_IF_ERROR(CheckRange<double>(p + "init_std", m->init_std(), 0.0, 1.0));
+  return CheckRange<double>(p + "rope_base", m->rope_base(), 2.0, 1e7);
+}
+
 absl::Status ResolveModel(v1::ExperimentSpec* spec) {
-  if (spec->model().kind_case() == v1::ModelSpec::KIND_NOT_SET) spec->mutable_model()->mutable_imir();
+  if (spec->model().kind_case() == v1::ModelSpec::KIND_NOT_SET) {
+    if (IsLatent(*spec)) {
+      spec->mutable_model()->mutable_decoder();
+    } else {
+      spec->mutable_model()->mutable_imir();
+    }
+  }
+  if (spec->model().kind_case() == v1::ModelSpec::kDecoder) return ResolveDecoder(spec);
+  if (IsLatent(*spec)) {
+    return absl::InvalidArgumentError("model.imir needs a block-list task; task.latent trains on model.decoder");
+  }
   auto* m = spec->mutable_model()->mutable_imir();
   const std::string p = "model.imir.";
   if (!m->has_num_layers()) m->set_num_layers(2);
@@ -312,12 +386,24 @@ absl::Status ResolveModel(v1::ExperimentSpec* spec) {
 absl::Status ResolveTraining(const EngineLimits& limits, v1::ExperimentSpec* spec) {
   auto* tr = spec->mutable_training();
   const std::string p = "training.";
-  if (tr->optimizer() == v1::OPTIMIZER_KIND_UNSPECIFIED) tr->set_optimizer(v1::OPTIMIZER_KIND_SGD);
+  const bool latent = IsLatent(*spec);
+  if (tr->optimizer() == v1::OPTIMIZER_KIND_UNSPECIFIED) {
+    tr->set_optimizer(latent ? v1::OPTIMIZER_KIND_ADAMW : v1::OPTIMIZER_KIND_SGD);
+  }
   if (!v1::OptimizerKind_IsValid(tr->optimizer())) {
     return absl::InvalidArgumentError(p + "optimizer is not a known value: " + std::to_string(tr->optimizer()));
   }
-  if (!tr->has_learning_rate()) tr->set_learning_rate(tr->optimizer() == v1::OPTIMIZER_KIND_ADAM ? 1e-3 : 2.0);
-  if (!tr->has_batch_size()) tr->set_batch_size(256);
+  if (!tr->has_learning_rate()) tr->set_learning_rate(tr->optimizer() == v1::OPTIMIZER_KIND_SGD ? 2.0 : 1e-3);
+  if (!tr->has_batch_size()) tr->set_batch_size(latent ? 32 : 256);
+  if (tr->schedule() == v1::LR_SCHEDULE_UNSPECIFIED) {
+    tr->set_schedule(latent ? v1::LR_SCHEDULE_TRIANGLE : v1::LR_SCHEDULE_CONSTANT);
+  }
+  if (!v1::LrSchedule_IsValid(tr->schedule())) {
+    return absl::InvalidArgumentError(p + "schedule is not a known value: " + std::to_string(tr->schedule()));
+  }
+  if (!tr->has_warmup_fraction()) tr->set_warmup_fraction(0.1);
+  if (!tr->has_min_learning_rate()) tr->set_min_learning_rate(std::min(1e-5, tr->learning_rate()));
+  if (!tr->has_grad_clip()) tr->set_grad_clip(0.0);
   if (!tr->has_steps()) tr->set_steps(std::min<uint64_t>(1000, limits.max_steps));
   if (!tr->has_momentum()) tr->set_momentum(0.0);
   if (!tr->has_adam_beta1()) tr->set_adam_beta1(0.9);
@@ -346,6 +432,13 @@ absl::Status ResolveTraining(const EngineLimits& limits, v1::ExperimentSpec* spe
     }
   }
   CL_RETURN_IF_ERROR(CheckRange<double>(p + "weight_decay", tr->weight_decay(), 0.0, 1.0));
+  CL_RETURN_IF_ERROR(CheckRange<double>(p + "warmup_fraction", tr->warmup_fraction(), 0.0, 1.0));
+  CL_RETURN_IF_ERROR(CheckRange<double>(p + "min_learning_rate", tr->min_learning_rate(), 0.0, tr->learning_rate()));
+  CL_RETURN_IF_ERROR(CheckRange<double>(p + "grad_clip", tr->grad_clip(), 0.0, 1e6));
+  if (latent && tr->loss() != v1::LOSS_KIND_CROSS_ENTROPY) {
+    return absl::InvalidArgumentError(p + "loss must be LOSS_KIND_CROSS_ENTROPY for task.latent (next-token "
+                                      "cross-entropy on every position)");
+  }
   if (tr->stop_metric().empty()) {
     if (tr->has_stop_at()) return absl::InvalidArgumentError(p + "stop_at needs " + p + "stop_metric");
   } else {
@@ -353,7 +446,7 @@ absl::Status ResolveTraining(const EngineLimits& limits, v1::ExperimentSpec* spe
     const size_t slash = m.find('/', 5);
     if (m.size() > 128 || m.rfind("eval/", 0) != 0 || slash == std::string::npos || slash + 1 >= m.size()) {
       return absl::InvalidArgumentError(p + "stop_metric must name an evaluation metric eval/<set>/<name> "
-                                        "(e.g. eval/icl_rare/accuracy), got '" + m + "'");
+                                        "(e.g. eval/icl_rare/accuracy, eval/id/loss), got '" + m + "'");
     }
     if (!tr->has_stop_at() || !std::isfinite(tr->stop_at())) {
       return absl::InvalidArgumentError(p + "stop_at must be a finite number when stop_metric is set");
@@ -369,10 +462,15 @@ absl::Status ResolveRecording(v1::ExperimentSpec* spec) {
   auto clamp_default = [&](uint32_t d) { return static_cast<uint32_t>(std::min<uint64_t>(d, steps)); };
   if (!r->has_metrics_every()) r->set_metrics_every(clamp_default(10));
   if (!r->has_eval_every()) r->set_eval_every(clamp_default(100));
-  if (!r->has_eval_size()) r->set_eval_size(2048);
+  const bool latent = IsLatent(*spec);
+  if (!r->has_eval_size()) r->set_eval_size(latent ? 512 : 2048);
   if (!r->has_checkpoint_every()) r->set_checkpoint_every(clamp_default(250));
   if (!r->has_keep_checkpoints()) r->set_keep_checkpoints(0);
-  if (!r->has_coordinates_every()) r->set_coordinates_every(r->eval_every());
+  if (!r->has_coordinates_every()) r->set_coordinates_every(latent ? 0 : r->eval_every());
+  if (latent && (r->coordinates_every() != 0 || r->complete_coordinates())) {
+    return absl::InvalidArgumentError(p + "coordinates_every and complete_coordinates record IMIR coordinates; "
+                                      "model.decoder has none (leave them unset or 0)");
+  }
   CL_RETURN_IF_ERROR(CheckRange<uint64_t>(p + "metrics_every", r->metrics_every(), 1, steps));
   CL_RETURN_IF_ERROR(CheckRange<uint64_t>(p + "eval_every", r->eval_every(), 1, steps));
   CL_RETURN_IF_ERROR(CheckRange<uint32_t>(p + "eval_size", r->eval_size(), 16, 65536));
@@ -414,6 +512,7 @@ absl::Status ResolveTop(v1::ExperimentSpec* spec) {
 }  // namespace
 
 int64_t ResidualWidth(const v1::ExperimentSpec& spec) {
+  if (spec.model().kind_case() == v1::ModelSpec::kDecoder) return spec.model().decoder().d_model();
   const TaskShape s = ShapeOf(spec);
   const auto& m = spec.model().imir();
   int64_t width = s.vocab + s.positions;
@@ -443,6 +542,13 @@ std::vector<int32_t> TrainedCoordinates(const v1::ExperimentSpec& spec, const Ba
 
 int64_t ParameterCount(const v1::ExperimentSpec& spec) {
   const TaskShape s = ShapeOf(spec);
+  if (spec.model().kind_case() == v1::ModelSpec::kDecoder) {
+    const auto& m = spec.model().decoder();
+    const int64_t d = m.d_model(), f = m.mlp_width();
+    // Per block: two LayerNorms, q/k/v/o, the MLP with biases.
+    const int64_t block = 4 * d + 4 * d * d + 2 * d * f + f + d;
+    return s.vocab * d + m.num_layers() * block + d * s.vocab + s.vocab;
+  }
   const auto& m = spec.model().imir();
   if (m.parameterisation() == v1::PARAMETERISATION_COORDINATES) {
     return m.coordinates_size() > 0 ? m.coordinates_size()
@@ -458,6 +564,26 @@ int64_t ParameterCount(const v1::ExperimentSpec& spec) {
 
 uint64_t EstimateRunMemoryBytes(const v1::ExperimentSpec& spec) {
   const TaskShape s = ShapeOf(spec);
+  if (spec.model().kind_case() == v1::ModelSpec::kDecoder) {
+    const auto& m = spec.model().decoder();
+    const double t = static_cast<double>(s.seq_len), d = m.d_model(), f = m.mlp_width();
+    // Per block and token: LN outputs, q/k/v/attention output, MLP hidden
+    // before and after the activation; per head the T x T scores and softmax.
+    auto per_block = [&](double batch) {
+      return batch * t * (10.0 * d + 2.0 * f) + 2.0 * batch * m.num_heads() * t * t;
+    };
+    const double logits = 3.0 * t * static_cast<double>(s.vocab);
+    const double batch = spec.training().batch_size();
+    // Training keeps every block's activations and their gradients;
+    // evaluation (no autograd) one block at a time, kLatentEvalChunk sequences.
+    const double train = 2.0 * (m.num_layers() * per_block(batch) + batch * logits);
+    const double eval = 2.0 * (per_block(kLatentEvalChunk) + kLatentEvalChunk * logits);
+    const double params = static_cast<double>(ParameterCount(spec));
+    // Evaluation sets: tokens (int64) and the reference predictor's log-probs
+    // (float64) for at most three sets; their Bayes laws in chunks of 64.
+    const double eval_sets = 3.0 * spec.recording().eval_size() * t * 16.0 + 64.0 * t * 24.0 * s.vocab;
+    return static_cast<uint64_t>(4.0 * (4.0 * params + train + eval) + eval_sets);
+  }
   const auto& m = spec.model().imir();
   const double batch = std::max<double>(spec.training().batch_size(), kEvalChunk);
   const double t = static_cast<double>(s.seq_len);

@@ -21,6 +21,8 @@ namespace circuitlab::engine {
 // Sequences evaluated (and sampled) per forward pass: bounds evaluation
 // memory; the memory estimate below assumes it.
 inline constexpr int64_t kEvalChunk = 512;
+// The same for the decoder models of latent tasks (T x T attention per head).
+inline constexpr int64_t kLatentEvalChunk = 128;
 
 struct EngineLimits {
   // Most optimisation steps one run may ask for.

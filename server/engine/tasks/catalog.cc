@@ -31,6 +31,7 @@ std::string TaskName(const v1::TaskSpec& task) {
     case v1::TaskSpec::kConditionalRetrieval: return "conditional_retrieval";
     case v1::TaskSpec::kPermutationInversion: return "permutation_inversion";
     case v1::TaskSpec::kMinimalIcl: return "minimal_icl";
+    case v1::TaskSpec::kLatent: return "latent";
     default: return "associative_recall";
   }
 }
@@ -83,6 +84,12 @@ TaskShape ShapeOf(const v1::ExperimentSpec& spec) {
       s.seq_len = 2 + 2 * int64_t{t.num_pairs()};
       break;
     }
+    case v1::TaskSpec::kLatent: {
+      const auto& t = task.latent();
+      s.vocab = LatentVocab(t);
+      s.seq_len = t.seq_len();
+      break;
+    }
     default: {
       const auto& t = task.associative_recall();
       s.vocab = kNumSpecials + int64_t{t.num_common()} + t.num_rare() + t.num_heldout();
@@ -95,6 +102,12 @@ TaskShape ShapeOf(const v1::ExperimentSpec& spec) {
   s.positions = absolute ? s.seq_len : positions;
   return s;
 }
+
+int64_t LatentVocab(const v1::LatentTask& t) {
+  return int64_t{t.num_states()} + (t.kind() == v1::LATENT_KIND_DYCK ? 2 : 0);
+}
+
+bool IsLatent(const v1::ExperimentSpec& spec) { return spec.task().kind_case() == v1::TaskSpec::kLatent; }
 
 TaskSymmetry AssocRecallSymmetry(int64_t num_common, int64_t num_rare, int64_t num_heldout, int64_t block_length,
                                  int64_t positions, bool absolute_positions) {

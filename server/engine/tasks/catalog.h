@@ -28,10 +28,19 @@ struct TaskShape {
 TaskShape ShapeOf(const v1::ExperimentSpec& resolved);
 
 // "associative_recall", "k_hop", "ngram", "ioi", "conditional_retrieval",
-// "permutation_inversion", "minimal_icl".
+// "permutation_inversion", "minimal_icl", "latent".
 std::string TaskName(const v1::TaskSpec& task);
 
-// The symmetry group of the task's data: token classes (exchangeable tokens),
+// Vocabulary of a resolved latent task: S states, plus the up and down
+// symbols for DYCK.
+int64_t LatentVocab(const v1::LatentTask& task);
+
+// A task of the latent-task family (SCIENCE.md A.2; trained on
+// model.decoder). The IMIR analyses (bases, coordinates, circuits) do not
+// apply to them.
+bool IsLatent(const v1::ExperimentSpec& spec);
+
+// The symmetry group of the task's data (block-list tasks only): token classes (exchangeable tokens),
 // the fixed relation, held-out tokens, the position group and the paper set's
 // shifts. For associative recall the relation pairs common tokens in a
 // placeholder order (coordinate labels do not depend on which pairs); a task

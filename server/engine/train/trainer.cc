@@ -11,31 +11,11 @@
 
 namespace circuitlab::engine {
 
-torch::Generator MakeGenerator(uint64_t seed) { return at::make_generator<at::CPUGeneratorImpl>(seed); }
-
 uint64_t EvalSeed(uint64_t seed, SampleMode mode) {
   return DeriveSeed63(seed, "eval", static_cast<uint64_t>(mode));
 }
 
 namespace {
-
-constexpr int64_t kCheckpointFormat = 1;
-
-// Seeds of one member, by purpose (SCIENCE.md 0.3).
-uint64_t InitSeed(uint64_t seed) { return DeriveSeed63(seed, "init"); }
-uint64_t BatchSeed(uint64_t seed, int64_t step) { return DeriveSeed63(seed, "batch", static_cast<uint64_t>(step)); }
-
-std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(const v1::TrainingSpec& t,
-                                                       const std::vector<torch::Tensor>& params) {
-  if (t.optimizer() == v1::OPTIMIZER_KIND_ADAM) {
-    auto opts = torch::optim::AdamOptions(t.learning_rate())
-                    .betas({t.adam_beta1(), t.adam_beta2()})
-                    .weight_decay(t.weight_decay());
-    return std::make_unique<torch::optim::Adam>(params, opts);
-  }
-  auto opts = torch::optim::SGDOptions(t.learning_rate()).momentum(t.momentum()).weight_decay(t.weight_decay());
-  return std::make_unique<torch::optim::SGD>(params, opts);
-}
 
 Batch Concat(const std::vector<Batch>& parts) {
   auto cat = [&](torch::Tensor Batch::*field) {
@@ -81,7 +61,7 @@ std::unique_ptr<ImirModel> MakeModel(const v1::ExperimentSpec& spec, const Block
 
 void InitializeModel(const v1::ExperimentSpec& spec, const std::vector<uint64_t>& member_seeds, ImirModel& model) {
   std::vector<uint64_t> init_seeds;
-  for (uint64_t seed : member_seeds) init_seeds.push_back(InitSeed(seed));
+  for (uint64_t seed : member_seeds) init_seeds.push_back(InitSeedOf(seed));
   const auto& m = spec.model().imir();
   if (!model.coordinate_model()) {
     model.Initialize(init_seeds);
@@ -112,11 +92,11 @@ void InitializeModel(const v1::ExperimentSpec& spec, const std::vector<uint64_t>
 
 EnsembleTrainer::EnsembleTrainer(const v1::ExperimentSpec& spec, std::vector<uint64_t> member_seeds,
                                  torch::Device device)
-    : spec_(spec), seeds_(std::move(member_seeds)), device_(device) {
+    : TrainerBase(spec, std::move(member_seeds), device) {
   for (uint64_t seed : seeds_) tasks_.push_back(MakeBlockTask(spec_, PoolSeedOf(seed)));
   model_ = MakeModel(spec_, *tasks_[0], ensemble(), device_);
   InitializeModel(spec_, seeds_, *model_);
-  optimizer_ = MakeOptimizer(spec_.training(), model_->parameters());
+  MakeOptimizer(model_->parameters(), model_->parameter_names());
 
   const int64_t eval_size = spec_.recording().eval_size();
   for (const EvalSetInfo& info : tasks_[0]->EvalSets()) {
@@ -164,7 +144,7 @@ std::vector<std::vector<Metric>> EnsembleTrainer::Step(bool record) {
   std::vector<Batch> batches;
   std::vector<const Batch*> ptrs;
   for (size_t e = 0; e < seeds_.size(); ++e) {
-    torch::Generator gen = MakeGenerator(BatchSeed(seeds_[e], next));
+    torch::Generator gen = MakeGenerator(BatchSeedOf(seeds_[e], next));
     batches.push_back(tasks_[e]->Sample(batch, SampleMode::kTrain, gen));
   }
   for (const Batch& b : batches) ptrs.push_back(&b);
@@ -172,19 +152,17 @@ std::vector<std::vector<Metric>> EnsembleTrainer::Step(bool record) {
 
   torch::Tensor logits = model_->Forward(s.tokens, s.pids);                      // [E, B, V]
   torch::Tensor member_loss = MemberLoss(logits, s.target);                      // [E]
-  optimizer_->zero_grad();
+  ZeroGrad();
   // Members share no parameters, so the gradient of the sum is each member's
   // own gradient. (A coordinate model whose readout has no coordinate
   // computes constant logits: nothing to differentiate.)
   if (member_loss.requires_grad()) member_loss.sum().backward();
 
   std::vector<std::vector<Metric>> out;
+  torch::Tensor sq;
+  Update(record ? &sq : nullptr);
   if (record) {
     torch::NoGradGuard no_grad;
-    torch::Tensor sq = torch::zeros({ensemble()}, torch::TensorOptions().dtype(torch::kDouble).device(device_));
-    for (const torch::Tensor& p : model_->parameters()) {
-      if (p.grad().defined()) sq += p.grad().to(torch::kDouble).pow(2).flatten(1).sum(1);
-    }
     torch::Tensor acc = (logits.argmax(-1) == s.target).to(torch::kDouble).mean(1).cpu();
     torch::Tensor loss = member_loss.detach().to(torch::kDouble).cpu();
     torch::Tensor norm = sq.sqrt().cpu();
@@ -194,8 +172,6 @@ std::vector<std::vector<Metric>> EnsembleTrainer::Step(bool record) {
                      {"train/grad_norm", norm[e].item<double>()}});
     }
   }
-  optimizer_->step();
-  step_ = next;
   return out;
 }
 
@@ -268,125 +244,8 @@ std::vector<std::vector<Metric>> EnsembleTrainer::Evaluate() const {
   return out;
 }
 
-uint64_t EnsembleTrainer::Fingerprint(const std::vector<uint64_t>& seeds) const {
-  // What determines the trajectory: task, data, model, training and seeds.
-  uint64_t h = HashPurpose(spec_.task().SerializeAsString());
-  h = Mix64(h ^ HashPurpose(spec_.data().SerializeAsString()));
-  h = Mix64(h ^ HashPurpose(spec_.model().SerializeAsString()));
-  h = Mix64(h ^ HashPurpose(spec_.training().SerializeAsString()));
-  for (uint64_t s : seeds) h = Mix64(h ^ s);
-  return h >> 1;
-}
-
-std::string EnsembleTrainer::Archive(const std::vector<uint64_t>& seeds, const std::vector<torch::Tensor>& params,
-                                     const torch::optim::Optimizer& optimizer) const {
-  torch::serialize::OutputArchive archive;
-  archive.write("format", torch::tensor(kCheckpointFormat));
-  archive.write("fingerprint", torch::tensor(static_cast<int64_t>(Fingerprint(seeds))));
-  archive.write("step", torch::tensor(step_));
-  std::vector<int64_t> s(seeds.begin(), seeds.end());
-  archive.write("rng/member_seeds", torch::tensor(s));
-  const auto names = model_->parameter_names();
-  for (size_t i = 0; i < params.size(); ++i) archive.write("param/" + names[i], params[i].detach().cpu());
-  torch::serialize::OutputArchive opt;
-  optimizer.save(opt);
-  archive.write("optimizer", opt);
-  std::ostringstream out;
-  archive.save_to(out);
-  return out.str();
-}
-
-std::string EnsembleTrainer::SaveCheckpoint() const { return Archive(seeds_, model_->parameters(), *optimizer_); }
-
-std::string EnsembleTrainer::SaveMemberCheckpoint(int64_t member) const {
-  if (ensemble() == 1) return SaveCheckpoint();
-  // A one-member optimizer over slices of the parameters, its state sliced
-  // from the ensemble's: the checkpoint a one-member run would have written.
-  torch::NoGradGuard no_grad;
-  std::vector<torch::Tensor> params;
-  for (const torch::Tensor& p : model_->parameters()) {
-    params.push_back(p.narrow(0, member, 1).detach().clone().requires_grad_(true));
-  }
-  std::unique_ptr<torch::optim::Optimizer> single = MakeOptimizer(spec_.training(), params);
-  const auto key = [](const torch::Tensor& t) { return c10::guts::to_string(t.unsafeGetTensorImpl()); };
-  const auto slice = [&](const torch::Tensor& t) { return t.defined() ? t.narrow(0, member, 1).clone() : t; };
-  const auto full = model_->parameters();
-  for (size_t i = 0; i < full.size(); ++i) {
-    auto it = optimizer_->state().find(key(full[i]));
-    if (it == optimizer_->state().end()) continue;
-    if (auto* adam = dynamic_cast<torch::optim::AdamParamState*>(it->second.get())) {
-      auto st = std::make_unique<torch::optim::AdamParamState>();
-      st->step(adam->step());
-      st->exp_avg(slice(adam->exp_avg()));
-      st->exp_avg_sq(slice(adam->exp_avg_sq()));
-      st->max_exp_avg_sq(slice(adam->max_exp_avg_sq()));
-      single->state()[key(params[i])] = std::move(st);
-    } else if (auto* sgd = dynamic_cast<torch::optim::SGDParamState*>(it->second.get())) {
-      auto st = std::make_unique<torch::optim::SGDParamState>();
-      st->momentum_buffer(slice(sgd->momentum_buffer()));
-      single->state()[key(params[i])] = std::move(st);
-    }
-  }
-  return Archive({seeds_[static_cast<size_t>(member)]}, params, *single);
-}
-
-uint64_t PoolSeedOf(uint64_t member_seed) { return DeriveSeed63(member_seed, "pool"); }
-
 absl::Status LoadWeights(const std::string& checkpoint, ImirModel& model) {
-  torch::serialize::InputArchive archive;
-  std::istringstream in(checkpoint);
-  archive.load_from(in, torch::kCPU);
-  torch::Tensor format;
-  archive.read("format", format);
-  if (format.item<int64_t>() != kCheckpointFormat) {
-    return absl::InvalidArgumentError("checkpoint format " + std::to_string(format.item<int64_t>()) +
-                                      " is not supported");
-  }
-  const auto names = model.parameter_names();
-  const auto params = model.parameters();
-  torch::NoGradGuard no_grad;
-  for (size_t i = 0; i < params.size(); ++i) {
-    torch::Tensor t;
-    archive.read("param/" + names[i], t);
-    if (!t.sizes().equals(params[i].sizes())) {
-      return absl::InvalidArgumentError("checkpoint parameter " + names[i] + " has shape " +
-                                        c10::str(t.sizes()) + ", the spec's model " + c10::str(params[i].sizes()));
-    }
-    params[i].copy_(t);
-  }
-  return absl::OkStatus();
-}
-
-absl::Status EnsembleTrainer::LoadCheckpoint(const std::string& bytes) {
-  torch::serialize::InputArchive archive;
-  std::istringstream in(bytes);
-  archive.load_from(in, device_);
-  torch::Tensor format, fingerprint, step;
-  archive.read("format", format);
-  if (format.item<int64_t>() != kCheckpointFormat) {
-    return absl::InvalidArgumentError("checkpoint format " + std::to_string(format.item<int64_t>()) +
-                                      " is not supported (expected " + std::to_string(kCheckpointFormat) + ")");
-  }
-  archive.read("fingerprint", fingerprint);
-  if (static_cast<uint64_t>(fingerprint.item<int64_t>()) != Fingerprint(seeds_)) {
-    return absl::InvalidArgumentError("checkpoint belongs to a different spec, seed or ensemble");
-  }
-  archive.read("step", step);
-  const auto names = model_->parameter_names();
-  const auto params = model_->parameters();
-  {
-    torch::NoGradGuard no_grad;
-    for (size_t i = 0; i < params.size(); ++i) {
-      torch::Tensor t;
-      archive.read("param/" + names[i], t);
-      params[i].copy_(t);
-    }
-  }
-  torch::serialize::InputArchive opt;
-  archive.read("optimizer", opt);
-  optimizer_->load(opt);
-  step_ = step.item<int64_t>();
-  return absl::OkStatus();
+  return LoadWeights(checkpoint, model.parameter_names(), model.parameters());
 }
 
 }  // namespace circuitlab::engine

@@ -1,0 +1,412 @@
+#include "server/engine/analysis/task_vectors.h"
+
+#include <algorithm>
+#include <map>
+
+#include "server/common/seeds.h"
+#include "server/engine/train/trainer_base.h"
+
+namespace circuitlab::engine {
+namespace {
+
+// Sequences per forward pass of the analyses (bounds activation memory).
+constexpr int64_t kChunk = 1024;
+// Sequences per chunk of the known-pool Bayes predictor ([chunk, T, tasks]).
+constexpr int64_t kBayesChunk = 64;
+
+const auto kF64 = torch::TensorOptions().dtype(torch::kDouble);
+const auto kI64 = torch::TensorOptions().dtype(torch::kLong);
+
+std::string HookName(int layer, const std::string& kind) { return "L" + std::to_string(layer) + "." + kind; }
+
+double Pearson(const torch::Tensor& a, const torch::Tensor& b) {
+  torch::Tensor x = a - a.mean(), y = b - b.mean();
+  const double den = std::sqrt((x * x).sum().item<double>() * (y * y).sum().item<double>());
+  return den > 0 ? (x * y).sum().item<double>() / den : 0.0;
+}
+
+// Repeats each of `n` ids `times` times: [0,0,..,1,1,..].
+torch::Tensor Repeat(int64_t n, int64_t times) { return torch::arange(n, kI64).repeat_interleave(times); }
+
+class Reporter {
+ public:
+  Reporter(const std::function<void(double)>& progress, const CancelToken* cancel, int stages)
+      : progress_(progress), cancel_(cancel), stages_(std::max(1, stages)) {}
+  // Marks `fraction` of the current stage done; false when cancelled.
+  bool At(double fraction) {
+    if (progress_) progress_((static_cast<double>(stage_) + std::clamp(fraction, 0.0, 1.0)) / stages_);
+    return cancel_ == nullptr || !cancel_->stop_requested();
+  }
+  bool NextStage() {
+    ++stage_;
+    return At(0.0);
+  }
+
+ private:
+  const std::function<void(double)>& progress_;
+  const CancelToken* cancel_;
+  int stages_;
+  int stage_ = 0;
+};
+
+absl::Status Stopped() { return absl::CancelledError("task-vector analysis stopped"); }
+
+// Token-conditioned states at position t (D.5.1): for every token value a
+// and major k, B sequences of task k with x_t overwritten by a (the same base
+// sequences for every a). One [V, K, B, D] tensor per layer.
+std::vector<torch::Tensor> ConditionedAt(const DecoderModel& model, const LatentTaskGenerator& task, int64_t t,
+                                         int64_t B, const std::vector<int>& layers, const std::string& kind,
+                                         torch::Generator& gen) {
+  const int64_t K = task.num_majors(), V = task.vocab_size();
+  torch::Tensor base = task.SamplePool(LatentPool::kMajor, Repeat(K, B), gen).tokens.narrow(1, 0, t + 1);
+  torch::Tensor all = base.unsqueeze(0).repeat({V, 1, 1});  // [V, K*B, t+1]
+  all.select(2, t).copy_(torch::arange(V, kI64).unsqueeze(1).expand({V, K * B}));
+  std::vector<torch::Tensor> states = HiddenStates(model, all.view({V * K * B, t + 1}), layers, kind);
+  for (torch::Tensor& s : states) s = s.select(1, t).view({V, K, B, -1});
+  return states;
+}
+
+// KL(p || q) summed over the last dim, from log p and q.
+torch::Tensor KlFromLogP(const torch::Tensor& logp, const torch::Tensor& q) {
+  return (logp.exp() * (logp - q.clamp_min(1e-300).log())).sum(-1);
+}
+
+}  // namespace
+
+torch::Tensor ProjectToSimplex(const torch::Tensor& v) {
+  const int64_t K = v.size(-1);
+  torch::Tensor u = std::get<0>(v.sort(-1, /*descending=*/true));
+  torch::Tensor css = u.cumsum(-1) - 1.0;
+  torch::Tensor ind = torch::arange(1, K + 1, v.options());
+  torch::Tensor rho = (u - css / ind > 0).sum(-1, true).clamp_min(1);  // the true entries form a prefix
+  torch::Tensor theta = css.gather(-1, rho - 1) / rho.to(v.scalar_type());
+  return (v - theta).clamp_min(0.0);
+}
+
+torch::Tensor AffineWeights(const torch::Tensor& y, const torch::Tensor& theta) {
+  const int64_t K = theta.size(0);
+  // Bordered normal equations [G 1; 1^T 0] [b; l] = [theta y; 1].
+  torch::Tensor A = torch::zeros({K + 1, K + 1}, y.options());
+  A.narrow(0, 0, K).narrow(1, 0, K).copy_(torch::matmul(theta, theta.t()));
+  A.narrow(0, 0, K).select(1, K).fill_(1.0);
+  A.select(0, K).narrow(0, 0, K).fill_(1.0);
+  torch::Tensor rhs = torch::cat({torch::matmul(y, theta.t()), torch::ones({y.size(0), 1}, y.options())}, 1);
+  return torch::matmul(rhs, torch::linalg_pinv(A).t()).narrow(1, 0, K);
+}
+
+std::vector<torch::Tensor> HiddenStates(const DecoderModel& model, const torch::Tensor& tokens,
+                                        const std::vector<int>& layers, const std::string& kind) {
+  torch::NoGradGuard no_grad;
+  std::map<std::string, size_t> want;
+  for (size_t i = 0; i < layers.size(); ++i) want[HookName(layers[i], kind)] = i;
+  const int upto = *std::max_element(layers.begin(), layers.end());
+  std::vector<std::vector<torch::Tensor>> parts(layers.size());
+  const int64_t N = tokens.size(0);
+  for (int64_t b = 0; b < N; b += kChunk) {
+    torch::Tensor chunk = tokens.narrow(0, b, std::min(kChunk, N - b)).unsqueeze(0);
+    HookFn capture = [&](const std::string& point, const torch::Tensor& v) -> torch::Tensor {
+      auto it = want.find(point);
+      if (it != want.end()) parts[it->second].push_back(v.squeeze(0).to(torch::kDouble));
+      return {};
+    };
+    model.Forward(chunk, &capture, upto);
+  }
+  std::vector<torch::Tensor> out;
+  for (auto& p : parts) out.push_back(torch::cat(p, 0));
+  return out;
+}
+
+CellStats TokenConditionedStats(const torch::Tensor& h) {
+  const double S = static_cast<double>(h.size(0)), K = static_cast<double>(h.size(1)), B = static_cast<double>(h.size(2));
+  CellStats c;
+  torch::Tensor g = h.mean(at::IntArrayRef{0, 1, 2});
+  const double ss_total = (h - g).pow(2).sum().item<double>();
+  torch::Tensor m = h.mean(2);  // [S, K, D]
+  const double ss_within = (h - m.unsqueeze(2)).pow(2).sum().item<double>();
+  c.resid_ratio = ss_total > 0 ? ss_within / ss_total : 0.0;
+  c.mse_within = ss_within / (S * K * B);
+  torch::Tensor mk = m.mean(0), ma = m.mean(1), mg = m.mean(at::IntArrayRef{0, 1});
+  torch::Tensor tau = mk - mg, nu = ma - mg;
+  torch::Tensor iota = m - mk.unsqueeze(0) - ma.unsqueeze(1) + mg;
+  const double ss_task = S * tau.pow(2).sum().item<double>();
+  const double ss_token = K * nu.pow(2).sum().item<double>();
+  const double ss_int = iota.pow(2).sum().item<double>();
+  const double tot = ss_task + ss_token + ss_int;
+  if (tot > 0) {
+    c.eta2_task = ss_task / tot;
+    c.eta2_token = ss_token / tot;
+    c.eta2_int = ss_int / tot;
+  }
+  c.sep_r2 = 1.0 - c.eta2_int;
+  return c;
+}
+
+absl::StatusOr<TaskVectorReport> RunTaskVectorAnalyses(const DecoderModel& model, const LatentTaskGenerator& task,
+                                                       const TaskVectorRequest& r,
+                                                       const std::function<void(double)>& progress,
+                                                       const CancelToken* cancel) {
+  torch::NoGradGuard no_grad;
+  const int64_t T = task.seq_len(), K = task.num_majors(), V = task.vocab_size();
+  const int64_t last = T - 2;  // the last state that predicts a token
+  const int L = static_cast<int>(model.config().layers);
+  if (!task.has_bayes() && (r.p0 || r.p1 || r.p2 || r.p3 || r.steering || r.kl)) {
+    return absl::FailedPreconditionError(
+        "P0-P3, steering and the mode transition need a DICE or MARKOV task; this run's LATENT_KIND_DYCK "
+        "supports ood_r2 (its own P0 test, D.5.14, is not available yet)");
+  }
+  std::vector<int> layers = r.layers;
+  if (layers.empty()) {
+    for (int l = 0; l < L; ++l) layers.push_back(l);
+  }
+  const int64_t est_end = r.est_end >= 0 ? std::min(r.est_end, last) : last;
+  const int64_t est_begin = r.est_begin >= 0 ? std::min(r.est_begin, est_end) : std::max<int64_t>(0, (3 * last) / 4);
+  std::vector<int64_t> positions = r.positions;
+  if (positions.empty()) {
+    for (int64_t p : {2, 4, 8, 16, 32}) {
+      if (p < last) positions.push_back(p);
+    }
+    positions.push_back(last);
+  }
+  for (int64_t& p : positions) p = std::min(p, last);
+  std::sort(positions.begin(), positions.end());
+  positions.erase(std::unique(positions.begin(), positions.end()), positions.end());
+
+  const int stages = (r.p0 || r.p1 || r.p2 ? 1 : 0) + (r.p3 ? 1 : 0) + (r.steering ? 1 : 0) + (r.ood_r2 ? 1 : 0) +
+                     (r.kl ? 1 : 0);
+  Reporter rep(progress, cancel, stages);
+  TaskVectorReport report;
+  auto row = [&](const std::string& name, int layer, int64_t position, double value) {
+    report.rows.push_back({name, layer, position, value});
+  };
+
+  // ---- P0, P1, P2: token-conditioned states ----
+  if (r.p0 || r.p1 || r.p2) {
+    torch::Generator gen = MakeGenerator(DeriveSeed63(r.seed, "tv/conditioned"));
+    // P2 evaluates every position 0..T-2 (G.4); P0/P1 only the chosen ones.
+    std::vector<int64_t> need = positions;
+    if (r.p2) {
+      need.clear();
+      for (int64_t t = 0; t <= last; ++t) need.push_back(t);
+    }
+    std::map<int64_t, std::vector<torch::Tensor>> at;  // position -> per layer [V, K, B, D]
+    for (size_t i = 0; i < need.size(); ++i) {
+      at[need[i]] = ConditionedAt(model, task, need[i], r.samples_per_cell, layers, r.hook, gen);
+      if (!rep.At(0.9 * static_cast<double>(i + 1) / static_cast<double>(need.size()))) return Stopped();
+    }
+    for (size_t li = 0; li < layers.size(); ++li) {
+      const int l = layers[li];
+      for (int64_t t : positions) {
+        const CellStats c = TokenConditionedStats(at[t][li]);
+        if (r.p0) row("p0/resid_ratio", l, t, c.resid_ratio);
+        if (r.p1) {
+          row("p1/eta2_task", l, t, c.eta2_task);
+          row("p1/eta2_token", l, t, c.eta2_token);
+          row("p1/eta2_int", l, t, c.eta2_int);
+          row("p1/sep_r2", l, t, c.sep_r2);
+          row("p1/mse_within", l, t, c.mse_within);
+        }
+      }
+      if (!r.p2) continue;
+      // Estimation (D.5.5): centred cell means averaged over the window.
+      torch::Tensor M;
+      for (int64_t t = est_begin; t <= est_end; ++t) {
+        torch::Tensor m = at[t][li].mean(2);  // [V, K, D]
+        m = m - m.mean(at::IntArrayRef{0, 1});
+        M = M.defined() ? M + m : m;
+      }
+      M = M / static_cast<double>(est_end - est_begin + 1);
+      torch::Tensor theta = M.mean(0) - M.mean(at::IntArrayRef{0, 1});  // [K, D]
+      torch::Tensor nu = M.mean(1) - M.mean(at::IntArrayRef{0, 1});     // [V, D]
+      double sum_add = 0, sum_task = 0;
+      int64_t count = 0;
+      const int64_t from = std::min<int64_t>(8, last);
+      for (int64_t t = 0; t <= last; ++t) {
+        torch::Tensor h = at[t][li];
+        const int64_t B = h.size(2);
+        torch::Tensor hc = h.reshape({-1, h.size(3)});
+        hc = hc - hc.mean(0);
+        torch::Tensor token = Repeat(V, K * B);
+        torch::Tensor ht = hc - nu.index_select(0, token);
+        const double den = hc.pow(2).sum().item<double>();
+        auto r2 = [&](const torch::Tensor& y) {
+          torch::Tensor beta = ProjectToSimplex(AffineWeights(y, theta));
+          return den > 0 ? 1.0 - (y - torch::matmul(beta, theta)).pow(2).sum().item<double>() / den : 0.0;
+        };
+        const double add = r2(ht), tsk = r2(hc);
+        row("p2/r2_additive", l, t, add);
+        row("p2/r2_task", l, t, tsk);
+        if (t >= from) {
+          sum_add += add;
+          sum_task += tsk;
+          ++count;
+        }
+      }
+      // Means over positions 8..T-2 (E.13, G.4).
+      row("p2/r2_additive_mean", l, -1, sum_add / static_cast<double>(std::max<int64_t>(1, count)));
+      row("p2/r2_task_mean", l, -1, sum_task / static_cast<double>(std::max<int64_t>(1, count)));
+    }
+    if (!rep.NextStage()) return Stopped();
+  }
+
+  // ---- P3: weights on the task vectors vs the Bayesian posterior ----
+  if (r.p3) {
+    torch::Generator gen = MakeGenerator(DeriveSeed63(r.seed, "tv/p3"));
+    const int64_t B = r.p3_samples;
+    torch::Tensor tokens = task.SamplePool(LatentPool::kMajor, Repeat(K, B), gen).tokens;  // [K*B, T]
+    std::vector<torch::Tensor> states = HiddenStates(model, tokens, layers, r.hook);
+    torch::Tensor alpha_all = task.MajorPosterior(tokens).view({K, B, T, K});
+    for (size_t li = 0; li < layers.size(); ++li) {
+      const int l = layers[li];
+      torch::Tensor h = states[li].view({K, B, T, -1}).narrow(2, 0, last + 1);  // [K, B, T-1, D]
+      torch::Tensor mu = h.mean(at::IntArrayRef{0, 1});                                          // [T-1, D]
+      torch::Tensor theta = (h.narrow(2, est_begin, est_end - est_begin + 1) -
+                             mu.narrow(0, est_begin, est_end - est_begin + 1))
+                                .mean(at::IntArrayRef{1, 2});  // [K, D]
+      theta = theta - theta.mean(0);
+      torch::Tensor Vt = theta.narrow(0, 0, K - 1);                                 // [K-1, D]
+      torch::Tensor solve = torch::matmul(Vt.t(), torch::linalg_pinv(torch::matmul(Vt, Vt.t())));  // [D, K-1]
+      double r_min = 1.0;
+      for (int64_t j = 0; j < K; ++j) {
+        torch::Tensor hc = h[j] - mu;                       // [B, T-1, D]
+        torch::Tensor gamma = torch::matmul(hc, solve);     // [B, T-1, K-1]
+        torch::Tensor bK = (1.0 - gamma.sum(-1, true)) / static_cast<double>(K);
+        torch::Tensor beta = torch::cat({gamma + bK, bK}, -1);
+        torch::Tensor lambda = ProjectToSimplex(beta.reshape({-1, K})).view({B, last + 1, K});
+        torch::Tensor alpha = alpha_all[j].narrow(1, 0, last + 1);  // [B, T-1, K]
+        torch::Tensor mb = lambda.mean(0), ma = alpha.mean(0);      // [T-1, K]
+        const std::string tag = "/task" + std::to_string(j);
+        const double r_mean = Pearson(mb.select(1, j), ma.select(1, j));
+        r_min = std::min(r_min, r_mean);
+        row("p3/r_mean" + tag, l, -1, r_mean);
+        row("p3/r_std" + tag, l, -1, Pearson(lambda.std(0).select(1, j), alpha.std(0).select(1, j)));
+        const int64_t from = std::min<int64_t>(4, last);
+        row("p3/l1" + tag, l, -1, (mb - ma).abs().sum(-1).narrow(0, from, last + 1 - from).mean().item<double>());
+        torch::Tensor lam = lambda.clamp_min(1e-6);
+        lam = lam / lam.sum(-1, true);
+        row("p3/kl" + tag, l, -1, (alpha * (alpha.clamp_min(1e-300).log() - lam.log())).sum(-1).mean().item<double>());
+        for (int64_t t = 0; t <= last; ++t) {
+          row("p3/beta" + tag, l, t, mb[t][j].item<double>());
+          row("p3/alpha" + tag, l, t, ma[t][j].item<double>());
+        }
+      }
+      row("p3/r_mean_min", l, -1, r_min);
+      if (!rep.At(static_cast<double>(li + 1) / static_cast<double>(layers.size()))) return Stopped();
+    }
+    if (!rep.NextStage()) return Stopped();
+  }
+
+  // ---- steering along the task simplex (D.5.7, E1 variant: true task removed) ----
+  if (r.steering) {
+    const int sl = r.steering_layer >= 0 ? r.steering_layer : L - 1;
+    torch::Generator gen = MakeGenerator(DeriveSeed63(r.seed, "tv/steering"));
+    const int64_t Be = r.steering_est_samples;
+    torch::Tensor est = task.SamplePool(LatentPool::kMajor, Repeat(K, Be), gen).tokens;
+    torch::Tensor h = HiddenStates(model, est, {sl}, r.estimation_hook)[0].view({K, Be, T, -1});
+    torch::Tensor theta = h.mean(1) - h.mean(at::IntArrayRef{0, 1});  // [K, T, D], per position
+    const int64_t N = r.steering_samples;
+    torch::Tensor true_task = torch::arange(N, kI64).remainder(K);
+    torch::Tensor tokens = task.SamplePool(LatentPool::kMajor, true_task, gen).tokens;
+    torch::Tensor alpha = at::_standard_gamma(torch::ones({N, K}, kF64), gen);
+    alpha = alpha / alpha.sum(-1, true);
+    const int64_t p_begin = r.steer_begin >= 0 ? std::min(r.steer_begin, last) : last / 3;
+    const int64_t p_end = r.steer_end >= 0 ? std::clamp(r.steer_end, p_begin, last) : std::max(p_begin, (2 * last) / 3);
+    const torch::Tensor& majors = task.pool(LatentPool::kMajor);
+    // Mixture and corner laws at every position.
+    torch::Tensor q = task.MixLaws(tokens, alpha.unsqueeze(1).expand({N, T, K}), majors);  // [N, T, V]
+    torch::Tensor corner = torch::one_hot(alpha.argmax(-1), K).to(torch::kDouble);
+    torch::Tensor mode = task.MixLaws(tokens, corner.unsqueeze(1).expand({N, T, K}), majors);
+    torch::Tensor clean = torch::log_softmax(model.Forward(tokens.unsqueeze(0)).squeeze(0).to(torch::kDouble), -1);
+    torch::Tensor kl_base = torch::zeros({N}, kF64), kl_inj = torch::zeros({N}, kF64), kl_mode = torch::zeros({N}, kF64);
+    const std::string point = HookName(sl, r.injection_hook);
+    for (int64_t p = p_begin; p <= p_end; ++p) {
+      // h_p <- h_p - theta_{k*}(p) + sum_j alpha_j theta_j(p), at position p only.
+      torch::Tensor tp = theta.select(1, p);  // [K, D]
+      torch::Tensor delta = (torch::matmul(alpha, tp) - tp.index_select(0, true_task)).to(torch::kFloat);  // [N, D]
+      std::vector<torch::Tensor> logits;
+      for (int64_t b = 0; b < N; b += kChunk) {
+        const int64_t n = std::min(kChunk, N - b);
+        torch::Tensor d = delta.narrow(0, b, n);
+        HookFn inject = [&](const std::string& name, const torch::Tensor& v) -> torch::Tensor {
+          if (name != point) return {};
+          torch::Tensor out = v.clone();
+          out.select(2, p).add_(d.unsqueeze(0).to(v.scalar_type()));
+          return out;
+        };
+        torch::Tensor lg = model.Forward(tokens.narrow(0, b, n).narrow(1, 0, p + 1).unsqueeze(0), &inject);
+        logits.push_back(lg.squeeze(0).select(1, p));
+      }
+      torch::Tensor inj = torch::log_softmax(torch::cat(logits, 0).to(torch::kDouble), -1);
+      torch::Tensor qp = q.select(1, p);
+      kl_base += KlFromLogP(clean.select(1, p), qp);
+      kl_inj += KlFromLogP(inj, qp);
+      kl_mode += KlFromLogP(mode.select(1, p).clamp_min(1e-300).log(), qp);
+      if (!rep.At(static_cast<double>(p - p_begin + 1) / static_cast<double>(p_end - p_begin + 1))) return Stopped();
+    }
+    const double n_pos = static_cast<double>(p_end - p_begin + 1);
+    const double base = kl_base.mean().item<double>() / n_pos, inj = kl_inj.mean().item<double>() / n_pos;
+    row("steering/kl_base", sl, -1, base);
+    row("steering/kl_inj", sl, -1, inj);
+    row("steering/kl_mode", sl, -1, kl_mode.mean().item<double>() / n_pos);
+    row("steering/ratio", sl, -1, base > 0 ? inj / base : 0.0);
+    if (!rep.NextStage()) return Stopped();
+  }
+
+  // ---- OOD projection R^2 against the task subspace (D.5.8) ----
+  if (r.ood_r2) {
+    torch::Generator gen = MakeGenerator(DeriveSeed63(r.seed, "tv/ood"));
+    const int64_t n = r.ood_samples, O = r.ood_tasks;
+    torch::Tensor maj = task.SamplePool(LatentPool::kMajor, Repeat(K, n), gen).tokens;
+    torch::Tensor ood_tasks = task.DrawTasks(O, gen).repeat_interleave(n, 0);
+    torch::Tensor ood = task.SampleFrom(ood_tasks, gen, {}, nullptr);
+    std::vector<torch::Tensor> hm = HiddenStates(model, maj, layers, r.hook);
+    std::vector<torch::Tensor> ho = HiddenStates(model, ood, layers, r.hook);
+    for (size_t li = 0; li < layers.size(); ++li) {
+      const int l = layers[li];
+      torch::Tensor m = hm[li].view({K, n, T, -1}).mean(1).narrow(1, 0, last + 1);  // [K, T-1, D]
+      torch::Tensor o = ho[li].view({O, n, T, -1}).mean(1).narrow(1, 0, last + 1);  // [O, T-1, D]
+      torch::Tensor mu = m.mean(0);                                                  // [T-1, D]
+      torch::Tensor R = m.select(1, last) - mu.select(0, last);                      // [K, D]
+      torch::Tensor X = R.narrow(0, 0, K - 1).t();                                   // [D, K-1]
+      torch::Tensor P = torch::matmul(X, torch::linalg_pinv(X));                     // [D, D]
+      // All positions but the last (D.5.8 block (0, -1)).
+      torch::Tensor y = (o - mu).narrow(1, 0, std::max<int64_t>(1, last));           // [O, T', D]
+      torch::Tensor fit = torch::matmul(y, P);                                       // P symmetric
+      torch::Tensor resid = (y - fit).pow(2).sum(-1);
+      torch::Tensor centred = (y - y.mean(-1, true)).pow(2).sum(-1);
+      torch::Tensor code = (1.0 - resid / centred.clamp_min(1e-300)).clamp(0.0, 1.0).mean(1);  // [O]
+      torch::Tensor norm = (fit.pow(2).sum(-1) / y.pow(2).sum(-1).clamp_min(1e-300)).mean(1);
+      row("ood_r2/code", l, -1, code.mean().item<double>());
+      row("ood_r2/norm", l, -1, norm.mean().item<double>());
+      row("ood_r2/code_q25", l, -1, torch::quantile(code, 0.25).item<double>());
+      row("ood_r2/code_q75", l, -1, torch::quantile(code, 0.75).item<double>());
+      if (!rep.At(static_cast<double>(li + 1) / static_cast<double>(layers.size()))) return Stopped();
+    }
+    if (!rep.NextStage()) return Stopped();
+  }
+
+  // ---- mode transition: KL to the two Bayes predictors (D.5.9) ----
+  if (r.kl) {
+    torch::Generator gen = MakeGenerator(DeriveSeed63(r.seed, "tv/kl"));
+    torch::Tensor tokens = task.SampleTrain(r.kl_samples, gen).tokens;
+    double exact = 0, extrap = 0;
+    const int64_t N = tokens.size(0);
+    for (int64_t b = 0; b < N; b += kBayesChunk) {
+      torch::Tensor chunk = tokens.narrow(0, b, std::min(kBayesChunk, N - b));
+      torch::Tensor logp = torch::log_softmax(model.Forward(chunk.unsqueeze(0)).squeeze(0).to(torch::kDouble), -1)
+                               .narrow(1, 0, last + 1);
+      exact += KlFromLogP(logp, task.KnownPool(chunk).probs.narrow(1, 0, last + 1)).sum().item<double>();
+      extrap += KlFromLogP(logp, task.Hybrid(chunk, r.p_common).probs.narrow(1, 0, last + 1)).sum().item<double>();
+      if (!rep.At(static_cast<double>(b + chunk.size(0)) / static_cast<double>(N))) return Stopped();
+    }
+    const double cells = static_cast<double>(N * (last + 1));
+    exact /= cells;
+    extrap /= cells;
+    row("kl/exact", -1, -1, exact);
+    row("kl/extrap", -1, -1, extrap);
+    row("kl/log10_ratio", -1, -1, std::log10(std::max(exact, 1e-300) / std::max(extrap, 1e-300)));
+    rep.NextStage();
+  }
+  return report;
+}
+
+}  // namespace circuitlab::engine

@@ -1,0 +1,50 @@
+// Task-vector geometry of a decoder model on a latent task (SCIENCE.md D.5):
+// hidden states (natural and token-conditioned designs), the task-vector
+// estimator, P0-P3, steering along the task simplex, OOD projection R^2 and
+// the two-Bayes mode transition. Engine-private (includes LibTorch).
+//
+// Everything here is a pure function of (model, task generator, request);
+// statistics are computed in float64 (SCIENCE.md 0.3).
+#pragma once
+
+#include <torch/torch.h>
+
+#include <functional>
+
+#include "absl/status/statusor.h"
+#include "server/common/cancel.h"
+#include "server/engine/engine.h"
+#include "server/engine/models/decoder_model.h"
+#include "server/engine/tasks/latent_task.h"
+
+namespace circuitlab::engine {
+
+// Euclidean projection of each row of v [N, K] onto the probability simplex.
+torch::Tensor ProjectToSimplex(const torch::Tensor& v);
+
+// argmin_b ||y - b^T theta||^2 subject to sum(b) = 1, for every row of y
+// [N, D] with theta [K, D]: [N, K].
+torch::Tensor AffineWeights(const torch::Tensor& y, const torch::Tensor& theta);
+
+// Hidden states [N, T', D] (float64) at hook `kind` ("post_mlp", "post_attn",
+// "resid_pre") of each layer in `layers`, for tokens [N, T'], computed in
+// chunks. One tensor per entry of `layers`.
+std::vector<torch::Tensor> HiddenStates(const DecoderModel& model, const torch::Tensor& tokens,
+                                        const std::vector<int>& layers, const std::string& kind);
+
+// P0/P1 statistics of token-conditioned states h [S, K, B, D] at one
+// (layer, position): residual ratio, eta^2 of task / token / interaction,
+// separability R^2 and the within-cell noise floor.
+struct CellStats {
+  double resid_ratio = 0, eta2_task = 0, eta2_token = 0, eta2_int = 0, sep_r2 = 0, mse_within = 0;
+};
+CellStats TokenConditionedStats(const torch::Tensor& h);
+
+// The analyses of `request` on `model` (one member) and `task`. `progress`
+// gets the fraction done; Cancelled when `cancel` stops it.
+absl::StatusOr<TaskVectorReport> RunTaskVectorAnalyses(const DecoderModel& model, const LatentTaskGenerator& task,
+                                                       const TaskVectorRequest& request,
+                                                       const std::function<void(double)>& progress,
+                                                       const CancelToken* cancel);
+
+}  // namespace circuitlab::engine

@@ -1,0 +1,86 @@
+// The standard decoder-only transformer of the task-vector paper (SCIENCE.md
+// B.2) with an ensemble dimension and named hook points (D.6). Engine-private
+// (includes LibTorch).
+//
+// Every parameter has a leading ensemble dimension E; member e is an
+// independent model (the ensemble shares tensor ops, not weights). Inputs
+// are tokens [E, B, T]; logits come back as [E, B, T, V].
+//
+// Hook points, layers from 0:
+//   embed               [E, B, T, D]   token embedding (the stream entering L0)
+//   L{l}.resid_pre      [E, B, T, D]   the stream entering block l
+//   L{l}.attn.pattern   [E, B, H, T, T] attention probabilities
+//   L{l}.attn.head      [E, B, T, H, d_head] head outputs before W_O
+//   L{l}.post_attn      [E, B, T, D]   the stream after the attention sub-block
+//   L{l}.post_mlp       [E, B, T, D]   the stream after the whole block
+//   logits              [E, B, T, V]
+// A hook sees the tensor at its point and may return a replacement of the
+// same shape (or an undefined tensor to keep it).
+#pragma once
+
+#include <torch/torch.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "circuitlab/v1/spec.pb.h"
+
+namespace circuitlab::engine {
+
+struct DecoderConfig {
+  int64_t vocab = 0, d_model = 48, heads = 2, mlp = 192, layers = 2, max_len = 64;
+  bool gelu = false;
+  double init_std = 0.02, rope_base = 10000.0;
+};
+
+DecoderConfig DecoderConfigOf(const v1::ExperimentSpec& resolved);
+
+using HookFn = std::function<torch::Tensor(const std::string& point, const torch::Tensor& value)>;
+
+// A parsed hook name.
+struct HookPoint {
+  enum class Kind { kEmbed, kResidPre, kPattern, kHead, kPostAttn, kPostMlp, kLogits } kind = Kind::kEmbed;
+  int layer = -1;
+  std::string name() const;
+};
+// InvalidArgument naming the allowed points when `name` is not one of this
+// model's.
+absl::StatusOr<HookPoint> ParseHookPoint(const std::string& name, int64_t layers);
+
+class DecoderModel {
+ public:
+  DecoderModel(const DecoderConfig& cfg, int64_t ensemble, torch::Device device);
+
+  // Member e from DeriveSeed-style seeds: N(0, init_std^2) matrices and
+  // embedding, zero biases, unit LayerNorm gains.
+  void Initialize(const std::vector<uint64_t>& init_seeds);
+
+  // `hook`, when given, is called at every point in forward order. `upto`,
+  // when >= 0, stops after block `upto` (no logits; returns the stream).
+  torch::Tensor Forward(const torch::Tensor& tokens, const HookFn* hook = nullptr, int upto = -1) const;
+
+  std::vector<torch::Tensor> parameters() const { return params_; }
+  std::vector<std::string> parameter_names() const { return names_; }
+  const DecoderConfig& config() const { return cfg_; }
+  int64_t ensemble() const { return ensemble_; }
+
+ private:
+  struct Block {
+    torch::Tensor ln1_w, ln1_b, wq, wk, wv, wo, ln2_w, ln2_b, w1, b1, w2, b2;
+  };
+  torch::Tensor& Add(const std::string& name, torch::Tensor t);
+  torch::Tensor Rope(const torch::Tensor& x) const;  // x [E, B, H, T, dh]
+
+  DecoderConfig cfg_;
+  int64_t ensemble_;
+  torch::Device device_;
+  std::vector<torch::Tensor> params_;
+  std::vector<std::string> names_;
+  torch::Tensor embed_, head_w_, head_b_;
+  std::vector<Block> blocks_;
+  torch::Tensor cos_, sin_;  // [max_len, dh/2]
+};
+
+}  // namespace circuitlab::engine

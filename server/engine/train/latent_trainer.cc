@@ -1,0 +1,153 @@
+#include "server/engine/train/latent_trainer.h"
+
+#include "server/common/seeds.h"
+#include "server/engine/spec.h"
+
+namespace circuitlab::engine {
+namespace {
+
+// Sequences per chunk when the Bayes predictors of an evaluation set are
+// computed (the known-pool posterior is [chunk, T, tasks]).
+constexpr int64_t kBayesChunk = 64;
+
+uint64_t LatentEvalSeed(uint64_t seed, int index) {
+  return DeriveSeed63(seed, "latent_eval", static_cast<uint64_t>(index));
+}
+
+// log q(x_{t+1}) of a predictor's laws [N, T, V] at the realised tokens, [N, T-1].
+torch::Tensor NextLogProb(const torch::Tensor& probs, const torch::Tensor& tokens) {
+  const int64_t T = tokens.size(1);
+  torch::Tensor next = tokens.narrow(1, 1, T - 1).unsqueeze(-1);
+  return probs.narrow(1, 0, T - 1).gather(-1, next).squeeze(-1).clamp_min(1e-300).log();
+}
+
+}  // namespace
+
+std::unique_ptr<DecoderModel> MakeDecoder(const v1::ExperimentSpec& spec, int64_t ensemble, torch::Device device) {
+  return std::make_unique<DecoderModel>(DecoderConfigOf(spec), ensemble, device);
+}
+
+void InitializeDecoder(const std::vector<uint64_t>& member_seeds, DecoderModel& model) {
+  std::vector<uint64_t> init;
+  for (uint64_t s : member_seeds) init.push_back(InitSeedOf(s));
+  model.Initialize(init);
+}
+
+torch::Tensor NextTokenLoss(const torch::Tensor& logits, const torch::Tensor& tokens) {
+  const int64_t T = tokens.size(-1);
+  torch::Tensor logp = torch::log_softmax(logits.narrow(-2, 0, T - 1), -1);
+  torch::Tensor next = tokens.narrow(-1, 1, T - 1).unsqueeze(-1);
+  return -logp.gather(-1, next).squeeze(-1).mean(-1);
+}
+
+LatentTrainer::LatentTrainer(const v1::ExperimentSpec& spec, std::vector<uint64_t> member_seeds,
+                             torch::Device device)
+    : TrainerBase(spec, std::move(member_seeds), device) {
+  for (uint64_t seed : seeds_) {
+    tasks_.push_back(std::make_unique<LatentTaskGenerator>(spec_.task().latent(), PoolSeedOf(seed)));
+  }
+  model_ = MakeDecoder(spec_, ensemble(), device_);
+  InitializeDecoder(seeds_, *model_);
+  MakeOptimizer(model_->parameters(), model_->parameter_names());
+
+  const int64_t n = spec_.recording().eval_size();
+  struct SetDef {
+    std::string name;
+    LatentPool pool;
+  };
+  std::vector<SetDef> defs = {{"id", LatentPool::kMajor}, {"ood", LatentPool::kOod}};
+  if (tasks_[0]->num_minors() > 0) defs.push_back({"minor", LatentPool::kMinor});
+  for (size_t i = 0; i < defs.size(); ++i) {
+    EvalSet set{defs[i].name, {}, {}};
+    for (size_t e = 0; e < seeds_.size(); ++e) {
+      const LatentTaskGenerator& task = *tasks_[e];
+      torch::Generator gen = MakeGenerator(LatentEvalSeed(seeds_[e], static_cast<int>(i)));
+      const int64_t pool_size = task.pool(defs[i].pool).size(0);
+      torch::Tensor ids = torch::arange(n, torch::kLong).remainder(pool_size);
+      torch::Tensor tokens = task.SamplePool(defs[i].pool, ids, gen).tokens;
+      set.tokens.push_back(tokens);
+      if (!task.has_bayes()) {
+        set.bayes.emplace_back();
+        continue;
+      }
+      std::vector<torch::Tensor> parts;
+      for (int64_t b = 0; b < n; b += kBayesChunk) {
+        torch::Tensor chunk = tokens.narrow(0, b, std::min(kBayesChunk, n - b));
+        torch::Tensor probs = defs[i].pool == LatentPool::kMajor ? task.KnownPool(chunk).probs
+                                                                 : task.Extrapolation(chunk);
+        parts.push_back(NextLogProb(probs, chunk));
+      }
+      set.bayes.push_back(torch::cat(parts, 0));
+    }
+    eval_sets_.push_back(std::move(set));
+  }
+}
+
+std::vector<std::vector<Metric>> LatentTrainer::Step(bool record) {
+  const int64_t batch = spec_.training().batch_size();
+  const int64_t next = step_ + 1;
+  std::vector<torch::Tensor> toks;
+  for (size_t e = 0; e < seeds_.size(); ++e) {
+    torch::Generator gen = MakeGenerator(BatchSeedOf(seeds_[e], next));
+    toks.push_back(tasks_[e]->SampleTrain(batch, gen).tokens);
+  }
+  torch::Tensor tokens = torch::stack(toks).to(device_);  // [E, B, T]
+  torch::Tensor logits = model_->Forward(tokens);          // [E, B, T, V]
+  torch::Tensor member_loss = NextTokenLoss(logits, tokens).mean(1);  // [E]
+  ZeroGrad();
+  member_loss.sum().backward();
+  torch::Tensor sq;
+  const double lr = ScheduledLearningRate(spec_.training(), next);
+  Update(record ? &sq : nullptr);
+  std::vector<std::vector<Metric>> out;
+  if (!record) return out;
+  torch::NoGradGuard no_grad;
+  const int64_t T = tokens.size(2);
+  torch::Tensor acc = (logits.narrow(2, 0, T - 1).argmax(-1) == tokens.narrow(2, 1, T - 1))
+                          .to(torch::kDouble)
+                          .flatten(1)
+                          .mean(1)
+                          .cpu();
+  torch::Tensor loss = member_loss.detach().to(torch::kDouble).cpu();
+  torch::Tensor norm = sq.sqrt().cpu();
+  for (int64_t e = 0; e < ensemble(); ++e) {
+    out.push_back({{"train/loss", loss[e].item<double>()},
+                   {"train/accuracy", acc[e].item<double>()},
+                   {"train/grad_norm", norm[e].item<double>()},
+                   {"train/lr", lr}});
+  }
+  return out;
+}
+
+std::vector<std::vector<Metric>> LatentTrainer::Evaluate() const {
+  torch::NoGradGuard no_grad;
+  std::vector<std::vector<Metric>> out(seeds_.size());
+  for (const EvalSet& set : eval_sets_) {
+    const int64_t n = set.tokens[0].size(0), T = set.tokens[0].size(1);
+    torch::Tensor loss = torch::zeros({ensemble()}, torch::kDouble), acc = torch::zeros({ensemble()}, torch::kDouble);
+    for (int64_t b = 0; b < n; b += kLatentEvalChunk) {
+      const int64_t count = std::min(kLatentEvalChunk, n - b);
+      std::vector<torch::Tensor> parts;
+      for (const torch::Tensor& t : set.tokens) parts.push_back(t.narrow(0, b, count));
+      torch::Tensor tokens = torch::stack(parts).to(device_);
+      torch::Tensor logits = model_->Forward(tokens);
+      loss += NextTokenLoss(logits, tokens).to(torch::kDouble).sum(1).cpu();
+      acc += (logits.narrow(2, 0, T - 1).argmax(-1) == tokens.narrow(2, 1, T - 1))
+                 .to(torch::kDouble)
+                 .mean(2)
+                 .sum(1)
+                 .cpu();
+    }
+    const std::string prefix = "eval/" + set.name + "/";
+    for (int64_t e = 0; e < ensemble(); ++e) {
+      out[e].push_back({prefix + "loss", loss[e].item<double>() / static_cast<double>(n)});
+      out[e].push_back({prefix + "accuracy", acc[e].item<double>() / static_cast<double>(n)});
+      if (set.bayes[static_cast<size_t>(e)].defined()) {
+        out[e].push_back({prefix + "bayes_loss", -set.bayes[static_cast<size_t>(e)].mean().item<double>()});
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace circuitlab::engine

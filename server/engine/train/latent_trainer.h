@@ -1,0 +1,58 @@
+// Training of an ensemble of decoder transformers (SCIENCE.md B.2) on a
+// latent task (A.2): next-token cross-entropy on every position, AdamW with
+// the triangle schedule and per-member clipping (TrainerBase). Engine-private
+// (includes LibTorch).
+//
+// Evaluation sets, fixed per member by its seed: "id" (the majors, in turn),
+// "ood" (the run's OOD pool, in turn) and, when the run has minors, "minor".
+// Each reports loss and accuracy over every position; DICE and MARKOV also
+// report bayes_loss, the loss of the reference predictor on the same
+// sequences (id: the exact Bayes predictor of the training mixture; ood and
+// minor: the Dirichlet extrapolation predictor, the Bayes predictor of a
+// fresh task).
+#pragma once
+
+#include <torch/torch.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "server/engine/models/decoder_model.h"
+#include "server/engine/tasks/latent_task.h"
+#include "server/engine/train/trainer_base.h"
+
+namespace circuitlab::engine {
+
+// The spec's decoder model, not initialised / initialised from the members'
+// init seeds.
+std::unique_ptr<DecoderModel> MakeDecoder(const v1::ExperimentSpec& resolved, int64_t ensemble,
+                                          torch::Device device);
+void InitializeDecoder(const std::vector<uint64_t>& member_seeds, DecoderModel& model);
+
+// Per-sequence mean next-token cross-entropy of logits [..., T, V] against
+// tokens [..., T] (positions 0..T-2 predict 1..T-1), shape [...].
+torch::Tensor NextTokenLoss(const torch::Tensor& logits, const torch::Tensor& tokens);
+
+class LatentTrainer : public TrainerBase {
+ public:
+  LatentTrainer(const v1::ExperimentSpec& spec, std::vector<uint64_t> member_seeds, torch::Device device);
+
+  std::vector<std::vector<Metric>> Step(bool record) override;
+  std::vector<std::vector<Metric>> Evaluate() const override;
+
+  const DecoderModel& model() const { return *model_; }
+  const LatentTaskGenerator& task(int64_t member) const { return *tasks_[static_cast<size_t>(member)]; }
+
+ private:
+  struct EvalSet {
+    std::string name;
+    std::vector<torch::Tensor> tokens;  // per member [N, T]
+    std::vector<torch::Tensor> bayes;   // per member [N, T-1] log-prob of the next token, or undefined
+  };
+  std::vector<std::unique_ptr<LatentTaskGenerator>> tasks_;
+  std::unique_ptr<DecoderModel> model_;
+  std::vector<EvalSet> eval_sets_;
+};
+
+}  // namespace circuitlab::engine

@@ -1,0 +1,92 @@
+// What every ensemble trainer shares (IMIR block models and the decoder of
+// the latent tasks): the optimiser with its learning-rate schedule and
+// per-member gradient clipping, and checkpoints (whole ensemble or one
+// member) with the RNG state. Engine-private (includes LibTorch).
+//
+// Randomness is counter-based: the batch of step s comes from a generator
+// seeded with DeriveSeed(seed, "batch", s). The RNG state a checkpoint needs to
+// resume is therefore (seed, step), which it stores with the weights and the
+// optimiser state.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "circuitlab/v1/spec.pb.h"
+#include "server/engine/engine.h"
+
+namespace circuitlab::engine {
+
+// A CPU generator seeded with `seed`.
+torch::Generator MakeGenerator(uint64_t seed);
+// Seeds of one member, by purpose (SCIENCE.md 0.3).
+uint64_t InitSeedOf(uint64_t member_seed);
+uint64_t BatchSeedOf(uint64_t member_seed, int64_t step);
+// Seed of a member's fixed task pool.
+uint64_t PoolSeedOf(uint64_t member_seed);
+
+// The learning rate of (1-based) `step` under the spec's schedule.
+double ScheduledLearningRate(const v1::TrainingSpec& training, int64_t step);
+
+// Reads only the weights of a checkpoint into `params` (named `names`; no
+// optimiser, no evaluation sets). InvalidArgument when shapes or format do
+// not match.
+absl::Status LoadWeights(const std::string& checkpoint, const std::vector<std::string>& names,
+                         const std::vector<torch::Tensor>& params);
+
+class TrainerBase {
+ public:
+  virtual ~TrainerBase() = default;
+
+  // Runs the next step. When `record` is set, returns each member's training
+  // metrics of this step (loss, accuracy, gradient norm, learning rate); else
+  // an empty vector.
+  virtual std::vector<std::vector<Metric>> Step(bool record) = 0;
+  // Evaluation metrics of every member on its fixed evaluation sets.
+  virtual std::vector<std::vector<Metric>> Evaluate() const = 0;
+
+  // Weights, optimiser state and RNG state (seeds + step).
+  std::string SaveCheckpoint() const;
+  // Member `member` alone: the checkpoint a one-member trainer with its seed
+  // would have written at this step (so a packed run resumes on its own).
+  std::string SaveMemberCheckpoint(int64_t member) const;
+  // InvalidArgument when the checkpoint belongs to another spec or ensemble.
+  absl::Status LoadCheckpoint(const std::string& bytes);
+
+  int64_t step() const { return step_; }
+  int64_t total_steps() const { return static_cast<int64_t>(spec_.training().steps()); }
+  int64_t ensemble() const { return static_cast<int64_t>(seeds_.size()); }
+
+ protected:
+  TrainerBase(const v1::ExperimentSpec& spec, std::vector<uint64_t> member_seeds, torch::Device device);
+  // Call once the model exists.
+  void MakeOptimizer(const std::vector<torch::Tensor>& params, const std::vector<std::string>& names);
+  // Before backward.
+  void ZeroGrad() { optimizer_->zero_grad(); }
+  // After backward: the schedule's rate, per-member clipping, the update;
+  // the step counter advances. `grad_sq` (when not null) receives each
+  // member's squared gradient norm before clipping [E] (float64).
+  void Update(torch::Tensor* grad_sq);
+  // Per-member squared gradient norm [E] (float64).
+  torch::Tensor GradSquaredNorms() const;
+
+  v1::ExperimentSpec spec_;
+  std::vector<uint64_t> seeds_;
+  torch::Device device_;
+  int64_t step_ = 0;
+
+ private:
+  uint64_t Fingerprint(const std::vector<uint64_t>& seeds) const;
+  std::string Archive(const std::vector<uint64_t>& seeds, const std::vector<torch::Tensor>& params,
+                      const torch::optim::Optimizer& optimizer) const;
+
+  std::vector<torch::Tensor> params_;
+  std::vector<std::string> names_;
+  std::unique_ptr<torch::optim::Optimizer> optimizer_;
+};
+
+}  // namespace circuitlab::engine

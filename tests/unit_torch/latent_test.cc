@@ -1,0 +1,245 @@
+// Latent-task generators and Bayes predictors (SCIENCE.md A.2), the decoder
+// model with hook points (B.2, D.6), its trainer (AdamW, triangle schedule,
+// clipping, ensembles, resume) and the task-vector helpers (D.5).
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "server/engine/analysis/task_vectors.h"
+#include "server/engine/models/decoder_model.h"
+#include "server/engine/spec.h"
+#include "server/engine/tasks/latent_task.h"
+#include "server/engine/train/latent_trainer.h"
+#include "tests/test_util/engine_util.h"
+
+namespace circuitlab::engine {
+namespace {
+
+using testing::ResolvedSpec;
+
+v1::LatentTask Latent(const std::string& json) { return ResolvedSpec(json).task().latent(); }
+
+TEST(LatentTaskTest, DiceTokensFollowTheirTask) {
+  LatentTaskGenerator task(Latent(R"({"task": {"latent": {"seq_len": 200}}})"), 7);
+  torch::Generator gen = MakeGenerator(1);
+  torch::Tensor ids = torch::zeros({400}, torch::kLong);  // major 0 only
+  LatentBatch b = task.SamplePool(LatentPool::kMajor, ids, gen);
+  ASSERT_EQ(b.tokens.sizes(), (std::vector<int64_t>{400, 200}));
+  torch::Tensor freq = torch::one_hot(b.tokens.flatten(), 6).to(torch::kDouble).mean(0);
+  EXPECT_LT((freq - task.pool(LatentPool::kMajor)[0]).abs().max().item<double>(), 0.01);
+  // Pools: three majors on the simplex, distinct from each other.
+  torch::Tensor majors = task.pool(LatentPool::kMajor);
+  EXPECT_NEAR(majors.sum(-1).sub(1).abs().max().item<double>(), 0.0, 1e-12);
+  EXPECT_GT((majors[0] - majors[1]).abs().sum().item<double>(), 0.05);
+}
+
+TEST(LatentTaskTest, MarkovTransitionsFollowTheirTask) {
+  LatentTaskGenerator task(Latent(R"({"task": {"latent": {"kind": "LATENT_KIND_MARKOV", "seq_len": 300}}})"), 3);
+  torch::Generator gen = MakeGenerator(2);
+  torch::Tensor tokens = task.SamplePool(LatentPool::kMajor, torch::ones({300}, torch::kLong), gen).tokens;
+  torch::Tensor pair = tokens.narrow(1, 0, 299) * 7 + tokens.narrow(1, 1, 299);
+  torch::Tensor counts = torch::bincount(pair.flatten(), {}, 49).to(torch::kDouble).view({7, 7});
+  torch::Tensor empirical = counts / counts.sum(1, true);
+  EXPECT_LT((empirical - task.pool(LatentPool::kMajor)[1]).abs().max().item<double>(), 0.03);
+}
+
+TEST(LatentTaskTest, DyckPathsArePlantedInOrder) {
+  LatentTaskGenerator task(Latent(R"({"task": {"latent": {"kind": "LATENT_KIND_DYCK"}}})"), 5);
+  EXPECT_EQ(task.vocab_size(), 8);
+  torch::Tensor paths = task.pool(LatentPool::kOod);
+  for (int64_t i = 0; i < paths.size(0); ++i) {
+    int64_t height = 0;
+    for (int64_t s = 0; s < paths.size(1); ++s) {
+      height += paths[i][s].item<int64_t>() == 0 ? 1 : -1;
+      ASSERT_GE(height, 0) << "path " << i << " goes below zero at step " << s;
+    }
+    EXPECT_EQ(height, 0) << "path " << i << " does not return to zero";
+  }
+  torch::Generator gen = MakeGenerator(3);
+  torch::Tensor ids = torch::arange(64, torch::kLong).remainder(3);
+  LatentBatch b = task.SamplePool(LatentPool::kMajor, ids, gen);
+  for (int64_t i = 0; i < 64; ++i) {
+    torch::Tensor planted = b.tokens[i].masked_select(b.mask[i]) - 6;
+    torch::Tensor path = task.pool(LatentPool::kMajor)[ids[i].item<int64_t>()];
+    ASSERT_LE(planted.size(0), path.size(0));
+    EXPECT_TRUE(torch::equal(planted, path.narrow(0, 0, planted.size(0)))) << "sequence " << i;
+    // Unmasked positions hold background symbols only.
+    EXPECT_LT(b.tokens[i].masked_select(~b.mask[i]).max().item<int64_t>(), 6);
+  }
+}
+
+TEST(LatentTaskTest, BayesPredictorsAgreeWithTheSlowWay) {
+  LatentTaskGenerator task(Latent(R"({"task": {"latent": {"seq_len": 12, "diversity": 2}}})"), 11);
+  torch::Generator gen = MakeGenerator(4);
+  torch::Tensor tokens = task.SampleTrain(8, gen).tokens;
+  // Extrapolation: (n_v + alpha) / (t + 1 + S alpha), by counting.
+  torch::Tensor ex = task.Extrapolation(tokens);
+  for (int64_t t = 0; t < 12; ++t) {
+    torch::Tensor n = torch::one_hot(tokens[0].narrow(0, 0, t + 1), 6).sum(0).to(torch::kDouble);
+    EXPECT_LT((ex[0][t] - (n + 1.0) / (t + 1.0 + 6.0)).abs().max().item<double>(), 1e-12);
+  }
+  // Known pool: posterior by Bayes' rule over 3 majors (0.9) and 4 minors (0.1).
+  Predictive kp = task.KnownPool(tokens);
+  torch::Tensor tasks = torch::cat({task.pool(LatentPool::kMajor), task.pool(LatentPool::kMinor)});
+  torch::Tensor prior = torch::cat({torch::full({3}, 0.9 / 3, torch::kDouble), torch::full({4}, 0.1 / 4, torch::kDouble)});
+  torch::Tensor like = prior.clone();
+  for (int64_t t = 0; t < 12; ++t) {
+    like = like * tasks.select(1, tokens[2][t].item<int64_t>());
+    torch::Tensor post = like / like.sum();
+    EXPECT_LT((kp.posterior[2][t] - post).abs().max().item<double>(), 1e-10);
+    EXPECT_LT((kp.probs[2][t] - torch::matmul(post, tasks)).abs().max().item<double>(), 1e-10);
+  }
+  // The hybrid with p_common = 1 is retrieval over the majors.
+  Predictive h = task.Hybrid(tokens, 1.0 - 1e-15);
+  Predictive m = task.Retrieval(tokens, task.pool(LatentPool::kMajor), torch::zeros({3}, torch::kDouble));
+  EXPECT_LT((h.probs - m.probs).abs().max().item<double>(), 1e-9);
+}
+
+TEST(LatentTaskTest, MarkovBayesIsTheSlowWay) {
+  LatentTaskGenerator task(Latent(R"({"task": {"latent": {"kind": "LATENT_KIND_MARKOV", "seq_len": 10}}})"), 2);
+  torch::Generator gen = MakeGenerator(5);
+  torch::Tensor tokens = task.SampleTrain(4, gen).tokens;
+  torch::Tensor majors = task.pool(LatentPool::kMajor);
+  Predictive r = task.KnownPool(tokens);
+  torch::Tensor like = torch::full({3}, 1.0 / 3, torch::kDouble);
+  for (int64_t t = 0; t < 10; ++t) {
+    const int64_t x = tokens[1][t].item<int64_t>();
+    if (t > 0) like = like * majors.select(1, tokens[1][t - 1].item<int64_t>()).select(1, x);
+    torch::Tensor post = like / like.sum();
+    torch::Tensor law = torch::matmul(post, majors.select(1, x));
+    EXPECT_LT((r.probs[1][t] - law).abs().max().item<double>(), 1e-10) << "t " << t;
+  }
+  // Extrapolation: counts of transitions out of the current state.
+  torch::Tensor ex = task.Extrapolation(tokens);
+  const int64_t t = 9, x = tokens[0][t].item<int64_t>();
+  torch::Tensor n = torch::zeros({7}, torch::kDouble);
+  for (int64_t s = 1; s <= t; ++s) {
+    if (tokens[0][s - 1].item<int64_t>() == x) n[tokens[0][s].item<int64_t>()] += 1;
+  }
+  EXPECT_LT((ex[0][t] - (n + 1) / (n.sum() + 7)).abs().max().item<double>(), 1e-12);
+}
+
+v1::ExperimentSpec TinyDecoderSpec(int steps = 30) {
+  return ResolvedSpec(R"({"seed": 9, "task": {"latent": {"seq_len": 16, "diversity": 1}},
+    "model": {"decoder": {"num_layers": 2, "d_model": 16, "num_heads": 2, "mlp_width": 32}},
+    "training": {"steps": )" + std::to_string(steps) + R"(, "learning_rate": 0.01, "grad_clip": 1.0},
+    "recording": {"eval_size": 32}})");
+}
+
+TEST(DecoderModelTest, IsCausalAndHooksReplace) {
+  const v1::ExperimentSpec spec = TinyDecoderSpec();
+  auto model = MakeDecoder(spec, 1, torch::kCPU);
+  InitializeDecoder({1}, *model);
+  torch::NoGradGuard no_grad;
+  torch::Tensor tokens = torch::randint(6, {1, 4, 16}, MakeGenerator(1), torch::kLong);
+  torch::Tensor a = model->Forward(tokens);
+  ASSERT_EQ(a.sizes(), (std::vector<int64_t>{1, 4, 16, 6}));
+  torch::Tensor changed = tokens.clone();
+  changed.select(2, 10).fill_(5 - changed[0][0][10].item<int64_t>());
+  torch::Tensor b = model->Forward(changed);
+  EXPECT_TRUE(torch::allclose(a.narrow(2, 0, 10), b.narrow(2, 0, 10), 1e-6, 1e-6));
+  EXPECT_FALSE(torch::allclose(a.narrow(2, 10, 6), b.narrow(2, 10, 6)));
+  // Zeroing the last block's output stream leaves only the readout bias.
+  std::vector<std::string> seen;
+  HookFn zero = [&](const std::string& point, const torch::Tensor& v) -> torch::Tensor {
+    seen.push_back(point);
+    return point == "L1.post_mlp" ? torch::zeros_like(v) : torch::Tensor();
+  };
+  torch::Tensor z = model->Forward(tokens, &zero);
+  EXPECT_LT(z.abs().max().item<double>(), 1e-6);  // biases start at zero
+  const std::vector<std::string> expect = {"embed", "L0.resid_pre", "L0.attn.pattern", "L0.attn.head",
+                                           "L0.post_attn", "L0.post_mlp", "L1.resid_pre", "L1.attn.pattern",
+                                           "L1.attn.head", "L1.post_attn", "L1.post_mlp", "logits"};
+  EXPECT_EQ(seen, expect);
+  for (const std::string& p : expect) EXPECT_TRUE(ParseHookPoint(p, 2).ok()) << p;
+  EXPECT_EQ(ParseHookPoint("L2.post_mlp", 2).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ParseHookPoint("L0.mlp", 2).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(LatentTrainerTest, TriangleSchedule) {
+  v1::TrainingSpec t;
+  t.set_learning_rate(1e-3);
+  t.set_min_learning_rate(1e-5);
+  t.set_steps(100);
+  t.set_warmup_fraction(0.1);
+  t.set_schedule(v1::LR_SCHEDULE_TRIANGLE);
+  EXPECT_NEAR(ScheduledLearningRate(t, 10), 1e-3, 1e-15);
+  EXPECT_NEAR(ScheduledLearningRate(t, 5), 1e-5 + 0.5 * (1e-3 - 1e-5), 1e-15);
+  EXPECT_NEAR(ScheduledLearningRate(t, 100), 1e-5, 1e-15);
+  EXPECT_NEAR(ScheduledLearningRate(t, 55), 1e-3 - 0.5 * (1e-3 - 1e-5), 1e-15);
+  t.set_schedule(v1::LR_SCHEDULE_CONSTANT);
+  EXPECT_EQ(ScheduledLearningRate(t, 5), 1e-3);
+}
+
+TEST(LatentTrainerTest, LearnsAndResumesBitForBit) {
+  const v1::ExperimentSpec spec = TinyDecoderSpec(40);
+  LatentTrainer a(spec, {9}, torch::kCPU);
+  const double before = testing::MetricValue(a.Evaluate()[0], "eval/id/loss");
+  std::string mid;
+  for (int s = 1; s <= 40; ++s) {
+    a.Step(false);
+    if (s == 20) mid = a.SaveCheckpoint();
+  }
+  const std::vector<Metric> after = a.Evaluate()[0];
+  EXPECT_LT(testing::MetricValue(after, "eval/id/loss"), before - 0.05);
+  // The exact Bayes predictor is a floor the model cannot beat by much.
+  EXPECT_GT(testing::MetricValue(after, "eval/id/loss"), testing::MetricValue(after, "eval/id/bayes_loss") - 0.05);
+  LatentTrainer b(spec, {9}, torch::kCPU);
+  ASSERT_TRUE(b.LoadCheckpoint(mid).ok());
+  EXPECT_EQ(b.step(), 20);
+  while (b.step() < 40) b.Step(false);
+  const auto pa = a.model().parameters(), pb = b.model().parameters();
+  for (size_t i = 0; i < pa.size(); ++i) EXPECT_TRUE(torch::equal(pa[i], pb[i])) << a.model().parameter_names()[i];
+  // Another seed's checkpoint is refused.
+  LatentTrainer c(spec, {10}, torch::kCPU);
+  EXPECT_EQ(c.LoadCheckpoint(mid).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(LatentTrainerTest, EnsembleMembersTrainAsTheirOwnRuns) {
+  const v1::ExperimentSpec spec = TinyDecoderSpec(12);
+  LatentTrainer pack(spec, {3, 4}, torch::kCPU);
+  LatentTrainer alone(spec, {4}, torch::kCPU);
+  for (int s = 0; s < 12; ++s) {
+    auto mp = pack.Step(true), ma = alone.Step(true);
+    EXPECT_NEAR(testing::MetricValue(mp[1], "train/loss"), testing::MetricValue(ma[0], "train/loss"), 1e-5);
+    // Clipping is per member: the norms before clipping match too.
+    EXPECT_NEAR(testing::MetricValue(mp[1], "train/grad_norm"), testing::MetricValue(ma[0], "train/grad_norm"), 1e-4);
+  }
+  // The member's own checkpoint resumes as a one-member run.
+  LatentTrainer resumed(spec, {4}, torch::kCPU);
+  ASSERT_TRUE(resumed.LoadCheckpoint(pack.SaveMemberCheckpoint(1)).ok());
+  const auto pr = resumed.model().parameters(), pa = alone.model().parameters();
+  for (size_t i = 0; i < pr.size(); ++i) EXPECT_TRUE(torch::allclose(pr[i], pa[i], 1e-5, 1e-6));
+}
+
+TEST(TaskVectorMathTest, SimplexProjectionAndAffineWeights) {
+  torch::Tensor v = torch::tensor({{0.2, 0.3, 0.5}, {2.0, 0.0, 0.0}, {0.5, 0.5, -3.0}, {-1.0, -1.0, -1.0}},
+                                  torch::kDouble);
+  torch::Tensor p = ProjectToSimplex(v);
+  EXPECT_LT((p.sum(-1) - 1).abs().max().item<double>(), 1e-12);
+  EXPECT_GE(p.min().item<double>(), 0.0);
+  EXPECT_LT((p[0] - v[0]).abs().max().item<double>(), 1e-12);  // already on the simplex
+  EXPECT_LT((p[1] - torch::tensor({1.0, 0.0, 0.0}, torch::kDouble)).abs().max().item<double>(), 1e-12);
+  EXPECT_LT((p[3] - 1.0 / 3).abs().max().item<double>(), 1e-12);
+  torch::Tensor theta = torch::randn({3, 8}, MakeGenerator(2), torch::kDouble);
+  torch::Tensor w = torch::tensor({{0.2, 0.5, 0.3}, {1.5, -0.25, -0.25}}, torch::kDouble);
+  torch::Tensor fit = AffineWeights(torch::matmul(w, theta), theta);
+  EXPECT_LT((fit - w).abs().max().item<double>(), 1e-9);
+}
+
+TEST(TaskVectorMathTest, AdditiveCellsHaveNoInteraction) {
+  // h[a, k, b] = nu_a + tau_k + noise: eta2_int ~ 0; pure noise: ratio ~ 1.
+  torch::Generator gen = MakeGenerator(3);
+  torch::Tensor nu = torch::randn({6, 1, 1, 10}, gen, torch::kDouble);
+  torch::Tensor tau = torch::randn({1, 3, 1, 10}, gen, torch::kDouble);
+  torch::Tensor h = nu + tau + 0.01 * torch::randn({6, 3, 64, 10}, gen, torch::kDouble);
+  CellStats c = TokenConditionedStats(h);
+  EXPECT_LT(c.eta2_int, 1e-3);
+  EXPECT_LT(c.resid_ratio, 1e-3);
+  EXPECT_NEAR(c.eta2_task + c.eta2_token + c.eta2_int, 1.0, 1e-12);
+  CellStats noise = TokenConditionedStats(torch::randn({6, 3, 64, 10}, gen, torch::kDouble));
+  EXPECT_GT(noise.resid_ratio, 0.95);
+}
+
+}  // namespace
+}  // namespace circuitlab::engine
