@@ -30,6 +30,7 @@
 
 #include "client/lib/client.h"
 #include "client/lib/sweep_render.h"
+#include "client/lib/task_vector_render.h"
 
 namespace {
 
@@ -486,6 +487,35 @@ int main(int argc, char** argv) {
   data_dep->add_option("TARGET", run_id, "Run id, or a spec file (associative recall with common pairs)")->required();
   data_dep->add_option("--samples", dd_samples, "Sequences per grid point (default 65536)");
   data_dep->add_flag("--force", p_force, "Recompute even if stored");
+
+  std::string tv_sweep, tv_file, tv_hook;
+  std::vector<std::string> tv_analyses;
+  std::vector<uint32_t> tv_layers;
+  bool tv_all = false, tv_compat = false, tv_csv = false;
+  uint32_t tv_samples = 0;
+  auto* task_vectors = app.add_subcommand(
+      "task-vectors",
+      "Task-vector geometry (SCIENCE.md D.5) of a latent-task run: P0 residual ratio, P1 ANOVA, P2 simplex\n"
+      "interpolation, P3 alignment with the Bayesian posterior, steering along the task simplex, OOD projection\n"
+      "R^2 and the two-Bayes mode transition. A queued job; this command waits. --all-checkpoints repeats it over\n"
+      "training, --sweep over the newest checkpoint of every run of a sweep (e.g. OOD R^2 against diversity).\n"
+      "  circuitlab task-vectors r3\n"
+      "  circuitlab task-vectors r3 --analysis ood_r2 --all-checkpoints --csv > ood_over_training.csv\n"
+      "  circuitlab task-vectors --sweep s2 --analysis ood_r2,kl --layer 1");
+  task_vectors->add_option("RUN", run_id, "Run id (or give --sweep)");
+  task_vectors->add_option("--sweep", tv_sweep, "Sweep id: analyse every run at its newest checkpoint");
+  task_vectors->add_option("--analysis", tv_analyses, "p0, p1, p2, p3, steering, ood_r2, kl (default all)")
+      ->delimiter(',');
+  task_vectors->add_option("--step", d_step, "Checkpoint step (default: the newest)");
+  task_vectors->add_flag("--all-checkpoints", tv_all, "Every stored checkpoint of the run");
+  task_vectors->add_option("--layer", tv_layers, "Layer(s) from 0 (default all; repeatable or a,b)")->delimiter(',');
+  task_vectors->add_option("--hook", tv_hook, "Hidden state: post_mlp (default), post_attn or resid_pre");
+  task_vectors->add_option("--samples", tv_samples, "Token-conditioned sequences per cell (default 128)");
+  task_vectors->add_flag("--paper-compat", tv_compat, "Steering: estimate at post_mlp, inject at post_attn");
+  task_vectors->add_option("--spec", tv_file, "AnalyzeTaskVectorsRequest JSON file (every field; flags override)")
+      ->check(CLI::ExistingFile);
+  task_vectors->add_flag("--csv", tv_csv, "CSV: run_id,step,sweep_values,name,layer,position,value");
+  task_vectors->add_flag("--force", p_force, "Recompute even if stored");
 
   auto* health = app.add_subcommand("health", "Check that the server is up and serving.\n  circuitlab health");
 
@@ -1022,6 +1052,48 @@ int main(int argc, char** argv) {
                   p.variability_mode() == v1::VARIABILITY_MODE_REPAIR ? "repair" : "variant", p.rare_fraction(),
                   p.variability(), p.burstiness(), p.delta(), p.abg(), r.grad_gamma(), r.gamma_stderr(),
                   r.closed_form_gamma(), r.ratio(), r.ratio_vector(), r.phi(), r.identity_max_rel_error());
+    }
+    return 0;
+  }
+  if (*task_vectors) {
+    v1::AnalyzeTaskVectorsRequest req;
+    if (!tv_file.empty()) {
+      if (absl::Status st = circuitlab::client::ReadJsonFile(tv_file, &req); !st.ok()) {
+        std::cerr << "error: " << st.message() << "\n";
+        return 2;
+      }
+    }
+    if (!run_id.empty()) req.set_run_id(run_id);
+    if (!tv_sweep.empty()) req.set_sweep_id(tv_sweep);
+    if (req.run_id().empty() == req.sweep_id().empty()) {
+      std::cerr << "error: give a RUN or --sweep SWEEP (one of them)\n";
+      return 2;
+    }
+    if (d_step) req.set_step(d_step);
+    if (tv_all) req.set_all_checkpoints(true);
+    if (!tv_analyses.empty()) {
+      req.clear_analyses();
+      for (const auto& a : tv_analyses) req.add_analyses(a);
+    }
+    if (!tv_layers.empty()) {
+      req.clear_layers();
+      for (uint32_t l : tv_layers) req.add_layers(l);
+    }
+    if (!tv_hook.empty()) req.set_hook(tv_hook);
+    if (tv_samples) req.set_samples_per_cell(tv_samples);
+    if (tv_compat) req.set_paper_compat(true);
+    v1::AnalyzeTaskVectorsResponse r;
+    if (auto rc = run_queued("the task-vector analysis", [&](bool force) {
+          req.set_force(force);
+          return client.AnalyzeTaskVectors(req);
+        }, &r)) {
+      return *rc;
+    }
+    if (tv_csv) {
+      std::cout << circuitlab::client::TaskVectorCsv(r);
+    } else {
+      std::cout << circuitlab::client::TaskVectorText(r);
+      if (stored_answer) std::cout << "(stored answer)\n";
     }
     return 0;
   }

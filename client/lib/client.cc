@@ -173,6 +173,11 @@ absl::StatusOr<v1::CheckDataDependenceResponse> Client::CheckDataDependence(
   return impl_->Call(impl_->analysis.get(), &v1::AnalysisService::Stub::CheckDataDependence, request);
 }
 
+absl::StatusOr<v1::AnalyzeTaskVectorsResponse> Client::AnalyzeTaskVectors(
+    const v1::AnalyzeTaskVectorsRequest& request) {
+  return impl_->Call(impl_->analysis.get(), &v1::AnalysisService::Stub::AnalyzeTaskVectors, request);
+}
+
 absl::StatusOr<v1::Sweep> Client::SubmitSweep(const v1::SweepSpec& sweep) {
   v1::SubmitSweepRequest req;
   *req.mutable_sweep() = sweep;

@@ -58,6 +58,7 @@ class Client {
   absl::StatusOr<v1::InterveneResponse> Intervene(const v1::InterveneRequest& request);
   absl::StatusOr<v1::LabelRunResponse> LabelRun(const v1::LabelRunRequest& request);
   absl::StatusOr<v1::CheckDataDependenceResponse> CheckDataDependence(const v1::CheckDataDependenceRequest& request);
+  absl::StatusOr<v1::AnalyzeTaskVectorsResponse> AnalyzeTaskVectors(const v1::AnalyzeTaskVectorsRequest& request);
 
   // Sweeps.
   absl::StatusOr<v1::Sweep> SubmitSweep(const v1::SweepSpec& sweep);

@@ -65,4 +65,13 @@ grpc::ServerUnaryReactor* AnalysisServiceImpl::CheckDataDependence(grpc::Callbac
   });
 }
 
+grpc::ServerUnaryReactor* AnalysisServiceImpl::AnalyzeTaskVectors(grpc::CallbackServerContext* ctx,
+                                                                  const v1::AnalyzeTaskVectorsRequest* req,
+                                                                  v1::AnalyzeTaskVectorsResponse* resp) {
+  return UnaryCall(ctx, auth_token_, [&]() -> absl::Status {
+    CL_ASSIGN_OR_RETURN(*resp, core_->AnalyzeTaskVectors(*req));
+    return absl::OkStatus();
+  });
+}
+
 }  // namespace circuitlab::rpc

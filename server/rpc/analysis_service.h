@@ -29,6 +29,9 @@ class AnalysisServiceImpl final : public v1::AnalysisService::CallbackService {
   grpc::ServerUnaryReactor* CheckDataDependence(grpc::CallbackServerContext* ctx,
                                                 const v1::CheckDataDependenceRequest* req,
                                                 v1::CheckDataDependenceResponse* resp) override;
+  grpc::ServerUnaryReactor* AnalyzeTaskVectors(grpc::CallbackServerContext* ctx,
+                                               const v1::AnalyzeTaskVectorsRequest* req,
+                                               v1::AnalyzeTaskVectorsResponse* resp) override;
   grpc::ServerUnaryReactor* LabelRun(grpc::CallbackServerContext* ctx, const v1::LabelRunRequest* req,
                                      v1::LabelRunResponse* resp) override;
 

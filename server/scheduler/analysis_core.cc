@@ -70,6 +70,14 @@ void FillCoordinate(const store::CoordinateDefRow& d, double value, v1::Coordina
   c->set_gauge(d.gauge);
 }
 
+// The IMIR analyses (coordinates, circuits, invariance) need the IMIR block
+// model; latent-task runs have AnalyzeTaskVectors.
+absl::Status NeedsImir(const v1::ExperimentSpec& spec, const std::string& what) {
+  if (spec.model().kind_case() != v1::ModelSpec::kDecoder) return absl::OkStatus();
+  return absl::FailedPreconditionError(what + " needs an IMIR model (model.imir); this run trains model.decoder on "
+                                       "task.latent: ask AnalyzeTaskVectors (circuitlab task-vectors)");
+}
+
 }  // namespace
 
 AnalysisCore::AnalysisCore(store::Store* store, engine::Analyzer* analyzer, int max_jobs, engine::EngineLimits limits)
@@ -133,6 +141,7 @@ absl::StatusOr<v1::CheckInvarianceResponse> AnalysisCore::CheckInvariance(const 
   CL_ASSIGN_OR_RETURN(auto target, TargetSpec(request.run_id(), request.has_spec() ? &request.spec() : nullptr));
   const int64_t id = target.first;
   v1::ExperimentSpec spec = std::move(target.second);
+  CL_RETURN_IF_ERROR(NeedsImir(spec, "CheckInvariance"));
   v1::CheckInvarianceRequest canonical;  // defaults resolved, force dropped
   if (id == store::Store::kNoRun) {
     *canonical.mutable_spec() = spec;
@@ -294,6 +303,7 @@ absl::StatusOr<v1::ProjectCheckpointResponse> AnalysisCore::ProjectCheckpoint(
   CL_ASSIGN_OR_RETURN(int64_t id, ParseRunId(request.run_id()));
   CL_RETURN_IF_ERROR(CheckSelection(request.selection()));
   CL_ASSIGN_OR_RETURN(auto found, RunCheckpoint(id, request.step(), request.run_id()));
+  CL_RETURN_IF_ERROR(NeedsImir(found.first, "ProjectCheckpoint"));
   const v1::ExperimentSpec& spec = found.first;
   const store::Checkpoint* ckpt = &found.second;
   // The canonical request: run, the resolved step, the resolved selection.
@@ -417,6 +427,7 @@ absl::StatusOr<v1::DetectCircuitResponse> AnalysisCore::DetectCircuit(const v1::
                                       std::to_string(request.max_evals()));
   }
   CL_ASSIGN_OR_RETURN(auto found, RunCheckpoint(id, request.step(), request.run_id()));
+  CL_RETURN_IF_ERROR(NeedsImir(found.first, "DetectCircuit"));
   const v1::ExperimentSpec& spec = found.first;
   // The canonical request: every default resolved, force dropped.
   v1::DetectCircuitRequest canonical;
@@ -500,6 +511,7 @@ absl::StatusOr<v1::LabelRunResponse> AnalysisCore::LabelRun(const v1::LabelRunRe
   CL_ASSIGN_OR_RETURN(store::RunRow row, store_->GetRun(id));
   v1::ExperimentSpec spec;
   if (!spec.ParseFromString(row.spec)) return absl::DataLossError("stored spec of " + request.run_id() + " does not parse");
+  CL_RETURN_IF_ERROR(NeedsImir(spec, "LabelRun"));
   CL_ASSIGN_OR_RETURN(std::vector<int64_t> steps, store_->CheckpointSteps(id));
   if (steps.empty()) return absl::FailedPreconditionError("run " + request.run_id() + " has no checkpoint yet");
   // The canonical request names the checkpoints it labels, so a run that
@@ -562,6 +574,7 @@ absl::StatusOr<v1::InterveneResponse> AnalysisCore::Intervene(const v1::Interven
                                       std::to_string(request.eval_sets_size()));
   }
   CL_ASSIGN_OR_RETURN(auto found, RunCheckpoint(id, request.step(), request.run_id()));
+  CL_RETURN_IF_ERROR(NeedsImir(found.first, "Intervene"));
   const v1::ExperimentSpec& spec = found.first;
   v1::InterveneRequest canonical = request;
   canonical.set_run_id(FormatRunId(id));
@@ -602,6 +615,7 @@ absl::StatusOr<v1::InterveneResponse> AnalysisCore::Intervene(const v1::Interven
         op.kind = engine::InterventionOp::Kind::kSwap;
         CL_ASSIGN_OR_RETURN(int64_t source, ParseRunId(in->source_run_id(), field + ".source_run_id"));
         CL_ASSIGN_OR_RETURN(auto src, RunCheckpoint(source, in->source_step(), in->source_run_id()));
+        CL_RETURN_IF_ERROR(NeedsImir(src.first, "Intervene (swap)"));
         in->set_source_run_id(FormatRunId(source));
         in->set_source_step(static_cast<uint64_t>(src.second.step));
         op.source_spec = std::move(src.first);

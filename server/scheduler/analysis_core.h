@@ -44,6 +44,12 @@ class AnalysisCore {
   // Likewise circuit detection and run labels.
   absl::StatusOr<v1::DetectCircuitResponse> DetectCircuit(const v1::DetectCircuitRequest& request);
   absl::StatusOr<v1::LabelRunResponse> LabelRun(const v1::LabelRunRequest& request);
+  // Task-vector geometry of a run's checkpoint(s) or a sweep's runs
+  // (task_vector_requests.cc). InvalidArgument names the field out of range,
+  // FailedPrecondition for a run that is not a latent-task decoder run or has
+  // no checkpoint yet, ResourceExhausted when the request would not fit the
+  // server's per-run memory limit.
+  absl::StatusOr<v1::AnalyzeTaskVectorsResponse> AnalyzeTaskVectors(const v1::AnalyzeTaskVectorsRequest& request);
   absl::StatusOr<v1::CheckDataDependenceResponse> CheckDataDependence(const v1::CheckDataDependenceRequest& request);
   // Interventions run in the calling thread (forward passes only).
   absl::StatusOr<v1::InterveneResponse> Intervene(const v1::InterveneRequest& request);

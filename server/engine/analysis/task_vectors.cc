@@ -61,8 +61,8 @@ std::vector<torch::Tensor> ConditionedAt(const DecoderModel& model, const Latent
   torch::Tensor base = task.SamplePool(LatentPool::kMajor, Repeat(K, B), gen).tokens.narrow(1, 0, t + 1);
   torch::Tensor all = base.unsqueeze(0).repeat({V, 1, 1});  // [V, K*B, t+1]
   all.select(2, t).copy_(torch::arange(V, kI64).unsqueeze(1).expand({V, K * B}));
-  std::vector<torch::Tensor> states = HiddenStates(model, all.view({V * K * B, t + 1}), layers, kind);
-  for (torch::Tensor& s : states) s = s.select(1, t).view({V, K, B, -1});
+  std::vector<torch::Tensor> states = HiddenStates(model, all.view({V * K * B, t + 1}), layers, kind, t);
+  for (torch::Tensor& s : states) s = s.view({V, K, B, -1});
   return states;
 }
 
@@ -95,7 +95,7 @@ torch::Tensor AffineWeights(const torch::Tensor& y, const torch::Tensor& theta) 
 }
 
 std::vector<torch::Tensor> HiddenStates(const DecoderModel& model, const torch::Tensor& tokens,
-                                        const std::vector<int>& layers, const std::string& kind) {
+                                        const std::vector<int>& layers, const std::string& kind, int64_t at) {
   torch::NoGradGuard no_grad;
   std::map<std::string, size_t> want;
   for (size_t i = 0; i < layers.size(); ++i) want[HookName(layers[i], kind)] = i;
@@ -106,7 +106,10 @@ std::vector<torch::Tensor> HiddenStates(const DecoderModel& model, const torch::
     torch::Tensor chunk = tokens.narrow(0, b, std::min(kChunk, N - b)).unsqueeze(0);
     HookFn capture = [&](const std::string& point, const torch::Tensor& v) -> torch::Tensor {
       auto it = want.find(point);
-      if (it != want.end()) parts[it->second].push_back(v.squeeze(0).to(torch::kDouble));
+      if (it != want.end()) {
+        torch::Tensor h = v.squeeze(0);
+        parts[it->second].push_back((at >= 0 ? h.select(1, at) : h).to(torch::kDouble));
+      }
       return {};
     };
     model.Forward(chunk, &capture, upto);

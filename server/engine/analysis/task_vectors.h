@@ -28,9 +28,10 @@ torch::Tensor AffineWeights(const torch::Tensor& y, const torch::Tensor& theta);
 
 // Hidden states [N, T', D] (float64) at hook `kind` ("post_mlp", "post_attn",
 // "resid_pre") of each layer in `layers`, for tokens [N, T'], computed in
-// chunks. One tensor per entry of `layers`.
+// chunks; with `at` >= 0 only position `at`, [N, D]. One tensor per entry of
+// `layers`.
 std::vector<torch::Tensor> HiddenStates(const DecoderModel& model, const torch::Tensor& tokens,
-                                        const std::vector<int>& layers, const std::string& kind);
+                                        const std::vector<int>& layers, const std::string& kind, int64_t at = -1);
 
 // P0/P1 statistics of token-conditioned states h [S, K, B, D] at one
 // (layer, position): residual ratio, eta^2 of task / token / interaction,

@@ -1,0 +1,326 @@
+// AnalysisCore::AnalyzeTaskVectors: validation and defaults of a
+// task-vector request, its targets (a run's checkpoint, all of them, or a
+// sweep's runs), and the queued job that runs the engine on each.
+#include <algorithm>
+#include <set>
+#include <string>
+
+#include "server/common/status_macros.h"
+#include "server/engine/tasks/catalog.h"
+#include "server/scheduler/analysis_core.h"
+#include "server/scheduler/scheduler.h"
+
+namespace circuitlab::scheduler {
+namespace {
+
+const std::vector<std::string> kAnalyses = {"p0", "p1", "p2", "p3", "steering", "ood_r2", "kl"};
+const std::set<std::string> kHooks = {"post_mlp", "post_attn", "resid_pre"};
+constexpr int kMaxCheckpoints = 200;
+constexpr int kMaxPositions = 64;
+
+absl::Status Range(const std::string& field, uint64_t value, uint64_t lo, uint64_t hi) {
+  if (value < lo || value > hi) {
+    return absl::InvalidArgumentError(field + " must be in [" + std::to_string(lo) + ", " + std::to_string(hi) +
+                                      "] (0 = default), got " + std::to_string(value));
+  }
+  return absl::OkStatus();
+}
+
+// Fills `value` with `def` when 0, then checks [lo, hi].
+template <typename Msg, typename Get, typename Set>
+absl::Status Default(Msg* m, Get get, Set set, uint32_t def, const std::string& field, uint32_t lo, uint32_t hi) {
+  if ((m->*get)() == 0) (m->*set)(def);
+  return Range(field, (m->*get)(), lo, hi);
+}
+
+absl::Status HookKind(const std::string& field, std::string* hook, const std::string& def) {
+  if (hook->empty()) *hook = def;
+  if (kHooks.count(*hook) == 0) {
+    return absl::InvalidArgumentError(field + " must be post_mlp, post_attn or resid_pre, got '" + *hook + "'");
+  }
+  return absl::OkStatus();
+}
+
+struct Target {
+  int64_t id = 0;
+  v1::ExperimentSpec spec;
+  std::vector<int64_t> steps;
+  std::string sweep_values;
+};
+
+absl::Status NeedsLatent(const v1::ExperimentSpec& spec, int64_t id) {
+  if (engine::IsLatent(spec) && spec.model().kind_case() == v1::ModelSpec::kDecoder) return absl::OkStatus();
+  return absl::FailedPreconditionError("AnalyzeTaskVectors needs a run of task.latent on model.decoder; " +
+                                       FormatRunId(id) + " trains task." + engine::TaskName(spec.task()) +
+                                       " on model.imir (ask DetectCircuit, ProjectCheckpoint, LabelRun)");
+}
+
+// Largest tensor the request keeps at once for one target, in bytes
+// (float64 hidden states), so that it stays inside the per-run memory limit.
+uint64_t EstimateBytes(const v1::ExperimentSpec& spec, const v1::AnalyzeTaskVectorsRequest& c) {
+  const auto& m = spec.model().decoder();
+  const engine::TaskShape shape = engine::ShapeOf(spec);
+  const double D = m.d_model(), V = static_cast<double>(shape.vocab), T = static_cast<double>(shape.seq_len);
+  const double K = spec.task().latent().num_majors();
+  const double layers = c.layers_size() > 0 ? c.layers_size() : m.num_layers();
+  const std::set<std::string> a(c.analyses().begin(), c.analyses().end());
+  double cells = 0;
+  if (a.count("p2")) {
+    cells = T - 1;
+  } else if (a.count("p0") || a.count("p1")) {
+    cells = c.positions_size() > 0 ? c.positions_size() : 6;
+  }
+  double most = 8.0 * D * layers * V * K * c.samples_per_cell() * cells;
+  if (a.count("p3")) most = std::max(most, 8.0 * D * layers * K * c.p3_samples() * T * 2.0);
+  if (a.count("steering")) {
+    most = std::max(most, 8.0 * D * K * c.steering_est_samples() * T + 24.0 * c.steering_samples() * T * V);
+  }
+  if (a.count("ood_r2")) most = std::max(most, 8.0 * D * layers * (K + c.ood_tasks()) * c.ood_samples() * T);
+  return static_cast<uint64_t>(most);
+}
+
+}  // namespace
+
+absl::StatusOr<v1::AnalyzeTaskVectorsResponse> AnalysisCore::AnalyzeTaskVectors(
+    const v1::AnalyzeTaskVectorsRequest& request) {
+  const bool sweep = !request.sweep_id().empty();
+  if (sweep == !request.run_id().empty()) return absl::InvalidArgumentError("give run_id or sweep_id (one of them)");
+  if (sweep && (request.step() != 0 || request.all_checkpoints())) {
+    return absl::InvalidArgumentError("step and all_checkpoints apply to a run_id; a sweep is analysed at the newest "
+                                      "checkpoint of each run");
+  }
+  if (request.all_checkpoints() && request.step() != 0) {
+    return absl::InvalidArgumentError("give step or all_checkpoints, not both");
+  }
+
+  // ---- targets ----
+  std::vector<Target> targets;
+  int64_t store_id = store::Store::kNoRun;
+  if (sweep) {
+    CL_ASSIGN_OR_RETURN(int64_t sid, ParseSweepId(request.sweep_id()));
+    CL_RETURN_IF_ERROR(store_->GetSweep(sid).status());
+    CL_ASSIGN_OR_RETURN(std::vector<store::RunRow> runs, store_->SweepRuns(sid));
+    for (const store::RunRow& row : runs) {
+      Target t;
+      t.id = row.id;
+      if (!t.spec.ParseFromString(row.spec)) return absl::DataLossError("stored spec of " + FormatRunId(row.id));
+      CL_RETURN_IF_ERROR(NeedsLatent(t.spec, row.id));
+      CL_ASSIGN_OR_RETURN(std::vector<int64_t> steps, store_->CheckpointSteps(row.id));
+      if (steps.empty()) {
+        return absl::FailedPreconditionError(FormatRunId(row.id) + " of " + request.sweep_id() +
+                                             " has no checkpoint yet; ask again when the sweep's runs have trained");
+      }
+      t.steps = {steps.back()};
+      t.sweep_values = row.sweep_values;
+      targets.push_back(std::move(t));
+    }
+    if (targets.empty()) return absl::FailedPreconditionError("sweep " + request.sweep_id() + " has no runs");
+  } else {
+    CL_ASSIGN_OR_RETURN(int64_t id, ParseRunId(request.run_id()));
+    CL_ASSIGN_OR_RETURN(store::RunRow row, store_->GetRun(id));
+    Target t;
+    t.id = id;
+    if (!t.spec.ParseFromString(row.spec)) return absl::DataLossError("stored spec of " + request.run_id());
+    CL_RETURN_IF_ERROR(NeedsLatent(t.spec, id));
+    CL_ASSIGN_OR_RETURN(std::vector<int64_t> steps, store_->CheckpointSteps(id));
+    if (steps.empty()) return absl::FailedPreconditionError("run " + request.run_id() + " has no checkpoint yet");
+    if (request.all_checkpoints()) {
+      if (static_cast<int>(steps.size()) > kMaxCheckpoints) {
+        return absl::ResourceExhaustedError("run " + request.run_id() + " has " + std::to_string(steps.size()) +
+                                            " checkpoints; all_checkpoints analyses at most " +
+                                            std::to_string(kMaxCheckpoints));
+      }
+      t.steps = steps;
+    } else if (request.step() != 0) {
+      if (std::find(steps.begin(), steps.end(), static_cast<int64_t>(request.step())) == steps.end()) {
+        std::string have;
+        for (int64_t s : steps) have += (have.empty() ? "" : ", ") + std::to_string(s);
+        return absl::NotFoundError("run " + request.run_id() + " has no checkpoint at step " +
+                                   std::to_string(request.step()) + " (checkpoints: " + have + ")");
+      }
+      t.steps = {static_cast<int64_t>(request.step())};
+    } else {
+      t.steps = {steps.back()};
+    }
+    store_id = id;
+    targets.push_back(std::move(t));
+  }
+
+  // ---- the canonical request: defaults filled in, force dropped ----
+  v1::AnalyzeTaskVectorsRequest c = request;
+  c.clear_force();
+  std::set<std::string> chosen;
+  for (int i = 0; i < request.analyses_size(); ++i) {
+    const std::string& a = request.analyses(i);
+    if (std::find(kAnalyses.begin(), kAnalyses.end(), a) == kAnalyses.end()) {
+      return absl::InvalidArgumentError("analyses[" + std::to_string(i) + "] must be one of p0, p1, p2, p3, "
+                                        "steering, ood_r2, kl, got '" + a + "'");
+    }
+    chosen.insert(a);
+  }
+  c.clear_analyses();
+  for (const std::string& a : kAnalyses) {
+    if (chosen.empty() || chosen.count(a)) c.add_analyses(a);
+  }
+  CL_RETURN_IF_ERROR(HookKind("hook", c.mutable_hook(), "post_mlp"));
+  if (c.paper_compat()) {
+    if (!request.estimation_hook().empty() || !request.injection_hook().empty()) {
+      return absl::InvalidArgumentError("paper_compat sets estimation_hook post_mlp and injection_hook post_attn; "
+                                        "give paper_compat or the hooks, not both");
+    }
+    c.set_estimation_hook("post_mlp");
+    c.set_injection_hook("post_attn");
+  }
+  CL_RETURN_IF_ERROR(HookKind("estimation_hook", c.mutable_estimation_hook(), "post_attn"));
+  CL_RETURN_IF_ERROR(HookKind("injection_hook", c.mutable_injection_hook(), "post_attn"));
+  using R = v1::AnalyzeTaskVectorsRequest;
+  CL_RETURN_IF_ERROR(Default(&c, &R::samples_per_cell, &R::set_samples_per_cell, 128, "samples_per_cell", 8, 4096));
+  CL_RETURN_IF_ERROR(Default(&c, &R::p3_samples, &R::set_p3_samples, 512, "p3_samples", 16, 8192));
+  CL_RETURN_IF_ERROR(Default(&c, &R::steering_samples, &R::set_steering_samples, 2000, "steering_samples", 16, 100000));
+  CL_RETURN_IF_ERROR(Default(&c, &R::steering_est_samples, &R::set_steering_est_samples, 256, "steering_est_samples",
+                             16, 8192));
+  CL_RETURN_IF_ERROR(Default(&c, &R::ood_tasks, &R::set_ood_tasks, 32, "ood_tasks", 2, 4096));
+  CL_RETURN_IF_ERROR(Default(&c, &R::ood_samples, &R::set_ood_samples, 16, "ood_samples", 1, 1024));
+  CL_RETURN_IF_ERROR(Default(&c, &R::kl_samples, &R::set_kl_samples, 512, "kl_samples", 16, 65536));
+  if (c.p_common() == 0) c.set_p_common(0.9);
+  if (!(c.p_common() > 0 && c.p_common() < 1)) {
+    return absl::InvalidArgumentError("p_common must be in (0, 1) (0 = default 0.9), got " +
+                                      std::to_string(c.p_common()));
+  }
+  if (c.positions_size() > kMaxPositions) {
+    return absl::InvalidArgumentError("positions must have at most " + std::to_string(kMaxPositions) +
+                                      " entries, got " + std::to_string(c.positions_size()));
+  }
+  if (c.seed() == 0 && !sweep) c.set_seed(targets[0].spec.seed());
+  // Every target's model and sequence length must hold the layers and positions.
+  for (const Target& t : targets) {
+    const uint32_t layers = t.spec.model().decoder().num_layers();
+    const uint32_t last = static_cast<uint32_t>(engine::ShapeOf(t.spec).seq_len - 2);
+    const std::string who = " (" + FormatRunId(t.id) + " has " + std::to_string(layers) + " layers, positions 0 to " +
+                            std::to_string(last) + ")";
+    for (int i = 0; i < c.layers_size(); ++i) {
+      if (c.layers(i) >= layers) {
+        return absl::InvalidArgumentError("layers[" + std::to_string(i) + "] must be in [0, " +
+                                          std::to_string(layers - 1) + "], got " + std::to_string(c.layers(i)) + who);
+      }
+    }
+    if (c.has_steering_layer() && c.steering_layer() >= layers) {
+      return absl::InvalidArgumentError("steering_layer must be in [0, " + std::to_string(layers - 1) + "], got " +
+                                        std::to_string(c.steering_layer()) + who);
+    }
+    for (int i = 0; i < c.positions_size(); ++i) {
+      CL_RETURN_IF_ERROR(Range("positions[" + std::to_string(i) + "]", c.positions(i), 0, last));
+    }
+    for (auto [field, has, v] : {std::tuple{"est_begin", c.has_est_begin(), c.est_begin()},
+                                 std::tuple{"est_end", c.has_est_end(), c.est_end()},
+                                 std::tuple{"steer_begin", c.has_steer_begin(), c.steer_begin()},
+                                 std::tuple{"steer_end", c.has_steer_end(), c.steer_end()}}) {
+      if (has && v > last) {
+        return absl::InvalidArgumentError(std::string(field) + " must be in [0, " + std::to_string(last) +
+                                          "], got " + std::to_string(v) + who);
+      }
+    }
+    if (c.has_est_begin() && c.has_est_end() && c.est_begin() > c.est_end()) {
+      return absl::InvalidArgumentError("est_begin must be at most est_end, got " + std::to_string(c.est_begin()) +
+                                        " > " + std::to_string(c.est_end()));
+    }
+    if (c.has_steer_begin() && c.has_steer_end() && c.steer_begin() > c.steer_end()) {
+      return absl::InvalidArgumentError("steer_begin must be at most steer_end, got " +
+                                        std::to_string(c.steer_begin()) + " > " + std::to_string(c.steer_end()));
+    }
+    const uint64_t need = EstimateBytes(t.spec, c);
+    if (need > limits_.max_run_memory_bytes) {
+      return absl::ResourceExhaustedError(
+          "this analysis keeps about " + std::to_string(need >> 20) + " MiB of hidden states for " +
+          FormatRunId(t.id) + ", more than this server's --max-run-memory-mb (" +
+          std::to_string(limits_.max_run_memory_bytes >> 20) +
+          " MiB); lower samples_per_cell, p3_samples, steering_samples, ood_tasks or ood_samples, or ask fewer layers");
+    }
+  }
+
+  engine::TaskVectorRequest e;
+  const std::set<std::string> a(c.analyses().begin(), c.analyses().end());
+  e.p0 = a.count("p0") > 0;
+  e.p1 = a.count("p1") > 0;
+  e.p2 = a.count("p2") > 0;
+  e.p3 = a.count("p3") > 0;
+  e.steering = a.count("steering") > 0;
+  e.ood_r2 = a.count("ood_r2") > 0;
+  e.kl = a.count("kl") > 0;
+  e.hook = c.hook();
+  for (uint32_t l : c.layers()) e.layers.push_back(static_cast<int>(l));
+  for (uint32_t p : c.positions()) e.positions.push_back(p);
+  e.samples_per_cell = c.samples_per_cell();
+  if (c.has_est_begin()) e.est_begin = c.est_begin();
+  if (c.has_est_end()) e.est_end = c.est_end();
+  e.p3_samples = c.p3_samples();
+  if (c.has_steering_layer()) e.steering_layer = static_cast<int>(c.steering_layer());
+  e.estimation_hook = c.estimation_hook();
+  e.injection_hook = c.injection_hook();
+  e.steering_samples = c.steering_samples();
+  e.steering_est_samples = c.steering_est_samples();
+  if (c.has_steer_begin()) e.steer_begin = c.steer_begin();
+  if (c.has_steer_end()) e.steer_end = c.steer_end();
+  e.ood_tasks = c.ood_tasks();
+  e.ood_samples = c.ood_samples();
+  e.kl_samples = c.kl_samples();
+  e.p_common = c.p_common();
+
+  // The key: the canonical request and exactly which checkpoints it covers.
+  std::string key = c.SerializeAsString();
+  int64_t total = 0;
+  for (const Target& t : targets) {
+    key += "|" + FormatRunId(t.id);
+    for (int64_t s : t.steps) key += ":" + std::to_string(s);
+    total += static_cast<int64_t>(t.steps.size());
+  }
+  Work work = [this, targets, e, c, total](const std::function<void(double)>& progress,
+                                           const CancelToken* cancel) -> absl::StatusOr<std::string> {
+    v1::AnalyzeTaskVectorsResponse done;
+    done.set_state(v1::ANALYSIS_STATE_DONE);
+    done.set_progress(1.0);
+    *done.mutable_request() = c;
+    int64_t finished = 0;
+    for (const Target& t : targets) {
+      engine::TaskVectorRequest req = e;
+      req.seed = c.seed() != 0 ? c.seed() : t.spec.seed();
+      for (int64_t step : t.steps) {
+        CL_ASSIGN_OR_RETURN(std::optional<store::Checkpoint> ckpt, store_->CheckpointAt(t.id, step));
+        if (!ckpt) {
+          return absl::NotFoundError("checkpoint " + std::to_string(step) + " of " + FormatRunId(t.id) +
+                                     " is gone (deleted by keep_checkpoints?)");
+        }
+        auto sub = [&](double f) {
+          if (progress) progress((static_cast<double>(finished) + f) / static_cast<double>(total));
+        };
+        CL_ASSIGN_OR_RETURN(engine::TaskVectorReport r,
+                            analyzer_->AnalyzeTaskVectors(t.spec, ckpt->bytes, req, sub, cancel));
+        for (const engine::TaskVectorRow& row : r.rows) {
+          v1::TaskVectorValue* v = done.add_values();
+          v->set_run_id(FormatRunId(t.id));
+          v->set_step(static_cast<uint64_t>(step));
+          v->set_name(row.name);
+          v->set_layer(row.layer);
+          v->set_position(static_cast<int32_t>(row.position));
+          v->set_value(row.value);
+          v->set_sweep_values(t.sweep_values);
+        }
+        ++finished;
+      }
+    }
+    return done.SerializeAsString();
+  };
+  CL_ASSIGN_OR_RETURN(Answer answer, Enqueue("task_vectors", store_id, key, request.force(), std::move(work)));
+  v1::AnalyzeTaskVectorsResponse resp;
+  if (answer.stored && resp.ParseFromString(*answer.stored)) {
+    resp.set_from_store(true);
+    return resp;
+  }
+  resp.set_state(answer.state);
+  resp.set_progress(answer.progress);
+  resp.set_error(answer.error);
+  *resp.mutable_request() = c;
+  return resp;
+}
+
+}  // namespace circuitlab::scheduler
