@@ -305,7 +305,7 @@ absl::Status ResolveDecoder(v1::ExperimentSpec* spec) {
   auto* m = spec->mutable_model()->mutable_decoder();
   const std::string p = "model.decoder.";
   if (!IsLatent(*spec)) {
-    return absl::InvalidArgumentError(p + "is the model of task.latent; task." + TaskName(spec->task()) +
+    return absl::InvalidArgumentError("model.decoder is the model of task.latent; task." + TaskName(spec->task()) +
                                       " trains on model.imir");
   }
   if (!m->has_num_layers()) m->set_num_layers(2);

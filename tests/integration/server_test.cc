@@ -5,6 +5,9 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cmath>
+#include <map>
+#include <set>
 #include <thread>
 
 #include "client/lib/client.h"
@@ -890,6 +893,151 @@ TEST(IntegrationTest, PackedMembersStopEarlyAtTheirOwnSteps) {
     EXPECT_EQ(c.GetRun(run->run_id())->checkpoint_step(), packed_steps[i]);
     EXPECT_LT(packed_steps[i], 400u);
   }
+}
+
+}  // namespace
+}  // namespace circuitlab
+
+namespace circuitlab {
+namespace {
+
+// A latent-task run on the decoder, small enough for seconds.
+v1::ExperimentSpec TinyLatentSpec(int diversity) {
+  auto spec = client::ParseSpecJson(R"({
+    "name": "tiny-dice", "seed": 5,
+    "task": {"latent": {"kind": "LATENT_KIND_DICE", "seq_len": 16, "diversity": )" + std::to_string(diversity) + R"(}},
+    "model": {"decoder": {"num_layers": 2, "d_model": 16, "num_heads": 2}},
+    "training": {"steps": 60, "learning_rate": 0.005},
+    "recording": {"eval_every": 20, "eval_size": 32, "checkpoint_every": 20}
+  })");
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  return *spec;
+}
+
+v1::AnalyzeTaskVectorsResponse WaitTaskVectors(client::Client& c, v1::AnalyzeTaskVectorsRequest req) {
+  absl::StatusOr<v1::AnalyzeTaskVectorsResponse> r;
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        r = c.AnalyzeTaskVectors(req);
+        return !r.ok() || r->state() == v1::ANALYSIS_STATE_DONE || r->state() == v1::ANALYSIS_STATE_FAILED;
+      },
+      std::chrono::seconds(120)));
+  EXPECT_TRUE(r.ok()) << r.status();
+  return r.ok() ? *r : v1::AnalyzeTaskVectorsResponse{};
+}
+
+TEST(IntegrationTest, TaskVectorsOfARunItsTrainingAndASweep) {
+  TempDir dir;
+  auto exec = engine::MakeTorchExecutor();
+  scheduler::SchedulerOptions opts;
+  opts.cpu_slots = 2;
+  Server server(dir.path(), exec.get(), opts);
+  auto c = MakeClient(server.address());
+  auto run = c.SubmitRun(TinyLatentSpec(-1));
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_TRUE(run->spec().model().has_decoder());
+  EXPECT_EQ(run->spec().training().optimizer(), v1::OPTIMIZER_KIND_ADAMW);  // latent defaults
+  EXPECT_EQ(run->spec().training().schedule(), v1::LR_SCHEDULE_TRIANGLE);
+  ASSERT_EQ(WaitForEnd(c, run->run_id()), v1::RUN_STATE_SUCCEEDED);
+  EXPECT_LT(FinalValue(c, run->run_id(), "eval/id/loss"), std::log(6.0));
+  EXPECT_GT(FinalValue(c, run->run_id(), "eval/id/bayes_loss"), 0.5);
+
+  v1::AnalyzeTaskVectorsRequest req;
+  req.set_run_id(run->run_id());
+  req.add_analyses("p0");
+  req.add_analyses("p3");
+  req.add_analyses("ood_r2");
+  req.add_analyses("steering");
+  req.set_samples_per_cell(16);
+  req.set_p3_samples(32);
+  req.set_steering_samples(64);
+  req.set_steering_est_samples(32);
+  auto first = c.AnalyzeTaskVectors(req);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_NE(first->state(), v1::ANALYSIS_STATE_FAILED);
+  v1::AnalyzeTaskVectorsResponse done = WaitTaskVectors(c, req);
+  ASSERT_EQ(done.state(), v1::ANALYSIS_STATE_DONE) << done.error();
+  EXPECT_EQ(done.request().hook(), "post_mlp");
+  EXPECT_EQ(done.request().seed(), 5u);  // the run's seed
+  std::map<std::string, int> names;
+  for (const auto& v : done.values()) {
+    ++names[v.name()];
+    EXPECT_EQ(v.run_id(), run->run_id());
+    EXPECT_EQ(v.step(), 60u);
+    EXPECT_TRUE(std::isfinite(v.value())) << v.name();
+  }
+  EXPECT_EQ(names["p0/resid_ratio"], 2 * 4);  // 2 layers x positions 2, 4, 8 and T-2 = 14
+  EXPECT_EQ(names["ood_r2/code"], 2);
+  EXPECT_EQ(names["steering/kl_inj"], 1);
+  EXPECT_EQ(names["p3/r_mean/task2"], 2);
+  EXPECT_EQ(names.count("kl/exact"), 0u);  // not asked
+  // Asked again: the stored answer.
+  auto again = c.AnalyzeTaskVectors(req);
+  ASSERT_TRUE(again.ok());
+  EXPECT_TRUE(again->from_store());
+  EXPECT_EQ(again->values_size(), done.values_size());
+
+  // Over training: every stored checkpoint (20, 40, 60).
+  v1::AnalyzeTaskVectorsRequest over;
+  over.set_run_id(run->run_id());
+  over.set_all_checkpoints(true);
+  over.add_analyses("ood_r2");
+  over.add_layers(1);
+  v1::AnalyzeTaskVectorsResponse training = WaitTaskVectors(c, over);
+  ASSERT_EQ(training.state(), v1::ANALYSIS_STATE_DONE) << training.error();
+  std::set<uint64_t> steps;
+  for (const auto& v : training.values()) steps.insert(v.step());
+  EXPECT_EQ(steps, (std::set<uint64_t>{20, 40, 60}));
+
+  // Errors name the field and the allowed range.
+  v1::AnalyzeTaskVectorsRequest bad = req;
+  bad.add_layers(7);
+  EXPECT_EQ(c.AnalyzeTaskVectors(bad).status().code(), absl::StatusCode::kInvalidArgument);
+  bad = req;
+  bad.set_samples_per_cell(100000);
+  auto too_many = c.AnalyzeTaskVectors(bad);
+  EXPECT_EQ(too_many.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(too_many.status().message().find("samples_per_cell must be in [8, 4096]"), std::string::npos);
+  bad = req;
+  bad.set_sweep_id("s1");
+  EXPECT_EQ(c.AnalyzeTaskVectors(bad).status().code(), absl::StatusCode::kInvalidArgument);
+  bad = req;
+  bad.set_step(7);
+  EXPECT_EQ(c.AnalyzeTaskVectors(bad).status().code(), absl::StatusCode::kNotFound);
+  // IMIR analyses refuse a decoder run, and task vectors an IMIR run.
+  v1::DetectCircuitRequest detect;
+  detect.set_run_id(run->run_id());
+  EXPECT_EQ(c.DetectCircuit(detect).status().code(), absl::StatusCode::kFailedPrecondition);
+  auto imir = c.SubmitRun(TinySpec(20));
+  ASSERT_TRUE(imir.ok());
+  ASSERT_EQ(WaitForEnd(c, imir->run_id()), v1::RUN_STATE_SUCCEEDED);
+  v1::AnalyzeTaskVectorsRequest wrong;
+  wrong.set_run_id(imir->run_id());
+  EXPECT_EQ(c.AnalyzeTaskVectors(wrong).status().code(), absl::StatusCode::kFailedPrecondition);
+
+  // A diversity sweep, analysed along kappa.
+  v1::SweepSpec sweep;
+  *sweep.mutable_base() = TinyLatentSpec(-1);
+  v1::SweepAxis* axis = sweep.add_axes();
+  axis->set_field("task.latent.diversity");
+  axis->set_name("kappa");
+  axis->add_values()->set_number_value(-1);
+  axis->add_values()->set_number_value(4);
+  auto sw = c.SubmitSweep(sweep);
+  ASSERT_TRUE(sw.ok()) << sw.status();
+  for (const std::string& id : sw->run_ids()) ASSERT_EQ(WaitForEnd(c, id), v1::RUN_STATE_SUCCEEDED);
+  v1::AnalyzeTaskVectorsRequest along;
+  along.set_sweep_id(sw->sweep_id());
+  along.add_analyses("ood_r2");
+  along.add_analyses("kl");
+  v1::AnalyzeTaskVectorsResponse by_kappa = WaitTaskVectors(c, along);
+  ASSERT_EQ(by_kappa.state(), v1::ANALYSIS_STATE_DONE) << by_kappa.error();
+  std::map<std::string, std::string> swept;
+  for (const auto& v : by_kappa.values()) {
+    if (v.name() == "kl/log10_ratio") swept[v.run_id()] = v.sweep_values();
+  }
+  ASSERT_EQ(swept.size(), 2u);
+  EXPECT_NE(swept[sw->run_ids(1)].find("4"), std::string::npos) << swept[sw->run_ids(1)];
 }
 
 }  // namespace

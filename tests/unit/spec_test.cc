@@ -216,5 +216,81 @@ TEST(SpecTest, ShapeAndWidth) {
   EXPECT_EQ(ParameterCount(spec), 60 * 60 + 120 * 120 + 44 * 240);
 }
 
+TEST(SpecTest, LatentTaskResolvesToTvMicroDefaults) {
+  v1::ExperimentSpec spec;
+  spec.mutable_task()->mutable_latent();
+  ASSERT_TRUE(ResolveSpec({}, &spec).ok());
+  const auto& t = spec.task().latent();
+  EXPECT_EQ(t.kind(), v1::LATENT_KIND_DICE);
+  EXPECT_EQ(t.num_states(), 6u);
+  EXPECT_EQ(t.seq_len(), 48u);
+  EXPECT_EQ(t.diversity(), -1);
+  EXPECT_DOUBLE_EQ(t.p_minor(), 0.1);
+  EXPECT_EQ(t.num_majors(), 3u);
+  ASSERT_TRUE(spec.model().has_decoder());  // the latent family's model
+  EXPECT_EQ(spec.model().decoder().d_model(), 48u);
+  EXPECT_EQ(spec.model().decoder().mlp_width(), 192u);
+  EXPECT_EQ(spec.model().decoder().activation(), v1::ACTIVATION_SILU);
+  EXPECT_EQ(spec.training().optimizer(), v1::OPTIMIZER_KIND_ADAMW);
+  EXPECT_DOUBLE_EQ(spec.training().learning_rate(), 1e-3);
+  EXPECT_EQ(spec.training().batch_size(), 32u);
+  EXPECT_EQ(spec.training().schedule(), v1::LR_SCHEDULE_TRIANGLE);
+  EXPECT_DOUBLE_EQ(spec.training().warmup_fraction(), 0.1);
+  EXPECT_DOUBLE_EQ(spec.training().min_learning_rate(), 1e-5);
+  EXPECT_EQ(spec.recording().coordinates_every(), 0u);  // no IMIR coordinates
+  EXPECT_EQ(spec.name(), "latent");
+  EXPECT_EQ(ShapeOf(spec).vocab, 6);
+  EXPECT_GT(ParameterCount(spec), 0);
+  v1::ExperimentSpec again = spec;
+  ASSERT_TRUE(ResolveSpec({}, &again).ok());
+  EXPECT_EQ(again.SerializeAsString(), spec.SerializeAsString());
+  // The Dyck kind adds the up and down symbols.
+  v1::ExperimentSpec dyck;
+  dyck.mutable_task()->mutable_latent()->set_kind(v1::LATENT_KIND_DYCK);
+  ASSERT_TRUE(ResolveSpec({}, &dyck).ok());
+  EXPECT_EQ(ShapeOf(dyck).vocab, 8);
+  EXPECT_EQ(dyck.task().latent().seq_len(), 85u);
+}
+
+TEST(SpecTest, LatentAndDecoderErrorsNameTheField) {
+  auto error = [](auto edit) {
+    v1::ExperimentSpec spec;
+    spec.mutable_task()->mutable_latent();
+    edit(spec);
+    return std::string(ResolveSpec({}, &spec).message());
+  };
+  EXPECT_EQ(error([](auto& s) { s.mutable_task()->mutable_latent()->set_diversity(13); }),
+            "task.latent.diversity must be in [-1, 12], got 13");
+  EXPECT_EQ(error([](auto& s) { s.mutable_task()->mutable_latent()->set_num_states(1); }),
+            "task.latent.num_states must be in [2, 64], got 1");
+  EXPECT_EQ(error([](auto& s) { s.mutable_task()->mutable_latent()->set_repeat_prob(0); }),
+            "task.latent.repeat_prob must be in (0, 1], got 0");
+  EXPECT_NE(error([](auto& s) { s.mutable_model()->mutable_decoder()->set_d_model(30); s.mutable_model()->mutable_decoder()->set_num_heads(4); })
+                .find("model.decoder.d_model must be a multiple of 2 * num_heads"),
+            std::string::npos);
+  EXPECT_NE(error([](auto& s) { s.mutable_model()->mutable_imir(); }).find("task.latent trains on model.decoder"),
+            std::string::npos);
+  EXPECT_NE(error([](auto& s) { s.mutable_training()->set_loss(v1::LOSS_KIND_MSE); })
+                .find("training.loss must be LOSS_KIND_CROSS_ENTROPY for task.latent"),
+            std::string::npos);
+  EXPECT_NE(error([](auto& s) { s.mutable_recording()->set_coordinates_every(10); }).find("model.decoder has none"),
+            std::string::npos);
+  EXPECT_EQ(error([](auto& s) { s.mutable_training()->set_grad_clip(-1); }),
+            "training.grad_clip must be in [0, 1e+06], got -1");
+  EXPECT_EQ(error([](auto& s) { s.mutable_training()->set_warmup_fraction(2); }),
+            "training.warmup_fraction must be in [0, 1], got 2");
+  // A decoder on a block-list task is refused too.
+  v1::ExperimentSpec block;
+  block.mutable_model()->mutable_decoder();
+  EXPECT_NE(std::string(ResolveSpec({}, &block).message()).find("model.decoder is the model of task.latent"),
+            std::string::npos);
+  // Too big for the server: RESOURCE_EXHAUSTED.
+  v1::ExperimentSpec big;
+  big.mutable_task()->mutable_latent()->set_seq_len(1024);
+  big.mutable_model()->mutable_decoder()->set_d_model(1024);
+  big.mutable_training()->set_batch_size(4096);
+  EXPECT_EQ(ResolveSpec({}, &big).code(), absl::StatusCode::kResourceExhausted);
+}
+
 }  // namespace
 }  // namespace circuitlab::engine
