@@ -1,0 +1,104 @@
+// Training-step benchmark of the decoder engine (SCIENCE.md B.2) on a latent
+// task, C++/LibTorch side. Times (a) the full step as the server runs it
+// (data generation + forward + backward + clipping + AdamW with the triangle
+// schedule) and (b) the model step alone on fixed, pre-generated batches.
+// With --dump FILE it writes the fixed batches and the initial weights so
+// that the Python peer (decoder_peer.py) trains the same model from the same
+// weights on exactly the same data; the first steps' losses are printed for
+// a cross-check. Prints one JSON object.
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+
+#include "client/lib/client.h"
+#include "server/engine/spec.h"
+#include "server/engine/train/latent_trainer.h"
+
+namespace ce = circuitlab::engine;
+
+namespace {
+
+double Seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+void Write(std::ofstream& out, const torch::Tensor& t) {
+  torch::Tensor c = t.contiguous();
+  out.write(reinterpret_cast<const char*>(c.data_ptr()), static_cast<std::streamsize>(c.nbytes()));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Decoder training-step benchmark (C++ side)"};
+  std::string spec_path;
+  int steps = 100, warmup = 10, fixed_batches = 8;
+  std::string dump;
+  app.add_option("--spec", spec_path, "ExperimentSpec JSON (task.latent)")->required()->check(CLI::ExistingFile);
+  app.add_option("--steps", steps, "Timed steps");
+  app.add_option("--warmup", warmup, "Untimed steps first");
+  app.add_option("--fixed-batches", fixed_batches, "Pre-generated batches cycled in mode (b)");
+  app.add_option("--dump", dump, "Write batches and initial weights here for the Python peer");
+  CLI11_PARSE(app, argc, argv);
+  at::set_num_threads(1);
+
+  auto spec = circuitlab::client::ReadSpecFile(spec_path);
+  if (!spec.ok() || !ce::ResolveSpec({}, &*spec).ok() || !ce::IsLatent(*spec)) {
+    std::fprintf(stderr, "bad spec (a task.latent spec is needed)\n");
+    return 2;
+  }
+  spec->mutable_training()->set_steps(static_cast<uint64_t>(steps + warmup) * 4);
+  const auto& m = spec->model().decoder();
+
+  // (a) the server's step.
+  ce::LatentTrainer trainer(*spec, {spec->seed()}, torch::kCPU);
+  for (int i = 0; i < warmup; ++i) trainer.Step(false);
+  auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < steps; ++i) trainer.Step(false);
+  const double full = steps / Seconds(t0, std::chrono::steady_clock::now());
+
+  // (b) the model step alone: forward, next-token CE, backward, AdamW.
+  auto model = ce::MakeDecoder(*spec, 1, torch::kCPU);
+  ce::InitializeDecoder({spec->seed()}, *model);
+  const auto& tr = spec->training();
+  if (!dump.empty()) {
+    std::ofstream out(dump, std::ios::binary);
+    const int64_t header[] = {fixed_batches, tr.batch_size(), ce::ShapeOf(*spec).seq_len, ce::ShapeOf(*spec).vocab,
+                              m.num_layers(), m.d_model(), m.num_heads(), m.mlp_width()};
+    out.write(reinterpret_cast<const char*>(header), sizeof(header));
+    const double hyper[] = {tr.learning_rate(), tr.weight_decay()};
+    out.write(reinterpret_cast<const char*>(hyper), sizeof(hyper));
+    for (const torch::Tensor& p : model->parameters()) Write(out, p.detach().squeeze(0).to(torch::kFloat));
+  }
+  std::vector<torch::Tensor> batches;
+  for (int i = 0; i < fixed_batches; ++i) {
+    torch::Generator gen = ce::MakeGenerator(1000 + i);
+    batches.push_back(trainer.task(0).SampleTrain(tr.batch_size(), gen).tokens);
+  }
+  if (!dump.empty()) {
+    std::ofstream out(dump, std::ios::binary | std::ios::app);
+    for (const torch::Tensor& b : batches) Write(out, b);
+  }
+  torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(tr.learning_rate())
+                                                   .betas({tr.adam_beta1(), tr.adam_beta2()})
+                                                   .weight_decay(tr.weight_decay()));
+  std::vector<double> first_losses;
+  auto step = [&](int i) {
+    torch::Tensor tokens = batches[static_cast<size_t>(i % fixed_batches)].unsqueeze(0);
+    torch::Tensor loss = ce::NextTokenLoss(model->Forward(tokens), tokens).mean();
+    opt.zero_grad();
+    loss.backward();
+    opt.step();
+    if (first_losses.size() < 5) first_losses.push_back(loss.item<double>());
+  };
+  for (int i = 0; i < warmup; ++i) step(i);
+  t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < steps; ++i) step(i);
+  const double model_rate = steps / Seconds(t0, std::chrono::steady_clock::now());
+  std::printf("{\"side\": \"cpp\", \"full_steps_per_s\": %.3f, \"model_steps_per_s\": %.3f, \"first_losses\": [",
+              full, model_rate);
+  for (size_t i = 0; i < first_losses.size(); ++i) std::printf("%s%.6f", i ? ", " : "", first_losses[i]);
+  std::printf("]}\n");
+  return 0;
+}
