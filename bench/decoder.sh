@@ -12,13 +12,8 @@ shift || true
 specs=("$@")
 [ ${#specs[@]} -gt 0 ] || specs=(examples/dice_task_vectors.json bench/specs/dice_tv_small.json)
 bin=build/bench/decoder_train_bench
-[ -x "$bin" ] || scripts/setup.sh >/dev/null
-if ! /usr/bin/python3 -c "import torch" 2>/dev/null; then
-  sudo=""
-  [ "$(id -u)" -eq 0 ] || sudo="sudo"
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends $(scripts/packages.sh bench) >/dev/null
-fi
+. bench/peer_env.sh
+ensure_bench_env "$bin"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 echo "| spec | C++ full step (gen+fwd+bwd+clip+AdamW) | C++ model step | Python model step | C++/Python | first losses C++ / Python |"

@@ -9,13 +9,8 @@ cd "$(dirname "$0")/.."
 spec="${1:-examples/induction.json}"
 steps="${2:-200}"
 bin=build/bench/imir_train_bench
-[ -x "$bin" ] || scripts/setup.sh >/dev/null
-if ! /usr/bin/python3 -c "import torch" 2>/dev/null; then
-  sudo=""
-  [ "$(id -u)" -eq 0 ] || sudo="sudo"
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends $(scripts/packages.sh bench) >/dev/null
-fi
+. bench/peer_env.sh
+ensure_bench_env "$bin"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 echo "| BLAS | C++ full step (gen+fwd+bwd+SGD) | C++ model step | Python model step | C++/Python | eval pass |"

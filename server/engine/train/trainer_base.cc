@@ -34,6 +34,17 @@ std::unique_ptr<torch::optim::Optimizer> NewOptimizer(const v1::TrainingSpec& t,
 
 std::string StateKey(const torch::Tensor& t) { return c10::guts::to_string(t.unsafeGetTensorImpl()); }
 
+// One member's slice of an Adam or AdamW parameter state (same fields).
+template <typename State, typename Slice>
+std::unique_ptr<State> SliceAdamState(const State& full, const Slice& slice) {
+  auto st = std::make_unique<State>();
+  st->step(full.step());
+  st->exp_avg(slice(full.exp_avg()));
+  st->exp_avg_sq(slice(full.exp_avg_sq()));
+  st->max_exp_avg_sq(slice(full.max_exp_avg_sq()));
+  return st;
+}
+
 }  // namespace
 
 torch::Generator MakeGenerator(uint64_t seed) { return at::make_generator<at::CPUGeneratorImpl>(seed); }
@@ -138,19 +149,9 @@ std::string TrainerBase::SaveMemberCheckpoint(int64_t member) const {
     auto it = optimizer_->state().find(StateKey(params_[i]));
     if (it == optimizer_->state().end()) continue;
     if (auto* adamw = dynamic_cast<torch::optim::AdamWParamState*>(it->second.get())) {
-      auto st = std::make_unique<torch::optim::AdamWParamState>();
-      st->step(adamw->step());
-      st->exp_avg(slice(adamw->exp_avg()));
-      st->exp_avg_sq(slice(adamw->exp_avg_sq()));
-      st->max_exp_avg_sq(slice(adamw->max_exp_avg_sq()));
-      single->state()[StateKey(params[i])] = std::move(st);
+      single->state()[StateKey(params[i])] = SliceAdamState(*adamw, slice);
     } else if (auto* adam = dynamic_cast<torch::optim::AdamParamState*>(it->second.get())) {
-      auto st = std::make_unique<torch::optim::AdamParamState>();
-      st->step(adam->step());
-      st->exp_avg(slice(adam->exp_avg()));
-      st->exp_avg_sq(slice(adam->exp_avg_sq()));
-      st->max_exp_avg_sq(slice(adam->max_exp_avg_sq()));
-      single->state()[StateKey(params[i])] = std::move(st);
+      single->state()[StateKey(params[i])] = SliceAdamState(*adam, slice);
     } else if (auto* sgd = dynamic_cast<torch::optim::SGDParamState*>(it->second.get())) {
       auto st = std::make_unique<torch::optim::SGDParamState>();
       st->momentum_buffer(slice(sgd->momentum_buffer()));

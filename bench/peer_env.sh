@@ -1,0 +1,12 @@
+# Sourced by the side-by-side benchmarks: builds circuitlab if the benchmark
+# binary $1 is missing and installs the Python peer's packages (python3-torch)
+# when /usr/bin/python3 cannot import torch.
+ensure_bench_env() {
+  [ -x "$1" ] || scripts/setup.sh >/dev/null
+  if ! /usr/bin/python3 -c "import torch" 2>/dev/null; then
+    local sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends $(scripts/packages.sh bench) >/dev/null
+  fi
+}
