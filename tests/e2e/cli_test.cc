@@ -124,6 +124,32 @@ TEST(EndToEndTest, ErrorsAreClearAndExitCodesMapStatuses) {
 // kill -9 at any moment loses at most the last unflushed batch; the restarted
 // server resumes the run from its checkpoint, and on CPU it ends with exactly
 // the final loss of an uninterrupted run of the same spec.
+// A latent-task run and its task-vector geometry, as a user asks for them.
+TEST(EndToEndTest, TaskVectorsThroughTheCli) {
+  TempDir dir;
+  ServerProcess server(kServer, dir.path() + "/data");
+  ASSERT_TRUE(server.ok());
+  const std::string spec = WriteSpec(dir, "dice.json", R"({"seed": 2,
+    "task": {"latent": {"kind": "LATENT_KIND_DICE", "seq_len": 16}},
+    "model": {"decoder": {"num_layers": 1, "d_model": 16, "num_heads": 2}},
+    "training": {"steps": 40}, "recording": {"eval_size": 32, "checkpoint_every": 20}})");
+  CommandResult submit = Cli(server, {"submit", spec, "--watch"});
+  ASSERT_EQ(submit.exit_code, 0) << submit.out;
+  EXPECT_NE(submit.out.find("eval/ood/bayes_loss"), std::string::npos) << submit.out;
+  CommandResult text = Cli(server, {"task-vectors", "r1", "--analysis", "p0,ood_r2", "--samples", "16"});
+  ASSERT_EQ(text.exit_code, 0) << text.out;
+  EXPECT_NE(text.out.find("p0/resid_ratio"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("ood_r2/code"), std::string::npos) << text.out;
+  CommandResult csv = Cli(server, {"task-vectors", "r1", "--analysis", "ood_r2", "--all-checkpoints", "--csv"});
+  ASSERT_EQ(csv.exit_code, 0) << csv.out;
+  EXPECT_EQ(csv.out.rfind("run_id,step,sweep_values,name,layer,position,value\n", 0), 0u) << csv.out;
+  EXPECT_NE(csv.out.find("r1,20,,ood_r2/code,0,-1,"), std::string::npos) << csv.out;
+  EXPECT_NE(csv.out.find("r1,40,,ood_r2/code,0,-1,"), std::string::npos) << csv.out;
+  EXPECT_EQ(Cli(server, {"task-vectors", "r1", "--layer", "3"}).exit_code, 13);  // INVALID_ARGUMENT
+  EXPECT_EQ(Cli(server, {"detect", "r1"}).exit_code, 19);                       // FAILED_PRECONDITION
+  EXPECT_EQ(Cli(server, {"task-vectors"}).exit_code, 2);                        // no target
+}
+
 TEST(EndToEndTest, KilledServerResumesRunsWithIdenticalResults) {
   TempDir dir;
   const std::string data = dir.path() + "/data";
