@@ -246,6 +246,9 @@ struct LabelReport {
 // Which analyses; each fills rows under its own prefix.
 struct TaskVectorRequest {
   bool p0 = true, p1 = true, p2 = true, p3 = true, steering = true, ood_r2 = true, kl = true;
+  // D.5.10-D.5.13 and E.20: probe, task-subspace removal, the optimised
+  // orthogonal direction, the double-dissociation table, the statistics probe.
+  bool dissociation = false;
   // Hidden states for P0-P3 and OOD R^2: this hook kind at every layer of
   // `layers` (empty = all): "post_mlp", "post_attn" or "resid_pre".
   std::string hook = "post_mlp";
@@ -274,6 +277,19 @@ struct TaskVectorRequest {
   // p_common (G.4: fixed 0.9).
   int64_t kl_samples = 512;
   double p_common = 0.9;
+  // Dissociation: layer (-1 = last) and hook of the edits; probe sequences
+  // and first probe position (-1: T/2); task-subspace rank (0: K-1 without
+  // minors, K with them, G.4); evaluation sequences per group; V_opt's
+  // optimisation (Adam 0.01, batch 32) steps and its target pool
+  // ("minor", or "ood"; minor falls back to ood without minors); OOD
+  // sequences of the statistics probe (E.20).
+  int dissociation_layer = -1;
+  std::string dissociation_hook = "post_attn";
+  int64_t probe_samples = 1000, probe_begin = -1;
+  int task_rank = 0;
+  int64_t eval_samples = 200, opt_steps = 200;
+  std::string opt_target = "minor";
+  int64_t stats_samples = 500;
   uint64_t seed = 1;
 };
 

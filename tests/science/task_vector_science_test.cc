@@ -195,3 +195,37 @@ TEST(TaskVectorScienceTest, OodStatesLeaveTheTaskSubspaceAndModesSwitch) {
 
 }  // namespace
 }  // namespace circuitlab::engine
+
+namespace circuitlab::engine {
+namespace {
+
+// E.18 (G.4 gates) and E.20 (reported) on the high-diversity fixture.
+TEST(TaskVectorScienceTest, DoubleDissociation) {
+  const Fixture& f = GetFixture(8, 48, 1500);
+  TaskVectorRequest r = Only(false, false, false, false, false);
+  r.dissociation = true;
+  r.probe_begin = 24;
+  const TaskVectorReport rep = Analyze(*f.trained, r);
+  auto pct = [&](const std::string& what, const std::string& group) {
+    return Row(rep, "dissociation/" + what + "/" + group + "/pct", 1);
+  };
+  for (const std::string what : {"task", "vopt", "random1", "random3"}) {
+    std::cout << what << ": dCE% major " << pct(what, "major") << " ood " << pct(what, "ood") << " minor "
+              << pct(what, "minor") << "\n";
+  }
+  std::cout << "probe R2 " << Row(rep, "dissociation/probe_r2", 1) << ", task rank "
+            << Row(rep, "dissociation/task_rank", 1) << ", protected " << Row(rep, "dissociation/protected_dims", 1)
+            << ", opt steps " << Row(rep, "dissociation/opt_steps", 1) << "\n";
+  std::cout << "E.20: R2(CLR -> V_opt h) " << Row(rep, "stats/r2_vopt", 1) << " (with token "
+            << Row(rep, "stats/r2_vopt_with_token", 1) << "), random " << Row(rep, "stats/r2_random", 1)
+            << ", task direction " << Row(rep, "stats/r2_task", 1) << "\n";
+  // Task removal hurts the majors, spares OOD.
+  EXPECT_GE(pct("task", "major"), 10.0);
+  EXPECT_GE(pct("task", "major"), 1.5 * pct("task", "ood"));
+  // V_opt removal hurts OOD, spares the majors; random directions do little.
+  EXPECT_GE(pct("vopt", "ood"), 3.0 * pct("vopt", "major"));
+  EXPECT_GE(pct("vopt", "ood"), 3.0 * std::max(pct("random1", "ood"), 0.5));
+}
+
+}  // namespace
+}  // namespace circuitlab::engine

@@ -184,13 +184,9 @@ torch::Tensor LatentTaskGenerator::LogMarginalNew(const torch::Tensor& tokens) c
   return LogDirMult(counts.cumsum(1).view({B, T, states_, states_}), a).sum(-1);
 }
 
-torch::Tensor LatentTaskGenerator::Extrapolation(const torch::Tensor& tokens) const {
-  const double a = spec_.dirichlet_alpha();
+torch::Tensor LatentTaskGenerator::ContextCounts(const torch::Tensor& tokens) const {
   torch::Tensor onehot = torch::one_hot(tokens, states_).to(torch::kDouble);
-  if (kind_ == v1::LATENT_KIND_DICE) {
-    torch::Tensor counts = onehot.cumsum(1);
-    return (counts + a) / (counts.sum(-1, true) + a * static_cast<double>(states_));
-  }
+  if (kind_ == v1::LATENT_KIND_DICE) return onehot.cumsum(1);
   // MARKOV: transition counts out of x_t up to t, row x_t.
   const int64_t B = tokens.size(0), T = tokens.size(1);
   torch::Tensor counts = torch::zeros({B, T, states_, states_}, kF64);
@@ -201,8 +197,13 @@ torch::Tensor LatentTaskGenerator::Extrapolation(const torch::Tensor& tokens) co
     counts.narrow(1, 1, T - 1).copy_(from * to);
   }
   counts = counts.cumsum(1);
-  torch::Tensor row = (counts * onehot.unsqueeze(-1)).sum(2);  // [B, T, S]: row x_t
-  return (row + a) / (row.sum(-1, true) + a * static_cast<double>(states_));
+  return (counts * onehot.unsqueeze(-1)).sum(2);  // [B, T, S]: row x_t
+}
+
+torch::Tensor LatentTaskGenerator::Extrapolation(const torch::Tensor& tokens) const {
+  const double a = spec_.dirichlet_alpha();
+  torch::Tensor counts = ContextCounts(tokens);
+  return (counts + a) / (counts.sum(-1, true) + a * static_cast<double>(states_));
 }
 
 Predictive LatentTaskGenerator::Mixture(const torch::Tensor& tokens, const torch::Tensor& tasks,

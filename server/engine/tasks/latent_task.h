@@ -57,6 +57,10 @@ class LatentTaskGenerator {
 
   // Retrieval over `tasks` (DICE, MARKOV) with log prior `log_prior` [K].
   Predictive Retrieval(const torch::Tensor& tokens, const torch::Tensor& tasks, const torch::Tensor& log_prior) const;
+  // The in-context statistic the extrapolation predictor reads [B, T, S]:
+  // counts of each state among x_0..x_t (DICE) or of the transitions out of
+  // x_t seen so far (MARKOV).
+  torch::Tensor ContextCounts(const torch::Tensor& tokens) const;
   // Extrapolation: Dirichlet-categorical (DICE) or per-row Dirichlet counts
   // (MARKOV) posterior predictive.
   torch::Tensor Extrapolation(const torch::Tensor& tokens) const;
