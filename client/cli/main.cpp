@@ -497,14 +497,16 @@ int main(int argc, char** argv) {
       "task-vectors",
       "Task-vector geometry (SCIENCE.md D.5) of a latent-task run: P0 residual ratio, P1 ANOVA, P2 simplex\n"
       "interpolation, P3 alignment with the Bayesian posterior, steering along the task simplex, OOD projection\n"
-      "R^2 and the two-Bayes mode transition. A queued job; this command waits. --all-checkpoints repeats it over\n"
+      "R^2, the two-Bayes mode transition and the double dissociation (task subspace vs the optimised orthogonal\n"
+      "direction, with what that direction encodes). A queued job; this command waits. --all-checkpoints repeats it over\n"
       "training, --sweep over the newest checkpoint of every run of a sweep (e.g. OOD R^2 against diversity).\n"
       "  circuitlab task-vectors r3\n"
       "  circuitlab task-vectors r3 --analysis ood_r2 --all-checkpoints --csv > ood_over_training.csv\n"
       "  circuitlab task-vectors --sweep s2 --analysis ood_r2,kl --layer 1");
   task_vectors->add_option("RUN", run_id, "Run id (or give --sweep)");
   task_vectors->add_option("--sweep", tv_sweep, "Sweep id: analyse every run at its newest checkpoint");
-  task_vectors->add_option("--analysis", tv_analyses, "p0, p1, p2, p3, steering, ood_r2, kl (default all)")
+  task_vectors->add_option("--analysis", tv_analyses,
+                           "p0, p1, p2, p3, steering, ood_r2, kl, dissociation (default all)")
       ->delimiter(',');
   task_vectors->add_option("--step", d_step, "Checkpoint step (default: the newest)");
   task_vectors->add_flag("--all-checkpoints", tv_all, "Every stored checkpoint of the run");

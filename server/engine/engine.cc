@@ -372,7 +372,8 @@ class TorchAnalyzer : public Analyzer {
       }
       at::set_num_threads(1);
       const int64_t layers = spec.model().decoder().num_layers();
-      for (const std::string& kind : {request.hook, request.estimation_hook, request.injection_hook}) {
+      for (const std::string& kind :
+           {request.hook, request.estimation_hook, request.injection_hook, request.dissociation_hook}) {
         if (absl::StatusOr<HookPoint> p = ParseHookPoint("L0." + kind, layers);
             !p.ok() || p->kind == HookPoint::Kind::kPattern || p->kind == HookPoint::Kind::kHead) {
           return absl::InvalidArgumentError("hook '" + kind + "' must be post_mlp, post_attn or resid_pre");
@@ -387,6 +388,7 @@ class TorchAnalyzer : public Analyzer {
       const LatentTaskGenerator task(spec.task().latent(), PoolSeedOf(spec.seed()));
       const std::unique_ptr<DecoderModel> model = MakeDecoder(spec, 1, torch::kCPU);
       if (absl::Status s = LoadWeights(checkpoint, model->parameter_names(), model->parameters()); !s.ok()) return s;
+      for (torch::Tensor& p : model->parameters()) p.requires_grad_(false);
       return RunTaskVectorAnalyses(*model, task, request, progress, cancel);
     });
   }

@@ -13,7 +13,7 @@
 namespace circuitlab::scheduler {
 namespace {
 
-const std::vector<std::string> kAnalyses = {"p0", "p1", "p2", "p3", "steering", "ood_r2", "kl"};
+const std::vector<std::string> kAnalyses = {"p0", "p1", "p2", "p3", "steering", "ood_r2", "kl", "dissociation"};
 const std::set<std::string> kHooks = {"post_mlp", "post_attn", "resid_pre"};
 constexpr int kMaxCheckpoints = 200;
 constexpr int kMaxPositions = 64;
@@ -76,6 +76,11 @@ uint64_t EstimateBytes(const v1::ExperimentSpec& spec, const v1::AnalyzeTaskVect
     most = std::max(most, 8.0 * D * K * c.steering_est_samples() * T + 24.0 * c.steering_samples() * T * V);
   }
   if (a.count("ood_r2")) most = std::max(most, 8.0 * D * layers * (K + c.ood_tasks()) * c.ood_samples() * T);
+  if (a.count("dissociation")) {
+    // Probe states, design and their pseudo-inverse; the statistics probe.
+    const double rows = std::max(c.probe_samples(), c.stats_samples()) * T;
+    most = std::max(most, 8.0 * rows * (3.0 * D + 2.0 * (K + V + 1)));
+  }
   return static_cast<uint64_t>(most);
 }
 
@@ -154,7 +159,7 @@ absl::StatusOr<v1::AnalyzeTaskVectorsResponse> AnalysisCore::AnalyzeTaskVectors(
     const std::string& a = request.analyses(i);
     if (std::find(kAnalyses.begin(), kAnalyses.end(), a) == kAnalyses.end()) {
       return absl::InvalidArgumentError("analyses[" + std::to_string(i) + "] must be one of p0, p1, p2, p3, "
-                                        "steering, ood_r2, kl, got '" + a + "'");
+                                        "steering, ood_r2, kl, dissociation, got '" + a + "'");
     }
     chosen.insert(a);
   }
@@ -182,6 +187,16 @@ absl::StatusOr<v1::AnalyzeTaskVectorsResponse> AnalysisCore::AnalyzeTaskVectors(
   CL_RETURN_IF_ERROR(Default(&c, &R::ood_tasks, &R::set_ood_tasks, 32, "ood_tasks", 2, 4096));
   CL_RETURN_IF_ERROR(Default(&c, &R::ood_samples, &R::set_ood_samples, 16, "ood_samples", 1, 1024));
   CL_RETURN_IF_ERROR(Default(&c, &R::kl_samples, &R::set_kl_samples, 512, "kl_samples", 16, 65536));
+  CL_RETURN_IF_ERROR(HookKind("dissociation_hook", c.mutable_dissociation_hook(), "post_attn"));
+  CL_RETURN_IF_ERROR(Default(&c, &R::probe_samples, &R::set_probe_samples, 1000, "probe_samples", 64, 65536));
+  CL_RETURN_IF_ERROR(Default(&c, &R::eval_samples, &R::set_eval_samples, 200, "eval_samples", 16, 65536));
+  CL_RETURN_IF_ERROR(Default(&c, &R::opt_steps, &R::set_opt_steps, 200, "opt_steps", 1, 5000));
+  CL_RETURN_IF_ERROR(Default(&c, &R::stats_samples, &R::set_stats_samples, 500, "stats_samples", 16, 65536));
+  CL_RETURN_IF_ERROR(Range("task_rank", c.task_rank(), 0, 16));
+  if (c.opt_target().empty()) c.set_opt_target("minor");
+  if (c.opt_target() != "minor" && c.opt_target() != "ood") {
+    return absl::InvalidArgumentError("opt_target must be minor or ood, got '" + c.opt_target() + "'");
+  }
   if (c.p_common() == 0) c.set_p_common(0.9);
   if (!(c.p_common() > 0 && c.p_common() < 1)) {
     return absl::InvalidArgumentError("p_common must be in (0, 1) (0 = default 0.9), got " +
@@ -204,6 +219,15 @@ absl::StatusOr<v1::AnalyzeTaskVectorsResponse> AnalysisCore::AnalyzeTaskVectors(
                                           std::to_string(layers - 1) + "], got " + std::to_string(c.layers(i)) + who);
       }
     }
+    if (c.has_dissociation_layer() && c.dissociation_layer() >= layers) {
+      return absl::InvalidArgumentError("dissociation_layer must be in [0, " + std::to_string(layers - 1) +
+                                        "], got " + std::to_string(c.dissociation_layer()) + who);
+    }
+    if (c.task_rank() > t.spec.task().latent().num_majors()) {
+      return absl::InvalidArgumentError("task_rank must be at most the number of major tasks (" +
+                                        std::to_string(t.spec.task().latent().num_majors()) + "), got " +
+                                        std::to_string(c.task_rank()) + who);
+    }
     if (c.has_steering_layer() && c.steering_layer() >= layers) {
       return absl::InvalidArgumentError("steering_layer must be in [0, " + std::to_string(layers - 1) + "], got " +
                                         std::to_string(c.steering_layer()) + who);
@@ -214,7 +238,8 @@ absl::StatusOr<v1::AnalyzeTaskVectorsResponse> AnalysisCore::AnalyzeTaskVectors(
     for (auto [field, has, v] : {std::tuple{"est_begin", c.has_est_begin(), c.est_begin()},
                                  std::tuple{"est_end", c.has_est_end(), c.est_end()},
                                  std::tuple{"steer_begin", c.has_steer_begin(), c.steer_begin()},
-                                 std::tuple{"steer_end", c.has_steer_end(), c.steer_end()}}) {
+                                 std::tuple{"steer_end", c.has_steer_end(), c.steer_end()},
+                                 std::tuple{"probe_begin", c.has_probe_begin(), c.probe_begin()}}) {
       if (has && v > last) {
         return absl::InvalidArgumentError(std::string(field) + " must be in [0, " + std::to_string(last) +
                                           "], got " + std::to_string(v) + who);
@@ -247,6 +272,16 @@ absl::StatusOr<v1::AnalyzeTaskVectorsResponse> AnalysisCore::AnalyzeTaskVectors(
   e.steering = a.count("steering") > 0;
   e.ood_r2 = a.count("ood_r2") > 0;
   e.kl = a.count("kl") > 0;
+  e.dissociation = a.count("dissociation") > 0;
+  if (c.has_dissociation_layer()) e.dissociation_layer = static_cast<int>(c.dissociation_layer());
+  e.dissociation_hook = c.dissociation_hook();
+  e.probe_samples = c.probe_samples();
+  if (c.has_probe_begin()) e.probe_begin = c.probe_begin();
+  e.task_rank = static_cast<int>(c.task_rank());
+  e.eval_samples = c.eval_samples();
+  e.opt_steps = c.opt_steps();
+  e.opt_target = c.opt_target();
+  e.stats_samples = c.stats_samples();
   e.hook = c.hook();
   for (uint32_t l : c.layers()) e.layers.push_back(static_cast<int>(l));
   for (uint32_t p : c.positions()) e.positions.push_back(p);

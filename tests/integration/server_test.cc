@@ -952,6 +952,11 @@ TEST(IntegrationTest, TaskVectorsOfARunItsTrainingAndASweep) {
   req.set_p3_samples(32);
   req.set_steering_samples(64);
   req.set_steering_est_samples(32);
+  req.add_analyses("dissociation");
+  req.set_probe_samples(64);
+  req.set_eval_samples(16);
+  req.set_opt_steps(5);
+  req.set_stats_samples(16);
   auto first = c.AnalyzeTaskVectors(req);
   ASSERT_TRUE(first.ok()) << first.status();
   EXPECT_NE(first->state(), v1::ANALYSIS_STATE_FAILED);
@@ -971,6 +976,10 @@ TEST(IntegrationTest, TaskVectorsOfARunItsTrainingAndASweep) {
   EXPECT_EQ(names["steering/kl_inj"], 1);
   EXPECT_EQ(names["p3/r_mean/task2"], 2);
   EXPECT_EQ(names.count("kl/exact"), 0u);  // not asked
+  EXPECT_EQ(names["dissociation/vopt/ood/pct"], 1);  // no minor tasks: major and ood groups
+  EXPECT_EQ(names.count("dissociation/vopt/minor/pct"), 0u);
+  EXPECT_EQ(names["stats/r2_vopt"], 1);
+  EXPECT_EQ(done.request().opt_target(), "minor");  // falls back to OOD without minors
   // Asked again: the stored answer.
   auto again = c.AnalyzeTaskVectors(req);
   ASSERT_TRUE(again.ok());
@@ -998,6 +1007,9 @@ TEST(IntegrationTest, TaskVectorsOfARunItsTrainingAndASweep) {
   auto too_many = c.AnalyzeTaskVectors(bad);
   EXPECT_EQ(too_many.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(too_many.status().message().find("samples_per_cell must be in [8, 4096]"), std::string::npos);
+  bad = req;
+  bad.set_opt_target("majors");
+  EXPECT_EQ(c.AnalyzeTaskVectors(bad).status().code(), absl::StatusCode::kInvalidArgument);
   bad = req;
   bad.set_sweep_id("s1");
   EXPECT_EQ(c.AnalyzeTaskVectors(bad).status().code(), absl::StatusCode::kInvalidArgument);
