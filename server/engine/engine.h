@@ -249,6 +249,13 @@ struct TaskVectorRequest {
   // D.5.10-D.5.13 and E.20: probe, task-subspace removal, the optimised
   // orthogonal direction, the double-dissociation table, the statistics probe.
   bool dissociation = false;
+  // D.5.14 / E.19 (DYCK only): residual variance at the planted positions
+  // given the last `dyck_prefix` planted symbols and given the whole prefix
+  // (the task), over `dyck_masks` shared planting masks, samples_per_cell
+  // sequences per task per mask, on the majors and up to 32 minors.
+  bool dyck_p0 = false;
+  int64_t dyck_masks = 10;
+  int dyck_prefix = 3;
   // Hidden states for P0-P3 and OOD R^2: this hook kind at every layer of
   // `layers` (empty = all): "post_mlp", "post_attn" or "resid_pre".
   std::string hook = "post_mlp";

@@ -13,7 +13,13 @@
 namespace circuitlab::scheduler {
 namespace {
 
-const std::vector<std::string> kAnalyses = {"p0", "p1", "p2", "p3", "steering", "ood_r2", "kl", "dissociation"};
+const std::vector<std::string> kAnalyses = {"p0", "p1", "p2", "p3", "steering", "ood_r2", "kl", "dissociation",
+                                            "dyck_p0"};
+// What "all" means for a kind: DYCK has no Bayes predictors (D.5.14).
+bool InDefault(const std::string& analysis, v1::LatentKind kind) {
+  if (kind == v1::LATENT_KIND_DYCK) return analysis == "ood_r2" || analysis == "dyck_p0";
+  return analysis != "dyck_p0";
+}
 const std::set<std::string> kHooks = {"post_mlp", "post_attn", "resid_pre"};
 constexpr int kMaxCheckpoints = 200;
 constexpr int kMaxPositions = 64;
@@ -76,6 +82,10 @@ uint64_t EstimateBytes(const v1::ExperimentSpec& spec, const v1::AnalyzeTaskVect
     most = std::max(most, 8.0 * D * K * c.steering_est_samples() * T + 24.0 * c.steering_samples() * T * V);
   }
   if (a.count("ood_r2")) most = std::max(most, 8.0 * D * layers * (K + c.ood_tasks()) * c.ood_samples() * T);
+  if (a.count("dyck_p0")) {
+    const double tasks = K + std::min<uint32_t>(32, 1u << std::max(0, spec.task().latent().diversity()));
+    most = std::max(most, 8.0 * D * layers * tasks * c.samples_per_cell() * T);
+  }
   if (a.count("dissociation")) {
     // Probe states, design and their pseudo-inverse; the statistics probe.
     const double rows = std::max(c.probe_samples(), c.stats_samples()) * T;
@@ -159,13 +169,25 @@ absl::StatusOr<v1::AnalyzeTaskVectorsResponse> AnalysisCore::AnalyzeTaskVectors(
     const std::string& a = request.analyses(i);
     if (std::find(kAnalyses.begin(), kAnalyses.end(), a) == kAnalyses.end()) {
       return absl::InvalidArgumentError("analyses[" + std::to_string(i) + "] must be one of p0, p1, p2, p3, "
-                                        "steering, ood_r2, kl, dissociation, got '" + a + "'");
+                                        "steering, ood_r2, kl, dissociation, dyck_p0, got '" + a + "'");
     }
     chosen.insert(a);
   }
   c.clear_analyses();
+  const v1::LatentKind kind = targets[0].spec.task().latent().kind();
   for (const std::string& a : kAnalyses) {
-    if (chosen.empty() || chosen.count(a)) c.add_analyses(a);
+    if (chosen.empty() ? InDefault(a, kind) : chosen.count(a) > 0) c.add_analyses(a);
+  }
+  for (const Target& t : targets) {
+    const v1::LatentKind k = t.spec.task().latent().kind();
+    for (const std::string& a : c.analyses()) {
+      if (!InDefault(a, k) && !(a == "dyck_p0" && k == v1::LATENT_KIND_DYCK)) {
+        return absl::FailedPreconditionError(
+            "analysis " + a + " does not apply to " + FormatRunId(t.id) + " (" + v1::LatentKind_Name(k) +
+            "): DICE and MARKOV runs have p0, p1, p2, p3, steering, ood_r2, kl, dissociation; DYCK runs ood_r2 "
+            "and dyck_p0");
+      }
+    }
   }
   CL_RETURN_IF_ERROR(HookKind("hook", c.mutable_hook(), "post_mlp"));
   if (c.paper_compat()) {
@@ -193,6 +215,8 @@ absl::StatusOr<v1::AnalyzeTaskVectorsResponse> AnalysisCore::AnalyzeTaskVectors(
   CL_RETURN_IF_ERROR(Default(&c, &R::opt_steps, &R::set_opt_steps, 200, "opt_steps", 1, 5000));
   CL_RETURN_IF_ERROR(Default(&c, &R::stats_samples, &R::set_stats_samples, 500, "stats_samples", 16, 65536));
   CL_RETURN_IF_ERROR(Range("task_rank", c.task_rank(), 0, 16));
+  CL_RETURN_IF_ERROR(Default(&c, &R::dyck_masks, &R::set_dyck_masks, 10, "dyck_masks", 1, 100));
+  CL_RETURN_IF_ERROR(Default(&c, &R::dyck_prefix, &R::set_dyck_prefix, 3, "dyck_prefix", 1, 16));
   if (c.opt_target().empty()) c.set_opt_target("minor");
   if (c.opt_target() != "minor" && c.opt_target() != "ood") {
     return absl::InvalidArgumentError("opt_target must be minor or ood, got '" + c.opt_target() + "'");
@@ -282,6 +306,9 @@ absl::StatusOr<v1::AnalyzeTaskVectorsResponse> AnalysisCore::AnalyzeTaskVectors(
   e.opt_steps = c.opt_steps();
   e.opt_target = c.opt_target();
   e.stats_samples = c.stats_samples();
+  e.dyck_p0 = a.count("dyck_p0") > 0;
+  e.dyck_masks = c.dyck_masks();
+  e.dyck_prefix = static_cast<int>(c.dyck_prefix());
   e.hook = c.hook();
   for (uint32_t l : c.layers()) e.layers.push_back(static_cast<int>(l));
   for (uint32_t p : c.positions()) e.positions.push_back(p);

@@ -1008,6 +1008,9 @@ TEST(IntegrationTest, TaskVectorsOfARunItsTrainingAndASweep) {
   EXPECT_EQ(too_many.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(too_many.status().message().find("samples_per_cell must be in [8, 4096]"), std::string::npos);
   bad = req;
+  bad.add_analyses("dyck_p0");  // a DICE run
+  EXPECT_EQ(c.AnalyzeTaskVectors(bad).status().code(), absl::StatusCode::kFailedPrecondition);
+  bad = req;
   bad.set_opt_target("majors");
   EXPECT_EQ(c.AnalyzeTaskVectors(bad).status().code(), absl::StatusCode::kInvalidArgument);
   bad = req;

@@ -354,7 +354,10 @@ absl::StatusOr<TaskVectorReport> RunTaskVectorAnalyses(const DecoderModel& model
   if (!task.has_bayes() && (r.p0 || r.p1 || r.p2 || r.p3 || r.steering || r.kl || r.dissociation)) {
     return absl::FailedPreconditionError(
         "P0-P3, steering, the mode transition and the dissociation need a DICE or MARKOV task; this run's "
-        "LATENT_KIND_DYCK supports ood_r2 (its own P0 test, D.5.14, is not available yet)");
+        "LATENT_KIND_DYCK supports ood_r2 and dyck_p0 (D.5.14)");
+  }
+  if (r.dyck_p0 && task.kind() != v1::LATENT_KIND_DYCK) {
+    return absl::FailedPreconditionError("dyck_p0 (D.5.14) needs a LATENT_KIND_DYCK task");
   }
   std::vector<int> layers = r.layers;
   if (layers.empty()) {
@@ -374,7 +377,7 @@ absl::StatusOr<TaskVectorReport> RunTaskVectorAnalyses(const DecoderModel& model
   positions.erase(std::unique(positions.begin(), positions.end()), positions.end());
 
   const int stages = (r.p0 || r.p1 || r.p2 ? 1 : 0) + (r.p3 ? 1 : 0) + (r.steering ? 1 : 0) + (r.ood_r2 ? 1 : 0) +
-                     (r.kl ? 1 : 0) + (r.dissociation ? 1 : 0);
+                     (r.kl ? 1 : 0) + (r.dissociation ? 1 : 0) + (r.dyck_p0 ? 1 : 0);
   Reporter rep(progress, cancel, stages);
   TaskVectorReport report;
   auto row = [&](const std::string& name, int layer, int64_t position, double value) {
@@ -611,6 +614,68 @@ absl::StatusOr<TaskVectorReport> RunTaskVectorAnalyses(const DecoderModel& model
 
   if (r.dissociation) {
     if (absl::Status s = Dissociation(model, task, r, rep, row); !s.ok()) return s;
+    if (!rep.NextStage()) return Stopped();
+  }
+
+  // ---- E4: P0 fails when the state must keep the whole prefix (D.5.14) ----
+  if (r.dyck_p0) {
+    torch::Generator gen = MakeGenerator(DeriveSeed63(r.seed, "tv/dyck"));
+    const int64_t B = r.samples_per_cell, minors = std::min<int64_t>(32, task.num_minors());
+    torch::Tensor paths = task.pool(LatentPool::kMajor);
+    if (minors > 0) paths = torch::cat({paths, task.pool(LatentPool::kMinor).narrow(0, 0, minors)}, 0);
+    const int64_t Kt = paths.size(0), steps = paths.size(1);
+    torch::Tensor task_of = Repeat(Kt, B);
+    // Per mask and layer: ratios at every planted index common to all masks.
+    std::vector<std::vector<torch::Tensor>> last_k(layers.size()), full(layers.size());
+    int64_t common = steps;
+    for (int64_t m = 0; m < r.dyck_masks; ++m) {
+      torch::Tensor mask = task.DrawMask(gen);
+      torch::Tensor planted = mask.nonzero().flatten().narrow(0, 0, std::min<int64_t>(steps, mask.sum().item<int64_t>()));
+      common = std::min<int64_t>(common, planted.size(0));
+      torch::Tensor tokens = task.SampleFrom(paths.index_select(0, task_of), gen, mask, nullptr);
+      std::vector<torch::Tensor> states = HiddenStates(model, tokens, layers, r.hook);
+      for (size_t li = 0; li < layers.size(); ++li) {
+        std::vector<double> lk, fp;
+        for (int64_t j = 0; j < planted.size(0); ++j) {
+          torch::Tensor h = states[li].select(1, planted[j].item<int64_t>());  // [Kt*B, D]
+          // Cell of the last dyck_prefix planted symbols, as a binary number.
+          torch::Tensor code = torch::zeros({Kt}, kI64);
+          for (int64_t q = std::max<int64_t>(0, j - r.dyck_prefix + 1); q <= j; ++q) code = code * 2 + paths.select(1, q);
+          auto ratio = [&](const torch::Tensor& cell) {  // cell per sequence
+            const int64_t cells = cell.max().item<int64_t>() + 1;
+            torch::Tensor sums = torch::zeros({cells, h.size(1)}, kF64).index_add_(0, cell, h);
+            torch::Tensor counts = torch::zeros({cells}, kF64).index_add_(0, cell, torch::ones({h.size(0)}, kF64));
+            torch::Tensor means = sums / counts.clamp_min(1).unsqueeze(1);
+            const double within = (h - means.index_select(0, cell)).pow(2).sum().item<double>();
+            const double total = (h - h.mean(0)).pow(2).sum().item<double>();
+            return total > 0 ? within / total : 0.0;
+          };
+          lk.push_back(ratio(code.index_select(0, task_of)));
+          fp.push_back(ratio(task_of));
+        }
+        last_k[li].push_back(torch::tensor(lk, kF64));
+        full[li].push_back(torch::tensor(fp, kF64));
+      }
+      if (!rep.At(static_cast<double>(m + 1) / static_cast<double>(r.dyck_masks))) return Stopped();
+    }
+    for (size_t li = 0; li < layers.size(); ++li) {
+      torch::Tensor a = torch::zeros({common}, kF64), b = torch::zeros({common}, kF64);
+      for (size_t m = 0; m < last_k[li].size(); ++m) {
+        a += last_k[li][m].narrow(0, 0, common);
+        b += full[li][m].narrow(0, 0, common);
+      }
+      a /= static_cast<double>(last_k[li].size());
+      b /= static_cast<double>(full[li].size());
+      for (int64_t j = 0; j < common; ++j) {
+        row("dyck/resid_ratio_last_k", layers[li], j, a[j].item<double>());
+        row("dyck/resid_ratio_prefix", layers[li], j, b[j].item<double>());
+      }
+      // The last five planted indices every mask reaches (G.4).
+      const int64_t tail = std::min<int64_t>(5, common);
+      row("dyck/last_k_tail_mean", layers[li], -1, a.narrow(0, common - tail, tail).mean().item<double>());
+      row("dyck/prefix_tail_mean", layers[li], -1, b.narrow(0, common - tail, tail).mean().item<double>());
+      row("dyck/common_positions", layers[li], -1, static_cast<double>(common));
+    }
     rep.NextStage();
   }
   return report;
