@@ -72,11 +72,11 @@ std::string TaskVectorText(const v1::AnalyzeTaskVectorsResponse& r) {
     out << g.run << " step " << g.step;
     if (!g.sweep_values.empty()) out << "  " << g.sweep_values;
     out << "\n";
-    char line[64];
-    std::snprintf(line, sizeof(line), "  %-26s %5s  %s\n", "NAME", "LAYER", "VALUE (t=position: value)");
+    char line[96];
+    std::snprintf(line, sizeof(line), "  %-36s %5s  %s\n", "NAME", "LAYER", "VALUE (t=position: value)");
     out << line;
     for (const Series& s : g.series) {
-      std::snprintf(line, sizeof(line), "  %-26s %5s  ", s.name.c_str(), s.layer < 0 ? "-" : std::to_string(s.layer).c_str());
+      std::snprintf(line, sizeof(line), "  %-36s %5s  ", s.name.c_str(), s.layer < 0 ? "-" : std::to_string(s.layer).c_str());
       out << line;
       if (s.points.size() == 1 && s.points[0].first < 0) {
         out << Num(s.points[0].second) << "\n";

@@ -10,6 +10,7 @@
 
 #include "server/engine/analysis/circuits.h"
 #include "server/engine/analysis/data_dependence.h"
+#include "server/engine/analysis/decoder_interventions.h"
 #include "server/engine/analysis/task_vectors.h"
 #include "server/engine/manifold/invariance.h"
 #include "server/engine/manifold/projection.h"
@@ -341,7 +342,13 @@ class TorchAnalyzer : public Analyzer {
 
   absl::StatusOr<InterveneReport> Intervene(const v1::ExperimentSpec& spec, const std::string& checkpoint,
                                             const InterveneRequest& request) override {
-    return Guarded("intervention", [&] { return InterveneImpl(spec, checkpoint, request); });
+    return Guarded("intervention", [&]() -> absl::StatusOr<InterveneReport> {
+      if (spec.model().kind_case() != v1::ModelSpec::kDecoder) return InterveneImpl(spec, checkpoint, request);
+      const LatentTaskGenerator task(spec.task().latent(), PoolSeedOf(spec.seed()));
+      const std::unique_ptr<DecoderModel> model = MakeDecoder(spec, 1, torch::kCPU);
+      if (absl::Status s = LoadWeights(checkpoint, model->parameter_names(), model->parameters()); !s.ok()) return s;
+      return InterveneDecoder(*model, task, request);
+    });
   }
 
   absl::StatusOr<std::vector<DataDependenceRow>> CheckDataDependence(

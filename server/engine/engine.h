@@ -185,14 +185,26 @@ struct DetectReport {
   std::vector<double> irrelevant_mass;  // per layer, with K*
 };
 
-// One weight-space intervention (D.6 on IMIR models).
+// One intervention (D.6): weight-space edits of IMIR models, or activation
+// edits at a hook point of decoder models (the kAct* kinds).
 struct InterventionOp {
-  enum class Kind { kZero, kScale, kSet, kAblateHead, kSwap, kKeepOnly } kind = Kind::kZero;
+  enum class Kind {
+    kZero, kScale, kSet, kAblateHead, kSwap, kKeepOnly,
+    kActZero, kActMean, kActResample, kActProjectOut, kActProjectOnto, kActAdd, kActPatch
+  } kind = Kind::kZero;
+  bool activation() const { return kind >= Kind::kActZero; }
   std::vector<std::string> coordinates;  // labels or canonical names
   double scale = 1, value = 0;
   int layer = 0, head = 1;
   std::string source_checkpoint;   // kSwap: the other run's checkpoint
   v1::ExperimentSpec source_spec;  // kSwap: its spec (same vocabulary, positions, layers, heads)
+  // kAct*: the hook point, rows (empty = all), head (0 = all; attn.* points),
+  // vectors, reference set ("" = the evaluated set), centring.
+  std::string hook;
+  std::vector<int64_t> positions;
+  std::vector<std::vector<double>> vectors;
+  std::string reference_set;
+  bool centre = false;
 };
 
 struct InterveneRequest {

@@ -574,8 +574,8 @@ absl::StatusOr<v1::InterveneResponse> AnalysisCore::Intervene(const v1::Interven
                                       std::to_string(request.eval_sets_size()));
   }
   CL_ASSIGN_OR_RETURN(auto found, RunCheckpoint(id, request.step(), request.run_id()));
-  CL_RETURN_IF_ERROR(NeedsImir(found.first, "Intervene"));
   const v1::ExperimentSpec& spec = found.first;
+  const bool decoder = spec.model().kind_case() == v1::ModelSpec::kDecoder;
   v1::InterveneRequest canonical = request;
   canonical.set_run_id(FormatRunId(id));
   canonical.set_step(static_cast<uint64_t>(found.second.step));
@@ -605,7 +605,44 @@ absl::StatusOr<v1::InterveneResponse> AnalysisCore::Intervene(const v1::Interven
         std::abs(op.value) > 1e6) {
       return absl::InvalidArgumentError(field + ": scale and value must be finite and in [-1e6, 1e6]");
     }
+    const bool activation = in->op() >= v1::Intervention::OP_ZERO && in->op() <= v1::Intervention::OP_PATCH;
+    if (activation != decoder && v1::Intervention::Op_IsValid(in->op()) && in->op() != v1::Intervention::OP_UNSPECIFIED) {
+      return absl::FailedPreconditionError(
+          field + ": " + v1::Intervention::Op_Name(in->op()) +
+          (decoder ? " edits IMIR weights; this decoder run takes the hook-point ops OP_ZERO .. OP_PATCH"
+                   : " edits activations of decoder runs; this IMIR run takes the coordinate and head ops"));
+    }
+    if (activation) {
+      op.hook = in->hook();
+      op.head = static_cast<int>(in->head());
+      op.positions.assign(in->positions().begin(), in->positions().end());
+      op.reference_set = in->reference_set();
+      op.centre = in->centre();
+      if (in->vectors_size() > 64 || in->positions_size() > 1024) {
+        return absl::InvalidArgumentError(field + ": at most 64 vectors and 1024 positions");
+      }
+      for (const v1::HookVector& v : in->vectors()) {
+        if (v.values_size() > 4096) return absl::InvalidArgumentError(field + ".vectors: at most 4096 values each");
+        op.vectors.emplace_back(v.values().begin(), v.values().end());
+      }
+      // Reference activations are kept whole: n_eval x T x width floats.
+      const uint64_t need = 4ULL * canonical.n_eval() * engine::ShapeOf(spec).seq_len *
+                            std::max<uint64_t>(spec.model().decoder().d_model(), engine::ShapeOf(spec).seq_len *
+                                                                                     spec.model().decoder().num_heads());
+      if (need > limits_.max_run_memory_bytes) {
+        return absl::ResourceExhaustedError(field + ": the reference activations need about " +
+                                            std::to_string(need >> 20) + " MiB, more than --max-run-memory-mb; "
+                                            "lower n_eval");
+      }
+    }
     switch (in->op()) {
+      case v1::Intervention::OP_ZERO: op.kind = engine::InterventionOp::Kind::kActZero; break;
+      case v1::Intervention::OP_MEAN: op.kind = engine::InterventionOp::Kind::kActMean; break;
+      case v1::Intervention::OP_RESAMPLE: op.kind = engine::InterventionOp::Kind::kActResample; break;
+      case v1::Intervention::OP_PROJECT_OUT: op.kind = engine::InterventionOp::Kind::kActProjectOut; break;
+      case v1::Intervention::OP_PROJECT_ONTO: op.kind = engine::InterventionOp::Kind::kActProjectOnto; break;
+      case v1::Intervention::OP_ADD: op.kind = engine::InterventionOp::Kind::kActAdd; break;
+      case v1::Intervention::OP_PATCH: op.kind = engine::InterventionOp::Kind::kActPatch; break;
       case v1::Intervention::OP_ZERO_COORDINATE: op.kind = engine::InterventionOp::Kind::kZero; break;
       case v1::Intervention::OP_SCALE_COORDINATE: op.kind = engine::InterventionOp::Kind::kScale; break;
       case v1::Intervention::OP_SET_COORDINATE: op.kind = engine::InterventionOp::Kind::kSet; break;

@@ -1019,6 +1019,25 @@ TEST(IntegrationTest, TaskVectorsOfARunItsTrainingAndASweep) {
   bad = req;
   bad.set_step(7);
   EXPECT_EQ(c.AnalyzeTaskVectors(bad).status().code(), absl::StatusCode::kNotFound);
+  // Hook-point interventions (D.6) on the decoder run, answered at once.
+  v1::InterveneRequest patch;
+  patch.set_run_id(run->run_id());
+  patch.set_n_eval(64);
+  patch.add_eval_sets("id");
+  v1::Intervention* op = patch.add_interventions();
+  op->set_op(v1::Intervention::OP_PATCH);
+  op->set_hook("L1.post_attn");
+  op->set_reference_set("ood");
+  auto patched = c.Intervene(patch);
+  ASSERT_TRUE(patched.ok()) << patched.status();
+  ASSERT_EQ(patched->effects_size(), 1);
+  EXPECT_GT(patched->effects(0).kl_clean(), 0.0);
+  EXPECT_GT(patched->effects(0).loss(), patched->effects(0).loss_clean());
+  op->set_hook("L9.post_attn");
+  EXPECT_EQ(c.Intervene(patch).status().code(), absl::StatusCode::kInvalidArgument);
+  op->set_hook("L1.post_attn");
+  op->set_op(v1::Intervention::OP_ZERO_COORDINATE);
+  EXPECT_EQ(c.Intervene(patch).status().code(), absl::StatusCode::kFailedPrecondition);
   // IMIR analyses refuse a decoder run, and task vectors an IMIR run.
   v1::DetectCircuitRequest detect;
   detect.set_run_id(run->run_id());

@@ -5,6 +5,7 @@
 
 #include <cmath>
 
+#include "server/engine/analysis/decoder_interventions.h"
 #include "server/engine/analysis/task_vectors.h"
 #include "server/engine/models/decoder_model.h"
 #include "server/engine/spec.h"
@@ -239,6 +240,93 @@ TEST(TaskVectorMathTest, AdditiveCellsHaveNoInteraction) {
   EXPECT_NEAR(c.eta2_task + c.eta2_token + c.eta2_int, 1.0, 1e-12);
   CellStats noise = TokenConditionedStats(torch::randn({6, 3, 64, 10}, gen, torch::kDouble));
   EXPECT_GT(noise.resid_ratio, 0.95);
+}
+
+}  // namespace
+}  // namespace circuitlab::engine
+
+namespace circuitlab::engine {
+namespace {
+
+InterventionOp Act(InterventionOp::Kind kind, const std::string& hook) {
+  InterventionOp op;
+  op.kind = kind;
+  op.hook = hook;
+  op.head = 0;
+  return op;
+}
+
+TEST(DecoderInterventionTest, HookOpsDoWhatTheySay) {
+  const v1::ExperimentSpec spec = TinyDecoderSpec();
+  LatentTrainer trainer(spec, {9}, torch::kCPU);
+  for (int i = 0; i < 30; ++i) trainer.Step(false);
+  const DecoderModel& model = trainer.model();
+  const LatentTaskGenerator& task = trainer.task(0);
+  auto run = [&](std::vector<InterventionOp> ops) {
+    InterveneRequest r;
+    r.ops = std::move(ops);
+    r.n_eval = 64;
+    r.seed = 3;
+    return InterveneDecoder(model, task, r);
+  };
+  using K = InterventionOp::Kind;
+  // Zeroing the last block's stream leaves the readout bias alone: the same
+  // loss as any constant prediction with those logits.
+  auto zero = run({Act(K::kActZero, "L1.post_mlp")});
+  ASSERT_TRUE(zero.ok()) << zero.status();
+  ASSERT_EQ(zero->effects.size(), 3u);  // id, ood, minor
+  EXPECT_GT(zero->effects[0].kl_clean, 0.01);
+  // Projecting out a basis of the whole space is zeroing; projecting onto it
+  // changes nothing.
+  InterventionOp out = Act(K::kActProjectOut, "L1.post_mlp"), onto = Act(K::kActProjectOnto, "L1.post_mlp");
+  for (int i = 0; i < 16; ++i) {
+    std::vector<double> e(16, 0.0);
+    e[static_cast<size_t>(i)] = 1.0;
+    out.vectors.push_back(e);
+    onto.vectors.push_back(e);
+  }
+  auto projected = run({out});
+  ASSERT_TRUE(projected.ok()) << projected.status();
+  EXPECT_NEAR(projected->effects[0].loss, zero->effects[0].loss, 1e-5);
+  auto kept = run({onto});
+  ASSERT_TRUE(kept.ok());
+  EXPECT_NEAR(kept->effects[0].kl_clean, 0.0, 1e-9);
+  EXPECT_NEAR(kept->effects[0].loss, kept->effects[0].loss_clean, 1e-6);
+  // Causality: editing the last position (which predicts nothing) changes
+  // no scored prediction; editing position 5 changes them.
+  InterventionOp late = Act(K::kActAdd, "L0.post_attn");
+  late.vectors = {std::vector<double>(16, 3.0)};
+  late.positions = {15};
+  auto last = run({late});
+  ASSERT_TRUE(last.ok());
+  EXPECT_NEAR(last->effects[0].kl_clean, 0.0, 1e-9);
+  late.positions = {5};
+  EXPECT_GT(run({late})->effects[0].kl_clean, 1e-4);
+  // Patching from the set itself at every point of a head, mean and
+  // resample on the attention pattern: they run and move the output.
+  InterventionOp patch = Act(K::kActPatch, "L0.attn.head");
+  patch.head = 2;
+  InterventionOp mean = Act(K::kActMean, "L1.attn.pattern"), resample = Act(K::kActResample, "L0.resid_pre");
+  resample.reference_set = "ood";
+  for (const auto& op : {patch, mean, resample}) {
+    auto r = run({op});
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_GT(r->effects[1].kl_clean, 0.0) << op.hook;
+  }
+  // Errors name the op and the field.
+  InterventionOp wide = Act(K::kActAdd, "L0.attn.head");
+  wide.vectors = {std::vector<double>(16, 1.0)};  // head width is 8
+  EXPECT_EQ(run({wide}).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(run({wide}).status().message()).find("interventions[0].vectors[0] has 16 values"),
+            std::string::npos);
+  EXPECT_EQ(run({Act(K::kActZero, "L7.post_mlp")}).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(run({Act(K::kActAdd, "L0.attn.pattern")}).status().code(), absl::StatusCode::kInvalidArgument);
+  InterventionOp weight;
+  weight.kind = K::kZero;
+  EXPECT_EQ(run({weight}).status().code(), absl::StatusCode::kFailedPrecondition);
+  InterventionOp set = Act(K::kActMean, "L0.post_mlp");
+  set.reference_set = "train";
+  EXPECT_EQ(run({set}).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -439,6 +439,15 @@ absl::StatusOr<InterveneReport> InterveneImpl(const v1::ExperimentSpec& spec, co
                                                                                                      : op.value;
         }
         break;
+      case InterventionOp::Kind::kActZero:
+      case InterventionOp::Kind::kActMean:
+      case InterventionOp::Kind::kActResample:
+      case InterventionOp::Kind::kActProjectOut:
+      case InterventionOp::Kind::kActProjectOnto:
+      case InterventionOp::Kind::kActAdd:
+      case InterventionOp::Kind::kActPatch:
+        return absl::FailedPreconditionError(field + ": hook-point ops edit decoder runs; IMIR runs take the "
+                                             "coordinate and head ops");
       case InterventionOp::Kind::kKeepOnly: {
         if (ids.empty()) return absl::InvalidArgumentError(field + ".coordinates must name at least one coordinate");
         std::vector<double> kept(c.size(), 0.0);
