@@ -488,7 +488,7 @@ int main(int argc, char** argv) {
   data_dep->add_option("--samples", dd_samples, "Sequences per grid point (default 65536)");
   data_dep->add_flag("--force", p_force, "Recompute even if stored");
 
-  std::string tv_sweep, tv_file, tv_hook;
+  std::string tv_sweep, tv_file, tv_hook, tv_subtract;
   std::vector<std::string> tv_analyses;
   std::vector<uint32_t> tv_layers;
   bool tv_all = false, tv_compat = false, tv_csv = false;
@@ -514,6 +514,8 @@ int main(int argc, char** argv) {
   task_vectors->add_option("--hook", tv_hook, "Hidden state: post_mlp (default), post_attn or resid_pre");
   task_vectors->add_option("--samples", tv_samples, "Token-conditioned sequences per cell (default 128)");
   task_vectors->add_flag("--paper-compat", tv_compat, "Steering: estimate at post_mlp, inject at post_attn");
+  task_vectors->add_option("--steering-subtract", tv_subtract,
+                           "Steering edit: true_task (E1 variant, default) or projection (E3 variant)");
   task_vectors->add_option("--spec", tv_file, "AnalyzeTaskVectorsRequest JSON file (every field; flags override)")
       ->check(CLI::ExistingFile);
   task_vectors->add_flag("--csv", tv_csv, "CSV: run_id,step,sweep_values,name,layer,position,value");
@@ -1084,6 +1086,7 @@ int main(int argc, char** argv) {
     if (!tv_hook.empty()) req.set_hook(tv_hook);
     if (tv_samples) req.set_samples_per_cell(tv_samples);
     if (tv_compat) req.set_paper_compat(true);
+    if (!tv_subtract.empty()) req.set_steering_subtract(tv_subtract);
     v1::AnalyzeTaskVectorsResponse r;
     if (auto rc = run_queued("the task-vector analysis", [&](bool force) {
           req.set_force(force);

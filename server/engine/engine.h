@@ -287,6 +287,9 @@ struct TaskVectorRequest {
   // 2T/3).
   int steering_layer = -1;
   std::string estimation_hook = "post_attn", injection_hook = "post_attn";
+  // "true_task" (E1: h - theta_true(p) + sum alpha theta(p)) or "projection"
+  // (E3: h - (h - mu) P_task + sum alpha theta_bar).
+  std::string steering_subtract = "true_task";
   int64_t steering_est_samples = 256, steering_samples = 2000;
   int64_t steer_begin = -1, steer_end = -1;
   // OOD R^2 (D.5.8): fresh OOD tasks and sequences averaged per task (and

@@ -217,6 +217,11 @@ absl::StatusOr<v1::AnalyzeTaskVectorsResponse> AnalysisCore::AnalyzeTaskVectors(
   CL_RETURN_IF_ERROR(Range("task_rank", c.task_rank(), 0, 16));
   CL_RETURN_IF_ERROR(Default(&c, &R::dyck_masks, &R::set_dyck_masks, 10, "dyck_masks", 1, 100));
   CL_RETURN_IF_ERROR(Default(&c, &R::dyck_prefix, &R::set_dyck_prefix, 3, "dyck_prefix", 1, 16));
+  if (c.steering_subtract().empty()) c.set_steering_subtract("true_task");
+  if (c.steering_subtract() != "true_task" && c.steering_subtract() != "projection") {
+    return absl::InvalidArgumentError("steering_subtract must be true_task or projection, got '" +
+                                      c.steering_subtract() + "'");
+  }
   if (c.opt_target().empty()) c.set_opt_target("minor");
   if (c.opt_target() != "minor" && c.opt_target() != "ood") {
     return absl::InvalidArgumentError("opt_target must be minor or ood, got '" + c.opt_target() + "'");
@@ -319,6 +324,7 @@ absl::StatusOr<v1::AnalyzeTaskVectorsResponse> AnalysisCore::AnalyzeTaskVectors(
   if (c.has_steering_layer()) e.steering_layer = static_cast<int>(c.steering_layer());
   e.estimation_hook = c.estimation_hook();
   e.injection_hook = c.injection_hook();
+  e.steering_subtract = c.steering_subtract();
   e.steering_samples = c.steering_samples();
   e.steering_est_samples = c.steering_est_samples();
   if (c.has_steer_begin()) e.steer_begin = c.steer_begin();

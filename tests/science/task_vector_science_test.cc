@@ -30,6 +30,7 @@ struct Fixture {
   v1::ExperimentSpec spec;
   std::unique_ptr<LatentTrainer> trained;
   std::unique_ptr<LatentTrainer> untrained;
+  std::string early;  // checkpoint at 10% of training
   double seconds = 0;
 };
 
@@ -43,7 +44,10 @@ const Fixture& GetFixture(int diversity, int d_model, int steps, const std::stri
     slot->spec = MicroSpec(diversity, d_model, steps, kind);
     const auto start = std::chrono::steady_clock::now();
     slot->trained = std::make_unique<LatentTrainer>(slot->spec, std::vector<uint64_t>{10086}, torch::kCPU);
-    while (slot->trained->step() < steps) slot->trained->Step(false);
+    while (slot->trained->step() < steps) {
+      slot->trained->Step(false);
+      if (slot->trained->step() == steps / 10) slot->early = slot->trained->SaveCheckpoint();
+    }
     slot->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     slot->untrained = std::make_unique<LatentTrainer>(slot->spec, std::vector<uint64_t>{10086}, torch::kCPU);
     const auto eval = slot->trained->Evaluate()[0];
@@ -144,12 +148,15 @@ TEST(TaskVectorScienceTest, SteeringAlongTheSimplex) {
   const TaskVectorReport same = Analyze(*f.trained, r), control = Analyze(*f.untrained, r);
   r.estimation_hook = "post_mlp";
   const TaskVectorReport compat = Analyze(*f.trained, r);
-  for (const auto* rep : {&same, &compat, &control}) {
-    std::cout << (rep == &same ? "same hook" : rep == &compat ? "paper_compat" : "untrained") << ": KL base "
+  r.estimation_hook = "post_attn";
+  r.steering_subtract = "projection";
+  const TaskVectorReport projection = Analyze(*f.trained, r);
+  for (const auto* rep : {&same, &compat, &projection, &control}) {
+    std::cout << (rep == &same ? "same hook" : rep == &compat ? "paper_compat" : rep == &projection ? "projection (E3 variant)" : "untrained") << ": KL base "
               << Row(*rep, "steering/kl_base", 1) << " inj " << Row(*rep, "steering/kl_inj", 1) << " mode "
               << Row(*rep, "steering/kl_mode", 1) << "\n";
   }
-  for (const auto* rep : {&same, &compat}) {
+  for (const auto* rep : {&same, &compat, &projection}) {
     EXPECT_LE(Row(*rep, "steering/kl_inj", 1), 0.5 * Row(*rep, "steering/kl_base", 1));
     EXPECT_LT(Row(*rep, "steering/kl_inj", 1), Row(*rep, "steering/kl_mode", 1));
   }
@@ -174,6 +181,13 @@ TEST(TaskVectorScienceTest, OodStatesLeaveTheTaskSubspaceAndModesSwitch) {
     const TaskVectorReport rep = Analyze(*f.trained, r);
     code.push_back(Row(rep, "ood_r2/code", 1));
     norm.push_back(Row(rep, "ood_r2/norm", 1));
+    // Reported only (E.16): the same at 10% of training.
+    LatentTrainer early(f.spec, {10086}, torch::kCPU);
+    ASSERT_TRUE(early.LoadCheckpoint(f.early).ok());
+    TaskVectorRequest ro = Only(false, false, false, true, false);
+    ro.layers = {1};
+    const double early_r2 = Row(Analyze(early, ro), "ood_r2/code", 1);
+    std::cout << "kappa " << kappa << " at step " << early.step() << ": OOD R2 (code) " << early_r2 << "\n";
     ratio.push_back(Row(rep, "kl/log10_ratio", -1));
     std::cout << "kappa " << kappa << ": OOD R2 code " << code.back() << " (IQR " << Row(rep, "ood_r2/code_q25", 1)
               << "-" << Row(rep, "ood_r2/code_q75", 1) << "), norm " << norm.back() << "; KL exact "

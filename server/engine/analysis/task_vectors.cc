@@ -500,7 +500,7 @@ absl::StatusOr<TaskVectorReport> RunTaskVectorAnalyses(const DecoderModel& model
     if (!rep.NextStage()) return Stopped();
   }
 
-  // ---- steering along the task simplex (D.5.7, E1 variant: true task removed) ----
+  // ---- steering along the task simplex (D.5.7; E1 variant: true task removed, or E3's projection) ----
   if (r.steering) {
     const int sl = r.steering_layer >= 0 ? r.steering_layer : L - 1;
     torch::Generator gen = MakeGenerator(DeriveSeed63(r.seed, "tv/steering"));
@@ -523,18 +523,34 @@ absl::StatusOr<TaskVectorReport> RunTaskVectorAnalyses(const DecoderModel& model
     torch::Tensor clean = torch::log_softmax(model.Forward(tokens.unsqueeze(0)).squeeze(0).to(torch::kDouble), -1);
     torch::Tensor kl_base = torch::zeros({N}, kF64), kl_inj = torch::zeros({N}, kF64), kl_mode = torch::zeros({N}, kF64);
     const std::string point = HookName(sl, r.injection_hook);
+    // The E3 variant replaces the task component instead: task vectors
+    // averaged over the evaluation window, P the projector onto their span,
+    // mu_p the per-position mean of the estimation states.
+    const bool projection = r.steering_subtract == "projection";
+    torch::Tensor theta_bar = theta.narrow(1, p_begin, p_end - p_begin + 1).mean(1);  // [K, D]
+    const torch::Tensor span = OrthonormalColumns(theta_bar.t());
+    torch::Tensor P = torch::matmul(span, span.t());
+    torch::Tensor mu = h.mean(at::IntArrayRef{0, 1});  // [T, D]
     for (int64_t p = p_begin; p <= p_end; ++p) {
-      // h_p <- h_p - theta_{k*}(p) + sum_j alpha_j theta_j(p), at position p only.
+      // h_p <- h_p - theta_{k*}(p) + sum_j alpha_j theta_j(p), at position p only
+      // (projection: h_p <- h_p - (h_p - mu_p) P + sum_j alpha_j theta_bar_j).
       torch::Tensor tp = theta.select(1, p);  // [K, D]
       torch::Tensor delta = (torch::matmul(alpha, tp) - tp.index_select(0, true_task)).to(torch::kFloat);  // [N, D]
+      torch::Tensor target = torch::matmul(alpha, theta_bar).to(torch::kFloat);                              // [N, D]
+      const torch::Tensor Pf = P.to(torch::kFloat), mup = mu.select(0, p).to(torch::kFloat);
       std::vector<torch::Tensor> logits;
       for (int64_t b = 0; b < N; b += kChunk) {
         const int64_t n = std::min(kChunk, N - b);
-        torch::Tensor d = delta.narrow(0, b, n);
+        torch::Tensor d = delta.narrow(0, b, n), tgt = target.narrow(0, b, n);
         HookFn inject = [&](const std::string& name, const torch::Tensor& v) -> torch::Tensor {
           if (name != point) return {};
           torch::Tensor out = v.clone();
-          out.select(2, p).add_(d.unsqueeze(0).to(v.scalar_type()));
+          torch::Tensor row_p = out.select(2, p);  // [1, n, D]
+          if (projection) {
+            row_p.copy_(row_p - torch::matmul(row_p - mup, Pf) + tgt.unsqueeze(0));
+          } else {
+            row_p.add_(d.unsqueeze(0).to(v.scalar_type()));
+          }
           return out;
         };
         torch::Tensor lg = model.Forward(tokens.narrow(0, b, n).narrow(1, 0, p + 1).unsqueeze(0), &inject);
