@@ -242,10 +242,4 @@ torch::Tensor LatentTaskGenerator::MajorPosterior(const torch::Tensor& tokens) c
   return torch::softmax(CumulativeLogLik(tokens, majors_), -1);
 }
 
-torch::Tensor LatentTaskGenerator::TrueLaw(const torch::Tensor& tokens, const torch::Tensor& params) const {
-  if (kind_ == v1::LATENT_KIND_DICE) return params.unsqueeze(1).expand({tokens.size(0), tokens.size(1), states_});
-  const int64_t B = tokens.size(0);
-  return params.index({torch::arange(B, kI64).unsqueeze(1), tokens});  // [B, T, S]
-}
-
 }  // namespace circuitlab::engine

@@ -73,8 +73,6 @@ class LatentTaskGenerator {
   Predictive KnownPool(const torch::Tensor& tokens) const;
   // Posterior over the majors with a uniform prior [B, T, K].
   torch::Tensor MajorPosterior(const torch::Tensor& tokens) const;
-  // The true next-token law under each sequence's own task [B, T, V].
-  torch::Tensor TrueLaw(const torch::Tensor& tokens, const torch::Tensor& params) const;
   // sum_k weights[b, t, k] * (task k's law of x_{t+1} given x_t), [B, T, V],
   // for `tasks` of this kind (DICE, MARKOV).
   torch::Tensor MixLaws(const torch::Tensor& tokens, const torch::Tensor& weights, const torch::Tensor& tasks) const;
@@ -89,8 +87,6 @@ class LatentTaskGenerator {
   int64_t num_states() const { return states_; }
   v1::LatentKind kind() const { return kind_; }
   double p_minor() const { return has_minors_ ? spec_.p_minor() : 0.0; }
-  // DYCK: the background law [S].
-  const torch::Tensor& background() const { return background_; }
 
  private:
   // Log-likelihood of x_0..x_t under each task, [B, T, K] (cumulative).
