@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The main job on a fresh machine: set up, start circuitlab-server on its
 # embedded SQLite default (./data), run the demo experiment from examples/
-# through the client with a live progress bar, print its results, then stop
-# the server cleanly (SIGTERM). Re-running adds a new run to the same ./data.
+# through the client with a live progress bar, print its results, then (with
+# the default spec) train the task-vector demo (examples/dice_task_vectors.json)
+# and print its geometry, then stop the server cleanly (SIGTERM). Re-running
+# adds new runs to the same ./data.
 #   scripts/demo.sh [SPEC.json]     # default examples/induction.json
 # Environment: CIRCUITLAB_DATA (default ./data), CIRCUITLAB_PORT (default 50051).
 set -euo pipefail
@@ -37,6 +39,15 @@ $cli metrics "$run"
 echo "==> $run IMIR coordinates over training: induction head (alpha, beta, gamma), in-weights map (delta),"
 echo "    off-manifold residual rho (circuitlab coords $run --csv exports them; circuitlab project $run projects a checkpoint)"
 $cli coords "$run" --name alpha --name beta --name gamma --name delta
+if [ $# -eq 0 ]; then
+  echo "==> the task-vector half: a decoder on E1 biased dice (examples/dice_task_vectors.json)"
+  tv=$($cli submit examples/dice_task_vectors.json)
+  $cli watch "$tv"
+  echo "==> $tv task-vector geometry at the last layer (circuitlab task-vectors $tv gives every analysis; --csv exports):"
+  echo "    P0 residual ratio falls with context, P3 weights track the posterior, steering follows the mixture,"
+  echo "    OOD states stay in the task subspace at this diversity"
+  $cli task-vectors "$tv" --analysis p0,p3,steering,ood_r2 --layer 1
+fi
 echo "==> runs in $data"
 $cli ls
 kill -TERM $pid
