@@ -17,24 +17,25 @@ import sys
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _PROTO_ROOT = os.path.join(_HERE, "..", "..", "proto")
 _PB_DIR = os.environ.get("CIRCUITLAB_PB_DIR", os.path.join(_HERE, "circuitlab_pb"))
-_PROTOS = ["circuitlab/v1/spec.proto", "circuitlab/v1/experiment_service.proto", "grpc/health/v1/health.proto"]
+_PROTOS = ["circuitlab/v1/spec.proto", "circuitlab/v1/experiment_service.proto",
+           "circuitlab/v1/analysis_service.proto", "grpc/health/v1/health.proto"]
 
 
 def _generate_stubs():
-    marker = os.path.join(_PB_DIR, "circuitlab", "v1", "experiment_service_pb2_grpc.py")
+    marker = os.path.join(_PB_DIR, "circuitlab", "v1", "analysis_service_pb2_grpc.py")
     sources = [os.path.join(_PROTO_ROOT, p) for p in _PROTOS]
     if os.path.exists(marker) and all(os.path.getmtime(s) <= os.path.getmtime(marker) for s in sources):
         return
     os.makedirs(_PB_DIR, exist_ok=True)
     plugin = ["--plugin=protoc-gen-grpc_python=/usr/bin/grpc_python_plugin"]
     subprocess.run(["protoc", f"--python_out={_PB_DIR}", f"--grpc_python_out={_PB_DIR}", f"-I{_PROTO_ROOT}"] +
-                   plugin + sources[:2], check=True)
+                   plugin + sources[:3], check=True)
     # health.proto would generate a top-level "grpc" package that shadows
     # grpcio; generate it as module circuitlab_health instead (the wire name,
     # grpc.health.v1.Health, comes from its package line and is unchanged).
     src = os.path.join(_PB_DIR, "_src", "circuitlab_health")
     os.makedirs(src, exist_ok=True)
-    with open(sources[2]) as f, open(os.path.join(src, "health.proto"), "w") as out:
+    with open(sources[3]) as f, open(os.path.join(src, "health.proto"), "w") as out:
         out.write(f.read())
     subprocess.run(["protoc", f"--python_out={_PB_DIR}", f"--grpc_python_out={_PB_DIR}",
                     f"-I{os.path.dirname(src)}", os.path.join(src, "health.proto")] + plugin, check=True)
@@ -48,6 +49,8 @@ from google.protobuf import json_format  # noqa: E402
 from circuitlab.v1 import experiment_service_pb2 as pb  # noqa: E402
 from circuitlab.v1 import experiment_service_pb2_grpc as pb_grpc  # noqa: E402
 from circuitlab.v1 import spec_pb2  # noqa: E402
+from circuitlab.v1 import analysis_service_pb2 as apb  # noqa: E402
+from circuitlab.v1 import analysis_service_pb2_grpc as apb_grpc  # noqa: E402
 from circuitlab_health import health_pb2, health_pb2_grpc  # noqa: E402
 
 FINAL_STATES = {pb.RUN_STATE_SUCCEEDED, pb.RUN_STATE_FAILED, pb.RUN_STATE_CANCELLED}
@@ -62,6 +65,7 @@ class Client:
     def __init__(self, server="127.0.0.1:50051", timeout=30.0, token=None):
         self._channel = grpc.insecure_channel(server)
         self._stub = pb_grpc.ExperimentServiceStub(self._channel)
+        self._analysis = apb_grpc.AnalysisServiceStub(self._channel)
         self._health = health_pb2_grpc.HealthStub(self._channel)
         self._timeout = timeout
         self._metadata = [("authorization", f"Bearer {token}")] if token else []
@@ -105,3 +109,20 @@ class Client:
                                                           max_step=max_step, max_points=max_points),
                                      timeout=self._timeout, metadata=self._metadata)
         return {s.name: list(zip(s.steps, s.values)) for s in resp.series}
+
+    def task_vectors(self, run_id="", sweep_id="", poll=0.3, deadline=600.0, **fields):
+        """AnalyzeTaskVectors (queued): waits until DONE and returns the response;
+        `fields` are AnalyzeTaskVectorsRequest fields (analyses=["ood_r2"], layers=[1], ...).
+        Raises RuntimeError when the analysis fails."""
+        import time
+        req = apb.AnalyzeTaskVectorsRequest(run_id=run_id, sweep_id=sweep_id, **fields)
+        end = time.monotonic() + deadline
+        while True:
+            resp = self._analysis.AnalyzeTaskVectors(req, timeout=self._timeout, metadata=self._metadata)
+            if resp.state == apb.ANALYSIS_STATE_DONE:
+                return resp
+            if resp.state == apb.ANALYSIS_STATE_FAILED:
+                raise RuntimeError(resp.error)
+            if time.monotonic() > end:
+                raise TimeoutError("task-vector analysis still %s" % apb.AnalysisState.Name(resp.state))
+            time.sleep(poll)

@@ -29,6 +29,13 @@ SPEC = """{
   "recording": {"metrics_every": 10, "eval_every": 40, "eval_size": 64}
 }"""
 
+LATENT_SPEC = """{
+  "name": "python-dice", "seed": 4,
+  "task": {"latent": {"kind": "LATENT_KIND_DICE", "seq_len": 16}},
+  "model": {"decoder": {"num_layers": 1, "d_model": 16, "num_heads": 2}},
+  "training": {"steps": 30}, "recording": {"eval_size": 32}
+}"""
+
 
 class PythonClientTest(unittest.TestCase):
     @classmethod
@@ -56,6 +63,22 @@ class PythonClientTest(unittest.TestCase):
         self.assertEqual([s for s, _ in metrics["train/loss"]], list(range(10, 81, 10)))
         self.assertEqual([s for s, _ in metrics["eval/icl_rare/accuracy"]], [0, 40, 80])
         self.assertIn(run.run_id, [r.run_id for r in self.client.list(tags=["py"])])
+
+    def test_task_vectors_of_a_latent_run(self):
+        spec = cl.spec_from_json(LATENT_SPEC)
+        run = self.client.submit(spec)
+        events = list(self.client.watch(run.run_id))
+        self.assertEqual(events[-1].state.state, cl.pb.RUN_STATE_SUCCEEDED)
+        resp = self.client.task_vectors(run.run_id, analyses=["ood_r2", "p0"], samples_per_cell=16)
+        names = {v.name for v in resp.values}
+        self.assertIn("ood_r2/code", names)
+        self.assertIn("p0/resid_ratio", names)
+        self.assertEqual(resp.request.hook, "post_mlp")
+        again = self.client.task_vectors(run.run_id, analyses=["ood_r2", "p0"], samples_per_cell=16)
+        self.assertTrue(again.from_store)
+        with self.assertRaises(grpc.RpcError) as err:
+            self.client.task_vectors(run.run_id, analyses=["p9"])
+        self.assertEqual(err.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
 
     def test_errors_are_grpc_statuses(self):
         spec = cl.spec_from_json(SPEC)
