@@ -674,6 +674,11 @@ absl::StatusOr<TaskVectorReport> RunTaskVectorAnalyses(const DecoderModel& model
       }
       if (!rep.At(static_cast<double>(m + 1) / static_cast<double>(r.dyck_masks))) return Stopped();
     }
+    if (common == 0) {
+      return absl::FailedPreconditionError("dyck_p0: one of the " + std::to_string(r.dyck_masks) +
+                                           " planting masks selected no position of the " + std::to_string(T) +
+                                           " (the run's repeat_prob is too small for its seq_len)");
+    }
     for (size_t li = 0; li < layers.size(); ++li) {
       torch::Tensor a = torch::zeros({common}, kF64), b = torch::zeros({common}, kF64);
       for (size_t m = 0; m < last_k[li].size(); ++m) {
