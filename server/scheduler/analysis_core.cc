@@ -41,21 +41,6 @@ absl::Status CheckSelection(v1::BasisSelection s) {
   return absl::OkStatus();
 }
 
-// A queued analysis' response: the stored result, or the job's state. (The
-// invariance check's own State enum shares AnalysisState's numbers.)
-template <typename Response, typename Answer>
-Response FromAnswer(const Answer& a) {
-  Response resp;
-  if (a.stored && resp.ParseFromString(*a.stored)) {
-    resp.set_from_store(true);
-    return resp;
-  }
-  resp.set_state(static_cast<decltype(resp.state())>(a.state));
-  resp.set_progress(a.progress);
-  resp.set_error(a.error);
-  return resp;
-}
-
 void FillCoordinate(const store::CoordinateDefRow& d, double value, v1::Coordinate* c) {
   c->set_label(d.label);
   c->set_canonical(d.canonical);

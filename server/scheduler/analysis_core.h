@@ -76,6 +76,20 @@ class AnalysisCore {
     double progress = 0;
     std::string error;
   };
+  // A queued analysis' response: the stored result, or the job's state. (The
+  // invariance check's own State enum shares AnalysisState's numbers.)
+  template <typename Response>
+  static Response FromAnswer(const Answer& a) {
+    Response resp;
+    if (a.stored && resp.ParseFromString(*a.stored)) {
+      resp.set_from_store(true);
+      return resp;
+    }
+    resp.set_state(static_cast<decltype(resp.state())>(a.state));
+    resp.set_progress(a.progress);
+    resp.set_error(a.error);
+    return resp;
+  }
   // Answers from the store unless `force`, else reports on or queues the job.
   absl::StatusOr<Answer> Enqueue(const std::string& kind, int64_t run_id, const std::string& key, bool force,
                                  Work work);

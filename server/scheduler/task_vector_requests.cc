@@ -379,15 +379,8 @@ absl::StatusOr<v1::AnalyzeTaskVectorsResponse> AnalysisCore::AnalyzeTaskVectors(
     return done.SerializeAsString();
   };
   CL_ASSIGN_OR_RETURN(Answer answer, Enqueue("task_vectors", store_id, key, request.force(), std::move(work)));
-  v1::AnalyzeTaskVectorsResponse resp;
-  if (answer.stored && resp.ParseFromString(*answer.stored)) {
-    resp.set_from_store(true);
-    return resp;
-  }
-  resp.set_state(answer.state);
-  resp.set_progress(answer.progress);
-  resp.set_error(answer.error);
-  *resp.mutable_request() = c;
+  v1::AnalyzeTaskVectorsResponse resp = FromAnswer<v1::AnalyzeTaskVectorsResponse>(answer);
+  if (!resp.from_store()) *resp.mutable_request() = c;
   return resp;
 }
 

@@ -520,7 +520,11 @@ absl::StatusOr<TaskVectorReport> RunTaskVectorAnalyses(const DecoderModel& model
     torch::Tensor q = task.MixLaws(tokens, alpha.unsqueeze(1).expand({N, T, K}), majors);  // [N, T, V]
     torch::Tensor corner = torch::one_hot(alpha.argmax(-1), K).to(torch::kDouble);
     torch::Tensor mode = task.MixLaws(tokens, corner.unsqueeze(1).expand({N, T, K}), majors);
-    torch::Tensor clean = torch::log_softmax(model.Forward(tokens.unsqueeze(0)).squeeze(0).to(torch::kDouble), -1);
+    std::vector<torch::Tensor> clean_parts;
+    for (int64_t b = 0; b < N; b += kChunk) {
+      clean_parts.push_back(model.Forward(tokens.narrow(0, b, std::min(kChunk, N - b)).unsqueeze(0)).squeeze(0));
+    }
+    torch::Tensor clean = torch::log_softmax(torch::cat(clean_parts, 0).to(torch::kDouble), -1);
     torch::Tensor kl_base = torch::zeros({N}, kF64), kl_inj = torch::zeros({N}, kF64), kl_mode = torch::zeros({N}, kF64);
     const std::string point = HookName(sl, r.injection_hook);
     // The E3 variant replaces the task component instead: task vectors
