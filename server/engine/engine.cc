@@ -11,10 +11,12 @@
 #include "server/engine/analysis/circuits.h"
 #include "server/engine/analysis/data_dependence.h"
 #include "server/engine/analysis/decoder_interventions.h"
+#include "server/engine/analysis/regression_vectors.h"
 #include "server/engine/analysis/task_vectors.h"
 #include "server/engine/manifold/invariance.h"
 #include "server/engine/manifold/projection.h"
 #include "server/engine/train/latent_trainer.h"
+#include "server/engine/train/regression_trainer.h"
 #include "server/engine/train/trainer.h"
 
 namespace circuitlab::engine {
@@ -108,7 +110,9 @@ class TorchExecutor : public Executor {
     const auto& rec = spec.recording();
     std::unique_ptr<TrainerBase> trainer_ptr;
     const EnsembleTrainer* imir = nullptr;
-    if (IsLatent(spec)) {
+    if (IsLatent(spec) && spec.task().latent().kind() == v1::LATENT_KIND_REGRESSION) {
+      trainer_ptr = std::make_unique<RegressionTrainer>(spec, seeds, device);
+    } else if (IsLatent(spec)) {
       trainer_ptr = std::make_unique<LatentTrainer>(spec, seeds, device);
     } else {
       auto t = std::make_unique<EnsembleTrainer>(spec, seeds, device);
@@ -344,6 +348,11 @@ class TorchAnalyzer : public Analyzer {
                                             const InterveneRequest& request) override {
     return Guarded("intervention", [&]() -> absl::StatusOr<InterveneReport> {
       if (spec.model().kind_case() != v1::ModelSpec::kDecoder) return InterveneImpl(spec, checkpoint, request);
+      if (spec.task().latent().kind() == v1::LATENT_KIND_REGRESSION) {
+        return absl::FailedPreconditionError(
+            "Intervene does not support LATENT_KIND_REGRESSION runs yet (token tasks only); steering and the "
+            "task-vector analyses of AnalyzeTaskVectors do");
+      }
       const LatentTaskGenerator task(spec.task().latent(), PoolSeedOf(spec.seed()));
       const std::unique_ptr<DecoderModel> model = MakeDecoder(spec, 1, torch::kCPU);
       if (absl::Status s = LoadWeights(checkpoint, model->parameter_names(), model->parameters()); !s.ok()) return s;
@@ -392,10 +401,14 @@ class TorchAnalyzer : public Analyzer {
                                             std::to_string(l));
         }
       }
-      const LatentTaskGenerator task(spec.task().latent(), PoolSeedOf(spec.seed()));
       const std::unique_ptr<DecoderModel> model = MakeDecoder(spec, 1, torch::kCPU);
       if (absl::Status s = LoadWeights(checkpoint, model->parameter_names(), model->parameters()); !s.ok()) return s;
       for (torch::Tensor& p : model->parameters()) p.requires_grad_(false);
+      if (spec.task().latent().kind() == v1::LATENT_KIND_REGRESSION) {
+        const RegressionTaskGenerator task(spec.task().latent(), PoolSeedOf(spec.seed()));
+        return RunRegressionAnalyses(*model, task, request, progress, cancel);
+      }
+      const LatentTaskGenerator task(spec.task().latent(), PoolSeedOf(spec.seed()));
       return RunTaskVectorAnalyses(*model, task, request, progress, cancel);
     });
   }

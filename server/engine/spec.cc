@@ -130,32 +130,68 @@ absl::Status ResolveMinimalIcl(v1::MinimalIclTask* t) {
   return CheckRange<uint32_t>(p + "num_labels", t->num_labels(), t->num_pairs(), 2048);
 }
 
+// E2 (LATENT_KIND_REGRESSION) has its own fields; the token kinds' fields do
+// not apply to it and its fields do not apply to them.
+absl::Status ResolveRegression(v1::LatentTask* t) {
+  const std::string p = "task.latent.";
+  for (auto [name, set] : {std::pair{"num_states", t->has_num_states()}, std::pair{"dirichlet_alpha", t->has_dirichlet_alpha()},
+                           std::pair{"dyck_length", t->has_dyck_length()}, std::pair{"repeat_prob", t->has_repeat_prob()}}) {
+    if (set) {
+      return absl::InvalidArgumentError(p + name + " does not apply to LATENT_KIND_REGRESSION (continuous tokens; "
+                                        "set dim, noise_std and num_points), leave it unset");
+    }
+  }
+  if (!t->has_dim()) t->set_dim(6);
+  if (!t->has_noise_std()) t->set_noise_std(0.5);
+  if (!t->has_num_points()) t->set_num_points(16);
+  CL_RETURN_IF_ERROR(CheckRange<uint32_t>(p + "dim", t->dim(), 1, 64));
+  if (!(t->noise_std() > 0.0 && t->noise_std() <= 10.0)) {
+    return absl::InvalidArgumentError(p + "noise_std must be in (0, 10], got " + Num(t->noise_std()));
+  }
+  CL_RETURN_IF_ERROR(CheckRange<uint32_t>(p + "num_points", t->num_points(), 1, 256));
+  if (t->has_seq_len() && t->seq_len() != 3 * t->num_points()) {
+    return absl::InvalidArgumentError(p + "seq_len of LATENT_KIND_REGRESSION is 3 * num_points = " +
+                                      std::to_string(3 * t->num_points()) + " (x, |-, y per point), got " +
+                                      std::to_string(t->seq_len()) + "; leave it unset");
+  }
+  t->set_seq_len(3 * t->num_points());
+  return absl::OkStatus();
+}
+
 absl::Status ResolveLatent(v1::LatentTask* t) {
   const std::string p = "task.latent.";
   if (t->kind() == v1::LATENT_KIND_UNSPECIFIED) t->set_kind(v1::LATENT_KIND_DICE);
   if (!v1::LatentKind_IsValid(t->kind())) {
     return absl::InvalidArgumentError(p + "kind is not a known value: " + std::to_string(t->kind()) +
-                                      " (LATENT_KIND_DICE, LATENT_KIND_MARKOV, LATENT_KIND_DYCK)");
+                                      " (LATENT_KIND_DICE, LATENT_KIND_REGRESSION, LATENT_KIND_MARKOV, "
+                                      "LATENT_KIND_DYCK)");
+  }
+  if (!t->has_diversity()) t->set_diversity(-1);
+  if (!t->has_p_minor()) t->set_p_minor(0.1);
+  if (!t->has_num_majors()) t->set_num_majors(3);
+  if (!t->has_num_ood()) t->set_num_ood(32);
+  CL_RETURN_IF_ERROR(CheckRange<int32_t>(p + "diversity", t->diversity(), -1, 12));
+  CL_RETURN_IF_ERROR(CheckRange<double>(p + "p_minor", t->p_minor(), 0.0, 1.0));
+  CL_RETURN_IF_ERROR(CheckRange<uint32_t>(p + "num_majors", t->num_majors(), 2, 16));
+  CL_RETURN_IF_ERROR(CheckRange<uint32_t>(p + "num_ood", t->num_ood(), 1, 1024));
+  if (t->kind() == v1::LATENT_KIND_REGRESSION) return ResolveRegression(t);
+  for (auto [name, set] : {std::pair{"dim", t->has_dim()}, std::pair{"noise_std", t->has_noise_std()},
+                           std::pair{"num_points", t->has_num_points()}}) {
+    if (set) {
+      return absl::InvalidArgumentError(p + name + " applies only to LATENT_KIND_REGRESSION, leave it unset");
+    }
   }
   const bool dyck = t->kind() == v1::LATENT_KIND_DYCK;
   if (!t->has_num_states()) t->set_num_states(t->kind() == v1::LATENT_KIND_MARKOV ? 7 : 6);
   if (!t->has_seq_len()) t->set_seq_len(dyck ? 85 : 48);
-  if (!t->has_diversity()) t->set_diversity(-1);
-  if (!t->has_p_minor()) t->set_p_minor(0.1);
-  if (!t->has_num_majors()) t->set_num_majors(3);
   if (!t->has_dirichlet_alpha()) t->set_dirichlet_alpha(1.0);
-  if (!t->has_num_ood()) t->set_num_ood(32);
   if (!t->has_dyck_length()) t->set_dyck_length(10);
   if (!t->has_repeat_prob()) t->set_repeat_prob(0.25);
   CL_RETURN_IF_ERROR(CheckRange<uint32_t>(p + "num_states", t->num_states(), 2, 64));
   CL_RETURN_IF_ERROR(CheckRange<uint32_t>(p + "seq_len", t->seq_len(), 4, 1024));
-  CL_RETURN_IF_ERROR(CheckRange<int32_t>(p + "diversity", t->diversity(), -1, 12));
-  CL_RETURN_IF_ERROR(CheckRange<double>(p + "p_minor", t->p_minor(), 0.0, 1.0));
-  CL_RETURN_IF_ERROR(CheckRange<uint32_t>(p + "num_majors", t->num_majors(), 2, 16));
   if (!(t->dirichlet_alpha() > 0.0 && t->dirichlet_alpha() <= 100.0)) {
     return absl::InvalidArgumentError(p + "dirichlet_alpha must be in (0, 100], got " + Num(t->dirichlet_alpha()));
   }
-  CL_RETURN_IF_ERROR(CheckRange<uint32_t>(p + "num_ood", t->num_ood(), 1, 1024));
   CL_RETURN_IF_ERROR(CheckRange<uint32_t>(p + "dyck_length", t->dyck_length(), 1, 64));
   if (!(t->repeat_prob() > 0.0 && t->repeat_prob() <= 1.0)) {
     return absl::InvalidArgumentError(p + "repeat_prob must be in (0, 1], got " + Num(t->repeat_prob()));
@@ -308,11 +344,16 @@ absl::Status ResolveDecoder(v1::ExperimentSpec* spec) {
     return absl::InvalidArgumentError("model.decoder is the model of task.latent; task." + TaskName(spec->task()) +
                                       " trains on model.imir");
   }
+  const bool regression = spec->task().latent().kind() == v1::LATENT_KIND_REGRESSION;
   if (!m->has_num_layers()) m->set_num_layers(2);
   if (!m->has_d_model()) m->set_d_model(48);
   if (!m->has_num_heads()) m->set_num_heads(2);
   if (!m->has_mlp_width()) m->set_mlp_width(4 * std::min<uint32_t>(m->d_model(), 2048));
-  if (m->activation() == v1::ACTIVATION_UNSPECIFIED) m->set_activation(v1::ACTIVATION_SILU);
+  if (m->activation() == v1::ACTIVATION_UNSPECIFIED) {
+    m->set_activation(regression ? v1::ACTIVATION_GELU : v1::ACTIVATION_SILU);
+  }
+  if (!m->has_attention_bias()) m->set_attention_bias(regression);
+  if (!m->has_final_layernorm()) m->set_final_layernorm(regression);
   if (!m->has_init_std()) m->set_init_std(0.02);
   if (!m->has_rope_base()) m->set_rope_base(10000.0);
   CL_RETURN_IF_ERROR(CheckRange<uint32_t>(p + "num_layers", m->num_layers(), 1, 24));
@@ -387,14 +428,19 @@ absl::Status ResolveTraining(const EngineLimits& limits, v1::ExperimentSpec* spe
   auto* tr = spec->mutable_training();
   const std::string p = "training.";
   const bool latent = IsLatent(*spec);
+  // E2's defaults follow SCIENCE.md B.4 (TV-small-E2): AdamW 5e-4, batch 64,
+  // clipping 1.0, squared error on the y positions.
+  const bool regression = latent && spec->task().latent().kind() == v1::LATENT_KIND_REGRESSION;
   if (tr->optimizer() == v1::OPTIMIZER_KIND_UNSPECIFIED) {
     tr->set_optimizer(latent ? v1::OPTIMIZER_KIND_ADAMW : v1::OPTIMIZER_KIND_SGD);
   }
   if (!v1::OptimizerKind_IsValid(tr->optimizer())) {
     return absl::InvalidArgumentError(p + "optimizer is not a known value: " + std::to_string(tr->optimizer()));
   }
-  if (!tr->has_learning_rate()) tr->set_learning_rate(tr->optimizer() == v1::OPTIMIZER_KIND_SGD ? 2.0 : 1e-3);
-  if (!tr->has_batch_size()) tr->set_batch_size(latent ? 32 : 256);
+  if (!tr->has_learning_rate()) {
+    tr->set_learning_rate(tr->optimizer() == v1::OPTIMIZER_KIND_SGD ? 2.0 : (regression ? 5e-4 : 1e-3));
+  }
+  if (!tr->has_batch_size()) tr->set_batch_size(regression ? 64 : (latent ? 32 : 256));
   if (tr->schedule() == v1::LR_SCHEDULE_UNSPECIFIED) {
     tr->set_schedule(latent ? v1::LR_SCHEDULE_TRIANGLE : v1::LR_SCHEDULE_CONSTANT);
   }
@@ -403,13 +449,15 @@ absl::Status ResolveTraining(const EngineLimits& limits, v1::ExperimentSpec* spe
   }
   if (!tr->has_warmup_fraction()) tr->set_warmup_fraction(0.1);
   if (!tr->has_min_learning_rate()) tr->set_min_learning_rate(std::min(1e-5, tr->learning_rate()));
-  if (!tr->has_grad_clip()) tr->set_grad_clip(0.0);
+  if (!tr->has_grad_clip()) tr->set_grad_clip(regression ? 1.0 : 0.0);
   if (!tr->has_steps()) tr->set_steps(std::min<uint64_t>(1000, limits.max_steps));
   if (!tr->has_momentum()) tr->set_momentum(0.0);
   if (!tr->has_adam_beta1()) tr->set_adam_beta1(0.9);
   if (!tr->has_adam_beta2()) tr->set_adam_beta2(0.999);
   if (!tr->has_weight_decay()) tr->set_weight_decay(0.0);
-  if (tr->loss() == v1::LOSS_KIND_UNSPECIFIED) tr->set_loss(v1::LOSS_KIND_CROSS_ENTROPY);
+  if (tr->loss() == v1::LOSS_KIND_UNSPECIFIED) {
+    tr->set_loss(regression ? v1::LOSS_KIND_MSE : v1::LOSS_KIND_CROSS_ENTROPY);
+  }
   if (!v1::LossKind_IsValid(tr->loss())) {
     return absl::InvalidArgumentError(p + "loss is not a known value: " + std::to_string(tr->loss()));
   }
@@ -435,7 +483,11 @@ absl::Status ResolveTraining(const EngineLimits& limits, v1::ExperimentSpec* spe
   CL_RETURN_IF_ERROR(CheckRange<double>(p + "warmup_fraction", tr->warmup_fraction(), 0.0, 1.0));
   CL_RETURN_IF_ERROR(CheckRange<double>(p + "min_learning_rate", tr->min_learning_rate(), 0.0, tr->learning_rate()));
   CL_RETURN_IF_ERROR(CheckRange<double>(p + "grad_clip", tr->grad_clip(), 0.0, 1e6));
-  if (latent && tr->loss() != v1::LOSS_KIND_CROSS_ENTROPY) {
+  if (regression && tr->loss() != v1::LOSS_KIND_MSE) {
+    return absl::InvalidArgumentError(p + "loss must be LOSS_KIND_MSE for LATENT_KIND_REGRESSION (squared error "
+                                      "of the prediction of every y_i)");
+  }
+  if (latent && !regression && tr->loss() != v1::LOSS_KIND_CROSS_ENTROPY) {
     return absl::InvalidArgumentError(p + "loss must be LOSS_KIND_CROSS_ENTROPY for task.latent (next-token "
                                       "cross-entropy on every position)");
   }
@@ -545,9 +597,16 @@ int64_t ParameterCount(const v1::ExperimentSpec& spec) {
   if (spec.model().kind_case() == v1::ModelSpec::kDecoder) {
     const auto& m = spec.model().decoder();
     const int64_t d = m.d_model(), f = m.mlp_width();
-    // Per block: two LayerNorms, q/k/v/o, the MLP with biases.
-    const int64_t block = 4 * d + 4 * d * d + 2 * d * f + f + d;
-    return s.vocab * d + m.num_layers() * block + d * s.vocab + s.vocab;
+    // Per block: two LayerNorms, q/k/v/o (and their biases), the MLP with biases.
+    const int64_t block = 4 * d + 4 * d * d + (m.attention_bias() ? 4 * d : 0) + 2 * d * f + f + d;
+    const int64_t final_ln = m.final_layernorm() ? 2 * d : 0;
+    const v1::LatentTask& t = spec.task().latent();
+    if (t.kind() == v1::LATENT_KIND_REGRESSION) {
+      // Read-in (dim + 1 -> d) and the pad vector; a bias-free scalar head.
+      const int64_t in = int64_t{t.dim()} + 1;
+      return in * d + in + m.num_layers() * block + final_ln + d;
+    }
+    return s.vocab * d + m.num_layers() * block + final_ln + d * s.vocab + s.vocab;
   }
   const auto& m = spec.model().imir();
   if (m.parameterisation() == v1::PARAMETERISATION_COORDINATES) {
@@ -581,7 +640,15 @@ uint64_t EstimateRunMemoryBytes(const v1::ExperimentSpec& spec) {
     const double params = static_cast<double>(ParameterCount(spec));
     // Evaluation sets: tokens (int64) and the reference predictor's log-probs
     // (float64) for at most three sets; their Bayes laws in chunks of 64.
-    const double eval_sets = 3.0 * spec.recording().eval_size() * t * 16.0 + 64.0 * t * 24.0 * s.vocab;
+    double eval_sets = 3.0 * spec.recording().eval_size() * t * 16.0 + 64.0 * t * 24.0 * s.vocab;
+    if (spec.task().latent().kind() == v1::LATENT_KIND_REGRESSION) {
+      // x and y (float32) and two reference predictions (float64) per point;
+      // the known-pool posterior per point and task, 64 sequences at a time.
+      const auto& lt = spec.task().latent();
+      const double points = lt.num_points(), tasks = lt.num_majors() + (lt.diversity() >= 0 ? 1u << lt.diversity() : 0);
+      eval_sets = 3.0 * spec.recording().eval_size() * points * (4.0 * (lt.dim() + 1) + 16.0) +
+                  64.0 * points * tasks * 24.0;
+    }
     return static_cast<uint64_t>(4.0 * (4.0 * params + train + eval) + eval_sets);
   }
   const auto& m = spec.model().imir();

@@ -15,9 +15,14 @@ namespace {
 
 const std::vector<std::string> kAnalyses = {"p0", "p1", "p2", "p3", "steering", "ood_r2", "kl", "dissociation",
                                             "dyck_p0"};
-// What "all" means for a kind: DYCK has no Bayes predictors (D.5.14).
+// What "all" means for a kind: DYCK has no Bayes predictors (D.5.14);
+// REGRESSION (E2) has the continuous-token forms of P0, steering, OOD R^2
+// and the mode transition.
 bool InDefault(const std::string& analysis, v1::LatentKind kind) {
   if (kind == v1::LATENT_KIND_DYCK) return analysis == "ood_r2" || analysis == "dyck_p0";
+  if (kind == v1::LATENT_KIND_REGRESSION) {
+    return analysis == "p0" || analysis == "steering" || analysis == "ood_r2" || analysis == "kl";
+  }
   return analysis != "dyck_p0";
 }
 const std::set<std::string> kHooks = {"post_mlp", "post_attn", "resid_pre"};
@@ -184,8 +189,8 @@ absl::StatusOr<v1::AnalyzeTaskVectorsResponse> AnalysisCore::AnalyzeTaskVectors(
       if (!InDefault(a, k) && !(a == "dyck_p0" && k == v1::LATENT_KIND_DYCK)) {
         return absl::FailedPreconditionError(
             "analysis " + a + " does not apply to " + FormatRunId(t.id) + " (" + v1::LatentKind_Name(k) +
-            "): DICE and MARKOV runs have p0, p1, p2, p3, steering, ood_r2, kl, dissociation; DYCK runs ood_r2 "
-            "and dyck_p0");
+            "): DICE and MARKOV runs have p0, p1, p2, p3, steering, ood_r2, kl, dissociation; REGRESSION runs p0, "
+            "steering, ood_r2, kl; DYCK runs ood_r2 and dyck_p0");
       }
     }
   }
@@ -239,9 +244,12 @@ absl::StatusOr<v1::AnalyzeTaskVectorsResponse> AnalysisCore::AnalyzeTaskVectors(
   // Every target's model and sequence length must hold the layers and positions.
   for (const Target& t : targets) {
     const uint32_t layers = t.spec.model().decoder().num_layers();
-    const uint32_t last = static_cast<uint32_t>(engine::ShapeOf(t.spec).seq_len - 2);
-    const std::string who = " (" + FormatRunId(t.id) + " has " + std::to_string(layers) + " layers, positions 0 to " +
-                            std::to_string(last) + ")";
+    // REGRESSION positions are points (the state at the |- before y_i).
+    const bool regression = t.spec.task().latent().kind() == v1::LATENT_KIND_REGRESSION;
+    const uint32_t last = regression ? t.spec.task().latent().num_points() - 1
+                                     : static_cast<uint32_t>(engine::ShapeOf(t.spec).seq_len - 2);
+    const std::string who = " (" + FormatRunId(t.id) + " has " + std::to_string(layers) + " layers, " +
+                            (regression ? "points" : "positions") + " 0 to " + std::to_string(last) + ")";
     for (int i = 0; i < c.layers_size(); ++i) {
       if (c.layers(i) >= layers) {
         return absl::InvalidArgumentError("layers[" + std::to_string(i) + "] must be in [0, " +

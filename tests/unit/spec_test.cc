@@ -252,6 +252,63 @@ TEST(SpecTest, LatentTaskResolvesToTvMicroDefaults) {
   EXPECT_EQ(dyck.task().latent().seq_len(), 85u);
 }
 
+TEST(SpecTest, RegressionResolvesToTheB3ModelAndItsTraining) {
+  v1::ExperimentSpec spec;
+  spec.mutable_task()->mutable_latent()->set_kind(v1::LATENT_KIND_REGRESSION);
+  ASSERT_TRUE(ResolveSpec({}, &spec).ok());
+  const auto& t = spec.task().latent();
+  EXPECT_EQ(t.dim(), 6u);
+  EXPECT_DOUBLE_EQ(t.noise_std(), 0.5);
+  EXPECT_EQ(t.num_points(), 16u);
+  EXPECT_EQ(t.seq_len(), 48u);  // x, |-, y per point
+  EXPECT_FALSE(t.has_num_states());
+  EXPECT_FALSE(t.has_dyck_length());
+  const auto& m = spec.model().decoder();
+  EXPECT_EQ(m.activation(), v1::ACTIVATION_GELU);
+  EXPECT_TRUE(m.attention_bias());
+  EXPECT_TRUE(m.final_layernorm());
+  EXPECT_EQ(spec.training().loss(), v1::LOSS_KIND_MSE);
+  EXPECT_DOUBLE_EQ(spec.training().learning_rate(), 5e-4);
+  EXPECT_EQ(spec.training().batch_size(), 64u);
+  EXPECT_DOUBLE_EQ(spec.training().grad_clip(), 1.0);
+  EXPECT_EQ(ShapeOf(spec).vocab, 1);  // the scalar prediction
+  v1::ExperimentSpec again = spec;
+  ASSERT_TRUE(ResolveSpec({}, &again).ok());
+  EXPECT_EQ(again.SerializeAsString(), spec.SerializeAsString());
+  // The token kinds keep B.2's bias-free attention and no final LayerNorm.
+  v1::ExperimentSpec dice;
+  dice.mutable_task()->mutable_latent();
+  ASSERT_TRUE(ResolveSpec({}, &dice).ok());
+  EXPECT_FALSE(dice.model().decoder().attention_bias());
+  EXPECT_FALSE(dice.model().decoder().final_layernorm());
+
+  auto error = [](auto edit) {
+    v1::ExperimentSpec s;
+    s.mutable_task()->mutable_latent()->set_kind(v1::LATENT_KIND_REGRESSION);
+    edit(s);
+    return std::string(ResolveSpec({}, &s).message());
+  };
+  EXPECT_EQ(error([](auto& s) { s.mutable_task()->mutable_latent()->set_dim(0); }),
+            "task.latent.dim must be in [1, 64], got 0");
+  EXPECT_EQ(error([](auto& s) { s.mutable_task()->mutable_latent()->set_noise_std(0); }),
+            "task.latent.noise_std must be in (0, 10], got 0");
+  EXPECT_EQ(error([](auto& s) { s.mutable_task()->mutable_latent()->set_num_points(300); }),
+            "task.latent.num_points must be in [1, 256], got 300");
+  EXPECT_NE(error([](auto& s) { s.mutable_task()->mutable_latent()->set_num_states(6); })
+                .find("task.latent.num_states does not apply to LATENT_KIND_REGRESSION"),
+            std::string::npos);
+  EXPECT_NE(error([](auto& s) { s.mutable_task()->mutable_latent()->set_seq_len(20); })
+                .find("task.latent.seq_len of LATENT_KIND_REGRESSION is 3 * num_points = 48"),
+            std::string::npos);
+  EXPECT_NE(error([](auto& s) { s.mutable_training()->set_loss(v1::LOSS_KIND_CROSS_ENTROPY); })
+                .find("training.loss must be LOSS_KIND_MSE for LATENT_KIND_REGRESSION"),
+            std::string::npos);
+  v1::ExperimentSpec dim_on_dice;
+  dim_on_dice.mutable_task()->mutable_latent()->set_dim(4);
+  EXPECT_EQ(std::string(ResolveSpec({}, &dim_on_dice).message()),
+            "task.latent.dim applies only to LATENT_KIND_REGRESSION, leave it unset");
+}
+
 TEST(SpecTest, LatentAndDecoderErrorsNameTheField) {
   auto error = [](auto edit) {
     v1::ExperimentSpec spec;

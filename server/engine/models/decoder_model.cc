@@ -108,6 +108,9 @@ DecoderConfig DecoderConfigOf(const v1::ExperimentSpec& spec) {
   c.mlp = m.mlp_width();
   c.layers = m.num_layers();
   c.gelu = m.activation() == v1::ACTIVATION_GELU;
+  c.attn_bias = m.attention_bias();
+  c.final_ln = m.final_layernorm();
+  if (spec.task().latent().kind() == v1::LATENT_KIND_REGRESSION) c.input_dim = int64_t{spec.task().latent().dim()} + 1;
   c.init_std = m.init_std();
   c.rope_base = m.rope_base();
   return c;
@@ -125,7 +128,12 @@ DecoderModel::DecoderModel(const DecoderConfig& cfg, int64_t ensemble, torch::De
   auto z = [&](std::vector<int64_t> shape) { return torch::zeros(shape); };
   auto o = [&](std::vector<int64_t> shape) { return torch::ones(shape); };
   // Tensors are registered in this order; the checkpoint names them.
-  embed_ = Add("embed", z({E, V, D}));
+  if (cfg.input_dim > 0) {
+    embed_ = Add("read_in", z({E, cfg.input_dim, D}));
+    pad_ = Add("pad", z({E, cfg.input_dim}));
+  } else {
+    embed_ = Add("embed", z({E, V, D}));
+  }
   for (int64_t l = 0; l < cfg.layers; ++l) {
     const std::string p = "L" + std::to_string(l) + ".";
     Block b;
@@ -135,6 +143,12 @@ DecoderModel::DecoderModel(const DecoderConfig& cfg, int64_t ensemble, torch::De
     b.wk = Add(p + "attn.k", z({E, D, D}));
     b.wv = Add(p + "attn.v", z({E, D, D}));
     b.wo = Add(p + "attn.o", z({E, D, D}));
+    if (cfg.attn_bias) {
+      b.bq = Add(p + "attn.q.bias", z({E, D}));
+      b.bk = Add(p + "attn.k.bias", z({E, D}));
+      b.bv = Add(p + "attn.v.bias", z({E, D}));
+      b.bo = Add(p + "attn.o.bias", z({E, D}));
+    }
     b.ln2_w = Add(p + "ln2.weight", o({E, D}));
     b.ln2_b = Add(p + "ln2.bias", z({E, D}));
     b.w1 = Add(p + "mlp.fc1.weight", z({E, D, F}));
@@ -143,8 +157,12 @@ DecoderModel::DecoderModel(const DecoderConfig& cfg, int64_t ensemble, torch::De
     b.b2 = Add(p + "mlp.fc2.bias", z({E, D}));
     blocks_.push_back(b);
   }
+  if (cfg.final_ln) {
+    lnf_w_ = Add("ln_f.weight", o({E, D}));
+    lnf_b_ = Add("ln_f.bias", z({E, D}));
+  }
   head_w_ = Add("head.weight", z({E, D, V}));
-  head_b_ = Add("head.bias", z({E, V}));
+  if (cfg.input_dim == 0) head_b_ = Add("head.bias", z({E, V}));
 
   const int64_t dh = D / cfg.heads, half = dh / 2;
   torch::Tensor inv = torch::pow(cfg.rope_base, -torch::arange(half, torch::kDouble) / static_cast<double>(half));
@@ -185,12 +203,29 @@ torch::Tensor DecoderModel::Rope(const torch::Tensor& x) const {
   return torch::cat({x1 * c - x2 * s, x1 * s + x2 * c}, -1);
 }
 
+torch::Tensor DecoderModel::MapstoInputs(const torch::Tensor& x, const torch::Tensor& y) const {
+  const int64_t E = x.size(0), B = x.size(1), n = x.size(2), d = x.size(3);
+  torch::Tensor xs = torch::cat({x, torch::zeros({E, B, n, 1}, x.options())}, -1);
+  torch::Tensor ys = torch::cat({torch::zeros({E, B, n, d}, x.options()), y.unsqueeze(-1)}, -1);
+  torch::Tensor pads = pad_.to(x.scalar_type()).view({E, 1, 1, d + 1}).expand({E, B, n, d + 1});
+  return torch::stack({xs, pads, ys}, 3).reshape({E, B, 3 * n, d + 1});
+}
+
+torch::Tensor DecoderModel::Predictions(const torch::Tensor& outputs) {
+  return outputs.squeeze(-1).slice(2, 1, outputs.size(2), 3);
+}
+
 torch::Tensor DecoderModel::Forward(const torch::Tensor& tokens, const HookFn* hook, int upto) const {
   const int64_t E = tokens.size(0), B = tokens.size(1), T = tokens.size(2);
   const int64_t D = cfg_.d_model, H = cfg_.heads, dh = D / H, V = cfg_.vocab;
-  // Member e's rows of its own embedding.
-  torch::Tensor offset = (torch::arange(E, tokens.options()) * V).view({E, 1, 1});
-  torch::Tensor x = embed_.reshape({E * V, D}).index_select(0, (tokens + offset).flatten()).view({E, B, T, D});
+  torch::Tensor x;
+  if (cfg_.input_dim > 0) {
+    x = Linear(tokens.to(embed_.scalar_type()), embed_);
+  } else {
+    // Member e's rows of its own embedding.
+    torch::Tensor offset = (torch::arange(E, tokens.options()) * V).view({E, 1, 1});
+    x = embed_.reshape({E * V, D}).index_select(0, (tokens + offset).flatten()).view({E, B, T, D});
+  }
   x = Apply(hook, "embed", x);
   torch::Tensor causal = torch::ones({T, T}, torch::TensorOptions().dtype(torch::kBool).device(tokens.device()))
                              .triu(1);
@@ -200,14 +235,18 @@ torch::Tensor DecoderModel::Forward(const torch::Tensor& tokens, const HookFn* h
     const std::string p = "L" + std::to_string(l) + ".";
     if (hook != nullptr) x = Apply(hook, p + "resid_pre", x);
     torch::Tensor h = LayerNorm(x, b.ln1_w, b.ln1_b);
-    auto heads = [&](const torch::Tensor& w) { return Linear(h, w).view({E, B, T, H, dh}).permute({0, 1, 3, 2, 4}); };
-    torch::Tensor q = Rope(heads(b.wq)), k = Rope(heads(b.wk)), v = heads(b.wv);  // [E, B, H, T, dh]
+    auto heads = [&](const torch::Tensor& w, const torch::Tensor& bias) {
+      torch::Tensor y = bias.defined() ? AddBias(Linear(h, w), bias) : Linear(h, w);
+      return y.view({E, B, T, H, dh}).permute({0, 1, 3, 2, 4});
+    };
+    torch::Tensor q = Rope(heads(b.wq, b.bq)), k = Rope(heads(b.wk, b.bk)), v = heads(b.wv, b.bv);  // [E, B, H, T, dh]
     torch::Tensor scores = torch::matmul(q, k.transpose(-1, -2)) * scale;
     torch::Tensor pattern = torch::softmax(scores.masked_fill(causal, -std::numeric_limits<float>::infinity()), -1);
     if (hook != nullptr) pattern = Apply(hook, p + "attn.pattern", pattern);
     torch::Tensor out = torch::matmul(pattern, v).permute({0, 1, 3, 2, 4});  // [E, B, T, H, dh]
     if (hook != nullptr) out = Apply(hook, p + "attn.head", out);
-    x = x + Linear(out.reshape({E, B, T, D}), b.wo);
+    torch::Tensor attn = Linear(out.reshape({E, B, T, D}), b.wo);
+    x = x + (b.bo.defined() ? AddBias(attn, b.bo) : attn);
     if (hook != nullptr) x = Apply(hook, p + "post_attn", x);
     torch::Tensor m = AddBias(Linear(LayerNorm(x, b.ln2_w, b.ln2_b), b.w1), b.b1);
     m = cfg_.gelu ? torch::gelu(m, "tanh") : torch::silu(m);
@@ -215,7 +254,9 @@ torch::Tensor DecoderModel::Forward(const torch::Tensor& tokens, const HookFn* h
     if (hook != nullptr) x = Apply(hook, p + "post_mlp", x);
     if (upto >= 0 && l == upto) return x;
   }
-  torch::Tensor logits = AddBias(Linear(x, head_w_), head_b_);
+  if (cfg_.final_ln) x = LayerNorm(x, lnf_w_, lnf_b_);
+  torch::Tensor logits = Linear(x, head_w_);
+  if (head_b_.defined()) logits = AddBias(logits, head_b_);
   return Apply(hook, "logits", logits);
 }
 

@@ -104,6 +104,7 @@ TaskShape ShapeOf(const v1::ExperimentSpec& spec) {
 }
 
 int64_t LatentVocab(const v1::LatentTask& t) {
+  if (t.kind() == v1::LATENT_KIND_REGRESSION) return 1;  // the scalar prediction
   return int64_t{t.num_states()} + (t.kind() == v1::LATENT_KIND_DYCK ? 2 : 0);
 }
 

@@ -31,8 +31,8 @@ TaskShape ShapeOf(const v1::ExperimentSpec& resolved);
 // "permutation_inversion", "minimal_icl", "latent".
 std::string TaskName(const v1::TaskSpec& task);
 
-// Vocabulary of a resolved latent task: S states, plus the up and down
-// symbols for DYCK.
+// Output width of a resolved latent task: S states, plus the up and down
+// symbols for DYCK; 1 (the scalar prediction of y) for REGRESSION.
 int64_t LatentVocab(const v1::LatentTask& task);
 
 // A task of the latent-task family (SCIENCE.md A.2; trained on

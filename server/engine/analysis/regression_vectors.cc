@@ -1,0 +1,264 @@
+#include "server/engine/analysis/regression_vectors.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "server/common/seeds.h"
+#include "server/engine/analysis/task_vectors.h"
+#include "server/engine/train/regression_trainer.h"
+#include "server/engine/train/trainer_base.h"
+
+namespace circuitlab::engine {
+namespace {
+
+// Sequences per forward pass (bounds activation memory).
+constexpr int64_t kChunk = 1024;
+// Sequences per chunk of the mixture predictors ([chunk, n, tasks]).
+constexpr int64_t kBayesChunk = 256;
+
+const auto kF64 = torch::TensorOptions().dtype(torch::kDouble);
+const auto kI64 = torch::TensorOptions().dtype(torch::kLong);
+
+std::string HookName(int layer, const std::string& kind) { return "L" + std::to_string(layer) + "." + kind; }
+
+torch::Tensor Repeat(int64_t n, int64_t times) { return torch::arange(n, kI64).repeat_interleave(times); }
+
+// The model inputs [N, 3n, d + 1] of sequences x [N, n, d], y [N, n].
+torch::Tensor Inputs(const DecoderModel& model, const torch::Tensor& x, const torch::Tensor& y) {
+  return model.MapstoInputs(x.to(torch::kFloat).unsqueeze(0), y.to(torch::kFloat).unsqueeze(0)).squeeze(0);
+}
+
+// The model's predictions [N, n] (float64), in chunks.
+torch::Tensor Predict(const DecoderModel& model, const torch::Tensor& x, const torch::Tensor& y) {
+  std::vector<torch::Tensor> parts;
+  const int64_t N = x.size(0);
+  for (int64_t b = 0; b < N; b += kChunk) {
+    const int64_t n = std::min(kChunk, N - b);
+    torch::Tensor in = Inputs(model, x.narrow(0, b, n), y.narrow(0, b, n)).unsqueeze(0);
+    parts.push_back(DecoderModel::Predictions(model.Forward(in)).squeeze(0).to(torch::kDouble));
+  }
+  return torch::cat(parts, 0);
+}
+
+// Within-group residual sum of squares of h [B, D] after an OLS fit on
+// X [B, f] (with an intercept).
+double ResidualSS(const torch::Tensor& h, const torch::Tensor& X) {
+  torch::Tensor Xi = torch::cat({torch::ones({X.size(0), 1}, X.options()), X}, 1);
+  torch::Tensor fit = torch::matmul(Xi, torch::matmul(torch::linalg_pinv(Xi), h));
+  return (h - fit).pow(2).sum().item<double>();
+}
+
+torch::Tensor OrthonormalColumns(const torch::Tensor& m) {
+  auto [U, S, Vh] = torch::linalg_svd(m, /*full_matrices=*/false);
+  const double cut = 1e-6 * S.max().item<double>();
+  return U.narrow(1, 0, std::max<int64_t>(1, (S > cut).sum().item<int64_t>()));
+}
+
+}  // namespace
+
+std::vector<torch::Tensor> RegressionStates(const DecoderModel& model, const torch::Tensor& x, const torch::Tensor& y,
+                                            const std::vector<int>& layers, const std::string& kind) {
+  std::vector<torch::Tensor> states = HiddenStates(model, Inputs(model, x, y), layers, kind);
+  for (torch::Tensor& s : states) s = s.slice(1, 1, s.size(1), 3).contiguous();  // the |- positions
+  return states;
+}
+
+absl::StatusOr<TaskVectorReport> RunRegressionAnalyses(const DecoderModel& model,
+                                                       const RegressionTaskGenerator& task,
+                                                       const TaskVectorRequest& r,
+                                                       const std::function<void(double)>& progress,
+                                                       const CancelToken* cancel) {
+  torch::NoGradGuard no_grad;
+  if (r.p1 || r.p2 || r.p3 || r.dissociation || r.dyck_p0) {
+    return absl::FailedPreconditionError(
+        "LATENT_KIND_REGRESSION runs support p0 (ANCOVA), steering (RMSE), ood_r2 and kl (squared distances); "
+        "p1, p2, p3, dissociation and dyck_p0 need a token task");
+  }
+  const int64_t n = task.num_points(), K = task.num_majors(), d = task.dim();
+  const int64_t last = n - 1;
+  const int L = static_cast<int>(model.config().layers);
+  std::vector<int> layers = r.layers;
+  if (layers.empty()) {
+    for (int l = 0; l < L; ++l) layers.push_back(l);
+  }
+  const int stages = (r.p0 ? 1 : 0) + (r.steering ? 1 : 0) + (r.ood_r2 ? 1 : 0) + (r.kl ? 1 : 0);
+  int stage = 0;
+  auto advance = [&](double fraction) {
+    if (progress) progress((stage + std::clamp(fraction, 0.0, 1.0)) / std::max(1, stages));
+    return cancel == nullptr || !cancel->stop_requested();
+  };
+  auto next_stage = [&] {
+    ++stage;
+    return advance(0.0);
+  };
+  const absl::Status stopped = absl::CancelledError("task-vector analysis stopped");
+  TaskVectorReport report;
+  auto row = [&](const std::string& name, int layer, int64_t position, double value) {
+    report.rows.push_back({name, layer, position, value});
+  };
+
+  // ---- P0: within each major, is the state a (linear) function of x_i? ----
+  if (r.p0) {
+    std::vector<int64_t> points = r.positions;
+    if (points.empty()) {
+      for (int64_t p : {0, 1, 2, 4, 8, 16, 32}) {
+        if (p < last) points.push_back(p);
+      }
+      points.push_back(last);
+    }
+    for (int64_t& p : points) p = std::min(p, last);
+    std::sort(points.begin(), points.end());
+    points.erase(std::unique(points.begin(), points.end()), points.end());
+    torch::Generator gen = MakeGenerator(DeriveSeed63(r.seed, "tv/conditioned"));
+    const int64_t B = r.samples_per_cell;
+    RegressionBatch batch = task.SamplePool(LatentPool::kMajor, Repeat(K, B), gen);
+    std::vector<torch::Tensor> states = RegressionStates(model, batch.x, batch.y, layers, r.hook);
+    for (size_t li = 0; li < layers.size(); ++li) {
+      for (int64_t i : points) {
+        torch::Tensor h = states[li].select(1, i).view({K, B, -1});
+        torch::Tensor xi = batch.x.select(1, i).view({K, B, d});
+        const double total = (h - h.mean(at::IntArrayRef{0, 1})).pow(2).sum().item<double>();
+        double within = 0, task_only = 0;
+        for (int64_t k = 0; k < K; ++k) {
+          within += ResidualSS(h[k], xi[k]);
+          task_only += (h[k] - h[k].mean(0)).pow(2).sum().item<double>();
+        }
+        row("p0/resid_ratio", layers[li], i, total > 0 ? within / total : 0.0);
+        row("p0/task_only_ratio", layers[li], i, total > 0 ? task_only / total : 0.0);
+      }
+      if (!advance(static_cast<double>(li + 1) / static_cast<double>(layers.size()))) return stopped;
+    }
+    if (!next_stage()) return stopped;
+  }
+
+  // ---- steering along the task simplex (D.5.7, E2: RMSE of the prediction) ----
+  if (r.steering) {
+    const int sl = r.steering_layer >= 0 ? r.steering_layer : std::min(L - 1, (2 * L) / 3);
+    torch::Generator gen = MakeGenerator(DeriveSeed63(r.seed, "tv/steering"));
+    const int64_t Be = r.steering_est_samples;
+    RegressionBatch est = task.SamplePool(LatentPool::kMajor, Repeat(K, Be), gen);
+    torch::Tensor h = RegressionStates(model, est.x, est.y, {sl}, r.estimation_hook)[0].view({K, Be, n, -1});
+    torch::Tensor theta = h.mean(1) - h.mean(at::IntArrayRef{0, 1});  // [K, n, D]
+    torch::Tensor mu = h.mean(at::IntArrayRef{0, 1});                 // [n, D]
+    const int64_t N = r.steering_samples;
+    torch::Tensor true_task = torch::arange(N, kI64).remainder(K);
+    RegressionBatch batch = task.SamplePool(LatentPool::kMajor, true_task, gen);
+    torch::Tensor alpha = at::_standard_gamma(torch::ones({N, K}, kF64), gen);
+    alpha = alpha / alpha.sum(-1, true);
+    const int64_t p_begin = r.steer_begin >= 0 ? std::min(r.steer_begin, last) : last / 3;
+    const int64_t p_end = r.steer_end >= 0 ? std::clamp(r.steer_end, p_begin, last) : std::max(p_begin, (2 * last) / 3);
+    const torch::Tensor& majors = task.pool(LatentPool::kMajor);
+    torch::Tensor per_task = torch::matmul(batch.x, majors.t());  // [N, n, K]: x_i.w_k
+    torch::Tensor target = (per_task * alpha.unsqueeze(1)).sum(-1);  // [N, n]
+    torch::Tensor corner = per_task.gather(2, alpha.argmax(-1).view({N, 1, 1}).expand({N, n, 1})).squeeze(-1);
+    torch::Tensor clean = Predict(model, batch.x, batch.y);
+    const bool projection = r.steering_subtract == "projection";
+    torch::Tensor theta_bar = theta.narrow(1, p_begin, p_end - p_begin + 1).mean(1);  // [K, D]
+    const torch::Tensor span = OrthonormalColumns(theta_bar.t());
+    const torch::Tensor Pf = torch::matmul(span, span.t()).to(torch::kFloat);
+    torch::Tensor inputs = Inputs(model, batch.x, batch.y);  // [N, 3n, d + 1]
+    const std::string point = HookName(sl, r.injection_hook);
+    double sq_base = 0, sq_inj = 0, sq_mode = 0;
+    for (int64_t p = p_begin; p <= p_end; ++p) {
+      const int64_t pos = DecoderModel::PredictionPosition(p);
+      torch::Tensor tp = theta.select(1, p);  // [K, D]
+      torch::Tensor delta = (torch::matmul(alpha, tp) - tp.index_select(0, true_task)).to(torch::kFloat);
+      torch::Tensor goal = torch::matmul(alpha, theta_bar).to(torch::kFloat);
+      const torch::Tensor mup = mu.select(0, p).to(torch::kFloat);
+      std::vector<torch::Tensor> preds;
+      for (int64_t b = 0; b < N; b += kChunk) {
+        const int64_t c = std::min(kChunk, N - b);
+        torch::Tensor dl = delta.narrow(0, b, c), gl = goal.narrow(0, b, c);
+        HookFn inject = [&](const std::string& name, const torch::Tensor& v) -> torch::Tensor {
+          if (name != point) return {};
+          torch::Tensor out = v.clone();
+          torch::Tensor hp = out.select(2, pos);  // [1, c, D]
+          if (projection) {
+            hp.copy_(hp - torch::matmul(hp - mup, Pf) + gl.unsqueeze(0));
+          } else {
+            hp.add_(dl.unsqueeze(0).to(v.scalar_type()));
+          }
+          return out;
+        };
+        torch::Tensor in = inputs.narrow(0, b, c).narrow(1, 0, pos + 1).unsqueeze(0);
+        preds.push_back(model.Forward(in, &inject).squeeze(0).select(1, pos).squeeze(-1).to(torch::kDouble));
+      }
+      torch::Tensor inj = torch::cat(preds, 0);
+      torch::Tensor tg = target.select(1, p);
+      sq_base += (clean.select(1, p) - tg).pow(2).mean().item<double>();
+      sq_inj += (inj - tg).pow(2).mean().item<double>();
+      sq_mode += (corner.select(1, p) - tg).pow(2).mean().item<double>();
+      if (!advance(static_cast<double>(p - p_begin + 1) / static_cast<double>(p_end - p_begin + 1))) return stopped;
+    }
+    const double np = static_cast<double>(p_end - p_begin + 1);
+    const double base = std::sqrt(sq_base / np), inj = std::sqrt(sq_inj / np);
+    row("steering/rmse_base", sl, -1, base);
+    row("steering/rmse_inj", sl, -1, inj);
+    row("steering/rmse_mode", sl, -1, std::sqrt(sq_mode / np));
+    row("steering/ratio", sl, -1, base > 0 ? inj / base : 0.0);
+    if (!next_stage()) return stopped;
+  }
+
+  // ---- OOD projection R^2 against the task subspace (D.5.8) ----
+  if (r.ood_r2) {
+    torch::Generator gen = MakeGenerator(DeriveSeed63(r.seed, "tv/ood"));
+    const int64_t S = r.ood_samples, O = r.ood_tasks;
+    RegressionBatch maj = task.SamplePool(LatentPool::kMajor, Repeat(K, S), gen);
+    RegressionBatch ood = task.SampleFrom(task.DrawTasks(O, gen).repeat_interleave(S, 0), gen);
+    std::vector<torch::Tensor> hm = RegressionStates(model, maj.x, maj.y, layers, r.hook);
+    std::vector<torch::Tensor> ho = RegressionStates(model, ood.x, ood.y, layers, r.hook);
+    for (size_t li = 0; li < layers.size(); ++li) {
+      torch::Tensor m = hm[li].view({K, S, n, -1}).mean(1);  // [K, n, D]
+      torch::Tensor o = ho[li].view({O, S, n, -1}).mean(1);  // [O, n, D]
+      torch::Tensor mu = m.mean(0);
+      torch::Tensor X = (m.select(1, last) - mu.select(0, last)).narrow(0, 0, K - 1).t();  // [D, K-1]
+      torch::Tensor P = torch::matmul(X, torch::linalg_pinv(X));
+      torch::Tensor yv = (o - mu).narrow(1, 0, std::max<int64_t>(1, last));  // points 0..n-2
+      torch::Tensor fit = torch::matmul(yv, P);
+      torch::Tensor resid = (yv - fit).pow(2).sum(-1);
+      torch::Tensor centred = (yv - yv.mean(-1, true)).pow(2).sum(-1);
+      torch::Tensor code = (1.0 - resid / centred.clamp_min(1e-300)).clamp(0.0, 1.0).mean(1);  // [O]
+      torch::Tensor norm = (fit.pow(2).sum(-1) / yv.pow(2).sum(-1).clamp_min(1e-300)).mean(1);
+      row("ood_r2/code", layers[li], -1, code.mean().item<double>());
+      row("ood_r2/norm", layers[li], -1, norm.mean().item<double>());
+      row("ood_r2/code_q25", layers[li], -1, torch::quantile(code, 0.25).item<double>());
+      row("ood_r2/code_q75", layers[li], -1, torch::quantile(code, 0.75).item<double>());
+      if (!advance(static_cast<double>(li + 1) / static_cast<double>(layers.size()))) return stopped;
+    }
+    if (!next_stage()) return stopped;
+  }
+
+  // ---- mode transition (D.5.9) with squared distances; and on fresh tasks ----
+  if (r.kl) {
+    torch::Generator gen = MakeGenerator(DeriveSeed63(r.seed, "tv/kl"));
+    auto distances = [&](const RegressionBatch& b, bool hybrid) {
+      torch::Tensor pred = Predict(model, b.x, b.y);
+      double exact = 0, other = 0;
+      const int64_t N = b.x.size(0);
+      for (int64_t s = 0; s < N; s += kBayesChunk) {
+        const int64_t c = std::min(kBayesChunk, N - s);
+        torch::Tensor x = b.x.narrow(0, s, c), y = b.y.narrow(0, s, c), pr = pred.narrow(0, s, c);
+        exact += (pr - task.KnownPool(x, y).mean).pow(2).sum().item<double>();
+        torch::Tensor ref = hybrid ? task.Hybrid(x, y, r.p_common).mean : task.Ridge(x, y);
+        other += (pr - ref).pow(2).sum().item<double>();
+      }
+      const double cells = static_cast<double>(N * n);
+      return std::pair{exact / cells, other / cells};
+    };
+    auto log_ratio = [](double a, double b) { return std::log10(std::max(a, 1e-300) / std::max(b, 1e-300)); };
+    const auto [exact, extrap] = distances(task.SampleTrain(r.kl_samples, gen), true);
+    row("kl/exact", -1, -1, exact);
+    row("kl/extrap", -1, -1, extrap);
+    row("kl/log10_ratio", -1, -1, log_ratio(exact, extrap));
+    if (!advance(0.5)) return stopped;
+    // Fresh tasks: does the model retrieve a known task or run ridge?
+    const auto [ood_exact, ood_ridge] = distances(task.SampleFrom(task.DrawTasks(r.kl_samples, gen), gen), false);
+    row("kl/ood_exact", -1, -1, ood_exact);
+    row("kl/ood_ridge", -1, -1, ood_ridge);
+    row("kl/ood_log10_ratio", -1, -1, log_ratio(ood_exact, ood_ridge));
+    if (!next_stage()) return stopped;
+  }
+  return report;
+}
+
+}  // namespace circuitlab::engine

@@ -1,0 +1,59 @@
+// Training of an ensemble of GPT-2-style decoders (SCIENCE.md B.3) on E2,
+// in-context linear regression (A.2): squared error of the prediction of
+// every y_i at the |- before it, AdamW with the triangle schedule and
+// per-member clipping (TrainerBase). Engine-private (includes LibTorch).
+//
+// Evaluation sets, fixed per member by its seed: "id" (the majors, in turn),
+// "ood" (the run's OOD pool, in turn) and, when the run has minors, "minor".
+// Each reports, averaged over every point of every sequence:
+//   loss            the model's squared error
+//   retrieval_loss  squared error of the exact Bayes predictor of the
+//                   training mixture (retrieval over the known tasks)
+//   ridge_loss      squared error of Bayesian ridge (the Bayes predictor of a
+//                   fresh task)
+//   bayes_loss      the set's reference: retrieval on id, ridge on ood/minor
+//                   (as for the token tasks)
+//   to_retrieval, to_ridge  the squared distance of the model's prediction
+//                   to each predictor's (which algorithm the model runs)
+#pragma once
+
+#include <torch/torch.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "server/engine/models/decoder_model.h"
+#include "server/engine/tasks/regression_task.h"
+#include "server/engine/train/trainer_base.h"
+
+namespace circuitlab::engine {
+
+// The model's predictions of every y_i for x [E, B, n, d], y [E, B, n]:
+// [E, B, n] (one forward; callers chunk).
+torch::Tensor PredictRegression(const DecoderModel& model, const torch::Tensor& x, const torch::Tensor& y,
+                                const HookFn* hook = nullptr);
+
+class RegressionTrainer : public TrainerBase {
+ public:
+  RegressionTrainer(const v1::ExperimentSpec& spec, std::vector<uint64_t> member_seeds, torch::Device device);
+
+  std::vector<std::vector<Metric>> Step(bool record) override;
+  std::vector<std::vector<Metric>> Evaluate() const override;
+
+  const DecoderModel& model() const { return *model_; }
+  const RegressionTaskGenerator& task(int64_t member) const { return *tasks_[static_cast<size_t>(member)]; }
+
+ private:
+  struct EvalSet {
+    std::string name;
+    torch::Tensor x, y;                   // [E, N, n, d], [E, N, n] (float32, on the device)
+    torch::Tensor retrieval, ridge;       // [E, N, n] float64 predictions
+    bool reference_is_ridge = false;
+  };
+  std::vector<std::unique_ptr<RegressionTaskGenerator>> tasks_;
+  std::unique_ptr<DecoderModel> model_;
+  std::vector<EvalSet> eval_sets_;
+};
+
+}  // namespace circuitlab::engine
