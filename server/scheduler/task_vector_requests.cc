@@ -270,7 +270,10 @@ absl::StatusOr<v1::AnalyzeTaskVectorsResponse> AnalysisCore::AnalyzeTaskVectors(
                                         std::to_string(c.steering_layer()) + who);
     }
     for (int i = 0; i < c.positions_size(); ++i) {
-      CL_RETURN_IF_ERROR(Range("positions[" + std::to_string(i) + "]", c.positions(i), 0, last));
+      if (c.positions(i) > last) {
+        return absl::InvalidArgumentError("positions[" + std::to_string(i) + "] must be in [0, " +
+                                          std::to_string(last) + "], got " + std::to_string(c.positions(i)) + who);
+      }
     }
     for (auto [field, has, v] : {std::tuple{"est_begin", c.has_est_begin(), c.est_begin()},
                                  std::tuple{"est_end", c.has_est_end(), c.est_end()},

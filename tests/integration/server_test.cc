@@ -1074,5 +1074,62 @@ TEST(IntegrationTest, TaskVectorsOfARunItsTrainingAndASweep) {
   EXPECT_NE(swept[sw->run_ids(1)].find("4"), std::string::npos) << swept[sw->run_ids(1)];
 }
 
+TEST(IntegrationTest, RegressionRunTrainsAndAnswersItsAnalyses) {
+  TempDir dir;
+  auto exec = engine::MakeTorchExecutor();
+  Server server(dir.path(), exec.get(), {});
+  auto c = MakeClient(server.address());
+  auto spec = client::ParseSpecJson(R"({
+    "name": "tiny-e2", "seed": 8,
+    "task": {"latent": {"kind": "LATENT_KIND_REGRESSION", "dim": 3, "num_points": 8, "diversity": 2}},
+    "model": {"decoder": {"num_layers": 2, "d_model": 16, "num_heads": 2}},
+    "training": {"steps": 40, "learning_rate": 0.005},
+    "recording": {"eval_every": 20, "eval_size": 32, "checkpoint_every": 20}
+  })");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  auto run = c.SubmitRun(*spec);
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_EQ(run->spec().training().loss(), v1::LOSS_KIND_MSE);  // E2 defaults
+  EXPECT_TRUE(run->spec().model().decoder().final_layernorm());
+  ASSERT_EQ(WaitForEnd(c, run->run_id()), v1::RUN_STATE_SUCCEEDED);
+  EXPECT_GT(FinalValue(c, run->run_id(), "eval/ood/ridge_loss"), 0.2);  // sigma^2 = 0.25 is the floor
+  EXPECT_GT(FinalValue(c, run->run_id(), "eval/minor/to_retrieval"), 0.0);
+
+  v1::AnalyzeTaskVectorsRequest req;  // the REGRESSION default: p0, steering, ood_r2, kl
+  req.set_run_id(run->run_id());
+  req.set_samples_per_cell(16);
+  req.set_steering_samples(32);
+  req.set_steering_est_samples(16);
+  req.set_kl_samples(32);
+  v1::AnalyzeTaskVectorsResponse done = WaitTaskVectors(c, req);
+  ASSERT_EQ(done.state(), v1::ANALYSIS_STATE_DONE) << done.error();
+  std::map<std::string, int> names;
+  for (const auto& v : done.values()) {
+    ++names[v.name()];
+    EXPECT_TRUE(std::isfinite(v.value())) << v.name();
+  }
+  EXPECT_EQ(names["p0/resid_ratio"], 2 * 5);  // 2 layers x points 0, 1, 2, 4 and 7
+  EXPECT_EQ(names["steering/rmse_inj"], 1);
+  EXPECT_EQ(names["ood_r2/code"], 2);
+  EXPECT_EQ(names["kl/ood_log10_ratio"], 1);
+  EXPECT_EQ(names.count("p3/r_mean_min"), 0u);
+  // Positions are points; token-only analyses and Intervene refuse the run.
+  v1::AnalyzeTaskVectorsRequest bad = req;
+  bad.add_positions(8);
+  auto far = c.AnalyzeTaskVectors(bad);
+  EXPECT_EQ(far.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(far.status().message().find("points 0 to 7"), std::string::npos) << far.status();
+  bad = req;
+  bad.add_analyses("p3");
+  EXPECT_EQ(c.AnalyzeTaskVectors(bad).status().code(), absl::StatusCode::kFailedPrecondition);
+  v1::InterveneRequest iv;
+  iv.set_run_id(run->run_id());
+  iv.add_eval_sets("id");
+  v1::Intervention* op = iv.add_interventions();
+  op->set_op(v1::Intervention::OP_ZERO);
+  op->set_hook("L1.post_attn");
+  EXPECT_EQ(c.Intervene(iv).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
 }  // namespace
 }  // namespace circuitlab
