@@ -7,6 +7,7 @@
 
 #include "server/common/seeds.h"
 #include "server/common/status_macros.h"
+#include "server/engine/spec.h"
 #include "server/engine/tasks/catalog.h"
 #include "server/scheduler/scheduler.h"
 
@@ -591,11 +592,11 @@ absl::StatusOr<v1::InterveneResponse> AnalysisCore::Intervene(const v1::Interven
       return absl::InvalidArgumentError(field + ": scale and value must be finite and in [-1e6, 1e6]");
     }
     const bool activation = in->op() >= v1::Intervention::OP_ZERO && in->op() <= v1::Intervention::OP_PATCH;
-    if (activation != decoder && v1::Intervention::Op_IsValid(in->op()) && in->op() != v1::Intervention::OP_UNSPECIFIED) {
-      return absl::FailedPreconditionError(
-          field + ": " + v1::Intervention::Op_Name(in->op()) +
-          (decoder ? " edits IMIR weights; this decoder run takes the hook-point ops OP_ZERO .. OP_PATCH"
-                   : " edits activations of decoder runs; this IMIR run takes the coordinate and head ops"));
+    if (decoder && !activation && v1::Intervention::Op_IsValid(in->op()) &&
+        in->op() != v1::Intervention::OP_UNSPECIFIED) {
+      return absl::FailedPreconditionError(field + ": " + v1::Intervention::Op_Name(in->op()) +
+                                           " edits IMIR weights; this decoder run takes the hook-point ops "
+                                           "OP_ZERO .. OP_PATCH");
     }
     if (activation) {
       op.hook = in->hook();
@@ -610,10 +611,12 @@ absl::StatusOr<v1::InterveneResponse> AnalysisCore::Intervene(const v1::Interven
         if (v.values_size() > 4096) return absl::InvalidArgumentError(field + ".vectors: at most 4096 values each");
         op.vectors.emplace_back(v.values().begin(), v.values().end());
       }
-      // Reference activations are kept whole: n_eval x T x width floats.
-      const uint64_t need = 4ULL * canonical.n_eval() * engine::ShapeOf(spec).seq_len *
-                            std::max<uint64_t>(spec.model().decoder().d_model(), engine::ShapeOf(spec).seq_len *
-                                                                                     spec.model().decoder().num_heads());
+      // Reference activations are kept whole: n_eval x T x width floats
+      // (an attention pattern: T x heads).
+      const uint64_t T = engine::ShapeOf(spec).seq_len;
+      const uint64_t heads = decoder ? spec.model().decoder().num_heads() : spec.model().imir().num_heads();
+      const uint64_t need = 4ULL * canonical.n_eval() * T *
+                            std::max<uint64_t>(static_cast<uint64_t>(engine::ResidualWidth(spec)), T * heads);
       if (need > limits_.max_run_memory_bytes) {
         return absl::ResourceExhaustedError(field + ": the reference activations need about " +
                                             std::to_string(need >> 20) + " MiB, more than --max-run-memory-mb; "

@@ -722,6 +722,49 @@ TEST(IntegrationTest, DetectInterveneAndLabelAgreeOnACoordinateModel) {
   head->add_coordinates("no_such");
   EXPECT_EQ(c.Intervene(ireq).status().code(), absl::StatusCode::kInvalidArgument);
 
+  // D.6 hook-point ops on the block model: zeroing the last head's output
+  // at the query is ablating that head; patching every position of X_2 from
+  // another set gives that set's answers; the mean attention is a real edit.
+  auto effect = [&](const std::vector<v1::Intervention>& ops, const std::string& set) {
+    v1::InterveneRequest r;
+    r.set_run_id("r1");
+    r.set_n_eval(512);
+    r.add_eval_sets(set);
+    for (const auto& op : ops) *r.add_interventions() = op;
+    auto out = c.Intervene(r);
+    EXPECT_TRUE(out.ok()) << out.status();
+    return out.ok() ? out->effects(0) : v1::InterventionEffect();
+  };
+  v1::Intervention ablate;
+  ablate.set_op(v1::Intervention::OP_ABLATE_HEAD);
+  ablate.set_layer(2);
+  v1::Intervention zero_out;
+  zero_out.set_op(v1::Intervention::OP_ZERO);
+  zero_out.set_hook("L2.H1.out");
+  const v1::InterventionEffect by_weights = effect({ablate}, "icl_rare"), by_hook = effect({zero_out}, "icl_rare");
+  EXPECT_NEAR(by_hook.loss(), by_weights.loss(), 1e-5);
+  EXPECT_NEAR(by_hook.accuracy(), by_weights.accuracy(), 1e-12);
+  EXPECT_GT(by_hook.kl_clean(), 1e-6);
+  v1::Intervention keep_mean;
+  keep_mean.set_op(v1::Intervention::OP_MEAN);
+  keep_mean.set_hook("L1.attn");
+  keep_mean.add_positions(3);
+  EXPECT_GT(effect({keep_mean}, "icl_rare").kl_clean(), 0.0);
+  v1::Intervention bad_hook = zero_out;
+  bad_hook.set_hook("L3.resid");
+  ireq.clear_interventions();
+  *ireq.add_interventions() = bad_hook;
+  auto refused = c.Intervene(ireq);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("L{l}.H{h}.out"), std::string::npos) << refused.status();
+  bad_hook.set_hook("L2.resid");
+  bad_hook.set_op(v1::Intervention::OP_ADD);
+  bad_hook.add_vectors()->add_values(1.0);
+  *ireq.mutable_interventions(0) = bad_hook;
+  refused = c.Intervene(ireq);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("has width"), std::string::npos) << refused.status();
+
   v1::LabelRunRequest lreq;
   lreq.set_run_id("r1");
   lreq.set_n_eval(256);

@@ -3,6 +3,8 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 
+#include <map>
+
 #include "server/engine/tasks/assoc_recall.h"
 
 namespace circuitlab::engine {
@@ -53,6 +55,43 @@ TEST(ImirModelTest, CausalChangingALaterTokenNeverChangesAnEarlierOutput) {
   // The last-position fast path equals the full forward at the last position.
   torch::Tensor last = model.Forward(tok, pid);
   EXPECT_TRUE(torch::allclose(last, before.select(2, T - 1), 1e-5, 1e-6));
+}
+
+TEST(ImirModelTest, HookPointsInOrderAndEditsTakeEffect) {
+  AssocRecallTask task(RareOnly(), 1);
+  ImirModel model(DenseConfig(task.vocab_size(), task.num_positions(), 2, 2, false, 0.5), 1, torch::kCPU);
+  model.Initialize({4});
+  auto gen = Gen(5);
+  Batch b = task.Sample(6, SampleMode::kTrain, gen);
+  torch::NoGradGuard no_grad;
+  torch::Tensor tok = b.tokens.unsqueeze(0), pid = b.pids.unsqueeze(0);
+  const int64_t T = tok.size(2), d0 = model.d0();
+  std::vector<std::string> seen;
+  std::map<std::string, std::vector<int64_t>> shapes;
+  HookFn watch = [&](const std::string& point, const torch::Tensor& v) -> torch::Tensor {
+    seen.push_back(point);
+    shapes[point] = v.sizes().vec();
+    return {};
+  };
+  torch::Tensor watched = model.Forward(tok, pid, false, nullptr, &watch);
+  EXPECT_TRUE(torch::allclose(watched, model.Forward(tok, pid), 1e-5, 1e-6));  // a hook that edits nothing
+  const std::vector<std::string> expect = {"embed", "L1.attn", "L1.H1.out", "L1.H2.out", "L1.resid",
+                                           "L2.attn", "L2.H1.out", "L2.H2.out", "L2.resid", "logits"};
+  EXPECT_EQ(seen, expect);
+  EXPECT_EQ(shapes["L1.attn"], (std::vector<int64_t>{1, 2, 6, T, T}));
+  EXPECT_EQ(shapes["L2.H1.out"], (std::vector<int64_t>{1, 6, T, 3 * d0}));
+  EXPECT_EQ(shapes["L2.resid"], (std::vector<int64_t>{1, 6, T, 9 * d0}));
+  // Zeroing a head's output at its last layer is ablating that head at the query.
+  HookFn zero = [&](const std::string& point, const torch::Tensor& v) -> torch::Tensor {
+    return point == "L2.H2.out" ? torch::zeros_like(v) : torch::Tensor();
+  };
+  torch::Tensor zeroed = model.Forward(tok, pid, false, nullptr, &zero);
+  ImirModel ablated(model.config(), 1, torch::kCPU);
+  for (int64_t l = 0; l < 2; ++l) ablated.kq(l).copy_(model.kq(l));
+  ablated.readout().copy_(model.readout());
+  ablated.readout().narrow(2, 6 * d0, 3 * d0).zero_();  // the readout of L2's head-2 block
+  EXPECT_TRUE(torch::allclose(zeroed, ablated.Forward(tok, pid), 1e-5, 1e-6));
+  EXPECT_FALSE(torch::allclose(zeroed, watched, 1e-3, 1e-3));
 }
 
 // The canonical induction head of SCIENCE.md C.5 built by hand: alpha on

@@ -7,6 +7,8 @@
 #include <numeric>
 #include <set>
 
+#include "server/common/seeds.h"
+#include "server/engine/analysis/activation_ops.h"
 #include "server/engine/manifold/projection.h"
 #include "server/engine/train/trainer.h"
 
@@ -99,6 +101,68 @@ torch::Tensor Logits(const ImirModel& model, const EvalData& d, std::vector<torc
     }
   }
   return torch::cat(out, 0);
+}
+
+// Logits at the query [B, V] (float64) with the activation edits `ops`
+// applied, in chunks.
+torch::Tensor EditedLogits(const ImirModel& model, const EvalData& d, const std::vector<PreparedOp>& ops) {
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> out;
+  const int64_t B = d.tokens.size(1);
+  for (int64_t b = 0; b < B; b += kChunk) {
+    const int64_t n = std::min(kChunk, B - b);
+    const HookFn edit = EditHook(ops, b);
+    out.push_back(
+        model.Forward(d.tokens.narrow(1, b, n), d.pids.narrow(1, b, n), false, nullptr, &edit)[0].to(torch::kDouble));
+  }
+  return torch::cat(out, 0);
+}
+
+// The tensor at an IMIR hook point (imir_model.h; layers and heads from 1).
+absl::StatusOr<HookGeometry> ImirHookGeometry(const std::string& name, int64_t layers, int64_t heads, int64_t d0) {
+  const std::string allowed = "embed, L{l}.attn, L{l}.H{h}.out or L{l}.resid with l in [1, " + std::to_string(layers) +
+                              "] and h in [1, " + std::to_string(heads) + "]";
+  HookGeometry g;
+  g.name = name;
+  if (name == "embed") {
+    g.width = d0;
+    return g;
+  }
+  if (name == "logits") return absl::InvalidArgumentError("logits is read, not edited; edit an earlier point");
+  auto number = [](const std::string& text, size_t from, size_t to) -> int64_t {
+    if (to <= from || to - from > 4) return -1;
+    int64_t v = 0;
+    for (size_t i = from; i < to; ++i) {
+      if (!std::isdigit(static_cast<unsigned char>(text[i]))) return -1;
+      v = v * 10 + (text[i] - '0');
+    }
+    return v;
+  };
+  const size_t dot = name.find('.');
+  const int64_t l = name.size() > 1 && name[0] == 'L' && dot != std::string::npos ? number(name, 1, dot) : -1;
+  if (l < 1 || l > layers) return absl::InvalidArgumentError("hook point '" + name + "' is not one of " + allowed);
+  const std::string rest = name.substr(dot + 1);
+  int64_t below = d0;  // d_{l-1}
+  for (int64_t i = 1; i < l; ++i) below *= heads + 1;
+  if (rest == "attn") {  // [E, H, B, T, T]
+    g.batch_axis = 2;
+    g.pos_axis = 3;
+    g.head_axis = 1;
+    g.heads = heads;
+    g.pattern = true;
+    return g;
+  }
+  if (rest == "resid") {
+    g.width = below * (heads + 1);
+    return g;
+  }
+  const size_t out = rest.find(".out");
+  const int64_t h = rest.size() > 5 && rest[0] == 'H' && out != std::string::npos && out + 4 == rest.size()
+                        ? number(rest, 1, out)
+                        : -1;
+  if (h < 1 || h > heads) return absl::InvalidArgumentError("hook point '" + name + "' is not one of " + allowed);
+  g.width = below;
+  return g;
 }
 
 double Accuracy(const torch::Tensor& logits, const torch::Tensor& target) {
@@ -414,6 +478,7 @@ absl::StatusOr<InterveneReport> InterveneImpl(const v1::ExperimentSpec& spec, co
   Opened& o = *opened;
   std::vector<double> c = o.values;
   std::vector<std::pair<int64_t, int64_t>> ablated;  // (layer, head)
+  std::vector<PreparedOp> activations;  // hook-point edits, applied on top of the weight edits
   for (size_t i = 0; i < req.ops.size(); ++i) {
     const InterventionOp& op = req.ops[i];
     const std::string field = "interventions[" + std::to_string(i) + "]";
@@ -445,9 +510,15 @@ absl::StatusOr<InterveneReport> InterveneImpl(const v1::ExperimentSpec& spec, co
       case InterventionOp::Kind::kActProjectOut:
       case InterventionOp::Kind::kActProjectOnto:
       case InterventionOp::Kind::kActAdd:
-      case InterventionOp::Kind::kActPatch:
-        return absl::FailedPreconditionError(field + ": hook-point ops edit decoder runs; IMIR runs take the "
-                                             "coordinate and head ops");
+      case InterventionOp::Kind::kActPatch: {
+        absl::StatusOr<HookGeometry> g = ImirHookGeometry(op.hook, o.layers, o.heads, o.task->vocab_size() +
+                                                                                         o.task->num_positions());
+        if (!g.ok()) return absl::InvalidArgumentError(field + ".hook: " + std::string(g.status().message()));
+        absl::StatusOr<PreparedOp> p = PrepareActivationOp(op, field, *g, o.task->seq_len());
+        if (!p.ok()) return p.status();
+        activations.push_back(std::move(*p));
+        break;
+      }
       case InterventionOp::Kind::kKeepOnly: {
         if (ids.empty()) return absl::InvalidArgumentError(field + ".coordinates must name at least one coordinate");
         std::vector<double> kept(c.size(), 0.0);
@@ -513,13 +584,36 @@ absl::StatusOr<InterveneReport> InterveneImpl(const v1::ExperimentSpec& spec, co
   if (sets.empty()) {
     for (const EvalSetInfo& info : o.task->EvalSets()) sets.push_back(info.name);
   }
+  for (const PreparedOp& p : activations) {
+    if (!p.op->reference_set.empty() && !MakeEval(*o.task, p.op->reference_set, 1, req.seed).ok()) {
+      return absl::InvalidArgumentError(p.field + ".reference_set: " +
+                                        std::string(MakeEval(*o.task, p.op->reference_set, 1, req.seed).status().message()));
+    }
+  }
   for (size_t i = 0; i < sets.size(); ++i) {
     absl::StatusOr<EvalData> data = MakeEval(*o.task, sets[i], req.n_eval, req.seed);
     if (!data.ok()) {
       return absl::InvalidArgumentError("eval_sets[" + std::to_string(i) + "]: " +
                                         std::string(data.status().message()));
     }
-    const torch::Tensor clean = Logits(*o.dense, *data), hit = Logits(*edited, *data);
+    // Reference activations come from the weight-edited model on sequences
+    // drawn with another seed (the evaluated set unless reference_set).
+    for (PreparedOp& p : activations) {
+      p.ref = p.mean = p.perm = torch::Tensor();
+      if (!NeedsReference(p)) continue;
+      const std::string ref_name = p.op->reference_set.empty() ? data->name : p.op->reference_set;
+      absl::StatusOr<EvalData> ref = MakeEval(*o.task, ref_name, req.n_eval, DeriveSeed63(req.seed, "intervene/reference"));
+      if (!ref.ok()) return ref.status();
+      absl::Status s = CaptureReference(
+          p, req.n_eval, kChunk, o.task->seq_len(), DeriveSeed63(req.seed, "intervene/resample", i),
+          [&](int64_t b, int64_t count, const HookFn& hook) {
+            torch::NoGradGuard no_grad;
+            edited->Forward(ref->tokens.narrow(1, b, count), ref->pids.narrow(1, b, count), false, nullptr, &hook);
+          });
+      if (!s.ok()) return s;
+    }
+    const torch::Tensor clean = Logits(*o.dense, *data);
+    const torch::Tensor hit = activations.empty() ? Logits(*edited, *data) : EditedLogits(*edited, *data, activations);
     EffectReport e;
     e.eval_set = data->name;
     e.loss_clean = Loss(clean, data->target);

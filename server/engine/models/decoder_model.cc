@@ -34,12 +34,6 @@ torch::Tensor LayerNorm(const torch::Tensor& x, const torch::Tensor& w, const to
   return y * w.view(shape) + b.view(shape);
 }
 
-torch::Tensor Apply(const HookFn* hook, const std::string& point, torch::Tensor x) {
-  if (hook == nullptr) return x;
-  torch::Tensor y = (*hook)(point, x);
-  return y.defined() ? y : x;
-}
-
 }  // namespace
 
 std::string HookPoint::name() const {
@@ -226,14 +220,14 @@ torch::Tensor DecoderModel::Forward(const torch::Tensor& tokens, const HookFn* h
     torch::Tensor offset = (torch::arange(E, tokens.options()) * V).view({E, 1, 1});
     x = embed_.reshape({E * V, D}).index_select(0, (tokens + offset).flatten()).view({E, B, T, D});
   }
-  x = Apply(hook, "embed", x);
+  x = ApplyHook(hook, "embed", x);
   torch::Tensor causal = torch::ones({T, T}, torch::TensorOptions().dtype(torch::kBool).device(tokens.device()))
                              .triu(1);
   const double scale = 1.0 / std::sqrt(static_cast<double>(dh));
   for (int64_t l = 0; l < cfg_.layers; ++l) {
     const Block& b = blocks_[static_cast<size_t>(l)];
     const std::string p = "L" + std::to_string(l) + ".";
-    if (hook != nullptr) x = Apply(hook, p + "resid_pre", x);
+    if (hook != nullptr) x = ApplyHook(hook, p + "resid_pre", x);
     torch::Tensor h = LayerNorm(x, b.ln1_w, b.ln1_b);
     auto heads = [&](const torch::Tensor& w, const torch::Tensor& bias) {
       torch::Tensor y = bias.defined() ? AddBias(Linear(h, w), bias) : Linear(h, w);
@@ -242,22 +236,22 @@ torch::Tensor DecoderModel::Forward(const torch::Tensor& tokens, const HookFn* h
     torch::Tensor q = Rope(heads(b.wq, b.bq)), k = Rope(heads(b.wk, b.bk)), v = heads(b.wv, b.bv);  // [E, B, H, T, dh]
     torch::Tensor scores = torch::matmul(q, k.transpose(-1, -2)) * scale;
     torch::Tensor pattern = torch::softmax(scores.masked_fill(causal, -std::numeric_limits<float>::infinity()), -1);
-    if (hook != nullptr) pattern = Apply(hook, p + "attn.pattern", pattern);
+    if (hook != nullptr) pattern = ApplyHook(hook, p + "attn.pattern", pattern);
     torch::Tensor out = torch::matmul(pattern, v).permute({0, 1, 3, 2, 4});  // [E, B, T, H, dh]
-    if (hook != nullptr) out = Apply(hook, p + "attn.head", out);
+    if (hook != nullptr) out = ApplyHook(hook, p + "attn.head", out);
     torch::Tensor attn = Linear(out.reshape({E, B, T, D}), b.wo);
     x = x + (b.bo.defined() ? AddBias(attn, b.bo) : attn);
-    if (hook != nullptr) x = Apply(hook, p + "post_attn", x);
+    if (hook != nullptr) x = ApplyHook(hook, p + "post_attn", x);
     torch::Tensor m = AddBias(Linear(LayerNorm(x, b.ln2_w, b.ln2_b), b.w1), b.b1);
     m = cfg_.gelu ? torch::gelu(m, "tanh") : torch::silu(m);
     x = x + AddBias(Linear(m, b.w2), b.b2);
-    if (hook != nullptr) x = Apply(hook, p + "post_mlp", x);
+    if (hook != nullptr) x = ApplyHook(hook, p + "post_mlp", x);
     if (upto >= 0 && l == upto) return x;
   }
   if (cfg_.final_ln) x = LayerNorm(x, lnf_w_, lnf_b_);
   torch::Tensor logits = Linear(x, head_w_);
   if (head_b_.defined()) logits = AddBias(logits, head_b_);
-  return Apply(hook, "logits", logits);
+  return ApplyHook(hook, "logits", logits);
 }
 
 }  // namespace circuitlab::engine

@@ -28,6 +28,7 @@
 
 #include "absl/status/statusor.h"
 #include "circuitlab/v1/spec.pb.h"
+#include "server/engine/models/hooks.h"
 
 namespace circuitlab::engine {
 
@@ -42,8 +43,6 @@ struct DecoderConfig {
 };
 
 DecoderConfig DecoderConfigOf(const v1::ExperimentSpec& resolved);
-
-using HookFn = std::function<torch::Tensor(const std::string& point, const torch::Tensor& value)>;
 
 // A parsed hook name.
 struct HookPoint {

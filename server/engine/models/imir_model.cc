@@ -225,10 +225,10 @@ torch::Tensor ImirModel::Embed(const torch::Tensor& tokens, const torch::Tensor&
 }
 
 torch::Tensor ImirModel::Forward(const torch::Tensor& tokens, const torch::Tensor& pids, bool all_positions,
-                                std::vector<torch::Tensor>* attention) const {
+                                std::vector<torch::Tensor>* attention, const HookFn* hook) const {
   TORCH_CHECK(tokens.size(0) == ensemble_, "batch has ", tokens.size(0), " ensemble members, the model ", ensemble_);
-  if (!coordinate_model()) return DenseForward(tokens, pids, all_positions, kq_, readout_, attention);
-  if (sparse_ && attention == nullptr) return SparseForward(tokens, pids, all_positions);
+  if (!coordinate_model()) return DenseForward(tokens, pids, all_positions, kq_, readout_, attention, hook);
+  if (sparse_ && attention == nullptr && hook == nullptr) return SparseForward(tokens, pids, all_positions);
   // Most block pairs carry a coordinate: a few large matmuls on the
   // materialised matrices beat many small ones.
   const torch::Tensor values = ScaledValues();
@@ -239,34 +239,48 @@ torch::Tensor ImirModel::Forward(const torch::Tensor& tokens, const torch::Tenso
   }
   const torch::Tensor readout =
       values.index_select(1, readout_gather_).view({ensemble_, cfg_.vocab, width(cfg_.layers)});
-  return DenseForward(tokens, pids, all_positions, kq, readout, attention);
+  return DenseForward(tokens, pids, all_positions, kq, readout, attention, hook);
 }
 
 torch::Tensor ImirModel::DenseForward(const torch::Tensor& tokens, const torch::Tensor& pids, bool all_positions,
                                       const std::vector<torch::Tensor>& kq_w, const torch::Tensor& readout_w,
-                                      std::vector<torch::Tensor>* attention) const {
+                                      std::vector<torch::Tensor>* attention, const HookFn* hook) const {
   if (attention != nullptr) attention->clear();
   const int64_t E = tokens.size(0), B = tokens.size(1), T = tokens.size(2), H = cfg_.heads;
-  torch::Tensor x = Embed(tokens, pids);  // [E, B, T, d]
+  torch::Tensor x = ApplyHook(hook, "embed", Embed(tokens, pids));  // [E, B, T, d]
   const torch::Tensor causal =
       torch::ones({T, T}, torch::TensorOptions().dtype(torch::kBool).device(device_)).triu(1);
-  const int64_t full_layers = all_positions ? cfg_.layers : cfg_.layers - 1;
+  // Hooks see every position of every layer (a hook at the last layer's
+  // keys changes nothing at the query otherwise).
+  const bool every = all_positions || hook != nullptr;
+  const int64_t full_layers = every ? cfg_.layers : cfg_.layers - 1;
 
   for (int64_t l = 0; l < full_layers; ++l) {
     const int64_t d = x.size(-1);
+    const std::string p = "L" + std::to_string(l + 1) + ".";
     // Queries for every head: [E, H, B*T, d] -> [E, H, B, T, d].
     torch::Tensor q = torch::matmul(x.reshape({E, 1, B * T, d}), kq_w[l]).view({E, H, B, T, d});
     torch::Tensor xt = x.unsqueeze(1);                                   // [E, 1, B, T, d]
     torch::Tensor scores = torch::matmul(q, xt.transpose(-1, -2));       // [E, H, B, T, T]
     scores = scores.masked_fill(causal, -std::numeric_limits<float>::infinity());
-    const torch::Tensor a = torch::softmax(scores, -1);
+    torch::Tensor a = torch::softmax(scores, -1);
+    if (hook != nullptr) a = ApplyHook(hook, p + "attn", a);
     if (attention != nullptr) attention->push_back(a.select(3, T - 1));  // [E, H, B, T]
     torch::Tensor y = torch::matmul(a, xt);                              // [E, H, B, T, d]
+    if (hook != nullptr) {
+      std::vector<torch::Tensor> heads;
+      for (int64_t h = 0; h < H; ++h) heads.push_back(ApplyHook(hook, p + "H" + std::to_string(h + 1) + ".out", y.select(1, h)));
+      y = torch::stack(heads, 1);
+    }
     y = y.permute({0, 2, 3, 1, 4}).reshape({E, B, T, H * d});
     x = torch::cat({x, y}, -1);
+    if (hook != nullptr) x = ApplyHook(hook, p + "resid", x);
   }
-  if (all_positions) {
-    return torch::matmul(x.reshape({E, B * T, x.size(-1)}), readout_w.transpose(1, 2)).view({E, B, T, cfg_.vocab});
+  if (every) {
+    torch::Tensor logits =
+        torch::matmul(x.reshape({E, B * T, x.size(-1)}), readout_w.transpose(1, 2)).view({E, B, T, cfg_.vocab});
+    logits = ApplyHook(hook, "logits", logits);
+    return all_positions ? logits : logits.select(2, T - 1);
   }
 
   // Last layer: only the query (last position) is read out, so only its

@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "server/engine/manifold/basis.h"
+#include "server/engine/models/hooks.h"
 
 namespace circuitlab::engine {
 
@@ -84,9 +85,16 @@ class ImirModel {
   // position, or [E, B, T, V] at every position when all_positions is set.
   // With `attention`, also the last position's attention row of every layer
   // (the hook L{l}.attn at the query): attention[l] is [E, H, B, T] (the
-  // dense forward runs).
+  // dense forward runs). `hook`, when given, is called at every hook point
+  // in forward order (the dense forward runs, every layer at every
+  // position), layers and heads from 1 as in the coordinate labels:
+  //   embed          [E, B, T, d0]       X_0
+  //   L{l}.attn      [E, H, B, T, T]     attention probabilities
+  //   L{l}.H{h}.out  [E, B, T, d_{l-1}]  Y_h, what head h copies
+  //   L{l}.resid     [E, B, T, d_l]      X_l, every block
+  //   logits         [E, B, T, V]
   torch::Tensor Forward(const torch::Tensor& tokens, const torch::Tensor& pids, bool all_positions = false,
-                        std::vector<torch::Tensor>* attention = nullptr) const;
+                        std::vector<torch::Tensor>* attention = nullptr, const HookFn* hook = nullptr) const;
 
   // The dense matrices: kq(l): [E, H, d_l, d_l] with d_l = (H+1)^l d0;
   // readout: [E, V, d_L]. FULL: the parameters themselves (writable views);
@@ -119,7 +127,7 @@ class ImirModel {
   torch::Tensor Embed(const torch::Tensor& tokens, const torch::Tensor& pids) const;
   torch::Tensor DenseForward(const torch::Tensor& tokens, const torch::Tensor& pids, bool all_positions,
                              const std::vector<torch::Tensor>& kq, const torch::Tensor& readout,
-                             std::vector<torch::Tensor>* attention = nullptr) const;
+                             std::vector<torch::Tensor>* attention = nullptr, const HookFn* hook = nullptr) const;
   torch::Tensor SparseForward(const torch::Tensor& tokens, const torch::Tensor& pids, bool all_positions) const;
   torch::Tensor ScaledValues() const;  // [E, K + 1]: s_i c_i, then a zero
   void PlanCoordinates();

@@ -1,0 +1,145 @@
+#include "server/engine/analysis/activation_ops.h"
+
+#include <cmath>
+
+#include "server/engine/train/trainer_base.h"
+
+namespace circuitlab::engine {
+namespace {
+
+using Kind = InterventionOp::Kind;
+
+// Broadcast shape of a mask over `axis` of a tensor with `dims` dimensions.
+std::vector<int64_t> Along(int64_t dims, int64_t axis, int64_t size) {
+  std::vector<int64_t> shape(static_cast<size_t>(dims), 1);
+  shape[static_cast<size_t>(axis)] = size;
+  return shape;
+}
+
+torch::Tensor ApplyOne(const PreparedOp& p, const torch::Tensor& v, int64_t begin) {
+  const int64_t b = v.size(p.geo.batch_axis), ax = p.geo.batch_axis - 1;  // the axis in ref (no ensemble axis)
+  torch::Tensor mean = p.mean.defined() ? p.mean.unsqueeze(ax).unsqueeze(0).to(v.scalar_type()) : torch::Tensor();
+  torch::Tensor out;
+  switch (p.op->kind) {
+    case Kind::kActZero: out = torch::zeros_like(v); break;
+    case Kind::kActMean: out = mean.expand_as(v); break;
+    case Kind::kActResample:
+      out = p.ref.index_select(ax, p.perm.narrow(0, begin, b)).unsqueeze(0).to(v.scalar_type());
+      break;
+    case Kind::kActPatch: out = p.ref.narrow(ax, begin, b).unsqueeze(0).to(v.scalar_type()); break;
+    case Kind::kActAdd: out = v + p.scale * p.vec.to(v.scalar_type()); break;
+    case Kind::kActProjectOut:
+    case Kind::kActProjectOnto: {
+      torch::Tensor mu = mean.defined() ? mean : torch::zeros_like(v);
+      torch::Tensor U = p.basis.to(v.scalar_type());
+      torch::Tensor inside = torch::matmul(torch::matmul(v - mu, U), U.t());
+      out = p.op->kind == Kind::kActProjectOut ? v - p.scale * inside : mu + inside;
+      break;
+    }
+    default: return v;
+  }
+  torch::Tensor mask = p.rows.to(v.device()).view(Along(v.dim(), p.geo.pos_axis, p.rows.size(0)));
+  if (p.heads.defined()) mask = mask & p.heads.to(v.device()).view(Along(v.dim(), p.geo.head_axis, p.heads.size(0)));
+  return torch::where(mask, out, v);
+}
+
+}  // namespace
+
+bool NeedsReference(const PreparedOp& p) {
+  const Kind k = p.op->kind;
+  return k == Kind::kActMean || k == Kind::kActResample || k == Kind::kActPatch ||
+         ((k == Kind::kActProjectOut || k == Kind::kActProjectOnto) && p.op->centre);
+}
+
+absl::StatusOr<PreparedOp> PrepareActivationOp(const InterventionOp& op, const std::string& field,
+                                               const HookGeometry& geo, int64_t T) {
+  PreparedOp p;
+  p.op = &op;
+  p.field = field;
+  p.geo = geo;
+  const Kind k = op.kind;
+  if (geo.pattern && (k == Kind::kActAdd || k == Kind::kActProjectOut || k == Kind::kActProjectOnto)) {
+    return absl::InvalidArgumentError(field + ": attention patterns take OP_ZERO, OP_MEAN, OP_RESAMPLE or "
+                                      "OP_PATCH only");
+  }
+  if (geo.head_axis >= 0) {
+    if (op.head < 0 || op.head > geo.heads) {
+      return absl::InvalidArgumentError(field + ".head must be in [0, " + std::to_string(geo.heads) +
+                                        "] (0 = every head), got " + std::to_string(op.head));
+    }
+    if (op.head > 0) p.heads = torch::arange(geo.heads) == (op.head - 1);
+  } else if (op.head != 0) {
+    return absl::InvalidArgumentError(field + ".head applies to points with a head axis only (hook " + geo.name +
+                                      " has none)");
+  }
+  p.rows = torch::zeros({T}, torch::kBool);
+  if (op.positions.empty()) p.rows.fill_(true);
+  for (int64_t pos : op.positions) {
+    if (pos < 0 || pos >= T) {
+      return absl::InvalidArgumentError(field + ".positions must be in [0, " + std::to_string(T - 1) + "], got " +
+                                        std::to_string(pos));
+    }
+    p.rows[pos] = true;
+  }
+  for (size_t v = 0; v < op.vectors.size(); ++v) {
+    if (static_cast<int64_t>(op.vectors[v].size()) != geo.width) {
+      return absl::InvalidArgumentError(field + ".vectors[" + std::to_string(v) + "] has " +
+                                        std::to_string(op.vectors[v].size()) + " values; hook " + geo.name +
+                                        " has width " + std::to_string(geo.width));
+    }
+    for (double x : op.vectors[v]) {
+      if (!std::isfinite(x)) return absl::InvalidArgumentError(field + ".vectors must be finite");
+    }
+  }
+  p.scale = op.scale == 0 ? 1.0 : op.scale;
+  if (k == Kind::kActAdd) {
+    if (op.vectors.size() != 1) return absl::InvalidArgumentError(field + ": OP_ADD takes exactly one vector");
+    p.vec = torch::tensor(op.vectors[0], torch::kDouble);
+  }
+  if (k == Kind::kActProjectOut || k == Kind::kActProjectOnto) {
+    if (op.vectors.empty()) return absl::InvalidArgumentError(field + ": projections need at least one vector");
+    std::vector<torch::Tensor> cols;
+    for (const auto& v : op.vectors) cols.push_back(torch::tensor(v, torch::kDouble));
+    auto [U, S, Vh] = torch::linalg_svd(torch::stack(cols, 1), false);
+    const double top = S.max().item<double>();
+    if (!(top > 0)) return absl::InvalidArgumentError(field + ".vectors span nothing (all zero)");
+    p.basis = U.narrow(1, 0, (S > 1e-6 * top).sum().item<int64_t>());
+  }
+  return p;
+}
+
+absl::Status CaptureReference(PreparedOp& p, int64_t n, int64_t chunk, int64_t T, uint64_t perm_seed,
+                              const std::function<void(int64_t, int64_t, const HookFn&)>& forward) {
+  std::vector<torch::Tensor> parts;
+  HookFn capture = [&](const std::string& point, const torch::Tensor& v) -> torch::Tensor {
+    if (point == p.geo.name) parts.push_back(v.squeeze(0).cpu());
+    return {};
+  };
+  for (int64_t b = 0; b < n; b += chunk) forward(b, std::min(chunk, n - b), capture);
+  const int64_t ax = p.geo.batch_axis - 1;
+  p.ref = torch::cat(parts, ax);
+  if (p.ref.size(p.geo.pos_axis - 1) != T) {
+    return absl::InvalidArgumentError(p.field + ".reference_set has sequences of " +
+                                      std::to_string(p.ref.size(p.geo.pos_axis - 1)) +
+                                      " positions; the evaluated set has " + std::to_string(T));
+  }
+  p.mean = p.ref.mean(ax);
+  torch::Generator gen = MakeGenerator(perm_seed);
+  p.perm = torch::randperm(n, gen, torch::kLong);
+  return absl::OkStatus();
+}
+
+HookFn EditHook(const std::vector<PreparedOp>& ops, int64_t begin) {
+  return [&ops, begin](const std::string& point, const torch::Tensor& v) -> torch::Tensor {
+    torch::Tensor x = v;
+    bool changed = false;
+    for (const PreparedOp& p : ops) {
+      if (p.geo.name != point) continue;
+      x = ApplyOne(p, x, begin);
+      changed = true;
+    }
+    return changed ? x : torch::Tensor();
+  };
+}
+
+}  // namespace circuitlab::engine

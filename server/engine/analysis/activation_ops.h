@@ -1,0 +1,66 @@
+// The hook-point operations of SCIENCE.md D.6 (zero, mean, resample,
+// project-out / project-onto, add, patch), independent of the model: a
+// model describes the tensor at each of its hook points (HookGeometry) and
+// runs its forward with the hook EditHook returns. Used by Intervene on the
+// decoder (B.2) and the IMIR block model (B.1). Engine-private (LibTorch).
+#pragma once
+
+#include <torch/torch.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "server/engine/engine.h"
+#include "server/engine/models/hooks.h"
+
+namespace circuitlab::engine {
+
+// The axes of the tensor a hook point sees (the ensemble axis is 0).
+struct HookGeometry {
+  std::string name;
+  int64_t batch_axis = 1;
+  int64_t pos_axis = 2;   // what `positions` select (the query rows of a pattern)
+  int64_t head_axis = -1;  // what `head` selects; -1: the point has no head axis
+  int64_t heads = 0;
+  int64_t width = 0;       // the last axis, which vectors must match
+  bool pattern = false;    // attention probabilities: zero, mean, resample and patch only
+};
+
+struct PreparedOp {
+  const InterventionOp* op = nullptr;
+  std::string field;  // "interventions[i]"
+  HookGeometry geo;
+  torch::Tensor rows;   // bool [T]
+  torch::Tensor heads;  // bool [heads], or undefined (every head)
+  torch::Tensor basis;  // projections: orthonormal columns [width, r]
+  torch::Tensor vec;    // add: [width]
+  double scale = 1;
+  // Per evaluated set: the reference activations (ensemble axis dropped),
+  // their mean over the reference sequences, the resampling permutation.
+  torch::Tensor ref, mean, perm;
+};
+
+// Validates `op` (positions in [0, T), head in [0, heads], vectors of the
+// point's width and finite, the ops a pattern takes) against the point;
+// InvalidArgument naming `field`.
+absl::StatusOr<PreparedOp> PrepareActivationOp(const InterventionOp& op, const std::string& field,
+                                               const HookGeometry& geo, int64_t T);
+
+// Whether the op reads reference activations (mean, resample, patch,
+// centred projections).
+bool NeedsReference(const PreparedOp& p);
+
+// Runs `forward(begin, count, hook)` over n reference sequences in chunks of
+// `chunk`, keeps the activations at the op's point and draws the
+// resampling permutation from `perm_seed`. InvalidArgument when the
+// reference's positions differ from the evaluated sequences' (`T`).
+absl::Status CaptureReference(PreparedOp& p, int64_t n, int64_t chunk, int64_t T, uint64_t perm_seed,
+                              const std::function<void(int64_t, int64_t, const HookFn&)>& forward);
+
+// The hook applying every op (in order) to the chunk of evaluated sequences
+// starting at `begin`; only the selected rows and heads change.
+HookFn EditHook(const std::vector<PreparedOp>& ops, int64_t begin);
+
+}  // namespace circuitlab::engine
