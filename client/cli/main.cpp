@@ -1006,6 +1006,7 @@ int main(int argc, char** argv) {
       std::printf("%-12s %9.4f %9.4f %9.4f %9.4f %9.4f", e.eval_set().c_str(), e.accuracy_clean(), e.accuracy(),
                   e.loss_clean(), e.loss(), e.kl_clean());
       if (e.has_logit_diff()) std::printf(" %8.3f -> %7.3f", e.logit_diff_clean(), e.logit_diff());
+      if (e.has_kl_ref()) std::printf("  KL(.||%s) %.4f -> %.4f", e.ref_name().c_str(), e.kl_ref_clean(), e.kl_ref());
       std::printf("\n");
     }
     return 0;

@@ -220,6 +220,10 @@ struct EffectReport {
   double loss_clean = 0, loss = 0, accuracy_clean = 0, accuracy = 0, kl_clean = 0;
   bool has_logit_diff = false;
   double logit_diff_clean = 0, logit_diff = 0;
+  // KL(p || q) against the set's reference law q (ref_name), clean and intervened.
+  bool has_kl_ref = false;
+  std::string ref_name;
+  double kl_ref_clean = 0, kl_ref = 0;
 };
 
 struct InterveneReport {

@@ -679,6 +679,10 @@ absl::StatusOr<v1::InterveneResponse> AnalysisCore::Intervene(const v1::Interven
     o->set_logit_diff_clean(e.logit_diff_clean);
     o->set_logit_diff(e.logit_diff);
     o->set_alt_name(e.alt_name);
+    o->set_has_kl_ref(e.has_kl_ref);
+    o->set_ref_name(e.ref_name);
+    o->set_kl_ref_clean(e.kl_ref_clean);
+    o->set_kl_ref(e.kl_ref);
   }
   for (const engine::InterveneReport::Edited& e : r.edited) {
     FillCoordinate(ToCoordinateRow(e.def), e.after, resp.add_edited());

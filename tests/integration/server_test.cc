@@ -1076,6 +1076,8 @@ TEST(IntegrationTest, TaskVectorsOfARunItsTrainingAndASweep) {
   ASSERT_EQ(patched->effects_size(), 1);
   EXPECT_GT(patched->effects(0).kl_clean(), 0.0);
   EXPECT_GT(patched->effects(0).loss(), patched->effects(0).loss_clean());
+  EXPECT_TRUE(patched->effects(0).has_kl_ref());
+  EXPECT_EQ(patched->effects(0).ref_name(), "bayes");
   op->set_hook("L9.post_attn");
   EXPECT_EQ(c.Intervene(patch).status().code(), absl::StatusCode::kInvalidArgument);
   op->set_hook("L1.post_attn");

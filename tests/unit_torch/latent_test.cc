@@ -292,6 +292,14 @@ TEST(DecoderInterventionTest, HookOpsDoWhatTheySay) {
   ASSERT_TRUE(kept.ok());
   EXPECT_NEAR(kept->effects[0].kl_clean, 0.0, 1e-9);
   EXPECT_NEAR(kept->effects[0].loss, kept->effects[0].loss_clean, 1e-6);
+  // kl_ref: against the exact Bayes predictor on id, extrapolation elsewhere;
+  // a no-op edit leaves it, zeroing the stream moves the model away from it.
+  EXPECT_TRUE(kept->effects[0].has_kl_ref);
+  EXPECT_EQ(kept->effects[0].ref_name, "bayes");
+  EXPECT_EQ(kept->effects[1].ref_name, "extrapolation");
+  EXPECT_NEAR(kept->effects[0].kl_ref, kept->effects[0].kl_ref_clean, 1e-9);
+  EXPECT_GT(kept->effects[0].kl_ref_clean, 0.0);
+  EXPECT_GT(zero->effects[0].kl_ref, zero->effects[0].kl_ref_clean);
   // Causality: editing the last position (which predicts nothing) changes
   // no scored prediction; editing position 5 changes them.
   InterventionOp late = Act(K::kActAdd, "L0.post_attn");

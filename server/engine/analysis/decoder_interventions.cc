@@ -9,6 +9,8 @@ namespace circuitlab::engine {
 namespace {
 
 constexpr int64_t kChunk = 256;
+// Sequences per chunk of the reference law (the known-pool posterior is [chunk, T, tasks]).
+constexpr int64_t kBayesChunk = 64;
 
 // The tensor at a decoder hook point (see decoder_model.h).
 HookGeometry GeometryOf(const HookPoint& hp, const std::string& name, const DecoderConfig& cfg) {
@@ -100,7 +102,8 @@ absl::StatusOr<InterveneReport> InterveneDecoder(const DecoderModel& model, cons
           [&](int64_t b, int64_t count, const HookFn& hook) { model.Forward(ref.narrow(0, b, count).unsqueeze(0), &hook); });
       if (!s.ok()) return s;
     }
-    double loss_clean = 0, loss = 0, acc_clean = 0, acc = 0, kl = 0;
+    double loss_clean = 0, loss = 0, acc_clean = 0, acc = 0, kl = 0, kl_ref_clean = 0, kl_ref = 0;
+    const bool major = sets[static_cast<size_t>(si)].second == LatentPool::kMajor;
     for (int64_t b = 0; b < n; b += kChunk) {
       const int64_t count = std::min(kChunk, n - b);
       torch::Tensor chunk = tokens.narrow(0, b, count).unsqueeze(0);
@@ -114,6 +117,21 @@ absl::StatusOr<InterveneReport> InterveneDecoder(const DecoderModel& model, cons
       torch::Tensor lc = torch::log_softmax(clean.narrow(2, 0, T - 1).to(torch::kDouble), -1);
       torch::Tensor le = torch::log_softmax(edited.narrow(2, 0, T - 1).to(torch::kDouble), -1);
       kl += (lc.exp() * (lc - le)).sum(-1).mean(2).sum().item<double>();
+      if (task.has_bayes()) {
+        // The reference law in chunks of kBayesChunk ([chunk, T, tasks] for the known pool).
+        for (int64_t q0 = 0; q0 < count; q0 += kBayesChunk) {
+          const int64_t qn = std::min(kBayesChunk, count - q0);
+          torch::Tensor seqs = tokens.narrow(0, b + q0, qn);
+          torch::Tensor q = (major ? task.KnownPool(seqs).probs : task.Extrapolation(seqs)).narrow(1, 0, T - 1);
+          torch::Tensor logq = q.clamp_min(1e-300).log();
+          auto kl_to_q = [&](const torch::Tensor& lp) {
+            torch::Tensor l = lp.squeeze(0).narrow(0, q0, qn);
+            return (l.exp() * (l - logq)).sum(-1).mean(1).sum().item<double>();
+          };
+          kl_ref_clean += kl_to_q(lc);
+          kl_ref += kl_to_q(le);
+        }
+      }
     }
     EffectReport e;
     e.eval_set = sets[static_cast<size_t>(si)].first;
@@ -123,6 +141,12 @@ absl::StatusOr<InterveneReport> InterveneDecoder(const DecoderModel& model, cons
     e.accuracy_clean = acc_clean / dn;
     e.accuracy = acc / dn;
     e.kl_clean = kl / dn;
+    if (task.has_bayes()) {
+      e.has_kl_ref = true;
+      e.ref_name = major ? "bayes" : "extrapolation";
+      e.kl_ref_clean = kl_ref_clean / dn;
+      e.kl_ref = kl_ref / dn;
+    }
     report.effects.push_back(e);
   }
   return report;
