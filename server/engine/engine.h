@@ -190,7 +190,7 @@ struct DetectReport {
 struct InterventionOp {
   enum class Kind {
     kZero, kScale, kSet, kAblateHead, kSwap, kKeepOnly,
-    kActZero, kActMean, kActResample, kActProjectOut, kActProjectOnto, kActAdd, kActPatch
+    kActZero, kActMean, kActResample, kActProjectOut, kActProjectOnto, kActAdd, kActPatch, kActReplaceConvex
   } kind = Kind::kZero;
   bool activation() const { return kind >= Kind::kActZero; }
   std::vector<std::string> coordinates;  // labels or canonical names
@@ -205,6 +205,10 @@ struct InterventionOp {
   std::vector<std::vector<double>> vectors;
   std::string reference_set;
   bool centre = false;
+  // kActReplaceConvex: lambda (empty: Dirichlet(value) per sequence) and
+  // "true_task" or "projection".
+  std::vector<double> weights;
+  std::string subtract;
 };
 
 struct InterveneRequest {

@@ -591,12 +591,12 @@ absl::StatusOr<v1::InterveneResponse> AnalysisCore::Intervene(const v1::Interven
         std::abs(op.value) > 1e6) {
       return absl::InvalidArgumentError(field + ": scale and value must be finite and in [-1e6, 1e6]");
     }
-    const bool activation = in->op() >= v1::Intervention::OP_ZERO && in->op() <= v1::Intervention::OP_PATCH;
+    const bool activation = in->op() >= v1::Intervention::OP_ZERO && in->op() <= v1::Intervention::OP_REPLACE_CONVEX;
     if (decoder && !activation && v1::Intervention::Op_IsValid(in->op()) &&
         in->op() != v1::Intervention::OP_UNSPECIFIED) {
       return absl::FailedPreconditionError(field + ": " + v1::Intervention::Op_Name(in->op()) +
                                            " edits IMIR weights; this decoder run takes the hook-point ops "
-                                           "OP_ZERO .. OP_PATCH");
+                                           "OP_ZERO .. OP_REPLACE_CONVEX");
     }
     if (activation) {
       op.hook = in->hook();
@@ -604,6 +604,14 @@ absl::StatusOr<v1::InterveneResponse> AnalysisCore::Intervene(const v1::Interven
       op.positions.assign(in->positions().begin(), in->positions().end());
       op.reference_set = in->reference_set();
       op.centre = in->centre();
+      if (in->weights_size() > 16) return absl::InvalidArgumentError(field + ".weights: at most 16 (one per major)");
+      for (double w : in->weights()) {
+        if (!std::isfinite(w) || w < 0) {
+          return absl::InvalidArgumentError(field + ".weights must be finite and non-negative");
+        }
+      }
+      op.weights.assign(in->weights().begin(), in->weights().end());
+      op.subtract = in->subtract();
       if (in->vectors_size() > 64 || in->positions_size() > 1024) {
         return absl::InvalidArgumentError(field + ": at most 64 vectors and 1024 positions");
       }
@@ -631,6 +639,7 @@ absl::StatusOr<v1::InterveneResponse> AnalysisCore::Intervene(const v1::Interven
       case v1::Intervention::OP_PROJECT_ONTO: op.kind = engine::InterventionOp::Kind::kActProjectOnto; break;
       case v1::Intervention::OP_ADD: op.kind = engine::InterventionOp::Kind::kActAdd; break;
       case v1::Intervention::OP_PATCH: op.kind = engine::InterventionOp::Kind::kActPatch; break;
+      case v1::Intervention::OP_REPLACE_CONVEX: op.kind = engine::InterventionOp::Kind::kActReplaceConvex; break;
       case v1::Intervention::OP_ZERO_COORDINATE: op.kind = engine::InterventionOp::Kind::kZero; break;
       case v1::Intervention::OP_SCALE_COORDINATE: op.kind = engine::InterventionOp::Kind::kScale; break;
       case v1::Intervention::OP_SET_COORDINATE: op.kind = engine::InterventionOp::Kind::kSet; break;

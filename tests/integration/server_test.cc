@@ -764,6 +764,10 @@ TEST(IntegrationTest, DetectInterveneAndLabelAgreeOnACoordinateModel) {
   refused = c.Intervene(ireq);
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(refused.status().message().find("has width"), std::string::npos) << refused.status();
+  bad_hook.clear_vectors();
+  bad_hook.set_op(v1::Intervention::OP_REPLACE_CONVEX);  // an IMIR run has no task vectors
+  *ireq.mutable_interventions(0) = bad_hook;
+  EXPECT_EQ(c.Intervene(ireq).status().code(), absl::StatusCode::kFailedPrecondition);
 
   v1::LabelRunRequest lreq;
   lreq.set_run_id("r1");
@@ -1078,6 +1082,30 @@ TEST(IntegrationTest, TaskVectorsOfARunItsTrainingAndASweep) {
   EXPECT_GT(patched->effects(0).loss(), patched->effects(0).loss_clean());
   EXPECT_TRUE(patched->effects(0).has_kl_ref());
   EXPECT_EQ(patched->effects(0).ref_name(), "bayes");
+  // Steering as an op (D.6 replace_convex): kl_ref against the mixture law.
+  v1::InterveneRequest steer = patch;
+  steer.clear_interventions();
+  v1::Intervention* convex = steer.add_interventions();
+  convex->set_op(v1::Intervention::OP_REPLACE_CONVEX);
+  convex->set_hook("L1.post_attn");
+  for (uint32_t p : {6u, 7u, 8u}) convex->add_positions(p);
+  for (double w : {0.2, 0.3, 0.5}) convex->add_weights(w);
+  auto steered = c.Intervene(steer);
+  ASSERT_TRUE(steered.ok()) << steered.status();
+  EXPECT_EQ(steered->effects(0).ref_name(), "mixture");
+  EXPECT_GT(steered->effects(0).kl_clean(), 0.0);
+  convex->add_weights(0.1);  // four weights for three majors
+  auto four = c.Intervene(steer);
+  EXPECT_EQ(four.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(four.status().message().find("one entry per major task (3)"), std::string::npos) << four.status();
+  convex->clear_weights();
+  steer.clear_eval_sets();
+  steer.add_eval_sets("ood");  // true_task needs the majors
+  EXPECT_EQ(c.Intervene(steer).status().code(), absl::StatusCode::kInvalidArgument);
+  convex->set_subtract("projection");
+  auto projected = c.Intervene(steer);
+  ASSERT_TRUE(projected.ok()) << projected.status();
+  EXPECT_EQ(projected->effects(0).eval_set(), "ood");
   op->set_hook("L9.post_attn");
   EXPECT_EQ(c.Intervene(patch).status().code(), absl::StatusCode::kInvalidArgument);
   op->set_hook("L1.post_attn");

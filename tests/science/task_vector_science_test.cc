@@ -9,6 +9,7 @@
 #include <map>
 #include <memory>
 
+#include "server/engine/analysis/decoder_interventions.h"
 #include "server/engine/analysis/task_vectors.h"
 #include "server/engine/train/latent_trainer.h"
 #include "tests/test_util/engine_util.h"
@@ -161,6 +162,35 @@ TEST(TaskVectorScienceTest, SteeringAlongTheSimplex) {
     EXPECT_LT(Row(*rep, "steering/kl_inj", 1), Row(*rep, "steering/kl_mode", 1));
   }
   EXPECT_GT(Row(control, "steering/ratio", 1), 0.5);  // an untrained model cannot be steered
+}
+
+// The same steering as a declarative Intervene op (D.6 replace_convex): the
+// whole window 16-31 edited in one pass, KL to q_lambda over those positions.
+TEST(TaskVectorScienceTest, ReplaceConvexInterveneSteers) {
+  const Fixture& f = GetFixture(-1, 32, 500);
+  for (const std::string subtract : {"true_task", "projection"}) {
+    InterventionOp op;
+    op.kind = InterventionOp::Kind::kActReplaceConvex;
+    op.hook = "L1.post_attn";
+    op.head = 0;
+    op.subtract = subtract;
+    for (int64_t p = 16; p <= 31; ++p) op.positions.push_back(p);
+    InterveneRequest req;
+    req.ops = {op};
+    req.eval_sets = {"id"};
+    req.n_eval = 1024;
+    auto trained = InterveneDecoder(f.trained->model(), f.trained->task(0), req);
+    auto untrained = InterveneDecoder(f.untrained->model(), f.untrained->task(0), req);
+    ASSERT_TRUE(trained.ok()) << trained.status();
+    ASSERT_TRUE(untrained.ok()) << untrained.status();
+    const EffectReport& e = trained->effects[0];
+    const EffectReport& u = untrained->effects[0];
+    std::cout << subtract << ": KL(model || q_lambda) over 16-31 clean " << e.kl_ref_clean << " -> steered "
+              << e.kl_ref << " (untrained " << u.kl_ref_clean << " -> " << u.kl_ref << ")\n";
+    EXPECT_EQ(e.ref_name, "mixture");
+    EXPECT_LE(e.kl_ref, 0.5 * e.kl_ref_clean);
+    EXPECT_GT(u.kl_ref, 0.5 * u.kl_ref_clean);
+  }
 }
 
 }  // namespace

@@ -28,6 +28,15 @@ torch::Tensor ApplyOne(const PreparedOp& p, const torch::Tensor& v, int64_t begi
       break;
     case Kind::kActPatch: out = p.ref.narrow(ax, begin, b).unsqueeze(0).to(v.scalar_type()); break;
     case Kind::kActAdd: out = v + p.scale * p.vec.to(v.scalar_type()); break;
+    case Kind::kActReplaceConvex:
+      if (p.delta.defined()) {
+        out = v + p.delta.narrow(0, begin, b).unsqueeze(0).to(v.scalar_type());
+      } else {
+        torch::Tensor P = p.projector.to(v.scalar_type());
+        torch::Tensor goal = p.target.narrow(0, begin, b).unsqueeze(1).unsqueeze(0).to(v.scalar_type());
+        out = v - torch::matmul(v - mean, P) + goal;
+      }
+      break;
     case Kind::kActProjectOut:
     case Kind::kActProjectOnto: {
       torch::Tensor mu = mean.defined() ? mean : torch::zeros_like(v);
@@ -47,7 +56,7 @@ torch::Tensor ApplyOne(const PreparedOp& p, const torch::Tensor& v, int64_t begi
 
 bool NeedsReference(const PreparedOp& p) {
   const Kind k = p.op->kind;
-  return k == Kind::kActMean || k == Kind::kActResample || k == Kind::kActPatch ||
+  return k == Kind::kActMean || k == Kind::kActResample || k == Kind::kActPatch || k == Kind::kActReplaceConvex ||
          ((k == Kind::kActProjectOut || k == Kind::kActProjectOnto) && p.op->centre);
 }
 
@@ -58,7 +67,8 @@ absl::StatusOr<PreparedOp> PrepareActivationOp(const InterventionOp& op, const s
   p.field = field;
   p.geo = geo;
   const Kind k = op.kind;
-  if (geo.pattern && (k == Kind::kActAdd || k == Kind::kActProjectOut || k == Kind::kActProjectOnto)) {
+  if (geo.pattern && (k == Kind::kActAdd || k == Kind::kActProjectOut || k == Kind::kActProjectOnto ||
+                      k == Kind::kActReplaceConvex)) {
     return absl::InvalidArgumentError(field + ": attention patterns take OP_ZERO, OP_MEAN, OP_RESAMPLE or "
                                       "OP_PATCH only");
   }

@@ -1,5 +1,6 @@
 // The hook-point operations of SCIENCE.md D.6 (zero, mean, resample,
-// project-out / project-onto, add, patch), independent of the model: a
+// project-out / project-onto, add, patch, and the replace-convex edit whose
+// task vectors the caller computes), independent of the model: a
 // model describes the tensor at each of its hook points (HookGeometry) and
 // runs its forward with the hook EditHook returns. Used by Intervene on the
 // decoder (B.2) and the IMIR block model (B.1). Engine-private (LibTorch).
@@ -40,6 +41,11 @@ struct PreparedOp {
   // Per evaluated set: the reference activations (ensemble axis dropped),
   // their mean over the reference sequences, the resampling permutation.
   torch::Tensor ref, mean, perm;
+  // Replace-convex (set by the model's caller, per evaluated set): a
+  // per-sequence addition delta [n, T, width] (true_task), or the projector
+  // P [width, width] with the per-sequence target [n, width] (projection;
+  // `mean` is then mu_p [T, width]).
+  torch::Tensor delta, projector, target;
 };
 
 // Validates `op` (positions in [0, T), head in [0, heads], vectors of the

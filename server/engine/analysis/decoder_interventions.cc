@@ -31,6 +31,33 @@ HookGeometry GeometryOf(const HookPoint& hp, const std::string& name, const Deco
   return g;
 }
 
+// Task vectors of a replace-convex op from its captured reference (the
+// majors' sequences, task b % K): theta_k(p) = mean_k(p) - mean over k; then
+// the per-sequence edit for `lambda` [n, K] (SCIENCE.md D.5.7).
+void PrepareConvex(PreparedOp& p, const LatentTaskGenerator& task, const torch::Tensor& lambda, int64_t n) {
+  const int64_t K = task.num_majors();
+  torch::Tensor ref = p.ref.to(torch::kDouble);  // [n, T, D]
+  torch::Tensor of = torch::arange(n, torch::kLong).remainder(K);
+  torch::Tensor sums = torch::zeros({K, ref.size(1), ref.size(2)}, torch::kDouble).index_add_(0, of, ref);
+  torch::Tensor counts = torch::zeros({K}, torch::kDouble).index_add_(0, of, torch::ones({n}, torch::kDouble));
+  torch::Tensor means = sums / counts.clamp_min(1).view({K, 1, 1});
+  torch::Tensor theta = means - means.mean(0);  // [K, T, D]
+  if (p.op->subtract == "projection") {
+    torch::Tensor rows = p.rows.nonzero().flatten();
+    torch::Tensor bar = theta.index_select(1, rows).mean(1);  // [K, D]
+    auto [U, S, Vh] = torch::linalg_svd(bar.t(), false);
+    const int64_t keep = std::max<int64_t>(1, (S > 1e-6 * S.max().item<double>()).sum().item<int64_t>());
+    torch::Tensor span = U.narrow(1, 0, keep);
+    p.projector = torch::matmul(span, span.t()).to(torch::kFloat);
+    p.target = torch::matmul(lambda, bar).to(torch::kFloat);  // [n, D]
+    p.delta = torch::Tensor();
+  } else {
+    torch::Tensor mix = torch::einsum("nk,ktd->ntd", {lambda, theta});
+    p.delta = (mix - theta.index_select(0, of)).to(torch::kFloat);  // the id set's sequence b has task b % K
+    p.projector = p.target = torch::Tensor();
+  }
+}
+
 }  // namespace
 
 absl::StatusOr<InterveneReport> InterveneDecoder(const DecoderModel& model, const LatentTaskGenerator& task,
@@ -51,12 +78,13 @@ absl::StatusOr<InterveneReport> InterveneDecoder(const DecoderModel& model, cons
 
   // ---- validate and prepare every op ----
   std::vector<PreparedOp> ops;
+  const InterventionOp* convex = nullptr;  // the (last) replace-convex op: its lambda defines kl_ref's law
   for (size_t i = 0; i < request.ops.size(); ++i) {
     const InterventionOp& op = request.ops[i];
     const std::string field = "interventions[" + std::to_string(i) + "]";
     if (!op.activation()) {
       return absl::FailedPreconditionError(field + ": coordinate and head-ablation ops edit IMIR weights; a "
-                                           "decoder run takes the hook-point ops OP_ZERO .. OP_PATCH");
+                                           "decoder run takes the hook-point ops OP_ZERO .. OP_REPLACE_CONVEX");
     }
     absl::StatusOr<HookPoint> hp = ParseHookPoint(op.hook, cfg.layers);
     if (!hp.ok()) return absl::InvalidArgumentError(field + ".hook: " + std::string(hp.status().message()));
@@ -65,6 +93,38 @@ absl::StatusOr<InterveneReport> InterveneDecoder(const DecoderModel& model, cons
     }
     absl::StatusOr<PreparedOp> p = PrepareActivationOp(op, field, GeometryOf(*hp, op.hook, cfg), T);
     if (!p.ok()) return p.status();
+    if (op.kind == InterventionOp::Kind::kActReplaceConvex) {
+      if (hp->kind == HookPoint::Kind::kHead) {
+        return absl::InvalidArgumentError(field + ": OP_REPLACE_CONVEX edits a stream point (embed, resid_pre, "
+                                          "post_attn, post_mlp), not attn.head");
+      }
+      if (!task.has_bayes()) {
+        return absl::FailedPreconditionError(field + ": OP_REPLACE_CONVEX needs a DICE or MARKOV task (its "
+                                             "mixture laws)");
+      }
+      if (!op.weights.empty() && static_cast<int64_t>(op.weights.size()) != task.num_majors()) {
+        return absl::InvalidArgumentError(field + ".weights must have one entry per major task (" +
+                                          std::to_string(task.num_majors()) + "), got " +
+                                          std::to_string(op.weights.size()));
+      }
+      double total = 0;
+      for (double w : op.weights) total += w;
+      if (!op.weights.empty() && !(total > 0)) {
+        return absl::InvalidArgumentError(field + ".weights must not all be zero");
+      }
+      if (op.weights.empty() && !(op.value >= 0 && op.value <= 100)) {
+        return absl::InvalidArgumentError(field + ".value (the Dirichlet concentration) must be in [0, 100] "
+                                          "(0 = 1), got " + std::to_string(op.value));
+      }
+      if (!op.subtract.empty() && op.subtract != "true_task" && op.subtract != "projection") {
+        return absl::InvalidArgumentError(field + ".subtract must be true_task or projection, got '" + op.subtract +
+                                          "'");
+      }
+      if (!op.reference_set.empty() && op.reference_set != "id") {
+        return absl::InvalidArgumentError(field + ".reference_set: the task vectors come from the majors (id)");
+      }
+      convex = &op;
+    }
     if (!op.reference_set.empty() && find_set(op.reference_set) < 0) {
       return absl::InvalidArgumentError(field + ".reference_set must be one of " + set_names + ", got '" +
                                         op.reference_set + "'");
@@ -80,6 +140,16 @@ absl::StatusOr<InterveneReport> InterveneDecoder(const DecoderModel& model, cons
   if (chosen.empty()) {
     for (size_t i = 0; i < sets.size(); ++i) chosen.push_back(static_cast<int>(i));
   }
+  for (const PreparedOp& p : ops) {
+    if (p.op->kind != InterventionOp::Kind::kActReplaceConvex || p.op->subtract == "projection") continue;
+    for (int i : chosen) {
+      if (sets[static_cast<size_t>(i)].second != LatentPool::kMajor) {
+        return absl::InvalidArgumentError(p.field + ": OP_REPLACE_CONVEX with subtract true_task needs eval_sets "
+                                          "[\"id\"] (the majors, whose true task is known); use subtract "
+                                          "projection for other sets");
+      }
+    }
+  }
 
   // Sequences of set i: evaluation and reference draws, fixed by the seed.
   const int64_t n = request.n_eval;
@@ -89,20 +159,44 @@ absl::StatusOr<InterveneReport> InterveneDecoder(const DecoderModel& model, cons
     return task.SamplePool(pool, torch::arange(n, torch::kLong).remainder(task.pool(pool).size(0)), gen).tokens;
   };
 
+  // lambda [n, K] of a replace-convex op on set si: its weights, or
+  // Dirichlet(value) per sequence.
+  auto lambda_of = [&](const InterventionOp& op, int si) {
+    const int64_t K = task.num_majors();
+    if (!op.weights.empty()) {
+      torch::Tensor w = torch::tensor(op.weights, torch::kDouble);
+      return (w / w.sum()).unsqueeze(0).expand({n, K}).contiguous();
+    }
+    torch::Generator gen = MakeGenerator(DeriveSeed63(request.seed, "intervene/convex", static_cast<uint64_t>(si)));
+    torch::Tensor g = at::_standard_gamma(torch::full({n, K}, op.value == 0 ? 1.0 : op.value, torch::kDouble), gen);
+    return g / g.sum(-1, true).clamp_min(1e-300);
+  };
+
   InterveneReport report;
   for (int si : chosen) {
     torch::Tensor tokens = draw(si, "intervene/eval");
     for (PreparedOp& p : ops) {
       p.ref = p.mean = p.perm = torch::Tensor();
       if (!NeedsReference(p)) continue;
-      const int ri = p.op->reference_set.empty() ? si : find_set(p.op->reference_set);
+      const bool steer = p.op->kind == InterventionOp::Kind::kActReplaceConvex;
+      const int ri = steer ? find_set("id") : p.op->reference_set.empty() ? si : find_set(p.op->reference_set);
       const torch::Tensor ref = draw(ri, "intervene/reference");
       absl::Status s = CaptureReference(
           p, n, kChunk, T, DeriveSeed63(request.seed, "intervene/resample", static_cast<uint64_t>(si)),
           [&](int64_t b, int64_t count, const HookFn& hook) { model.Forward(ref.narrow(0, b, count).unsqueeze(0), &hook); });
       if (!s.ok()) return s;
+      if (steer) PrepareConvex(p, task, lambda_of(*p.op, si), n);
     }
     double loss_clean = 0, loss = 0, acc_clean = 0, acc = 0, kl = 0, kl_ref_clean = 0, kl_ref = 0;
+    const torch::Tensor convex_lambda = convex != nullptr ? lambda_of(*convex, si) : torch::Tensor();
+    // kl_ref is averaged over every predicting position, or over the steered
+    // ones for a replace-convex op.
+    torch::Tensor ref_rows = torch::arange(T - 1, torch::kLong);
+    for (const PreparedOp& p : ops) {
+      if (p.op != convex) continue;
+      torch::Tensor r = p.rows.narrow(0, 0, T - 1).nonzero().flatten();
+      if (r.numel() > 0) ref_rows = r;
+    }
     const bool major = sets[static_cast<size_t>(si)].second == LatentPool::kMajor;
     for (int64_t b = 0; b < n; b += kChunk) {
       const int64_t count = std::min(kChunk, n - b);
@@ -122,11 +216,18 @@ absl::StatusOr<InterveneReport> InterveneDecoder(const DecoderModel& model, cons
         for (int64_t q0 = 0; q0 < count; q0 += kBayesChunk) {
           const int64_t qn = std::min(kBayesChunk, count - q0);
           torch::Tensor seqs = tokens.narrow(0, b + q0, qn);
-          torch::Tensor q = (major ? task.KnownPool(seqs).probs : task.Extrapolation(seqs)).narrow(1, 0, T - 1);
+          torch::Tensor q;
+          if (convex != nullptr) {  // the mixture law the steering aims at
+            torch::Tensor lam = convex_lambda.narrow(0, b + q0, qn).unsqueeze(1).expand({qn, T, task.num_majors()});
+            q = task.MixLaws(seqs, lam, task.pool(LatentPool::kMajor)).narrow(1, 0, T - 1);
+          } else {
+            q = (major ? task.KnownPool(seqs).probs : task.Extrapolation(seqs)).narrow(1, 0, T - 1);
+          }
           torch::Tensor logq = q.clamp_min(1e-300).log();
           auto kl_to_q = [&](const torch::Tensor& lp) {
             torch::Tensor l = lp.squeeze(0).narrow(0, q0, qn);
-            return (l.exp() * (l - logq)).sum(-1).mean(1).sum().item<double>();
+            torch::Tensor per = (l.exp() * (l - logq)).sum(-1);  // [qn, T-1]
+            return per.index_select(1, ref_rows).mean(1).sum().item<double>();
           };
           kl_ref_clean += kl_to_q(lc);
           kl_ref += kl_to_q(le);
@@ -143,7 +244,7 @@ absl::StatusOr<InterveneReport> InterveneDecoder(const DecoderModel& model, cons
     e.kl_clean = kl / dn;
     if (task.has_bayes()) {
       e.has_kl_ref = true;
-      e.ref_name = major ? "bayes" : "extrapolation";
+      e.ref_name = convex != nullptr ? "mixture" : major ? "bayes" : "extrapolation";
       e.kl_ref_clean = kl_ref_clean / dn;
       e.kl_ref = kl_ref / dn;
     }
