@@ -504,15 +504,15 @@ absl::StatusOr<InterveneReport> InterveneImpl(const v1::ExperimentSpec& spec, co
                                                                                                      : op.value;
         }
         break;
+      case InterventionOp::Kind::kActReplaceConvex:
+        return absl::FailedPreconditionError(field + ": OP_REPLACE_CONVEX steers a decoder run along its task "
+                                             "vectors; an IMIR run has none");
       case InterventionOp::Kind::kActZero:
       case InterventionOp::Kind::kActMean:
       case InterventionOp::Kind::kActResample:
       case InterventionOp::Kind::kActProjectOut:
       case InterventionOp::Kind::kActProjectOnto:
       case InterventionOp::Kind::kActAdd:
-      case InterventionOp::Kind::kActReplaceConvex:
-        return absl::FailedPreconditionError(field + ": OP_REPLACE_CONVEX steers a decoder run along its task "
-                                             "vectors; an IMIR run has none");
       case InterventionOp::Kind::kActPatch: {
         absl::StatusOr<HookGeometry> g = ImirHookGeometry(op.hook, o.layers, o.heads, o.task->vocab_size() +
                                                                                          o.task->num_positions());
