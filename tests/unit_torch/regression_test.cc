@@ -118,8 +118,18 @@ TEST(RegressionModelTest, MapstoLayoutAndCausality) {
   EXPECT_EQ(in[0][1][9][3].item<float>(), 0.0f);
   EXPECT_TRUE(torch::equal(in[0][1][10], model->parameters()[1][0]));  // the pad at 3*3 + 1
   EXPECT_EQ(in[0][1][11][3].item<float>(), y[0][1][3].item<float>());  // y_3 at 3*3 + 2
-  torch::Tensor out = model->Forward(in);
+  std::vector<std::string> seen;
+  HookFn watch = [&](const std::string& point, const torch::Tensor&) -> torch::Tensor {
+    seen.push_back(point);
+    return {};
+  };
+  torch::Tensor out = model->Forward(in, &watch);
   ASSERT_EQ(out.sizes(), (std::vector<int64_t>{1, 2, 24, 1}));
+  ASSERT_GE(seen.size(), 2u);  // B.3's final LayerNorm is a hook point before the output
+  EXPECT_EQ(seen[seen.size() - 2], "final_ln");
+  EXPECT_EQ(seen.back(), "logits");
+  EXPECT_TRUE(ParseHookPoint("final_ln", 2, /*final_ln=*/true).ok());
+  EXPECT_EQ(ParseHookPoint("final_ln", 2).status().code(), absl::StatusCode::kInvalidArgument);
   torch::Tensor a = DecoderModel::Predictions(out);
   ASSERT_EQ(a.sizes(), (std::vector<int64_t>{1, 2, 8}));
   // y_3 is not seen by its own prediction, only by the later ones.

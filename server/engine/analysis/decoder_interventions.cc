@@ -2,6 +2,7 @@
 
 #include "server/common/seeds.h"
 #include "server/engine/analysis/activation_ops.h"
+#include "server/engine/analysis/task_vectors.h"
 #include "server/engine/train/latent_trainer.h"
 #include "server/engine/train/trainer_base.h"
 
@@ -45,9 +46,7 @@ void PrepareConvex(PreparedOp& p, const LatentTaskGenerator& task, const torch::
   if (p.op->subtract == "projection") {
     torch::Tensor rows = p.rows.nonzero().flatten();
     torch::Tensor bar = theta.index_select(1, rows).mean(1);  // [K, D]
-    auto [U, S, Vh] = torch::linalg_svd(bar.t(), false);
-    const int64_t keep = std::max<int64_t>(1, (S > 1e-6 * S.max().item<double>()).sum().item<int64_t>());
-    torch::Tensor span = U.narrow(1, 0, keep);
+    torch::Tensor span = OrthonormalColumns(bar.t());
     p.projector = torch::matmul(span, span.t()).to(torch::kFloat);
     p.target = torch::matmul(lambda, bar).to(torch::kFloat);  // [n, D]
     p.delta = torch::Tensor();
@@ -65,16 +64,15 @@ absl::StatusOr<InterveneReport> InterveneDecoder(const DecoderModel& model, cons
   torch::NoGradGuard no_grad;
   const DecoderConfig& cfg = model.config();
   const int64_t T = task.seq_len();
-  std::vector<std::pair<std::string, LatentPool>> sets = {{"id", LatentPool::kMajor}, {"ood", LatentPool::kOod}};
-  if (task.num_minors() > 0) sets.emplace_back("minor", LatentPool::kMinor);
+  const std::vector<LatentEvalSetDef> sets = LatentEvalSets(task.num_minors() > 0);
   auto find_set = [&](const std::string& name) -> int {
     for (size_t i = 0; i < sets.size(); ++i) {
-      if (sets[i].first == name) return static_cast<int>(i);
+      if (sets[i].name == name) return static_cast<int>(i);
     }
     return -1;
   };
   std::string set_names;
-  for (const auto& s : sets) set_names += (set_names.empty() ? "" : ", ") + s.first;
+  for (const auto& s : sets) set_names += (set_names.empty() ? "" : ", ") + s.name;
 
   // ---- validate and prepare every op ----
   std::vector<PreparedOp> ops;
@@ -86,7 +84,7 @@ absl::StatusOr<InterveneReport> InterveneDecoder(const DecoderModel& model, cons
       return absl::FailedPreconditionError(field + ": coordinate and head-ablation ops edit IMIR weights; a "
                                            "decoder run takes the hook-point ops OP_ZERO .. OP_REPLACE_CONVEX");
     }
-    absl::StatusOr<HookPoint> hp = ParseHookPoint(op.hook, cfg.layers);
+    absl::StatusOr<HookPoint> hp = ParseHookPoint(op.hook, cfg.layers, cfg.final_ln);
     if (!hp.ok()) return absl::InvalidArgumentError(field + ".hook: " + std::string(hp.status().message()));
     if (hp->kind == HookPoint::Kind::kLogits) {
       return absl::InvalidArgumentError(field + ".hook: logits is read, not edited; edit an earlier point");
@@ -143,7 +141,7 @@ absl::StatusOr<InterveneReport> InterveneDecoder(const DecoderModel& model, cons
   for (const PreparedOp& p : ops) {
     if (p.op->kind != InterventionOp::Kind::kActReplaceConvex || p.op->subtract == "projection") continue;
     for (int i : chosen) {
-      if (sets[static_cast<size_t>(i)].second != LatentPool::kMajor) {
+      if (sets[static_cast<size_t>(i)].pool != LatentPool::kMajor) {
         return absl::InvalidArgumentError(p.field + ": OP_REPLACE_CONVEX with subtract true_task needs eval_sets "
                                           "[\"id\"] (the majors, whose true task is known); use subtract "
                                           "projection for other sets");
@@ -155,7 +153,7 @@ absl::StatusOr<InterveneReport> InterveneDecoder(const DecoderModel& model, cons
   const int64_t n = request.n_eval;
   auto draw = [&](int i, const char* purpose) {
     torch::Generator gen = MakeGenerator(DeriveSeed63(request.seed, purpose, static_cast<uint64_t>(i)));
-    const LatentPool pool = sets[static_cast<size_t>(i)].second;
+    const LatentPool pool = sets[static_cast<size_t>(i)].pool;
     return task.SamplePool(pool, torch::arange(n, torch::kLong).remainder(task.pool(pool).size(0)), gen).tokens;
   };
 
@@ -197,7 +195,7 @@ absl::StatusOr<InterveneReport> InterveneDecoder(const DecoderModel& model, cons
       torch::Tensor r = p.rows.narrow(0, 0, T - 1).nonzero().flatten();
       if (r.numel() > 0) ref_rows = r;
     }
-    const bool major = sets[static_cast<size_t>(si)].second == LatentPool::kMajor;
+    const bool major = sets[static_cast<size_t>(si)].pool == LatentPool::kMajor;
     for (int64_t b = 0; b < n; b += kChunk) {
       const int64_t count = std::min(kChunk, n - b);
       torch::Tensor chunk = tokens.narrow(0, b, count).unsqueeze(0);
@@ -235,7 +233,7 @@ absl::StatusOr<InterveneReport> InterveneDecoder(const DecoderModel& model, cons
       }
     }
     EffectReport e;
-    e.eval_set = sets[static_cast<size_t>(si)].first;
+    e.eval_set = sets[static_cast<size_t>(si)].name;
     const double dn = static_cast<double>(n);
     e.loss_clean = loss_clean / dn;
     e.loss = loss / dn;

@@ -48,12 +48,6 @@ double ResidualSS(const torch::Tensor& h, const torch::Tensor& X) {
   return (h - fit).pow(2).sum().item<double>();
 }
 
-torch::Tensor OrthonormalColumns(const torch::Tensor& m) {
-  auto [U, S, Vh] = torch::linalg_svd(m, /*full_matrices=*/false);
-  const double cut = 1e-6 * S.max().item<double>();
-  return U.narrow(1, 0, std::max<int64_t>(1, (S > cut).sum().item<int64_t>()));
-}
-
 }  // namespace
 
 std::vector<torch::Tensor> RegressionStates(const DecoderModel& model, const torch::Tensor& x, const torch::Tensor& y,
@@ -208,21 +202,12 @@ absl::StatusOr<TaskVectorReport> RunRegressionAnalyses(const DecoderModel& model
     std::vector<torch::Tensor> hm = RegressionStates(model, maj.x, maj.y, layers, r.hook);
     std::vector<torch::Tensor> ho = RegressionStates(model, ood.x, ood.y, layers, r.hook);
     for (size_t li = 0; li < layers.size(); ++li) {
-      torch::Tensor m = hm[li].view({K, S, n, -1}).mean(1);  // [K, n, D]
-      torch::Tensor o = ho[li].view({O, S, n, -1}).mean(1);  // [O, n, D]
-      torch::Tensor mu = m.mean(0);
-      torch::Tensor X = (m.select(1, last) - mu.select(0, last)).narrow(0, 0, K - 1).t();  // [D, K-1]
-      torch::Tensor P = torch::matmul(X, torch::linalg_pinv(X));
-      torch::Tensor yv = (o - mu).narrow(1, 0, std::max<int64_t>(1, last));  // points 0..n-2
-      torch::Tensor fit = torch::matmul(yv, P);
-      torch::Tensor resid = (yv - fit).pow(2).sum(-1);
-      torch::Tensor centred = (yv - yv.mean(-1, true)).pow(2).sum(-1);
-      torch::Tensor code = (1.0 - resid / centred.clamp_min(1e-300)).clamp(0.0, 1.0).mean(1);  // [O]
-      torch::Tensor norm = (fit.pow(2).sum(-1) / yv.pow(2).sum(-1).clamp_min(1e-300)).mean(1);
-      row("ood_r2/code", layers[li], -1, code.mean().item<double>());
-      row("ood_r2/norm", layers[li], -1, norm.mean().item<double>());
-      row("ood_r2/code_q25", layers[li], -1, torch::quantile(code, 0.25).item<double>());
-      row("ood_r2/code_q75", layers[li], -1, torch::quantile(code, 0.75).item<double>());
+      // Per-task means at every point; R^2 over points 0..n-2.
+      const OodR2 r2 = OodProjectionR2(hm[li].view({K, S, n, -1}).mean(1), ho[li].view({O, S, n, -1}).mean(1));
+      row("ood_r2/code", layers[li], -1, r2.code);
+      row("ood_r2/norm", layers[li], -1, r2.norm);
+      row("ood_r2/code_q25", layers[li], -1, r2.code_q25);
+      row("ood_r2/code_q75", layers[li], -1, r2.code_q75);
       if (!advance(static_cast<double>(li + 1) / static_cast<double>(layers.size()))) return stopped;
     }
     if (!next_stage()) return stopped;

@@ -91,14 +91,6 @@ torch::Tensor MeanCe(const DecoderModel& model, const torch::Tensor& tokens, con
   return total / static_cast<double>(N);
 }
 
-// Orthonormal columns spanning the columns of m [D, n] (singular values above
-// 1e-6 of the largest).
-torch::Tensor OrthonormalColumns(const torch::Tensor& m) {
-  auto [U, S, Vh] = torch::linalg_svd(m, /*full_matrices=*/false);
-  const double cut = 1e-6 * S.max().item<double>();
-  return U.narrow(1, 0, std::max<int64_t>(1, (S > cut).sum().item<int64_t>()));
-}
-
 // Held-out (last 20% of rows) R^2 of an OLS fit of y [N, m] on x [N, f]
 // with an intercept.
 double HeldOutR2(const torch::Tensor& x, const torch::Tensor& y) {
@@ -316,6 +308,29 @@ std::vector<torch::Tensor> HiddenStates(const DecoderModel& model, const torch::
   std::vector<torch::Tensor> out;
   for (auto& p : parts) out.push_back(torch::cat(p, 0));
   return out;
+}
+
+torch::Tensor OrthonormalColumns(const torch::Tensor& m) {
+  auto [U, S, Vh] = torch::linalg_svd(m, /*full_matrices=*/false);
+  const double cut = 1e-6 * S.max().item<double>();
+  return U.narrow(1, 0, std::max<int64_t>(1, (S > cut).sum().item<int64_t>()));
+}
+
+OodR2 OodProjectionR2(const torch::Tensor& m, const torch::Tensor& o) {
+  const int64_t K = m.size(0), last = m.size(1) - 1;
+  torch::Tensor mu = m.mean(0);                                        // [P, D]
+  torch::Tensor R = m.select(1, last) - mu.select(0, last);            // [K, D]
+  torch::Tensor X = R.narrow(0, 0, K - 1).t();                         // [D, K-1]
+  torch::Tensor P = torch::matmul(X, torch::linalg_pinv(X));           // [D, D]
+  // All positions but the last (D.5.8 block (0, -1)).
+  torch::Tensor y = (o - mu).narrow(1, 0, std::max<int64_t>(1, last));  // [O, P', D]
+  torch::Tensor fit = torch::matmul(y, P);                             // P symmetric
+  torch::Tensor resid = (y - fit).pow(2).sum(-1);
+  torch::Tensor centred = (y - y.mean(-1, true)).pow(2).sum(-1);
+  torch::Tensor code = (1.0 - resid / centred.clamp_min(1e-300)).clamp(0.0, 1.0).mean(1);  // [O]
+  torch::Tensor norm = (fit.pow(2).sum(-1) / y.pow(2).sum(-1).clamp_min(1e-300)).mean(1);
+  return {code.mean().item<double>(), norm.mean().item<double>(), torch::quantile(code, 0.25).item<double>(),
+          torch::quantile(code, 0.75).item<double>()};
 }
 
 CellStats TokenConditionedStats(const torch::Tensor& h) {
@@ -587,23 +602,12 @@ absl::StatusOr<TaskVectorReport> RunTaskVectorAnalyses(const DecoderModel& model
     std::vector<torch::Tensor> ho = HiddenStates(model, ood, layers, r.hook);
     for (size_t li = 0; li < layers.size(); ++li) {
       const int l = layers[li];
-      torch::Tensor m = hm[li].view({K, n, T, -1}).mean(1).narrow(1, 0, last + 1);  // [K, T-1, D]
-      torch::Tensor o = ho[li].view({O, n, T, -1}).mean(1).narrow(1, 0, last + 1);  // [O, T-1, D]
-      torch::Tensor mu = m.mean(0);                                                  // [T-1, D]
-      torch::Tensor R = m.select(1, last) - mu.select(0, last);                      // [K, D]
-      torch::Tensor X = R.narrow(0, 0, K - 1).t();                                   // [D, K-1]
-      torch::Tensor P = torch::matmul(X, torch::linalg_pinv(X));                     // [D, D]
-      // All positions but the last (D.5.8 block (0, -1)).
-      torch::Tensor y = (o - mu).narrow(1, 0, std::max<int64_t>(1, last));           // [O, T', D]
-      torch::Tensor fit = torch::matmul(y, P);                                       // P symmetric
-      torch::Tensor resid = (y - fit).pow(2).sum(-1);
-      torch::Tensor centred = (y - y.mean(-1, true)).pow(2).sum(-1);
-      torch::Tensor code = (1.0 - resid / centred.clamp_min(1e-300)).clamp(0.0, 1.0).mean(1);  // [O]
-      torch::Tensor norm = (fit.pow(2).sum(-1) / y.pow(2).sum(-1).clamp_min(1e-300)).mean(1);
-      row("ood_r2/code", l, -1, code.mean().item<double>());
-      row("ood_r2/norm", l, -1, norm.mean().item<double>());
-      row("ood_r2/code_q25", l, -1, torch::quantile(code, 0.25).item<double>());
-      row("ood_r2/code_q75", l, -1, torch::quantile(code, 0.75).item<double>());
+      const OodR2 r2 = OodProjectionR2(hm[li].view({K, n, T, -1}).mean(1).narrow(1, 0, last + 1),
+                                       ho[li].view({O, n, T, -1}).mean(1).narrow(1, 0, last + 1));
+      row("ood_r2/code", l, -1, r2.code);
+      row("ood_r2/norm", l, -1, r2.norm);
+      row("ood_r2/code_q25", l, -1, r2.code_q25);
+      row("ood_r2/code_q75", l, -1, r2.code_q75);
       if (!rep.At(static_cast<double>(li + 1) / static_cast<double>(layers.size()))) return Stopped();
     }
     if (!rep.NextStage()) return Stopped();

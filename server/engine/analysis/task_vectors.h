@@ -33,6 +33,20 @@ torch::Tensor AffineWeights(const torch::Tensor& y, const torch::Tensor& theta);
 std::vector<torch::Tensor> HiddenStates(const DecoderModel& model, const torch::Tensor& tokens,
                                         const std::vector<int>& layers, const std::string& kind, int64_t at = -1);
 
+// Orthonormal columns spanning the columns of m [D, n] (singular values above
+// 1e-6 of the largest; at least one column).
+torch::Tensor OrthonormalColumns(const torch::Tensor& m);
+
+// D.5.8 on per-task mean states: majors m [K, P, D] and OOD tasks o
+// [O, P, D] over P positions. The task subspace is spanned by K-1 of the
+// majors' centred vectors at the last position; each OOD task's R^2 is
+// averaged over positions 0..P-2: "code" (1 - residual / centred total,
+// clipped to [0, 1]) and "norm" (|fit|^2 / |y|^2), with the code IQR.
+struct OodR2 {
+  double code = 0, norm = 0, code_q25 = 0, code_q75 = 0;
+};
+OodR2 OodProjectionR2(const torch::Tensor& m, const torch::Tensor& o);
+
 // P0/P1 statistics of token-conditioned states h [S, K, B, D] at one
 // (layer, position): residual ratio, eta^2 of task / token / interaction,
 // separability R^2 and the within-cell noise floor.

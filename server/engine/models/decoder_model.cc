@@ -45,16 +45,22 @@ std::string HookPoint::name() const {
     case Kind::kHead: return L + ".attn.head";
     case Kind::kPostAttn: return L + ".post_attn";
     case Kind::kPostMlp: return L + ".post_mlp";
+    case Kind::kFinalLn: return "final_ln";
     case Kind::kLogits: return "logits";
   }
   return "";
 }
 
-absl::StatusOr<HookPoint> ParseHookPoint(const std::string& name, int64_t layers) {
+absl::StatusOr<HookPoint> ParseHookPoint(const std::string& name, int64_t layers, bool final_ln) {
   const std::string allowed = "embed, L{l}.resid_pre, L{l}.attn.pattern, L{l}.attn.head, L{l}.post_attn, "
-                              "L{l}.post_mlp or logits with l in [0, " + std::to_string(layers - 1) + "]";
+                              "L{l}.post_mlp, " + std::string(final_ln ? "final_ln, " : "") +
+                              "or logits with l in [0, " + std::to_string(layers - 1) + "]";
   HookPoint p;
   if (name == "embed") return p;
+  if (name == "final_ln" && final_ln) {
+    p.kind = HookPoint::Kind::kFinalLn;
+    return p;
+  }
   if (name == "logits") {
     p.kind = HookPoint::Kind::kLogits;
     return p;
@@ -248,7 +254,7 @@ torch::Tensor DecoderModel::Forward(const torch::Tensor& tokens, const HookFn* h
     if (hook != nullptr) x = ApplyHook(hook, p + "post_mlp", x);
     if (upto >= 0 && l == upto) return x;
   }
-  if (cfg_.final_ln) x = LayerNorm(x, lnf_w_, lnf_b_);
+  if (cfg_.final_ln) x = ApplyHook(hook, "final_ln", LayerNorm(x, lnf_w_, lnf_b_));
   torch::Tensor logits = Linear(x, head_w_);
   if (head_b_.defined()) logits = AddBias(logits, head_b_);
   return ApplyHook(hook, "logits", logits);

@@ -15,6 +15,7 @@
 //   L{l}.attn.head      [E, B, T, H, d_head] head outputs before W_O
 //   L{l}.post_attn      [E, B, T, D]   the stream after the attention sub-block
 //   L{l}.post_mlp       [E, B, T, D]   the stream after the whole block
+//   final_ln            [E, B, T, D]   the final LayerNorm's output (models with one)
 //   logits              [E, B, T, V]   the output (the scalar prediction for regression)
 // A hook sees the tensor at its point and may return a replacement of the
 // same shape (or an undefined tensor to keep it).
@@ -46,13 +47,13 @@ DecoderConfig DecoderConfigOf(const v1::ExperimentSpec& resolved);
 
 // A parsed hook name.
 struct HookPoint {
-  enum class Kind { kEmbed, kResidPre, kPattern, kHead, kPostAttn, kPostMlp, kLogits } kind = Kind::kEmbed;
+  enum class Kind { kEmbed, kResidPre, kPattern, kHead, kPostAttn, kPostMlp, kFinalLn, kLogits } kind = Kind::kEmbed;
   int layer = -1;
   std::string name() const;
 };
 // InvalidArgument naming the allowed points when `name` is not one of this
-// model's.
-absl::StatusOr<HookPoint> ParseHookPoint(const std::string& name, int64_t layers);
+// model's (`final_ln` exists when the model has a final LayerNorm).
+absl::StatusOr<HookPoint> ParseHookPoint(const std::string& name, int64_t layers, bool final_ln = false);
 
 class DecoderModel {
  public:

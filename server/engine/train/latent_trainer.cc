@@ -10,10 +10,6 @@ namespace {
 // computed (the known-pool posterior is [chunk, T, tasks]).
 constexpr int64_t kBayesChunk = 64;
 
-uint64_t LatentEvalSeed(uint64_t seed, int index) {
-  return DeriveSeed63(seed, "latent_eval", static_cast<uint64_t>(index));
-}
-
 // log q(x_{t+1}) of a predictor's laws [N, T, V] at the realised tokens, [N, T-1].
 torch::Tensor NextLogProb(const torch::Tensor& probs, const torch::Tensor& tokens) {
   const int64_t T = tokens.size(1);
@@ -22,6 +18,16 @@ torch::Tensor NextLogProb(const torch::Tensor& probs, const torch::Tensor& token
 }
 
 }  // namespace
+
+std::vector<LatentEvalSetDef> LatentEvalSets(bool has_minors) {
+  std::vector<LatentEvalSetDef> defs = {{"id", LatentPool::kMajor}, {"ood", LatentPool::kOod}};
+  if (has_minors) defs.push_back({"minor", LatentPool::kMinor});
+  return defs;
+}
+
+uint64_t LatentEvalSeed(uint64_t member_seed, int index) {
+  return DeriveSeed63(member_seed, "latent_eval", static_cast<uint64_t>(index));
+}
 
 std::unique_ptr<DecoderModel> MakeDecoder(const v1::ExperimentSpec& spec, int64_t ensemble, torch::Device device) {
   return std::make_unique<DecoderModel>(DecoderConfigOf(spec), ensemble, device);
@@ -51,12 +57,7 @@ LatentTrainer::LatentTrainer(const v1::ExperimentSpec& spec, std::vector<uint64_
   MakeOptimizer(model_->parameters(), model_->parameter_names());
 
   const int64_t n = spec_.recording().eval_size();
-  struct SetDef {
-    std::string name;
-    LatentPool pool;
-  };
-  std::vector<SetDef> defs = {{"id", LatentPool::kMajor}, {"ood", LatentPool::kOod}};
-  if (tasks_[0]->num_minors() > 0) defs.push_back({"minor", LatentPool::kMinor});
+  const std::vector<LatentEvalSetDef> defs = LatentEvalSets(tasks_[0]->num_minors() > 0);
   for (size_t i = 0; i < defs.size(); ++i) {
     EvalSet set{defs[i].name, {}, {}};
     for (size_t e = 0; e < seeds_.size(); ++e) {

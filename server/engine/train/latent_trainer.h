@@ -30,6 +30,16 @@ std::unique_ptr<DecoderModel> MakeDecoder(const v1::ExperimentSpec& resolved, in
                                           torch::Device device);
 void InitializeDecoder(const std::vector<uint64_t>& member_seeds, DecoderModel& model);
 
+// The evaluation sets of a latent run (token and regression kinds alike):
+// "id" (the majors), "ood" and, when the run has minors, "minor"; and the
+// seed of set `index`'s sequences for a member.
+struct LatentEvalSetDef {
+  std::string name;
+  LatentPool pool;
+};
+std::vector<LatentEvalSetDef> LatentEvalSets(bool has_minors);
+uint64_t LatentEvalSeed(uint64_t member_seed, int index);
+
 // Per-sequence mean next-token cross-entropy of logits [..., T, V] against
 // tokens [..., T] (positions 0..T-2 predict 1..T-1), shape [...].
 torch::Tensor NextTokenLoss(const torch::Tensor& logits, const torch::Tensor& tokens);

@@ -1,6 +1,5 @@
 #include "server/engine/train/regression_trainer.h"
 
-#include "server/common/seeds.h"
 #include "server/engine/spec.h"
 #include "server/engine/train/latent_trainer.h"
 
@@ -9,10 +8,6 @@ namespace {
 
 // Sequences per chunk of the known-pool predictor of an evaluation set.
 constexpr int64_t kBayesChunk = 64;
-
-uint64_t RegressionEvalSeed(uint64_t seed, int index) {
-  return DeriveSeed63(seed, "latent_eval", static_cast<uint64_t>(index));
-}
 
 }  // namespace
 
@@ -32,12 +27,7 @@ RegressionTrainer::RegressionTrainer(const v1::ExperimentSpec& spec, std::vector
   MakeOptimizer(model_->parameters(), model_->parameter_names());
 
   const int64_t n = spec_.recording().eval_size();
-  struct SetDef {
-    std::string name;
-    LatentPool pool;
-  };
-  std::vector<SetDef> defs = {{"id", LatentPool::kMajor}, {"ood", LatentPool::kOod}};
-  if (tasks_[0]->num_minors() > 0) defs.push_back({"minor", LatentPool::kMinor});
+  const std::vector<LatentEvalSetDef> defs = LatentEvalSets(tasks_[0]->num_minors() > 0);
   for (size_t i = 0; i < defs.size(); ++i) {
     EvalSet set;
     set.name = defs[i].name;
@@ -45,7 +35,7 @@ RegressionTrainer::RegressionTrainer(const v1::ExperimentSpec& spec, std::vector
     std::vector<torch::Tensor> xs, ys, retrieval, ridge;
     for (size_t e = 0; e < seeds_.size(); ++e) {
       const RegressionTaskGenerator& task = *tasks_[e];
-      torch::Generator gen = MakeGenerator(RegressionEvalSeed(seeds_[e], static_cast<int>(i)));
+      torch::Generator gen = MakeGenerator(LatentEvalSeed(seeds_[e], static_cast<int>(i)));
       const int64_t pool_size = task.pool(defs[i].pool).size(0);
       RegressionBatch b = task.SamplePool(defs[i].pool, torch::arange(n, torch::kLong).remainder(pool_size), gen);
       xs.push_back(b.x);
