@@ -348,14 +348,13 @@ class TorchAnalyzer : public Analyzer {
                                             const InterveneRequest& request) override {
     return Guarded("intervention", [&]() -> absl::StatusOr<InterveneReport> {
       if (spec.model().kind_case() != v1::ModelSpec::kDecoder) return InterveneImpl(spec, checkpoint, request);
-      if (spec.task().latent().kind() == v1::LATENT_KIND_REGRESSION) {
-        return absl::FailedPreconditionError(
-            "Intervene does not support LATENT_KIND_REGRESSION runs yet (token tasks only); steering and the "
-            "task-vector analyses of AnalyzeTaskVectors do");
-      }
-      const LatentTaskGenerator task(spec.task().latent(), PoolSeedOf(spec.seed()));
       const std::unique_ptr<DecoderModel> model = MakeDecoder(spec, 1, torch::kCPU);
       if (absl::Status s = LoadWeights(checkpoint, model->parameter_names(), model->parameters()); !s.ok()) return s;
+      if (spec.task().latent().kind() == v1::LATENT_KIND_REGRESSION) {
+        const RegressionTaskGenerator task(spec.task().latent(), PoolSeedOf(spec.seed()));
+        return InterveneRegression(*model, task, request);
+      }
+      const LatentTaskGenerator task(spec.task().latent(), PoolSeedOf(spec.seed()));
       return InterveneDecoder(*model, task, request);
     });
   }

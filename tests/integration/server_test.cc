@@ -1186,7 +1186,7 @@ TEST(IntegrationTest, RegressionRunTrainsAndAnswersItsAnalyses) {
   EXPECT_EQ(names["ood_r2/code"], 2);
   EXPECT_EQ(names["kl/ood_log10_ratio"], 1);
   EXPECT_EQ(names.count("p3/r_mean_min"), 0u);
-  // Positions are points; token-only analyses and Intervene refuse the run.
+  // Positions are points; token-only analyses refuse the run.
   v1::AnalyzeTaskVectorsRequest bad = req;
   bad.add_positions(8);
   auto far = c.AnalyzeTaskVectors(bad);
@@ -1195,13 +1195,28 @@ TEST(IntegrationTest, RegressionRunTrainsAndAnswersItsAnalyses) {
   bad = req;
   bad.add_analyses("p3");
   EXPECT_EQ(c.AnalyzeTaskVectors(bad).status().code(), absl::StatusCode::kFailedPrecondition);
+  // Hook ops on the B.3 model: squared-error effects against the set's
+  // Bayes predictor; steering as an op is for token tasks.
   v1::InterveneRequest iv;
   iv.set_run_id(run->run_id());
+  iv.set_n_eval(64);
   iv.add_eval_sets("id");
+  iv.add_eval_sets("ood");
   v1::Intervention* op = iv.add_interventions();
   op->set_op(v1::Intervention::OP_ZERO);
   op->set_hook("L1.post_attn");
+  auto zeroed = c.Intervene(iv);
+  ASSERT_TRUE(zeroed.ok()) << zeroed.status();
+  ASSERT_EQ(zeroed->effects_size(), 2);
+  EXPECT_EQ(zeroed->effects(0).ref_name(), "bayes");
+  EXPECT_EQ(zeroed->effects(1).ref_name(), "ridge");
+  EXPECT_GT(zeroed->effects(0).kl_clean(), 0.0);  // the prediction moved
+  EXPECT_NE(zeroed->effects(0).loss(), zeroed->effects(0).loss_clean());
+  op->set_op(v1::Intervention::OP_REPLACE_CONVEX);
   EXPECT_EQ(c.Intervene(iv).status().code(), absl::StatusCode::kFailedPrecondition);
+  op->set_op(v1::Intervention::OP_ZERO);
+  op->add_positions(24);  // 8 points: positions 0..23
+  EXPECT_EQ(c.Intervene(iv).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

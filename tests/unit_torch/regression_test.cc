@@ -5,6 +5,7 @@
 
 #include <cmath>
 
+#include "server/engine/analysis/decoder_interventions.h"
 #include "server/engine/analysis/regression_vectors.h"
 #include "server/engine/models/decoder_model.h"
 #include "server/engine/spec.h"
@@ -198,6 +199,42 @@ TEST(RegressionAnalysesTest, RowsAndRefusals) {
   r.p3 = true;
   EXPECT_EQ(RunRegressionAnalyses(trainer.model(), trainer.task(0), r, {}, nullptr).status().code(),
             absl::StatusCode::kFailedPrecondition);
+
+  // Intervene: a projection onto the whole space changes nothing; editing
+  // the last point's |- moves only its own prediction; kl_ref of the clean
+  // model is its squared distance to the set's Bayes predictor.
+  auto run = [&](const std::vector<InterventionOp>& ops) {
+    InterveneRequest req;
+    req.ops = ops;
+    req.n_eval = 64;
+    return InterveneRegression(trainer.model(), trainer.task(0), req);
+  };
+  InterventionOp onto;
+  onto.kind = InterventionOp::Kind::kActProjectOnto;
+  onto.hook = "L0.post_attn";
+  onto.head = 0;
+  for (int i = 0; i < 16; ++i) {
+    std::vector<double> e(16, 0.0);
+    e[static_cast<size_t>(i)] = 1.0;
+    onto.vectors.push_back(e);
+  }
+  auto kept = run({onto});
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  ASSERT_EQ(kept->effects.size(), 3u);  // id, ood, minor
+  EXPECT_NEAR(kept->effects[0].kl_clean, 0.0, 1e-10);
+  EXPECT_NEAR(kept->effects[0].loss, kept->effects[0].loss_clean, 1e-9);
+  EXPECT_GT(kept->effects[1].kl_ref_clean, 0.0);
+  InterventionOp add;
+  add.kind = InterventionOp::Kind::kActAdd;
+  add.hook = "L1.post_mlp";
+  add.head = 0;
+  add.vectors = {std::vector<double>(16, 2.0)};
+  add.positions = {22};  // the |- of the last point
+  auto last = run({add});
+  ASSERT_TRUE(last.ok()) << last.status();
+  EXPECT_GT(last->effects[0].kl_clean, 0.0);
+  add.positions = {23};  // y of the last point predicts nothing
+  EXPECT_NEAR(run({add})->effects[0].kl_clean, 0.0, 1e-12);
 }
 
 }  // namespace

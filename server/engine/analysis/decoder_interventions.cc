@@ -57,26 +57,41 @@ void PrepareConvex(PreparedOp& p, const LatentTaskGenerator& task, const torch::
   }
 }
 
-}  // namespace
-
-absl::StatusOr<InterveneReport> InterveneDecoder(const DecoderModel& model, const LatentTaskGenerator& task,
-                                                 const InterveneRequest& request) {
-  torch::NoGradGuard no_grad;
-  const DecoderConfig& cfg = model.config();
-  const int64_t T = task.seq_len();
-  const std::vector<LatentEvalSetDef> sets = LatentEvalSets(task.num_minors() > 0);
-  auto find_set = [&](const std::string& name) -> int {
+// The evaluation sets of a latent run and how a request names them.
+struct SetIndex {
+  std::vector<LatentEvalSetDef> sets;
+  std::string names;
+  explicit SetIndex(bool has_minors) : sets(LatentEvalSets(has_minors)) {
+    for (const auto& s : sets) names += (names.empty() ? "" : ", ") + s.name;
+  }
+  int Find(const std::string& name) const {
     for (size_t i = 0; i < sets.size(); ++i) {
       if (sets[i].name == name) return static_cast<int>(i);
     }
     return -1;
-  };
-  std::string set_names;
-  for (const auto& s : sets) set_names += (set_names.empty() ? "" : ", ") + s.name;
+  }
+  // The requested sets (all when none), or InvalidArgument.
+  absl::StatusOr<std::vector<int>> Chosen(const std::vector<std::string>& requested) const {
+    std::vector<int> chosen;
+    for (const std::string& name : requested) {
+      const int i = Find(name);
+      if (i < 0) return absl::InvalidArgumentError("eval_sets: '" + name + "' is not one of " + names);
+      chosen.push_back(i);
+    }
+    if (chosen.empty()) {
+      for (size_t i = 0; i < sets.size(); ++i) chosen.push_back(static_cast<int>(i));
+    }
+    return chosen;
+  }
+};
 
-  // ---- validate and prepare every op ----
+// Validates and prepares every op of `request` for a decoder with `cfg` on
+// sequences of T positions. `check` sees each op with its parsed point and
+// may refuse it (the model-specific rules).
+absl::StatusOr<std::vector<PreparedOp>> PrepareOps(
+    const InterveneRequest& request, const DecoderConfig& cfg, int64_t T, const SetIndex& index,
+    const std::function<absl::Status(const InterventionOp&, const HookPoint&, const std::string&)>& check) {
   std::vector<PreparedOp> ops;
-  const InterventionOp* convex = nullptr;  // the (last) replace-convex op: its lambda defines kl_ref's law
   for (size_t i = 0; i < request.ops.size(); ++i) {
     const InterventionOp& op = request.ops[i];
     const std::string field = "interventions[" + std::to_string(i) + "]";
@@ -91,53 +106,67 @@ absl::StatusOr<InterveneReport> InterveneDecoder(const DecoderModel& model, cons
     }
     absl::StatusOr<PreparedOp> p = PrepareActivationOp(op, field, GeometryOf(*hp, op.hook, cfg), T);
     if (!p.ok()) return p.status();
-    if (op.kind == InterventionOp::Kind::kActReplaceConvex) {
-      if (hp->kind == HookPoint::Kind::kHead) {
-        return absl::InvalidArgumentError(field + ": OP_REPLACE_CONVEX edits a stream point (embed, resid_pre, "
-                                          "post_attn, post_mlp), not attn.head");
-      }
-      if (!task.has_bayes()) {
-        return absl::FailedPreconditionError(field + ": OP_REPLACE_CONVEX needs a DICE or MARKOV task (its "
-                                             "mixture laws)");
-      }
-      if (!op.weights.empty() && static_cast<int64_t>(op.weights.size()) != task.num_majors()) {
-        return absl::InvalidArgumentError(field + ".weights must have one entry per major task (" +
-                                          std::to_string(task.num_majors()) + "), got " +
-                                          std::to_string(op.weights.size()));
-      }
-      double total = 0;
-      for (double w : op.weights) total += w;
-      if (!op.weights.empty() && !(total > 0)) {
-        return absl::InvalidArgumentError(field + ".weights must not all be zero");
-      }
-      if (op.weights.empty() && !(op.value >= 0 && op.value <= 100)) {
-        return absl::InvalidArgumentError(field + ".value (the Dirichlet concentration) must be in [0, 100] "
-                                          "(0 = 1), got " + std::to_string(op.value));
-      }
-      if (!op.subtract.empty() && op.subtract != "true_task" && op.subtract != "projection") {
-        return absl::InvalidArgumentError(field + ".subtract must be true_task or projection, got '" + op.subtract +
-                                          "'");
-      }
-      if (!op.reference_set.empty() && op.reference_set != "id") {
-        return absl::InvalidArgumentError(field + ".reference_set: the task vectors come from the majors (id)");
-      }
-      convex = &op;
-    }
-    if (!op.reference_set.empty() && find_set(op.reference_set) < 0) {
-      return absl::InvalidArgumentError(field + ".reference_set must be one of " + set_names + ", got '" +
+    if (absl::Status s = check(op, *hp, field); !s.ok()) return s;
+    if (!op.reference_set.empty() && index.Find(op.reference_set) < 0) {
+      return absl::InvalidArgumentError(field + ".reference_set must be one of " + index.names + ", got '" +
                                         op.reference_set + "'");
     }
     ops.push_back(std::move(*p));
   }
-  std::vector<int> chosen;
-  for (const std::string& name : request.eval_sets) {
-    const int i = find_set(name);
-    if (i < 0) return absl::InvalidArgumentError("eval_sets: '" + name + "' is not one of " + set_names);
-    chosen.push_back(i);
-  }
-  if (chosen.empty()) {
-    for (size_t i = 0; i < sets.size(); ++i) chosen.push_back(static_cast<int>(i));
-  }
+  return ops;
+}
+
+}  // namespace
+
+absl::StatusOr<InterveneReport> InterveneDecoder(const DecoderModel& model, const LatentTaskGenerator& task,
+                                                 const InterveneRequest& request) {
+  torch::NoGradGuard no_grad;
+  const DecoderConfig& cfg = model.config();
+  const int64_t T = task.seq_len();
+  const SetIndex index(task.num_minors() > 0);
+  const std::vector<LatentEvalSetDef>& sets = index.sets;
+  auto find_set = [&](const std::string& name) { return index.Find(name); };
+
+  // ---- validate and prepare every op ----
+  const InterventionOp* convex = nullptr;  // the (last) replace-convex op: its lambda defines kl_ref's law
+  auto check = [&](const InterventionOp& op, const HookPoint& hp, const std::string& field) -> absl::Status {
+    if (op.kind != InterventionOp::Kind::kActReplaceConvex) return absl::OkStatus();
+    if (hp.kind == HookPoint::Kind::kHead) {
+      return absl::InvalidArgumentError(field + ": OP_REPLACE_CONVEX edits a stream point (embed, resid_pre, "
+                                        "post_attn, post_mlp), not attn.head");
+    }
+    if (!task.has_bayes()) {
+      return absl::FailedPreconditionError(field + ": OP_REPLACE_CONVEX needs a DICE or MARKOV task (its "
+                                           "mixture laws)");
+    }
+    if (!op.weights.empty() && static_cast<int64_t>(op.weights.size()) != task.num_majors()) {
+      return absl::InvalidArgumentError(field + ".weights must have one entry per major task (" +
+                                        std::to_string(task.num_majors()) + "), got " +
+                                        std::to_string(op.weights.size()));
+    }
+    double total = 0;
+    for (double w : op.weights) total += w;
+    if (!op.weights.empty() && !(total > 0)) return absl::InvalidArgumentError(field + ".weights must not all be zero");
+    if (op.weights.empty() && !(op.value >= 0 && op.value <= 100)) {
+      return absl::InvalidArgumentError(field + ".value (the Dirichlet concentration) must be in [0, 100] "
+                                        "(0 = 1), got " + std::to_string(op.value));
+    }
+    if (!op.subtract.empty() && op.subtract != "true_task" && op.subtract != "projection") {
+      return absl::InvalidArgumentError(field + ".subtract must be true_task or projection, got '" + op.subtract +
+                                        "'");
+    }
+    if (!op.reference_set.empty() && op.reference_set != "id") {
+      return absl::InvalidArgumentError(field + ".reference_set: the task vectors come from the majors (id)");
+    }
+    convex = &op;
+    return absl::OkStatus();
+  };
+  absl::StatusOr<std::vector<PreparedOp>> prepared = PrepareOps(request, cfg, T, index, check);
+  if (!prepared.ok()) return prepared.status();
+  std::vector<PreparedOp>& ops = *prepared;
+  absl::StatusOr<std::vector<int>> picked = index.Chosen(request.eval_sets);
+  if (!picked.ok()) return picked.status();
+  const std::vector<int>& chosen = *picked;
   for (const PreparedOp& p : ops) {
     if (p.op->kind != InterventionOp::Kind::kActReplaceConvex || p.op->subtract == "projection") continue;
     for (int i : chosen) {
@@ -246,6 +275,85 @@ absl::StatusOr<InterveneReport> InterveneDecoder(const DecoderModel& model, cons
       e.kl_ref_clean = kl_ref_clean / dn;
       e.kl_ref = kl_ref / dn;
     }
+    report.effects.push_back(e);
+  }
+  return report;
+}
+
+absl::StatusOr<InterveneReport> InterveneRegression(const DecoderModel& model, const RegressionTaskGenerator& task,
+                                                    const InterveneRequest& request) {
+  torch::NoGradGuard no_grad;
+  const int64_t points = task.num_points(), T = 3 * points;
+  const SetIndex index(task.num_minors() > 0);
+  auto check = [](const InterventionOp& op, const HookPoint&, const std::string& field) -> absl::Status {
+    if (op.kind != InterventionOp::Kind::kActReplaceConvex) return absl::OkStatus();
+    return absl::FailedPreconditionError(field + ": OP_REPLACE_CONVEX takes DICE and MARKOV runs (an E2 run's "
+                                         "per-task mean states carry almost none of its state; see the steering "
+                                         "analysis)");
+  };
+  absl::StatusOr<std::vector<PreparedOp>> prepared = PrepareOps(request, model.config(), T, index, check);
+  if (!prepared.ok()) return prepared.status();
+  std::vector<PreparedOp>& ops = *prepared;
+  absl::StatusOr<std::vector<int>> chosen = index.Chosen(request.eval_sets);
+  if (!chosen.ok()) return chosen.status();
+
+  const int64_t n = request.n_eval;
+  auto draw = [&](int i, const char* purpose) {
+    torch::Generator gen = MakeGenerator(DeriveSeed63(request.seed, purpose, static_cast<uint64_t>(i)));
+    const LatentPool pool = index.sets[static_cast<size_t>(i)].pool;
+    return task.SamplePool(pool, torch::arange(n, torch::kLong).remainder(task.pool(pool).size(0)), gen);
+  };
+  auto inputs_of = [&](const RegressionBatch& b) {
+    return model.MapstoInputs(b.x.to(torch::kFloat).unsqueeze(0), b.y.to(torch::kFloat).unsqueeze(0)).squeeze(0);
+  };
+  InterveneReport report;
+  for (int si : *chosen) {
+    const RegressionBatch eval = draw(si, "intervene/eval");
+    const torch::Tensor inputs = inputs_of(eval);  // [n, T, d + 1]
+    for (PreparedOp& p : ops) {
+      p.ref = p.mean = p.perm = torch::Tensor();
+      if (!NeedsReference(p)) continue;
+      const int ri = p.op->reference_set.empty() ? si : index.Find(p.op->reference_set);
+      const torch::Tensor ref = inputs_of(draw(ri, "intervene/reference"));
+      absl::Status s = CaptureReference(
+          p, n, kChunk, T, DeriveSeed63(request.seed, "intervene/resample", static_cast<uint64_t>(si)),
+          [&](int64_t b, int64_t count, const HookFn& hook) { model.Forward(ref.narrow(0, b, count).unsqueeze(0), &hook); });
+      if (!s.ok()) return s;
+    }
+    // The set's Bayes predictor: retrieval over the known tasks on id, ridge elsewhere.
+    const bool major = index.sets[static_cast<size_t>(si)].pool == LatentPool::kMajor;
+    std::vector<torch::Tensor> refs;
+    for (int64_t b = 0; b < n; b += kBayesChunk) {
+      const int64_t c = std::min(kBayesChunk, n - b);
+      torch::Tensor x = eval.x.narrow(0, b, c), y = eval.y.narrow(0, b, c);
+      refs.push_back(major ? task.KnownPool(x, y).mean : task.Ridge(x, y));
+    }
+    const torch::Tensor bayes = torch::cat(refs, 0);  // [n, points]
+    double loss_clean = 0, loss = 0, shift = 0, to_ref_clean = 0, to_ref = 0;
+    for (int64_t b = 0; b < n; b += kChunk) {
+      const int64_t count = std::min(kChunk, n - b);
+      torch::Tensor chunk = inputs.narrow(0, b, count).unsqueeze(0);
+      const HookFn edit = EditHook(ops, b);
+      torch::Tensor clean = DecoderModel::Predictions(model.Forward(chunk)).squeeze(0).to(torch::kDouble);
+      torch::Tensor edited = DecoderModel::Predictions(model.Forward(chunk, &edit)).squeeze(0).to(torch::kDouble);
+      torch::Tensor y = eval.y.narrow(0, b, count), q = bayes.narrow(0, b, count);
+      auto sq = [](const torch::Tensor& a, const torch::Tensor& c) { return (a - c).pow(2).mean(1).sum().item<double>(); };
+      loss_clean += sq(clean, y);
+      loss += sq(edited, y);
+      shift += sq(edited, clean);
+      to_ref_clean += sq(clean, q);
+      to_ref += sq(edited, q);
+    }
+    EffectReport e;
+    const double dn = static_cast<double>(n);
+    e.eval_set = index.sets[static_cast<size_t>(si)].name;
+    e.loss_clean = loss_clean / dn;
+    e.loss = loss / dn;
+    e.kl_clean = shift / dn;
+    e.has_kl_ref = true;
+    e.ref_name = major ? "bayes" : "ridge";
+    e.kl_ref_clean = to_ref_clean / dn;
+    e.kl_ref = to_ref / dn;
     report.effects.push_back(e);
   }
   return report;
