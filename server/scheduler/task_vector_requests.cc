@@ -16,12 +16,13 @@ namespace {
 const std::vector<std::string> kAnalyses = {"p0", "p1", "p2", "p3", "steering", "ood_r2", "kl", "dissociation",
                                             "dyck_p0"};
 // What "all" means for a kind: DYCK has no Bayes predictors (D.5.14);
-// REGRESSION (E2) has the continuous-token forms of P0, steering, OOD R^2
-// and the mode transition.
+// REGRESSION (E2) has the continuous-token forms of P0, P2, P3, steering,
+// OOD R^2 and the mode transition.
 bool InDefault(const std::string& analysis, v1::LatentKind kind) {
   if (kind == v1::LATENT_KIND_DYCK) return analysis == "ood_r2" || analysis == "dyck_p0";
   if (kind == v1::LATENT_KIND_REGRESSION) {
-    return analysis == "p0" || analysis == "steering" || analysis == "ood_r2" || analysis == "kl";
+    return analysis == "p0" || analysis == "p2" || analysis == "p3" || analysis == "steering" || analysis == "ood_r2" ||
+           analysis == "kl";
   }
   return analysis != "dyck_p0";
 }
@@ -190,7 +191,7 @@ absl::StatusOr<v1::AnalyzeTaskVectorsResponse> AnalysisCore::AnalyzeTaskVectors(
         return absl::FailedPreconditionError(
             "analysis " + a + " does not apply to " + FormatRunId(t.id) + " (" + v1::LatentKind_Name(k) +
             "): DICE and MARKOV runs have p0, p1, p2, p3, steering, ood_r2, kl, dissociation; REGRESSION runs p0, "
-            "steering, ood_r2, kl; DYCK runs ood_r2 and dyck_p0");
+            "p2, p3, steering, ood_r2, kl; DYCK runs ood_r2 and dyck_p0");
       }
     }
   }

@@ -1168,9 +1168,10 @@ TEST(IntegrationTest, RegressionRunTrainsAndAnswersItsAnalyses) {
   EXPECT_GT(FinalValue(c, run->run_id(), "eval/ood/ridge_loss"), 0.2);  // sigma^2 = 0.25 is the floor
   EXPECT_GT(FinalValue(c, run->run_id(), "eval/minor/to_retrieval"), 0.0);
 
-  v1::AnalyzeTaskVectorsRequest req;  // the REGRESSION default: p0, steering, ood_r2, kl
+  v1::AnalyzeTaskVectorsRequest req;  // the REGRESSION default: p0, p2, p3, steering, ood_r2, kl
   req.set_run_id(run->run_id());
   req.set_samples_per_cell(16);
+  req.set_p3_samples(16);
   req.set_steering_samples(32);
   req.set_steering_est_samples(16);
   req.set_kl_samples(32);
@@ -1185,7 +1186,9 @@ TEST(IntegrationTest, RegressionRunTrainsAndAnswersItsAnalyses) {
   EXPECT_EQ(names["steering/rmse_inj"], 1);
   EXPECT_EQ(names["ood_r2/code"], 2);
   EXPECT_EQ(names["kl/ood_log10_ratio"], 1);
-  EXPECT_EQ(names.count("p3/r_mean_min"), 0u);
+  EXPECT_EQ(names["p3/r_mean_min"], 2);
+  EXPECT_EQ(names["p2/r2_task"], 2 * 8);  // every point
+  EXPECT_EQ(names.count("p1/eta2_int"), 0u);
   // Positions are points; token-only analyses refuse the run.
   v1::AnalyzeTaskVectorsRequest bad = req;
   bad.add_positions(8);
@@ -1193,7 +1196,7 @@ TEST(IntegrationTest, RegressionRunTrainsAndAnswersItsAnalyses) {
   EXPECT_EQ(far.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(far.status().message().find("points 0 to 7"), std::string::npos) << far.status();
   bad = req;
-  bad.add_analyses("p3");
+  bad.add_analyses("p1");
   EXPECT_EQ(c.AnalyzeTaskVectors(bad).status().code(), absl::StatusCode::kFailedPrecondition);
   // Hook ops on the B.3 model: squared-error effects against the set's
   // Bayes predictor; steering as an op is for token tasks.

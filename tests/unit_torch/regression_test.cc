@@ -179,8 +179,9 @@ TEST(RegressionAnalysesTest, RowsAndRefusals) {
   for (int s = 0; s < 20; ++s) trainer.Step(false);
   for (torch::Tensor p : trainer.model().parameters()) p.requires_grad_(false);
   TaskVectorRequest r;
-  r.p1 = r.p2 = r.p3 = false;
+  r.p1 = false;
   r.samples_per_cell = 32;
+  r.p3_samples = 32;
   r.steering_est_samples = 32;
   r.steering_samples = 64;
   r.ood_tasks = 4;
@@ -191,12 +192,13 @@ TEST(RegressionAnalysesTest, RowsAndRefusals) {
   std::map<std::string, double> seen;
   for (const TaskVectorRow& row : rep->rows) seen[row.name] = row.value;
   for (const char* n : {"p0/resid_ratio", "p0/task_only_ratio", "steering/rmse_base", "steering/rmse_inj",
-                        "steering/rmse_mode", "ood_r2/code", "kl/exact", "kl/extrap", "kl/ood_log10_ratio"}) {
+                        "steering/rmse_mode", "ood_r2/code", "kl/exact", "kl/extrap", "kl/ood_log10_ratio",
+                        "p2/r2_additive_mean", "p2/r2_task_mean", "p3/r_mean_min", "p3/r_mean/task2"}) {
     EXPECT_TRUE(seen.count(n)) << n;
   }
   EXPECT_GE(seen["p0/resid_ratio"], 0.0);
   EXPECT_LE(seen["p0/resid_ratio"], seen["p0/task_only_ratio"] + 1e-12);  // the slope only explains more
-  r.p3 = true;
+  r.p1 = true;  // two-way ANOVA needs token cells
   EXPECT_EQ(RunRegressionAnalyses(trainer.model(), trainer.task(0), r, {}, nullptr).status().code(),
             absl::StatusCode::kFailedPrecondition);
 

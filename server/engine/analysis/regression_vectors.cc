@@ -63,10 +63,10 @@ absl::StatusOr<TaskVectorReport> RunRegressionAnalyses(const DecoderModel& model
                                                        const std::function<void(double)>& progress,
                                                        const CancelToken* cancel) {
   torch::NoGradGuard no_grad;
-  if (r.p1 || r.p2 || r.p3 || r.dissociation || r.dyck_p0) {
+  if (r.p1 || r.dissociation || r.dyck_p0) {
     return absl::FailedPreconditionError(
-        "LATENT_KIND_REGRESSION runs support p0 (ANCOVA), steering (RMSE), ood_r2 and kl (squared distances); "
-        "p1, p2, p3, dissociation and dyck_p0 need a token task");
+        "LATENT_KIND_REGRESSION runs support p0 (ANCOVA), p2 and p3 (natural states), steering (RMSE), ood_r2 "
+        "and kl (squared distances); p1, dissociation and dyck_p0 need a token task");
   }
   const int64_t n = task.num_points(), K = task.num_majors(), d = task.dim();
   const int64_t last = n - 1;
@@ -75,7 +75,11 @@ absl::StatusOr<TaskVectorReport> RunRegressionAnalyses(const DecoderModel& model
   if (layers.empty()) {
     for (int l = 0; l < L; ++l) layers.push_back(l);
   }
-  const int stages = (r.p0 ? 1 : 0) + (r.steering ? 1 : 0) + (r.ood_r2 ? 1 : 0) + (r.kl ? 1 : 0);
+  const int stages = (r.p0 ? 1 : 0) + (r.p2 ? 1 : 0) + (r.p3 ? 1 : 0) + (r.steering ? 1 : 0) + (r.ood_r2 ? 1 : 0) +
+                     (r.kl ? 1 : 0);
+  // Estimation window of the task vectors over points (default the last quarter).
+  const int64_t est_end = r.est_end >= 0 ? std::min(r.est_end, last) : last;
+  const int64_t est_begin = r.est_begin >= 0 ? std::min(r.est_begin, est_end) : std::max<int64_t>(0, (3 * last) / 4);
   int stage = 0;
   auto advance = [&](double fraction) {
     if (progress) progress((stage + std::clamp(fraction, 0.0, 1.0)) / std::max(1, stages));
@@ -120,6 +124,56 @@ absl::StatusOr<TaskVectorReport> RunRegressionAnalyses(const DecoderModel& model
         row("p0/resid_ratio", layers[li], i, total > 0 ? within / total : 0.0);
         row("p0/task_only_ratio", layers[li], i, total > 0 ? task_only / total : 0.0);
       }
+      if (!advance(static_cast<double>(li + 1) / static_cast<double>(layers.size()))) return stopped;
+    }
+    if (!next_stage()) return stopped;
+  }
+
+  // ---- P2 with a linear token model (D.5.5, E2: OLS on x_i replaces the token cells) ----
+  if (r.p2) {
+    torch::Generator gen = MakeGenerator(DeriveSeed63(r.seed, "tv/p2"));
+    const int64_t B = r.samples_per_cell;
+    RegressionBatch batch = task.SamplePool(LatentPool::kMajor, Repeat(K, B), gen);
+    std::vector<torch::Tensor> states = RegressionStates(model, batch.x, batch.y, layers, r.hook);
+    torch::Tensor X = torch::cat({torch::ones({K * B, n, 1}, kF64), batch.x}, -1);  // [K*B, n, d+1]
+    for (size_t li = 0; li < layers.size(); ++li) {
+      torch::Tensor h = states[li];                    // [K*B, n, D]
+      torch::Tensor hc = h - h.mean(0, true);          // per-point sample mean removed
+      // The token effect: per point, OLS of h_c on [1, x_i] pooled over tasks.
+      torch::Tensor coef = torch::matmul(torch::linalg_pinv(X.transpose(0, 1)), hc.transpose(0, 1));  // [n, d+1, D]
+      torch::Tensor ht = hc - torch::matmul(X.transpose(0, 1), coef).transpose(0, 1);
+      torch::Tensor theta = ht.view({K, B, n, -1}).narrow(2, est_begin, est_end - est_begin + 1).mean(at::IntArrayRef{1, 2});
+      theta = theta - theta.mean(0);  // [K, D]
+      double sum_add = 0, sum_task = 0;
+      for (int64_t i = 0; i <= last; ++i) {
+        torch::Tensor a = ht.select(1, i), c = hc.select(1, i);  // [K*B, D]
+        const double den = c.pow(2).sum().item<double>();
+        auto r2 = [&](const torch::Tensor& y) {
+          torch::Tensor beta = ProjectToSimplex(AffineWeights(y, theta));
+          return den > 0 ? 1.0 - (y - torch::matmul(beta, theta)).pow(2).sum().item<double>() / den : 0.0;
+        };
+        const double add = r2(a), tsk = r2(c);
+        row("p2/r2_additive", layers[li], i, add);
+        row("p2/r2_task", layers[li], i, tsk);
+        sum_add += add;
+        sum_task += tsk;
+      }
+      row("p2/r2_additive_mean", layers[li], -1, sum_add / static_cast<double>(n));
+      row("p2/r2_task_mean", layers[li], -1, sum_task / static_cast<double>(n));
+      if (!advance(static_cast<double>(li + 1) / static_cast<double>(layers.size()))) return stopped;
+    }
+    if (!next_stage()) return stopped;
+  }
+
+  // ---- P3: weights on the task vectors vs the posterior from the Gaussian likelihood (D.5.6) ----
+  if (r.p3) {
+    torch::Generator gen = MakeGenerator(DeriveSeed63(r.seed, "tv/p3"));
+    const int64_t B = r.p3_samples;
+    RegressionBatch batch = task.SamplePool(LatentPool::kMajor, Repeat(K, B), gen);
+    std::vector<torch::Tensor> states = RegressionStates(model, batch.x, batch.y, layers, r.hook);
+    torch::Tensor alpha = task.MajorPosterior(batch.x, batch.y).view({K, B, n, K});
+    for (size_t li = 0; li < layers.size(); ++li) {
+      P3Rows(states[li].view({K, B, n, -1}), alpha, est_begin, est_end, layers[li], row);
       if (!advance(static_cast<double>(li + 1) / static_cast<double>(layers.size()))) return stopped;
     }
     if (!next_stage()) return stopped;

@@ -4,6 +4,11 @@
 // the |- before y_i (sequence position 3i + 1), where y_i is predicted.
 //   p0        ANCOVA residual ratio: within each major, h regressed on
 //             [1, x_i] (task-specific slopes replace the token cells)
+//   p2        natural states; the token effect is an OLS fit on [1, x_i]
+//             per point (D.5.5's E2 form), then the affine simplex fit on
+//             the task vectors of the estimation window
+//   p3        natural states of each major against the exact posterior over
+//             the majors from the Gaussian likelihood (D.5.6)
 //   steering  h <- h - theta_true(i) + sum_j alpha_j theta_j(i) at the |-
 //             of point i; RMSE of the scalar prediction against
 //             sum_j alpha_j x_i.w_j, clean / injected / the corner

@@ -333,6 +333,42 @@ OodR2 OodProjectionR2(const torch::Tensor& m, const torch::Tensor& o) {
           torch::quantile(code, 0.75).item<double>()};
 }
 
+void P3Rows(const torch::Tensor& h, const torch::Tensor& alpha_all, int64_t est_begin, int64_t est_end, int l,
+            const RowFn& row) {
+  const int64_t K = h.size(0), B = h.size(1), P = h.size(2), last = P - 1;
+  torch::Tensor mu = h.mean(at::IntArrayRef{0, 1});  // [P, D]
+  torch::Tensor theta = (h.narrow(2, est_begin, est_end - est_begin + 1) - mu.narrow(0, est_begin, est_end - est_begin + 1))
+                            .mean(at::IntArrayRef{1, 2});  // [K, D]
+  theta = theta - theta.mean(0);
+  torch::Tensor Vt = theta.narrow(0, 0, K - 1);                                                // [K-1, D]
+  torch::Tensor solve = torch::matmul(Vt.t(), torch::linalg_pinv(torch::matmul(Vt, Vt.t())));  // [D, K-1]
+  double r_min = 1.0;
+  for (int64_t j = 0; j < K; ++j) {
+    torch::Tensor hc = h[j] - mu;                    // [B, P, D]
+    torch::Tensor gamma = torch::matmul(hc, solve);  // [B, P, K-1]
+    torch::Tensor bK = (1.0 - gamma.sum(-1, true)) / static_cast<double>(K);
+    torch::Tensor beta = torch::cat({gamma + bK, bK}, -1);
+    torch::Tensor lambda = ProjectToSimplex(beta.reshape({-1, K})).view({B, P, K});
+    torch::Tensor alpha = alpha_all[j];                     // [B, P, K]
+    torch::Tensor mb = lambda.mean(0), ma = alpha.mean(0);  // [P, K]
+    const std::string tag = "/task" + std::to_string(j);
+    const double r_mean = Pearson(mb.select(1, j), ma.select(1, j));
+    r_min = std::min(r_min, r_mean);
+    row("p3/r_mean" + tag, l, -1, r_mean);
+    row("p3/r_std" + tag, l, -1, Pearson(lambda.std(0).select(1, j), alpha.std(0).select(1, j)));
+    const int64_t from = std::min<int64_t>(4, last);
+    row("p3/l1" + tag, l, -1, (mb - ma).abs().sum(-1).narrow(0, from, last + 1 - from).mean().item<double>());
+    torch::Tensor lam = lambda.clamp_min(1e-6);
+    lam = lam / lam.sum(-1, true);
+    row("p3/kl" + tag, l, -1, (alpha * (alpha.clamp_min(1e-300).log() - lam.log())).sum(-1).mean().item<double>());
+    for (int64_t t = 0; t <= last; ++t) {
+      row("p3/beta" + tag, l, t, mb[t][j].item<double>());
+      row("p3/alpha" + tag, l, t, ma[t][j].item<double>());
+    }
+  }
+  row("p3/r_mean_min", l, -1, r_min);
+}
+
 CellStats TokenConditionedStats(const torch::Tensor& h) {
   const double S = static_cast<double>(h.size(0)), K = static_cast<double>(h.size(1)), B = static_cast<double>(h.size(2));
   CellStats c;
@@ -476,40 +512,8 @@ absl::StatusOr<TaskVectorReport> RunTaskVectorAnalyses(const DecoderModel& model
     std::vector<torch::Tensor> states = HiddenStates(model, tokens, layers, r.hook);
     torch::Tensor alpha_all = task.MajorPosterior(tokens).view({K, B, T, K});
     for (size_t li = 0; li < layers.size(); ++li) {
-      const int l = layers[li];
-      torch::Tensor h = states[li].view({K, B, T, -1}).narrow(2, 0, last + 1);  // [K, B, T-1, D]
-      torch::Tensor mu = h.mean(at::IntArrayRef{0, 1});                                          // [T-1, D]
-      torch::Tensor theta = (h.narrow(2, est_begin, est_end - est_begin + 1) -
-                             mu.narrow(0, est_begin, est_end - est_begin + 1))
-                                .mean(at::IntArrayRef{1, 2});  // [K, D]
-      theta = theta - theta.mean(0);
-      torch::Tensor Vt = theta.narrow(0, 0, K - 1);                                 // [K-1, D]
-      torch::Tensor solve = torch::matmul(Vt.t(), torch::linalg_pinv(torch::matmul(Vt, Vt.t())));  // [D, K-1]
-      double r_min = 1.0;
-      for (int64_t j = 0; j < K; ++j) {
-        torch::Tensor hc = h[j] - mu;                       // [B, T-1, D]
-        torch::Tensor gamma = torch::matmul(hc, solve);     // [B, T-1, K-1]
-        torch::Tensor bK = (1.0 - gamma.sum(-1, true)) / static_cast<double>(K);
-        torch::Tensor beta = torch::cat({gamma + bK, bK}, -1);
-        torch::Tensor lambda = ProjectToSimplex(beta.reshape({-1, K})).view({B, last + 1, K});
-        torch::Tensor alpha = alpha_all[j].narrow(1, 0, last + 1);  // [B, T-1, K]
-        torch::Tensor mb = lambda.mean(0), ma = alpha.mean(0);      // [T-1, K]
-        const std::string tag = "/task" + std::to_string(j);
-        const double r_mean = Pearson(mb.select(1, j), ma.select(1, j));
-        r_min = std::min(r_min, r_mean);
-        row("p3/r_mean" + tag, l, -1, r_mean);
-        row("p3/r_std" + tag, l, -1, Pearson(lambda.std(0).select(1, j), alpha.std(0).select(1, j)));
-        const int64_t from = std::min<int64_t>(4, last);
-        row("p3/l1" + tag, l, -1, (mb - ma).abs().sum(-1).narrow(0, from, last + 1 - from).mean().item<double>());
-        torch::Tensor lam = lambda.clamp_min(1e-6);
-        lam = lam / lam.sum(-1, true);
-        row("p3/kl" + tag, l, -1, (alpha * (alpha.clamp_min(1e-300).log() - lam.log())).sum(-1).mean().item<double>());
-        for (int64_t t = 0; t <= last; ++t) {
-          row("p3/beta" + tag, l, t, mb[t][j].item<double>());
-          row("p3/alpha" + tag, l, t, ma[t][j].item<double>());
-        }
-      }
-      row("p3/r_mean_min", l, -1, r_min);
+      P3Rows(states[li].view({K, B, T, -1}).narrow(2, 0, last + 1), alpha_all.narrow(2, 0, last + 1), est_begin,
+             est_end, layers[li], row);
       if (!rep.At(static_cast<double>(li + 1) / static_cast<double>(layers.size()))) return Stopped();
     }
     if (!rep.NextStage()) return Stopped();

@@ -47,6 +47,17 @@ struct OodR2 {
 };
 OodR2 OodProjectionR2(const torch::Tensor& m, const torch::Tensor& o);
 
+// A result row: name, layer (-1 none), position (-1 none), value.
+using RowFn = std::function<void(const std::string&, int, int64_t, double)>;
+
+// D.5.6 at one layer: natural states h [K, B, P, D] of each major's B
+// sequences at P positions and the exact posterior over the majors alpha
+// [K, B, P, K]; task vectors from positions est_begin..est_end; rows
+// p3/r_mean, r_std, l1, kl per task, r_mean_min, and the beta / alpha
+// trajectories.
+void P3Rows(const torch::Tensor& h, const torch::Tensor& alpha, int64_t est_begin, int64_t est_end, int layer,
+            const RowFn& row);
+
 // P0/P1 statistics of token-conditioned states h [S, K, B, D] at one
 // (layer, position): residual ratio, eta^2 of task / token / interaction,
 // separability R^2 and the within-cell noise floor.
