@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Side-by-side benchmark of the decoder training step (SCIENCE.md B.2): the
-# C++/LibTorch engine against the Python PyTorch peer (Debian's python3-torch)
-# on the same model, the same initial weights and the same batches, one
-# thread each, with OpenBLAS. Prints JSON lines and a Markdown table row per
+# Side-by-side benchmark of the decoder training step (SCIENCE.md B.2; B.3 on
+# the E2 regression spec): the C++/LibTorch engine against the Python PyTorch
+# peer (Debian's python3-torch) on the same model, the same initial weights
+# and the same batches, one thread each, with OpenBLAS. Prints JSON lines and a Markdown table row per
 # spec for bench/RESULTS.md.
 #   bench/decoder.sh [STEPS] [SPEC.json ...]
 set -euo pipefail
@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 steps="${1:-100}"
 shift || true
 specs=("$@")
-[ ${#specs[@]} -gt 0 ] || specs=(examples/dice_task_vectors.json bench/specs/dice_tv_small.json)
+[ ${#specs[@]} -gt 0 ] || specs=(examples/dice_task_vectors.json bench/specs/dice_tv_small.json bench/specs/regression_tv_small_e2.json)
 bin=build/bench/decoder_train_bench
 . bench/peer_env.sh
 ensure_bench_env "$bin"

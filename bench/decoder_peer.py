@@ -2,8 +2,11 @@
 """The Python PyTorch peer of decoder_train_bench: the same decoder (SCIENCE.md
 B.2: learned embedding, pre-LN blocks, bias-free q/k/v/o with RoPE on q and k
 (half-split rotation, base 10000), causal softmax, SiLU MLP with biases,
-readout with bias, no final LayerNorm) from the same initial weights, trained
-with AdamW on exactly the batches the C++ side dumped.
+readout with bias, no final LayerNorm; or B.3 for E2 regression: bias-free
+read-in of (d+1)-vectors with a learnable pad in the mapsto layout, biases on
+q/k/v/o, tanh-GELU MLP, final LayerNorm, bias-free scalar head, squared
+error on the y positions) from the same initial weights, trained with AdamW
+on exactly the batches the C++ side dumped.
 
     /usr/bin/python3 bench/decoder_peer.py DUMP_FILE [--steps N] [--warmup W]
 
@@ -21,7 +24,7 @@ import torch.nn.functional as F
 
 def load(path):
     with open(path, "rb") as f:
-        n, b, t, vocab, layers, d, heads, mlp = struct.unpack("<8q", f.read(64))
+        n, b, t, vocab, layers, d, heads, mlp, din, abias, fln, gelu = struct.unpack("<12q", f.read(96))
         lr, wd = struct.unpack("<2d", f.read(16))
 
         def tensor(*shape, dtype=np.float32):
@@ -29,20 +32,30 @@ def load(path):
             return torch.from_numpy(np.frombuffer(f.read(count * np.dtype(dtype).itemsize), dtype=dtype)
                                     .reshape(shape).copy())
 
-        params = [tensor(vocab, d)]
+        # The engine's parameter order (DecoderModel's constructor).
+        params = [tensor(din, d), tensor(din)] if din else [tensor(vocab, d)]
         for _ in range(layers):
-            params += [tensor(d), tensor(d), tensor(d, d), tensor(d, d), tensor(d, d), tensor(d, d),
-                       tensor(d), tensor(d), tensor(d, mlp), tensor(mlp), tensor(mlp, d), tensor(d)]
-        params += [tensor(d, vocab), tensor(vocab)]
-        batches = [tensor(b, t, dtype=np.int64) for _ in range(n)]
-    return params, batches, dict(layers=layers, d=d, heads=heads, lr=lr, wd=wd, t=t)
+            block = [tensor(d), tensor(d), tensor(d, d), tensor(d, d), tensor(d, d), tensor(d, d)]
+            if abias:
+                block += [tensor(d) for _ in range(4)]
+            params += block + [tensor(d), tensor(d), tensor(d, mlp), tensor(mlp), tensor(mlp, d), tensor(d)]
+        if fln:
+            params += [tensor(d), tensor(d)]
+        params += [tensor(d, vocab)] + ([] if din else [tensor(vocab)])
+        if din:  # x [B, n, d] and y [B, n] per batch
+            batches = [(tensor(b, t // 3, din - 1), tensor(b, t // 3)) for _ in range(n)]
+        else:
+            batches = [tensor(b, t, dtype=np.int64) for _ in range(n)]
+    return params, batches, dict(layers=layers, d=d, heads=heads, lr=lr, wd=wd, t=t, din=din, abias=bool(abias),
+                                 fln=bool(fln), gelu=bool(gelu))
 
 
 class Decoder(torch.nn.Module):
-    def __init__(self, params, layers, d, heads, t):
+    def __init__(self, params, layers, d, heads, t, din=0, abias=False, fln=False, gelu=False):
         super().__init__()
         self.p = torch.nn.ParameterList([torch.nn.Parameter(x) for x in params])
         self.layers, self.d, self.heads = layers, d, heads
+        self.din, self.abias, self.fln, self.gelu = din, abias, fln, gelu
         dh = d // heads
         half = dh // 2
         inv = 10000.0 ** (-torch.arange(half, dtype=torch.float64) / half)
@@ -56,22 +69,42 @@ class Decoder(torch.nn.Module):
         x1, x2 = x[..., :half], x[..., half:]
         return torch.cat([x1 * c - x2 * s, x1 * s + x2 * c], -1)
 
-    def forward(self, tokens):
+    def mapsto(self, x, y):
+        # x_1 |- y_1 x_2 |- y_2 ...: [x; 0], the pad, [0_d; y].
+        B, n, dx = x.shape
+        xs = torch.cat([x, x.new_zeros(B, n, 1)], -1)
+        ys = torch.cat([x.new_zeros(B, n, dx), y[..., None]], -1)
+        pads = self.p[1].expand(B, n, dx + 1)
+        return torch.stack([xs, pads, ys], 2).reshape(B, 3 * n, dx + 1)
+
+    def forward(self, inputs):
         p = self.p
-        B, T = tokens.shape
+        B, T = inputs.shape[:2]
         H, dh = self.heads, self.d // self.heads
-        x = p[0][tokens]
-        for l in range(self.layers):
-            ln1w, ln1b, wq, wk, wv, wo, ln2w, ln2b, w1, b1, w2, b2 = p[1 + 12 * l: 13 + 12 * l]
+        x = inputs @ p[0] if self.din else p[0][inputs]
+        i = 2 if self.din else 1
+        for _ in range(self.layers):
+            ln1w, ln1b, wq, wk, wv, wo = p[i: i + 6]
+            i += 6
+            bq = bk = bv = bo = 0
+            if self.abias:
+                bq, bk, bv, bo = p[i: i + 4]
+                i += 4
+            ln2w, ln2b, w1, b1, w2, b2 = p[i: i + 6]
+            i += 6
             h = F.layer_norm(x, (self.d,)) * ln1w + ln1b
-            split = lambda w: (h @ w).view(B, T, H, dh).transpose(1, 2)
-            q, k, v = self.rope(split(wq)), self.rope(split(wk)), split(wv)
+            split = lambda w, b: (h @ w + b).view(B, T, H, dh).transpose(1, 2)
+            q, k, v = self.rope(split(wq, bq)), self.rope(split(wk, bk)), split(wv, bv)
             att = (q @ k.transpose(-1, -2)) / dh ** 0.5
             att = att.masked_fill(self.mask[:T, :T], float("-inf")).softmax(-1)
-            x = x + (att @ v).transpose(1, 2).reshape(B, T, self.d) @ wo
-            m = F.silu((F.layer_norm(x, (self.d,)) * ln2w + ln2b) @ w1 + b1)
+            x = x + (att @ v).transpose(1, 2).reshape(B, T, self.d) @ wo + bo
+            m = (F.layer_norm(x, (self.d,)) * ln2w + ln2b) @ w1 + b1
+            m = F.gelu(m, approximate="tanh") if self.gelu else F.silu(m)
             x = x + m @ w2 + b2
-        return x @ p[-2] + p[-1]
+        if self.fln:
+            x = F.layer_norm(x, (self.d,)) * p[i] + p[i + 1]
+            i += 2
+        return x @ p[i] if self.din else x @ p[i] + p[i + 1]
 
 
 def main():
@@ -83,14 +116,19 @@ def main():
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     params, batches, cfg = load(a.dump)
-    model = Decoder(params, cfg["layers"], cfg["d"], cfg["heads"], cfg["t"])
+    model = Decoder(params, cfg["layers"], cfg["d"], cfg["heads"], cfg["t"], cfg["din"], cfg["abias"], cfg["fln"],
+                    cfg["gelu"])
     opt = torch.optim.AdamW(model.parameters(), lr=cfg["lr"], weight_decay=cfg["wd"])
     first = []
 
     def step(i):
-        tokens = batches[i % len(batches)]
-        logits = model(tokens)
-        loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
+        if cfg["din"]:  # E2: squared error of the prediction at each |- (positions 3i + 1)
+            x, y = batches[i % len(batches)]
+            loss = ((model(model.mapsto(x, y))[:, 1::3, 0] - y) ** 2).mean()
+        else:
+            tokens = batches[i % len(batches)]
+            logits = model(tokens)
+            loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
         opt.zero_grad()
         loss.backward()
         opt.step()

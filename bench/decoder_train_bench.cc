@@ -1,5 +1,5 @@
-// Training-step benchmark of the decoder engine (SCIENCE.md B.2) on a latent
-// task, C++/LibTorch side. Times (a) the full step as the server runs it
+// Training-step benchmark of the decoder engine (SCIENCE.md B.2, and B.3 on
+// E2 regression specs) on a latent task, C++/LibTorch side. Times (a) the full step as the server runs it
 // (data generation + forward + backward + clipping + AdamW with the triangle
 // schedule) and (b) the model step alone on fixed, pre-generated batches.
 // With --dump FILE it writes the fixed batches and the initial weights so
@@ -14,6 +14,7 @@
 #include "client/lib/client.h"
 #include "server/engine/spec.h"
 #include "server/engine/train/latent_trainer.h"
+#include "server/engine/train/regression_trainer.h"
 
 namespace ce = circuitlab::engine;
 
@@ -51,11 +52,17 @@ int main(int argc, char** argv) {
   spec->mutable_training()->set_steps(static_cast<uint64_t>(steps + warmup) * 4);
   const auto& m = spec->model().decoder();
 
+  const bool regression = spec->task().latent().kind() == circuitlab::v1::LATENT_KIND_REGRESSION;
   // (a) the server's step.
-  ce::LatentTrainer trainer(*spec, {spec->seed()}, torch::kCPU);
-  for (int i = 0; i < warmup; ++i) trainer.Step(false);
+  std::unique_ptr<ce::TrainerBase> trainer;
+  if (regression) {
+    trainer = std::make_unique<ce::RegressionTrainer>(*spec, std::vector<uint64_t>{spec->seed()}, torch::kCPU);
+  } else {
+    trainer = std::make_unique<ce::LatentTrainer>(*spec, std::vector<uint64_t>{spec->seed()}, torch::kCPU);
+  }
+  for (int i = 0; i < warmup; ++i) trainer->Step(false);
   auto t0 = std::chrono::steady_clock::now();
-  for (int i = 0; i < steps; ++i) trainer.Step(false);
+  for (int i = 0; i < steps; ++i) trainer->Step(false);
   const double full = steps / Seconds(t0, std::chrono::steady_clock::now());
 
   // (b) the model step alone: forward, next-token CE, backward, AdamW.
@@ -64,29 +71,49 @@ int main(int argc, char** argv) {
   const auto& tr = spec->training();
   if (!dump.empty()) {
     std::ofstream out(dump, std::ios::binary);
+    // input_dim (0: tokens), attention biases, final LayerNorm, GELU: the B.3 switches.
     const int64_t header[] = {fixed_batches, tr.batch_size(), ce::ShapeOf(*spec).seq_len, ce::ShapeOf(*spec).vocab,
-                              m.num_layers(), m.d_model(), m.num_heads(), m.mlp_width()};
+                              m.num_layers(), m.d_model(), m.num_heads(), m.mlp_width(),
+                              model->config().input_dim, m.attention_bias(), m.final_layernorm(),
+                              m.activation() == circuitlab::v1::ACTIVATION_GELU};
     out.write(reinterpret_cast<const char*>(header), sizeof(header));
     const double hyper[] = {tr.learning_rate(), tr.weight_decay()};
     out.write(reinterpret_cast<const char*>(hyper), sizeof(hyper));
     for (const torch::Tensor& p : model->parameters()) Write(out, p.detach().squeeze(0).to(torch::kFloat));
   }
-  std::vector<torch::Tensor> batches;
+  // Tokens [B, T] int64, or E2's x [B, n, d] and y [B, n] float32.
+  std::vector<torch::Tensor> batches, targets;
   for (int i = 0; i < fixed_batches; ++i) {
     torch::Generator gen = ce::MakeGenerator(1000 + i);
-    batches.push_back(trainer.task(0).SampleTrain(tr.batch_size(), gen).tokens);
+    if (regression) {
+      ce::RegressionBatch b = static_cast<ce::RegressionTrainer&>(*trainer).task(0).SampleTrain(tr.batch_size(), gen);
+      batches.push_back(b.x.to(torch::kFloat));
+      targets.push_back(b.y.to(torch::kFloat));
+    } else {
+      batches.push_back(static_cast<ce::LatentTrainer&>(*trainer).task(0).SampleTrain(tr.batch_size(), gen).tokens);
+    }
   }
   if (!dump.empty()) {
     std::ofstream out(dump, std::ios::binary | std::ios::app);
-    for (const torch::Tensor& b : batches) Write(out, b);
+    for (size_t i = 0; i < batches.size(); ++i) {
+      Write(out, batches[i]);
+      if (regression) Write(out, targets[i]);
+    }
   }
   torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(tr.learning_rate())
                                                    .betas({tr.adam_beta1(), tr.adam_beta2()})
                                                    .weight_decay(tr.weight_decay()));
   std::vector<double> first_losses;
   auto step = [&](int i) {
-    torch::Tensor tokens = batches[static_cast<size_t>(i % fixed_batches)].unsqueeze(0);
-    torch::Tensor loss = ce::NextTokenLoss(model->Forward(tokens), tokens).mean();
+    const size_t k = static_cast<size_t>(i % fixed_batches);
+    torch::Tensor loss;
+    if (regression) {
+      torch::Tensor y = targets[k].unsqueeze(0);
+      loss = (ce::PredictRegression(*model, batches[k].unsqueeze(0), y) - y).pow(2).mean();
+    } else {
+      torch::Tensor tokens = batches[k].unsqueeze(0);
+      loss = ce::NextTokenLoss(model->Forward(tokens), tokens).mean();
+    }
     opt.zero_grad();
     loss.backward();
     opt.step();
