@@ -95,6 +95,15 @@ absl::StatusOr<TaskVectorReport> RunRegressionAnalyses(const DecoderModel& model
     report.rows.push_back({name, layer, position, value});
   };
 
+  // B natural sequences of each major (task k's at rows k*B..) and their
+  // states at the |- positions of every requested layer.
+  auto majors_states = [&](const char* purpose, int64_t B) {
+    torch::Generator gen = MakeGenerator(DeriveSeed63(r.seed, purpose));
+    RegressionBatch batch = task.SamplePool(LatentPool::kMajor, Repeat(K, B), gen);
+    std::vector<torch::Tensor> states = RegressionStates(model, batch.x, batch.y, layers, r.hook);
+    return std::pair{std::move(batch), std::move(states)};
+  };
+
   // ---- P0: within each major, is the state a (linear) function of x_i? ----
   if (r.p0) {
     std::vector<int64_t> points = r.positions;
@@ -107,10 +116,8 @@ absl::StatusOr<TaskVectorReport> RunRegressionAnalyses(const DecoderModel& model
     for (int64_t& p : points) p = std::min(p, last);
     std::sort(points.begin(), points.end());
     points.erase(std::unique(points.begin(), points.end()), points.end());
-    torch::Generator gen = MakeGenerator(DeriveSeed63(r.seed, "tv/conditioned"));
     const int64_t B = r.samples_per_cell;
-    RegressionBatch batch = task.SamplePool(LatentPool::kMajor, Repeat(K, B), gen);
-    std::vector<torch::Tensor> states = RegressionStates(model, batch.x, batch.y, layers, r.hook);
+    const auto [batch, states] = majors_states("tv/conditioned", B);
     for (size_t li = 0; li < layers.size(); ++li) {
       for (int64_t i : points) {
         torch::Tensor h = states[li].select(1, i).view({K, B, -1});
@@ -131,10 +138,8 @@ absl::StatusOr<TaskVectorReport> RunRegressionAnalyses(const DecoderModel& model
 
   // ---- P2 with a linear token model (D.5.5, E2: OLS on x_i replaces the token cells) ----
   if (r.p2) {
-    torch::Generator gen = MakeGenerator(DeriveSeed63(r.seed, "tv/p2"));
     const int64_t B = r.samples_per_cell;
-    RegressionBatch batch = task.SamplePool(LatentPool::kMajor, Repeat(K, B), gen);
-    std::vector<torch::Tensor> states = RegressionStates(model, batch.x, batch.y, layers, r.hook);
+    const auto [batch, states] = majors_states("tv/p2", B);
     torch::Tensor X = torch::cat({torch::ones({K * B, n, 1}, kF64), batch.x}, -1);  // [K*B, n, d+1]
     for (size_t li = 0; li < layers.size(); ++li) {
       torch::Tensor h = states[li];                    // [K*B, n, D]
@@ -167,10 +172,8 @@ absl::StatusOr<TaskVectorReport> RunRegressionAnalyses(const DecoderModel& model
 
   // ---- P3: weights on the task vectors vs the posterior from the Gaussian likelihood (D.5.6) ----
   if (r.p3) {
-    torch::Generator gen = MakeGenerator(DeriveSeed63(r.seed, "tv/p3"));
     const int64_t B = r.p3_samples;
-    RegressionBatch batch = task.SamplePool(LatentPool::kMajor, Repeat(K, B), gen);
-    std::vector<torch::Tensor> states = RegressionStates(model, batch.x, batch.y, layers, r.hook);
+    const auto [batch, states] = majors_states("tv/p3", B);
     torch::Tensor alpha = task.MajorPosterior(batch.x, batch.y).view({K, B, n, K});
     for (size_t li = 0; li < layers.size(); ++li) {
       P3Rows(states[li].view({K, B, n, -1}), alpha, est_begin, est_end, layers[li], row);
