@@ -588,9 +588,9 @@ absl::StatusOr<InterveneReport> InterveneImpl(const v1::ExperimentSpec& spec, co
     for (const EvalSetInfo& info : o.task->EvalSets()) sets.push_back(info.name);
   }
   for (const PreparedOp& p : activations) {
-    if (!p.op->reference_set.empty() && !MakeEval(*o.task, p.op->reference_set, 1, req.seed).ok()) {
-      return absl::InvalidArgumentError(p.field + ".reference_set: " +
-                                        std::string(MakeEval(*o.task, p.op->reference_set, 1, req.seed).status().message()));
+    if (p.op->reference_set.empty()) continue;
+    if (absl::StatusOr<EvalData> probe = MakeEval(*o.task, p.op->reference_set, 1, req.seed); !probe.ok()) {
+      return absl::InvalidArgumentError(p.field + ".reference_set: " + std::string(probe.status().message()));
     }
   }
   for (size_t i = 0; i < sets.size(); ++i) {
@@ -601,17 +601,22 @@ absl::StatusOr<InterveneReport> InterveneImpl(const v1::ExperimentSpec& spec, co
     }
     // Reference activations come from the weight-edited model on sequences
     // drawn with another seed (the evaluated set unless reference_set).
+    std::map<std::string, EvalData> drawn;  // reference sequences, shared by the ops that read the same set
     for (PreparedOp& p : activations) {
       p.ref = p.mean = p.perm = torch::Tensor();
       if (!NeedsReference(p)) continue;
       const std::string ref_name = p.op->reference_set.empty() ? data->name : p.op->reference_set;
-      absl::StatusOr<EvalData> ref = MakeEval(*o.task, ref_name, req.n_eval, DeriveSeed63(req.seed, "intervene/reference"));
-      if (!ref.ok()) return ref.status();
+      auto ref = drawn.find(ref_name);
+      if (ref == drawn.end()) {
+        absl::StatusOr<EvalData> d = MakeEval(*o.task, ref_name, req.n_eval, DeriveSeed63(req.seed, "intervene/reference"));
+        if (!d.ok()) return d.status();
+        ref = drawn.emplace(ref_name, std::move(*d)).first;
+      }
       absl::Status s = CaptureReference(
           p, req.n_eval, kChunk, o.task->seq_len(), DeriveSeed63(req.seed, "intervene/resample", i),
           [&](int64_t b, int64_t count, const HookFn& hook) {
             torch::NoGradGuard no_grad;
-            edited->Forward(ref->tokens.narrow(1, b, count), ref->pids.narrow(1, b, count), false, nullptr, &hook);
+            edited->Forward(ref->second.tokens.narrow(1, b, count), ref->second.pids.narrow(1, b, count), false, nullptr, &hook);
           });
       if (!s.ok()) return s;
     }

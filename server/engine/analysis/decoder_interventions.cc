@@ -1,9 +1,12 @@
 #include "server/engine/analysis/decoder_interventions.h"
 
+#include <map>
+
 #include "server/common/seeds.h"
 #include "server/engine/analysis/activation_ops.h"
 #include "server/engine/analysis/task_vectors.h"
 #include "server/engine/train/latent_trainer.h"
+#include "server/engine/train/regression_trainer.h"
 #include "server/engine/train/trainer_base.h"
 
 namespace circuitlab::engine {
@@ -116,6 +119,28 @@ absl::StatusOr<std::vector<PreparedOp>> PrepareOps(
   return ops;
 }
 
+// Captures, for evaluated set `si`, the reference activations of every op
+// that needs them: n sequences of set `reference(p)` (drawn once per set by
+// `inputs(set)`, shared by the ops that read it), run through `model`.
+absl::Status CaptureReferences(std::vector<PreparedOp>& ops, const DecoderModel& model, int si, int64_t n,
+                               int64_t T, uint64_t seed, const std::function<int(const PreparedOp&)>& reference,
+                               const std::function<torch::Tensor(int)>& inputs) {
+  std::map<int, torch::Tensor> drawn;
+  for (PreparedOp& p : ops) {
+    p.ref = p.mean = p.perm = torch::Tensor();
+    if (!NeedsReference(p)) continue;
+    const int ri = reference(p);
+    auto it = drawn.find(ri);
+    if (it == drawn.end()) it = drawn.emplace(ri, inputs(ri)).first;
+    const torch::Tensor& ref = it->second;
+    absl::Status s = CaptureReference(
+        p, n, kChunk, T, DeriveSeed63(seed, "intervene/resample", static_cast<uint64_t>(si)),
+        [&](int64_t b, int64_t count, const HookFn& hook) { model.Forward(ref.narrow(0, b, count).unsqueeze(0), &hook); });
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<InterveneReport> InterveneDecoder(const DecoderModel& model, const LatentTaskGenerator& task,
@@ -202,20 +227,21 @@ absl::StatusOr<InterveneReport> InterveneDecoder(const DecoderModel& model, cons
   InterveneReport report;
   for (int si : chosen) {
     torch::Tensor tokens = draw(si, "intervene/eval");
+    auto reference = [&](const PreparedOp& p) {  // replace-convex's task vectors come from the majors
+      if (p.op->kind == InterventionOp::Kind::kActReplaceConvex) return find_set("id");
+      return p.op->reference_set.empty() ? si : find_set(p.op->reference_set);
+    };
+    absl::Status s = CaptureReferences(ops, model, si, n, T, request.seed, reference,
+                                       [&](int ri) { return draw(ri, "intervene/reference"); });
+    if (!s.ok()) return s;
+    // lambda depends on the op and the set only: drawn once per replace-convex op.
+    const torch::Tensor convex_lambda = convex != nullptr ? lambda_of(*convex, si) : torch::Tensor();
     for (PreparedOp& p : ops) {
-      p.ref = p.mean = p.perm = torch::Tensor();
-      if (!NeedsReference(p)) continue;
-      const bool steer = p.op->kind == InterventionOp::Kind::kActReplaceConvex;
-      const int ri = steer ? find_set("id") : p.op->reference_set.empty() ? si : find_set(p.op->reference_set);
-      const torch::Tensor ref = draw(ri, "intervene/reference");
-      absl::Status s = CaptureReference(
-          p, n, kChunk, T, DeriveSeed63(request.seed, "intervene/resample", static_cast<uint64_t>(si)),
-          [&](int64_t b, int64_t count, const HookFn& hook) { model.Forward(ref.narrow(0, b, count).unsqueeze(0), &hook); });
-      if (!s.ok()) return s;
-      if (steer) PrepareConvex(p, task, lambda_of(*p.op, si), n);
+      if (p.op->kind == InterventionOp::Kind::kActReplaceConvex) {
+        PrepareConvex(p, task, p.op == convex ? convex_lambda : lambda_of(*p.op, si), n);
+      }
     }
     double loss_clean = 0, loss = 0, acc_clean = 0, acc = 0, kl = 0, kl_ref_clean = 0, kl_ref = 0;
-    const torch::Tensor convex_lambda = convex != nullptr ? lambda_of(*convex, si) : torch::Tensor();
     // kl_ref is averaged over every predicting position, or over the steered
     // ones for a replace-convex op.
     torch::Tensor ref_rows = torch::arange(T - 1, torch::kLong);
@@ -303,23 +329,18 @@ absl::StatusOr<InterveneReport> InterveneRegression(const DecoderModel& model, c
     const LatentPool pool = index.sets[static_cast<size_t>(i)].pool;
     return task.SamplePool(pool, torch::arange(n, torch::kLong).remainder(task.pool(pool).size(0)), gen);
   };
-  auto inputs_of = [&](const RegressionBatch& b) {
-    return model.MapstoInputs(b.x.to(torch::kFloat).unsqueeze(0), b.y.to(torch::kFloat).unsqueeze(0)).squeeze(0);
-  };
   InterveneReport report;
   for (int si : *chosen) {
     const RegressionBatch eval = draw(si, "intervene/eval");
-    const torch::Tensor inputs = inputs_of(eval);  // [n, T, d + 1]
-    for (PreparedOp& p : ops) {
-      p.ref = p.mean = p.perm = torch::Tensor();
-      if (!NeedsReference(p)) continue;
-      const int ri = p.op->reference_set.empty() ? si : index.Find(p.op->reference_set);
-      const torch::Tensor ref = inputs_of(draw(ri, "intervene/reference"));
-      absl::Status s = CaptureReference(
-          p, n, kChunk, T, DeriveSeed63(request.seed, "intervene/resample", static_cast<uint64_t>(si)),
-          [&](int64_t b, int64_t count, const HookFn& hook) { model.Forward(ref.narrow(0, b, count).unsqueeze(0), &hook); });
-      if (!s.ok()) return s;
-    }
+    const torch::Tensor inputs = MemberInputs(model, eval.x, eval.y);  // [n, T, d + 1]
+    absl::Status s = CaptureReferences(
+        ops, model, si, n, T, request.seed,
+        [&](const PreparedOp& p) { return p.op->reference_set.empty() ? si : index.Find(p.op->reference_set); },
+        [&](int ri) {
+          const RegressionBatch ref = draw(ri, "intervene/reference");
+          return MemberInputs(model, ref.x, ref.y);
+        });
+    if (!s.ok()) return s;
     // The set's Bayes predictor: retrieval over the known tasks on id, ridge elsewhere.
     const bool major = index.sets[static_cast<size_t>(si)].pool == LatentPool::kMajor;
     std::vector<torch::Tensor> refs;

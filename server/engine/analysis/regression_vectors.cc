@@ -17,16 +17,6 @@ constexpr int64_t kChunk = 1024;
 constexpr int64_t kBayesChunk = 256;
 
 const auto kF64 = torch::TensorOptions().dtype(torch::kDouble);
-const auto kI64 = torch::TensorOptions().dtype(torch::kLong);
-
-std::string HookName(int layer, const std::string& kind) { return "L" + std::to_string(layer) + "." + kind; }
-
-torch::Tensor Repeat(int64_t n, int64_t times) { return torch::arange(n, kI64).repeat_interleave(times); }
-
-// The model inputs [N, 3n, d + 1] of sequences x [N, n, d], y [N, n].
-torch::Tensor Inputs(const DecoderModel& model, const torch::Tensor& x, const torch::Tensor& y) {
-  return model.MapstoInputs(x.to(torch::kFloat).unsqueeze(0), y.to(torch::kFloat).unsqueeze(0)).squeeze(0);
-}
 
 // The model's predictions [N, n] (float64), in chunks.
 torch::Tensor Predict(const DecoderModel& model, const torch::Tensor& x, const torch::Tensor& y) {
@@ -34,8 +24,10 @@ torch::Tensor Predict(const DecoderModel& model, const torch::Tensor& x, const t
   const int64_t N = x.size(0);
   for (int64_t b = 0; b < N; b += kChunk) {
     const int64_t n = std::min(kChunk, N - b);
-    torch::Tensor in = Inputs(model, x.narrow(0, b, n), y.narrow(0, b, n)).unsqueeze(0);
-    parts.push_back(DecoderModel::Predictions(model.Forward(in)).squeeze(0).to(torch::kDouble));
+    parts.push_back(PredictRegression(model, x.narrow(0, b, n).to(torch::kFloat).unsqueeze(0),
+                                      y.narrow(0, b, n).to(torch::kFloat).unsqueeze(0))
+                        .squeeze(0)
+                        .to(torch::kDouble));
   }
   return torch::cat(parts, 0);
 }
@@ -52,7 +44,7 @@ double ResidualSS(const torch::Tensor& h, const torch::Tensor& X) {
 
 std::vector<torch::Tensor> RegressionStates(const DecoderModel& model, const torch::Tensor& x, const torch::Tensor& y,
                                             const std::vector<int>& layers, const std::string& kind) {
-  std::vector<torch::Tensor> states = HiddenStates(model, Inputs(model, x, y), layers, kind);
+  std::vector<torch::Tensor> states = HiddenStates(model, MemberInputs(model, x, y), layers, kind);
   for (torch::Tensor& s : states) s = s.slice(1, 1, s.size(1), 3).contiguous();  // the |- positions
   return states;
 }
@@ -192,7 +184,7 @@ absl::StatusOr<TaskVectorReport> RunRegressionAnalyses(const DecoderModel& model
     torch::Tensor theta = h.mean(1) - h.mean(at::IntArrayRef{0, 1});  // [K, n, D]
     torch::Tensor mu = h.mean(at::IntArrayRef{0, 1});                 // [n, D]
     const int64_t N = r.steering_samples;
-    torch::Tensor true_task = torch::arange(N, kI64).remainder(K);
+    torch::Tensor true_task = torch::arange(N, torch::kLong).remainder(K);
     RegressionBatch batch = task.SamplePool(LatentPool::kMajor, true_task, gen);
     torch::Tensor alpha = at::_standard_gamma(torch::ones({N, K}, kF64), gen);
     alpha = alpha / alpha.sum(-1, true);
@@ -207,7 +199,7 @@ absl::StatusOr<TaskVectorReport> RunRegressionAnalyses(const DecoderModel& model
     torch::Tensor theta_bar = theta.narrow(1, p_begin, p_end - p_begin + 1).mean(1);  // [K, D]
     const torch::Tensor span = OrthonormalColumns(theta_bar.t());
     const torch::Tensor Pf = torch::matmul(span, span.t()).to(torch::kFloat);
-    torch::Tensor inputs = Inputs(model, batch.x, batch.y);  // [N, 3n, d + 1]
+    torch::Tensor inputs = MemberInputs(model, batch.x, batch.y);  // [N, 3n, d + 1]
     const std::string point = HookName(sl, r.injection_hook);
     double sq_base = 0, sq_inj = 0, sq_mode = 0;
     for (int64_t p = p_begin; p <= p_end; ++p) {

@@ -18,7 +18,6 @@ constexpr int64_t kBayesChunk = 64;
 const auto kF64 = torch::TensorOptions().dtype(torch::kDouble);
 const auto kI64 = torch::TensorOptions().dtype(torch::kLong);
 
-std::string HookName(int layer, const std::string& kind) { return "L" + std::to_string(layer) + "." + kind; }
 
 double Pearson(const torch::Tensor& a, const torch::Tensor& b) {
   torch::Tensor x = a - a.mean(), y = b - b.mean();
@@ -26,8 +25,6 @@ double Pearson(const torch::Tensor& a, const torch::Tensor& b) {
   return den > 0 ? (x * y).sum().item<double>() / den : 0.0;
 }
 
-// Repeats each of `n` ids `times` times: [0,0,..,1,1,..].
-torch::Tensor Repeat(int64_t n, int64_t times) { return torch::arange(n, kI64).repeat_interleave(times); }
 
 class Reporter {
  public:
@@ -309,6 +306,10 @@ std::vector<torch::Tensor> HiddenStates(const DecoderModel& model, const torch::
   for (auto& p : parts) out.push_back(torch::cat(p, 0));
   return out;
 }
+
+std::string HookName(int layer, const std::string& kind) { return "L" + std::to_string(layer) + "." + kind; }
+
+torch::Tensor Repeat(int64_t n, int64_t times) { return torch::arange(n, kI64).repeat_interleave(times); }
 
 torch::Tensor OrthonormalColumns(const torch::Tensor& m) {
   auto [U, S, Vh] = torch::linalg_svd(m, /*full_matrices=*/false);

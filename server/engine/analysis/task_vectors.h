@@ -33,6 +33,13 @@ torch::Tensor AffineWeights(const torch::Tensor& y, const torch::Tensor& theta);
 std::vector<torch::Tensor> HiddenStates(const DecoderModel& model, const torch::Tensor& tokens,
                                         const std::vector<int>& layers, const std::string& kind, int64_t at = -1);
 
+// "L{layer}.{kind}", the decoder hook name of a stream point.
+std::string HookName(int layer, const std::string& kind);
+
+// Repeats each of `n` ids `times` times: [0,0,..,1,1,..] (sequences of task
+// k at rows k*times..).
+torch::Tensor Repeat(int64_t n, int64_t times);
+
 // Orthonormal columns spanning the columns of m [D, n] (singular values above
 // 1e-6 of the largest; at least one column).
 torch::Tensor OrthonormalColumns(const torch::Tensor& m);

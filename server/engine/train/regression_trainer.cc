@@ -16,6 +16,10 @@ torch::Tensor PredictRegression(const DecoderModel& model, const torch::Tensor& 
   return DecoderModel::Predictions(model.Forward(model.MapstoInputs(x, y), hook));
 }
 
+torch::Tensor MemberInputs(const DecoderModel& model, const torch::Tensor& x, const torch::Tensor& y) {
+  return model.MapstoInputs(x.to(torch::kFloat).unsqueeze(0), y.to(torch::kFloat).unsqueeze(0)).squeeze(0);
+}
+
 RegressionTrainer::RegressionTrainer(const v1::ExperimentSpec& spec, std::vector<uint64_t> member_seeds,
                                      torch::Device device)
     : TrainerBase(spec, std::move(member_seeds), device) {

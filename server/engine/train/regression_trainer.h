@@ -34,6 +34,10 @@ namespace circuitlab::engine {
 torch::Tensor PredictRegression(const DecoderModel& model, const torch::Tensor& x, const torch::Tensor& y,
                                 const HookFn* hook = nullptr);
 
+// One member's model inputs [N, 3n, d + 1] (float32) for sequences x
+// [N, n, d], y [N, n] of any floating type.
+torch::Tensor MemberInputs(const DecoderModel& model, const torch::Tensor& x, const torch::Tensor& y);
+
 class RegressionTrainer : public TrainerBase {
  public:
   RegressionTrainer(const v1::ExperimentSpec& spec, std::vector<uint64_t> member_seeds, torch::Device device);
