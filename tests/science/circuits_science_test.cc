@@ -174,3 +174,73 @@ TEST(CircuitScienceTest, FourCoordinateTicketTracksTheFullModel) {
 
 }  // namespace
 }  // namespace circuitlab::engine
+
+namespace circuitlab::engine {
+namespace {
+
+// SCIENCE.md E.10: imir-3L coordinate model over the paper basis (71
+// coordinates, raw scaling, zero init) on 2-hop induction (V_r 32, n 6, k 2,
+// P 16, block offsets), batch 128, evaluated every 50 steps, stopped at test
+// accuracy >= 0.95 (<= 1500 steps); then D.1 with its defaults. Departure
+// from E.10's Adam 1e-2: SGD lr 2. Adam reached only 0.75 after 3000 steps
+// at P 16 and, at P 64, 0.93 with a sign-flipped, non-canonical circuit of
+// 40 coordinates; SGD reaches 0.96 at step 200 (README). Measured (seed 1,
+// through the server): stop at step 200, test accuracy 0.959; K* = 7 of 71
+// (116 evaluations): the four template coordinates, m(K*) 0.952 = m_ref
+// 0.951; aiding: L3H1:[∅→(1,0,0)]:I_t -3.27 and L3H1:[(0,1,0)→(1,0,0)]:S_0
+// -3.42, whose removal raises layer 3's irrelevant-key mass by 0.031 and
+// 0.027, and the readout direction OUT:[(1,1,1)]:I. Seeds 2-4 (P 64): 6 of
+// 71, template found each time. Asserted: E.10's expectations as written
+// (template with all four, |K*| <= 12, m(K*) >= m_ref - 0.01, every kept
+// key-query aiding coordinate raises its layer's irrelevant-key mass when
+// removed), accuracy >= 0.9 reached within 1500 steps (else inconclusive).
+TEST(CircuitScienceTest, DetectionRecoversTheTwoHopCircuit) {
+  const v1::ExperimentSpec spec = testing::ResolvedSpec(R"({
+    "seed": 1,
+    "task": {"k_hop": {"num_tokens": 32, "num_blocks": 6, "hops": 2, "num_positions": 16}},
+    "model": {"imir": {"num_layers": 3, "num_heads": 1, "parameterisation": "PARAMETERISATION_COORDINATES",
+                       "coordinate_scaling": "COORDINATE_SCALING_RAW", "init": "INIT_SCHEME_ZERO"}},
+    "training": {"optimizer": "OPTIMIZER_KIND_SGD", "learning_rate": 2, "batch_size": 128, "steps": 1500},
+    "recording": {"eval_size": 1024}
+  })");
+  EnsembleTrainer trainer(spec, {spec.seed()}, torch::kCPU);
+  double accuracy = 0;
+  while (trainer.step() < trainer.total_steps()) {
+    trainer.Step(false);
+    if (trainer.step() % 50 != 0) continue;
+    accuracy = testing::MetricValue(trainer.Evaluate()[0], "eval/test/accuracy");
+    if (accuracy >= 0.95) break;
+  }
+  std::printf("trained to step %lld, test accuracy %.4f\n", static_cast<long long>(trainer.step()), accuracy);
+  ASSERT_GE(accuracy, 0.9) << "E.10 is inconclusive: 2-hop accuracy below 0.9 after 1500 steps";
+  DetectRequest req;
+  req.seed = spec.seed();
+  absl::StatusOr<DetectReport> r = DetectCircuitImpl(spec, trainer.SaveCheckpoint(), req, {}, nullptr);
+  ASSERT_TRUE(r.ok()) << r.status();
+  std::printf("eval %s: dense %.4f ref %.4f circuit %.4f, %zu of %lld kept, %lld evaluations, template '%s'\n",
+              r->eval_set.c_str(), r->m_dense, r->m_ref, r->m_circuit, r->circuit.size(),
+              static_cast<long long>(r->candidates), static_cast<long long>(r->evaluations),
+              r->template_name.c_str());
+  std::set<std::string> kept;
+  for (const CircuitMember& m : r->circuit) {
+    std::printf("  %-30s %-9s value %8.4f necessity %.4f", m.def.label.c_str(), m.role.c_str(), m.value, m.necessity);
+    for (double d : m.irrelevant_mass_delta) std::printf(" %+.3f", d);
+    std::printf("\n");
+    kept.insert(m.def.label);
+    if (m.role == "aiding" && m.def.layer > 0) {
+      ASSERT_GE(m.irrelevant_mass_delta.size(), static_cast<size_t>(m.def.layer));
+      EXPECT_GT(m.irrelevant_mass_delta[static_cast<size_t>(m.def.layer - 1)], 0.0) << m.def.label;
+    }
+  }
+  EXPECT_EQ(r->template_name, "two_hop_chain");
+  EXPECT_EQ(r->template_layers, (std::vector<int>{1, 2, 3}));
+  for (const char* label : {"L1H1:[∅→∅]:S_1", "L2H1:[∅→(1,0,0)]:I_t", "L3H1:[(0,1,0)→(1,0,0)]:I_t",
+                            "OUT:[(0,0,1)]:I"}) {
+    EXPECT_TRUE(kept.count(label)) << label;
+  }
+  EXPECT_LE(r->circuit.size(), 12u);
+  EXPECT_GE(r->m_circuit, r->m_ref - 0.01);
+}
+
+}  // namespace
+}  // namespace circuitlab::engine
