@@ -1033,6 +1033,20 @@ int main(int argc, char** argv) {
                   c.icl() ? "yes" : "no", c.iwl() ? "yes" : "no", c.coords_icl() ? "yes" : "no",
                   c.coords_iwl() ? "yes" : "no", c.conflict_logit_diff(), c.label().c_str(), c.pair().c_str());
     }
+    if (resp->checkpoints_size() > 0 && resp->checkpoints().rbegin()->head_ablation_size() > 0) {
+      // How the last checkpoint's pair was found: heads and pair paths zeroed.
+      const v1::CheckpointLabel& last = *resp->checkpoints().rbegin();
+      std::printf("step %llu, share of accuracy above chance removed by zeroing\n  heads:",
+                  static_cast<unsigned long long>(last.step()));
+      for (int l = 0; l < last.head_ablation_size(); ++l) std::printf("  L%d %.2f", l + 1, last.head_ablation(l));
+      std::map<std::string, double> paths(last.pair_ablation().begin(), last.pair_ablation().end());
+      std::printf("\n  pair paths (match coordinates):");
+      for (const auto& [name, s] : paths) std::printf("  %s %.2f", name.c_str(), s);
+      std::map<std::string, double> scores(last.pair_scores().begin(), last.pair_scores().end());
+      std::printf("\n  pair scores |prev| |match| |out|:");
+      for (const auto& [name, s] : scores) std::printf("  %s %.3g", name.c_str(), s);
+      std::printf("\n");
+    }
     return 0;
   }
   if (*data_dep) {

@@ -254,6 +254,7 @@ struct CheckpointLabelReport {
   std::string pair;
   std::vector<std::pair<std::string, double>> pair_scores;
   std::vector<double> head_ablation;
+  std::vector<std::pair<std::string, double>> pair_ablation;  // set of pairs -> share removed
 };
 
 struct LabelReport {

@@ -505,7 +505,9 @@ absl::StatusOr<v1::LabelRunResponse> AnalysisCore::LabelRun(const v1::LabelRunRe
   v1::LabelRunRequest canonical;
   canonical.set_run_id(FormatRunId(id));
   canonical.set_n_eval(request.n_eval() == 0 ? 1024 : request.n_eval());
-  std::string key = canonical.SerializeAsString();
+  // The labelling rule's version: labels stored by an earlier rule are
+  // recomputed, not served.
+  std::string key = canonical.SerializeAsString() + "/pair-paths-1";
   for (int64_t s : steps) key += "/" + std::to_string(s);
   engine::LabelRequest lr;
   lr.n_eval = canonical.n_eval();
@@ -537,6 +539,7 @@ absl::StatusOr<v1::LabelRunResponse> AnalysisCore::LabelRun(const v1::LabelRunRe
       o->set_pair(c.pair);
       for (const auto& [name, s] : c.pair_scores) (*o->mutable_pair_scores())[name] = s;
       o->mutable_head_ablation()->Add(c.head_ablation.begin(), c.head_ablation.end());
+      for (const auto& [name, s] : c.pair_ablation) (*o->mutable_pair_ablation())[name] = s;
     }
     done.set_label(r.label);
     done.set_pair(r.pair);

@@ -781,6 +781,14 @@ TEST(IntegrationTest, DetectInterveneAndLabelAgreeOnACoordinateModel) {
   ASSERT_GE(l->checkpoints_size(), 1);
   EXPECT_EQ(l->label(), l->checkpoints(l->checkpoints_size() - 1).label());
   EXPECT_EQ(l->checkpoints(0).head_ablation_size(), 2);
+  // A 2-layer model has one candidate pair; its path is tried whenever the
+  // accuracy stands (a pair label other than NONE).
+  const v1::CheckpointLabel& last = l->checkpoints(l->checkpoints_size() - 1);
+  EXPECT_EQ(last.pair_ablation_size(), last.pair() == "NONE" ? 0 : 1) << last.pair();
+  if (last.pair() != "NONE") {
+    ASSERT_TRUE(last.pair_ablation().contains("1-2"));
+    EXPECT_EQ(last.pair() == "1-2", last.pair_ablation().at("1-2") >= 0.5) << last.pair();
+  }
   dreq.set_metric("median");
   EXPECT_EQ(c.DetectCircuit(dreq).status().code(), absl::StatusCode::kInvalidArgument);
 }

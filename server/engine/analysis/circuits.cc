@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cmath>
 #include <map>
 #include <numeric>
@@ -188,6 +189,23 @@ void LoadCoords(const Opened& o, const std::vector<double>& c, ImirModel& target
   Projection p;
   p.values = c;
   o.projector->LoadProjected(p, target, 0);
+}
+
+// W + W_S(after) - W_S(before) over `projector`'s basis: the dense weights
+// with their coordinates moved from `before` to `after`, the off-manifold
+// part kept.
+std::unique_ptr<ImirModel> MovedCoords(const Opened& o, const Projector& projector, const std::vector<double>& before,
+                                       const std::vector<double>& after) {
+  std::vector<double> delta(after.size());
+  for (size_t i = 0; i < after.size(); ++i) delta[i] = after[i] - before[i];
+  Projection p;
+  p.values = std::move(delta);
+  std::unique_ptr<ImirModel> moved = DenseLike(*o.task, o.layers, o.heads);
+  projector.LoadProjected(p, *moved, 0);
+  torch::NoGradGuard no_grad;
+  for (int64_t l = 0; l < o.layers; ++l) moved->kq(l).add_(o.dense->kq(l));
+  moved->readout().add_(o.dense->readout());
+  return moved;
 }
 
 // The block written by head h (1-based) of layer i (1-based), as a path name.
@@ -564,18 +582,7 @@ absl::StatusOr<InterveneReport> InterveneImpl(const v1::ExperimentSpec& spec, co
   }
 
   // W' = W + W_S(c') - W_S(c), then the head ablations.
-  std::unique_ptr<ImirModel> edited = DenseLike(*o.task, o.layers, o.heads);
-  std::unique_ptr<ImirModel> on_before = DenseLike(*o.task, o.layers, o.heads);
-  std::unique_ptr<ImirModel> on_after = DenseLike(*o.task, o.layers, o.heads);
-  LoadCoords(o, o.values, *on_before);
-  LoadCoords(o, c, *on_after);
-  {
-    torch::NoGradGuard no_grad;
-    for (int64_t l = 0; l < o.layers; ++l) {
-      edited->kq(l).copy_(o.dense->kq(l) + on_after->kq(l) - on_before->kq(l));
-    }
-    edited->readout().copy_(o.dense->readout() + on_after->readout() - on_before->readout());
-  }
+  std::unique_ptr<ImirModel> edited = MovedCoords(o, *o.projector, o.values, c);
   for (const auto& [layer, head] : ablated) AblateHead(*edited, layer, head);
 
   InterveneReport report;
@@ -644,6 +651,65 @@ absl::StatusOr<InterveneReport> InterveneImpl(const v1::ExperimentSpec& spec, co
     report.effects.push_back(std::move(e));
   }
   return report;
+}
+
+// D.3's winning pair, refined for redundant circuits [P]. Candidate pair
+// (i, j) (previous-token head at layer i, induction head at j, head 1) owns
+// one coordinate, its match L{j}H1:[∅→(block of head i)]:I_t; prev_i and
+// out_j are shared with other pairs. Zeroing the match coordinates of a set
+// of pairs (W - sum c_k B_k, the rest of the weights kept) removes exactly
+// those paths. The label is the smallest set whose removal takes away at
+// least half of the accuracy above chance: "2-3", or "1-3+2-3" when two
+// pairs cover for each other (removing either alone leaves the other); among
+// sets of that size the one removing most, MIXED when another removes at
+// least 90% as much, OTHER when no set of up to three pairs does (the
+// behaviour lives outside the candidate paths). Every set tried is reported
+// in `ablation` with the share it removes.
+std::string PathLabel(const Opened& o, const Projector& projector, const Basis& paper, const std::vector<double>& c,
+                      const std::vector<std::pair<std::string, double>>& scores, const EvalData& d, double acc,
+                      double chance, std::vector<std::pair<std::string, double>>& ablation) {
+  struct Candidate {
+    std::string name;
+    double score;
+    int32_t match;
+  };
+  std::vector<Candidate> candidates;
+  double top = 0;
+  for (const auto& [name, s] : scores) top = std::max(top, s);
+  for (const auto& [name, s] : scores) {
+    const int64_t i = name[0] - '0', j = name[2] - '0';
+    const int32_t match = Find(paper, KqLabel(j, 1, "∅", HeadBlock(i, 1, o.layers, o.heads), "I_t"));
+    if (match >= 0 && s > 1e-3 * top) candidates.push_back({name, s, match});
+  }
+  // At most six candidates (the largest scores): 41 subsets of up to three.
+  std::stable_sort(candidates.begin(), candidates.end(),
+                   [](const Candidate& a, const Candidate& b) { return a.score > b.score; });
+  if (candidates.size() > 6) candidates.resize(6);
+  std::sort(candidates.begin(), candidates.end(),
+            [](const Candidate& a, const Candidate& b) { return a.name < b.name; });
+  const int n = static_cast<int>(candidates.size());
+  for (int size = 1; size <= std::min(3, n); ++size) {
+    std::vector<std::pair<double, std::string>> qualified;
+    for (uint32_t mask = 1; mask < (1u << n); ++mask) {
+      if (std::popcount(mask) != size) continue;
+      std::vector<double> cut = c;
+      std::string name;
+      for (int k = 0; k < n; ++k) {
+        if (!(mask & (1u << k))) continue;
+        cut[static_cast<size_t>(candidates[static_cast<size_t>(k)].match)] = 0.0;
+        name += (name.empty() ? "" : "+") + candidates[static_cast<size_t>(k)].name;
+      }
+      const std::unique_ptr<ImirModel> model = MovedCoords(o, projector, c, cut);
+      const double after = Accuracy(Logits(*model, d), d.target);
+      const double removed = acc - chance > 1e-9 ? std::clamp((acc - after) / (acc - chance), 0.0, 1.0) : 0.0;
+      ablation.emplace_back(name, removed);
+      if (removed >= 0.5) qualified.emplace_back(removed, name);
+    }
+    if (qualified.empty()) continue;
+    std::sort(qualified.rbegin(), qualified.rend());
+    return qualified.size() >= 2 && qualified[1].first >= 0.9 * qualified[0].first ? "MIXED" : qualified[0].second;
+  }
+  return "OTHER";
 }
 
 absl::StatusOr<LabelReport> LabelRunImpl(const v1::ExperimentSpec& spec,
@@ -730,27 +796,10 @@ absl::StatusOr<LabelReport> LabelRunImpl(const v1::ExperimentSpec& spec,
         r.head_ablation.push_back(acc - chance > 1e-9 ? std::clamp((acc - after) / (acc - chance), 0.0, 1.0) : 0.0);
       }
       r.pair_scores = pair_scores(c);
-      // D.3: a pair is used when ablating either of its heads removes at
-      // least half of the accuracy above chance; the label is the used pair
-      // with the largest score, MIXED when another used pair's score is
-      // within 2x (or accuracy stands but no single pair is needed), NONE
-      // below 0.5 accuracy.
       if (acc < 0.5) {
         r.pair = "NONE";
       } else {
-        std::vector<std::pair<double, std::string>> used;
-        for (const auto& [name, s] : r.pair_scores) {
-          const int64_t i = name[0] - '0', j = name[2] - '0';
-          if (r.head_ablation[static_cast<size_t>(i - 1)] >= 0.5 && r.head_ablation[static_cast<size_t>(j - 1)] >= 0.5) {
-            used.emplace_back(s, name);
-          }
-        }
-        std::sort(used.rbegin(), used.rend());
-        if (used.empty() || (used.size() >= 2 && used[1].first * 2 >= used[0].first)) {
-          r.pair = "MIXED";
-        } else {
-          r.pair = used[0].second;
-        }
+        r.pair = PathLabel(*o, projector, paper, c, r.pair_scores, d, acc, chance, r.pair_ablation);
       }
     }
     report.checkpoints.push_back(std::move(r));
