@@ -2,7 +2,9 @@
 // a user drives them (paths come from CMake).
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <fstream>
+#include <iterator>
 
 #include "client/lib/client.h"
 #include "tests/test_util/process.h"
@@ -148,6 +150,62 @@ TEST(EndToEndTest, TaskVectorsThroughTheCli) {
   EXPECT_EQ(Cli(server, {"task-vectors", "r1", "--layer", "3"}).exit_code, 13);  // INVALID_ARGUMENT
   EXPECT_EQ(Cli(server, {"detect", "r1"}).exit_code, 19);                       // FAILED_PRECONDITION
   EXPECT_EQ(Cli(server, {"task-vectors"}).exit_code, 2);                        // no target
+}
+
+// Issue 4's user path: sweep a slice of the phase-diagram plane, map it, pick
+// a cell, ask which pair won and how (label), which circuit (detect), and what
+// zeroing one of its coordinates does (intervene). Four cells of
+// examples/phase_diagram.json's plane, a, b in {0, 0.5}: on the shipped map
+// (a, b) = (0, 0.5) is 2-3 and (0.5, 0) is 1-2.
+TEST(EndToEndTest, PhaseDiagramCellThroughTheCli) {
+  TempDir dir;
+  ServerProcess server(kServer, dir.path() + "/data");
+  ASSERT_TRUE(server.ok());
+  const std::string p = "/model/imir/initial_coordinates/";
+  const std::string sweep = WriteSpec(dir, "plane.json", R"({"name": "plane", "base": {"seed": 1,
+    "task": {"associative_recall": {"num_common": 0, "num_rare": 24, "num_heldout": 8, "num_blocks": 6,
+      "block_length": 2, "position_mode": "POSITION_MODE_BLOCK_OFFSET", "num_positions": 16}},
+    "data": {"rare_fraction": 1.0, "burstiness": 1},
+    "model": {"imir": {"num_layers": 3, "num_heads": 1, "parameterisation": "PARAMETERISATION_COORDINATES",
+      "coordinate_scaling": "COORDINATE_SCALING_UNIT_NORM", "init": "INIT_SCHEME_ZERO"}},
+    "training": {"learning_rate": 8.0, "batch_size": 64, "steps": 1500, "stop_metric": "eval/icl_rare/accuracy",
+      "stop_at": 0.95},
+    "recording": {"metrics_every": 10, "eval_every": 10, "eval_size": 512, "checkpoint_every": 100}},
+    "axes": [{"name": "a", "field": ")" + p + R"(L1H1:[∅→∅]:S_1",
+              "also": [")" + p + R"(L2H1:[∅→(1,0,0)]:I_t", ")" + p + R"(OUT:[(0,1,0)]:I"], "values": [0, 0.5]},
+             {"name": "b", "field": ")" + p + R"(L2H1:[∅→∅]:S_1",
+              "also": [")" + p + R"(L3H1:[∅→(0,1,0)]:I_t", ")" + p + R"(OUT:[(0,0,1)]:I"], "values": [0.5, 0]}]})");
+  CommandResult submitted = Cli(server, {"sweep", sweep, "--watch"});
+  ASSERT_EQ(submitted.exit_code, 0) << submitted.out;
+  const std::string svg = dir.path() + "/map.svg";
+  CommandResult map = Cli(server, {"--timeout", "120", "sweep-summary", "s1", "--values", "pair,pair_predicted",
+                                   "--pivot", "a", "b", "--value", "pair", "--svg", svg, "--wait"});
+  ASSERT_EQ(map.exit_code, 0) << map.out;
+  EXPECT_NE(map.out.find("2-3"), std::string::npos) << map.out;
+  EXPECT_NE(map.out.find("1-2"), std::string::npos) << map.out;
+  std::ifstream in(svg);
+  const std::string drawn((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(drawn.find("a=0, b=0.5: 2-3"), std::string::npos) << drawn.substr(0, 400);
+  // r1 is the cell (0, 0.5): pair 2-3, carried by its match coordinate alone.
+  CommandResult label = Cli(server, {"--timeout", "120", "label", "r1"});
+  ASSERT_EQ(label.exit_code, 0) << label.out;
+  EXPECT_NE(label.out.find("pair 2-3"), std::string::npos) << label.out;
+  EXPECT_NE(label.out.find("pair paths (match coordinates):"), std::string::npos) << label.out;
+  CommandResult detect = Cli(server, {"--timeout", "120", "detect", "r1"});
+  ASSERT_EQ(detect.exit_code, 0) << detect.out;
+  EXPECT_NE(detect.out.find("L3H1:[∅→(0,1,0)]:I_t"), std::string::npos) << detect.out;
+  CommandResult zeroed = Cli(server, {"--timeout", "120", "intervene", "r1", "--zero", "L3H1:[∅→(0,1,0)]:I_t",
+                                      "--eval-sets", "icl_rare", "--n-eval", "512"});
+  ASSERT_EQ(zeroed.exit_code, 0) << zeroed.out;
+  // SET ACC ACC' ...: the 2-3 match coordinate carries the recall (measured
+  // 0.980 -> 0.502 on these 512 sequences).
+  const size_t row = zeroed.out.find("icl_rare ");
+  ASSERT_NE(row, std::string::npos) << zeroed.out;
+  double clean = 0, after = 0;
+  ASSERT_EQ(std::sscanf(zeroed.out.c_str() + row, "icl_rare %lf %lf", &clean, &after), 2) << zeroed.out;
+  EXPECT_GE(clean, 0.95);
+  EXPECT_LE(after, 0.6 * clean) << zeroed.out;
+  EXPECT_EQ(server.Stop(SIGTERM), 0);
 }
 
 TEST(EndToEndTest, KilledServerResumesRunsWithIdenticalResults) {
