@@ -38,6 +38,20 @@ std::string TrainedMinimalIcl(v1::ExperimentSpec* spec_out) {
   return trainer.SaveCheckpoint();
 }
 
+// D.1 with its defaults on `ckpt`, the summary printed.
+absl::StatusOr<DetectReport> DetectAndPrint(const v1::ExperimentSpec& spec, const std::string& ckpt) {
+  DetectRequest req;
+  req.seed = spec.seed();
+  absl::StatusOr<DetectReport> r = DetectCircuitImpl(spec, ckpt, req, {}, nullptr);
+  if (r.ok()) {
+    std::printf("eval %s: dense %.4f ref %.4f circuit %.4f, %zu of %lld kept, %lld evaluations, template '%s'\n",
+                r->eval_set.c_str(), r->m_dense, r->m_ref, r->m_circuit, r->circuit.size(),
+                static_cast<long long>(r->candidates), static_cast<long long>(r->evaluations),
+                r->template_name.c_str());
+  }
+  return r;
+}
+
 // Measured (seed 1, trained to step 275, 17 s): m_dense = m_ref = m(K*) =
 // 1.000; K* = {beta, alpha, gamma} exactly (3 of 19 kept, 27 evaluations);
 // the induction-head template on layers (1, 2). Zeroing beta or ablating the
@@ -48,14 +62,8 @@ std::string TrainedMinimalIcl(v1::ExperimentSpec* spec_out) {
 TEST(CircuitScienceTest, DetectionRecoversTheInductionHeadOfTheMinimalIclModel) {
   v1::ExperimentSpec spec;
   const std::string ckpt = TrainedMinimalIcl(&spec);
-  DetectRequest req;
-  req.seed = spec.seed();
-  absl::StatusOr<DetectReport> r = DetectCircuitImpl(spec, ckpt, req, {}, nullptr);
+  absl::StatusOr<DetectReport> r = DetectAndPrint(spec, ckpt);
   ASSERT_TRUE(r.ok()) << r.status();
-  std::printf("eval %s: dense %.4f ref %.4f circuit %.4f, %zu of %lld kept, %lld evaluations, template '%s'\n",
-              r->eval_set.c_str(), r->m_dense, r->m_ref, r->m_circuit, r->circuit.size(),
-              static_cast<long long>(r->candidates), static_cast<long long>(r->evaluations),
-              r->template_name.c_str());
   std::set<std::string> kept;
   for (const CircuitMember& m : r->circuit) {
     std::printf("  %-24s %-6s %-9s value %8.4f necessity %.4f\n", m.def.label.c_str(), m.def.canonical.c_str(),
@@ -66,7 +74,7 @@ TEST(CircuitScienceTest, DetectionRecoversTheInductionHeadOfTheMinimalIclModel) 
   EXPECT_EQ(r->template_layers, (std::vector<int>{1, 2}));
   for (const char* name : {"alpha", "beta", "gamma"}) EXPECT_TRUE(kept.count(name)) << name;
   EXPECT_LE(r->circuit.size(), 6u);
-  EXPECT_GE(r->m_circuit, r->m_ref - req.tolerance);
+  EXPECT_GE(r->m_circuit, r->m_ref - DetectRequest{}.tolerance);
   EXPECT_GE(r->m_ref, 0.95);
   EXPECT_FALSE(r->projection_not_faithful);
 
@@ -214,14 +222,8 @@ TEST(CircuitScienceTest, DetectionRecoversTheTwoHopCircuit) {
   }
   std::printf("trained to step %lld, test accuracy %.4f\n", static_cast<long long>(trainer.step()), accuracy);
   ASSERT_GE(accuracy, 0.9) << "E.10 is inconclusive: 2-hop accuracy below 0.9 after 1500 steps";
-  DetectRequest req;
-  req.seed = spec.seed();
-  absl::StatusOr<DetectReport> r = DetectCircuitImpl(spec, trainer.SaveCheckpoint(), req, {}, nullptr);
+  absl::StatusOr<DetectReport> r = DetectAndPrint(spec, trainer.SaveCheckpoint());
   ASSERT_TRUE(r.ok()) << r.status();
-  std::printf("eval %s: dense %.4f ref %.4f circuit %.4f, %zu of %lld kept, %lld evaluations, template '%s'\n",
-              r->eval_set.c_str(), r->m_dense, r->m_ref, r->m_circuit, r->circuit.size(),
-              static_cast<long long>(r->candidates), static_cast<long long>(r->evaluations),
-              r->template_name.c_str());
   std::set<std::string> kept;
   for (const CircuitMember& m : r->circuit) {
     std::printf("  %-30s %-9s value %8.4f necessity %.4f", m.def.label.c_str(), m.role.c_str(), m.value, m.necessity);
