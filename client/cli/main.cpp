@@ -1008,6 +1008,13 @@ int main(int argc, char** argv) {
       if (e.has_logit_diff()) std::printf(" %8.3f -> %7.3f", e.logit_diff_clean(), e.logit_diff());
       if (e.has_kl_ref()) std::printf("  KL(.||%s) %.4f -> %.4f", e.ref_name().c_str(), e.kl_ref_clean(), e.kl_ref());
       std::printf("\n");
+      for (const auto& m : e.attention_mass()) {
+        std::printf("%-12s attention mass at %s per head:", "", m.pattern().c_str());
+        for (int h = 0; h < m.clean_size() && h < m.intervened_size(); ++h) {
+          std::printf("  h%d %.4f -> %.4f", h + 1, m.clean(h), m.intervened(h));
+        }
+        std::printf("\n");
+      }
     }
     return 0;
   }

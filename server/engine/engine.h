@@ -211,8 +211,15 @@ struct InterventionOp {
   std::string subtract;
 };
 
+// D.6 attention_mass (see AttentionMass in analysis_service.proto).
+struct AttentionMassSpec {
+  std::string pattern;
+  std::vector<int64_t> keys, queries;
+};
+
 struct InterveneRequest {
   std::vector<InterventionOp> ops;
+  std::vector<AttentionMassSpec> attention_mass;
   std::vector<std::string> eval_sets;  // empty = all of the task's
   int64_t n_eval = 2048;
   uint64_t seed = 1;
@@ -228,6 +235,11 @@ struct EffectReport {
   bool has_kl_ref = false;
   std::string ref_name;
   double kl_ref_clean = 0, kl_ref = 0;
+  struct Mass {
+    std::string pattern;
+    std::vector<double> clean, intervened;  // per head
+  };
+  std::vector<Mass> attention_mass;  // one per requested AttentionMassSpec
 };
 
 struct InterveneReport {

@@ -665,6 +665,18 @@ absl::StatusOr<v1::InterveneResponse> AnalysisCore::Intervene(const v1::Interven
     }
     ir.ops.push_back(std::move(op));
   }
+  if (request.attention_mass_size() > 16) {
+    return absl::InvalidArgumentError("attention_mass must have at most 16 entries, got " +
+                                      std::to_string(request.attention_mass_size()));
+  }
+  for (const v1::AttentionMass& a : request.attention_mass()) {
+    // Keys and queries beyond T are refused by the engine, naming the field.
+    if (a.keys_size() > 4096 || a.queries_size() > 4096) {
+      return absl::InvalidArgumentError("attention_mass: at most 4096 keys and queries each");
+    }
+    ir.attention_mass.push_back({a.pattern(), {a.keys().begin(), a.keys().end()},
+                                 {a.queries().begin(), a.queries().end()}});
+  }
   const std::string key = canonical.SerializeAsString();
   const int64_t hash = static_cast<int64_t>(HashPurpose(key) >> 1);
   if (!request.force()) {
@@ -695,6 +707,12 @@ absl::StatusOr<v1::InterveneResponse> AnalysisCore::Intervene(const v1::Interven
     o->set_ref_name(e.ref_name);
     o->set_kl_ref_clean(e.kl_ref_clean);
     o->set_kl_ref(e.kl_ref);
+    for (const engine::EffectReport::Mass& m : e.attention_mass) {
+      v1::AttentionMassEffect* a = o->add_attention_mass();
+      a->set_pattern(m.pattern);
+      a->mutable_clean()->Add(m.clean.begin(), m.clean.end());
+      a->mutable_intervened()->Add(m.intervened.begin(), m.intervened.end());
+    }
   }
   for (const engine::InterveneReport::Edited& e : r.edited) {
     FillCoordinate(ToCoordinateRow(e.def), e.after, resp.add_edited());

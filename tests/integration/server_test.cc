@@ -750,6 +750,47 @@ TEST(IntegrationTest, DetectInterveneAndLabelAgreeOnACoordinateModel) {
   keep_mean.set_hook("L1.attn");
   keep_mean.add_positions(3);
   EXPECT_GT(effect({keep_mean}, "icl_rare").kl_clean(), 0.0);
+  // D.6 attention_mass: the query's mass on the previous position at layer 1
+  // (clean, then with layer 1's pattern zeroed), and position 0 on itself
+  // (the only key it sees: exactly 1).
+  {
+    v1::InterveneRequest r;
+    r.set_run_id("r1");
+    r.set_n_eval(256);
+    r.add_eval_sets("icl_rare");
+    v1::Intervention zero_attn;
+    zero_attn.set_op(v1::Intervention::OP_ZERO);
+    zero_attn.set_hook("L1.attn");
+    *r.add_interventions() = zero_attn;
+    v1::AttentionMass* prev = r.add_attention_mass();
+    prev->set_pattern("L1.attn");
+    prev->add_keys(-1);
+    v1::AttentionMass* self = r.add_attention_mass();
+    self->set_pattern("L2.attn");
+    self->add_keys(0);
+    self->add_queries(0);
+    auto out = c.Intervene(r);
+    ASSERT_TRUE(out.ok()) << out.status();
+    ASSERT_EQ(out->effects(0).attention_mass_size(), 2);
+    const v1::AttentionMassEffect& m = out->effects(0).attention_mass(0);
+    EXPECT_EQ(m.pattern(), "L1.attn");
+    ASSERT_EQ(m.clean_size(), 1);
+    EXPECT_GT(m.clean(0), 0.0);
+    EXPECT_LT(m.clean(0), 1.0);
+    EXPECT_EQ(m.intervened(0), 0.0);  // the zeroed pattern
+    EXPECT_NEAR(out->effects(0).attention_mass(1).clean(0), 1.0, 1e-6);
+    EXPECT_NEAR(out->effects(0).attention_mass(1).intervened(0), 1.0, 1e-6);
+    prev->set_pattern("L1.resid");
+    auto refused = c.Intervene(r);
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(refused.status().message().find("attention_mass[0].pattern"), std::string::npos) << refused.status();
+    prev->set_pattern("L1.attn");
+    prev->set_keys(0, 100000);
+    refused = c.Intervene(r);
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(refused.status().message().find("attention_mass[0].keys[0] must be in"), std::string::npos)
+        << refused.status();
+  }
   v1::Intervention bad_hook = zero_out;
   bad_hook.set_hook("L3.resid");
   ireq.clear_interventions();
@@ -1090,6 +1131,28 @@ TEST(IntegrationTest, TaskVectorsOfARunItsTrainingAndASweep) {
   EXPECT_GT(patched->effects(0).loss(), patched->effects(0).loss_clean());
   EXPECT_TRUE(patched->effects(0).has_kl_ref());
   EXPECT_EQ(patched->effects(0).ref_name(), "bayes");
+  // attention_mass on the token decoder: every position's mass on the
+  // previous one at layer 1, then with that pattern zeroed.
+  v1::InterveneRequest massed = patch;
+  massed.mutable_interventions(0)->set_op(v1::Intervention::OP_ZERO);
+  massed.mutable_interventions(0)->set_hook("L1.attn.pattern");
+  massed.mutable_interventions(0)->clear_reference_set();
+  v1::AttentionMass* previous = massed.add_attention_mass();
+  previous->set_pattern("L1.attn.pattern");
+  previous->add_keys(-1);
+  auto mass = c.Intervene(massed);
+  ASSERT_TRUE(mass.ok()) << mass.status();
+  const v1::AttentionMassEffect& on_previous = mass->effects(0).attention_mass(0);
+  ASSERT_EQ(on_previous.clean_size(), 2);
+  EXPECT_GT(on_previous.clean(0), 0.0);
+  EXPECT_LT(on_previous.clean(0), 1.0);
+  EXPECT_EQ(on_previous.intervened(0), 0.0);
+  EXPECT_EQ(on_previous.intervened(1), 0.0);
+  previous->add_queries(0);  // position 0 has no previous position
+  previous->set_keys(0, -1);
+  mass = c.Intervene(massed);
+  EXPECT_EQ(mass.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(mass.status().message().find("no query sees any of the keys"), std::string::npos) << mass.status();
   // Steering as an op (D.6 replace_convex): kl_ref against the mixture law.
   v1::InterveneRequest steer = patch;
   steer.clear_interventions();
@@ -1225,6 +1288,26 @@ TEST(IntegrationTest, RegressionRunTrainsAndAnswersItsAnalyses) {
   EXPECT_NE(zeroed->effects(0).loss(), zeroed->effects(0).loss_clean());
   op->set_op(v1::Intervention::OP_REPLACE_CONVEX);
   EXPECT_EQ(c.Intervene(iv).status().code(), absl::StatusCode::kFailedPrecondition);
+  // Attention mass on a decoder: every query's mass on position 0, per
+  // head, and position 0 on itself (exactly 1).
+  op->set_op(v1::Intervention::OP_ZERO);
+  v1::AttentionMass* first = iv.add_attention_mass();
+  first->set_pattern("L0.attn.pattern");
+  first->add_keys(0);
+  v1::AttentionMass* self = iv.add_attention_mass();
+  self->set_pattern("L1.attn.pattern");
+  self->add_keys(0);
+  self->add_queries(0);
+  auto massed = c.Intervene(iv);
+  ASSERT_TRUE(massed.ok()) << massed.status();
+  ASSERT_EQ(massed->effects(0).attention_mass_size(), 2);
+  const v1::AttentionMassEffect& m0 = massed->effects(0).attention_mass(0);
+  ASSERT_EQ(m0.clean_size(), 2);  // heads
+  EXPECT_GT(m0.clean(0), 0.0);
+  EXPECT_LT(m0.clean(0), 1.0);
+  EXPECT_NEAR(m0.intervened(0), m0.clean(0), 1e-6);  // the edit is after layer 0's attention
+  EXPECT_NEAR(massed->effects(0).attention_mass(1).clean(1), 1.0, 1e-6);
+  iv.clear_attention_mass();
   op->set_op(v1::Intervention::OP_ZERO);
   op->add_positions(24);  // 8 points: positions 0..23
   EXPECT_EQ(c.Intervene(iv).status().code(), absl::StatusCode::kInvalidArgument);

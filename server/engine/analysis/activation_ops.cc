@@ -54,6 +54,101 @@ torch::Tensor ApplyOne(const PreparedOp& p, const torch::Tensor& v, int64_t begi
 
 }  // namespace
 
+absl::StatusOr<AttentionMassMeter> PrepareAttentionMass(const AttentionMassSpec& spec, const std::string& field,
+                                                        const HookGeometry& geo, int64_t T,
+                                                        const std::vector<int64_t>& default_queries) {
+  if (!geo.pattern) {
+    return absl::InvalidArgumentError(field + ".pattern: '" + geo.name + "' is not an attention pattern");
+  }
+  if (spec.keys.empty() || static_cast<int64_t>(spec.keys.size()) > T) {
+    return absl::InvalidArgumentError(field + ".keys must have 1 to " + std::to_string(T) + " entries, got " +
+                                      std::to_string(spec.keys.size()));
+  }
+  if (static_cast<int64_t>(spec.queries.size()) > T) {
+    return absl::InvalidArgumentError(field + ".queries must have at most " + std::to_string(T) + " entries");
+  }
+  for (size_t i = 0; i < spec.keys.size(); ++i) {
+    if (spec.keys[i] < -T || spec.keys[i] >= T) {
+      return absl::InvalidArgumentError(field + ".keys[" + std::to_string(i) + "] must be in [" + std::to_string(-T) +
+                                        ", " + std::to_string(T - 1) + "], got " + std::to_string(spec.keys[i]));
+    }
+  }
+  for (size_t i = 0; i < spec.queries.size(); ++i) {
+    if (spec.queries[i] < 0 || spec.queries[i] >= T) {
+      return absl::InvalidArgumentError(field + ".queries[" + std::to_string(i) + "] must be in [0, " +
+                                        std::to_string(T - 1) + "], got " + std::to_string(spec.queries[i]));
+    }
+  }
+  AttentionMassMeter m;
+  m.geo_ = geo;
+  m.mask_ = torch::zeros({T, T}, torch::kDouble);
+  auto mask = m.mask_.accessor<double, 2>();
+  std::vector<bool> query_rows(static_cast<size_t>(T), false);
+  for (int64_t q : spec.queries.empty() ? default_queries : spec.queries) query_rows[static_cast<size_t>(q)] = true;
+  // A query counts when it sees at least one of the keys (causal: later
+  // keys carry no mass; the previous position of query 0 does not exist).
+  for (int64_t q = 0; q < T; ++q) {
+    if (!query_rows[static_cast<size_t>(q)]) continue;
+    bool sees = false;
+    for (int64_t k : spec.keys) {
+      const int64_t key = k >= 0 ? k : q + k;
+      if (key >= 0 && key <= q) mask[q][key] = 1.0, sees = true;
+    }
+    m.queries_ += sees;
+  }
+  if (m.queries_ == 0) {
+    return absl::InvalidArgumentError(field + ": no query sees any of the keys (a key must be at or before its "
+                                      "query)");
+  }
+  m.Reset();
+  return m;
+}
+
+void AttentionMassMeter::Reset() {
+  sums_ = torch::zeros({geo_.heads}, torch::kDouble);
+  rows_ = 0;
+}
+
+void AttentionMassMeter::Add(const torch::Tensor& pattern) {
+  torch::NoGradGuard no_grad;
+  torch::Tensor mass = (pattern.to(torch::kDouble) * mask_.to(pattern.device())).sum({-1, -2});  // heads + batch axes
+  mass = mass.movedim(geo_.head_axis, 0).reshape({geo_.heads, -1}).cpu();
+  sums_ += mass.sum(1);
+  rows_ += mass.size(1);
+}
+
+std::vector<double> AttentionMassMeter::PerHead() const {
+  std::vector<double> out(static_cast<size_t>(geo_.heads), 0.0);
+  if (rows_ == 0 || queries_ == 0) return out;
+  for (int64_t h = 0; h < geo_.heads; ++h) {
+    out[static_cast<size_t>(h)] = sums_[h].item<double>() / static_cast<double>(rows_ * queries_);
+  }
+  return out;
+}
+
+std::vector<AttentionMassMeter> FreshCopies(const std::vector<AttentionMassMeter>& meters) {
+  std::vector<AttentionMassMeter> out = meters;
+  for (AttentionMassMeter& m : out) m.Reset();
+  return out;
+}
+
+void ReportMass(const std::vector<AttentionMassMeter>& clean, const std::vector<AttentionMassMeter>& hit,
+                EffectReport& e) {
+  for (size_t k = 0; k < clean.size(); ++k) {
+    e.attention_mass.push_back({clean[k].pattern(), clean[k].PerHead(), hit[k].PerHead()});
+  }
+}
+
+HookFn MeteredHook(const HookFn* inner, std::vector<AttentionMassMeter>& meters) {
+  return [inner, &meters](const std::string& point, const torch::Tensor& value) {
+    torch::Tensor out = inner != nullptr ? (*inner)(point, value) : torch::Tensor();
+    for (AttentionMassMeter& m : meters) {
+      if (m.pattern() == point) m.Add(out.defined() ? out : value);
+    }
+    return out;
+  };
+}
+
 bool NeedsReference(const PreparedOp& p) {
   const Kind k = p.op->kind;
   return k == Kind::kActMean || k == Kind::kActResample || k == Kind::kActPatch || k == Kind::kActReplaceConvex ||

@@ -69,4 +69,44 @@ absl::Status CaptureReference(PreparedOp& p, int64_t n, int64_t chunk, int64_t T
 // starting at `begin`; only the selected rows and heads change.
 HookFn EditHook(const std::vector<PreparedOp>& ops, int64_t begin);
 
+// D.6 attention_mass: the attention the chosen queries put on a key set at
+// one pattern hook point, per head, averaged over sequences and queries.
+class AttentionMassMeter {
+ public:
+  const std::string& pattern() const { return geo_.name; }
+  // Adds a chunk's pattern (the tensor at the point, geometry `geo`).
+  void Add(const torch::Tensor& pattern);
+  std::vector<double> PerHead() const;
+  void Reset();
+
+ private:
+  friend absl::StatusOr<AttentionMassMeter> PrepareAttentionMass(const AttentionMassSpec&, const std::string&,
+                                                                 const HookGeometry&, int64_t,
+                                                                 const std::vector<int64_t>&);
+  HookGeometry geo_;
+  torch::Tensor mask_;  // [T, T] double: 1 at (query, key) pairs counted
+  int64_t queries_ = 0;
+  torch::Tensor sums_;  // [heads] double
+  int64_t rows_ = 0;    // sequences (times ensemble members) added
+};
+
+// Validates `spec` against the pattern point `geo` (keys: >= 0 absolute,
+// < 0 relative to the query, each in [-T, T - 1]; queries in [0, T - 1],
+// `default_queries` when empty); InvalidArgument naming `field`. Mass is
+// averaged over the queries that see at least one of the keys.
+absl::StatusOr<AttentionMassMeter> PrepareAttentionMass(const AttentionMassSpec& spec, const std::string& field,
+                                                        const HookGeometry& geo, int64_t T,
+                                                        const std::vector<int64_t>& default_queries);
+
+// Copies of `meters` with their sums at zero (a plain copy shares them).
+std::vector<AttentionMassMeter> FreshCopies(const std::vector<AttentionMassMeter>& meters);
+
+// Appends each meter's per-head mass, clean and intervened, to `e`.
+void ReportMass(const std::vector<AttentionMassMeter>& clean, const std::vector<AttentionMassMeter>& hit,
+                EffectReport& e);
+
+// `inner` (or no edit when null), with every meter's pattern recorded as
+// the forward sees it after the edit.
+HookFn MeteredHook(const HookFn* inner, std::vector<AttentionMassMeter>& meters);
+
 }  // namespace circuitlab::engine

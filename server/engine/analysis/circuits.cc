@@ -105,16 +105,19 @@ torch::Tensor Logits(const ImirModel& model, const EvalData& d, std::vector<torc
 }
 
 // Logits at the query [B, V] (float64) with the activation edits `ops`
-// applied, in chunks.
-torch::Tensor EditedLogits(const ImirModel& model, const EvalData& d, const std::vector<PreparedOp>& ops) {
+// applied, in chunks; `meters` (when given) record attention mass.
+torch::Tensor EditedLogits(const ImirModel& model, const EvalData& d, const std::vector<PreparedOp>& ops,
+                           std::vector<AttentionMassMeter>* meters = nullptr) {
   torch::NoGradGuard no_grad;
   std::vector<torch::Tensor> out;
   const int64_t B = d.tokens.size(1);
   for (int64_t b = 0; b < B; b += kChunk) {
     const int64_t n = std::min(kChunk, B - b);
     const HookFn edit = EditHook(ops, b);
-    out.push_back(
-        model.Forward(d.tokens.narrow(1, b, n), d.pids.narrow(1, b, n), false, nullptr, &edit)[0].to(torch::kDouble));
+    const HookFn metered = meters != nullptr ? MeteredHook(&edit, *meters) : HookFn();
+    out.push_back(model.Forward(d.tokens.narrow(1, b, n), d.pids.narrow(1, b, n), false, nullptr,
+                                meters != nullptr ? &metered : &edit)[0]
+                      .to(torch::kDouble));
   }
   return torch::cat(out, 0);
 }
@@ -585,6 +588,19 @@ absl::StatusOr<InterveneReport> InterveneImpl(const v1::ExperimentSpec& spec, co
   std::unique_ptr<ImirModel> edited = MovedCoords(o, *o.projector, o.values, c);
   for (const auto& [layer, head] : ablated) AblateHead(*edited, layer, head);
 
+  // D.6 attention_mass at the query unless other queries are named.
+  const int64_t T = o.task->seq_len();
+  std::vector<AttentionMassMeter> meters;
+  for (size_t i = 0; i < req.attention_mass.size(); ++i) {
+    const std::string field = "attention_mass[" + std::to_string(i) + "]";
+    absl::StatusOr<HookGeometry> g = ImirHookGeometry(req.attention_mass[i].pattern, o.layers, o.heads,
+                                                      o.task->vocab_size() + o.task->num_positions());
+    if (!g.ok()) return absl::InvalidArgumentError(field + ".pattern: " + std::string(g.status().message()));
+    absl::StatusOr<AttentionMassMeter> m = PrepareAttentionMass(req.attention_mass[i], field, *g, T, {T - 1});
+    if (!m.ok()) return m.status();
+    meters.push_back(std::move(*m));
+  }
+
   InterveneReport report;
   for (const CoordinateDef& d : o.basis.coords) {
     const double before = o.values[static_cast<size_t>(d.index)], after = c[static_cast<size_t>(d.index)];
@@ -627,9 +643,13 @@ absl::StatusOr<InterveneReport> InterveneImpl(const v1::ExperimentSpec& spec, co
           });
       if (!s.ok()) return s;
     }
-    const torch::Tensor clean = Logits(*o.dense, *data);
-    const torch::Tensor hit = activations.empty() ? Logits(*edited, *data) : EditedLogits(*edited, *data, activations);
+    std::vector<AttentionMassMeter> clean_mass = FreshCopies(meters), hit_mass = FreshCopies(meters);
+    const torch::Tensor clean = meters.empty() ? Logits(*o.dense, *data) : EditedLogits(*o.dense, *data, {}, &clean_mass);
+    const torch::Tensor hit = activations.empty() && meters.empty()
+                                  ? Logits(*edited, *data)
+                                  : EditedLogits(*edited, *data, activations, meters.empty() ? nullptr : &hit_mass);
     EffectReport e;
+    ReportMass(clean_mass, hit_mass, e);
     e.eval_set = data->name;
     e.loss_clean = Loss(clean, data->target);
     e.loss = Loss(hit, data->target);

@@ -1,6 +1,7 @@
 #include "server/engine/analysis/decoder_interventions.h"
 
 #include <map>
+#include <numeric>
 
 #include "server/common/seeds.h"
 #include "server/engine/analysis/activation_ops.h"
@@ -119,6 +120,25 @@ absl::StatusOr<std::vector<PreparedOp>> PrepareOps(
   return ops;
 }
 
+// The D.6 attention_mass meters of `request` for a decoder with `cfg` on T
+// positions (queries default to every position).
+absl::StatusOr<std::vector<AttentionMassMeter>> PrepareMass(const InterveneRequest& request, const DecoderConfig& cfg,
+                                                            int64_t T) {
+  std::vector<int64_t> every(static_cast<size_t>(T));
+  std::iota(every.begin(), every.end(), 0);
+  std::vector<AttentionMassMeter> meters;
+  for (size_t i = 0; i < request.attention_mass.size(); ++i) {
+    const AttentionMassSpec& spec = request.attention_mass[i];
+    const std::string field = "attention_mass[" + std::to_string(i) + "]";
+    absl::StatusOr<HookPoint> hp = ParseHookPoint(spec.pattern, cfg.layers, cfg.final_ln);
+    if (!hp.ok()) return absl::InvalidArgumentError(field + ".pattern: " + std::string(hp.status().message()));
+    absl::StatusOr<AttentionMassMeter> m = PrepareAttentionMass(spec, field, GeometryOf(*hp, spec.pattern, cfg), T, every);
+    if (!m.ok()) return m.status();
+    meters.push_back(std::move(*m));
+  }
+  return meters;
+}
+
 // Captures, for evaluated set `si`, the reference activations of every op
 // that needs them: n sequences of set `reference(p)` (drawn once per set by
 // `inputs(set)`, shared by the ops that read it), run through `model`.
@@ -189,6 +209,8 @@ absl::StatusOr<InterveneReport> InterveneDecoder(const DecoderModel& model, cons
   absl::StatusOr<std::vector<PreparedOp>> prepared = PrepareOps(request, cfg, T, index, check);
   if (!prepared.ok()) return prepared.status();
   std::vector<PreparedOp>& ops = *prepared;
+  absl::StatusOr<std::vector<AttentionMassMeter>> meters = PrepareMass(request, cfg, T);
+  if (!meters.ok()) return meters.status();
   absl::StatusOr<std::vector<int>> picked = index.Chosen(request.eval_sets);
   if (!picked.ok()) return picked.status();
   const std::vector<int>& chosen = *picked;
@@ -251,11 +273,14 @@ absl::StatusOr<InterveneReport> InterveneDecoder(const DecoderModel& model, cons
       if (r.numel() > 0) ref_rows = r;
     }
     const bool major = sets[static_cast<size_t>(si)].pool == LatentPool::kMajor;
+    std::vector<AttentionMassMeter> clean_mass = FreshCopies(*meters), hit_mass = FreshCopies(*meters);
+    const HookFn clean_hook = MeteredHook(nullptr, clean_mass);
     for (int64_t b = 0; b < n; b += kChunk) {
       const int64_t count = std::min(kChunk, n - b);
       torch::Tensor chunk = tokens.narrow(0, b, count).unsqueeze(0);
-      const HookFn edit = EditHook(ops, b);
-      torch::Tensor clean = model.Forward(chunk), edited = model.Forward(chunk, &edit);
+      const HookFn edit = EditHook(ops, b), metered = MeteredHook(&edit, hit_mass);
+      torch::Tensor clean = model.Forward(chunk, meters->empty() ? nullptr : &clean_hook);
+      torch::Tensor edited = model.Forward(chunk, meters->empty() ? &edit : &metered);
       loss_clean += NextTokenLoss(clean, chunk).sum().item<double>();
       loss += NextTokenLoss(edited, chunk).sum().item<double>();
       torch::Tensor next = chunk.narrow(2, 1, T - 1);
@@ -288,6 +313,7 @@ absl::StatusOr<InterveneReport> InterveneDecoder(const DecoderModel& model, cons
       }
     }
     EffectReport e;
+    ReportMass(clean_mass, hit_mass, e);
     e.eval_set = sets[static_cast<size_t>(si)].name;
     const double dn = static_cast<double>(n);
     e.loss_clean = loss_clean / dn;
@@ -320,6 +346,8 @@ absl::StatusOr<InterveneReport> InterveneRegression(const DecoderModel& model, c
   absl::StatusOr<std::vector<PreparedOp>> prepared = PrepareOps(request, model.config(), T, index, check);
   if (!prepared.ok()) return prepared.status();
   std::vector<PreparedOp>& ops = *prepared;
+  absl::StatusOr<std::vector<AttentionMassMeter>> meters = PrepareMass(request, model.config(), T);
+  if (!meters.ok()) return meters.status();
   absl::StatusOr<std::vector<int>> chosen = index.Chosen(request.eval_sets);
   if (!chosen.ok()) return chosen.status();
 
@@ -351,12 +379,18 @@ absl::StatusOr<InterveneReport> InterveneRegression(const DecoderModel& model, c
     }
     const torch::Tensor bayes = torch::cat(refs, 0);  // [n, points]
     double loss_clean = 0, loss = 0, shift = 0, to_ref_clean = 0, to_ref = 0;
+    std::vector<AttentionMassMeter> clean_mass = FreshCopies(*meters), hit_mass = FreshCopies(*meters);
+    const HookFn clean_hook = MeteredHook(nullptr, clean_mass);
     for (int64_t b = 0; b < n; b += kChunk) {
       const int64_t count = std::min(kChunk, n - b);
       torch::Tensor chunk = inputs.narrow(0, b, count).unsqueeze(0);
-      const HookFn edit = EditHook(ops, b);
-      torch::Tensor clean = DecoderModel::Predictions(model.Forward(chunk)).squeeze(0).to(torch::kDouble);
-      torch::Tensor edited = DecoderModel::Predictions(model.Forward(chunk, &edit)).squeeze(0).to(torch::kDouble);
+      const HookFn edit = EditHook(ops, b), metered = MeteredHook(&edit, hit_mass);
+      torch::Tensor clean = DecoderModel::Predictions(model.Forward(chunk, meters->empty() ? nullptr : &clean_hook))
+                                .squeeze(0)
+                                .to(torch::kDouble);
+      torch::Tensor edited = DecoderModel::Predictions(model.Forward(chunk, meters->empty() ? &edit : &metered))
+                                 .squeeze(0)
+                                 .to(torch::kDouble);
       torch::Tensor y = eval.y.narrow(0, b, count), q = bayes.narrow(0, b, count);
       auto sq = [](const torch::Tensor& a, const torch::Tensor& c) { return (a - c).pow(2).mean(1).sum().item<double>(); };
       loss_clean += sq(clean, y);
@@ -366,6 +400,7 @@ absl::StatusOr<InterveneReport> InterveneRegression(const DecoderModel& model, c
       to_ref += sq(edited, q);
     }
     EffectReport e;
+    ReportMass(clean_mass, hit_mass, e);
     const double dn = static_cast<double>(n);
     e.eval_set = index.sets[static_cast<size_t>(si)].name;
     e.loss_clean = loss_clean / dn;
