@@ -220,6 +220,7 @@ struct AttentionMassSpec {
 struct InterveneRequest {
   std::vector<InterventionOp> ops;
   std::vector<AttentionMassSpec> attention_mass;
+  std::vector<int64_t> logit_diff_tokens;  // empty or (t1, t2): logit(t1) - logit(t2)
   std::vector<std::string> eval_sets;  // empty = all of the task's
   int64_t n_eval = 2048;
   uint64_t seed = 1;

@@ -677,6 +677,11 @@ absl::StatusOr<v1::InterveneResponse> AnalysisCore::Intervene(const v1::Interven
     ir.attention_mass.push_back({a.pattern(), {a.keys().begin(), a.keys().end()},
                                  {a.queries().begin(), a.queries().end()}});
   }
+  if (request.logit_diff_tokens_size() != 0 && request.logit_diff_tokens_size() != 2) {
+    return absl::InvalidArgumentError("logit_diff_tokens must be empty or two token ids (t1, t2), got " +
+                                      std::to_string(request.logit_diff_tokens_size()));
+  }
+  ir.logit_diff_tokens.assign(request.logit_diff_tokens().begin(), request.logit_diff_tokens().end());
   const std::string key = canonical.SerializeAsString();
   const int64_t hash = static_cast<int64_t>(HashPurpose(key) >> 1);
   if (!request.force()) {

@@ -780,6 +780,25 @@ TEST(IntegrationTest, DetectInterveneAndLabelAgreeOnACoordinateModel) {
     EXPECT_EQ(m.intervened(0), 0.0);  // the zeroed pattern
     EXPECT_NEAR(out->effects(0).attention_mass(1).clean(0), 1.0, 1e-6);
     EXPECT_NEAR(out->effects(0).attention_mass(1).intervened(0), 1.0, 1e-6);
+    // D.6 logit_diff for a chosen pair replaces the task's: antisymmetric in
+    // the pair, refused beyond the vocabulary.
+    r.add_logit_diff_tokens(5);  // a common token and a rare one
+    r.add_logit_diff_tokens(10);
+    auto forward = c.Intervene(r);
+    r.set_logit_diff_tokens(0, 10);
+    r.set_logit_diff_tokens(1, 5);
+    auto backward = c.Intervene(r);
+    ASSERT_TRUE(forward.ok() && backward.ok()) << forward.status() << backward.status();
+    EXPECT_TRUE(forward->effects(0).has_logit_diff());
+    EXPECT_EQ(forward->effects(0).alt_name(), "tokens 5-10");
+    EXPECT_NEAR(forward->effects(0).logit_diff(), -backward->effects(0).logit_diff(), 1e-9);
+    EXPECT_NEAR(forward->effects(0).logit_diff_clean(), -backward->effects(0).logit_diff_clean(), 1e-9);
+    EXPECT_NE(forward->effects(0).logit_diff(), forward->effects(0).logit_diff_clean());
+    r.set_logit_diff_tokens(1, 100000);
+    EXPECT_EQ(c.Intervene(r).status().code(), absl::StatusCode::kInvalidArgument);
+    r.add_logit_diff_tokens(3);
+    EXPECT_EQ(c.Intervene(r).status().code(), absl::StatusCode::kInvalidArgument);
+    r.clear_logit_diff_tokens();
     prev->set_pattern("L1.resid");
     auto refused = c.Intervene(r);
     EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
@@ -1148,6 +1167,19 @@ TEST(IntegrationTest, TaskVectorsOfARunItsTrainingAndASweep) {
   EXPECT_LT(on_previous.clean(0), 1.0);
   EXPECT_EQ(on_previous.intervened(0), 0.0);
   EXPECT_EQ(on_previous.intervened(1), 0.0);
+  // D.6 logit_diff for a token pair at every predicting position.
+  massed.add_logit_diff_tokens(0);
+  massed.add_logit_diff_tokens(1);
+  auto zero_one = c.Intervene(massed);
+  massed.set_logit_diff_tokens(0, 1);
+  massed.set_logit_diff_tokens(1, 0);
+  auto one_zero = c.Intervene(massed);
+  ASSERT_TRUE(zero_one.ok() && one_zero.ok()) << zero_one.status() << one_zero.status();
+  EXPECT_TRUE(zero_one->effects(0).has_logit_diff());
+  EXPECT_EQ(zero_one->effects(0).alt_name(), "tokens 0-1");
+  EXPECT_NEAR(zero_one->effects(0).logit_diff(), -one_zero->effects(0).logit_diff(), 1e-9);
+  EXPECT_NE(zero_one->effects(0).logit_diff(), zero_one->effects(0).logit_diff_clean());
+  massed.clear_logit_diff_tokens();
   previous->add_queries(0);  // position 0 has no previous position
   previous->set_keys(0, -1);
   mass = c.Intervene(massed);
@@ -1308,6 +1340,10 @@ TEST(IntegrationTest, RegressionRunTrainsAndAnswersItsAnalyses) {
   EXPECT_NEAR(m0.intervened(0), m0.clean(0), 1e-6);  // the edit is after layer 0's attention
   EXPECT_NEAR(massed->effects(0).attention_mass(1).clean(1), 1.0, 1e-6);
   iv.clear_attention_mass();
+  iv.add_logit_diff_tokens(0);
+  iv.add_logit_diff_tokens(1);
+  EXPECT_EQ(c.Intervene(iv).status().code(), absl::StatusCode::kFailedPrecondition);  // no logits
+  iv.clear_logit_diff_tokens();
   op->set_op(v1::Intervention::OP_ZERO);
   op->add_positions(24);  // 8 points: positions 0..23
   EXPECT_EQ(c.Intervene(iv).status().code(), absl::StatusCode::kInvalidArgument);

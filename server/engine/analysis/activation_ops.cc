@@ -132,6 +132,23 @@ std::vector<AttentionMassMeter> FreshCopies(const std::vector<AttentionMassMeter
   return out;
 }
 
+absl::Status CheckLogitDiffTokens(const std::vector<int64_t>& tokens, int64_t vocab) {
+  if (!tokens.empty() && tokens.size() != 2) {
+    return absl::InvalidArgumentError("logit_diff_tokens must be empty or two token ids (t1, t2)");
+  }
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    if (tokens[i] < 0 || tokens[i] >= vocab) {
+      return absl::InvalidArgumentError("logit_diff_tokens[" + std::to_string(i) + "] must be in [0, " +
+                                        std::to_string(vocab - 1) + "], got " + std::to_string(tokens[i]));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::string LogitDiffName(const std::vector<int64_t>& tokens) {
+  return "tokens " + std::to_string(tokens[0]) + "-" + std::to_string(tokens[1]);
+}
+
 void ReportMass(const std::vector<AttentionMassMeter>& clean, const std::vector<AttentionMassMeter>& hit,
                 EffectReport& e) {
   for (size_t k = 0; k < clean.size(); ++k) {

@@ -101,6 +101,11 @@ absl::StatusOr<AttentionMassMeter> PrepareAttentionMass(const AttentionMassSpec&
 // Copies of `meters` with their sums at zero (a plain copy shares them).
 std::vector<AttentionMassMeter> FreshCopies(const std::vector<AttentionMassMeter>& meters);
 
+// D.6 logit_diff tokens: empty, or two ids below `vocab`; InvalidArgument
+// naming logit_diff_tokens otherwise. The alt_name effects report.
+absl::Status CheckLogitDiffTokens(const std::vector<int64_t>& tokens, int64_t vocab);
+std::string LogitDiffName(const std::vector<int64_t>& tokens);
+
 // Appends each meter's per-head mass, clean and intervened, to `e`.
 void ReportMass(const std::vector<AttentionMassMeter>& clean, const std::vector<AttentionMassMeter>& hit,
                 EffectReport& e);

@@ -588,6 +588,7 @@ absl::StatusOr<InterveneReport> InterveneImpl(const v1::ExperimentSpec& spec, co
   std::unique_ptr<ImirModel> edited = MovedCoords(o, *o.projector, o.values, c);
   for (const auto& [layer, head] : ablated) AblateHead(*edited, layer, head);
 
+  if (absl::Status s = CheckLogitDiffTokens(req.logit_diff_tokens, o.task->vocab_size()); !s.ok()) return s;
   // D.6 attention_mass at the query unless other queries are named.
   const int64_t T = o.task->seq_len();
   std::vector<AttentionMassMeter> meters;
@@ -658,7 +659,17 @@ absl::StatusOr<InterveneReport> InterveneImpl(const v1::ExperimentSpec& spec, co
     const torch::Tensor lp_clean = torch::log_softmax(clean, -1), lp_hit = torch::log_softmax(hit, -1);
     e.kl_clean = (lp_clean.exp() * (lp_clean - lp_hit)).sum(-1).mean().item<double>();
     e.has_logit_diff = !data->alt_name.empty() || data->name == "conflict";
-    if (e.has_logit_diff) {
+    if (!req.logit_diff_tokens.empty()) {  // the request's pair instead of the task's
+      e.has_logit_diff = true;
+      e.alt_name = LogitDiffName(req.logit_diff_tokens);
+      auto ld = [&](const torch::Tensor& logits) {
+        return (logits.select(1, req.logit_diff_tokens[0]) - logits.select(1, req.logit_diff_tokens[1]))
+            .mean()
+            .item<double>();
+      };
+      e.logit_diff_clean = ld(clean);
+      e.logit_diff = ld(hit);
+    } else if (e.has_logit_diff) {
       e.alt_name = data->alt_name.empty() ? "in_weights" : data->alt_name;
       auto ld = [&](const torch::Tensor& logits) {
         return (logits.gather(1, data->target.unsqueeze(1)) - logits.gather(1, data->alt_target.unsqueeze(1)))

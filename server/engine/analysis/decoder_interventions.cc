@@ -211,6 +211,8 @@ absl::StatusOr<InterveneReport> InterveneDecoder(const DecoderModel& model, cons
   std::vector<PreparedOp>& ops = *prepared;
   absl::StatusOr<std::vector<AttentionMassMeter>> meters = PrepareMass(request, cfg, T);
   if (!meters.ok()) return meters.status();
+  if (absl::Status s = CheckLogitDiffTokens(request.logit_diff_tokens, cfg.vocab); !s.ok()) return s;
+  const std::vector<int64_t>& pair = request.logit_diff_tokens;
   absl::StatusOr<std::vector<int>> picked = index.Chosen(request.eval_sets);
   if (!picked.ok()) return picked.status();
   const std::vector<int>& chosen = *picked;
@@ -263,7 +265,8 @@ absl::StatusOr<InterveneReport> InterveneDecoder(const DecoderModel& model, cons
         PrepareConvex(p, task, p.op == convex ? convex_lambda : lambda_of(*p.op, si), n);
       }
     }
-    double loss_clean = 0, loss = 0, acc_clean = 0, acc = 0, kl = 0, kl_ref_clean = 0, kl_ref = 0;
+    double loss_clean = 0, loss = 0, acc_clean = 0, acc = 0, kl = 0, kl_ref_clean = 0, kl_ref = 0, ld_clean = 0,
+           ld = 0;
     // kl_ref is averaged over every predicting position, or over the steered
     // ones for a replace-convex op.
     torch::Tensor ref_rows = torch::arange(T - 1, torch::kLong);
@@ -289,6 +292,14 @@ absl::StatusOr<InterveneReport> InterveneDecoder(const DecoderModel& model, cons
       torch::Tensor lc = torch::log_softmax(clean.narrow(2, 0, T - 1).to(torch::kDouble), -1);
       torch::Tensor le = torch::log_softmax(edited.narrow(2, 0, T - 1).to(torch::kDouble), -1);
       kl += (lc.exp() * (lc - le)).sum(-1).mean(2).sum().item<double>();
+      if (!pair.empty()) {  // per sequence: mean over the predicting positions
+        auto diff = [&](const torch::Tensor& logits) {
+          torch::Tensor l = logits.narrow(2, 0, T - 1).to(torch::kDouble);
+          return (l.select(-1, pair[0]) - l.select(-1, pair[1])).mean(2).sum().item<double>();
+        };
+        ld_clean += diff(clean);
+        ld += diff(edited);
+      }
       if (task.has_bayes()) {
         // The reference law in chunks of kBayesChunk ([chunk, T, tasks] for the known pool).
         for (int64_t q0 = 0; q0 < count; q0 += kBayesChunk) {
@@ -321,6 +332,12 @@ absl::StatusOr<InterveneReport> InterveneDecoder(const DecoderModel& model, cons
     e.accuracy_clean = acc_clean / dn;
     e.accuracy = acc / dn;
     e.kl_clean = kl / dn;
+    if (!pair.empty()) {
+      e.has_logit_diff = true;
+      e.alt_name = LogitDiffName(pair);
+      e.logit_diff_clean = ld_clean / dn;
+      e.logit_diff = ld / dn;
+    }
     if (task.has_bayes()) {
       e.has_kl_ref = true;
       e.ref_name = convex != nullptr ? "mixture" : major ? "bayes" : "extrapolation";
@@ -348,6 +365,9 @@ absl::StatusOr<InterveneReport> InterveneRegression(const DecoderModel& model, c
   std::vector<PreparedOp>& ops = *prepared;
   absl::StatusOr<std::vector<AttentionMassMeter>> meters = PrepareMass(request, model.config(), T);
   if (!meters.ok()) return meters.status();
+  if (!request.logit_diff_tokens.empty()) {
+    return absl::FailedPreconditionError("logit_diff_tokens: a regression run predicts a number, it has no logits");
+  }
   absl::StatusOr<std::vector<int>> chosen = index.Chosen(request.eval_sets);
   if (!chosen.ok()) return chosen.status();
 
