@@ -677,7 +677,7 @@ absl::StatusOr<v1::InterveneResponse> AnalysisCore::Intervene(const v1::Interven
     ir.attention_mass.push_back({a.pattern(), {a.keys().begin(), a.keys().end()},
                                  {a.queries().begin(), a.queries().end()}});
   }
-  if (request.logit_diff_tokens_size() != 0 && request.logit_diff_tokens_size() != 2) {
+  if (request.logit_diff_tokens_size() > 2) {  // bounded before copying; the engine checks the pair
     return absl::InvalidArgumentError("logit_diff_tokens must be empty or two token ids (t1, t2), got " +
                                       std::to_string(request.logit_diff_tokens_size()));
   }

@@ -134,7 +134,8 @@ std::vector<AttentionMassMeter> FreshCopies(const std::vector<AttentionMassMeter
 
 absl::Status CheckLogitDiffTokens(const std::vector<int64_t>& tokens, int64_t vocab) {
   if (!tokens.empty() && tokens.size() != 2) {
-    return absl::InvalidArgumentError("logit_diff_tokens must be empty or two token ids (t1, t2)");
+    return absl::InvalidArgumentError("logit_diff_tokens must be empty or two token ids (t1, t2), got " +
+                                      std::to_string(tokens.size()));
   }
   for (size_t i = 0; i < tokens.size(); ++i) {
     if (tokens[i] < 0 || tokens[i] >= vocab) {

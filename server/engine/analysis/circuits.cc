@@ -684,10 +684,27 @@ absl::StatusOr<InterveneReport> InterveneImpl(const v1::ExperimentSpec& spec, co
   return report;
 }
 
+// A candidate layer pair of D.3 (head 1): previous-token head at layer i,
+// induction head at j > i, named "i-j", with the labels of its three
+// coordinates prev_i, match_ij, out_j.
+struct LayerPair {
+  std::string name, prev, match, out;
+};
+
+std::vector<LayerPair> LayerPairs(int64_t L, int64_t H) {
+  std::vector<LayerPair> pairs;
+  for (int64_t i = 1; i <= L; ++i) {
+    for (int64_t j = i + 1; j <= L; ++j) {
+      pairs.push_back({std::to_string(i) + "-" + std::to_string(j), KqLabel(i, 1, "∅", "∅", "S_1"),
+                       KqLabel(j, 1, "∅", HeadBlock(i, 1, L, H), "I_t"), OutLabel(HeadBlock(j, 1, L, H), "I")});
+    }
+  }
+  return pairs;
+}
+
 // D.3's winning pair, refined for redundant circuits [P]. Candidate pair
-// (i, j) (previous-token head at layer i, induction head at j, head 1) owns
-// one coordinate, its match L{j}H1:[∅→(block of head i)]:I_t; prev_i and
-// out_j are shared with other pairs. Zeroing the match coordinates of a set
+// (i, j) owns one coordinate, its match; prev_i and out_j are shared with
+// other pairs. Zeroing the match coordinates of a set
 // of pairs (W - sum c_k B_k, the rest of the weights kept) removes exactly
 // those paths. The label is the smallest set whose removal takes away at
 // least half of the accuracy above chance: "2-3", or "1-3+2-3" when two
@@ -696,9 +713,11 @@ absl::StatusOr<InterveneReport> InterveneImpl(const v1::ExperimentSpec& spec, co
 // least 90% as much, OTHER when no set of up to three pairs does (the
 // behaviour lives outside the candidate paths). Every set tried is reported
 // in `ablation` with the share it removes.
+// `scores` are the pairs' |prev| |match| |out|, in the order of `pairs`.
 std::string PathLabel(const Opened& o, const Projector& projector, const Basis& paper, const std::vector<double>& c,
-                      const std::vector<std::pair<std::string, double>>& scores, const EvalData& d, double acc,
-                      double chance, std::vector<std::pair<std::string, double>>& ablation) {
+                      const std::vector<LayerPair>& pairs, const std::vector<std::pair<std::string, double>>& scores,
+                      const EvalData& d, double acc, double chance,
+                      std::vector<std::pair<std::string, double>>& ablation) {
   struct Candidate {
     std::string name;
     double score;
@@ -707,10 +726,9 @@ std::string PathLabel(const Opened& o, const Projector& projector, const Basis& 
   std::vector<Candidate> candidates;
   double top = 0;
   for (const auto& [name, s] : scores) top = std::max(top, s);
-  for (const auto& [name, s] : scores) {
-    const int64_t i = name[0] - '0', j = name[2] - '0';
-    const int32_t match = Find(paper, KqLabel(j, 1, "∅", HeadBlock(i, 1, o.layers, o.heads), "I_t"));
-    if (match >= 0 && s > 1e-3 * top) candidates.push_back({name, s, match});
+  for (size_t k = 0; k < pairs.size(); ++k) {
+    const int32_t match = Find(paper, pairs[k].match);
+    if (match >= 0 && scores[k].second > 1e-3 * top) candidates.push_back({pairs[k].name, scores[k].second, match});
   }
   // At most six candidates (the largest scores): 41 subsets of up to three.
   std::stable_sort(candidates.begin(), candidates.end(),
@@ -773,15 +791,11 @@ absl::StatusOr<LabelReport> LabelRunImpl(const v1::ExperimentSpec& spec,
   const Projector projector(paper);
 
   // Pair scores |prev_i| |match_ij| |out_j| for every layer pair (head 1).
+  const std::vector<LayerPair> pairs = LayerPairs(L, H);
   auto pair_scores = [&](const std::vector<double>& c) {
     std::vector<std::pair<std::string, double>> out;
-    for (int64_t i = 1; i <= L; ++i) {
-      for (int64_t j = i + 1; j <= L; ++j) {
-        const double s = Magnitude(paper, c, KqLabel(i, 1, "∅", "∅", "S_1")) *
-                         Magnitude(paper, c, KqLabel(j, 1, "∅", HeadBlock(i, 1, L, H), "I_t")) *
-                         Magnitude(paper, c, OutLabel(HeadBlock(j, 1, L, H), "I"));
-        out.emplace_back(std::to_string(i) + "-" + std::to_string(j), s);
-      }
+    for (const LayerPair& p : pairs) {
+      out.emplace_back(p.name, Magnitude(paper, c, p.prev) * Magnitude(paper, c, p.match) * Magnitude(paper, c, p.out));
     }
     return out;
   };
@@ -830,7 +844,7 @@ absl::StatusOr<LabelReport> LabelRunImpl(const v1::ExperimentSpec& spec,
       if (acc < 0.5) {
         r.pair = "NONE";
       } else {
-        r.pair = PathLabel(*o, projector, paper, c, r.pair_scores, d, acc, chance, r.pair_ablation);
+        r.pair = PathLabel(*o, projector, paper, c, pairs, r.pair_scores, d, acc, chance, r.pair_ablation);
       }
     }
     report.checkpoints.push_back(std::move(r));

@@ -282,8 +282,7 @@ absl::StatusOr<InterveneReport> InterveneDecoder(const DecoderModel& model, cons
       const int64_t count = std::min(kChunk, n - b);
       torch::Tensor chunk = tokens.narrow(0, b, count).unsqueeze(0);
       const HookFn edit = EditHook(ops, b), metered = MeteredHook(&edit, hit_mass);
-      torch::Tensor clean = model.Forward(chunk, meters->empty() ? nullptr : &clean_hook);
-      torch::Tensor edited = model.Forward(chunk, meters->empty() ? &edit : &metered);
+      torch::Tensor clean = model.Forward(chunk, &clean_hook), edited = model.Forward(chunk, &metered);
       loss_clean += NextTokenLoss(clean, chunk).sum().item<double>();
       loss += NextTokenLoss(edited, chunk).sum().item<double>();
       torch::Tensor next = chunk.narrow(2, 1, T - 1);
@@ -405,12 +404,8 @@ absl::StatusOr<InterveneReport> InterveneRegression(const DecoderModel& model, c
       const int64_t count = std::min(kChunk, n - b);
       torch::Tensor chunk = inputs.narrow(0, b, count).unsqueeze(0);
       const HookFn edit = EditHook(ops, b), metered = MeteredHook(&edit, hit_mass);
-      torch::Tensor clean = DecoderModel::Predictions(model.Forward(chunk, meters->empty() ? nullptr : &clean_hook))
-                                .squeeze(0)
-                                .to(torch::kDouble);
-      torch::Tensor edited = DecoderModel::Predictions(model.Forward(chunk, meters->empty() ? &edit : &metered))
-                                 .squeeze(0)
-                                 .to(torch::kDouble);
+      torch::Tensor clean = DecoderModel::Predictions(model.Forward(chunk, &clean_hook)).squeeze(0).to(torch::kDouble);
+      torch::Tensor edited = DecoderModel::Predictions(model.Forward(chunk, &metered)).squeeze(0).to(torch::kDouble);
       torch::Tensor y = eval.y.narrow(0, b, count), q = bayes.narrow(0, b, count);
       auto sq = [](const torch::Tensor& a, const torch::Tensor& c) { return (a - c).pow(2).mean(1).sum().item<double>(); };
       loss_clean += sq(clean, y);

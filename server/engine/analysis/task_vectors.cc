@@ -18,13 +18,11 @@ constexpr int64_t kBayesChunk = 64;
 const auto kF64 = torch::TensorOptions().dtype(torch::kDouble);
 const auto kI64 = torch::TensorOptions().dtype(torch::kLong);
 
-
 double Pearson(const torch::Tensor& a, const torch::Tensor& b) {
   torch::Tensor x = a - a.mean(), y = b - b.mean();
   const double den = std::sqrt((x * x).sum().item<double>() * (y * y).sum().item<double>());
   return den > 0 ? (x * y).sum().item<double>() / den : 0.0;
 }
-
 
 class Reporter {
  public:
