@@ -2,7 +2,7 @@
 # Installs the Debian packages circuitlab needs (only those missing; list in
 # deploy/packages.txt) and builds everything into build/ with CMake + Ninja.
 #   scripts/setup.sh            # idempotent; re-running only rebuilds what changed
-# Environment: BUILD_DIR (default build), CMAKE_BUILD_TYPE (default RelWithDebInfo).
+# Environment: BUILD_DIR (default build), CMAKE_BUILD_TYPE (default Release: what the image and users build).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build_dir="${BUILD_DIR:-build}"
@@ -25,5 +25,5 @@ blas=$(readlink -f /usr/lib/x86_64-linux-gnu/libblas.so.3 2>/dev/null || true)
 echo "==> BLAS: ${blas:-unknown}"
 
 echo "==> building into ${build_dir}/"
-cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE="${CMAKE_BUILD_TYPE:-RelWithDebInfo}" >/dev/null
+cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE="${CMAKE_BUILD_TYPE:-Release}" >/dev/null
 cmake --build "$build_dir"

@@ -19,6 +19,8 @@
 #include <sstream>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "server/common/clock.h"
 #include "server/common/status_macros.h"
 #include "server/store/migrations.h"
@@ -639,8 +641,7 @@ absl::StatusOr<RunPage> Store::ListRuns(const RunFilter& filter) {
   std::vector<std::string> text_params;
   if (!filter.states.empty()) {
     where += " AND state IN (";
-    for (size_t i = 0; i < filter.states.size(); ++i) where += (i ? "," : "") + std::to_string(filter.states[i]);
-    where += ")";
+    where += absl::StrJoin(filter.states, ",") + ")";
   }
   if (filter.sweep_id > 0) where += " AND sweep_id = " + std::to_string(filter.sweep_id);
   for (size_t i = 0; i < filter.tags.size(); ++i) {
@@ -886,9 +887,7 @@ absl::StatusOr<std::vector<std::pair<CoordinateDefRow, double>>> Store::Coordina
 absl::StatusOr<std::vector<Store::LastValue>> Store::LastCoordinateOfRuns(const std::vector<int64_t>& run_ids,
                                                                          const std::string& selection,
                                                                          const std::string& label) {
-  std::string ids = "[";
-  for (size_t i = 0; i < run_ids.size(); ++i) ids += (i ? "," : "") + std::to_string(run_ids[i]);
-  ids += "]";
+  const std::string ids = absl::StrCat("[", absl::StrJoin(run_ids, ","), "]");
   CL_ASSIGN_OR_RETURN(Impl::Reader r, impl_->AcquireReader());
   // coordinate_defs_by_label finds each run's coordinate; the coordinates
   // primary key (coord_id, step) finds its last step.

@@ -6,6 +6,8 @@
 #include <numeric>
 #include <set>
 
+#include "absl/strings/str_cat.h"
+
 namespace circuitlab::engine {
 namespace {
 
@@ -34,7 +36,7 @@ TaskSymmetry Symmetry(int common, int rare, int heldout, int64_t positions, bool
 
 std::map<std::string, int> CountByMatrix(const Basis& b) {
   std::map<std::string, int> n;
-  for (const auto& c : b.coords) n[c.layer == 0 ? "out" : "L" + std::to_string(c.layer)]++;
+  for (const auto& c : b.coords) n[c.layer == 0 ? "out" : absl::StrCat("L", c.layer)]++;
   return n;
 }
 

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "absl/strings/str_cat.h"
 #include "tests/test_util/temp_dir.h"
 
 namespace circuitlab::store {
@@ -321,7 +322,7 @@ TEST(StoreTest, ManyConcurrentWritersAndReaders) {
   for (int t = 0; t < 4; ++t) {
     threads.emplace_back([&, t] {
       for (int step = 0; step < 500; ++step) {
-        (*store)->AppendMetrics(id, {{"m" + std::to_string(t), step, static_cast<double>(step)}});
+        (*store)->AppendMetrics(id, {{absl::StrCat("m", t), step, static_cast<double>(step)}});
         if (step % 50 == 0) {
           ASSERT_TRUE((*store)->GetRun(id).ok());
         }

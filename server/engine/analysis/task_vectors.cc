@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 
+#include "absl/strings/str_cat.h"
 #include "server/common/seeds.h"
 #include "server/engine/train/latent_trainer.h"
 #include "server/engine/train/trainer_base.h"
@@ -305,7 +306,7 @@ std::vector<torch::Tensor> HiddenStates(const DecoderModel& model, const torch::
   return out;
 }
 
-std::string HookName(int layer, const std::string& kind) { return "L" + std::to_string(layer) + "." + kind; }
+std::string HookName(int layer, const std::string& kind) { return absl::StrCat("L", layer, ".", kind); }
 
 torch::Tensor Repeat(int64_t n, int64_t times) { return torch::arange(n, kI64).repeat_interleave(times); }
 

@@ -4,6 +4,9 @@
 #include <cmath>
 #include <map>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
 namespace circuitlab::engine {
 namespace {
 
@@ -137,9 +140,7 @@ std::string PathName(int64_t index, int64_t depth, int64_t layers, int64_t heads
     digits.push_back(h);
   }
   if (!any) return "∅";
-  std::string out = "(";
-  for (size_t i = 0; i < digits.size(); ++i) out += (i ? "," : "") + std::to_string(digits[i]);
-  return out + ")";
+  return absl::StrCat("(", absl::StrJoin(digits, ","), ")");
 }
 
 Basis BuildBasis(const TaskSymmetry& sym, int64_t layers, int64_t heads, Selection selection) {

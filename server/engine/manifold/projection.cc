@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "absl/strings/str_cat.h"
+
 namespace circuitlab::engine {
 namespace {
 
@@ -97,7 +99,7 @@ Projection Projector::ProjectTensors(const std::vector<torch::Tensor>& kq, const
           }
         }
       });
-      finish(sums, basis_.kq.sizes, kq_parts, "L" + std::to_string(l + 1) + "H" + std::to_string(h + 1), total);
+      finish(sums, basis_.kq.sizes, kq_parts, absl::StrCat("L", l + 1, "H", h + 1), total);
     }
     n *= H + 1;
   }
