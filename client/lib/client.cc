@@ -164,6 +164,17 @@ absl::StatusOr<v1::InterveneResponse> Client::Intervene(const v1::InterveneReque
   return impl_->Call(impl_->analysis.get(), &v1::AnalysisService::Stub::Intervene, request);
 }
 
+absl::StatusOr<v1::CancelAnalysisResponse> Client::CancelAnalysis(const std::string& job_id) {
+  v1::CancelAnalysisRequest request;
+  request.set_job_id(job_id);
+  return impl_->Call(impl_->analysis.get(), &v1::AnalysisService::Stub::CancelAnalysis, request);
+}
+
+absl::StatusOr<v1::ListAnalysisJobsResponse> Client::ListAnalysisJobs() {
+  return impl_->Call(impl_->analysis.get(), &v1::AnalysisService::Stub::ListAnalysisJobs,
+                     v1::ListAnalysisJobsRequest());
+}
+
 absl::StatusOr<v1::LabelRunResponse> Client::LabelRun(const v1::LabelRunRequest& request) {
   return impl_->Call(impl_->analysis.get(), &v1::AnalysisService::Stub::LabelRun, request);
 }

@@ -110,19 +110,44 @@ class Client:
                                      timeout=self._timeout, metadata=self._metadata)
         return {s.name: list(zip(s.steps, s.values)) for s in resp.series}
 
-    def task_vectors(self, run_id="", sweep_id="", poll=0.3, deadline=600.0, **fields):
-        """AnalyzeTaskVectors (queued): waits until DONE and returns the response;
-        `fields` are AnalyzeTaskVectorsRequest fields (analyses=["ood_r2"], layers=[1], ...).
-        Raises RuntimeError when the analysis fails."""
+    def _await_job(self, call, req, what, poll, deadline):
+        """Asks `call(req)` again until the analysis job is DONE (the server
+        holds each call up to ~2 s, so a quick job answers at once). Raises
+        RuntimeError when it FAILED or was CANCELLED."""
         import time
-        req = apb.AnalyzeTaskVectorsRequest(run_id=run_id, sweep_id=sweep_id, **fields)
         end = time.monotonic() + deadline
         while True:
-            resp = self._analysis.AnalyzeTaskVectors(req, timeout=self._timeout, metadata=self._metadata)
+            resp = call(req, timeout=self._timeout, metadata=self._metadata)
             if resp.state == apb.ANALYSIS_STATE_DONE:
                 return resp
-            if resp.state == apb.ANALYSIS_STATE_FAILED:
-                raise RuntimeError(resp.error)
+            if resp.state in (apb.ANALYSIS_STATE_FAILED, apb.ANALYSIS_STATE_CANCELLED):
+                raise RuntimeError("%s %s: %s" % (what, apb.AnalysisState.Name(resp.state), resp.error))
             if time.monotonic() > end:
-                raise TimeoutError("task-vector analysis still %s" % apb.AnalysisState.Name(resp.state))
+                raise TimeoutError("%s (job %s) still %s" % (what, resp.job_id, apb.AnalysisState.Name(resp.state)))
             time.sleep(poll)
+
+    def task_vectors(self, run_id="", sweep_id="", poll=0.3, deadline=600.0, **fields):
+        """AnalyzeTaskVectors (an analysis job): waits until DONE and returns the response;
+        `fields` are AnalyzeTaskVectorsRequest fields (analyses=["ood_r2"], layers=[1], ...).
+        Raises RuntimeError when the analysis fails."""
+        req = apb.AnalyzeTaskVectorsRequest(run_id=run_id, sweep_id=sweep_id, **fields)
+        return self._await_job(self._analysis.AnalyzeTaskVectors, req, "task-vector analysis", poll, deadline)
+
+    def project(self, run_id, step=0, poll=0.3, deadline=600.0, **fields):
+        """ProjectCheckpoint (an analysis job): the checkpoint's IMIR coordinates and rho."""
+        req = apb.ProjectCheckpointRequest(run_id=run_id, step=step, **fields)
+        return self._await_job(self._analysis.ProjectCheckpoint, req, "projection", poll, deadline)
+
+    def intervene(self, request, poll=0.3, deadline=600.0):
+        """Intervene (an analysis job) with an InterveneRequest message; waits until DONE."""
+        return self._await_job(self._analysis.Intervene, request, "intervention", poll, deadline)
+
+    def analysis_jobs(self):
+        """The analysis jobs queued and running now (ListAnalysisJobsResponse)."""
+        return self._analysis.ListAnalysisJobs(apb.ListAnalysisJobsRequest(), timeout=self._timeout,
+                                               metadata=self._metadata)
+
+    def cancel_analysis(self, job_id):
+        """Stops a queued or running analysis job; returns its AnalysisJob."""
+        return self._analysis.CancelAnalysis(apb.CancelAnalysisRequest(job_id=job_id), timeout=self._timeout,
+                                             metadata=self._metadata).job

@@ -8,6 +8,7 @@
 #include <optional>
 #include <exception>
 
+#include "server/common/thread_cancel.h"
 #include "server/engine/analysis/circuits.h"
 #include "server/engine/analysis/data_dependence.h"
 #include "server/engine/analysis/decoder_interventions.h"
@@ -425,6 +426,8 @@ class TorchAnalyzer : public Analyzer {
   static auto Guarded(const char* what, F&& f) -> decltype(f()) {
     try {
       return f();
+    } catch (const ThreadCancelled&) {
+      return absl::CancelledError(std::string(what) + " cancelled");
     } catch (const c10::Error& e) {
       return absl::InternalError(std::string(what) + ": LibTorch error: " + e.what_without_backtrace());
     } catch (const std::exception& e) {

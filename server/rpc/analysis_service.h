@@ -1,4 +1,6 @@
 // AnalysisService handlers (callback API): thin adapters over AnalysisCore.
+// The analyses that are jobs never block their thread: a pending answer is
+// finished later, by the job's end or a ~2 s deadline (analysis_service.cc).
 #pragma once
 
 #include <grpcpp/grpcpp.h>
@@ -34,6 +36,11 @@ class AnalysisServiceImpl final : public v1::AnalysisService::CallbackService {
                                                v1::AnalyzeTaskVectorsResponse* resp) override;
   grpc::ServerUnaryReactor* LabelRun(grpc::CallbackServerContext* ctx, const v1::LabelRunRequest* req,
                                      v1::LabelRunResponse* resp) override;
+  grpc::ServerUnaryReactor* CancelAnalysis(grpc::CallbackServerContext* ctx, const v1::CancelAnalysisRequest* req,
+                                           v1::CancelAnalysisResponse* resp) override;
+  grpc::ServerUnaryReactor* ListAnalysisJobs(grpc::CallbackServerContext* ctx,
+                                             const v1::ListAnalysisJobsRequest* req,
+                                             v1::ListAnalysisJobsResponse* resp) override;
 
  private:
   scheduler::AnalysisCore* const core_;

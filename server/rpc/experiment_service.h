@@ -42,9 +42,6 @@ class ExperimentServiceImpl final : public v1::ExperimentService::CallbackServic
                                             v1::GetSweepSummaryResponse* resp) override;
 
  private:
-  // Who submits: the x-circuitlab-client metadata, else the peer's host.
-  static std::string ClientOf(const grpc::CallbackServerContext* ctx);
-
   template <typename Fn>
   grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* ctx, Fn&& fn) {
     return UnaryCall(ctx, auth_token_, std::forward<Fn>(fn));

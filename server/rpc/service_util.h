@@ -18,6 +18,10 @@ grpc::Status ToGrpcStatus(const absl::Status& status);
 // (always OK when `token` is empty).
 absl::Status CheckAuth(const grpc::CallbackServerContext* ctx, const std::string& token);
 
+// Who is calling, for per-client limits: the `x-circuitlab-client` metadata,
+// else the peer's host.
+std::string ClientOf(const grpc::CallbackServerContext* ctx);
+
 template <typename Fn>
 grpc::ServerUnaryReactor* UnaryCall(grpc::CallbackServerContext* ctx, const std::string& token, Fn&& fn) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();

@@ -11,6 +11,7 @@
 #include <random>
 #include <set>
 
+#include "absl/strings/str_join.h"
 #include "server/common/seeds.h"
 #include "server/common/status_macros.h"
 
@@ -127,10 +128,10 @@ struct Column {
   double threshold = 0;
 };
 
-absl::StatusOr<Column> ParseColumn(const std::string& text, int i) {
+// `field` names the request field in errors ("values[2]", "pivot.value").
+absl::StatusOr<Column> ParseColumn(const std::string& text, const std::string& field) {
   Column c;
   c.name = text;
-  const std::string field = "values[" + std::to_string(i) + "]";
   if (text.empty() || text.size() > 256) {
     return absl::InvalidArgumentError(field + " must have 1 to 256 characters");
   }
@@ -223,6 +224,161 @@ bool ValueLess(const Value& a, const Value& b) {
 
 bool IsFinal(int state) {
   return state == v1::RUN_STATE_SUCCEEDED || state == v1::RUN_STATE_FAILED || state == v1::RUN_STATE_CANCELLED;
+}
+
+// The value columns of a summary: those asked for (all evaluation metrics
+// and the training loss when none is), plus the column a pivot pivots.
+absl::StatusOr<std::vector<Column>> SummaryColumns(const v1::GetSweepSummaryRequest& request,
+                                                   const std::vector<std::string>& axes,
+                                                   const std::vector<std::map<std::string, double>>& latest) {
+  std::vector<Column> columns;
+  if (request.values_size() == 0) {
+    std::set<std::string> names;
+    for (const auto& m : latest) {
+      for (const auto& [name, v] : m) {
+        if (name.rfind("eval/", 0) == 0 || name == "train/loss") names.insert(name);
+      }
+    }
+    for (const std::string& n : names) columns.push_back(Column{Column::kMetric, n, n, 0});
+  } else {
+    for (int i = 0; i < request.values_size(); ++i) {
+      CL_ASSIGN_OR_RETURN(Column c, ParseColumn(request.values(i), "values[" + std::to_string(i) + "]"));
+      columns.push_back(std::move(c));
+    }
+  }
+  // A pivot fetches the column it pivots when `values` did not name it.
+  if (request.has_pivot() && request.pivot().aggregate() != "count" && !request.pivot().value().empty()) {
+    const std::string& v = request.pivot().value();
+    const bool have = v == "state" || v == "run_id" || std::find(axes.begin(), axes.end(), v) != axes.end() ||
+                      std::any_of(columns.begin(), columns.end(), [&](const Column& c) { return c.name == v; });
+    if (!have) {
+      CL_ASSIGN_OR_RETURN(Column c, ParseColumn(v, "pivot.value"));
+      columns.push_back(std::move(c));
+    }
+  }
+
+  return columns;
+}
+
+// A cell of a summary row by column name: state, run_id, an axis or a value
+// column; nullopt for a name that is none of these.
+std::optional<Value> CellOf(const v1::SweepRow& r, const std::string& name, const std::vector<std::string>& axes,
+                            const std::vector<Column>& columns) {
+  if (name == "state") return Text(v1::RunState_Name(r.state()));
+  if (name == "run_id") return Text(r.run_id());
+  for (size_t a = 0; a < axes.size(); ++a) {
+    if (axes[a] == name) return r.swept(static_cast<int>(a));
+  }
+  for (size_t k = 0; k < columns.size(); ++k) {
+    if (columns[k].name == name) return r.values(static_cast<int>(k));
+  }
+  return std::nullopt;
+}
+
+// InvalidArgument naming `field` unless `name` is a column of the summary.
+absl::Status KnownColumn(const std::string& name, const std::string& field, const std::vector<std::string>& axes,
+                         const std::vector<Column>& columns) {
+  if (name == "state" || name == "run_id" || std::find(axes.begin(), axes.end(), name) != axes.end()) {
+    return absl::OkStatus();
+  }
+  for (const Column& c : columns) {
+    if (c.name == name) return absl::OkStatus();
+  }
+  std::vector<std::string> have = axes;
+  for (const Column& c : columns) have.push_back(c.name);
+  return absl::InvalidArgumentError(field + " '" + name + "' is neither an axis nor a value column (have: state" +
+                                    (have.empty() ? "" : ", " + absl::StrJoin(have, ", ")) + ")");
+}
+
+// Keeps the rows every filter matches.
+absl::Status ApplyFilters(const v1::GetSweepSummaryRequest& request, const std::vector<std::string>& axes,
+                          const std::vector<Column>& columns, v1::GetSweepSummaryResponse* out) {
+  std::vector<Filter> filters;
+  for (int i = 0; i < request.filters_size(); ++i) {
+    CL_ASSIGN_OR_RETURN(Filter f, ParseFilter(request.filters(i), i));
+    CL_RETURN_IF_ERROR(KnownColumn(f.column, "filters[" + std::to_string(i) + "]", axes, columns));
+    if (f.column == "state" && f.value.rfind("RUN_STATE_", 0) != 0) {
+      std::transform(f.value.begin(), f.value.end(), f.value.begin(), [](unsigned char ch) { return std::toupper(ch); });
+      f.value = "RUN_STATE_" + f.value;
+    }
+    filters.push_back(std::move(f));
+  }
+  if (!filters.empty()) {
+    google::protobuf::RepeatedPtrField<v1::SweepRow> kept;
+    for (const v1::SweepRow& r : out->rows()) {
+      bool ok = true;
+      for (const Filter& f : filters) ok = ok && Matches(*CellOf(r, f.column, axes, columns), f);
+      if (ok) *kept.Add() = r;
+    }
+    out->mutable_rows()->Swap(&kept);
+  }
+  return absl::OkStatus();
+}
+
+// One pivot cell: the rows at (x, y) aggregated (text: the most frequent).
+Value PivotCell(const v1::GetSweepSummaryResponse& out, const v1::SweepPivot& p, const std::string& agg,
+                const Value& x, const Value& y, const std::vector<std::string>& axes,
+                const std::vector<Column>& columns) {
+  auto same = [](const Value& a, const Value& b) { return a.kind_case() == b.kind_case() && Describe(a) == Describe(b); };
+  std::vector<double> nums;
+  std::map<std::string, int> texts;
+  int count = 0;
+  for (const v1::SweepRow& r : out.rows()) {
+    if (!same(*CellOf(r, p.x(), axes, columns), x) || !same(*CellOf(r, p.y(), axes, columns), y)) continue;
+    ++count;
+    if (agg == "count") continue;
+    const Value v = *CellOf(r, p.value(), axes, columns);
+    if (v.kind_case() == Value::kNumberValue) nums.push_back(v.number_value());
+    if (v.kind_case() == Value::kStringValue || v.kind_case() == Value::kBoolValue) ++texts[Describe(v)];
+  }
+  if (agg == "count") return Number(count);
+  if (!texts.empty()) {
+    // Text: the most frequent value (ties: the first in order).
+    auto best = std::max_element(texts.begin(), texts.end(),
+                                 [](const auto& a, const auto& b) { return a.second < b.second; });
+    return Text(best->first);
+  }
+  if (nums.empty()) return Null();
+  if (agg == "min") return Number(*std::min_element(nums.begin(), nums.end()));
+  if (agg == "max") return Number(*std::max_element(nums.begin(), nums.end()));
+  double sum = 0;
+  for (double n : nums) sum += n;
+  return Number(sum / static_cast<double>(nums.size()));
+}
+
+// The 2-D table of a pivot over the (filtered) rows.
+absl::Status BuildPivot(const v1::SweepPivot& p, const std::vector<std::string>& axes,
+                        const std::vector<Column>& columns, v1::GetSweepSummaryResponse* out) {
+  CL_RETURN_IF_ERROR(KnownColumn(p.x(), "pivot.x", axes, columns));
+  CL_RETURN_IF_ERROR(KnownColumn(p.y(), "pivot.y", axes, columns));
+  const std::string agg = p.aggregate().empty() ? "mean" : p.aggregate();
+  if (agg != "mean" && agg != "min" && agg != "max" && agg != "count") {
+    return absl::InvalidArgumentError("pivot.aggregate must be mean, min, max or count, got '" + agg + "'");
+  }
+  if (agg != "count") CL_RETURN_IF_ERROR(KnownColumn(p.value(), "pivot.value", axes, columns));
+  v1::PivotTable* t = out->mutable_pivot();
+  t->set_x(p.x());
+  t->set_y(p.y());
+  t->set_value(agg == "count" ? "count" : p.value());
+  std::vector<Value> xs, ys;
+  auto add_unique = [](std::vector<Value>& list, const Value& v) {
+    for (const Value& have : list) {
+      if (Describe(have) == Describe(v) && have.kind_case() == v.kind_case()) return;
+    }
+    list.push_back(v);
+  };
+  for (const v1::SweepRow& r : out->rows()) {
+    add_unique(xs, *CellOf(r, p.x(), axes, columns));
+    add_unique(ys, *CellOf(r, p.y(), axes, columns));
+  }
+  std::sort(xs.begin(), xs.end(), ValueLess);
+  std::sort(ys.begin(), ys.end(), ValueLess);
+  for (const Value& x : xs) *t->add_x_values() = x;
+  for (const Value& y : ys) *t->add_y_values() = y;
+  for (const Value& y : ys) {
+    for (const Value& x : xs) *t->add_cells() = PivotCell(*out, p, agg, x, y, axes, columns);
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -450,21 +606,7 @@ absl::StatusOr<v1::GetSweepSummaryResponse> SweepCore::Summary(const v1::GetSwee
   for (size_t i = 0; i < runs.size(); ++i) {
     CL_ASSIGN_OR_RETURN(latest[i], store_->LatestMetrics(runs[i].id));
   }
-  std::vector<Column> columns;
-  if (request.values_size() == 0) {
-    std::set<std::string> names;
-    for (const auto& m : latest) {
-      for (const auto& [name, v] : m) {
-        if (name.rfind("eval/", 0) == 0 || name == "train/loss") names.insert(name);
-      }
-    }
-    for (const std::string& n : names) columns.push_back(Column{Column::kMetric, n, n, 0});
-  } else {
-    for (int i = 0; i < request.values_size(); ++i) {
-      CL_ASSIGN_OR_RETURN(Column c, ParseColumn(request.values(i), i));
-      columns.push_back(std::move(c));
-    }
-  }
+  CL_ASSIGN_OR_RETURN(std::vector<Column> columns, SummaryColumns(request, axes, latest));
 
   v1::GetSweepSummaryResponse out;
   out.set_sweep_id(FormatSweepId(id));
@@ -529,16 +671,18 @@ absl::StatusOr<v1::GetSweepSummaryResponse> SweepCore::Summary(const v1::GetSwee
             v1::LabelRunRequest req;
             req.set_run_id(FormatRunId(r.id));
             absl::StatusOr<v1::LabelRunResponse> got = analyses_->LabelRun(req);
-            if (!got.ok()) {
-              // A full analysis queue: the cell stays pending; ask again.
-              if (got.status().code() != absl::StatusCode::kResourceExhausted) return got.status();
-              label = v1::LabelRunResponse();
-            } else {
+            if (got.ok()) {
               label = std::move(*got);
+            } else if (got.status().code() == absl::StatusCode::kResourceExhausted) {
+              label = v1::LabelRunResponse();  // a full analysis queue: the cell stays pending; ask again
+            } else {
+              label = v1::LabelRunResponse();  // this member cannot be labelled: say why in the cell
+              label->set_state(v1::ANALYSIS_STATE_FAILED);
+              label->set_error(std::string(got.status().message()));
             }
           }
           if (label->state() != v1::ANALYSIS_STATE_DONE) {
-            if (label->state() == v1::ANALYSIS_STATE_FAILED) {
+            if (label->state() == v1::ANALYSIS_STATE_FAILED || label->state() == v1::ANALYSIS_STATE_CANCELLED) {
               v = Text("error: " + label->error());
             } else {
               ++pending;
@@ -557,118 +701,8 @@ absl::StatusOr<v1::GetSweepSummaryResponse> SweepCore::Summary(const v1::GetSwee
   }
   out.set_pending(pending);
 
-  // Filters, on the finished table.
-  auto cell = [&](const v1::SweepRow& r, const std::string& name) -> std::optional<Value> {
-    if (name == "state") return Text(v1::RunState_Name(r.state()));
-    if (name == "run_id") return Text(r.run_id());
-    for (size_t a = 0; a < axes.size(); ++a) {
-      if (axes[a] == name) return r.swept(static_cast<int>(a));
-    }
-    for (size_t k = 0; k < columns.size(); ++k) {
-      if (columns[k].name == name) return r.values(static_cast<int>(k));
-    }
-    return std::nullopt;
-  };
-  auto known = [&](const std::string& name, const std::string& field) -> absl::Status {
-    if (name == "state" || name == "run_id" || std::find(axes.begin(), axes.end(), name) != axes.end()) {
-      return absl::OkStatus();
-    }
-    for (const Column& c : columns) {
-      if (c.name == name) return absl::OkStatus();
-    }
-    std::string have;
-    for (const std::string& a : axes) have += (have.empty() ? "" : ", ") + a;
-    for (const Column& c : columns) have += (have.empty() ? "" : ", ") + c.name;
-    return absl::InvalidArgumentError(field + " '" + name + "' is neither an axis nor a value column (have: state, " +
-                                      have + ")");
-  };
-  std::vector<Filter> filters;
-  for (int i = 0; i < request.filters_size(); ++i) {
-    CL_ASSIGN_OR_RETURN(Filter f, ParseFilter(request.filters(i), i));
-    CL_RETURN_IF_ERROR(known(f.column, "filters[" + std::to_string(i) + "]"));
-    if (f.column == "state" && f.value.rfind("RUN_STATE_", 0) != 0) {
-      std::transform(f.value.begin(), f.value.end(), f.value.begin(), [](unsigned char ch) { return std::toupper(ch); });
-      f.value = "RUN_STATE_" + f.value;
-    }
-    filters.push_back(std::move(f));
-  }
-  if (!filters.empty()) {
-    google::protobuf::RepeatedPtrField<v1::SweepRow> kept;
-    for (const v1::SweepRow& r : out.rows()) {
-      bool ok = true;
-      for (const Filter& f : filters) ok = ok && Matches(*cell(r, f.column), f);
-      if (ok) *kept.Add() = r;
-    }
-    out.mutable_rows()->Swap(&kept);
-  }
-
-  if (request.has_pivot()) {
-    const v1::SweepPivot& p = request.pivot();
-    CL_RETURN_IF_ERROR(known(p.x(), "pivot.x"));
-    CL_RETURN_IF_ERROR(known(p.y(), "pivot.y"));
-    const std::string agg = p.aggregate().empty() ? "mean" : p.aggregate();
-    if (agg != "mean" && agg != "min" && agg != "max" && agg != "count") {
-      return absl::InvalidArgumentError("pivot.aggregate must be mean, min, max or count, got '" + agg + "'");
-    }
-    if (agg != "count") CL_RETURN_IF_ERROR(known(p.value(), "pivot.value"));
-    v1::PivotTable* t = out.mutable_pivot();
-    t->set_x(p.x());
-    t->set_y(p.y());
-    t->set_value(agg == "count" ? "count" : p.value());
-    std::vector<Value> xs, ys;
-    auto add_unique = [](std::vector<Value>& list, const Value& v) {
-      for (const Value& have : list) {
-        if (Describe(have) == Describe(v) && have.kind_case() == v.kind_case()) return;
-      }
-      list.push_back(v);
-    };
-    for (const v1::SweepRow& r : out.rows()) {
-      add_unique(xs, *cell(r, p.x()));
-      add_unique(ys, *cell(r, p.y()));
-    }
-    std::sort(xs.begin(), xs.end(), ValueLess);
-    std::sort(ys.begin(), ys.end(), ValueLess);
-    for (const Value& x : xs) *t->add_x_values() = x;
-    for (const Value& y : ys) *t->add_y_values() = y;
-    auto same = [](const Value& a, const Value& b) { return a.kind_case() == b.kind_case() && Describe(a) == Describe(b); };
-    for (const Value& y : ys) {
-      for (const Value& x : xs) {
-        std::vector<double> nums;
-        std::map<std::string, int> texts;
-        int count = 0;
-        for (const v1::SweepRow& r : out.rows()) {
-          if (!same(*cell(r, p.x()), x) || !same(*cell(r, p.y()), y)) continue;
-          ++count;
-          if (agg == "count") continue;
-          const Value v = *cell(r, p.value());
-          if (v.kind_case() == Value::kNumberValue) nums.push_back(v.number_value());
-          if (v.kind_case() == Value::kStringValue || v.kind_case() == Value::kBoolValue) ++texts[Describe(v)];
-        }
-        Value c = Null();
-        if (agg == "count") {
-          c = Number(count);
-        } else if (!texts.empty()) {
-          // Text: the most frequent value (ties: the first in order).
-          auto best = std::max_element(texts.begin(), texts.end(),
-                                       [](const auto& a, const auto& b) { return a.second < b.second; });
-          c = Text(best->first);
-        } else if (!nums.empty()) {
-          double v = nums.front();
-          if (agg == "mean") {
-            v = 0;
-            for (double n : nums) v += n;
-            v /= static_cast<double>(nums.size());
-          } else if (agg == "min") {
-            v = *std::min_element(nums.begin(), nums.end());
-          } else {
-            v = *std::max_element(nums.begin(), nums.end());
-          }
-          c = Number(v);
-        }
-        *t->add_cells() = std::move(c);
-      }
-    }
-  }
+  CL_RETURN_IF_ERROR(ApplyFilters(request, axes, columns, &out));
+  if (request.has_pivot()) CL_RETURN_IF_ERROR(BuildPivot(request.pivot(), axes, columns, &out));
   return out;
 }
 

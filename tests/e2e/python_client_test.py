@@ -63,6 +63,18 @@ class PythonClientTest(unittest.TestCase):
         self.assertEqual([s for s, _ in metrics["train/loss"]], list(range(10, 81, 10)))
         self.assertEqual([s for s, _ in metrics["eval/icl_rare/accuracy"]], [0, 40, 80])
         self.assertIn(run.run_id, [r.run_id for r in self.client.list(tags=["py"])])
+        # Analyses are jobs: project and intervene wait for theirs; nothing is left queued.
+        proj = self.client.project(run.run_id)
+        self.assertEqual(proj.state, cl.apb.ANALYSIS_STATE_DONE)
+        self.assertGreater(len(proj.coordinates), 0)
+        ablate = cl.apb.InterveneRequest(
+            run_id=run.run_id, interventions=[cl.apb.Intervention(op=cl.apb.Intervention.OP_ABLATE_HEAD, layer=1)])
+        effects = self.client.intervene(ablate).effects
+        self.assertGreater(len(effects), 0)
+        self.assertEqual(len(self.client.analysis_jobs().jobs), 0)
+        with self.assertRaises(grpc.RpcError) as err:
+            self.client.cancel_analysis("a999")
+        self.assertEqual(err.exception.code(), grpc.StatusCode.NOT_FOUND)
 
     def test_task_vectors_of_a_latent_run(self):
         spec = cl.spec_from_json(LATENT_SPEC)

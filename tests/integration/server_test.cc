@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "client/lib/client.h"
+#include "server/common/thread_cancel.h"
 #include "server/engine/engine.h"
 #include "server/rpc/server.h"
 #include "server/scheduler/analysis_core.h"
@@ -43,14 +44,14 @@ v1::ExperimentSpec TinySpec(uint64_t steps = 60, uint64_t seed = 3) {
 class Server {
  public:
   Server(const std::string& dir, engine::Executor* executor, scheduler::SchedulerOptions opts = {},
-         rpc::ServerOptions server_opts = {}) {
+         rpc::ServerOptions server_opts = {}, engine::Analyzer* analyzer = nullptr) {
     auto store = store::Store::Open(dir);
     EXPECT_TRUE(store.ok()) << store.status();
     store_ = std::move(*store);
     opts.epoch = "epoch-" + std::to_string(reinterpret_cast<uintptr_t>(this));
     opts.heartbeat = std::chrono::milliseconds(200);
     scheduler_ = std::make_unique<scheduler::Scheduler>(opts, store_.get(), executor, Clock::Real());
-    analysis_ = std::make_unique<scheduler::AnalysisCore>(store_.get(), analyzer_.get());
+    analysis_ = std::make_unique<scheduler::AnalysisCore>(store_.get(), analyzer ? analyzer : analyzer_.get());
     EXPECT_TRUE(scheduler_->Start().ok());
     server_opts.listen = "127.0.0.1:0";
     sweeps_ = std::make_unique<scheduler::SweepCore>(scheduler_.get(), store_.get(), analysis_.get(), 64);
@@ -60,6 +61,7 @@ class Server {
   }
   ~Server() {
     server_->MarkNotServing();
+    analysis_->Shutdown();
     scheduler_->Drain();
     server_->Shutdown(std::chrono::milliseconds(200));
   }
@@ -81,6 +83,17 @@ client::Client MakeClient(const std::string& address, const std::string& token =
   opts.timeout = std::chrono::seconds(10);
   opts.token = token;
   return client::Client(opts);
+}
+
+// An analysis call, asked again while its job is pending (the server holds
+// each call up to ~2 s, so a quick job answers in one); force only the first time.
+template <typename Request, typename Response>
+absl::StatusOr<Response> Analysis(client::Client& c,
+                                  absl::StatusOr<Response> (client::Client::*call)(const Request&), Request req) {
+  absl::StatusOr<Response> r = (c.*call)(req);
+  req.set_force(false);
+  for (int i = 0; i < 120 && r.ok() && scheduler::IsPending(r->state()); ++i) r = (c.*call)(req);
+  return r;
 }
 
 v1::RunState WaitForEnd(client::Client& c, const std::string& id) {
@@ -230,7 +243,7 @@ TEST(IntegrationTest, CoordinatesOverTrainingAndCheckpointProjection) {
 
   v1::ProjectCheckpointRequest proj;
   proj.set_run_id(run->run_id());
-  auto p = c.ProjectCheckpoint(proj);
+  auto p = Analysis(c, &client::Client::ProjectCheckpoint, proj);
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_EQ(p->step(), 60u);
   EXPECT_FALSE(p->from_store());
@@ -252,19 +265,19 @@ TEST(IntegrationTest, CoordinatesOverTrainingAndCheckpointProjection) {
   ASSERT_EQ(rho->series_size(), 1);
   EXPECT_NEAR(rho->series(0).values(rho->series(0).values_size() - 1), p->rho_complete(), 1e-9);
 
-  auto again = c.ProjectCheckpoint(proj);
+  auto again = Analysis(c, &client::Client::ProjectCheckpoint, proj);
   EXPECT_TRUE(again->from_store());
   EXPECT_EQ(again->rho(), p->rho());
   proj.set_force(true);
-  EXPECT_FALSE(c.ProjectCheckpoint(proj)->from_store());
+  EXPECT_FALSE(Analysis(c, &client::Client::ProjectCheckpoint, proj)->from_store());
   proj.set_step(13);
-  auto missing = c.ProjectCheckpoint(proj);
+  auto missing = Analysis(c, &client::Client::ProjectCheckpoint, proj);
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
   EXPECT_NE(missing.status().message().find("checkpoints at steps: 20, 40, 60"), std::string::npos)
       << missing.status();
   proj.set_step(0);
   proj.set_selection(static_cast<v1::BasisSelection>(9));
-  EXPECT_EQ(c.ProjectCheckpoint(proj).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Analysis(c, &client::Client::ProjectCheckpoint, proj).status().code(), absl::StatusCode::kInvalidArgument);
   traj.set_max_step(5);
   traj.set_min_step(10);
   EXPECT_EQ(c.GetTrajectory(traj).status().code(), absl::StatusCode::kInvalidArgument);
@@ -273,7 +286,8 @@ TEST(IntegrationTest, CoordinatesOverTrainingAndCheckpointProjection) {
   EXPECT_EQ(c.GetTrajectory(traj).status().code(), absl::StatusCode::kNotFound);
 }
 
-// The invariance check runs as a queued job: QUEUED/RUNNING, then DONE with
+// The invariance check runs as an analysis job: the first call waits up to
+// ~2 s and answers DONE (computed for it) or QUEUED/RUNNING; then DONE with
 // the ladder, then answered from the store.
 TEST(IntegrationTest, InvarianceCheckIsAQueuedStoredJob) {
   TempDir dir;
@@ -289,7 +303,11 @@ TEST(IntegrationTest, InvarianceCheckIsAQueuedStoredJob) {
   req.set_controls(true);
   auto first = c.CheckInvariance(req);
   ASSERT_TRUE(first.ok()) << first.status();
-  EXPECT_NE(first->state(), v1::CheckInvarianceResponse::STATE_DONE);
+  EXPECT_FALSE(first->from_store());
+  EXPECT_NE(first->state(), v1::CheckInvarianceResponse::STATE_FAILED);
+  if (first->state() != v1::CheckInvarianceResponse::STATE_DONE) {
+    EXPECT_FALSE(first->job_id().empty());
+  }
   absl::StatusOr<v1::CheckInvarianceResponse> r;
   ASSERT_TRUE(WaitFor([&] {
     r = c.CheckInvariance(req);
@@ -621,6 +639,23 @@ TEST(IntegrationTest, SweepExpandsFiltersPivotsAndCancels) {
   ASSERT_EQ(s->pivot().cells_size(), 4);
   EXPECT_EQ(s->pivot().x_values(1).number_value(), 4);
   EXPECT_EQ(s->pivot().cells(1).number_value(), s->rows(2).values(0).number_value());  // seed 1, lr 4 = r3
+  {
+    // A pivot fetches the column it pivots when `values` did not name it
+    // (`sweep-summary s1 --pivot lr seed --value circuit`).
+    v1::GetSweepSummaryRequest only_pivot;
+    only_pivot.set_sweep_id("s1");
+    only_pivot.mutable_pivot()->set_x("lr");
+    only_pivot.mutable_pivot()->set_y("seed");
+    only_pivot.mutable_pivot()->set_value("circuit");
+    auto p = c.GetSweepSummary(only_pivot);
+    ASSERT_TRUE(p.ok()) << p.status();
+    ASSERT_EQ(p->pivot().cells_size(), 4);
+    EXPECT_EQ(p->pivot().cells(1).string_value(), s->rows(2).values(2).string_value());
+    only_pivot.mutable_pivot()->set_value("first:bad");
+    auto bad = c.GetSweepSummary(only_pivot);
+    EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(bad.status().message().find("pivot.value"), std::string::npos) << bad.status();
+  }
   req.clear_pivot();
   req.add_filters("lr>=1");
   req.add_filters("state=succeeded");
@@ -691,7 +726,7 @@ TEST(IntegrationTest, DetectInterveneAndLabelAgreeOnACoordinateModel) {
   v1::Intervention* keep = ireq.add_interventions();
   keep->set_op(v1::Intervention::OP_KEEP_ONLY);
   for (const auto& m : d->circuit()) keep->add_coordinates(m.coordinate().label());
-  auto iv = c.Intervene(ireq);
+  auto iv = Analysis(c, &client::Client::Intervene, ireq);
   ASSERT_TRUE(iv.ok()) << iv.status();
   ASSERT_EQ(iv->effects_size(), 1);
   EXPECT_DOUBLE_EQ(iv->effects(0).accuracy(), d->m_circuit());
@@ -702,7 +737,7 @@ TEST(IntegrationTest, DetectInterveneAndLabelAgreeOnACoordinateModel) {
   same->set_op(v1::Intervention::OP_SCALE_COORDINATE);
   same->set_scale(1.0);
   same->add_coordinates("gamma");
-  iv = c.Intervene(ireq);
+  iv = Analysis(c, &client::Client::Intervene, ireq);
   ASSERT_TRUE(iv.ok()) << iv.status();
   EXPECT_NEAR(iv->effects(0).kl_clean(), 0.0, 1e-12);
   ireq.clear_interventions();
@@ -710,17 +745,17 @@ TEST(IntegrationTest, DetectInterveneAndLabelAgreeOnACoordinateModel) {
   head->set_op(v1::Intervention::OP_ABLATE_HEAD);
   head->set_layer(2);
   ireq.clear_eval_sets();
-  iv = c.Intervene(ireq);
+  iv = Analysis(c, &client::Client::Intervene, ireq);
   ASSERT_TRUE(iv.ok()) << iv.status();
   EXPECT_GE(iv->effects_size(), 4);  // every evaluation set of the task
   EXPECT_GT(iv->effects(0).kl_clean(), 1e-6);
   head->set_layer(3);
-  auto bad = c.Intervene(ireq);
+  auto bad = Analysis(c, &client::Client::Intervene, ireq);
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(bad.status().message(), "interventions[0].layer must be in [1, 2], got 3");
   head->set_op(v1::Intervention::OP_ZERO_COORDINATE);
   head->add_coordinates("no_such");
-  EXPECT_EQ(c.Intervene(ireq).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Analysis(c, &client::Client::Intervene, ireq).status().code(), absl::StatusCode::kInvalidArgument);
 
   // D.6 hook-point ops on the block model: zeroing the last head's output
   // at the query is ablating that head; patching every position of X_2 from
@@ -731,7 +766,7 @@ TEST(IntegrationTest, DetectInterveneAndLabelAgreeOnACoordinateModel) {
     r.set_n_eval(512);
     r.add_eval_sets(set);
     for (const auto& op : ops) *r.add_interventions() = op;
-    auto out = c.Intervene(r);
+    auto out = Analysis(c, &client::Client::Intervene, r);
     EXPECT_TRUE(out.ok()) << out.status();
     return out.ok() ? out->effects(0) : v1::InterventionEffect();
   };
@@ -769,7 +804,7 @@ TEST(IntegrationTest, DetectInterveneAndLabelAgreeOnACoordinateModel) {
     self->set_pattern("L2.attn");
     self->add_keys(0);
     self->add_queries(0);
-    auto out = c.Intervene(r);
+    auto out = Analysis(c, &client::Client::Intervene, r);
     ASSERT_TRUE(out.ok()) << out.status();
     ASSERT_EQ(out->effects(0).attention_mass_size(), 2);
     const v1::AttentionMassEffect& m = out->effects(0).attention_mass(0);
@@ -784,10 +819,10 @@ TEST(IntegrationTest, DetectInterveneAndLabelAgreeOnACoordinateModel) {
     // the pair, refused beyond the vocabulary.
     r.add_logit_diff_tokens(5);  // a common token and a rare one
     r.add_logit_diff_tokens(10);
-    auto forward = c.Intervene(r);
+    auto forward = Analysis(c, &client::Client::Intervene, r);
     r.set_logit_diff_tokens(0, 10);
     r.set_logit_diff_tokens(1, 5);
-    auto backward = c.Intervene(r);
+    auto backward = Analysis(c, &client::Client::Intervene, r);
     ASSERT_TRUE(forward.ok() && backward.ok()) << forward.status() << backward.status();
     EXPECT_TRUE(forward->effects(0).has_logit_diff());
     EXPECT_EQ(forward->effects(0).alt_name(), "tokens 5-10");
@@ -795,17 +830,17 @@ TEST(IntegrationTest, DetectInterveneAndLabelAgreeOnACoordinateModel) {
     EXPECT_NEAR(forward->effects(0).logit_diff_clean(), -backward->effects(0).logit_diff_clean(), 1e-9);
     EXPECT_NE(forward->effects(0).logit_diff(), forward->effects(0).logit_diff_clean());
     r.set_logit_diff_tokens(1, 100000);
-    EXPECT_EQ(c.Intervene(r).status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(Analysis(c, &client::Client::Intervene, r).status().code(), absl::StatusCode::kInvalidArgument);
     r.add_logit_diff_tokens(3);
-    EXPECT_EQ(c.Intervene(r).status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(Analysis(c, &client::Client::Intervene, r).status().code(), absl::StatusCode::kInvalidArgument);
     r.clear_logit_diff_tokens();
     prev->set_pattern("L1.resid");
-    auto refused = c.Intervene(r);
+    auto refused = Analysis(c, &client::Client::Intervene, r);
     EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_NE(refused.status().message().find("attention_mass[0].pattern"), std::string::npos) << refused.status();
     prev->set_pattern("L1.attn");
     prev->set_keys(0, 100000);
-    refused = c.Intervene(r);
+    refused = Analysis(c, &client::Client::Intervene, r);
     EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_NE(refused.status().message().find("attention_mass[0].keys[0] must be in"), std::string::npos)
         << refused.status();
@@ -814,20 +849,20 @@ TEST(IntegrationTest, DetectInterveneAndLabelAgreeOnACoordinateModel) {
   bad_hook.set_hook("L3.resid");
   ireq.clear_interventions();
   *ireq.add_interventions() = bad_hook;
-  auto refused = c.Intervene(ireq);
+  auto refused = Analysis(c, &client::Client::Intervene, ireq);
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(refused.status().message().find("L{l}.H{h}.out"), std::string::npos) << refused.status();
   bad_hook.set_hook("L2.resid");
   bad_hook.set_op(v1::Intervention::OP_ADD);
   bad_hook.add_vectors()->add_values(1.0);
   *ireq.mutable_interventions(0) = bad_hook;
-  refused = c.Intervene(ireq);
+  refused = Analysis(c, &client::Client::Intervene, ireq);
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(refused.status().message().find("has width"), std::string::npos) << refused.status();
   bad_hook.clear_vectors();
   bad_hook.set_op(v1::Intervention::OP_REPLACE_CONVEX);  // an IMIR run has no task vectors
   *ireq.mutable_interventions(0) = bad_hook;
-  EXPECT_EQ(c.Intervene(ireq).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(Analysis(c, &client::Client::Intervene, ireq).status().code(), absl::StatusCode::kFailedPrecondition);
 
   v1::LabelRunRequest lreq;
   lreq.set_run_id("r1");
@@ -938,10 +973,10 @@ TEST(IntegrationTest, PackedSweepMembersMatchRunsTrainedAlone) {
   // Each member's checkpoint is a one-member checkpoint of its own spec.
   v1::ProjectCheckpointRequest p;
   p.set_run_id("r2");
-  auto packed = c.ProjectCheckpoint(p);
+  auto packed = Analysis(c, &client::Client::ProjectCheckpoint, p);
   ASSERT_TRUE(packed.ok()) << packed.status();
   p.set_run_id("r4");
-  auto alone = c.ProjectCheckpoint(p);
+  auto alone = Analysis(c, &client::Client::ProjectCheckpoint, p);
   ASSERT_TRUE(alone.ok()) << alone.status();
   ASSERT_EQ(packed->coordinates_size(), alone->coordinates_size());
   for (int i = 0; i < packed->coordinates_size(); ++i) {
@@ -1143,7 +1178,7 @@ TEST(IntegrationTest, TaskVectorsOfARunItsTrainingAndASweep) {
   op->set_op(v1::Intervention::OP_PATCH);
   op->set_hook("L1.post_attn");
   op->set_reference_set("ood");
-  auto patched = c.Intervene(patch);
+  auto patched = Analysis(c, &client::Client::Intervene, patch);
   ASSERT_TRUE(patched.ok()) << patched.status();
   ASSERT_EQ(patched->effects_size(), 1);
   EXPECT_GT(patched->effects(0).kl_clean(), 0.0);
@@ -1159,7 +1194,7 @@ TEST(IntegrationTest, TaskVectorsOfARunItsTrainingAndASweep) {
   v1::AttentionMass* previous = massed.add_attention_mass();
   previous->set_pattern("L1.attn.pattern");
   previous->add_keys(-1);
-  auto mass = c.Intervene(massed);
+  auto mass = Analysis(c, &client::Client::Intervene, massed);
   ASSERT_TRUE(mass.ok()) << mass.status();
   const v1::AttentionMassEffect& on_previous = mass->effects(0).attention_mass(0);
   ASSERT_EQ(on_previous.clean_size(), 2);
@@ -1170,10 +1205,10 @@ TEST(IntegrationTest, TaskVectorsOfARunItsTrainingAndASweep) {
   // D.6 logit_diff for a token pair at every predicting position.
   massed.add_logit_diff_tokens(0);
   massed.add_logit_diff_tokens(1);
-  auto zero_one = c.Intervene(massed);
+  auto zero_one = Analysis(c, &client::Client::Intervene, massed);
   massed.set_logit_diff_tokens(0, 1);
   massed.set_logit_diff_tokens(1, 0);
-  auto one_zero = c.Intervene(massed);
+  auto one_zero = Analysis(c, &client::Client::Intervene, massed);
   ASSERT_TRUE(zero_one.ok() && one_zero.ok()) << zero_one.status() << one_zero.status();
   EXPECT_TRUE(zero_one->effects(0).has_logit_diff());
   EXPECT_EQ(zero_one->effects(0).alt_name(), "tokens 0-1");
@@ -1182,7 +1217,7 @@ TEST(IntegrationTest, TaskVectorsOfARunItsTrainingAndASweep) {
   massed.clear_logit_diff_tokens();
   previous->add_queries(0);  // position 0 has no previous position
   previous->set_keys(0, -1);
-  mass = c.Intervene(massed);
+  mass = Analysis(c, &client::Client::Intervene, massed);
   EXPECT_EQ(mass.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(mass.status().message().find("no query sees any of the keys"), std::string::npos) << mass.status();
   // Steering as an op (D.6 replace_convex): kl_ref against the mixture law.
@@ -1193,27 +1228,27 @@ TEST(IntegrationTest, TaskVectorsOfARunItsTrainingAndASweep) {
   convex->set_hook("L1.post_attn");
   for (uint32_t p : {6u, 7u, 8u}) convex->add_positions(p);
   for (double w : {0.2, 0.3, 0.5}) convex->add_weights(w);
-  auto steered = c.Intervene(steer);
+  auto steered = Analysis(c, &client::Client::Intervene, steer);
   ASSERT_TRUE(steered.ok()) << steered.status();
   EXPECT_EQ(steered->effects(0).ref_name(), "mixture");
   EXPECT_GT(steered->effects(0).kl_clean(), 0.0);
   convex->add_weights(0.1);  // four weights for three majors
-  auto four = c.Intervene(steer);
+  auto four = Analysis(c, &client::Client::Intervene, steer);
   EXPECT_EQ(four.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(four.status().message().find("one entry per major task (3)"), std::string::npos) << four.status();
   convex->clear_weights();
   steer.clear_eval_sets();
   steer.add_eval_sets("ood");  // true_task needs the majors
-  EXPECT_EQ(c.Intervene(steer).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Analysis(c, &client::Client::Intervene, steer).status().code(), absl::StatusCode::kInvalidArgument);
   convex->set_subtract("projection");
-  auto projected = c.Intervene(steer);
+  auto projected = Analysis(c, &client::Client::Intervene, steer);
   ASSERT_TRUE(projected.ok()) << projected.status();
   EXPECT_EQ(projected->effects(0).eval_set(), "ood");
   op->set_hook("L9.post_attn");
-  EXPECT_EQ(c.Intervene(patch).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Analysis(c, &client::Client::Intervene, patch).status().code(), absl::StatusCode::kInvalidArgument);
   op->set_hook("L1.post_attn");
   op->set_op(v1::Intervention::OP_ZERO_COORDINATE);
-  EXPECT_EQ(c.Intervene(patch).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(Analysis(c, &client::Client::Intervene, patch).status().code(), absl::StatusCode::kFailedPrecondition);
   // IMIR analyses refuse a decoder run, and task vectors an IMIR run.
   v1::DetectCircuitRequest detect;
   detect.set_run_id(run->run_id());
@@ -1311,7 +1346,7 @@ TEST(IntegrationTest, RegressionRunTrainsAndAnswersItsAnalyses) {
   v1::Intervention* op = iv.add_interventions();
   op->set_op(v1::Intervention::OP_ZERO);
   op->set_hook("L1.post_attn");
-  auto zeroed = c.Intervene(iv);
+  auto zeroed = Analysis(c, &client::Client::Intervene, iv);
   ASSERT_TRUE(zeroed.ok()) << zeroed.status();
   ASSERT_EQ(zeroed->effects_size(), 2);
   EXPECT_EQ(zeroed->effects(0).ref_name(), "bayes");
@@ -1319,7 +1354,7 @@ TEST(IntegrationTest, RegressionRunTrainsAndAnswersItsAnalyses) {
   EXPECT_GT(zeroed->effects(0).kl_clean(), 0.0);  // the prediction moved
   EXPECT_NE(zeroed->effects(0).loss(), zeroed->effects(0).loss_clean());
   op->set_op(v1::Intervention::OP_REPLACE_CONVEX);
-  EXPECT_EQ(c.Intervene(iv).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(Analysis(c, &client::Client::Intervene, iv).status().code(), absl::StatusCode::kFailedPrecondition);
   // Attention mass on a decoder: every query's mass on position 0, per
   // head, and position 0 on itself (exactly 1).
   op->set_op(v1::Intervention::OP_ZERO);
@@ -1330,7 +1365,7 @@ TEST(IntegrationTest, RegressionRunTrainsAndAnswersItsAnalyses) {
   self->set_pattern("L1.attn.pattern");
   self->add_keys(0);
   self->add_queries(0);
-  auto massed = c.Intervene(iv);
+  auto massed = Analysis(c, &client::Client::Intervene, iv);
   ASSERT_TRUE(massed.ok()) << massed.status();
   ASSERT_EQ(massed->effects(0).attention_mass_size(), 2);
   const v1::AttentionMassEffect& m0 = massed->effects(0).attention_mass(0);
@@ -1342,11 +1377,108 @@ TEST(IntegrationTest, RegressionRunTrainsAndAnswersItsAnalyses) {
   iv.clear_attention_mass();
   iv.add_logit_diff_tokens(0);
   iv.add_logit_diff_tokens(1);
-  EXPECT_EQ(c.Intervene(iv).status().code(), absl::StatusCode::kFailedPrecondition);  // no logits
+  EXPECT_EQ(Analysis(c, &client::Client::Intervene, iv).status().code(), absl::StatusCode::kFailedPrecondition);  // no logits
   iv.clear_logit_diff_tokens();
   op->set_op(v1::Intervention::OP_ZERO);
   op->add_positions(24);  // 8 points: positions 0..23
-  EXPECT_EQ(c.Intervene(iv).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Analysis(c, &client::Client::Intervene, iv).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// Interventions that cannot finish until they are cancelled (the executor
+// installs the job's token on its worker thread, as for the real engine).
+class GatedAnalyzer : public engine::Analyzer {
+ public:
+  absl::StatusOr<engine::CheckpointProjection> ProjectCheckpoint(const v1::ExperimentSpec&, const std::string&,
+                                                                 engine::Selection) override {
+    return absl::UnimplementedError("not in this fake");
+  }
+  absl::StatusOr<engine::InvarianceReport> CheckInvariance(const v1::ExperimentSpec&, const engine::InvarianceRequest&,
+                                                           const std::function<void(double)>&,
+                                                           const CancelToken*) override {
+    return absl::UnimplementedError("not in this fake");
+  }
+  absl::StatusOr<engine::DetectReport> DetectCircuit(const v1::ExperimentSpec&, const std::string&,
+                                                     const engine::DetectRequest&, const std::function<void(double)>&,
+                                                     const CancelToken*) override {
+    return absl::UnimplementedError("not in this fake");
+  }
+  absl::StatusOr<engine::InterveneReport> Intervene(const v1::ExperimentSpec&, const std::string&,
+                                                    const engine::InterveneRequest&) override {
+    ++started;
+    while (!ThreadCancelToken()->stop_requested()) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    return absl::CancelledError("stopped");
+  }
+  absl::StatusOr<std::vector<engine::DataDependenceRow>> CheckDataDependence(
+      const v1::ExperimentSpec&, const std::vector<engine::DataDependencePoint>&, const engine::DataDependenceConfig&,
+      const std::function<void(double)>&, const CancelToken*) override {
+    return absl::UnimplementedError("not in this fake");
+  }
+  absl::StatusOr<engine::LabelReport> LabelRun(const v1::ExperimentSpec&,
+                                               const std::vector<std::pair<int64_t, std::string>>&,
+                                               const engine::LabelRequest&, const std::function<void(double)>&,
+                                               const CancelToken*) override {
+    return absl::UnimplementedError("not in this fake");
+  }
+  std::atomic<int> started{0};
+};
+
+// Issue 13: no handler runs model code. With the analysis worker held by a
+// job that cannot finish and seven more queued, every read still answers
+// (functional: the analyses cannot end before the reads do), each analysis
+// call answers QUEUED/RUNNING with a job id after its brief wait, the jobs are
+// listed, and CancelAnalysis ends them.
+TEST(IntegrationTest, ReadsAnswerWhileAnalysesRunAndJobsCanBeCancelled) {
+  TempDir dir;
+  auto exec = engine::MakeTorchExecutor();
+  GatedAnalyzer analyzer;
+  Server server(dir.path(), exec.get(), {}, {}, &analyzer);
+  auto c = MakeClient(server.address());
+  auto run = c.SubmitRun(TinySpec(40));
+  ASSERT_TRUE(run.ok()) << run.status();
+  ASSERT_EQ(WaitForEnd(c, run->run_id()), v1::RUN_STATE_SUCCEEDED);
+
+  constexpr int kJobs = 8;
+  std::atomic<int> pending{0};
+  std::vector<std::thread> callers;
+  for (int i = 0; i < kJobs; ++i) {
+    callers.emplace_back([&, i] {
+      auto own = MakeClient(server.address());
+      v1::InterveneRequest req;
+      req.set_run_id(run->run_id());
+      req.set_seed(static_cast<uint64_t>(i + 1));  // eight distinct jobs
+      req.add_interventions()->set_op(v1::Intervention::OP_ABLATE_HEAD);
+      req.mutable_interventions(0)->set_layer(1);
+      auto r = own.Intervene(req);
+      if (r.ok() && scheduler::IsPending(r->state()) && !r->job_id().empty()) ++pending;
+    });
+  }
+  ASSERT_TRUE(WaitFor([&] {
+    auto list = c.ListAnalysisJobs();
+    return list.ok() && list->jobs_size() == kJobs;
+  }));
+  for (int i = 0; i < 20; ++i) {
+    auto r = c.GetRun(run->run_id());
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_TRUE(c.ListRuns({}).ok());
+  }
+  auto list = c.ListAnalysisJobs();
+  ASSERT_TRUE(list.ok()) << list.status();
+  ASSERT_EQ(list->jobs_size(), kJobs) << "no analysis can have finished";
+  EXPECT_EQ(list->jobs(0).state(), v1::ANALYSIS_STATE_RUNNING);
+  EXPECT_EQ(list->jobs(0).kind(), "intervene");
+  EXPECT_EQ(list->jobs(0).run_id(), run->run_id());
+  EXPECT_EQ(list->jobs(1).state(), v1::ANALYSIS_STATE_QUEUED);
+  EXPECT_EQ(list->workers(), 1u);
+  for (std::thread& t : callers) t.join();
+  EXPECT_EQ(pending.load(), kJobs);
+  EXPECT_EQ(analyzer.started.load(), 1);
+
+  for (const v1::AnalysisJob& job : list->jobs()) {
+    auto cancelled = c.CancelAnalysis(job.job_id());
+    ASSERT_TRUE(cancelled.ok()) << cancelled.status();
+  }
+  ASSERT_TRUE(WaitFor([&] { return c.ListAnalysisJobs()->jobs_size() == 0; }));
+  EXPECT_EQ(c.CancelAnalysis(list->jobs(0).job_id()).status().code(), absl::StatusCode::kNotFound);
 }
 
 }  // namespace

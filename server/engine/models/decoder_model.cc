@@ -4,6 +4,8 @@
 
 #include <cmath>
 
+#include "absl/strings/str_cat.h"
+#include "server/common/thread_cancel.h"
 #include "server/engine/tasks/catalog.h"
 
 namespace circuitlab::engine {
@@ -37,7 +39,7 @@ torch::Tensor LayerNorm(const torch::Tensor& x, const torch::Tensor& w, const to
 }  // namespace
 
 std::string HookPoint::name() const {
-  const std::string L = "L" + std::to_string(layer);
+  const std::string L = absl::StrCat("L", layer);
   switch (kind) {
     case Kind::kEmbed: return "embed";
     case Kind::kResidPre: return L + ".resid_pre";
@@ -135,7 +137,7 @@ DecoderModel::DecoderModel(const DecoderConfig& cfg, int64_t ensemble, torch::De
     embed_ = Add("embed", z({E, V, D}));
   }
   for (int64_t l = 0; l < cfg.layers; ++l) {
-    const std::string p = "L" + std::to_string(l) + ".";
+    const std::string p = absl::StrCat("L", l, ".");
     Block b;
     b.ln1_w = Add(p + "ln1.weight", o({E, D}));
     b.ln1_b = Add(p + "ln1.bias", z({E, D}));
@@ -216,6 +218,7 @@ torch::Tensor DecoderModel::Predictions(const torch::Tensor& outputs) {
 }
 
 torch::Tensor DecoderModel::Forward(const torch::Tensor& tokens, const HookFn* hook, int upto) const {
+  ThrowIfThreadCancelled();  // a cancelled analysis stops here (server/common/thread_cancel.h)
   const int64_t E = tokens.size(0), B = tokens.size(1), T = tokens.size(2);
   const int64_t D = cfg_.d_model, H = cfg_.heads, dh = D / H, V = cfg_.vocab;
   torch::Tensor x;
@@ -232,7 +235,7 @@ torch::Tensor DecoderModel::Forward(const torch::Tensor& tokens, const HookFn* h
   const double scale = 1.0 / std::sqrt(static_cast<double>(dh));
   for (int64_t l = 0; l < cfg_.layers; ++l) {
     const Block& b = blocks_[static_cast<size_t>(l)];
-    const std::string p = "L" + std::to_string(l) + ".";
+    const std::string p = absl::StrCat("L", l, ".");
     if (hook != nullptr) x = ApplyHook(hook, p + "resid_pre", x);
     torch::Tensor h = LayerNorm(x, b.ln1_w, b.ln1_b);
     auto heads = [&](const torch::Tensor& w, const torch::Tensor& bias) {

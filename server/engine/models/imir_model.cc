@@ -6,6 +6,8 @@
 #include <map>
 #include <string>
 
+#include "absl/strings/str_cat.h"
+#include "server/common/thread_cancel.h"
 #include "server/engine/manifold/projection.h"
 
 namespace circuitlab::engine {
@@ -209,7 +211,7 @@ std::vector<torch::Tensor> ImirModel::parameters() const {
 std::vector<std::string> ImirModel::parameter_names() const {
   if (coordinate_model()) return {"coords"};
   std::vector<std::string> names;
-  for (int64_t l = 0; l < cfg_.layers; ++l) names.push_back("L" + std::to_string(l + 1) + ".kq");
+  for (int64_t l = 0; l < cfg_.layers; ++l) names.push_back(absl::StrCat("L", l + 1, ".kq"));
   names.push_back("out");
   return names;
 }
@@ -226,6 +228,7 @@ torch::Tensor ImirModel::Embed(const torch::Tensor& tokens, const torch::Tensor&
 
 torch::Tensor ImirModel::Forward(const torch::Tensor& tokens, const torch::Tensor& pids, bool all_positions,
                                 std::vector<torch::Tensor>* attention, const HookFn* hook) const {
+  ThrowIfThreadCancelled();  // a cancelled analysis stops here (server/common/thread_cancel.h)
   TORCH_CHECK(tokens.size(0) == ensemble_, "batch has ", tokens.size(0), " ensemble members, the model ", ensemble_);
   if (!coordinate_model()) return DenseForward(tokens, pids, all_positions, kq_, readout_, attention, hook);
   if (sparse_ && attention == nullptr && hook == nullptr) return SparseForward(tokens, pids, all_positions);
@@ -257,7 +260,7 @@ torch::Tensor ImirModel::DenseForward(const torch::Tensor& tokens, const torch::
 
   for (int64_t l = 0; l < full_layers; ++l) {
     const int64_t d = x.size(-1);
-    const std::string p = "L" + std::to_string(l + 1) + ".";
+    const std::string p = absl::StrCat("L", l + 1, ".");
     // Queries for every head: [E, H, B*T, d] -> [E, H, B, T, d].
     torch::Tensor q = torch::matmul(x.reshape({E, 1, B * T, d}), kq_w[l]).view({E, H, B, T, d});
     torch::Tensor xt = x.unsqueeze(1);                                   // [E, 1, B, T, d]

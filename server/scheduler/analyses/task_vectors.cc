@@ -5,8 +5,11 @@
 #include <set>
 #include <string>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "server/common/status_macros.h"
 #include "server/engine/tasks/catalog.h"
+#include "server/scheduler/analyses/analysis_util.h"
 #include "server/scheduler/analysis_core.h"
 #include "server/scheduler/scheduler.h"
 
@@ -100,76 +103,64 @@ uint64_t EstimateBytes(const v1::ExperimentSpec& spec, const v1::AnalyzeTaskVect
   return static_cast<uint64_t>(most);
 }
 
-}  // namespace
-
-absl::StatusOr<v1::AnalyzeTaskVectorsResponse> AnalysisCore::AnalyzeTaskVectors(
-    const v1::AnalyzeTaskVectorsRequest& request) {
-  const bool sweep = !request.sweep_id().empty();
-  if (sweep == !request.run_id().empty()) return absl::InvalidArgumentError("give run_id or sweep_id (one of them)");
-  if (sweep && (request.step() != 0 || request.all_checkpoints())) {
-    return absl::InvalidArgumentError("step and all_checkpoints apply to a run_id; a sweep is analysed at the newest "
-                                      "checkpoint of each run");
-  }
-  if (request.all_checkpoints() && request.step() != 0) {
-    return absl::InvalidArgumentError("give step or all_checkpoints, not both");
-  }
-
-  // ---- targets ----
+// The newest checkpoint of every run of a sweep.
+absl::StatusOr<std::vector<Target>> SweepTargets(store::Store* store, const std::string& sweep_id) {
   std::vector<Target> targets;
-  int64_t store_id = store::Store::kNoRun;
-  if (sweep) {
-    CL_ASSIGN_OR_RETURN(int64_t sid, ParseSweepId(request.sweep_id()));
-    CL_RETURN_IF_ERROR(store_->GetSweep(sid).status());
-    CL_ASSIGN_OR_RETURN(std::vector<store::RunRow> runs, store_->SweepRuns(sid));
-    for (const store::RunRow& row : runs) {
-      Target t;
-      t.id = row.id;
-      if (!t.spec.ParseFromString(row.spec)) return absl::DataLossError("stored spec of " + FormatRunId(row.id));
-      CL_RETURN_IF_ERROR(NeedsLatent(t.spec, row.id));
-      CL_ASSIGN_OR_RETURN(std::vector<int64_t> steps, store_->CheckpointSteps(row.id));
-      if (steps.empty()) {
-        return absl::FailedPreconditionError(FormatRunId(row.id) + " of " + request.sweep_id() +
-                                             " has no checkpoint yet; ask again when the sweep's runs have trained");
-      }
-      t.steps = {steps.back()};
-      t.sweep_values = row.sweep_values;
-      targets.push_back(std::move(t));
-    }
-    if (targets.empty()) return absl::FailedPreconditionError("sweep " + request.sweep_id() + " has no runs");
-  } else {
-    CL_ASSIGN_OR_RETURN(int64_t id, ParseRunId(request.run_id()));
-    CL_ASSIGN_OR_RETURN(store::RunRow row, store_->GetRun(id));
+  CL_ASSIGN_OR_RETURN(int64_t sid, ParseSweepId(sweep_id));
+  CL_RETURN_IF_ERROR(store->GetSweep(sid).status());
+  CL_ASSIGN_OR_RETURN(std::vector<store::RunRow> runs, store->SweepRuns(sid));
+  for (const store::RunRow& row : runs) {
     Target t;
-    t.id = id;
-    if (!t.spec.ParseFromString(row.spec)) return absl::DataLossError("stored spec of " + request.run_id());
-    CL_RETURN_IF_ERROR(NeedsLatent(t.spec, id));
-    CL_ASSIGN_OR_RETURN(std::vector<int64_t> steps, store_->CheckpointSteps(id));
-    if (steps.empty()) return absl::FailedPreconditionError("run " + request.run_id() + " has no checkpoint yet");
-    if (request.all_checkpoints()) {
-      if (static_cast<int>(steps.size()) > kMaxCheckpoints) {
-        return absl::ResourceExhaustedError("run " + request.run_id() + " has " + std::to_string(steps.size()) +
-                                            " checkpoints; all_checkpoints analyses at most " +
-                                            std::to_string(kMaxCheckpoints));
-      }
-      t.steps = steps;
-    } else if (request.step() != 0) {
-      if (std::find(steps.begin(), steps.end(), static_cast<int64_t>(request.step())) == steps.end()) {
-        std::string have;
-        for (int64_t s : steps) have += (have.empty() ? "" : ", ") + std::to_string(s);
-        return absl::NotFoundError("run " + request.run_id() + " has no checkpoint at step " +
-                                   std::to_string(request.step()) + " (checkpoints: " + have + ")");
-      }
-      t.steps = {static_cast<int64_t>(request.step())};
-    } else {
-      t.steps = {steps.back()};
+    t.id = row.id;
+    if (!t.spec.ParseFromString(row.spec)) return absl::DataLossError("stored spec of " + FormatRunId(row.id));
+    CL_RETURN_IF_ERROR(NeedsLatent(t.spec, row.id));
+    CL_ASSIGN_OR_RETURN(std::vector<int64_t> steps, store->CheckpointSteps(row.id));
+    if (steps.empty()) {
+      return absl::FailedPreconditionError(FormatRunId(row.id) + " of " + sweep_id +
+                                           " has no checkpoint yet; ask again when the sweep's runs have trained");
     }
-    store_id = id;
+    t.steps = {steps.back()};
+    t.sweep_values = row.sweep_values;
     targets.push_back(std::move(t));
   }
+  if (targets.empty()) return absl::FailedPreconditionError("sweep " + sweep_id + " has no runs");
+  return targets;
+}
 
-  // ---- the canonical request: defaults filled in, force dropped ----
-  v1::AnalyzeTaskVectorsRequest c = request;
-  c.clear_force();
+// One run's checkpoint: the newest, `step`, or all of them.
+absl::StatusOr<Target> RunTarget(store::Store* store, const v1::AnalyzeTaskVectorsRequest& request) {
+  CL_ASSIGN_OR_RETURN(int64_t id, ParseRunId(request.run_id()));
+  CL_ASSIGN_OR_RETURN(store::RunRow row, store->GetRun(id));
+  Target t;
+  t.id = id;
+  if (!t.spec.ParseFromString(row.spec)) return absl::DataLossError("stored spec of " + request.run_id());
+  CL_RETURN_IF_ERROR(NeedsLatent(t.spec, id));
+  CL_ASSIGN_OR_RETURN(std::vector<int64_t> steps, store->CheckpointSteps(id));
+  if (steps.empty()) return absl::FailedPreconditionError("run " + request.run_id() + " has no checkpoint yet");
+  if (request.all_checkpoints()) {
+    if (static_cast<int>(steps.size()) > kMaxCheckpoints) {
+      return absl::ResourceExhaustedError("run " + request.run_id() + " has " + std::to_string(steps.size()) +
+                                          " checkpoints; all_checkpoints analyses at most " +
+                                          std::to_string(kMaxCheckpoints));
+    }
+    t.steps = steps;
+  } else if (request.step() != 0) {
+    if (std::find(steps.begin(), steps.end(), static_cast<int64_t>(request.step())) == steps.end()) {
+      const std::string have = absl::StrJoin(steps, ", ");
+      return absl::NotFoundError("run " + request.run_id() + " has no checkpoint at step " +
+                                 std::to_string(request.step()) + " (checkpoints: " + have + ")");
+    }
+    t.steps = {static_cast<int64_t>(request.step())};
+  } else {
+    t.steps = {steps.back()};
+  }
+  return t;
+}
+
+// The analyses asked for (or the kind's default), each valid for every target.
+absl::Status CanonicalAnalyses(const v1::AnalyzeTaskVectorsRequest& request, const std::vector<Target>& targets,
+                               v1::AnalyzeTaskVectorsRequest* canonical) {
+  v1::AnalyzeTaskVectorsRequest& c = *canonical;
   std::set<std::string> chosen;
   for (int i = 0; i < request.analyses_size(); ++i) {
     const std::string& a = request.analyses(i);
@@ -195,6 +186,12 @@ absl::StatusOr<v1::AnalyzeTaskVectorsResponse> AnalysisCore::AnalyzeTaskVectors(
       }
     }
   }
+  return absl::OkStatus();
+}
+
+// Hooks, sample counts and options: defaults filled in, ranges checked.
+absl::Status FillDefaults(const v1::AnalyzeTaskVectorsRequest& request, v1::AnalyzeTaskVectorsRequest* canonical) {
+  v1::AnalyzeTaskVectorsRequest& c = *canonical;
   CL_RETURN_IF_ERROR(HookKind("hook", c.mutable_hook(), "post_mlp"));
   if (c.paper_compat()) {
     if (!request.estimation_hook().empty() || !request.injection_hook().empty()) {
@@ -241,69 +238,65 @@ absl::StatusOr<v1::AnalyzeTaskVectorsResponse> AnalysisCore::AnalyzeTaskVectors(
     return absl::InvalidArgumentError("positions must have at most " + std::to_string(kMaxPositions) +
                                       " entries, got " + std::to_string(c.positions_size()));
   }
-  if (c.seed() == 0 && !sweep) c.set_seed(targets[0].spec.seed());
-  // Every target's model and sequence length must hold the layers and positions.
-  for (const Target& t : targets) {
-    const uint32_t layers = t.spec.model().decoder().num_layers();
-    // REGRESSION positions are points (the state at the |- before y_i).
-    const bool regression = t.spec.task().latent().kind() == v1::LATENT_KIND_REGRESSION;
-    const uint32_t last = regression ? t.spec.task().latent().num_points() - 1
-                                     : static_cast<uint32_t>(engine::ShapeOf(t.spec).seq_len - 2);
-    const std::string who = " (" + FormatRunId(t.id) + " has " + std::to_string(layers) + " layers, " +
-                            (regression ? "points" : "positions") + " 0 to " + std::to_string(last) + ")";
-    for (int i = 0; i < c.layers_size(); ++i) {
-      if (c.layers(i) >= layers) {
-        return absl::InvalidArgumentError("layers[" + std::to_string(i) + "] must be in [0, " +
-                                          std::to_string(layers - 1) + "], got " + std::to_string(c.layers(i)) + who);
-      }
-    }
-    if (c.has_dissociation_layer() && c.dissociation_layer() >= layers) {
-      return absl::InvalidArgumentError("dissociation_layer must be in [0, " + std::to_string(layers - 1) +
-                                        "], got " + std::to_string(c.dissociation_layer()) + who);
-    }
-    if (c.task_rank() > t.spec.task().latent().num_majors()) {
-      return absl::InvalidArgumentError("task_rank must be at most the number of major tasks (" +
-                                        std::to_string(t.spec.task().latent().num_majors()) + "), got " +
-                                        std::to_string(c.task_rank()) + who);
-    }
-    if (c.has_steering_layer() && c.steering_layer() >= layers) {
-      return absl::InvalidArgumentError("steering_layer must be in [0, " + std::to_string(layers - 1) + "], got " +
-                                        std::to_string(c.steering_layer()) + who);
-    }
-    for (int i = 0; i < c.positions_size(); ++i) {
-      if (c.positions(i) > last) {
-        return absl::InvalidArgumentError("positions[" + std::to_string(i) + "] must be in [0, " +
-                                          std::to_string(last) + "], got " + std::to_string(c.positions(i)) + who);
-      }
-    }
-    for (auto [field, has, v] : {std::tuple{"est_begin", c.has_est_begin(), c.est_begin()},
-                                 std::tuple{"est_end", c.has_est_end(), c.est_end()},
-                                 std::tuple{"steer_begin", c.has_steer_begin(), c.steer_begin()},
-                                 std::tuple{"steer_end", c.has_steer_end(), c.steer_end()},
-                                 std::tuple{"probe_begin", c.has_probe_begin(), c.probe_begin()}}) {
-      if (has && v > last) {
-        return absl::InvalidArgumentError(std::string(field) + " must be in [0, " + std::to_string(last) +
-                                          "], got " + std::to_string(v) + who);
-      }
-    }
-    if (c.has_est_begin() && c.has_est_end() && c.est_begin() > c.est_end()) {
-      return absl::InvalidArgumentError("est_begin must be at most est_end, got " + std::to_string(c.est_begin()) +
-                                        " > " + std::to_string(c.est_end()));
-    }
-    if (c.has_steer_begin() && c.has_steer_end() && c.steer_begin() > c.steer_end()) {
-      return absl::InvalidArgumentError("steer_begin must be at most steer_end, got " +
-                                        std::to_string(c.steer_begin()) + " > " + std::to_string(c.steer_end()));
-    }
-    const uint64_t need = EstimateBytes(t.spec, c);
-    if (need > limits_.max_run_memory_bytes) {
-      return absl::ResourceExhaustedError(
-          "this analysis keeps about " + std::to_string(need >> 20) + " MiB of hidden states for " +
-          FormatRunId(t.id) + ", more than this server's --max-run-memory-mb (" +
-          std::to_string(limits_.max_run_memory_bytes >> 20) +
-          " MiB); lower samples_per_cell, p3_samples, steering_samples, ood_tasks or ood_samples, or ask fewer layers");
+  return absl::OkStatus();
+}
+
+// The target's model and sequence length hold the layers and positions asked.
+absl::Status CheckTarget(const Target& t, const v1::AnalyzeTaskVectorsRequest& c) {
+  const uint32_t layers = t.spec.model().decoder().num_layers();
+  // REGRESSION positions are points (the state at the |- before y_i).
+  const bool regression = t.spec.task().latent().kind() == v1::LATENT_KIND_REGRESSION;
+  const uint32_t last = regression ? t.spec.task().latent().num_points() - 1
+                                   : static_cast<uint32_t>(engine::ShapeOf(t.spec).seq_len - 2);
+  const std::string who = " (" + FormatRunId(t.id) + " has " + std::to_string(layers) + " layers, " +
+                          (regression ? "points" : "positions") + " 0 to " + std::to_string(last) + ")";
+  for (int i = 0; i < c.layers_size(); ++i) {
+    if (c.layers(i) >= layers) {
+      return absl::InvalidArgumentError("layers[" + std::to_string(i) + "] must be in [0, " +
+                                        std::to_string(layers - 1) + "], got " + std::to_string(c.layers(i)) + who);
     }
   }
+  if (c.has_dissociation_layer() && c.dissociation_layer() >= layers) {
+    return absl::InvalidArgumentError("dissociation_layer must be in [0, " + std::to_string(layers - 1) +
+                                      "], got " + std::to_string(c.dissociation_layer()) + who);
+  }
+  if (c.task_rank() > t.spec.task().latent().num_majors()) {
+    return absl::InvalidArgumentError("task_rank must be at most the number of major tasks (" +
+                                      std::to_string(t.spec.task().latent().num_majors()) + "), got " +
+                                      std::to_string(c.task_rank()) + who);
+  }
+  if (c.has_steering_layer() && c.steering_layer() >= layers) {
+    return absl::InvalidArgumentError("steering_layer must be in [0, " + std::to_string(layers - 1) + "], got " +
+                                      std::to_string(c.steering_layer()) + who);
+  }
+  for (int i = 0; i < c.positions_size(); ++i) {
+    if (c.positions(i) > last) {
+      return absl::InvalidArgumentError("positions[" + std::to_string(i) + "] must be in [0, " +
+                                        std::to_string(last) + "], got " + std::to_string(c.positions(i)) + who);
+    }
+  }
+  for (auto [field, has, v] : {std::tuple{"est_begin", c.has_est_begin(), c.est_begin()},
+                               std::tuple{"est_end", c.has_est_end(), c.est_end()},
+                               std::tuple{"steer_begin", c.has_steer_begin(), c.steer_begin()},
+                               std::tuple{"steer_end", c.has_steer_end(), c.steer_end()},
+                               std::tuple{"probe_begin", c.has_probe_begin(), c.probe_begin()}}) {
+    if (has && v > last) {
+      return absl::InvalidArgumentError(std::string(field) + " must be in [0, " + std::to_string(last) +
+                                        "], got " + std::to_string(v) + who);
+    }
+  }
+  if (c.has_est_begin() && c.has_est_end() && c.est_begin() > c.est_end()) {
+    return absl::InvalidArgumentError("est_begin must be at most est_end, got " + std::to_string(c.est_begin()) +
+                                      " > " + std::to_string(c.est_end()));
+  }
+  if (c.has_steer_begin() && c.has_steer_end() && c.steer_begin() > c.steer_end()) {
+    return absl::InvalidArgumentError("steer_begin must be at most steer_end, got " +
+                                      std::to_string(c.steer_begin()) + " > " + std::to_string(c.steer_end()));
+  }
+  return absl::OkStatus();
+}
 
+engine::TaskVectorRequest ToEngineRequest(const v1::AnalyzeTaskVectorsRequest& c) {
   engine::TaskVectorRequest e;
   const std::set<std::string> a(c.analyses().begin(), c.analyses().end());
   e.p0 = a.count("p0") > 0;
@@ -346,15 +339,64 @@ absl::StatusOr<v1::AnalyzeTaskVectorsResponse> AnalysisCore::AnalyzeTaskVectors(
   e.kl_samples = c.kl_samples();
   e.p_common = c.p_common();
 
+  return e;
+}
+
+}  // namespace
+
+absl::StatusOr<v1::AnalyzeTaskVectorsResponse> AnalysisCore::AnalyzeTaskVectors(
+    const v1::AnalyzeTaskVectorsRequest& request, const std::string& client) {
+  const bool sweep = !request.sweep_id().empty();
+  if (sweep == !request.run_id().empty()) return absl::InvalidArgumentError("give run_id or sweep_id (one of them)");
+  if (sweep && (request.step() != 0 || request.all_checkpoints())) {
+    return absl::InvalidArgumentError("step and all_checkpoints apply to a run_id; a sweep is analysed at the newest "
+                                      "checkpoint of each run");
+  }
+  if (request.all_checkpoints() && request.step() != 0) {
+    return absl::InvalidArgumentError("give step or all_checkpoints, not both");
+  }
+  std::vector<Target> targets;
+  int64_t store_id = store::Store::kNoRun;
+  if (sweep) {
+    CL_ASSIGN_OR_RETURN(targets, SweepTargets(store_, request.sweep_id()));
+  } else {
+    CL_ASSIGN_OR_RETURN(Target t, RunTarget(store_, request));
+    store_id = t.id;
+    targets.push_back(std::move(t));
+  }
+
+  // The canonical request: defaults filled in, force dropped.
+  v1::AnalyzeTaskVectorsRequest c = request;
+  c.clear_force();
+  CL_RETURN_IF_ERROR(CanonicalAnalyses(request, targets, &c));
+  CL_RETURN_IF_ERROR(FillDefaults(request, &c));
+  if (c.seed() == 0 && !sweep) c.set_seed(targets[0].spec.seed());
+  uint64_t memory = 0;  // what admission counts for the job
+  for (const Target& t : targets) {
+    CL_RETURN_IF_ERROR(CheckTarget(t, c));
+    const uint64_t need = EstimateBytes(t.spec, c);
+    // Targets run one after the other: the job holds the largest at once.
+    memory = std::max(memory, engine::EstimateRunMemoryBytes(t.spec) + need);
+    if (need > limits_.max_run_memory_bytes) {
+      return absl::ResourceExhaustedError(
+          "this analysis keeps about " + std::to_string(need >> 20) + " MiB of hidden states for " +
+          FormatRunId(t.id) + ", more than this server's --max-run-memory-mb (" +
+          std::to_string(limits_.max_run_memory_bytes >> 20) +
+          " MiB); lower samples_per_cell, p3_samples, steering_samples, ood_tasks or ood_samples, or ask fewer layers");
+    }
+  }
+
+  const engine::TaskVectorRequest e = ToEngineRequest(c);
+
   // The key: the canonical request and exactly which checkpoints it covers.
   std::string key = c.SerializeAsString();
   int64_t total = 0;
   for (const Target& t : targets) {
-    key += "|" + FormatRunId(t.id);
-    for (int64_t s : t.steps) key += ":" + std::to_string(s);
+    absl::StrAppend(&key, "|", FormatRunId(t.id));
+    for (int64_t s : t.steps) absl::StrAppend(&key, ":", s);
     total += static_cast<int64_t>(t.steps.size());
   }
-  Work work = [this, targets, e, c, total](const std::function<void(double)>& progress,
+  AnalysisWork work = [this, targets, e, c, total](const std::function<void(double)>& progress,
                                            const CancelToken* cancel) -> absl::StatusOr<std::string> {
     v1::AnalyzeTaskVectorsResponse done;
     done.set_state(v1::ANALYSIS_STATE_DONE);
@@ -390,8 +432,9 @@ absl::StatusOr<v1::AnalyzeTaskVectorsResponse> AnalysisCore::AnalyzeTaskVectors(
     }
     return done.SerializeAsString();
   };
-  CL_ASSIGN_OR_RETURN(Answer answer, Enqueue("task_vectors", store_id, key, request.force(), std::move(work)));
-  v1::AnalyzeTaskVectorsResponse resp = FromAnswer<v1::AnalyzeTaskVectorsResponse>(answer);
+  CL_ASSIGN_OR_RETURN(AnalysisAnswer answer, Enqueue("task_vectors", store_id, std::move(key), request.force(), client,
+                                                      memory, std::move(work)));
+  CL_ASSIGN_OR_RETURN(v1::AnalyzeTaskVectorsResponse resp, ResponseFromAnswer<v1::AnalyzeTaskVectorsResponse>(answer));
   if (!resp.from_store()) *resp.mutable_request() = c;
   return resp;
 }

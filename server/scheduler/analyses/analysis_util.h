@@ -1,0 +1,33 @@
+// Helpers the analysis modules under server/scheduler/analyses/ share:
+// basis selections, coordinate rows, the IMIR-model check, evaluation sizes
+// and the memory a job is admitted with. Internal to the scheduler.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "circuitlab/v1/analysis_service.pb.h"
+#include "server/engine/engine.h"
+#include "server/store/store.h"
+
+namespace circuitlab::scheduler {
+
+// The largest n_eval any analysis takes (sequences per evaluation set).
+constexpr uint32_t kMaxEval = 16384;
+
+engine::Selection ToSelection(v1::BasisSelection s);
+// InvalidArgument for a value outside the enum.
+absl::Status CheckSelection(v1::BasisSelection s);
+void FillCoordinate(const store::CoordinateDefRow& d, double value, v1::Coordinate* c);
+// FailedPrecondition naming `what` for a decoder (latent-task) run: the IMIR
+// analyses (coordinates, circuits, invariance) need the IMIR block model.
+absl::Status NeedsImir(const v1::ExperimentSpec& spec, const std::string& what);
+// What admission counts for a job on `spec`'s model: the run's own estimate
+// (weights, optimiser state, one training batch of activations: more than the
+// analyses' evaluation chunks hold) plus the analysis's own largest buffers.
+uint64_t JobMemory(const v1::ExperimentSpec& spec, uint64_t extra);
+// n_eval 0 (the default) or in [min, kMaxEval]; InvalidArgument names `field`.
+absl::Status CheckEvalSize(uint32_t n, uint32_t min, const std::string& field);
+
+}  // namespace circuitlab::scheduler

@@ -1,0 +1,125 @@
+// CheckInvariance: Theorem 1 numerically (SCIENCE.md C.6, E.2) on a run's or
+// a sent spec's task and model; validation, canonical request, the job.
+#include "server/scheduler/analysis_core.h"
+
+#include <vector>
+
+#include "server/common/status_macros.h"
+#include "server/scheduler/analyses/analysis_util.h"
+#include "server/scheduler/scheduler.h"
+
+namespace circuitlab::scheduler {
+namespace {
+
+constexpr int kMaxLadder = 12;
+constexpr uint64_t kMinSamples = 16, kMaxSamples = 1 << 22;
+const std::vector<uint64_t> kDefaultLadder = {256, 1024, 4096, 16384, 65536, 262144};
+
+// SCIENCE.md G.5: in span when every matrix's plateau <= 1e-3 and slope in
+// [-1.2, -0.8]; a control fails as it must when some plateau >= 0.01.
+bool Passed(const engine::InvarianceCheckReport& c) {
+  if (c.name != "in_span") return c.max_matrix_plateau() >= 0.01;
+  for (size_t i = 1; i < c.series.size(); ++i) {
+    const auto& s = c.series[i];
+    if (!(s.plateau <= 1e-3) || !(s.slope >= -1.2 && s.slope <= -0.8)) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+absl::StatusOr<v1::CheckInvarianceResponse> AnalysisCore::CheckInvariance(
+    const v1::CheckInvarianceRequest& request, const std::string& client) {
+  if (request.has_spec() && !request.run_id().empty()) {
+    return absl::InvalidArgumentError("give run_id or spec, not both");
+  }
+  if (!request.has_spec()) CL_RETURN_IF_ERROR(ParseRunId(request.run_id()).status());
+  CL_RETURN_IF_ERROR(CheckSelection(request.selection()));
+  if (request.sample_sizes_size() > kMaxLadder) {
+    return absl::InvalidArgumentError("sample_sizes must have at most " + std::to_string(kMaxLadder) +
+                                      " entries, got " + std::to_string(request.sample_sizes_size()));
+  }
+  for (int i = 0; i < request.sample_sizes_size(); ++i) {
+    const uint64_t n = request.sample_sizes(i);
+    if (n < kMinSamples || n > kMaxSamples) {
+      return absl::InvalidArgumentError("sample_sizes[" + std::to_string(i) + "] must be in [" +
+                                        std::to_string(kMinSamples) + ", " + std::to_string(kMaxSamples) +
+                                        "], got " + std::to_string(n));
+    }
+    if (i > 0 && n <= request.sample_sizes(i - 1)) {
+      return absl::InvalidArgumentError("sample_sizes must be strictly increasing, got " + std::to_string(n) +
+                                        " after " + std::to_string(request.sample_sizes(i - 1)));
+    }
+  }
+  if (!(request.coordinate_std() >= 0 && request.coordinate_std() <= 100)) {
+    return absl::InvalidArgumentError("coordinate_std must be in (0, 100] (0 means 1), got " +
+                                      std::to_string(request.coordinate_std()));
+  }
+  CL_ASSIGN_OR_RETURN(auto target, TargetSpec(request.run_id(), request.has_spec() ? &request.spec() : nullptr));
+  const int64_t id = target.first;
+  v1::ExperimentSpec spec = std::move(target.second);
+  CL_RETURN_IF_ERROR(NeedsImir(spec, "CheckInvariance"));
+  v1::CheckInvarianceRequest canonical;  // defaults resolved, force dropped
+  if (id == store::Store::kNoRun) {
+    *canonical.mutable_spec() = spec;
+  } else {
+    canonical.set_run_id(FormatRunId(id));
+  }
+  canonical.set_selection(request.selection() == v1::BASIS_SELECTION_PAPER ? v1::BASIS_SELECTION_PAPER
+                                                                           : v1::BASIS_SELECTION_COMPLETE);
+  if (request.sample_sizes_size() == 0) {
+    canonical.mutable_sample_sizes()->Add(kDefaultLadder.begin(), kDefaultLadder.end());
+  } else {
+    *canonical.mutable_sample_sizes() = request.sample_sizes();
+  }
+  canonical.set_coordinate_std(request.coordinate_std() == 0 ? 1.0 : request.coordinate_std());
+  canonical.set_seed(request.seed() == 0 ? spec.seed() : request.seed());
+  canonical.set_controls(request.controls());
+  canonical.set_sgd_corollary(request.sgd_corollary());
+  engine::InvarianceRequest ir;
+  ir.selection = ToSelection(canonical.selection());
+  ir.sample_sizes.assign(canonical.sample_sizes().begin(), canonical.sample_sizes().end());
+  ir.coordinate_std = canonical.coordinate_std();
+  ir.seed = canonical.seed();
+  ir.controls = canonical.controls();
+  ir.sgd_corollary = canonical.sgd_corollary();
+  const uint64_t memory = JobMemory(spec, 0);
+  AnalysisWork work = [this, spec = std::move(spec), ir](const std::function<void(double)>& progress,
+                                                 const CancelToken* cancel) -> absl::StatusOr<std::string> {
+    CL_ASSIGN_OR_RETURN(engine::InvarianceReport report, analyzer_->CheckInvariance(spec, ir, progress, cancel));
+    v1::CheckInvarianceResponse done;
+    done.set_state(v1::CheckInvarianceResponse::STATE_DONE);
+    done.set_progress(1.0);
+    done.mutable_sample_sizes()->Add(report.sample_sizes.begin(), report.sample_sizes.end());
+    for (const engine::InvarianceCheckReport& c : report.checks) {
+      v1::InvarianceCheck* out = done.add_checks();
+      out->set_name(c.name);
+      out->set_max_matrix_plateau(c.max_matrix_plateau());
+      out->set_passed(Passed(c));
+      for (const engine::InvarianceSeriesReport& sr : c.series) {
+        v1::InvarianceSeries* o = out->add_series();
+        o->set_matrix(sr.matrix);
+        o->mutable_off_fraction()->Add(sr.off_fraction.begin(), sr.off_fraction.end());
+        o->set_plateau(sr.plateau);
+        o->set_slope(sr.slope);
+      }
+    }
+    for (const engine::SgdCorollaryReport& p : report.sgd) {
+      v1::SgdCorollaryPoint* o = done.add_sgd();
+      o->set_batch_size(static_cast<uint64_t>(p.batch_size));
+      o->set_rho(p.rho);
+      o->set_rho_symmetrised(p.rho_symmetrised);
+    }
+    if (!report.sgd.empty()) {
+      done.set_sgd_steps(static_cast<uint64_t>(report.sgd_steps));
+      done.set_sgd_group_elements(static_cast<uint64_t>(report.sgd_group_elements));
+      done.set_sgd_learning_rate(report.sgd_learning_rate);
+    }
+    return done.SerializeAsString();
+  };
+  CL_ASSIGN_OR_RETURN(AnalysisAnswer a, Enqueue("invariance", id, canonical.SerializeAsString(), request.force(),
+                                                 client, memory, std::move(work)));
+  return ResponseFromAnswer<v1::CheckInvarianceResponse>(a);
+}
+
+}  // namespace circuitlab::scheduler

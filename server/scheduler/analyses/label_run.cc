@@ -1,0 +1,79 @@
+// LabelRun: ICL vs IWL (D.2) and the winning layer pair (D.3) at every stored
+// checkpoint of a run, as an analysis job.
+#include "server/scheduler/analysis_core.h"
+
+#include <optional>
+
+#include "server/common/status_macros.h"
+#include "server/scheduler/analyses/analysis_util.h"
+#include "server/scheduler/scheduler.h"
+
+namespace circuitlab::scheduler {
+namespace {
+
+constexpr uint32_t kMinEval = 64;
+
+}  // namespace
+
+absl::StatusOr<v1::LabelRunResponse> AnalysisCore::LabelRun(
+    const v1::LabelRunRequest& request, const std::string& client) {
+  CL_ASSIGN_OR_RETURN(int64_t id, ParseRunId(request.run_id()));
+  CL_RETURN_IF_ERROR(CheckEvalSize(request.n_eval(), kMinEval, "n_eval"));
+  CL_ASSIGN_OR_RETURN(store::RunRow row, store_->GetRun(id));
+  v1::ExperimentSpec spec;
+  if (!spec.ParseFromString(row.spec)) return absl::DataLossError("stored spec of " + request.run_id() + " does not parse");
+  CL_RETURN_IF_ERROR(NeedsImir(spec, "LabelRun"));
+  CL_ASSIGN_OR_RETURN(std::vector<int64_t> steps, store_->CheckpointSteps(id));
+  if (steps.empty()) return absl::FailedPreconditionError("run " + request.run_id() + " has no checkpoint yet");
+  // The canonical request names the checkpoints it labels, so a run that
+  // gains checkpoints is labelled afresh.
+  v1::LabelRunRequest canonical;
+  canonical.set_run_id(FormatRunId(id));
+  canonical.set_n_eval(request.n_eval() == 0 ? 1024 : request.n_eval());
+  // The labelling rule's version: labels stored by an earlier rule are
+  // recomputed, not served.
+  std::string key = canonical.SerializeAsString() + "/pair-paths-1";
+  for (int64_t s : steps) key += "/" + std::to_string(s);
+  engine::LabelRequest lr;
+  lr.n_eval = canonical.n_eval();
+  lr.seed = spec.seed();
+  AnalysisWork work = [this, spec, id, steps, lr](const std::function<void(double)>& progress,
+                                          const CancelToken* cancel) -> absl::StatusOr<std::string> {
+    std::vector<std::pair<int64_t, std::string>> checkpoints;
+    for (int64_t s : steps) {
+      CL_ASSIGN_OR_RETURN(std::optional<store::Checkpoint> c, store_->CheckpointAt(id, s));
+      if (c) checkpoints.emplace_back(s, std::move(c->bytes));
+    }
+    CL_ASSIGN_OR_RETURN(engine::LabelReport r, analyzer_->LabelRun(spec, checkpoints, lr, progress, cancel));
+    v1::LabelRunResponse done;
+    done.set_state(v1::ANALYSIS_STATE_DONE);
+    done.set_progress(1.0);
+    for (const engine::CheckpointLabelReport& c : r.checkpoints) {
+      v1::CheckpointLabel* o = done.add_checkpoints();
+      o->set_step(static_cast<uint64_t>(c.step));
+      o->set_icl_set(c.icl_set);
+      o->set_icl_accuracy(c.icl_accuracy);
+      o->set_iwl_accuracy(c.iwl_accuracy);
+      o->set_icl(c.icl);
+      o->set_iwl(c.iwl);
+      o->set_coords_icl(c.coords_icl);
+      o->set_coords_iwl(c.coords_iwl);
+      o->set_consistent(c.consistent);
+      o->set_conflict_logit_diff(c.conflict_logit_diff);
+      o->set_label(c.label);
+      o->set_pair(c.pair);
+      for (const auto& [name, s] : c.pair_scores) (*o->mutable_pair_scores())[name] = s;
+      o->mutable_head_ablation()->Add(c.head_ablation.begin(), c.head_ablation.end());
+      for (const auto& [name, s] : c.pair_ablation) (*o->mutable_pair_ablation())[name] = s;
+    }
+    done.set_label(r.label);
+    done.set_pair(r.pair);
+    done.set_pair_predicted(r.pair_predicted);
+    return done.SerializeAsString();
+  };
+  CL_ASSIGN_OR_RETURN(AnalysisAnswer a,
+                      Enqueue("label_run", id, key, request.force(), client, JobMemory(spec, 0), std::move(work)));
+  return ResponseFromAnswer<v1::LabelRunResponse>(a);
+}
+
+}  // namespace circuitlab::scheduler
