@@ -84,6 +84,11 @@ TEST(EndToEndTest, UserSessionThroughTheCli) {
   EXPECT_NE(project.out.find("r1 step 100, complete basis"), std::string::npos) << project.out;
   EXPECT_NE(project.out.find("rho "), std::string::npos);
   EXPECT_EQ(Cli(server, {"project", "r1", "--step", "7"}).exit_code, 15);  // no checkpoint there
+  // The analysis jobs: none left queued; an unknown job is NOT_FOUND.
+  CommandResult jobs = Cli(server, {"analyses"});
+  ASSERT_EQ(jobs.exit_code, 0) << jobs.out;
+  EXPECT_NE(jobs.out.find("0 job(s); 1 worker(s)"), std::string::npos) << jobs.out;
+  EXPECT_EQ(Cli(server, {"cancel-analysis", "a999"}).exit_code, 15);
 
   // A submitted run can be watched separately and cancelled.
   CommandResult queued = Cli(server, {"submit", WriteSpec(dir, "long.json", Tiny(1000000))});

@@ -1,0 +1,25 @@
+// circuitlab health
+#include <iostream>
+
+#include "client/cli/commands/commands.h"
+
+namespace circuitlab::cli {
+namespace {
+
+struct Options {};
+
+int Run(Context& ctx, const Options&) {
+  absl::Status s = ctx.client.Health();
+  if (!s.ok()) return ReportError(s);
+  std::cout << "SERVING " << ctx.g.server << "\n";
+  return 0;
+}
+
+}  // namespace
+
+void AddHealth(CLI::App& app, Action* chosen) {
+  AddVerb(app, chosen, "health", "Check that the server is up and serving.\n  circuitlab health",
+          std::make_shared<Options>(), Run);
+}
+
+}  // namespace circuitlab::cli

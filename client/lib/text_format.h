@@ -1,0 +1,29 @@
+// Small text renderings the command-line client and other front ends share:
+// numbers, durations, times, run states, padding to terminal columns, and
+// escaping text another client chose.
+#pragma once
+
+#include <google/protobuf/timestamp.pb.h>
+
+#include <string>
+
+#include "circuitlab/v1/experiment_service.pb.h"
+
+namespace circuitlab::client {
+
+// "%.<digits>f".
+std::string Fixed(double v, int digits = 3);
+// "1h02m", "3m07s"; "-" for a non-positive or non-finite value.
+std::string Duration(double seconds);
+// Local "YYYY-MM-DD HH:MM:SS"; "-" for an unset timestamp.
+std::string FormatTime(const google::protobuf::Timestamp& t);
+// "SUCCEEDED" for RUN_STATE_SUCCEEDED.
+std::string StateName(v1::RunState s);
+bool IsFinal(v1::RunState s);
+// Left-aligns to `width` terminal columns (labels hold multi-byte "∅→").
+std::string Pad(const std::string& s, size_t width);
+// Control characters as \xNN, so text another client chose cannot move the
+// cursor or forge lines in a terminal.
+std::string EscapeForTerminal(const std::string& text);
+
+}  // namespace circuitlab::client
