@@ -3,11 +3,11 @@
 # heavy analysis jobs run, then SIGTERM with 8 heavy jobs in flight (time to
 # exit, exit code). Starts its own circuitlab-server on a free loopback port
 # with a temporary data directory, trains bench/specs/long_seq_imir.json.
-#   bench/analysis_load.sh [JOBS] [N_EVAL] [KIND]    # defaults 8 16384 intervene
+#   bench/analysis_load.sh [JOBS] [N_EVAL] [KIND]    # defaults 8 4096 intervene (~30 s a job here)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs="${1:-8}"
-n_eval="${2:-16384}"
+n_eval="${2:-4096}"
 kind="${3:-intervene}"
 server=build/server/circuitlab-server
 bench=build/bench/analysis_load_bench
@@ -33,7 +33,7 @@ echo "== $kind x $jobs, n_eval $n_eval, run $run ($(nproc) cores, 1 analysis wor
 "$bench" --server "$addr" --run "$run" --jobs "$jobs" --n-eval "$n_eval" --kind "$kind" --reads 0 \
   >/dev/null 2>&1 &
 load=$!
-until [ "$($cli --json analyses 2>/dev/null | grep -c '"jobId"')" -ge "$jobs" ]; do sleep 0.1; done
+until [ "$($cli --json analyses 2>/dev/null | grep -c '"job_id"')" -ge "$jobs" ]; do sleep 0.1; done
 t0=$(date +%s%N)
 kill -TERM "$pid"
 rc=0

@@ -49,6 +49,7 @@ bool TimedGetRun(circuitlab::client::Client& c, const std::string& run, Latency&
 void Print(const char* phase, const Latency& l, int failed) {
   std::printf("%-34s %6zu calls  p50 %7.2f ms  p99 %7.2f ms  max %8.2f ms  failed %d\n", phase, l.ms.size(),
               l.Quantile(0.5), l.Quantile(0.99), l.Quantile(1.0), failed);
+  std::fflush(stdout);
 }
 
 }  // namespace

@@ -1,0 +1,130 @@
+// What the integration tests share: a real server on an ephemeral loopback
+// port (real engine unless a test passes its own executor or analyzer), a
+// client, a tiny spec, and waiting helpers.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cmath>
+#include <map>
+#include <set>
+#include <thread>
+
+#include "client/lib/client.h"
+#include "server/engine/engine.h"
+#include "server/rpc/server.h"
+#include "server/scheduler/analysis_core.h"
+#include "server/scheduler/scheduler.h"
+#include "server/scheduler/sweeps.h"
+#include "server/store/store.h"
+#include "tests/test_util/fake_executor.h"
+#include "tests/test_util/temp_dir.h"
+
+namespace circuitlab::testing {
+
+// A tiny but real experiment: trains in well under a second per 100 steps.
+inline v1::ExperimentSpec TinySpec(uint64_t steps = 60, uint64_t seed = 3) {
+  auto spec = client::ParseSpecJson(R"({
+    "name": "tiny", "seed": 3, "tags": ["it"],
+    "task": {"associative_recall": {"num_common": 4, "num_rare": 12, "num_heldout": 4,
+                                    "num_blocks": 4, "num_positions": 8}},
+    "training": {"learning_rate": 4.0, "batch_size": 32},
+    "recording": {"metrics_every": 10, "eval_every": 20, "eval_size": 64, "checkpoint_every": 20}
+  })");
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  spec->mutable_training()->set_steps(steps);
+  spec->set_seed(seed);
+  return *spec;
+}
+
+class Server {
+ public:
+  Server(const std::string& dir, engine::Executor* executor, scheduler::SchedulerOptions opts = {},
+         rpc::ServerOptions server_opts = {}, engine::Analyzer* analyzer = nullptr) {
+    auto store = store::Store::Open(dir);
+    EXPECT_TRUE(store.ok()) << store.status();
+    store_ = std::move(*store);
+    opts.epoch = "epoch-" + std::to_string(reinterpret_cast<uintptr_t>(this));
+    opts.heartbeat = std::chrono::milliseconds(200);
+    scheduler_ = std::make_unique<scheduler::Scheduler>(opts, store_.get(), executor, Clock::Real());
+    analysis_ = std::make_unique<scheduler::AnalysisCore>(store_.get(), analyzer ? analyzer : analyzer_.get());
+    EXPECT_TRUE(scheduler_->Start().ok());
+    server_opts.listen = "127.0.0.1:0";
+    sweeps_ = std::make_unique<scheduler::SweepCore>(scheduler_.get(), store_.get(), analysis_.get(), 64);
+    auto server = rpc::GrpcServer::Start(server_opts, scheduler_.get(), analysis_.get(), sweeps_.get());
+    EXPECT_TRUE(server.ok()) << server.status();
+    server_ = std::move(*server);
+  }
+  ~Server() {
+    server_->MarkNotServing();
+    analysis_->Shutdown();
+    scheduler_->Drain();
+    server_->Shutdown(std::chrono::milliseconds(200));
+  }
+  std::string address() const { return "127.0.0.1:" + std::to_string(server_->port()); }
+  rpc::GrpcServer& grpc() { return *server_; }
+
+ private:
+  std::unique_ptr<store::Store> store_;
+  std::unique_ptr<engine::Analyzer> analyzer_ = engine::MakeTorchAnalyzer();
+  std::unique_ptr<scheduler::Scheduler> scheduler_;
+  std::unique_ptr<scheduler::AnalysisCore> analysis_;
+  std::unique_ptr<scheduler::SweepCore> sweeps_;
+  std::unique_ptr<rpc::GrpcServer> server_;
+};
+
+inline client::Client MakeClient(const std::string& address, const std::string& token = "") {
+  client::ClientOptions opts;
+  opts.server = address;
+  opts.timeout = std::chrono::seconds(10);
+  opts.token = token;
+  return client::Client(opts);
+}
+
+// An analysis call, asked again while its job is pending (the server holds
+// each call up to ~2 s, so a quick job answers in one); force only the first time.
+template <typename Request, typename Response>
+absl::StatusOr<Response> Analysis(client::Client& c,
+                                  absl::StatusOr<Response> (client::Client::*call)(const Request&), Request req) {
+  absl::StatusOr<Response> r = (c.*call)(req);
+  req.set_force(false);
+  for (int i = 0; i < 120 && r.ok() && scheduler::IsPending(r->state()); ++i) r = (c.*call)(req);
+  return r;
+}
+
+inline v1::RunState WaitForEnd(client::Client& c, const std::string& id) {
+  v1::RunState state = v1::RUN_STATE_UNSPECIFIED;
+  WaitFor(
+      [&] {
+        auto run = c.GetRun(id);
+        state = run.ok() ? run->state() : state;
+        return state == v1::RUN_STATE_SUCCEEDED || state == v1::RUN_STATE_FAILED || state == v1::RUN_STATE_CANCELLED;
+      },
+      std::chrono::seconds(60));
+  return state;
+}
+
+inline double FinalValue(client::Client& c, const std::string& id, const std::string& name) {
+  v1::GetMetricsRequest req;
+  req.set_run_id(id);
+  req.add_names(name);
+  auto m = c.GetMetrics(req);
+  if (!m.ok() || m->series_size() != 1 || m->series(0).values_size() == 0) {
+    ADD_FAILURE() << "no series " << name << " for " << id;
+    return NAN;
+  }
+  return m->series(0).values(m->series(0).values_size() - 1);
+}
+
+// A sweep of `base` over these seeds.
+inline v1::SweepSpec SeedSweep(const v1::ExperimentSpec& base, std::initializer_list<int> seeds) {
+  v1::SweepSpec sweep;
+  *sweep.mutable_base() = base;
+  v1::SweepAxis* axis = sweep.add_axes();
+  axis->set_field("seed");
+  for (int s : seeds) axis->add_values()->set_number_value(s);
+  return sweep;
+}
+
+}  // namespace circuitlab::testing
