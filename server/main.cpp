@@ -139,6 +139,9 @@ int main(int argc, char** argv) {
   if (!flags.token_file.empty()) {
     std::ifstream in(flags.token_file);
     std::getline(in, token);
+    // Without the whitespace and CR an editor leaves (clients trim theirs too).
+    const size_t begin = token.find_first_not_of(" \t\r"), end = token.find_last_not_of(" \t\r");
+    token = begin == std::string::npos ? "" : token.substr(begin, end - begin + 1);
     if (token.size() < 16) {
       return Fail("bad --auth-token-file", absl::InvalidArgumentError("the token must be at least 16 characters"));
     }

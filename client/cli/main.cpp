@@ -8,7 +8,8 @@
 // 24 UNAVAILABLE); 130 waiting stopped by Ctrl-C (the run or job goes on).
 #include <CLI/CLI.hpp>
 
-#include <fstream>
+#include <cstdlib>
+#include <iostream>
 
 #include "client/cli/cli.h"
 #include "client/cli/commands/commands.h"
@@ -24,7 +25,14 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   Globals g;
   app.add_option("--server", g.server, "Server address host:port")->capture_default_str();
-  app.add_option("--timeout", g.timeout_s, "Deadline of each call, in seconds")->capture_default_str();
+  app.add_option("--timeout", g.timeout_s, "Deadline of each call, in seconds (0 < t <= 86400)")
+      ->capture_default_str()
+      ->check(CLI::Validator(
+          [](std::string& text) {
+            const double t = std::strtod(text.c_str(), nullptr);
+            return t > 0 && t <= 86400 ? std::string() : "must be a number of seconds in (0, 86400], got " + text;
+          },
+          "SECONDS"));
   app.add_flag("--json", g.json, "Machine-readable output (protobuf JSON)");
   app.add_option("--token-file", g.token_file, "File with the server's bearer token (first line)")
       ->check(CLI::ExistingFile);
@@ -38,6 +46,12 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
+    if (app.get_subcommands().empty() && dynamic_cast<const CLI::RequiredError*>(&e) != nullptr) {
+      std::cerr << "error: " << (argc > 1 ? "unknown command" : "no command") << "; the commands are:\n";
+      for (const CLI::App* sub : app.get_subcommands({})) std::cerr << "  " << sub->get_name() << "\n";
+      std::cerr << "circuitlab COMMAND --help explains one, with an example\n";
+      return 2;
+    }
     int rc = app.exit(e);
     return rc == 0 ? 0 : 2;
   }
@@ -47,8 +61,15 @@ int main(int argc, char** argv) {
   opts.server = g.server;
   opts.timeout = std::chrono::milliseconds(static_cast<int64_t>(g.timeout_s * 1000));
   if (!g.token_file.empty()) {
-    std::ifstream in(g.token_file);
-    std::getline(in, opts.token);
+    absl::StatusOr<std::string> token = circuitlab::client::ReadTextFile(g.token_file, 4096);
+    if (!token.ok()) {
+      std::cerr << "error: --token-file: " << token.status().message() << "\n";
+      return 2;
+    }
+    // The first line, without the whitespace and CR an editor leaves.
+    std::string line = token->substr(0, token->find('\n'));
+    const size_t begin = line.find_first_not_of(" \t\r"), end = line.find_last_not_of(" \t\r");
+    opts.token = begin == std::string::npos ? "" : line.substr(begin, end - begin + 1);
   }
   circuitlab::client::Client client(opts);
   Context ctx{client, g, opts.timeout};

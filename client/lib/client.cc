@@ -43,24 +43,33 @@ absl::StatusOr<v1::ExperimentSpec> ParseSpecJson(const std::string& json) {
   return spec;
 }
 
+absl::StatusOr<std::string> ReadTextFile(const std::string& path, size_t max_bytes) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError("cannot read " + path);
+  std::string text(max_bytes + 1, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  text.resize(static_cast<size_t>(in.gcount()));
+  if (text.size() > max_bytes) {
+    return absl::InvalidArgumentError(path + " is larger than " + std::to_string(max_bytes >> 20) +
+                                      " MiB; a spec or request file is a few KiB of JSON");
+  }
+  return text;
+}
+
 absl::StatusOr<v1::ExperimentSpec> ReadSpecFile(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError("cannot read spec file " + path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  auto spec = ParseSpecJson(ss.str());
+  absl::StatusOr<std::string> text = ReadTextFile(path);
+  if (!text.ok()) return text.status();
+  auto spec = ParseSpecJson(*text);
   if (!spec.ok()) return absl::InvalidArgumentError(path + ": " + std::string(spec.status().message()));
   return spec;
 }
 
 absl::Status ReadJsonFile(const std::string& path, google::protobuf::Message* message) {
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError("cannot read " + path);
-  std::stringstream ss;
-  ss << in.rdbuf();
+  absl::StatusOr<std::string> text = ReadTextFile(path);
+  if (!text.ok()) return text.status();
   google::protobuf::util::JsonParseOptions opts;
   opts.ignore_unknown_fields = false;
-  auto status = google::protobuf::util::JsonStringToMessage(ss.str(), message, opts);
+  auto status = google::protobuf::util::JsonStringToMessage(*text, message, opts);
   if (!status.ok()) {
     return absl::InvalidArgumentError(path + " is not a valid " + message->GetTypeName() + ": " +
                                       std::string(status.message()));

@@ -29,6 +29,9 @@ struct ClientOptions {
 // missing file.
 absl::StatusOr<v1::ExperimentSpec> ParseSpecJson(const std::string& json);
 absl::StatusOr<v1::ExperimentSpec> ReadSpecFile(const std::string& path);
+// A whole file of at most `max_bytes` (InvalidArgument beyond: /dev/zero
+// never ends), NotFound when it cannot be opened.
+absl::StatusOr<std::string> ReadTextFile(const std::string& path, size_t max_bytes = 4 << 20);
 
 // Reads any message (a sweep, an intervention request) from a protobuf JSON
 // file; the error names the file and the field at fault.

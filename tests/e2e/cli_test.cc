@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <fstream>
 #include <iterator>
+#include <sstream>
 
 #include "client/lib/client.h"
 #include "tests/test_util/process.h"
@@ -117,7 +118,18 @@ TEST(EndToEndTest, ErrorsAreClearAndExitCodesMapStatuses) {
   EXPECT_NE(bad.out.find("training.batch_size must be in [1, 65536], got 0"), std::string::npos) << bad.out;
 
   EXPECT_EQ(Cli(server, {"show", "r42"}).exit_code, 15);  // NOT_FOUND
-  EXPECT_EQ(Cli(server, {"frobnicate"}).exit_code, 2);
+  CommandResult verb = Cli(server, {"frobnicate"});
+  EXPECT_EQ(verb.exit_code, 2);
+  EXPECT_NE(verb.out.find("unknown command; the commands are:\n  submit"), std::string::npos) << verb.out;
+  EXPECT_NE(verb.out.find("cancel-analysis"), std::string::npos) << verb.out;
+  for (const char* t : {"0", "-1", "nan", "1e9"}) {
+    CommandResult timeout = Cli(server, {"--timeout", t, "health"});
+    EXPECT_EQ(timeout.exit_code, 2) << t;
+    EXPECT_NE(timeout.out.find("(0, 86400]"), std::string::npos) << timeout.out;
+  }
+  CommandResult endless = Cli(server, {"submit", "/dev/zero"});  // read with a cap, not forever
+  EXPECT_EQ(endless.exit_code, 2);
+  EXPECT_NE(endless.out.find("larger than 4 MiB"), std::string::npos) << endless.out;
   CommandResult help = Cli(server, {"--help"});
   EXPECT_EQ(help.exit_code, 0);
   EXPECT_NE(help.out.find("submit"), std::string::npos);
@@ -126,6 +138,46 @@ TEST(EndToEndTest, ErrorsAreClearAndExitCodesMapStatuses) {
   server.Stop(SIGTERM);
   CommandResult down = RunCommand({kCli, "--server", server.address(), "--timeout", "2", "health"});
   EXPECT_EQ(down.exit_code, 24) << down.out;  // UNAVAILABLE
+}
+
+// Every command's --help shows an example; every example file it names exists.
+TEST(EndToEndTest, EveryHelpExampleExists) {
+  CommandResult list = RunCommand({kCli, "no-such-command"});
+  std::istringstream lines(list.out);
+  std::string line;
+  int commands = 0, files = 0;
+  while (std::getline(lines, line)) {
+    if (line.rfind("  ", 0) != 0) continue;
+    const std::string verb = line.substr(2);
+    CommandResult help = RunCommand({kCli, verb, "--help"});
+    ASSERT_EQ(help.exit_code, 0) << verb;
+    EXPECT_NE(help.out.find("  circuitlab " + verb), std::string::npos) << verb << " --help has no example";
+    ++commands;
+    for (size_t at = help.out.find("examples/"); at != std::string::npos; at = help.out.find("examples/", at + 1)) {
+      const size_t end = help.out.find_first_of(" \n", at);
+      const std::string file = help.out.substr(at + 9, end - at - 9);
+      std::ifstream in(kExamples + "/" + file);
+      EXPECT_TRUE(in.good()) << verb << " --help cites examples/" << file << ", which does not exist";
+      ++files;
+    }
+  }
+  EXPECT_GE(commands, 21);
+  EXPECT_GE(files, 4);
+}
+
+// A token file written on Windows (CRLF) or with trailing blanks works for the
+// server and the CLI alike.
+TEST(EndToEndTest, TokenFilesAreTrimmed) {
+  TempDir dir;
+  const std::string token = dir.path() + "/token";
+  std::ofstream(token) << "0123456789abcdef0123\r\n";
+  ServerProcess server(kServer, dir.path() + "/data", {"--auth-token-file", token});
+  ASSERT_TRUE(server.ok());
+  const std::string spaced = dir.path() + "/token2";
+  std::ofstream(spaced) << "  0123456789abcdef0123 \n";
+  EXPECT_EQ(Cli(server, {"--token-file", token, "health"}).exit_code, 0);
+  EXPECT_EQ(Cli(server, {"--token-file", spaced, "ls"}).exit_code, 0);
+  EXPECT_EQ(Cli(server, {"ls"}).exit_code, 26);  // UNAUTHENTICATED without it
 }
 
 // kill -9 at any moment loses at most the last unflushed batch; the restarted
