@@ -117,7 +117,7 @@ void AnalysisJobs::Await(const std::string& job_id, std::chrono::milliseconds wa
   timer_cv_.notify_all();
 }
 
-void AnalysisJobs::ForgetLocked(const std::shared_ptr<Job>& job) {
+void AnalysisJobs::ForgetLocked(std::shared_ptr<Job> job) {  // a copy: the maps may hold the last reference
   if (auto it = jobs_.find(KeyOf(*job)); it != jobs_.end() && it->second == job) jobs_.erase(it);
   by_id_.erase(job->id);
   std::erase(ended_, job->id);
@@ -130,6 +130,7 @@ void AnalysisJobs::EndLocked(const std::shared_ptr<Job>& job, v1::AnalysisState 
     if (--active_per_client_[job->request.client] == 0) active_per_client_.erase(job->request.client);
   }
   job->state = state;
+  job->request.work = nullptr;  // what it held (checkpoints, specs) is not kept with an unreported answer
   job->failure = failure;
   job->error = failure.ok()                            ? ""
                : state == v1::ANALYSIS_STATE_CANCELLED ? std::string(failure.message())

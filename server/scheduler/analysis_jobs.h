@@ -159,7 +159,7 @@ class AnalysisJobs {
   // answer; DONE and answered jobs are forgotten, others kept until reported.
   void EndLocked(const std::shared_ptr<Job>& job, v1::AnalysisState state, const absl::Status& failure,
                  std::optional<std::string> result, Callbacks* out);
-  void ForgetLocked(const std::shared_ptr<Job>& job);
+  void ForgetLocked(std::shared_ptr<Job> job);
   void WorkerLoop();
   void TimerLoop();
   void Run(const std::shared_ptr<Job>& job);

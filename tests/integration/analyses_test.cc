@@ -7,44 +7,20 @@
 
 #include "server/common/thread_cancel.h"
 #include "tests/integration/integration_util.h"
+#include "tests/test_util/fake_analyzer.h"
 
 namespace circuitlab::testing {
 namespace {
 
 // Interventions that cannot finish until they are cancelled (the executor
 // installs the job's token on its worker thread, as for the real engine).
-class GatedAnalyzer : public engine::Analyzer {
+class GatedAnalyzer : public UnimplementedAnalyzer {
  public:
-  absl::StatusOr<engine::CheckpointProjection> ProjectCheckpoint(const v1::ExperimentSpec&, const std::string&,
-                                                                 engine::Selection) override {
-    return absl::UnimplementedError("not in this fake");
-  }
-  absl::StatusOr<engine::InvarianceReport> CheckInvariance(const v1::ExperimentSpec&, const engine::InvarianceRequest&,
-                                                           const std::function<void(double)>&,
-                                                           const CancelToken*) override {
-    return absl::UnimplementedError("not in this fake");
-  }
-  absl::StatusOr<engine::DetectReport> DetectCircuit(const v1::ExperimentSpec&, const std::string&,
-                                                     const engine::DetectRequest&, const std::function<void(double)>&,
-                                                     const CancelToken*) override {
-    return absl::UnimplementedError("not in this fake");
-  }
   absl::StatusOr<engine::InterveneReport> Intervene(const v1::ExperimentSpec&, const std::string&,
                                                     const engine::InterveneRequest&) override {
     ++started;
     while (!ThreadCancelToken()->stop_requested()) std::this_thread::sleep_for(std::chrono::milliseconds(2));
     return absl::CancelledError("stopped");
-  }
-  absl::StatusOr<std::vector<engine::DataDependenceRow>> CheckDataDependence(
-      const v1::ExperimentSpec&, const std::vector<engine::DataDependencePoint>&, const engine::DataDependenceConfig&,
-      const std::function<void(double)>&, const CancelToken*) override {
-    return absl::UnimplementedError("not in this fake");
-  }
-  absl::StatusOr<engine::LabelReport> LabelRun(const v1::ExperimentSpec&,
-                                               const std::vector<std::pair<int64_t, std::string>>&,
-                                               const engine::LabelRequest&, const std::function<void(double)>&,
-                                               const CancelToken*) override {
-    return absl::UnimplementedError("not in this fake");
   }
   std::atomic<int> started{0};
 };

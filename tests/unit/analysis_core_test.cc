@@ -8,6 +8,7 @@
 #include <chrono>
 #include <condition_variable>
 
+#include "tests/test_util/fake_analyzer.h"
 #include "tests/test_util/temp_dir.h"
 
 namespace circuitlab::scheduler {
@@ -18,12 +19,8 @@ using circuitlab::testing::WaitFor;
 using State = v1::CheckInvarianceResponse;
 
 // An analyzer whose invariance check waits at a gate and reports progress.
-class FakeAnalyzer : public engine::Analyzer {
+class FakeAnalyzer : public testing::UnimplementedAnalyzer {
  public:
-  absl::StatusOr<engine::CheckpointProjection> ProjectCheckpoint(const v1::ExperimentSpec&, const std::string&,
-                                                                 engine::Selection) override {
-    return absl::UnimplementedError("not in this fake");
-  }
   absl::StatusOr<engine::InvarianceReport> CheckInvariance(const v1::ExperimentSpec&,
                                                            const engine::InvarianceRequest& request,
                                                            const std::function<void(double)>& progress,
@@ -42,26 +39,6 @@ class FakeAnalyzer : public engine::Analyzer {
     engine::InvarianceCheckReport in{"in_span", {{"all", {0.1, 0.01}, 0.0, -1.0}, {"L1H1", {0.1, 0.01}, 0.0, -1.0}}};
     r.checks.push_back(in);
     return r;
-  }
-  absl::StatusOr<engine::DetectReport> DetectCircuit(const v1::ExperimentSpec&, const std::string&,
-                                                     const engine::DetectRequest&, const std::function<void(double)>&,
-                                                     const CancelToken*) override {
-    return absl::UnimplementedError("not in this fake");
-  }
-  absl::StatusOr<engine::InterveneReport> Intervene(const v1::ExperimentSpec&, const std::string&,
-                                                    const engine::InterveneRequest&) override {
-    return absl::UnimplementedError("not in this fake");
-  }
-  absl::StatusOr<std::vector<engine::DataDependenceRow>> CheckDataDependence(
-      const v1::ExperimentSpec&, const std::vector<engine::DataDependencePoint>&, const engine::DataDependenceConfig&,
-      const std::function<void(double)>&, const CancelToken*) override {
-    return absl::UnimplementedError("not in this fake");
-  }
-  absl::StatusOr<engine::LabelReport> LabelRun(const v1::ExperimentSpec&,
-                                               const std::vector<std::pair<int64_t, std::string>>&,
-                                               const engine::LabelRequest&, const std::function<void(double)>&,
-                                               const CancelToken*) override {
-    return absl::UnimplementedError("not in this fake");
   }
   void Open() {
     {

@@ -30,7 +30,7 @@ int WatchSweep(Context& ctx, v1::Sweep sw) {
     for (const auto& [name, n] : std::map<std::string, uint32_t>(sw.states().begin(), sw.states().end())) {
       v1::RunState state = v1::RUN_STATE_UNSPECIFIED;
       v1::RunState_Parse(name, &state);
-      states += " " + client::StateName(state) + " " + std::to_string(n);
+      states.append(" ").append(client::StateName(state)).append(" ").append(std::to_string(n));
     }
     std::cerr << (tty ? "\r" : "") << sw.sweep_id() << ":" << states << (tty ? "\033[K" : "\n") << std::flush;
   }

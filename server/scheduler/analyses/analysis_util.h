@@ -13,8 +13,10 @@
 
 namespace circuitlab::scheduler {
 
-// The largest n_eval any analysis takes (sequences per evaluation set).
+// The largest n_eval any analysis takes (sequences per evaluation set), and
+// the smallest DetectCircuit and LabelRun take.
 constexpr uint32_t kMaxEval = 16384;
+constexpr uint32_t kMinEval = 64;
 
 engine::Selection ToSelection(v1::BasisSelection s);
 // InvalidArgument for a value outside the enum.

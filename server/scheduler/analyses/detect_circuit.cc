@@ -7,11 +7,6 @@
 #include "server/scheduler/scheduler.h"
 
 namespace circuitlab::scheduler {
-namespace {
-
-constexpr uint32_t kMinEval = 64;
-
-}  // namespace
 
 absl::StatusOr<v1::DetectCircuitResponse> AnalysisCore::DetectCircuit(
     const v1::DetectCircuitRequest& request, const std::string& client) {

@@ -4,16 +4,12 @@
 
 #include <optional>
 
+#include "absl/strings/str_cat.h"
 #include "server/common/status_macros.h"
 #include "server/scheduler/analyses/analysis_util.h"
 #include "server/scheduler/scheduler.h"
 
 namespace circuitlab::scheduler {
-namespace {
-
-constexpr uint32_t kMinEval = 64;
-
-}  // namespace
 
 absl::StatusOr<v1::LabelRunResponse> AnalysisCore::LabelRun(
     const v1::LabelRunRequest& request, const std::string& client) {
@@ -33,7 +29,7 @@ absl::StatusOr<v1::LabelRunResponse> AnalysisCore::LabelRun(
   // The labelling rule's version: labels stored by an earlier rule are
   // recomputed, not served.
   std::string key = canonical.SerializeAsString() + "/pair-paths-1";
-  for (int64_t s : steps) key += "/" + std::to_string(s);
+  for (int64_t s : steps) absl::StrAppend(&key, "/", s);
   engine::LabelRequest lr;
   lr.n_eval = canonical.n_eval();
   lr.seed = spec.seed();
