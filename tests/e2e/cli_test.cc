@@ -235,8 +235,9 @@ TEST(EndToEndTest, PhaseDiagramCellThroughTheCli) {
   CommandResult submitted = Cli(server, {"sweep", sweep, "--watch"});
   ASSERT_EQ(submitted.exit_code, 0) << submitted.out;
   const std::string svg = dir.path() + "/map.svg";
-  CommandResult map = Cli(server, {"--timeout", "120", "sweep-summary", "s1", "--values", "pair,pair_predicted",
-                                   "--pivot", "a", "b", "--value", "pair", "--svg", svg, "--wait"});
+  // The README's command: the pivot fetches the column it pivots (no --values).
+  CommandResult map = Cli(server, {"--timeout", "120", "sweep-summary", "s1", "--pivot", "a", "b", "--value", "pair",
+                                   "--svg", svg, "--wait"});
   ASSERT_EQ(map.exit_code, 0) << map.out;
   EXPECT_NE(map.out.find("2-3"), std::string::npos) << map.out;
   EXPECT_NE(map.out.find("1-2"), std::string::npos) << map.out;
