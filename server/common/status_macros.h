@@ -23,3 +23,24 @@
 
 #define CL_ASSIGN_OR_RETURN(lhs, expr) \
   CL_ASSIGN_OR_RETURN_IMPL_(CL_STATUS_CONCAT_(cl_statusor_, __LINE__), lhs, expr)
+
+#include <exception>
+#include <string>
+
+namespace circuitlab {
+
+// Runs `fn` (returning absl::Status or absl::StatusOr<T>); an exception that
+// escapes it becomes INTERNAL with its message, so an RPC handler always ends
+// with a status a client can read (never UNKNOWN or a dropped call).
+template <typename Fn>
+auto CallCatching(Fn&& fn) -> decltype(fn()) {
+  try {
+    return fn();
+  } catch (const std::exception& e) {
+    return absl::InternalError(std::string("internal error: ") + e.what());
+  } catch (...) {
+    return absl::InternalError("internal error: unknown exception");
+  }
+}
+
+}  // namespace circuitlab

@@ -23,7 +23,7 @@ grpc::ServerUnaryReactor* JobCall(grpc::CallbackServerContext* ctx, const std::s
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   absl::Status status = CheckAuth(ctx, token);
   if (status.ok()) {
-    absl::StatusOr<Response> answer = fn();
+    absl::StatusOr<Response> answer = CallCatching(fn);
     status = answer.status();
     if (answer.ok()) {
       *resp = std::move(*answer);
@@ -32,7 +32,7 @@ grpc::ServerUnaryReactor* JobCall(grpc::CallbackServerContext* ctx, const std::s
           absl::Status s;
           if (!a || !scheduler::IsPending(a->state)) {
             // Its end (or, when it ended meanwhile, its stored answer).
-            absl::StatusOr<Response> end = a ? scheduler::ResponseFromAnswer<Response>(*a) : fn();
+            absl::StatusOr<Response> end = a ? scheduler::ResponseFromAnswer<Response>(*a) : CallCatching(fn);
             s = end.status();
             if (end.ok()) *resp = std::move(*end);
           } else {

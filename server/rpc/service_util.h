@@ -8,6 +8,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "server/common/status_macros.h"
 
 namespace circuitlab::rpc {
 
@@ -26,7 +27,7 @@ template <typename Fn>
 grpc::ServerUnaryReactor* UnaryCall(grpc::CallbackServerContext* ctx, const std::string& token, Fn&& fn) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   absl::Status s = CheckAuth(ctx, token);
-  if (s.ok()) s = fn();
+  if (s.ok()) s = CallCatching(fn);
   reactor->Finish(ToGrpcStatus(s));
   return reactor;
 }

@@ -23,6 +23,7 @@ using Json = nlohmann::json;
 
 constexpr int kMaxAxes = 16;
 constexpr int kMaxAxisValues = 10000;
+constexpr int kMaxAlso = 64;  // fields an axis sets besides its own
 constexpr uint32_t kMaxSamples = 10000;
 constexpr int kMaxColumns = 64;
 constexpr int kMaxFilters = 32;
@@ -87,31 +88,72 @@ Value FromJson(const Json& j) {
   return Null();
 }
 
+// The node a JSON pointer names, created as needed, one reference token at a
+// time: an array index names an element or appends one ("-" or the array's
+// size), never grows the array further, so that "/tags/20000000" is refused
+// instead of allocating 20 million elements.
+absl::StatusOr<Json*> PointerNode(Json& doc, const std::string& path, const std::string& where) {
+  Json* at = &doc;
+  size_t begin = 1;
+  while (true) {
+    const size_t slash = path.find('/', begin);
+    std::string token = path.substr(begin, slash == std::string::npos ? std::string::npos : slash - begin);
+    for (size_t k = 0; (k = token.find('~', k)) != std::string::npos; ++k) {
+      if (k + 1 >= token.size() || (token[k + 1] != '0' && token[k + 1] != '1')) {
+        return absl::InvalidArgumentError(where + ": '~' must be followed by 0 or 1 in a JSON pointer");
+      }
+      token.replace(k, 2, token[k + 1] == '0' ? "~" : "/");
+    }
+    if (at->is_array()) {
+      const size_t size = at->size();
+      size_t index = size;
+      if (token != "-") {
+        if (token.empty() || token.size() > 9 || token.find_first_not_of("0123456789") != std::string::npos ||
+            (token.size() > 1 && token[0] == '0')) {
+          return absl::InvalidArgumentError(where + ": '" + token.substr(0, 32) + "' is not an array index");
+        }
+        index = std::stoul(token);
+      }
+      if (index > size) {
+        return absl::InvalidArgumentError(where + ": index " + token + " is past the end of an array of " +
+                                          std::to_string(size) + " (an axis may set an element or append one)");
+      }
+      if (index == size) at->push_back(nullptr);
+      at = &(*at)[index];
+    } else if (at->is_object() || at->is_null()) {
+      at = &(*at)[token];
+    } else {
+      return absl::InvalidArgumentError(where + ": '" + token.substr(0, 32) + "' is inside a non-message value");
+    }
+    if (slash == std::string::npos) return at;
+    begin = slash + 1;
+  }
+}
+
 // Sets `path` (dotted, or a JSON pointer when it starts with '/') in `doc`.
 absl::Status SetPath(Json& doc, const std::string& path, const Json& value, const std::string& field) {
   if (path.empty()) return absl::InvalidArgumentError(field + ".field must not be empty");
-  try {
-    if (path[0] == '/') {
-      doc[Json::json_pointer(path)] = value;
-      return absl::OkStatus();
-    }
-    Json* at = &doc;
-    size_t begin = 0;
-    while (true) {
-      const size_t dot = path.find('.', begin);
-      const std::string key = path.substr(begin, dot == std::string::npos ? std::string::npos : dot - begin);
-      if (key.empty()) return absl::InvalidArgumentError(field + ".field '" + path + "' has an empty component");
-      if (!at->is_object() && !at->is_null()) {
-        return absl::InvalidArgumentError(field + ".field '" + path + "': '" + key + "' is inside a non-message value");
-      }
-      at = &(*at)[key];
-      if (dot == std::string::npos) break;
-      begin = dot + 1;
-    }
-    *at = value;
-  } catch (const Json::exception& e) {
-    return absl::InvalidArgumentError(field + ".field '" + path + "': " + e.what());
+  const std::string where = field + ".field '" + (path.size() > 200 ? path.substr(0, 200) + "…" : path) + "'";
+  if (path[0] == '/') {
+    absl::StatusOr<Json*> node = PointerNode(doc, path, where);
+    if (!node.ok()) return node.status();
+    **node = value;
+    return absl::OkStatus();
   }
+  Json* at = &doc;
+  size_t begin = 0;
+  while (true) {
+    const size_t dot = path.find('.', begin);
+    const std::string key = path.substr(begin, dot == std::string::npos ? std::string::npos : dot - begin);
+    if (key.empty()) return absl::InvalidArgumentError(where + " has an empty component");
+    if (!at->is_object() && !at->is_null()) {
+      return absl::InvalidArgumentError(where + ": '" + key.substr(0, 32) + "' is inside a non-message value");
+    }
+    at = &(*at)[key];
+    if (dot == std::string::npos) break;
+    begin = dot + 1;
+  }
+  *at = value;
   return absl::OkStatus();
 }
 
@@ -412,6 +454,10 @@ absl::StatusOr<std::vector<SweepMember>> ExpandSweep(const v1::SweepSpec& sweep,
     if (has_range == (a.values_size() > 0)) {
       return absl::InvalidArgumentError(field + " must have either values (a grid) or a range (random), not " +
                                         (has_range ? "both" : "neither"));
+    }
+    if (a.also_size() > kMaxAlso) {
+      return absl::InvalidArgumentError(field + ".also must have at most " + std::to_string(kMaxAlso) +
+                                        " entries, got " + std::to_string(a.also_size()));
     }
     if (a.values_size() > kMaxAxisValues) {
       return absl::InvalidArgumentError(field + ".values must have at most " + std::to_string(kMaxAxisValues) +

@@ -97,6 +97,29 @@ TEST(ExpandSweepTest, ErrorsNameTheAxisAndField) {
          "min <= max");
   expect(R"({"samples": 3, "axes": [{"field": "seed", "values": [1]}]})", absl::StatusCode::kInvalidArgument,
          "no axis has a range");
+  // A JSON pointer may set an array element or append one, never grow the
+  // array further (issue 14: "/tags/20000000" cost 823 MB, 2^62 threw).
+  expect(R"({"base": {"tags": ["a"]}, "axes": [{"field": "/tags/20000000", "values": ["x"]}]})",
+         absl::StatusCode::kInvalidArgument, "index 20000000 is past the end of an array of 1");
+  expect(R"({"base": {"tags": ["a"]}, "axes": [{"field": "/tags/4611686018427387904", "values": ["x"]}]})",
+         absl::StatusCode::kInvalidArgument, "is not an array index");
+  expect(R"({"base": {"seed": 3}, "axes": [{"field": "/seed/x", "values": [1]}]})", absl::StatusCode::kInvalidArgument,
+         "inside a non-message value");
+  std::string also = R"({"axes": [{"field": "seed", "values": [1], "also": [)";
+  for (int i = 0; i < 65; ++i) also += std::string(i ? "," : "") + "\"name\"";
+  expect(also + "]}]}", absl::StatusCode::kInvalidArgument, "sweep.axes[0].also must have at most 64 entries, got 65");
+}
+
+TEST(ExpandSweepTest, PointersSetAndAppendArrayElements) {
+  auto r = ExpandSweep(Parse(R"({"base": {"tags": ["a"]},
+    "axes": [{"field": "/tags/0", "values": ["x"]}, {"field": "/tags/1", "values": ["y"], "also": ["/tags/-"]}]})"), 8);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->size(), 1u);
+  const auto& tags = (*r)[0].spec.tags();
+  ASSERT_EQ(tags.size(), 3);
+  EXPECT_EQ(tags[0], "x");
+  EXPECT_EQ(tags[1], "y");
+  EXPECT_EQ(tags[2], "y");
 }
 
 TEST(SweepRenderTest, CsvTableAndPivot) {
