@@ -47,6 +47,7 @@ struct Flags {
   int max_watchers = 1024;
   uint64_t max_steps = 10'000'000;
   uint64_t max_run_memory_mb = 4096;
+  int max_request_bytes = 4 << 20;
   circuitlab::scheduler::AnalysisJobOptions jobs;
   uint64_t analysis_memory_mb = circuitlab::scheduler::AnalysisJobOptions().memory_budget_bytes >> 20;
   bool use_cuda = true;
@@ -90,6 +91,10 @@ void DefineFlags(CLI::App& app, Flags& f) {
   app.add_option("--max-run-memory-mb", f.max_run_memory_mb, "Most memory (estimated) one run may need")
       ->capture_default_str()
       ->check(CLI::Range(uint64_t{16}, uint64_t{1} << 24));
+  app.add_option("--max-request-bytes", f.max_request_bytes,
+                 "Largest request accepted, in bytes (a larger one is RESOURCE_EXHAUSTED before it is parsed)")
+      ->capture_default_str()
+      ->check(CLI::Range(1 << 16, 64 << 20));
   app.add_option("--analysis-workers", f.jobs.workers,
                  "Analysis jobs run at once (one thread each, one LibTorch thread; they share the machine's cores "
                  "with the --cpu-slots training workers)")
@@ -176,6 +181,7 @@ int main(int argc, char** argv) {
   circuitlab::rpc::ServerOptions server_opts;
   server_opts.listen = flags.listen;
   server_opts.auth_token = token;
+  server_opts.max_message_bytes = flags.max_request_bytes;
   auto server = circuitlab::rpc::GrpcServer::Start(server_opts, &scheduler, &analysis, &sweeps);
   if (!server.ok()) {
     scheduler.Drain();

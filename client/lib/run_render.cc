@@ -29,7 +29,8 @@ std::string RunDetailsText(const v1::Run& run) {
     for (const auto& t : run.tags()) out << " " << EscapeForTerminal(t);
     out << "\n";
   }
-  if (!run.error().empty()) out << "error      " << run.error() << "\n";
+  if (!run.error().empty()) out << "error      " << EscapeForTerminal(run.error()) << "\n";
+  if (!run.warning().empty()) out << "warning    " << EscapeForTerminal(run.warning()) << "\n";
   if (!p.latest().empty()) {
     out << "latest metrics:\n";
     for (const auto& [name, value] : std::map<std::string, double>(p.latest().begin(), p.latest().end())) {

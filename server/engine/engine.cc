@@ -5,16 +5,11 @@
 
 #include <algorithm>
 #include <chrono>
-#include <optional>
 #include <exception>
+#include <optional>
 
 #include "server/common/thread_cancel.h"
-#include "server/engine/analysis/circuits.h"
-#include "server/engine/analysis/data_dependence.h"
-#include "server/engine/analysis/decoder_interventions.h"
-#include "server/engine/analysis/regression_vectors.h"
-#include "server/engine/analysis/task_vectors.h"
-#include "server/engine/manifold/invariance.h"
+#include "server/engine/analysis/family.h"
 #include "server/engine/manifold/projection.h"
 #include "server/engine/train/latent_trainer.h"
 #include "server/engine/train/regression_trainer.h"
@@ -232,192 +227,53 @@ class TorchExecutor : public Executor {
   }
 };
 
+// Every analysis goes to the run's model family (analysis/family.h), inside
+// Guarded: LibTorch's exceptions and a cancelled forward become statuses.
 class TorchAnalyzer : public Analyzer {
  public:
-  absl::StatusOr<CheckpointProjection> ProjectCheckpoint(const v1::ExperimentSpec& spec,
-                                                         const std::string& checkpoint,
-                                                         Selection selection) override {
-    try {
-      // The run's own task pool: its fixed pairing is the relation C.
-      const std::unique_ptr<BlockTask> task = MakeBlockTask(spec, PoolSeedOf(spec.seed()));
-      const auto& m = spec.model().imir();
-      const std::unique_ptr<ImirModel> model_ptr = MakeModel(spec, *task, 1, torch::kCPU);
-      ImirModel& model = *model_ptr;
-      if (absl::Status s = LoadWeights(checkpoint, model); !s.ok()) return s;
-      const TaskSymmetry sym = task->Symmetry();
-      CheckpointProjection out;
-      out.basis = BuildBasis(sym, m.num_layers(), m.num_heads(), selection);
-      const Projection p = Project(model, 0, out.basis);
-      out.values = p.values;
-      out.rho = p.rho();
-      for (const MatrixNorms& n : p.matrices) out.rho_by_matrix.emplace_back(n.matrix, n.rho());
-      out.rho_complete = selection == Selection::kComplete
-                             ? out.rho
-                             : Project(model, 0, BuildBasis(sym, m.num_layers(), m.num_heads(), Selection::kComplete))
-                                   .rho();
-      return out;
-    } catch (const c10::Error& e) {
-      return absl::InvalidArgumentError(std::string("cannot read the checkpoint: ") + e.what_without_backtrace());
-    } catch (const std::exception& e) {
-      return absl::InternalError(std::string("projection failed: ") + e.what());
-    }
+  absl::StatusOr<v1::ProjectCheckpointResponse> ProjectCheckpoint(
+      const v1::ExperimentSpec& spec, const std::string& checkpoint,
+      const v1::ProjectCheckpointRequest& request) override {
+    return Guarded("projection", [&] { return FamilyOf(spec).ProjectCheckpoint(spec, checkpoint, request); });
   }
-
-  absl::StatusOr<InvarianceReport> CheckInvariance(const v1::ExperimentSpec& spec, const InvarianceRequest& request,
-                                                   const std::function<void(double)>& progress,
-                                                   const CancelToken* cancel) override {
-    try {
-      at::set_num_threads(1);
-      const std::unique_ptr<BlockTask> task_ptr = MakeBlockTask(spec, PoolSeedOf(spec.seed()));
-      const BlockTask& task = *task_ptr;
-      const auto& m = spec.model().imir();
-      const TaskSymmetry sym = task.Symmetry();
-      const Basis span = BuildBasis(sym, m.num_layers(), m.num_heads(), request.selection);
-      struct Check {
-        std::string name;
-        Basis basis;
-        double noise;
-      };
-      std::vector<Check> checks = {{"in_span", span, 0.0}};
-      if (request.controls) {
-        checks.push_back({"control_off_span", span, 0.3});
-        if (std::any_of(sym.partner.begin(), sym.partner.end(), [](int p) { return p >= 0; })) {
-          TaskSymmetry without = sym;  // claims the fixed pairs are exchangeable
-          std::fill(without.partner.begin(), without.partner.end(), -1);
-          checks.push_back({"control_no_relation", BuildBasis(without, m.num_layers(), m.num_heads(),
-                                                              request.selection), 0.0});
-        }
-      }
-      InvarianceReport report;
-      report.sample_sizes = request.sample_sizes;
-      for (size_t i = 0; i < checks.size(); ++i) {
-        InvarianceConfig ic;
-        ic.layers = m.num_layers();
-        ic.heads = m.num_heads();
-        ic.sample_sizes = request.sample_sizes;
-        ic.coordinate_std = request.coordinate_std;
-        ic.off_manifold_noise = checks[i].noise;
-        ic.seed = request.seed;
-        bool stopped = false;
-        // The free function (this member shares its name).
-        InvarianceResult r = engine::CheckInvariance(task, checks[i].basis, checks[i].basis, ic,
-                                                     [&](int64_t done, int64_t total) {
-          if (progress) {
-            const double stages = static_cast<double>(checks.size()) + (request.sgd_corollary ? 1.0 : 0.0);
-            progress((static_cast<double>(i) + static_cast<double>(done) / total) / stages);
-          }
-          stopped = cancel != nullptr && cancel->stop_requested();
-          return !stopped;
-        });
-        if (stopped) return absl::CancelledError("invariance check stopped");
-        report.checks.push_back({checks[i].name, r.series});
-      }
-      if (request.sgd_corollary) {
-        SgdCorollaryConfig sc;
-        sc.layers = m.num_layers();
-        sc.heads = m.num_heads();
-        sc.coordinate_std = request.coordinate_std;
-        sc.seed = request.seed;
-        bool stopped = false;
-        // The SGD corollary is one more stage after the ladders.
-        const double stages = static_cast<double>(checks.size()) + 1.0;
-        report.sgd = SgdCorollary(task, span, sc, [&](int64_t done, int64_t total) {
-          if (progress) progress((stages - 1.0 + static_cast<double>(done) / total) / stages);
-          stopped = cancel != nullptr && cancel->stop_requested();
-          return !stopped;
-        });
-        if (stopped) return absl::CancelledError("invariance check stopped");
-        report.sgd_steps = sc.steps;
-        report.sgd_group_elements = sc.group_elements;
-        report.sgd_learning_rate = sc.learning_rate;
-      }
-      return report;
-    } catch (const c10::Error& e) {
-      return absl::InternalError(std::string("LibTorch error: ") + e.what_without_backtrace());
-    } catch (const std::exception& e) {
-      return absl::InternalError(std::string("invariance check failed: ") + e.what());
-    }
+  absl::StatusOr<v1::CheckInvarianceResponse> CheckInvariance(const v1::ExperimentSpec& spec,
+                                                              const v1::CheckInvarianceRequest& request,
+                                                              const Progress& progress,
+                                                              const CancelToken* cancel) override {
+    return Guarded("invariance check", [&] { return FamilyOf(spec).CheckInvariance(spec, request, progress, cancel); });
   }
-
-  absl::StatusOr<DetectReport> DetectCircuit(const v1::ExperimentSpec& spec, const std::string& checkpoint,
-                                             const DetectRequest& request, const std::function<void(double)>& progress,
-                                             const CancelToken* cancel) override {
-    return Guarded("circuit detection", [&] { return DetectCircuitImpl(spec, checkpoint, request, progress, cancel); });
+  absl::StatusOr<v1::DetectCircuitResponse> DetectCircuit(const v1::ExperimentSpec& spec, const std::string& checkpoint,
+                                                          const v1::DetectCircuitRequest& request,
+                                                          const Progress& progress,
+                                                          const CancelToken* cancel) override {
+    return Guarded("circuit detection",
+                   [&] { return FamilyOf(spec).DetectCircuit(spec, checkpoint, request, progress, cancel); });
   }
-
-  absl::StatusOr<InterveneReport> Intervene(const v1::ExperimentSpec& spec, const std::string& checkpoint,
-                                            const InterveneRequest& request) override {
-    return Guarded("intervention", [&]() -> absl::StatusOr<InterveneReport> {
-      if (spec.model().kind_case() != v1::ModelSpec::kDecoder) return InterveneImpl(spec, checkpoint, request);
-      const std::unique_ptr<DecoderModel> model = MakeDecoder(spec, 1, torch::kCPU);
-      if (absl::Status s = LoadWeights(checkpoint, model->parameter_names(), model->parameters()); !s.ok()) return s;
-      if (spec.task().latent().kind() == v1::LATENT_KIND_REGRESSION) {
-        const RegressionTaskGenerator task(spec.task().latent(), PoolSeedOf(spec.seed()));
-        return InterveneRegression(*model, task, request);
-      }
-      const LatentTaskGenerator task(spec.task().latent(), PoolSeedOf(spec.seed()));
-      return InterveneDecoder(*model, task, request);
-    });
+  absl::StatusOr<v1::InterveneResponse> Intervene(const v1::ExperimentSpec& spec, const std::string& checkpoint,
+                                                  const v1::InterveneRequest& request,
+                                                  const std::map<int, StoredCheckpoint>& swap_sources) override {
+    return Guarded("intervention", [&] { return FamilyOf(spec).Intervene(spec, checkpoint, request, swap_sources); });
   }
-
-  absl::StatusOr<std::vector<DataDependenceRow>> CheckDataDependence(
-      const v1::ExperimentSpec& spec, const std::vector<DataDependencePoint>& points,
-      const DataDependenceConfig& config, const std::function<void(double)>& progress,
-      const CancelToken* cancel) override {
-    return Guarded("data-dependence check", [&]() -> absl::StatusOr<std::vector<DataDependenceRow>> {
-      at::set_num_threads(1);
-      bool stopped = false;
-      std::vector<DataDependenceRow> rows =
-          engine::CheckDataDependence(spec, points, config, [&](int64_t done, int64_t total) {
-            if (progress) progress(static_cast<double>(done) / static_cast<double>(std::max<int64_t>(1, total)));
-            stopped = cancel != nullptr && cancel->stop_requested();
-            return !stopped;
-          });
-      if (stopped) return absl::CancelledError("data-dependence check stopped");
-      return rows;
-    });
+  absl::StatusOr<v1::CheckDataDependenceResponse> CheckDataDependence(const v1::ExperimentSpec& spec,
+                                                                      const v1::CheckDataDependenceRequest& request,
+                                                                      const Progress& progress,
+                                                                      const CancelToken* cancel) override {
+    return Guarded("data-dependence check",
+                   [&] { return FamilyOf(spec).CheckDataDependence(spec, request, progress, cancel); });
   }
-
-  absl::StatusOr<TaskVectorReport> AnalyzeTaskVectors(const v1::ExperimentSpec& spec, const std::string& checkpoint,
-                                                      const TaskVectorRequest& request,
-                                                      const std::function<void(double)>& progress,
-                                                      const CancelToken* cancel) override {
-    return Guarded("task-vector analysis", [&]() -> absl::StatusOr<TaskVectorReport> {
-      if (!IsLatent(spec) || spec.model().kind_case() != v1::ModelSpec::kDecoder) {
-        return absl::FailedPreconditionError("task-vector analyses need a run of task.latent on model.decoder");
-      }
-      at::set_num_threads(1);
-      const int64_t layers = spec.model().decoder().num_layers();
-      for (const std::string& kind :
-           {request.hook, request.estimation_hook, request.injection_hook, request.dissociation_hook}) {
-        if (absl::StatusOr<HookPoint> p = ParseHookPoint("L0." + kind, layers);
-            !p.ok() || p->kind == HookPoint::Kind::kPattern || p->kind == HookPoint::Kind::kHead) {
-          return absl::InvalidArgumentError("hook '" + kind + "' must be post_mlp, post_attn or resid_pre");
-        }
-      }
-      for (int l : request.layers) {
-        if (l < 0 || l >= layers) {
-          return absl::InvalidArgumentError("layers must be in [0, " + std::to_string(layers - 1) + "], got " +
-                                            std::to_string(l));
-        }
-      }
-      const std::unique_ptr<DecoderModel> model = MakeDecoder(spec, 1, torch::kCPU);
-      if (absl::Status s = LoadWeights(checkpoint, model->parameter_names(), model->parameters()); !s.ok()) return s;
-      for (torch::Tensor& p : model->parameters()) p.requires_grad_(false);
-      if (spec.task().latent().kind() == v1::LATENT_KIND_REGRESSION) {
-        const RegressionTaskGenerator task(spec.task().latent(), PoolSeedOf(spec.seed()));
-        return RunRegressionAnalyses(*model, task, request, progress, cancel);
-      }
-      const LatentTaskGenerator task(spec.task().latent(), PoolSeedOf(spec.seed()));
-      return RunTaskVectorAnalyses(*model, task, request, progress, cancel);
-    });
+  absl::StatusOr<v1::AnalyzeTaskVectorsResponse> AnalyzeTaskVectors(const v1::ExperimentSpec& spec,
+                                                                    const std::string& checkpoint,
+                                                                    const v1::AnalyzeTaskVectorsRequest& request,
+                                                                    const Progress& progress,
+                                                                    const CancelToken* cancel) override {
+    return Guarded("task-vector analysis",
+                   [&] { return FamilyOf(spec).AnalyzeTaskVectors(spec, checkpoint, request, progress, cancel); });
   }
-
-  absl::StatusOr<LabelReport> LabelRun(const v1::ExperimentSpec& spec,
-                                       const std::vector<std::pair<int64_t, std::string>>& checkpoints,
-                                       const LabelRequest& request, const std::function<void(double)>& progress,
-                                       const CancelToken* cancel) override {
-    return Guarded("labelling", [&] { return LabelRunImpl(spec, checkpoints, request, progress, cancel); });
+  absl::StatusOr<v1::LabelRunResponse> LabelRun(const v1::ExperimentSpec& spec,
+                                                const std::vector<std::pair<int64_t, std::string>>& checkpoints,
+                                                const v1::LabelRunRequest& request, const Progress& progress,
+                                                const CancelToken* cancel) override {
+    return Guarded("labelling", [&] { return FamilyOf(spec).LabelRun(spec, checkpoints, request, progress, cancel); });
   }
 
  private:

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "server/common/status_macros.h"
+#include "server/common/text.h"
 
 namespace circuitlab::engine {
 namespace {
@@ -287,6 +288,34 @@ absl::Status ResolveData(v1::ExperimentSpec* spec) {
 }
 
 constexpr int kMaxCoordinateNames = 100000;
+// A basis is built for COORDINATES models and for every IMIR run that records
+// coordinates: its cost is bounded before it is built (issue 14: one 300-byte
+// request once cost 48 s and 4.7 GB). Building touches d0^2 entries per block
+// kind; each coordinate costs ~250 bytes of labels.
+constexpr int64_t kMaxBasisWidth = 2048;          // d0 = vocabulary + positions
+constexpr int64_t kMaxBasisCoordinates = 200000;
+
+// Refuses a basis of `selection` over the spec's task and model that would
+// be too large to build; `why` says what needs it.
+absl::Status CheckBasisCost(const v1::ExperimentSpec& spec, Selection selection, const std::string& why) {
+  const TaskShape shape = ShapeOf(spec);
+  const int64_t d0 = shape.vocab + shape.positions;
+  if (d0 > kMaxBasisWidth) {
+    return absl::InvalidArgumentError(why + " needs the IMIR basis, whose blocks are d0 x d0 with d0 = vocabulary + "
+                                      "positions = " + std::to_string(d0) + "; at most " +
+                                      std::to_string(kMaxBasisWidth) + " (a smaller task, or model.imir FULL with "
+                                      "recording.coordinates_every 0)");
+  }
+  const auto& m = spec.model().imir();
+  const int64_t n = BasisSize(DeclaredSymmetry(spec), m.num_layers(), m.num_heads(), selection);
+  if (n > kMaxBasisCoordinates) {
+    return absl::InvalidArgumentError(why + " needs the " + std::string(SelectionName(selection)) +
+                                      " basis of this task and model, which has " + std::to_string(n) +
+                                      " coordinates; at most " + std::to_string(kMaxBasisCoordinates) +
+                                      " (fewer layers, heads or tokens, or the PAPER basis)");
+  }
+  return absl::OkStatus();
+}
 
 absl::Status ResolveCoordinates(const v1::ExperimentSpec& spec, v1::ImirModel* m) {
   const std::string p = "model.imir.";
@@ -306,6 +335,10 @@ absl::Status ResolveCoordinates(const v1::ExperimentSpec& spec, v1::ImirModel* m
     return absl::InvalidArgumentError(p + "coordinates must have at most " + std::to_string(kMaxCoordinateNames) +
                                       " entries, got " + std::to_string(m->coordinates_size()));
   }
+  CL_RETURN_IF_ERROR(CheckBasisCost(spec,
+                                    m->coordinate_basis() == v1::BASIS_SELECTION_COMPLETE ? Selection::kComplete
+                                                                                          : Selection::kPaper,
+                                    "model.imir.parameterisation COORDINATES"));
   const Basis basis = CoordinateBasisOf(spec);
   std::vector<bool> trained(basis.coords.size(), m->coordinates_size() == 0);
   for (int i = 0; i < m->coordinates_size(); ++i) {
@@ -497,8 +530,10 @@ absl::Status ResolveTraining(const EngineLimits& limits, v1::ExperimentSpec* spe
     const std::string& m = tr->stop_metric();
     const size_t slash = m.find('/', 5);
     if (m.size() > 128 || m.rfind("eval/", 0) != 0 || slash == std::string::npos || slash + 1 >= m.size()) {
-      return absl::InvalidArgumentError(p + "stop_metric must name an evaluation metric eval/<set>/<name> "
-                                        "(e.g. eval/icl_rare/accuracy, eval/id/loss), got '" + m + "'");
+      return absl::InvalidArgumentError(p +
+                                        "stop_metric must name an evaluation metric eval/<set>/<name> "
+                                        "(e.g. eval/icl_rare/accuracy, eval/id/loss), got " +
+                                        Quote(m));
     }
     if (!tr->has_stop_at() || !std::isfinite(tr->stop_at())) {
       return absl::InvalidArgumentError(p + "stop_at must be a finite number when stop_metric is set");
@@ -532,10 +567,32 @@ absl::Status ResolveRecording(v1::ExperimentSpec* spec) {
   return absl::OkStatus();
 }
 
+// Recording coordinates builds the basis: asked for explicitly, one too
+// large to build is refused; by default, such a run records none.
+absl::Status ResolveRecordedBasis(v1::ExperimentSpec* spec, bool coordinates_every_given) {
+  auto* r = spec->mutable_recording();
+  if (IsLatent(*spec) || r->coordinates_every() == 0) return absl::OkStatus();
+  const std::string p = "recording.";
+  absl::Status paper = CheckBasisCost(*spec, Selection::kPaper, p + "coordinates_every");
+  if (!paper.ok() && !coordinates_every_given && !r->complete_coordinates()) {
+    r->set_coordinates_every(0);
+    return absl::OkStatus();
+  }
+  CL_RETURN_IF_ERROR(paper);
+  if (r->complete_coordinates()) {
+    CL_RETURN_IF_ERROR(CheckBasisCost(*spec, Selection::kComplete, p + "complete_coordinates"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ResolveTop(v1::ExperimentSpec* spec) {
   if (spec->name().size() > 200) {
     return absl::InvalidArgumentError("name must be at most 200 characters, got " +
                                       std::to_string(spec->name().size()));
+  }
+  if (HasControl(spec->name())) {
+    return absl::InvalidArgumentError("name must not contain control characters (newlines, tabs, escapes), got " +
+                                      Quote(spec->name()));
   }
   if (spec->name().empty()) spec->set_name(TaskName(spec->task()));
   if (spec->tags_size() > 32) {
@@ -549,7 +606,7 @@ absl::Status ResolveTop(v1::ExperimentSpec* spec) {
                                         std::to_string(tag.size()));
     }
     if (!std::all_of(tag.begin(), tag.end(), ValidTagChar)) {
-      return absl::InvalidArgumentError(field + " may only contain letters, digits and _.:=-, got '" + tag + "'");
+      return absl::InvalidArgumentError(field + " may only contain letters, digits and _.:=-, got " + Quote(tag));
     }
   }
   auto* res = spec->mutable_resources();
@@ -688,7 +745,9 @@ absl::Status ResolveSpec(const EngineLimits& limits, v1::ExperimentSpec* spec) {
   CL_RETURN_IF_ERROR(ResolveData(spec));
   CL_RETURN_IF_ERROR(ResolveModel(spec));
   CL_RETURN_IF_ERROR(ResolveTraining(limits, spec));
+  const bool coordinates_every_given = spec->recording().has_coordinates_every();
   CL_RETURN_IF_ERROR(ResolveRecording(spec));
+  CL_RETURN_IF_ERROR(ResolveRecordedBasis(spec, coordinates_every_given));
   const uint64_t need = EstimateRunMemoryBytes(*spec);
   if (need > limits.max_run_memory_bytes) {
     return absl::ResourceExhaustedError("this run needs about " + std::to_string(need >> 20) +

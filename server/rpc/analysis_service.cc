@@ -1,6 +1,7 @@
 #include "server/rpc/analysis_service.h"
 
 #include <chrono>
+#include <memory>
 #include <optional>
 
 #include "server/common/status_macros.h"
@@ -17,18 +18,23 @@ constexpr std::chrono::milliseconds kBriefWait{2000};
 // core (validation, the store, enqueue; no model code). When the answer is
 // pending, the call is finished later, by the job's end or the brief wait's
 // deadline, never by blocking this thread.
-template <typename Response, typename Fn>
+template <typename Request, typename Response, typename Fn>
 grpc::ServerUnaryReactor* JobCall(grpc::CallbackServerContext* ctx, const std::string& token,
-                                  scheduler::AnalysisJobs* jobs, Response* resp, Fn fn) {
+                                  scheduler::AnalysisJobs* jobs, const grpc::ByteBuffer* in, grpc::ByteBuffer* out,
+                                  Fn core_call) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  auto req = std::make_shared<Request>();
   absl::Status status = CheckAuth(ctx, token);
+  if (status.ok()) status = ParseRequest(*in, req.get());
   if (status.ok()) {
+    // The core call, again when the job ends: the request lives as long as it.
+    auto fn = [core_call, req, client = ClientOf(ctx)] { return core_call(*req, client); };
     absl::StatusOr<Response> answer = CallCatching(fn);
     status = answer.status();
     if (answer.ok()) {
-      *resp = std::move(*answer);
-      if (scheduler::IsPending(resp->state()) && !resp->job_id().empty()) {
-        jobs->Await(resp->job_id(), kBriefWait, [reactor, resp, fn](std::optional<scheduler::AnalysisAnswer> a) {
+      if (scheduler::IsPending(answer->state()) && !answer->job_id().empty()) {
+        auto resp = std::make_shared<Response>(std::move(*answer));
+        jobs->Await(resp->job_id(), kBriefWait, [reactor, resp, out, fn](std::optional<scheduler::AnalysisAnswer> a) {
           absl::Status s;
           if (!a || !scheduler::IsPending(a->state)) {
             // Its end (or, when it ended meanwhile, its stored answer).
@@ -40,10 +46,12 @@ grpc::ServerUnaryReactor* JobCall(grpc::CallbackServerContext* ctx, const std::s
             resp->set_progress(a->progress);
             resp->set_error(a->error);
           }
-          reactor->Finish(ToGrpcStatus(s));
+          reactor->Finish(s.ok() ? WriteResponse(*resp, out) : ToGrpcStatus(s));
         });
         return reactor;
       }
+      reactor->Finish(WriteResponse(*answer, out));
+      return reactor;
     }
   }
   reactor->Finish(ToGrpcStatus(status));
@@ -53,77 +61,96 @@ grpc::ServerUnaryReactor* JobCall(grpc::CallbackServerContext* ctx, const std::s
 }  // namespace
 
 grpc::ServerUnaryReactor* AnalysisServiceImpl::ProjectCheckpoint(grpc::CallbackServerContext* ctx,
-                                                                 const v1::ProjectCheckpointRequest* req,
-                                                                 v1::ProjectCheckpointResponse* resp) {
-  return JobCall(ctx, auth_token_, &core_->jobs(), resp,
-                 [core = core_, req, client = ClientOf(ctx)] { return core->ProjectCheckpoint(*req, client); });
+                                                                 const grpc::ByteBuffer* in, grpc::ByteBuffer* out) {
+  return JobCall<v1::ProjectCheckpointRequest, v1::ProjectCheckpointResponse>(
+      ctx, auth_token_, &core_->jobs(), in, out,
+      [core = core_](const v1::ProjectCheckpointRequest& req, const std::string& client) {
+        return core->ProjectCheckpoint(req, client);
+      });
 }
 
 grpc::ServerUnaryReactor* AnalysisServiceImpl::GetTrajectory(grpc::CallbackServerContext* ctx,
-                                                             const v1::GetTrajectoryRequest* req,
-                                                             v1::GetTrajectoryResponse* resp) {
-  return UnaryCall(ctx, auth_token_, [&]() -> absl::Status {
-    CL_ASSIGN_OR_RETURN(*resp, core_->GetTrajectory(*req));
-    return absl::OkStatus();
-  });
+                                                             const grpc::ByteBuffer* in, grpc::ByteBuffer* out) {
+  return UnaryCall<v1::GetTrajectoryRequest, v1::GetTrajectoryResponse>(
+      ctx, auth_token_, in, out,
+      [&](const v1::GetTrajectoryRequest& req, v1::GetTrajectoryResponse* resp) -> absl::Status {
+        CL_ASSIGN_OR_RETURN(*resp, core_->GetTrajectory(req));
+        return absl::OkStatus();
+      });
 }
 
 grpc::ServerUnaryReactor* AnalysisServiceImpl::CheckInvariance(grpc::CallbackServerContext* ctx,
-                                                               const v1::CheckInvarianceRequest* req,
-                                                               v1::CheckInvarianceResponse* resp) {
-  return JobCall(ctx, auth_token_, &core_->jobs(), resp,
-                 [core = core_, req, client = ClientOf(ctx)] { return core->CheckInvariance(*req, client); });
+                                                               const grpc::ByteBuffer* in, grpc::ByteBuffer* out) {
+  return JobCall<v1::CheckInvarianceRequest, v1::CheckInvarianceResponse>(
+      ctx, auth_token_, &core_->jobs(), in, out,
+      [core = core_](const v1::CheckInvarianceRequest& req, const std::string& client) {
+        return core->CheckInvariance(req, client);
+      });
 }
 
 grpc::ServerUnaryReactor* AnalysisServiceImpl::DetectCircuit(grpc::CallbackServerContext* ctx,
-                                                             const v1::DetectCircuitRequest* req,
-                                                             v1::DetectCircuitResponse* resp) {
-  return JobCall(ctx, auth_token_, &core_->jobs(), resp,
-                 [core = core_, req, client = ClientOf(ctx)] { return core->DetectCircuit(*req, client); });
+                                                             const grpc::ByteBuffer* in, grpc::ByteBuffer* out) {
+  return JobCall<v1::DetectCircuitRequest, v1::DetectCircuitResponse>(
+      ctx, auth_token_, &core_->jobs(), in, out,
+      [core = core_](const v1::DetectCircuitRequest& req, const std::string& client) {
+        return core->DetectCircuit(req, client);
+      });
 }
 
-grpc::ServerUnaryReactor* AnalysisServiceImpl::Intervene(grpc::CallbackServerContext* ctx,
-                                                         const v1::InterveneRequest* req, v1::InterveneResponse* resp) {
-  return JobCall(ctx, auth_token_, &core_->jobs(), resp,
-                 [core = core_, req, client = ClientOf(ctx)] { return core->Intervene(*req, client); });
+grpc::ServerUnaryReactor* AnalysisServiceImpl::Intervene(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in,
+                                                         grpc::ByteBuffer* out) {
+  return JobCall<v1::InterveneRequest, v1::InterveneResponse>(
+      ctx, auth_token_, &core_->jobs(), in, out,
+      [core = core_](const v1::InterveneRequest& req, const std::string& client) {
+        return core->Intervene(req, client);
+      });
 }
 
-grpc::ServerUnaryReactor* AnalysisServiceImpl::LabelRun(grpc::CallbackServerContext* ctx,
-                                                        const v1::LabelRunRequest* req, v1::LabelRunResponse* resp) {
-  return JobCall(ctx, auth_token_, &core_->jobs(), resp,
-                 [core = core_, req, client = ClientOf(ctx)] { return core->LabelRun(*req, client); });
+grpc::ServerUnaryReactor* AnalysisServiceImpl::LabelRun(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in,
+                                                        grpc::ByteBuffer* out) {
+  return JobCall<v1::LabelRunRequest, v1::LabelRunResponse>(
+      ctx, auth_token_, &core_->jobs(), in, out,
+      [core = core_](const v1::LabelRunRequest& req, const std::string& client) {
+        return core->LabelRun(req, client);
+      });
 }
 
 grpc::ServerUnaryReactor* AnalysisServiceImpl::CheckDataDependence(grpc::CallbackServerContext* ctx,
-                                                                   const v1::CheckDataDependenceRequest* req,
-                                                                   v1::CheckDataDependenceResponse* resp) {
-  return JobCall(ctx, auth_token_, &core_->jobs(), resp,
-                 [core = core_, req, client = ClientOf(ctx)] { return core->CheckDataDependence(*req, client); });
+                                                                   const grpc::ByteBuffer* in, grpc::ByteBuffer* out) {
+  return JobCall<v1::CheckDataDependenceRequest, v1::CheckDataDependenceResponse>(
+      ctx, auth_token_, &core_->jobs(), in, out,
+      [core = core_](const v1::CheckDataDependenceRequest& req, const std::string& client) {
+        return core->CheckDataDependence(req, client);
+      });
 }
 
 grpc::ServerUnaryReactor* AnalysisServiceImpl::AnalyzeTaskVectors(grpc::CallbackServerContext* ctx,
-                                                                  const v1::AnalyzeTaskVectorsRequest* req,
-                                                                  v1::AnalyzeTaskVectorsResponse* resp) {
-  return JobCall(ctx, auth_token_, &core_->jobs(), resp,
-                 [core = core_, req, client = ClientOf(ctx)] { return core->AnalyzeTaskVectors(*req, client); });
+                                                                  const grpc::ByteBuffer* in, grpc::ByteBuffer* out) {
+  return JobCall<v1::AnalyzeTaskVectorsRequest, v1::AnalyzeTaskVectorsResponse>(
+      ctx, auth_token_, &core_->jobs(), in, out,
+      [core = core_](const v1::AnalyzeTaskVectorsRequest& req, const std::string& client) {
+        return core->AnalyzeTaskVectors(req, client);
+      });
 }
 
 grpc::ServerUnaryReactor* AnalysisServiceImpl::CancelAnalysis(grpc::CallbackServerContext* ctx,
-                                                              const v1::CancelAnalysisRequest* req,
-                                                              v1::CancelAnalysisResponse* resp) {
-  return UnaryCall(ctx, auth_token_, [&]() -> absl::Status {
-    CL_ASSIGN_OR_RETURN(*resp->mutable_job(), core_->jobs().Cancel(req->job_id()));
-    return absl::OkStatus();
-  });
+                                                              const grpc::ByteBuffer* in, grpc::ByteBuffer* out) {
+  return UnaryCall<v1::CancelAnalysisRequest, v1::CancelAnalysisResponse>(
+      ctx, auth_token_, in, out,
+      [&](const v1::CancelAnalysisRequest& req, v1::CancelAnalysisResponse* resp) -> absl::Status {
+        CL_ASSIGN_OR_RETURN(*resp->mutable_job(), core_->jobs().Cancel(req.job_id()));
+        return absl::OkStatus();
+      });
 }
 
 grpc::ServerUnaryReactor* AnalysisServiceImpl::ListAnalysisJobs(grpc::CallbackServerContext* ctx,
-                                                                const v1::ListAnalysisJobsRequest* req,
-                                                                v1::ListAnalysisJobsResponse* resp) {
-  return UnaryCall(ctx, auth_token_, [&]() -> absl::Status {
-    *resp = core_->jobs().List();
-    return absl::OkStatus();
-  });
+                                                                const grpc::ByteBuffer* in, grpc::ByteBuffer* out) {
+  return UnaryCall<v1::ListAnalysisJobsRequest, v1::ListAnalysisJobsResponse>(
+      ctx, auth_token_, in, out,
+      [&](const v1::ListAnalysisJobsRequest& req, v1::ListAnalysisJobsResponse* resp) -> absl::Status {
+        *resp = core_->jobs().List();
+        return absl::OkStatus();
+      });
 }
 
 }  // namespace circuitlab::rpc

@@ -12,35 +12,42 @@
 
 namespace circuitlab::rpc {
 
-class AnalysisServiceImpl final : public v1::AnalysisService::CallbackService {
+// Every method raw: requests are parsed by ParseRequest (service_util.h).
+using RawAnalysisService = v1::AnalysisService::WithRawCallbackMethod_ProjectCheckpoint<
+    v1::AnalysisService::WithRawCallbackMethod_GetTrajectory<v1::AnalysisService::WithRawCallbackMethod_CheckInvariance<
+        v1::AnalysisService::WithRawCallbackMethod_DetectCircuit<v1::AnalysisService::WithRawCallbackMethod_Intervene<
+            v1::AnalysisService::WithRawCallbackMethod_CheckDataDependence<
+                v1::AnalysisService::WithRawCallbackMethod_AnalyzeTaskVectors<
+                    v1::AnalysisService::WithRawCallbackMethod_LabelRun<
+                        v1::AnalysisService::WithRawCallbackMethod_CancelAnalysis<
+                            v1::AnalysisService::WithRawCallbackMethod_ListAnalysisJobs<
+                                v1::AnalysisService::Service>>>>>>>>>>;
+
+class AnalysisServiceImpl final : public RawAnalysisService {
  public:
   AnalysisServiceImpl(scheduler::AnalysisCore* core, std::string auth_token)
       : core_(core), auth_token_(std::move(auth_token)) {}
 
-  grpc::ServerUnaryReactor* ProjectCheckpoint(grpc::CallbackServerContext* ctx,
-                                              const v1::ProjectCheckpointRequest* req,
-                                              v1::ProjectCheckpointResponse* resp) override;
-  grpc::ServerUnaryReactor* GetTrajectory(grpc::CallbackServerContext* ctx, const v1::GetTrajectoryRequest* req,
-                                          v1::GetTrajectoryResponse* resp) override;
-  grpc::ServerUnaryReactor* CheckInvariance(grpc::CallbackServerContext* ctx, const v1::CheckInvarianceRequest* req,
-                                            v1::CheckInvarianceResponse* resp) override;
-  grpc::ServerUnaryReactor* DetectCircuit(grpc::CallbackServerContext* ctx, const v1::DetectCircuitRequest* req,
-                                          v1::DetectCircuitResponse* resp) override;
-  grpc::ServerUnaryReactor* Intervene(grpc::CallbackServerContext* ctx, const v1::InterveneRequest* req,
-                                      v1::InterveneResponse* resp) override;
-  grpc::ServerUnaryReactor* CheckDataDependence(grpc::CallbackServerContext* ctx,
-                                                const v1::CheckDataDependenceRequest* req,
-                                                v1::CheckDataDependenceResponse* resp) override;
-  grpc::ServerUnaryReactor* AnalyzeTaskVectors(grpc::CallbackServerContext* ctx,
-                                               const v1::AnalyzeTaskVectorsRequest* req,
-                                               v1::AnalyzeTaskVectorsResponse* resp) override;
-  grpc::ServerUnaryReactor* LabelRun(grpc::CallbackServerContext* ctx, const v1::LabelRunRequest* req,
-                                     v1::LabelRunResponse* resp) override;
-  grpc::ServerUnaryReactor* CancelAnalysis(grpc::CallbackServerContext* ctx, const v1::CancelAnalysisRequest* req,
-                                           v1::CancelAnalysisResponse* resp) override;
-  grpc::ServerUnaryReactor* ListAnalysisJobs(grpc::CallbackServerContext* ctx,
-                                             const v1::ListAnalysisJobsRequest* req,
-                                             v1::ListAnalysisJobsResponse* resp) override;
+  grpc::ServerUnaryReactor* ProjectCheckpoint(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in,
+                                              grpc::ByteBuffer* out) override;
+  grpc::ServerUnaryReactor* GetTrajectory(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in,
+                                          grpc::ByteBuffer* out) override;
+  grpc::ServerUnaryReactor* CheckInvariance(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in,
+                                            grpc::ByteBuffer* out) override;
+  grpc::ServerUnaryReactor* DetectCircuit(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in,
+                                          grpc::ByteBuffer* out) override;
+  grpc::ServerUnaryReactor* Intervene(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in,
+                                      grpc::ByteBuffer* out) override;
+  grpc::ServerUnaryReactor* CheckDataDependence(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in,
+                                                grpc::ByteBuffer* out) override;
+  grpc::ServerUnaryReactor* AnalyzeTaskVectors(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in,
+                                               grpc::ByteBuffer* out) override;
+  grpc::ServerUnaryReactor* LabelRun(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in,
+                                     grpc::ByteBuffer* out) override;
+  grpc::ServerUnaryReactor* CancelAnalysis(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in,
+                                           grpc::ByteBuffer* out) override;
+  grpc::ServerUnaryReactor* ListAnalysisJobs(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in,
+                                             grpc::ByteBuffer* out) override;
 
  private:
   scheduler::AnalysisCore* const core_;

@@ -16,7 +16,7 @@ bool IsFinalState(v1::RunState s) {
 // when the previous write completes or, when none is ready, when the hub
 // notifies. The hub's notification may outlive the reactor, so it holds only
 // a shared Link that the reactor detaches from in OnDone.
-class WatchReactor : public grpc::ServerWriteReactor<v1::RunEvent> {
+class WatchReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   WatchReactor(scheduler::Scheduler* core, scheduler::Watch watch)
       : core_(core), watch_(std::move(watch)), link_(std::make_shared<Link>()) {
@@ -64,8 +64,9 @@ class WatchReactor : public grpc::ServerWriteReactor<v1::RunEvent> {
     Finish(status);
   }
 
-  void StartWriteLocked(v1::RunEvent event, bool last) {
-    event_ = std::move(event);
+  void StartWriteLocked(const v1::RunEvent& event, bool last) {
+    event_.Clear();
+    if (grpc::Status s = WriteResponse(event, &event_); !s.ok()) return FinishLocked(s);
     finish_after_write_ = last;
     writing_ = true;
     StartWrite(&event_);
@@ -78,14 +79,14 @@ class WatchReactor : public grpc::ServerWriteReactor<v1::RunEvent> {
       switch (item.kind) {
         case scheduler::Subscriber::Kind::kEvent: {
           const bool last = item.event.has_state() && IsFinalState(item.event.state().state());
-          return StartWriteLocked(std::move(item.event), last);
+          return StartWriteLocked(item.event, last);
         }
         case scheduler::Subscriber::Kind::kResync: {
           absl::StatusOr<v1::RunEvent> snap = core_->Snapshot(watch_.run_id, item.sequence, /*resync=*/sent_any_);
           if (!snap.ok()) return FinishLocked(ToGrpcStatus(snap.status()));
           sent_any_ = true;
           const bool last = IsFinalState(snap->snapshot().state());
-          return StartWriteLocked(std::move(*snap), last);
+          return StartWriteLocked(*snap, last);
         }
         case scheduler::Subscriber::Kind::kEnd:
           return FinishLocked(grpc::Status::OK);
@@ -106,7 +107,7 @@ class WatchReactor : public grpc::ServerWriteReactor<v1::RunEvent> {
   const scheduler::Watch watch_;
   const std::shared_ptr<Link> link_;
   // Guarded by link_->mu.
-  v1::RunEvent event_;
+  grpc::ByteBuffer event_;  // the event being written, serialized
   bool writing_ = false;
   bool finished_ = false;
   bool cancelled_ = false;
@@ -116,56 +117,61 @@ class WatchReactor : public grpc::ServerWriteReactor<v1::RunEvent> {
 
 }  // namespace
 
-grpc::ServerUnaryReactor* ExperimentServiceImpl::SubmitRun(grpc::CallbackServerContext* ctx,
-                                                           const v1::SubmitRunRequest* req,
-                                                           v1::SubmitRunResponse* resp) {
-  return Unary(ctx, [&]() -> absl::Status {
-    CL_ASSIGN_OR_RETURN(*resp->mutable_run(), core_->Submit(req->spec(), ClientOf(ctx)));
-    return absl::OkStatus();
-  });
+grpc::ServerUnaryReactor* ExperimentServiceImpl::SubmitRun(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in,
+                                                           grpc::ByteBuffer* out) {
+  return Unary<v1::SubmitRunRequest, v1::SubmitRunResponse>(
+      ctx, in, out, [&](const v1::SubmitRunRequest& req, v1::SubmitRunResponse* resp) -> absl::Status {
+        CL_ASSIGN_OR_RETURN(*resp->mutable_run(), core_->Submit(req.spec(), ClientOf(ctx)));
+        return absl::OkStatus();
+      });
 }
 
-grpc::ServerUnaryReactor* ExperimentServiceImpl::GetRun(grpc::CallbackServerContext* ctx,
-                                                        const v1::GetRunRequest* req, v1::Run* resp) {
-  return Unary(ctx, [&]() -> absl::Status {
-    CL_ASSIGN_OR_RETURN(*resp, core_->GetRun(req->run_id()));
-    return absl::OkStatus();
-  });
+grpc::ServerUnaryReactor* ExperimentServiceImpl::GetRun(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in,
+                                                        grpc::ByteBuffer* out) {
+  return Unary<v1::GetRunRequest, v1::Run>(ctx, in, out,
+                                           [&](const v1::GetRunRequest& req, v1::Run* resp) -> absl::Status {
+                                             CL_ASSIGN_OR_RETURN(*resp, core_->GetRun(req.run_id()));
+                                             return absl::OkStatus();
+                                           });
 }
 
-grpc::ServerUnaryReactor* ExperimentServiceImpl::ListRuns(grpc::CallbackServerContext* ctx,
-                                                          const v1::ListRunsRequest* req,
-                                                          v1::ListRunsResponse* resp) {
-  return Unary(ctx, [&]() -> absl::Status {
-    CL_ASSIGN_OR_RETURN(*resp, core_->ListRuns(*req));
-    return absl::OkStatus();
-  });
+grpc::ServerUnaryReactor* ExperimentServiceImpl::ListRuns(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in,
+                                                          grpc::ByteBuffer* out) {
+  return Unary<v1::ListRunsRequest, v1::ListRunsResponse>(
+      ctx, in, out, [&](const v1::ListRunsRequest& req, v1::ListRunsResponse* resp) -> absl::Status {
+        CL_ASSIGN_OR_RETURN(*resp, core_->ListRuns(req));
+        return absl::OkStatus();
+      });
 }
 
-grpc::ServerUnaryReactor* ExperimentServiceImpl::CancelRun(grpc::CallbackServerContext* ctx,
-                                                           const v1::CancelRunRequest* req, v1::Run* resp) {
-  return Unary(ctx, [&]() -> absl::Status {
-    CL_ASSIGN_OR_RETURN(*resp, core_->Cancel(req->run_id()));
-    return absl::OkStatus();
-  });
+grpc::ServerUnaryReactor* ExperimentServiceImpl::CancelRun(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in,
+                                                           grpc::ByteBuffer* out) {
+  return Unary<v1::CancelRunRequest, v1::Run>(ctx, in, out,
+                                              [&](const v1::CancelRunRequest& req, v1::Run* resp) -> absl::Status {
+                                                CL_ASSIGN_OR_RETURN(*resp, core_->Cancel(req.run_id()));
+                                                return absl::OkStatus();
+                                              });
 }
 
 grpc::ServerUnaryReactor* ExperimentServiceImpl::GetMetrics(grpc::CallbackServerContext* ctx,
-                                                            const v1::GetMetricsRequest* req,
-                                                            v1::GetMetricsResponse* resp) {
-  return Unary(ctx, [&]() -> absl::Status {
-    CL_ASSIGN_OR_RETURN(*resp, core_->GetMetrics(*req));
-    return absl::OkStatus();
-  });
+                                                            const grpc::ByteBuffer* in, grpc::ByteBuffer* out) {
+  return Unary<v1::GetMetricsRequest, v1::GetMetricsResponse>(
+      ctx, in, out, [&](const v1::GetMetricsRequest& req, v1::GetMetricsResponse* resp) -> absl::Status {
+        CL_ASSIGN_OR_RETURN(*resp, core_->GetMetrics(req));
+        return absl::OkStatus();
+      });
 }
 
-grpc::ServerWriteReactor<v1::RunEvent>* ExperimentServiceImpl::WatchRun(grpc::CallbackServerContext* ctx,
-                                                                        const v1::WatchRunRequest* req) {
+grpc::ServerWriteReactor<grpc::ByteBuffer>* ExperimentServiceImpl::WatchRun(grpc::CallbackServerContext* ctx,
+                                                                            const grpc::ByteBuffer* in) {
+  v1::WatchRunRequest req;
   absl::Status s = CheckAuth(ctx, auth_token_);
-  absl::StatusOr<scheduler::Watch> watch = s.ok() ? core_->StartWatch(*req) : absl::StatusOr<scheduler::Watch>(s);
+  if (s.ok()) s = ParseRequest(*in, &req);
+  absl::StatusOr<scheduler::Watch> watch =
+      s.ok() ? CallCatching([&] { return core_->StartWatch(req); }) : absl::StatusOr<scheduler::Watch>(s);
   if (!watch.ok()) {
     // A reactor that only reports the error.
-    class Failed : public grpc::ServerWriteReactor<v1::RunEvent> {
+    class Failed : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
      public:
       explicit Failed(const grpc::Status& st) { Finish(st); }
       void OnDone() override { delete this; }
@@ -176,37 +182,40 @@ grpc::ServerWriteReactor<v1::RunEvent>* ExperimentServiceImpl::WatchRun(grpc::Ca
 }
 
 grpc::ServerUnaryReactor* ExperimentServiceImpl::SubmitSweep(grpc::CallbackServerContext* ctx,
-                                                             const v1::SubmitSweepRequest* req, v1::Sweep* resp) {
+                                                             const grpc::ByteBuffer* in, grpc::ByteBuffer* out) {
   const std::string client = ClientOf(ctx);
-  return Unary(ctx, [&]() -> absl::Status {
-    CL_ASSIGN_OR_RETURN(*resp, sweeps_->Submit(req->sweep(), client));
-    return absl::OkStatus();
-  });
+  return Unary<v1::SubmitSweepRequest, v1::Sweep>(
+      ctx, in, out, [&](const v1::SubmitSweepRequest& req, v1::Sweep* resp) -> absl::Status {
+        CL_ASSIGN_OR_RETURN(*resp, sweeps_->Submit(req.sweep(), client));
+        return absl::OkStatus();
+      });
 }
 
-grpc::ServerUnaryReactor* ExperimentServiceImpl::GetSweep(grpc::CallbackServerContext* ctx,
-                                                          const v1::GetSweepRequest* req, v1::Sweep* resp) {
-  return Unary(ctx, [&]() -> absl::Status {
-    CL_ASSIGN_OR_RETURN(*resp, sweeps_->Get(req->sweep_id()));
-    return absl::OkStatus();
-  });
+grpc::ServerUnaryReactor* ExperimentServiceImpl::GetSweep(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in,
+                                                          grpc::ByteBuffer* out) {
+  return Unary<v1::GetSweepRequest, v1::Sweep>(ctx, in, out,
+                                               [&](const v1::GetSweepRequest& req, v1::Sweep* resp) -> absl::Status {
+                                                 CL_ASSIGN_OR_RETURN(*resp, sweeps_->Get(req.sweep_id()));
+                                                 return absl::OkStatus();
+                                               });
 }
 
 grpc::ServerUnaryReactor* ExperimentServiceImpl::CancelSweep(grpc::CallbackServerContext* ctx,
-                                                             const v1::CancelSweepRequest* req, v1::Sweep* resp) {
-  return Unary(ctx, [&]() -> absl::Status {
-    CL_ASSIGN_OR_RETURN(*resp, sweeps_->Cancel(req->sweep_id()));
-    return absl::OkStatus();
-  });
+                                                             const grpc::ByteBuffer* in, grpc::ByteBuffer* out) {
+  return Unary<v1::CancelSweepRequest, v1::Sweep>(
+      ctx, in, out, [&](const v1::CancelSweepRequest& req, v1::Sweep* resp) -> absl::Status {
+        CL_ASSIGN_OR_RETURN(*resp, sweeps_->Cancel(req.sweep_id()));
+        return absl::OkStatus();
+      });
 }
 
 grpc::ServerUnaryReactor* ExperimentServiceImpl::GetSweepSummary(grpc::CallbackServerContext* ctx,
-                                                                 const v1::GetSweepSummaryRequest* req,
-                                                                 v1::GetSweepSummaryResponse* resp) {
-  return Unary(ctx, [&]() -> absl::Status {
-    CL_ASSIGN_OR_RETURN(*resp, sweeps_->Summary(*req));
-    return absl::OkStatus();
-  });
+                                                                 const grpc::ByteBuffer* in, grpc::ByteBuffer* out) {
+  return Unary<v1::GetSweepSummaryRequest, v1::GetSweepSummaryResponse>(
+      ctx, in, out, [&](const v1::GetSweepSummaryRequest& req, v1::GetSweepSummaryResponse* resp) -> absl::Status {
+        CL_ASSIGN_OR_RETURN(*resp, sweeps_->Summary(req));
+        return absl::OkStatus();
+      });
 }
 
 }  // namespace circuitlab::rpc

@@ -15,36 +15,49 @@
 
 namespace circuitlab::rpc {
 
-class ExperimentServiceImpl final : public v1::ExperimentService::CallbackService {
+// Every method raw: requests are parsed by ParseRequest (service_util.h).
+using RawExperimentService = v1::ExperimentService::WithRawCallbackMethod_SubmitRun<
+    v1::ExperimentService::WithRawCallbackMethod_GetRun<v1::ExperimentService::WithRawCallbackMethod_ListRuns<
+        v1::ExperimentService::WithRawCallbackMethod_CancelRun<v1::ExperimentService::WithRawCallbackMethod_GetMetrics<
+            v1::ExperimentService::WithRawCallbackMethod_SubmitSweep<
+                v1::ExperimentService::WithRawCallbackMethod_GetSweep<
+                    v1::ExperimentService::WithRawCallbackMethod_CancelSweep<
+                        v1::ExperimentService::WithRawCallbackMethod_GetSweepSummary<
+                            v1::ExperimentService::WithRawCallbackMethod_WatchRun<
+                                v1::ExperimentService::Service>>>>>>>>>>;
+
+class ExperimentServiceImpl final : public RawExperimentService {
  public:
   ExperimentServiceImpl(scheduler::Scheduler* core, scheduler::SweepCore* sweeps, std::string auth_token)
       : core_(core), sweeps_(sweeps), auth_token_(std::move(auth_token)) {}
 
-  grpc::ServerUnaryReactor* SubmitRun(grpc::CallbackServerContext* ctx, const v1::SubmitRunRequest* req,
-                                      v1::SubmitRunResponse* resp) override;
-  grpc::ServerUnaryReactor* GetRun(grpc::CallbackServerContext* ctx, const v1::GetRunRequest* req,
-                                   v1::Run* resp) override;
-  grpc::ServerUnaryReactor* ListRuns(grpc::CallbackServerContext* ctx, const v1::ListRunsRequest* req,
-                                     v1::ListRunsResponse* resp) override;
-  grpc::ServerUnaryReactor* CancelRun(grpc::CallbackServerContext* ctx, const v1::CancelRunRequest* req,
-                                      v1::Run* resp) override;
-  grpc::ServerUnaryReactor* GetMetrics(grpc::CallbackServerContext* ctx, const v1::GetMetricsRequest* req,
-                                       v1::GetMetricsResponse* resp) override;
-  grpc::ServerWriteReactor<v1::RunEvent>* WatchRun(grpc::CallbackServerContext* ctx,
-                                                   const v1::WatchRunRequest* req) override;
-  grpc::ServerUnaryReactor* SubmitSweep(grpc::CallbackServerContext* ctx, const v1::SubmitSweepRequest* req,
-                                        v1::Sweep* resp) override;
-  grpc::ServerUnaryReactor* GetSweep(grpc::CallbackServerContext* ctx, const v1::GetSweepRequest* req,
-                                     v1::Sweep* resp) override;
-  grpc::ServerUnaryReactor* CancelSweep(grpc::CallbackServerContext* ctx, const v1::CancelSweepRequest* req,
-                                        v1::Sweep* resp) override;
-  grpc::ServerUnaryReactor* GetSweepSummary(grpc::CallbackServerContext* ctx, const v1::GetSweepSummaryRequest* req,
-                                            v1::GetSweepSummaryResponse* resp) override;
+  grpc::ServerUnaryReactor* SubmitRun(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in,
+                                      grpc::ByteBuffer* out) override;
+  grpc::ServerUnaryReactor* GetRun(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in,
+                                   grpc::ByteBuffer* out) override;
+  grpc::ServerUnaryReactor* ListRuns(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in,
+                                     grpc::ByteBuffer* out) override;
+  grpc::ServerUnaryReactor* CancelRun(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in,
+                                      grpc::ByteBuffer* out) override;
+  grpc::ServerUnaryReactor* GetMetrics(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in,
+                                       grpc::ByteBuffer* out) override;
+  grpc::ServerUnaryReactor* SubmitSweep(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in,
+                                        grpc::ByteBuffer* out) override;
+  grpc::ServerUnaryReactor* GetSweep(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in,
+                                     grpc::ByteBuffer* out) override;
+  grpc::ServerUnaryReactor* CancelSweep(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in,
+                                        grpc::ByteBuffer* out) override;
+  grpc::ServerUnaryReactor* GetSweepSummary(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in,
+                                            grpc::ByteBuffer* out) override;
+  // A malformed request ends the stream with INVALID_ARGUMENT.
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* WatchRun(grpc::CallbackServerContext* ctx,
+                                                       const grpc::ByteBuffer* in) override;
 
  private:
-  template <typename Fn>
-  grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* ctx, Fn&& fn) {
-    return UnaryCall(ctx, auth_token_, std::forward<Fn>(fn));
+  template <typename Req, typename Resp, typename Fn>
+  grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in, grpc::ByteBuffer* out,
+                                  Fn&& fn) {
+    return UnaryCall<Req, Resp>(ctx, auth_token_, in, out, std::forward<Fn>(fn));
   }
 
   scheduler::Scheduler* const core_;

@@ -1,10 +1,63 @@
 #include "server/rpc/service_util.h"
 
+#include <google/protobuf/io/coded_stream.h>
+#include <google/protobuf/unknown_field_set.h>
+#include <grpcpp/support/proto_buffer_reader.h>
+
+#include "server/common/text.h"
+
 namespace circuitlab::rpc {
 
 grpc::Status ToGrpcStatus(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), Clip(std::string(status.message()), kMaxStatusMessage));
+}
+
+std::string FirstUnknownField(const google::protobuf::Message& m, const std::string& path) {
+  const google::protobuf::Reflection* r = m.GetReflection();
+  const google::protobuf::UnknownFieldSet& unknown = r->GetUnknownFields(m);
+  if (!unknown.empty()) {
+    return "field " + std::to_string(unknown.field(0).number()) + (path.empty() ? "" : " of " + path);
+  }
+  std::vector<const google::protobuf::FieldDescriptor*> fields;
+  r->ListFields(m, &fields);
+  for (const google::protobuf::FieldDescriptor* f : fields) {
+    if (f->cpp_type() != google::protobuf::FieldDescriptor::CPPTYPE_MESSAGE) continue;
+    const std::string sub = path.empty() ? f->name() : path + "." + f->name();
+    if (f->is_repeated()) {
+      for (int i = 0; i < r->FieldSize(m, f); ++i) {
+        std::string found = FirstUnknownField(r->GetRepeatedMessage(m, f, i), sub + "[" + std::to_string(i) + "]");
+        if (!found.empty()) return found;
+      }
+    } else if (std::string found = FirstUnknownField(r->GetMessage(m, f), sub); !found.empty()) {
+      return found;
+    }
+  }
+  return "";
+}
+
+absl::Status ParseRequest(const grpc::ByteBuffer& in, google::protobuf::Message* req) {
+  grpc::ProtoBufferReader reader(const_cast<grpc::ByteBuffer*>(&in));
+  google::protobuf::io::CodedInputStream stream(&reader);
+  if (!req->ParseFromCodedStream(&stream) || !stream.ConsumedEntireMessage()) {
+    return absl::InvalidArgumentError("the request is not a valid " + req->GetDescriptor()->full_name() +
+                                      " message (truncated, malformed, or a string field holding invalid UTF-8)");
+  }
+  if (const std::string unknown = FirstUnknownField(*req); !unknown.empty()) {
+    return absl::InvalidArgumentError("the request holds " + unknown + ", unknown to this server's " +
+                                      req->GetDescriptor()->full_name() + " (a newer client? upgrade the server)");
+  }
+  return absl::OkStatus();
+}
+
+grpc::Status WriteResponse(const google::protobuf::Message& resp, grpc::ByteBuffer* out) {
+  std::string bytes;
+  if (!resp.SerializeToString(&bytes)) {
+    return grpc::Status(grpc::StatusCode::INTERNAL, "cannot serialize the " + resp.GetDescriptor()->full_name());
+  }
+  grpc::Slice slice(std::move(bytes));
+  *out = grpc::ByteBuffer(&slice, 1);
+  return grpc::Status::OK;
 }
 
 absl::Status CheckAuth(const grpc::CallbackServerContext* ctx, const std::string& token) {
@@ -14,8 +67,9 @@ absl::Status CheckAuth(const grpc::CallbackServerContext* ctx, const std::string
   if (it != md.end() && std::string(it->second.data(), it->second.size()) == "Bearer " + token) {
     return absl::OkStatus();
   }
-  return absl::UnauthenticatedError("this server requires 'authorization: Bearer <token>' metadata "
-                                    "(circuitlab --token-file FILE)");
+  return absl::UnauthenticatedError(
+      "this server requires 'authorization: Bearer <token>' metadata "
+      "(circuitlab --token-file FILE)");
 }
 
 std::string ClientOf(const grpc::CallbackServerContext* ctx) {

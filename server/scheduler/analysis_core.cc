@@ -43,6 +43,12 @@ absl::StatusOr<AnalysisAnswer> AnalysisCore::Enqueue(const std::string& kind, in
 
 absl::StatusOr<std::pair<v1::ExperimentSpec, store::Checkpoint>> AnalysisCore::RunCheckpoint(
     int64_t id, uint64_t step, const std::string& run_id) {
+  // Beyond int64 a step would wrap to "the newest".
+  constexpr uint64_t kMaxStep = uint64_t{1} << 62;
+  if (step > kMaxStep) {
+    return absl::InvalidArgumentError("step must be in [0, 2^62] (0 = the newest checkpoint), got " +
+                                      std::to_string(step));
+  }
   CL_ASSIGN_OR_RETURN(store::RunRow row, store_->GetRun(id));
   v1::ExperimentSpec spec;
   if (!spec.ParseFromString(row.spec)) return absl::DataLossError("stored spec of " + run_id + " does not parse");

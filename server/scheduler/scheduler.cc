@@ -7,7 +7,9 @@
 #include <algorithm>
 #include <cctype>
 
+#include "absl/strings/str_join.h"
 #include "server/common/status_macros.h"
+#include "server/common/text.h"
 
 namespace circuitlab::scheduler {
 namespace {
@@ -50,11 +52,11 @@ absl::StatusOr<int64_t> ParseId(const std::string& text, const std::string& fiel
   if (!digits.empty() && std::tolower(static_cast<unsigned char>(digits[0])) == prefix) digits.erase(0, 1);
   if (digits.empty() || digits.size() > 18 ||
       !std::all_of(digits.begin(), digits.end(), [](unsigned char c) { return std::isdigit(c); })) {
-    return absl::InvalidArgumentError(field + " must look like " + prefix + "<number> (e.g. " + prefix + "17), got '" +
-                                      text + "'");
+    return absl::InvalidArgumentError(field + " must look like " + prefix + "<number> (e.g. " + prefix + "17), got " +
+                                      Quote(text));
   }
   const int64_t id = std::stoll(digits);
-  if (id <= 0) return absl::InvalidArgumentError(field + " must be positive, got '" + text + "'");
+  if (id <= 0) return absl::InvalidArgumentError(field + " must be positive, got " + Quote(text));
   return id;
 }
 
@@ -305,7 +307,8 @@ absl::StatusOr<v1::Run> Scheduler::Submit(v1::ExperimentSpec spec, const std::st
   }
   if (!inserted.ok()) return inserted.status();
   const int64_t id = *inserted;
-  spdlog::info("submitted {} ({}, {} steps) from {}", FormatRunId(id), row.name, row.total_steps, client);
+  spdlog::info("submitted {} ({}, {} steps) from {}", FormatRunId(id), EscapeControl(row.name), row.total_steps,
+               EscapeControl(client));
   // The answer is the run as submitted (QUEUED), built before a worker can
   // take it.
   absl::StatusOr<v1::Run> run = Submitted(row, id);
@@ -335,7 +338,8 @@ absl::StatusOr<std::pair<int64_t, std::vector<int64_t>>> Scheduler::SubmitSweep(
     }
   }
   if (!inserted.ok()) return inserted.status();
-  spdlog::info("submitted sweep {} ({}, {} runs) from {}", FormatSweepId(inserted->first), sweep.name, count, client);
+  spdlog::info("submitted sweep {} ({}, {} runs) from {}", FormatSweepId(inserted->first), EscapeControl(sweep.name),
+               count, EscapeControl(client));
   work_cv_.notify_all();
   return inserted;
 }
@@ -357,6 +361,7 @@ absl::StatusOr<v1::Run> Scheduler::ToRun(const store::RunRow& row) {
   run.set_attempts(static_cast<uint32_t>(row.attempts));
   run.set_checkpoint_step(static_cast<uint64_t>(row.checkpoint_step));
   if (row.sweep_id > 0) run.set_sweep_id(FormatSweepId(row.sweep_id));
+  run.set_warning(row.warning);
   v1::Progress* p = run.mutable_progress();
   p->set_step(static_cast<uint64_t>(row.step));
   p->set_total_steps(static_cast<uint64_t>(row.total_steps));
@@ -577,10 +582,22 @@ std::optional<engine::TrainRequest> Scheduler::StartRun(const Slot& dev, int64_t
     spdlog::error("{} could not start: {}", FormatRunId(id), s.ToString());
     return std::nullopt;
   }
-  absl::StatusOr<std::optional<store::Checkpoint>> ckpt = store_->LatestCheckpoint(id);
+  // A damaged newest checkpoint (a torn write, a bad disk) is passed over
+  // for the newest intact one, or step 0; the run says so (Run.warning).
+  std::vector<std::string> skipped;
+  absl::StatusOr<std::optional<store::Checkpoint>> ckpt = store_->LatestIntactCheckpoint(id, &skipped);
   if (!ckpt.ok()) {
     FailRun(id, ckpt.status());
     return std::nullopt;
+  }
+  if (!skipped.empty()) {
+    const std::string warning =
+        "resumed from " + (*ckpt ? "the checkpoint at step " + std::to_string((*ckpt)->step) : std::string("step 0")) +
+        ", passing over damaged checkpoints (" + absl::StrJoin(skipped, "; ") + ")";
+    spdlog::warn("{}: {}", FormatRunId(id), warning);
+    if (absl::Status s = store_->SetRunWarning(id, warning); !s.ok()) {
+      spdlog::error("{}: cannot record the warning: {}", FormatRunId(id), s.ToString());
+    }
   }
   {
     std::lock_guard<std::mutex> lock(mu_);

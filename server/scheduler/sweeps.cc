@@ -14,6 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "server/common/seeds.h"
 #include "server/common/status_macros.h"
+#include "server/common/text.h"
 
 namespace circuitlab::scheduler {
 namespace {
@@ -175,8 +176,9 @@ absl::StatusOr<Column> ParseColumn(const std::string& text, const std::string& f
   Column c;
   c.name = text;
   if (text.empty() || text.size() > 256) {
-    return absl::InvalidArgumentError(field + " must have 1 to 256 characters");
+    return absl::InvalidArgumentError(field + " must have 1 to 256 characters, got " + std::to_string(text.size()));
   }
+  if (HasControl(text)) return absl::InvalidArgumentError(field + " must not hold control characters");
   if (text == "circuit") {
     c.kind = Column::kCircuit;
   } else if (text == "pair") {
@@ -186,12 +188,16 @@ absl::StatusOr<Column> ParseColumn(const std::string& text, const std::string& f
   } else if (text.rfind("coord:", 0) == 0) {
     c.kind = Column::kCoordinate;
     c.target = text.substr(6);
+    if (c.target.empty()) {
+      return absl::InvalidArgumentError(field + " 'coord:' names no coordinate (coord:<label or alpha, beta, gamma, "
+                                        "delta>)");
+    }
   } else if (text.rfind("first:", 0) == 0) {
     c.kind = Column::kFirstStep;
     const std::string rest = text.substr(6);
     const size_t ge = rest.rfind(">=");
     if (ge == std::string::npos || ge == 0) {
-      return absl::InvalidArgumentError(field + " '" + text + "' must read first:<metric>>=<value>");
+      return absl::InvalidArgumentError(field + " " + Quote(text) + " must read first:<metric>>=<value>");
     }
     c.target = rest.substr(0, ge);
     try {
@@ -199,7 +205,8 @@ absl::StatusOr<Column> ParseColumn(const std::string& text, const std::string& f
       c.threshold = std::stod(rest.substr(ge + 2), &used);
       if (used != rest.size() - ge - 2) throw std::invalid_argument("trailing");
     } catch (const std::exception&) {
-      return absl::InvalidArgumentError(field + " '" + text + "': '" + rest.substr(ge + 2) + "' is not a number");
+      return absl::InvalidArgumentError(field + " " + Quote(text) + ": " + Quote(rest.substr(ge + 2)) +
+                                        " is not a number");
     }
   } else {
     c.target = text;
@@ -395,7 +402,7 @@ absl::Status BuildPivot(const v1::SweepPivot& p, const std::vector<std::string>&
   CL_RETURN_IF_ERROR(KnownColumn(p.y(), "pivot.y", axes, columns));
   const std::string agg = p.aggregate().empty() ? "mean" : p.aggregate();
   if (agg != "mean" && agg != "min" && agg != "max" && agg != "count") {
-    return absl::InvalidArgumentError("pivot.aggregate must be mean, min, max or count, got '" + agg + "'");
+    return absl::InvalidArgumentError("pivot.aggregate must be mean, min, max or count, got " + Quote(agg));
   }
   if (agg != "count") CL_RETURN_IF_ERROR(KnownColumn(p.value(), "pivot.value", axes, columns));
   v1::PivotTable* t = out->mutable_pivot();
@@ -448,7 +455,8 @@ absl::StatusOr<std::vector<SweepMember>> ExpandSweep(const v1::SweepSpec& sweep,
     const std::string field = AxisField(i);
     if (a.field().empty()) return absl::InvalidArgumentError(field + ".field must name a spec field, e.g. \"seed\"");
     if (!seen.insert(names[i]).second) {
-      return absl::InvalidArgumentError(field + ".name '" + names[i] + "' is used by another axis; give each a name");
+      return absl::InvalidArgumentError(field + ".name " + Quote(names[i]) +
+                                        " is used by another axis; give each a name");
     }
     const bool has_range = a.has_range();
     if (has_range == (a.values_size() > 0)) {
@@ -468,6 +476,12 @@ absl::StatusOr<std::vector<SweepMember>> ExpandSweep(const v1::SweepSpec& sweep,
       if (k != Value::kNumberValue && k != Value::kStringValue && k != Value::kBoolValue) {
         return absl::InvalidArgumentError(field + ".values[" + std::to_string(j) +
                                           "] must be a number, a string or a boolean");
+      }
+      // JSON has no NaN or infinity; a binary request can carry them, and a
+      // member would silently train with the field's default.
+      if (k == Value::kNumberValue && !std::isfinite(a.values(j).number_value())) {
+        return absl::InvalidArgumentError(field + ".values[" + std::to_string(j) + "] must be a finite number, got " +
+                                          std::to_string(a.values(j).number_value()));
       }
     }
     if (has_range) {
@@ -563,6 +577,9 @@ absl::StatusOr<v1::Sweep> SweepCore::Submit(const v1::SweepSpec& sweep, const st
   if (sweep.name().size() > 256) {
     return absl::InvalidArgumentError("sweep.name must have at most 256 characters, got " +
                                       std::to_string(sweep.name().size()));
+  }
+  if (HasControl(sweep.name())) {
+    return absl::InvalidArgumentError("sweep.name must not contain control characters, got " + Quote(sweep.name()));
   }
   CL_ASSIGN_OR_RETURN(std::vector<SweepMember> members, ExpandSweep(sweep, max_sweep_runs_));
   if (members.empty()) return absl::InvalidArgumentError("the sweep has no members");

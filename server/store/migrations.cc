@@ -137,6 +137,10 @@ ALTER TABLE runs ADD COLUMN sweep_id INTEGER REFERENCES sweeps(id);
 ALTER TABLE runs ADD COLUMN sweep_values TEXT NOT NULL DEFAULT '';
 CREATE INDEX runs_by_sweep ON runs(sweep_id, id) WHERE sweep_id IS NOT NULL;
 )sql",
+    // 5: what the server worked around for a run (a damaged checkpoint).
+    R"sql(
+ALTER TABLE runs ADD COLUMN warning TEXT NOT NULL DEFAULT '';
+)sql",
 };
 
 constexpr int kLatest = static_cast<int>(sizeof(kMigrations) / sizeof(kMigrations[0]));

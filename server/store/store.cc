@@ -95,6 +95,16 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
   return ss.str();
 }
 
+// The file of a checkpoint row under data directory `dir`. Rows hold paths
+// relative to it; rows written before that hold absolute paths, which are
+// taken from their "checkpoints/" part on so that a moved directory still
+// finds its files.
+std::string CheckpointFile(const std::string& dir, const std::string& path) {
+  if (path.empty() || path[0] != '/') return dir + "/" + path;
+  const size_t at = path.rfind("/checkpoints/r");
+  return at == std::string::npos ? path : dir + path.substr(at);
+}
+
 RunRow ReadRunRow(Statement& st) {
   RunRow r;
   r.id = st.ColumnInt(0);
@@ -115,12 +125,13 @@ RunRow ReadRunRow(Statement& st) {
   r.client = st.ColumnText(15);
   r.sweep_id = st.ColumnInt(16);
   r.sweep_values = st.ColumnText(17);
+  r.warning = st.ColumnText(18);
   return r;
 }
 
 constexpr const char* kRunColumns =
     "id, name, spec, state, priority, device_request, created_at, started_at, finished_at, device, error, "
-    "step, total_steps, attempts, checkpoint_step, client, ifnull(sweep_id, 0), sweep_values";
+    "step, total_steps, attempts, checkpoint_step, client, ifnull(sweep_id, 0), sweep_values, warning";
 
 absl::Status LoadTags(Connection& conn, RunRow& row) {
   CL_ASSIGN_OR_RETURN(Statement st, conn.Prepare("SELECT tag FROM run_tags WHERE run_id = ? ORDER BY tag"));
@@ -570,14 +581,17 @@ void Store::AppendMetrics(int64_t run_id, std::vector<MetricPoint> points) {
 }
 
 absl::Status Store::PutCheckpoint(int64_t run_id, int64_t step, const std::string& bytes, int keep) {
-  const std::string dir = impl_->dir() + "/checkpoints/r" + std::to_string(run_id);
+  // Rows hold the path relative to the data directory, so the directory can
+  // move (a container volume mounted elsewhere, a restored backup).
+  const std::string relative_dir = "checkpoints/r" + std::to_string(run_id);
+  const std::string dir = impl_->dir() + "/" + relative_dir;
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) return absl::PermissionDeniedError("cannot create " + dir + ": " + ec.message());
   char name[64];
   std::snprintf(name, sizeof(name), "/step-%012lld.ckpt", static_cast<long long>(step));
-  const std::string path = dir + name;
-  CL_RETURN_IF_ERROR(WriteFileAtomically(path, bytes));
+  const std::string path = relative_dir + name;
+  CL_RETURN_IF_ERROR(WriteFileAtomically(impl_->dir() + "/" + path, bytes));
   const int64_t checksum = Checksum(bytes);
   const int64_t now = Clock::Real()->NowMicros();
   std::vector<std::string> doomed;
@@ -612,7 +626,7 @@ absl::Status Store::PutCheckpoint(int64_t run_id, int64_t step, const std::strin
     return absl::OkStatus();
   }));
   // Files go only after the rows that pointed at them are gone.
-  for (const std::string& p : doomed) fs::remove(p, ec);
+  for (const std::string& p : doomed) fs::remove(CheckpointFile(impl_->dir(), p), ec);
   return absl::OkStatus();
 }
 
@@ -758,11 +772,36 @@ absl::StatusOr<std::optional<Checkpoint>> Store::CheckpointAt(int64_t run_id, in
     size = st.ColumnInt(2);
     checksum = st.ColumnInt(3);
   }
-  CL_ASSIGN_OR_RETURN(std::string bytes, ReadFile(path));
+  CL_ASSIGN_OR_RETURN(std::string bytes, ReadFile(CheckpointFile(impl_->dir(), path)));
   if (static_cast<int64_t>(bytes.size()) != size || Checksum(bytes) != checksum) {
-    return absl::DataLossError("checkpoint " + path + " does not match its checksum");
+    return absl::DataLossError("checkpoint " + path + " does not match its checksum (" + std::to_string(bytes.size()) +
+                               " of " + std::to_string(size) + " bytes)");
   }
   return std::optional<Checkpoint>(Checkpoint{step, std::move(bytes)});
+}
+
+absl::StatusOr<std::optional<Checkpoint>> Store::LatestIntactCheckpoint(int64_t run_id,
+                                                                       std::vector<std::string>* skipped) {
+  CL_ASSIGN_OR_RETURN(std::vector<int64_t> steps, CheckpointSteps(run_id));
+  for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
+    absl::StatusOr<std::optional<Checkpoint>> c = CheckpointAt(run_id, *it);
+    if (c.ok() && *c) return c;
+    if (c.ok() || c.status().code() == absl::StatusCode::kDataLoss) {
+      skipped->push_back("step " + std::to_string(*it) + ": " +
+                         (c.ok() ? std::string("gone") : std::string(c.status().message())));
+      continue;
+    }
+    return c.status();  // the database itself failed
+  }
+  return std::optional<Checkpoint>();
+}
+
+absl::Status Store::SetRunWarning(int64_t run_id, const std::string& warning) {
+  return impl_->Write([&](Connection& c) -> absl::Status {
+    CL_ASSIGN_OR_RETURN(Statement st, c.Prepare("UPDATE runs SET warning = ? WHERE id = ?"));
+    st.Bind(1, warning).Bind(2, run_id);
+    return st.Run();
+  });
 }
 
 absl::StatusOr<std::vector<int64_t>> Store::CheckpointSteps(int64_t run_id) {

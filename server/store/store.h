@@ -82,6 +82,7 @@ struct RunRow {
   std::string client;
   int64_t sweep_id = 0;
   std::string sweep_values;
+  std::string warning;
 };
 
 struct NewSweep {
@@ -238,6 +239,12 @@ class Store {
   // The newest checkpoint, verified against its checksum (DataLoss if it does
   // not match); nullopt when the run has none.
   absl::StatusOr<std::optional<Checkpoint>> LatestCheckpoint(int64_t run_id);
+  // The newest checkpoint whose file is present and matches its checksum;
+  // each damaged newer one is described in `skipped` (its step and why).
+  // Nothing (start from step 0) when none is intact.
+  absl::StatusOr<std::optional<Checkpoint>> LatestIntactCheckpoint(int64_t run_id, std::vector<std::string>* skipped);
+  // Records what the server worked around for a run (Run.warning).
+  absl::Status SetRunWarning(int64_t run_id, const std::string& warning);
   // The checkpoint at exactly `step` (verified); nullopt when there is none.
   absl::StatusOr<std::optional<Checkpoint>> CheckpointAt(int64_t run_id, int64_t step);
   // Steps that have checkpoints, ascending.

@@ -16,8 +16,9 @@ namespace {
 // installs the job's token on its worker thread, as for the real engine).
 class GatedAnalyzer : public UnimplementedAnalyzer {
  public:
-  absl::StatusOr<engine::InterveneReport> Intervene(const v1::ExperimentSpec&, const std::string&,
-                                                    const engine::InterveneRequest&) override {
+  absl::StatusOr<v1::InterveneResponse> Intervene(const v1::ExperimentSpec&, const std::string&,
+                                                  const v1::InterveneRequest&,
+                                                  const std::map<int, engine::StoredCheckpoint>&) override {
     ++started;
     while (!ThreadCancelToken()->stop_requested()) std::this_thread::sleep_for(std::chrono::milliseconds(2));
     return absl::CancelledError("stopped");

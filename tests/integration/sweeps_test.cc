@@ -80,6 +80,11 @@ TEST(IntegrationTest, SweepExpandsFiltersPivotsAndCancels) {
     auto bad = c.GetSweepSummary(only_pivot);
     EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_NE(bad.status().message().find("pivot.value"), std::string::npos) << bad.status();
+    // A coordinate column names a coordinate (issue 14 item 6).
+    only_pivot.mutable_pivot()->set_value("coord:");
+    bad = c.GetSweepSummary(only_pivot);
+    EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(bad.status().message().find("'coord:' names no coordinate"), std::string::npos) << bad.status();
   }
   req.clear_pivot();
   req.add_filters("lr>=1");

@@ -8,7 +8,7 @@
 #include <map>
 #include <set>
 
-#include "server/engine/analysis/circuits.h"
+#include "server/engine/analysis/imir_analyses.h"
 #include "server/engine/spec.h"
 #include "server/engine/train/trainer.h"
 #include "tests/test_util/engine_util.h"
@@ -38,18 +38,47 @@ std::string TrainedMinimalIcl(v1::ExperimentSpec* spec_out) {
   return trainer.SaveCheckpoint();
 }
 
+// D.1's defaults, as the scheduler resolves them (analyses/detect_circuit.cc).
+v1::DetectCircuitRequest DetectDefaults(uint64_t seed) {
+  v1::DetectCircuitRequest req;
+  req.set_n_eval(2048);
+  req.set_metric("accuracy");
+  req.set_tolerance(0.01);
+  req.set_order("magnitude_asc");
+  req.set_prepass_eps(1e-3);
+  req.set_max_passes(3);
+  req.set_selection(v1::BASIS_SELECTION_PAPER);
+  req.set_max_evals(5000);
+  req.set_seed(seed);
+  return req;
+}
+
 // D.1 with its defaults on `ckpt`, the summary printed.
-absl::StatusOr<DetectReport> DetectAndPrint(const v1::ExperimentSpec& spec, const std::string& ckpt) {
-  DetectRequest req;
-  req.seed = spec.seed();
-  absl::StatusOr<DetectReport> r = DetectCircuitImpl(spec, ckpt, req, {}, nullptr);
+absl::StatusOr<v1::DetectCircuitResponse> DetectAndPrint(const v1::ExperimentSpec& spec, const std::string& ckpt) {
+  absl::StatusOr<v1::DetectCircuitResponse> r = ImirDetectCircuit(spec, ckpt, DetectDefaults(spec.seed()), {}, nullptr);
   if (r.ok()) {
-    std::printf("eval %s: dense %.4f ref %.4f circuit %.4f, %zu of %lld kept, %lld evaluations, template '%s'\n",
-                r->eval_set.c_str(), r->m_dense, r->m_ref, r->m_circuit, r->circuit.size(),
-                static_cast<long long>(r->candidates), static_cast<long long>(r->evaluations),
-                r->template_name.c_str());
+    std::printf("eval %s: dense %.4f ref %.4f circuit %.4f, %d of %u kept, %u evaluations, template '%s'\n",
+                r->eval_set().c_str(), r->m_dense(), r->m_ref(), r->m_circuit(), r->circuit_size(), r->candidates(),
+                r->evaluations(), r->template_name().c_str());
   }
   return r;
+}
+
+// An Intervene request of one op on `eval_set`, as the scheduler resolves it.
+v1::InterveneRequest OneOp(const v1::Intervention& op, const std::string& eval_set, uint64_t seed) {
+  v1::InterveneRequest iv;
+  iv.set_n_eval(2048);
+  iv.set_seed(seed);
+  iv.set_selection(v1::BASIS_SELECTION_PAPER);
+  iv.add_eval_sets(eval_set);
+  *iv.add_interventions() = op;
+  return iv;
+}
+
+v1::LabelRunRequest LabelDefaults() {
+  v1::LabelRunRequest req;
+  req.set_n_eval(1024);
+  return req;
 }
 
 // Measured (seed 1, trained to step 275, 17 s): m_dense = m_ref = m(K*) =
@@ -62,43 +91,41 @@ absl::StatusOr<DetectReport> DetectAndPrint(const v1::ExperimentSpec& spec, cons
 TEST(CircuitScienceTest, DetectionRecoversTheInductionHeadOfTheMinimalIclModel) {
   v1::ExperimentSpec spec;
   const std::string ckpt = TrainedMinimalIcl(&spec);
-  absl::StatusOr<DetectReport> r = DetectAndPrint(spec, ckpt);
+  absl::StatusOr<v1::DetectCircuitResponse> r = DetectAndPrint(spec, ckpt);
   ASSERT_TRUE(r.ok()) << r.status();
   std::set<std::string> kept;
-  for (const CircuitMember& m : r->circuit) {
-    std::printf("  %-24s %-6s %-9s value %8.4f necessity %.4f\n", m.def.label.c_str(), m.def.canonical.c_str(),
-                m.role.c_str(), m.value, m.necessity);
-    if (!m.def.canonical.empty()) kept.insert(m.def.canonical);
+  for (const v1::CircuitCoordinate& m : r->circuit()) {
+    std::printf("  %-24s %-6s %-9s value %8.4f necessity %.4f\n", m.coordinate().label().c_str(),
+                m.coordinate().canonical().c_str(), m.role().c_str(), m.coordinate().value(), m.necessity());
+    if (!m.coordinate().canonical().empty()) kept.insert(m.coordinate().canonical());
   }
-  EXPECT_EQ(r->template_name, "induction_head");
-  EXPECT_EQ(r->template_layers, (std::vector<int>{1, 2}));
+  EXPECT_EQ(r->template_name(), "induction_head");
+  EXPECT_EQ(std::vector<uint32_t>(r->template_layers().begin(), r->template_layers().end()),
+            (std::vector<uint32_t>{1, 2}));
   for (const char* name : {"alpha", "beta", "gamma"}) EXPECT_TRUE(kept.count(name)) << name;
-  EXPECT_LE(r->circuit.size(), 6u);
-  EXPECT_GE(r->m_circuit, r->m_ref - DetectRequest{}.tolerance);
-  EXPECT_GE(r->m_ref, 0.95);
-  EXPECT_FALSE(r->projection_not_faithful);
+  EXPECT_LE(r->circuit_size(), 6);
+  EXPECT_GE(r->m_circuit(), r->m_ref() - DetectDefaults(1).tolerance());
+  EXPECT_GE(r->m_ref(), 0.95);
+  EXPECT_FALSE(r->projection_not_faithful());
 
   // Interventions (D.6): zeroing beta or ablating the layer-1 head removes
   // in-context recall; scaling gamma by 1 changes nothing.
-  InterveneRequest iv;
-  iv.seed = spec.seed();
-  iv.eval_sets = {r->eval_set};
-  InterventionOp op;
-  op.kind = InterventionOp::Kind::kZero;
-  op.coordinates = {"beta"};
-  iv.ops = {op};
-  absl::StatusOr<InterveneReport> zero_beta = InterveneImpl(spec, ckpt, iv);
+  v1::Intervention op;
+  op.set_op(v1::Intervention::OP_ZERO_COORDINATE);
+  op.add_coordinates("beta");
+  absl::StatusOr<v1::InterveneResponse> zero_beta =
+      ImirIntervene(spec, ckpt, OneOp(op, r->eval_set(), spec.seed()), {});
   ASSERT_TRUE(zero_beta.ok()) << zero_beta.status();
-  InterventionOp head;
-  head.kind = InterventionOp::Kind::kAblateHead;
-  head.layer = 1;
-  iv.ops = {head};
-  absl::StatusOr<InterveneReport> no_head = InterveneImpl(spec, ckpt, iv);
+  v1::Intervention head;
+  head.set_op(v1::Intervention::OP_ABLATE_HEAD);
+  head.set_layer(1);
+  absl::StatusOr<v1::InterveneResponse> no_head =
+      ImirIntervene(spec, ckpt, OneOp(head, r->eval_set(), spec.seed()), {});
   ASSERT_TRUE(no_head.ok()) << no_head.status();
   std::printf("accuracy clean %.4f, beta zeroed %.4f, layer-1 head ablated %.4f\n",
-              zero_beta->effects[0].accuracy_clean, zero_beta->effects[0].accuracy, no_head->effects[0].accuracy);
-  EXPECT_LE(zero_beta->effects[0].accuracy, 0.5);
-  EXPECT_LE(no_head->effects[0].accuracy, 0.5);
+              zero_beta->effects(0).accuracy_clean(), zero_beta->effects(0).accuracy(), no_head->effects(0).accuracy());
+  EXPECT_LE(zero_beta->effects(0).accuracy(), 0.5);
+  EXPECT_LE(no_head->effects(0).accuracy(), 0.5);
 }
 
 }  // namespace
@@ -136,10 +163,10 @@ TicketRun TrainTicket(const std::string& model_json) {
     if (run.icl_rare >= 0.95) break;
   }
   run.stopped = trainer.step();
-  absl::StatusOr<LabelReport> label =
-      LabelRunImpl(spec, {{trainer.step(), trainer.SaveCheckpoint()}}, LabelRequest{1024, spec.seed()}, {}, nullptr);
+  absl::StatusOr<v1::LabelRunResponse> label =
+      ImirLabelRun(spec, {{trainer.step(), trainer.SaveCheckpoint()}}, LabelDefaults(), {}, nullptr);
   EXPECT_TRUE(label.ok()) << label.status();
-  run.label = label.ok() ? label->label : "";
+  run.label = label.ok() ? label->label() : "";
   return run;
 }
 
@@ -222,27 +249,30 @@ TEST(CircuitScienceTest, DetectionRecoversTheTwoHopCircuit) {
   }
   std::printf("trained to step %lld, test accuracy %.4f\n", static_cast<long long>(trainer.step()), accuracy);
   ASSERT_GE(accuracy, 0.9) << "E.10 is inconclusive: 2-hop accuracy below 0.9 after 1500 steps";
-  absl::StatusOr<DetectReport> r = DetectAndPrint(spec, trainer.SaveCheckpoint());
+  absl::StatusOr<v1::DetectCircuitResponse> r = DetectAndPrint(spec, trainer.SaveCheckpoint());
   ASSERT_TRUE(r.ok()) << r.status();
   std::set<std::string> kept;
-  for (const CircuitMember& m : r->circuit) {
-    std::printf("  %-30s %-9s value %8.4f necessity %.4f", m.def.label.c_str(), m.role.c_str(), m.value, m.necessity);
-    for (double d : m.irrelevant_mass_delta) std::printf(" %+.3f", d);
+  for (const v1::CircuitCoordinate& m : r->circuit()) {
+    const v1::Coordinate& def = m.coordinate();
+    std::printf("  %-30s %-9s value %8.4f necessity %.4f", def.label().c_str(), m.role().c_str(), def.value(),
+                m.necessity());
+    for (double d : m.irrelevant_mass_delta()) std::printf(" %+.3f", d);
     std::printf("\n");
-    kept.insert(m.def.label);
-    if (m.role == "aiding" && m.def.layer > 0) {
-      ASSERT_GE(m.irrelevant_mass_delta.size(), static_cast<size_t>(m.def.layer));
-      EXPECT_GT(m.irrelevant_mass_delta[static_cast<size_t>(m.def.layer - 1)], 0.0) << m.def.label;
+    kept.insert(def.label());
+    if (m.role() == "aiding" && def.layer() > 0) {
+      ASSERT_GE(m.irrelevant_mass_delta_size(), static_cast<int>(def.layer()));
+      EXPECT_GT(m.irrelevant_mass_delta(static_cast<int>(def.layer()) - 1), 0.0) << def.label();
     }
   }
-  EXPECT_EQ(r->template_name, "two_hop_chain");
-  EXPECT_EQ(r->template_layers, (std::vector<int>{1, 2, 3}));
+  EXPECT_EQ(r->template_name(), "two_hop_chain");
+  EXPECT_EQ(std::vector<uint32_t>(r->template_layers().begin(), r->template_layers().end()),
+            (std::vector<uint32_t>{1, 2, 3}));
   for (const char* label : {"L1H1:[∅→∅]:S_1", "L2H1:[∅→(1,0,0)]:I_t", "L3H1:[(0,1,0)→(1,0,0)]:I_t",
                             "OUT:[(0,0,1)]:I"}) {
     EXPECT_TRUE(kept.count(label)) << label;
   }
-  EXPECT_LE(r->circuit.size(), 12u);
-  EXPECT_GE(r->m_circuit, r->m_ref - 0.01);
+  EXPECT_LE(r->circuit_size(), 12);
+  EXPECT_GE(r->m_circuit(), r->m_ref() - 0.01);
 }
 
 }  // namespace
@@ -294,12 +324,14 @@ Cell TrainCell(double a, double b, const std::string& extra = "", double extra_v
     if (cell.icl_rare >= 0.95) break;
   }
   cell.stopped = trainer.step();
-  absl::StatusOr<LabelReport> label =
-      LabelRunImpl(spec, {{trainer.step(), trainer.SaveCheckpoint()}}, LabelRequest{1024, spec.seed()}, {}, nullptr);
+  v1::LabelRunRequest request;
+  request.set_n_eval(1024);
+  absl::StatusOr<v1::LabelRunResponse> label =
+      ImirLabelRun(spec, {{trainer.step(), trainer.SaveCheckpoint()}}, request, {}, nullptr);
   EXPECT_TRUE(label.ok()) << label.status();
   if (label.ok()) {
-    cell.pair = label->pair;
-    cell.predicted = label->pair_predicted;
+    cell.pair = label->pair();
+    cell.predicted = label->pair_predicted();
   }
   return cell;
 }

@@ -20,9 +20,9 @@ struct Measured {
   double id_to_retrieval = 0, id_to_ridge = 0, mix_log_ratio = 0;
 };
 
-double Row(const TaskVectorReport& r, const std::string& name) {
-  for (const TaskVectorRow& row : r.rows) {
-    if (row.name == name) return row.value;
+double Row(const v1::AnalyzeTaskVectorsResponse& r, const std::string& name) {
+  for (const v1::TaskVectorValue& row : r.values()) {
+    if (row.name() == name) return row.value();
   }
   ADD_FAILURE() << "no row " << name;
   return std::nan("");
@@ -40,11 +40,12 @@ Measured Train(int diversity, uint64_t seed) {
   while (trainer.step() < 1000) trainer.Step(false);
   const std::vector<Metric> eval = trainer.Evaluate()[0];
   for (torch::Tensor p : trainer.model().parameters()) p.requires_grad_(false);
-  TaskVectorRequest r;
-  r.p0 = r.p1 = r.p2 = r.p3 = r.steering = r.ood_r2 = false;
-  r.kl_samples = 512;
-  r.seed = seed;
-  absl::StatusOr<TaskVectorReport> rep = RunRegressionAnalyses(trainer.model(), trainer.task(0), r, {}, nullptr);
+  v1::AnalyzeTaskVectorsRequest r = testing::TaskVectorDefaults();
+  r.add_analyses("kl");
+  r.set_kl_samples(512);
+  r.set_seed(seed);
+  absl::StatusOr<v1::AnalyzeTaskVectorsResponse> rep =
+      RunRegressionAnalyses(trainer.model(), trainer.task(0), r, {}, nullptr);
   EXPECT_TRUE(rep.ok()) << rep.status();
   Measured m;
   if (rep.ok()) {

@@ -59,9 +59,12 @@ const Fixture& GetFixture(int diversity, int d_model, int steps, const std::stri
   return *slot;
 }
 
+using TaskVectorRequest = v1::AnalyzeTaskVectorsRequest;
+using TaskVectorReport = v1::AnalyzeTaskVectorsResponse;
+
 double Row(const TaskVectorReport& r, const std::string& name, int layer, int64_t position = -1) {
-  for (const TaskVectorRow& row : r.rows) {
-    if (row.name == name && row.layer == layer && row.position == position) return row.value;
+  for (const v1::TaskVectorValue& row : r.values()) {
+    if (row.name() == name && row.layer() == layer && row.position() == position) return row.value();
   }
   ADD_FAILURE() << "no row " << name << " layer " << layer << " position " << position;
   return std::nan("");
@@ -73,16 +76,16 @@ TaskVectorReport Analyze(const LatentTrainer& t, TaskVectorRequest r) {
   EXPECT_TRUE(report.ok()) << report.status();
   std::cout << "  analysis: " << std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()
             << " s\n";
-  return report.ok() ? *report : TaskVectorReport{};
+  return report.ok() ? *report : TaskVectorReport();
 }
 
 TaskVectorRequest Only(bool p012, bool p3, bool steering, bool ood, bool kl) {
-  TaskVectorRequest r;
-  r.p0 = r.p1 = r.p2 = p012;
-  r.p3 = p3;
-  r.steering = steering;
-  r.ood_r2 = ood;
-  r.kl = kl;
+  TaskVectorRequest r = testing::TaskVectorDefaults();
+  for (const auto& [asked, name] :
+       {std::pair{p012, "p0"}, std::pair{p012, "p1"}, std::pair{p012, "p2"}, std::pair{p3, "p3"},
+        std::pair{steering, "steering"}, std::pair{ood, "ood_r2"}, std::pair{kl, "kl"}}) {
+    if (asked) r.add_analyses(name);
+  }
   return r;
 }
 
@@ -91,9 +94,10 @@ TaskVectorRequest Only(bool p012, bool p3, bool steering, bool ood, bool kl) {
 TEST(TaskVectorScienceTest, GeometryP0P1P2) {
   const Fixture& f = GetFixture(-1, 32, 500);
   TaskVectorRequest r = Only(true, false, false, false, false);
-  r.positions = {4, 46};
-  r.est_begin = 36;
-  r.est_end = 46;
+  r.add_positions(4);
+  r.add_positions(46);
+  r.set_est_begin(36);
+  r.set_est_end(46);
   const TaskVectorReport trained = Analyze(*f.trained, r), untrained = Analyze(*f.untrained, r);
   for (const auto* rep : {&trained, &untrained}) {
     std::cout << (rep == &trained ? "trained" : "untrained") << ": P0 ratio t=4 " << Row(*rep, "p0/resid_ratio", 1, 4)
@@ -121,9 +125,9 @@ TEST(TaskVectorScienceTest, GeometryP0P1P2) {
 TEST(TaskVectorScienceTest, P3WeightsTrackThePosterior) {
   const Fixture& f = GetFixture(-1, 32, 500);
   TaskVectorRequest r = Only(false, true, false, false, false);
-  r.layers = {1};
-  r.est_begin = 30;
-  r.est_end = 46;
+  r.add_layers(1);
+  r.set_est_begin(30);
+  r.set_est_end(46);
   const TaskVectorReport trained = Analyze(*f.trained, r), untrained = Analyze(*f.untrained, r);
   for (int k = 0; k < 3; ++k) {
     const std::string tag = "/task" + std::to_string(k);
@@ -144,13 +148,13 @@ TEST(TaskVectorScienceTest, P3WeightsTrackThePosterior) {
 TEST(TaskVectorScienceTest, SteeringAlongTheSimplex) {
   const Fixture& f = GetFixture(-1, 32, 500);
   TaskVectorRequest r = Only(false, false, true, false, false);
-  r.steer_begin = 16;
-  r.steer_end = 31;
+  r.set_steer_begin(16);
+  r.set_steer_end(31);
   const TaskVectorReport same = Analyze(*f.trained, r), control = Analyze(*f.untrained, r);
-  r.estimation_hook = "post_mlp";
+  r.set_estimation_hook("post_mlp");
   const TaskVectorReport compat = Analyze(*f.trained, r);
-  r.estimation_hook = "post_attn";
-  r.steering_subtract = "projection";
+  r.set_estimation_hook("post_attn");
+  r.set_steering_subtract("projection");
   const TaskVectorReport projection = Analyze(*f.trained, r);
   for (const auto* rep : {&same, &compat, &projection, &control}) {
     std::cout << (rep == &same ? "same hook" : rep == &compat ? "paper_compat" : rep == &projection ? "projection (E3 variant)" : "untrained") << ": KL base "
@@ -169,27 +173,26 @@ TEST(TaskVectorScienceTest, SteeringAlongTheSimplex) {
 TEST(TaskVectorScienceTest, ReplaceConvexInterveneSteers) {
   const Fixture& f = GetFixture(-1, 32, 500);
   for (const std::string subtract : {"true_task", "projection"}) {
-    InterventionOp op;
-    op.kind = InterventionOp::Kind::kActReplaceConvex;
-    op.hook = "L1.post_attn";
-    op.head = 0;
-    op.subtract = subtract;
-    for (int64_t p = 16; p <= 31; ++p) op.positions.push_back(p);
-    InterveneRequest req;
-    req.ops = {op};
-    req.eval_sets = {"id"};
-    req.n_eval = 1024;
+    v1::InterveneRequest req;
+    v1::Intervention& op = *req.add_interventions();
+    op.set_op(v1::Intervention::OP_REPLACE_CONVEX);
+    op.set_hook("L1.post_attn");
+    op.set_subtract(subtract);
+    for (uint32_t p = 16; p <= 31; ++p) op.add_positions(p);
+    req.add_eval_sets("id");
+    req.set_n_eval(1024);
+    req.set_seed(1);
     auto trained = InterveneDecoder(f.trained->model(), f.trained->task(0), req);
     auto untrained = InterveneDecoder(f.untrained->model(), f.untrained->task(0), req);
     ASSERT_TRUE(trained.ok()) << trained.status();
     ASSERT_TRUE(untrained.ok()) << untrained.status();
-    const EffectReport& e = trained->effects[0];
-    const EffectReport& u = untrained->effects[0];
-    std::cout << subtract << ": KL(model || q_lambda) over 16-31 clean " << e.kl_ref_clean << " -> steered "
-              << e.kl_ref << " (untrained " << u.kl_ref_clean << " -> " << u.kl_ref << ")\n";
-    EXPECT_EQ(e.ref_name, "mixture");
-    EXPECT_LE(e.kl_ref, 0.5 * e.kl_ref_clean);
-    EXPECT_GT(u.kl_ref, 0.5 * u.kl_ref_clean);
+    const v1::InterventionEffect& e = trained->effects(0);
+    const v1::InterventionEffect& u = untrained->effects(0);
+    std::cout << subtract << ": KL(model || q_lambda) over 16-31 clean " << e.kl_ref_clean() << " -> steered "
+              << e.kl_ref() << " (untrained " << u.kl_ref_clean() << " -> " << u.kl_ref() << ")\n";
+    EXPECT_EQ(e.ref_name(), "mixture");
+    EXPECT_LE(e.kl_ref(), 0.5 * e.kl_ref_clean());
+    EXPECT_GT(u.kl_ref(), 0.5 * u.kl_ref_clean());
   }
 }
 
@@ -207,7 +210,7 @@ TEST(TaskVectorScienceTest, OodStatesLeaveTheTaskSubspaceAndModesSwitch) {
   for (int kappa : kappas) {
     const Fixture& f = GetFixture(kappa, 48, 1500);
     TaskVectorRequest r = Only(false, false, false, true, true);
-    r.layers = {1};
+    r.add_layers(1);
     const TaskVectorReport rep = Analyze(*f.trained, r);
     code.push_back(Row(rep, "ood_r2/code", 1));
     norm.push_back(Row(rep, "ood_r2/norm", 1));
@@ -215,7 +218,7 @@ TEST(TaskVectorScienceTest, OodStatesLeaveTheTaskSubspaceAndModesSwitch) {
     LatentTrainer early(f.spec, {10086}, torch::kCPU);
     ASSERT_TRUE(early.LoadCheckpoint(f.early).ok());
     TaskVectorRequest ro = Only(false, false, false, true, false);
-    ro.layers = {1};
+    ro.add_layers(1);
     const double early_r2 = Row(Analyze(early, ro), "ood_r2/code", 1);
     std::cout << "kappa " << kappa << " at step " << early.step() << ": OOD R2 (code) " << early_r2 << "\n";
     ratio.push_back(Row(rep, "kl/log10_ratio", -1));
@@ -245,8 +248,8 @@ namespace {
 TEST(TaskVectorScienceTest, DoubleDissociation) {
   const Fixture& f = GetFixture(8, 48, 1500);
   TaskVectorRequest r = Only(false, false, false, false, false);
-  r.dissociation = true;
-  r.probe_begin = 24;
+  r.add_analyses("dissociation");
+  r.set_probe_begin(24);
   const TaskVectorReport rep = Analyze(*f.trained, r);
   auto pct = [&](const std::string& what, const std::string& group) {
     return Row(rep, "dissociation/" + what + "/" + group + "/pct", 1);
@@ -281,8 +284,8 @@ namespace {
 TEST(TaskVectorScienceTest, PlantedDyckFailsP0) {
   const Fixture& f = GetFixture(6, 48, 1500, "LATENT_KIND_DYCK");
   TaskVectorRequest r = Only(false, false, false, false, false);
-  r.dyck_p0 = true;
-  r.layers = {1};
+  r.add_analyses("dyck_p0");
+  r.add_layers(1);
   // (The untrained model measured 0.066 / 0.065: its state is the current
   // planted symbol; not rerun here to save CI time.)
   const TaskVectorReport trained = Analyze(*f.trained, r);

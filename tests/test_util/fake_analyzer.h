@@ -8,33 +8,39 @@ namespace circuitlab::testing {
 
 class UnimplementedAnalyzer : public engine::Analyzer {
  public:
-  absl::StatusOr<engine::CheckpointProjection> ProjectCheckpoint(const v1::ExperimentSpec&, const std::string&,
-                                                                 engine::Selection) override {
+  absl::StatusOr<v1::ProjectCheckpointResponse> ProjectCheckpoint(const v1::ExperimentSpec&, const std::string&,
+                                                                  const v1::ProjectCheckpointRequest&) override {
     return absl::UnimplementedError("not in this fake");
   }
-  absl::StatusOr<engine::InvarianceReport> CheckInvariance(const v1::ExperimentSpec&, const engine::InvarianceRequest&,
-                                                           const std::function<void(double)>&,
-                                                           const CancelToken*) override {
+  absl::StatusOr<v1::CheckInvarianceResponse> CheckInvariance(const v1::ExperimentSpec&,
+                                                              const v1::CheckInvarianceRequest&, const Progress&,
+                                                              const CancelToken*) override {
     return absl::UnimplementedError("not in this fake");
   }
-  absl::StatusOr<engine::DetectReport> DetectCircuit(const v1::ExperimentSpec&, const std::string&,
-                                                     const engine::DetectRequest&, const std::function<void(double)>&,
-                                                     const CancelToken*) override {
+  absl::StatusOr<v1::DetectCircuitResponse> DetectCircuit(const v1::ExperimentSpec&, const std::string&,
+                                                          const v1::DetectCircuitRequest&, const Progress&,
+                                                          const CancelToken*) override {
     return absl::UnimplementedError("not in this fake");
   }
-  absl::StatusOr<engine::InterveneReport> Intervene(const v1::ExperimentSpec&, const std::string&,
-                                                    const engine::InterveneRequest&) override {
+  absl::StatusOr<v1::InterveneResponse> Intervene(const v1::ExperimentSpec&, const std::string&,
+                                                  const v1::InterveneRequest&,
+                                                  const std::map<int, engine::StoredCheckpoint>&) override {
     return absl::UnimplementedError("not in this fake");
   }
-  absl::StatusOr<std::vector<engine::DataDependenceRow>> CheckDataDependence(
-      const v1::ExperimentSpec&, const std::vector<engine::DataDependencePoint>&, const engine::DataDependenceConfig&,
-      const std::function<void(double)>&, const CancelToken*) override {
+  absl::StatusOr<v1::CheckDataDependenceResponse> CheckDataDependence(const v1::ExperimentSpec&,
+                                                                      const v1::CheckDataDependenceRequest&,
+                                                                      const Progress&, const CancelToken*) override {
     return absl::UnimplementedError("not in this fake");
   }
-  absl::StatusOr<engine::LabelReport> LabelRun(const v1::ExperimentSpec&,
-                                               const std::vector<std::pair<int64_t, std::string>>&,
-                                               const engine::LabelRequest&, const std::function<void(double)>&,
-                                               const CancelToken*) override {
+  absl::StatusOr<v1::AnalyzeTaskVectorsResponse> AnalyzeTaskVectors(const v1::ExperimentSpec&, const std::string&,
+                                                                    const v1::AnalyzeTaskVectorsRequest&,
+                                                                    const Progress&, const CancelToken*) override {
+    return absl::UnimplementedError("not in this fake");
+  }
+  absl::StatusOr<v1::LabelRunResponse> LabelRun(const v1::ExperimentSpec&,
+                                                const std::vector<std::pair<int64_t, std::string>>&,
+                                                const v1::LabelRunRequest&, const Progress&,
+                                                const CancelToken*) override {
     return absl::UnimplementedError("not in this fake");
   }
 };

@@ -21,10 +21,10 @@ using State = v1::CheckInvarianceResponse;
 // An analyzer whose invariance check waits at a gate and reports progress.
 class FakeAnalyzer : public testing::UnimplementedAnalyzer {
  public:
-  absl::StatusOr<engine::InvarianceReport> CheckInvariance(const v1::ExperimentSpec&,
-                                                           const engine::InvarianceRequest& request,
-                                                           const std::function<void(double)>& progress,
-                                                           const CancelToken* cancel) override {
+  absl::StatusOr<v1::CheckInvarianceResponse> CheckInvariance(const v1::ExperimentSpec&,
+                                                              const v1::CheckInvarianceRequest& request,
+                                                              const Progress& progress,
+                                                              const CancelToken* cancel) override {
     calls++;
     progress(0.5);
     std::unique_lock<std::mutex> lock(mu);
@@ -34,10 +34,11 @@ class FakeAnalyzer : public testing::UnimplementedAnalyzer {
     }
     if (cancel && cancel->stop_requested()) return absl::CancelledError("stopped");
     if (!fail.ok()) return fail;
-    engine::InvarianceReport r;
-    r.sample_sizes = request.sample_sizes;
-    engine::InvarianceCheckReport in{"in_span", {{"all", {0.1, 0.01}, 0.0, -1.0}, {"L1H1", {0.1, 0.01}, 0.0, -1.0}}};
-    r.checks.push_back(in);
+    v1::CheckInvarianceResponse r;
+    *r.mutable_sample_sizes() = request.sample_sizes();  // the canonical request's ladder
+    v1::InvarianceCheck* in = r.add_checks();
+    in->set_name("in_span");
+    in->set_passed(true);
     return r;
   }
   void Open() {

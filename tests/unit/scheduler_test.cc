@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <fstream>
+
 #include "server/scheduler/sweeps.h"
 #include "tests/test_util/fake_executor.h"
 #include "tests/test_util/temp_dir.h"
@@ -194,6 +196,27 @@ TEST_F(SchedulerTest, RunsLeftRunningByACrashAreRequeuedAndResumed) {
   ASSERT_TRUE(scheduler_->Start().ok());
   ASSERT_TRUE(WaitFor([&] { return StateOf("r1") == v1::RUN_STATE_SUCCEEDED; }));
   EXPECT_EQ(executor_.resumed_from(), 10);
+}
+
+// Issue 14 item 7: a truncated newest checkpoint (a torn write before a
+// crash) no longer fails the run: it resumes from the newest intact one and
+// says so.
+TEST_F(SchedulerTest, ADamagedNewestCheckpointResumesFromTheNewestIntactOne) {
+  ASSERT_TRUE(scheduler_->Submit(SmallSpec(30), "a").ok());
+  store::RunTransition t;
+  t.state = v1::RUN_STATE_RUNNING;
+  ASSERT_TRUE(store_->TransitionRun(1, t).ok());
+  ASSERT_TRUE(store_->PutCheckpoint(1, 10, "step=10", 0).ok());
+  ASSERT_TRUE(store_->PutCheckpoint(1, 20, "step=20", 0).ok());
+  std::ofstream(dir_.path() + "/checkpoints/r1/step-000000000020.ckpt", std::ios::trunc) << "ste";
+  Open();
+  ASSERT_TRUE(scheduler_->Start().ok());
+  ASSERT_TRUE(WaitFor([&] { return StateOf("r1") == v1::RUN_STATE_SUCCEEDED; }));
+  EXPECT_EQ(executor_.resumed_from(), 10);
+  const std::string warning = scheduler_->GetRun("r1")->warning();
+  EXPECT_NE(warning.find("resumed from the checkpoint at step 10, passing over damaged checkpoints (step 20: "),
+            std::string::npos)
+      << warning;
 }
 
 TEST_F(SchedulerTest, ListValidatesAndPaginates) {

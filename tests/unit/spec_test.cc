@@ -109,6 +109,24 @@ INSTANTIATE_TEST_SUITE_P(
                   s.mutable_model()->mutable_imir()->set_num_heads(8);
                 },
                 absl::StatusCode::kInvalidArgument, "model residual width*"},
+        // Issue 14 item 2: a ~300-byte spec whose COMPLETE basis (absolute
+        // positions: no position symmetry) would cost gigabytes is refused
+        // from the basis size alone, before the basis is built.
+        BadCase{"complete_basis_too_large",
+                [](auto& s) {
+                  auto* t = s.mutable_task()->mutable_associative_recall();
+                  t->set_num_blocks(64);
+                  t->set_block_length(8);
+                  t->set_num_rare(160);
+                  t->set_position_mode(v1::POSITION_MODE_ABSOLUTE);
+                  auto* m = s.mutable_model()->mutable_imir();
+                  m->set_parameterisation(v1::PARAMETERISATION_COORDINATES);
+                  m->set_coordinate_basis(v1::BASIS_SELECTION_COMPLETE);
+                },
+                absl::StatusCode::kInvalidArgument,
+                "model.imir.parameterisation COORDINATES needs the complete basis of this task and model, which has*"},
+        BadCase{"name_control", [](auto& s) { s.set_name("a\nb"); }, absl::StatusCode::kInvalidArgument,
+                "name must not contain control characters (newlines, tabs, escapes), got 'a\\nb'"},
         BadCase{"data_for_other_task",
                 [](auto& s) {
                   s.mutable_task()->mutable_k_hop();

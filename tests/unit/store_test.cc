@@ -182,6 +182,47 @@ TEST(StoreTest, CheckpointsAreAtomicVerifiedAndPruned) {
   // A corrupted file is detected, not loaded.
   std::ofstream(dir.path() + "/checkpoints/r" + std::to_string(*id) + "/step-000000000030.ckpt") << "payload-31";
   EXPECT_EQ((*store)->LatestCheckpoint(*id).status().code(), absl::StatusCode::kDataLoss);
+  // Resuming passes over it to the newest intact one, saying why (issue 14
+  // item 7); with none intact, nothing (step 0).
+  std::vector<std::string> skipped;
+  auto intact = (*store)->LatestIntactCheckpoint(*id, &skipped);
+  ASSERT_TRUE(intact.ok()) << intact.status();
+  ASSERT_TRUE(intact->has_value());
+  EXPECT_EQ((*intact)->step, 20);
+  EXPECT_EQ((*intact)->bytes, "payload-20");
+  ASSERT_EQ(skipped.size(), 1u);
+  EXPECT_NE(skipped[0].find("step 30: checkpoint checkpoints/r1/step-000000000030.ckpt does not match its checksum"),
+            std::string::npos)
+      << skipped[0];
+  std::filesystem::remove(dir.path() + "/checkpoints/r" + std::to_string(*id) + "/step-000000000020.ckpt");
+  skipped.clear();
+  intact = (*store)->LatestIntactCheckpoint(*id, &skipped);
+  ASSERT_TRUE(intact.ok());
+  EXPECT_FALSE(intact->has_value());
+  EXPECT_EQ(skipped.size(), 2u);
+  ASSERT_TRUE((*store)->SetRunWarning(*id, "resumed from step 0").ok());
+  EXPECT_EQ((*store)->GetRun(*id)->warning, "resumed from step 0");
+}
+
+// Checkpoint rows hold paths relative to the data directory (issue 14 item
+// 8): a directory moved or mounted elsewhere still finds its checkpoints.
+TEST(StoreTest, AMovedDataDirectoryKeepsItsCheckpoints) {
+  TempDir a, b;
+  int64_t id = 0;
+  {
+    auto store = Store::Open(a.path() + "/data");
+    ASSERT_TRUE(store.ok());
+    id = *(*store)->InsertRun(SampleRun("m"));
+    ASSERT_TRUE((*store)->PutCheckpoint(id, 7, "seven", 0).ok());
+    ASSERT_TRUE((*store)->Flush().ok());
+  }
+  std::filesystem::rename(a.path() + "/data", b.path() + "/moved");
+  auto store = Store::Open(b.path() + "/moved");
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto c = (*store)->LatestCheckpoint(id);
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_TRUE(c->has_value());
+  EXPECT_EQ((*c)->bytes, "seven");
 }
 
 TEST(StoreTest, CoordinatesAreDescribedOnceAndQueriedBySeriesAndByStep) {

@@ -108,6 +108,16 @@ TEST(ExpandSweepTest, ErrorsNameTheAxisAndField) {
   std::string also = R"({"axes": [{"field": "seed", "values": [1], "also": [)";
   for (int i = 0; i < 65; ++i) also += std::string(i ? "," : "") + "\"name\"";
   expect(also + "]}]}", absl::StatusCode::kInvalidArgument, "sweep.axes[0].also must have at most 64 entries, got 65");
+  // NaN and infinities cannot come through JSON but can through the wire:
+  // members would have trained with the field's default (issue 14 item 6).
+  for (double bad : {std::nan(""), HUGE_VAL, -HUGE_VAL}) {
+    v1::SweepSpec sweep = Parse(R"({"axes": [{"field": "training.learning_rate", "values": [0.1]}]})");
+    sweep.mutable_axes(0)->add_values()->set_number_value(bad);
+    auto r = ExpandSweep(sweep, 8);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(r.status().message().find("sweep.axes[0].values[1] must be a finite number"), std::string::npos)
+        << r.status();
+  }
 }
 
 TEST(ExpandSweepTest, PointersSetAndAppendArrayElements) {

@@ -248,12 +248,17 @@ TEST(TaskVectorMathTest, AdditiveCellsHaveNoInteraction) {
 namespace circuitlab::engine {
 namespace {
 
-InterventionOp Act(InterventionOp::Kind kind, const std::string& hook) {
-  InterventionOp op;
-  op.kind = kind;
-  op.hook = hook;
-  op.head = 0;
+using Op = v1::Intervention;
+
+Op Act(Op::Op kind, const std::string& hook) {
+  Op op;
+  op.set_op(kind);
+  op.set_hook(hook);
   return op;
+}
+
+void AddVector(Op& op, const std::vector<double>& values) {
+  op.add_vectors()->mutable_values()->Add(values.begin(), values.end());
 }
 
 TEST(DecoderInterventionTest, HookOpsDoWhatTheySay) {
@@ -262,79 +267,78 @@ TEST(DecoderInterventionTest, HookOpsDoWhatTheySay) {
   for (int i = 0; i < 30; ++i) trainer.Step(false);
   const DecoderModel& model = trainer.model();
   const LatentTaskGenerator& task = trainer.task(0);
-  auto run = [&](std::vector<InterventionOp> ops) {
-    InterveneRequest r;
-    r.ops = std::move(ops);
-    r.n_eval = 64;
-    r.seed = 3;
+  auto run = [&](const Op& op) {
+    v1::InterveneRequest r;
+    *r.add_interventions() = op;
+    r.set_n_eval(64);
+    r.set_seed(3);
     return InterveneDecoder(model, task, r);
   };
-  using K = InterventionOp::Kind;
   // Zeroing the last block's stream leaves the readout bias alone: the same
   // loss as any constant prediction with those logits.
-  auto zero = run({Act(K::kActZero, "L1.post_mlp")});
+  auto zero = run(Act(Op::OP_ZERO, "L1.post_mlp"));
   ASSERT_TRUE(zero.ok()) << zero.status();
-  ASSERT_EQ(zero->effects.size(), 3u);  // id, ood, minor
-  EXPECT_GT(zero->effects[0].kl_clean, 0.01);
+  ASSERT_EQ(zero->effects_size(), 3);  // id, ood, minor
+  EXPECT_GT(zero->effects(0).kl_clean(), 0.01);
   // Projecting out a basis of the whole space is zeroing; projecting onto it
   // changes nothing.
-  InterventionOp out = Act(K::kActProjectOut, "L1.post_mlp"), onto = Act(K::kActProjectOnto, "L1.post_mlp");
+  Op out = Act(Op::OP_PROJECT_OUT, "L1.post_mlp"), onto = Act(Op::OP_PROJECT_ONTO, "L1.post_mlp");
   for (int i = 0; i < 16; ++i) {
     std::vector<double> e(16, 0.0);
     e[static_cast<size_t>(i)] = 1.0;
-    out.vectors.push_back(e);
-    onto.vectors.push_back(e);
+    AddVector(out, e);
+    AddVector(onto, e);
   }
-  auto projected = run({out});
+  auto projected = run(out);
   ASSERT_TRUE(projected.ok()) << projected.status();
-  EXPECT_NEAR(projected->effects[0].loss, zero->effects[0].loss, 1e-5);
-  auto kept = run({onto});
+  EXPECT_NEAR(projected->effects(0).loss(), zero->effects(0).loss(), 1e-5);
+  auto kept = run(onto);
   ASSERT_TRUE(kept.ok());
-  EXPECT_NEAR(kept->effects[0].kl_clean, 0.0, 1e-9);
-  EXPECT_NEAR(kept->effects[0].loss, kept->effects[0].loss_clean, 1e-6);
+  EXPECT_NEAR(kept->effects(0).kl_clean(), 0.0, 1e-9);
+  EXPECT_NEAR(kept->effects(0).loss(), kept->effects(0).loss_clean(), 1e-6);
   // kl_ref: against the exact Bayes predictor on id, extrapolation elsewhere;
   // a no-op edit leaves it, zeroing the stream moves the model away from it.
-  EXPECT_TRUE(kept->effects[0].has_kl_ref);
-  EXPECT_EQ(kept->effects[0].ref_name, "bayes");
-  EXPECT_EQ(kept->effects[1].ref_name, "extrapolation");
-  EXPECT_NEAR(kept->effects[0].kl_ref, kept->effects[0].kl_ref_clean, 1e-9);
-  EXPECT_GT(kept->effects[0].kl_ref_clean, 0.0);
-  EXPECT_GT(zero->effects[0].kl_ref, zero->effects[0].kl_ref_clean);
+  EXPECT_TRUE(kept->effects(0).has_kl_ref());
+  EXPECT_EQ(kept->effects(0).ref_name(), "bayes");
+  EXPECT_EQ(kept->effects(1).ref_name(), "extrapolation");
+  EXPECT_NEAR(kept->effects(0).kl_ref(), kept->effects(0).kl_ref_clean(), 1e-9);
+  EXPECT_GT(kept->effects(0).kl_ref_clean(), 0.0);
+  EXPECT_GT(zero->effects(0).kl_ref(), zero->effects(0).kl_ref_clean());
   // Causality: editing the last position (which predicts nothing) changes
   // no scored prediction; editing position 5 changes them.
-  InterventionOp late = Act(K::kActAdd, "L0.post_attn");
-  late.vectors = {std::vector<double>(16, 3.0)};
-  late.positions = {15};
-  auto last = run({late});
+  Op late = Act(Op::OP_ADD, "L0.post_attn");
+  AddVector(late, std::vector<double>(16, 3.0));
+  late.add_positions(15);
+  auto last = run(late);
   ASSERT_TRUE(last.ok());
-  EXPECT_NEAR(last->effects[0].kl_clean, 0.0, 1e-9);
-  late.positions = {5};
-  EXPECT_GT(run({late})->effects[0].kl_clean, 1e-4);
+  EXPECT_NEAR(last->effects(0).kl_clean(), 0.0, 1e-9);
+  late.set_positions(0, 5);
+  EXPECT_GT(run(late)->effects(0).kl_clean(), 1e-4);
   // Patching from the set itself at every point of a head, mean and
   // resample on the attention pattern: they run and move the output.
-  InterventionOp patch = Act(K::kActPatch, "L0.attn.head");
-  patch.head = 2;
-  InterventionOp mean = Act(K::kActMean, "L1.attn.pattern"), resample = Act(K::kActResample, "L0.resid_pre");
-  resample.reference_set = "ood";
-  for (const auto& op : {patch, mean, resample}) {
-    auto r = run({op});
+  Op patch = Act(Op::OP_PATCH, "L0.attn.head");
+  patch.set_head(2);
+  Op mean = Act(Op::OP_MEAN, "L1.attn.pattern"), resample = Act(Op::OP_RESAMPLE, "L0.resid_pre");
+  resample.set_reference_set("ood");
+  for (const Op& op : {patch, mean, resample}) {
+    auto r = run(op);
     ASSERT_TRUE(r.ok()) << r.status();
-    EXPECT_GT(r->effects[1].kl_clean, 0.0) << op.hook;
+    EXPECT_GT(r->effects(1).kl_clean(), 0.0) << op.hook();
   }
   // Errors name the op and the field.
-  InterventionOp wide = Act(K::kActAdd, "L0.attn.head");
-  wide.vectors = {std::vector<double>(16, 1.0)};  // head width is 8
-  EXPECT_EQ(run({wide}).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(std::string(run({wide}).status().message()).find("interventions[0].vectors[0] has 16 values"),
+  Op wide = Act(Op::OP_ADD, "L0.attn.head");
+  AddVector(wide, std::vector<double>(16, 1.0));  // head width is 8
+  EXPECT_EQ(run(wide).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(run(wide).status().message()).find("interventions[0].vectors[0] has 16 values"),
             std::string::npos);
-  EXPECT_EQ(run({Act(K::kActZero, "L7.post_mlp")}).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(run({Act(K::kActAdd, "L0.attn.pattern")}).status().code(), absl::StatusCode::kInvalidArgument);
-  InterventionOp weight;
-  weight.kind = K::kZero;
-  EXPECT_EQ(run({weight}).status().code(), absl::StatusCode::kFailedPrecondition);
-  InterventionOp set = Act(K::kActMean, "L0.post_mlp");
-  set.reference_set = "train";
-  EXPECT_EQ(run({set}).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(run(Act(Op::OP_ZERO, "L7.post_mlp")).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(run(Act(Op::OP_ADD, "L0.attn.pattern")).status().code(), absl::StatusCode::kInvalidArgument);
+  Op weight;
+  weight.set_op(Op::OP_ZERO_COORDINATE);
+  EXPECT_EQ(run(weight).status().code(), absl::StatusCode::kFailedPrecondition);
+  Op set = Act(Op::OP_MEAN, "L0.post_mlp");
+  set.set_reference_set("train");
+  EXPECT_EQ(run(set).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

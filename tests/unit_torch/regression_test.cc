@@ -178,19 +178,20 @@ TEST(RegressionAnalysesTest, RowsAndRefusals) {
   RegressionTrainer trainer(spec, {5}, torch::kCPU);
   for (int s = 0; s < 20; ++s) trainer.Step(false);
   for (torch::Tensor p : trainer.model().parameters()) p.requires_grad_(false);
-  TaskVectorRequest r;
-  r.p1 = false;
-  r.samples_per_cell = 32;
-  r.p3_samples = 32;
-  r.steering_est_samples = 32;
-  r.steering_samples = 64;
-  r.ood_tasks = 4;
-  r.ood_samples = 4;
-  r.kl_samples = 32;
-  absl::StatusOr<TaskVectorReport> rep = RunRegressionAnalyses(trainer.model(), trainer.task(0), r, {}, nullptr);
+  v1::AnalyzeTaskVectorsRequest r = testing::TaskVectorDefaults();
+  for (const char* a : {"p0", "p2", "p3", "steering", "ood_r2", "kl"}) r.add_analyses(a);
+  r.set_samples_per_cell(32);
+  r.set_p3_samples(32);
+  r.set_steering_est_samples(32);
+  r.set_steering_samples(64);
+  r.set_ood_tasks(4);
+  r.set_ood_samples(4);
+  r.set_kl_samples(32);
+  absl::StatusOr<v1::AnalyzeTaskVectorsResponse> rep =
+      RunRegressionAnalyses(trainer.model(), trainer.task(0), r, {}, nullptr);
   ASSERT_TRUE(rep.ok()) << rep.status();
   std::map<std::string, double> seen;
-  for (const TaskVectorRow& row : rep->rows) seen[row.name] = row.value;
+  for (const v1::TaskVectorValue& row : rep->values()) seen[row.name()] = row.value();
   for (const char* n : {"p0/resid_ratio", "p0/task_only_ratio", "steering/rmse_base", "steering/rmse_inj",
                         "steering/rmse_mode", "ood_r2/code", "kl/exact", "kl/extrap", "kl/ood_log10_ratio",
                         "p2/r2_additive_mean", "p2/r2_task_mean", "p3/r_mean_min", "p3/r_mean/task2"}) {
@@ -198,45 +199,44 @@ TEST(RegressionAnalysesTest, RowsAndRefusals) {
   }
   EXPECT_GE(seen["p0/resid_ratio"], 0.0);
   EXPECT_LE(seen["p0/resid_ratio"], seen["p0/task_only_ratio"] + 1e-12);  // the slope only explains more
-  r.p1 = true;  // two-way ANOVA needs token cells
+  r.add_analyses("p1");                                                   // two-way ANOVA needs token cells
   EXPECT_EQ(RunRegressionAnalyses(trainer.model(), trainer.task(0), r, {}, nullptr).status().code(),
             absl::StatusCode::kFailedPrecondition);
 
   // Intervene: a projection onto the whole space changes nothing; editing
   // the last point's |- moves only its own prediction; kl_ref of the clean
   // model is its squared distance to the set's Bayes predictor.
-  auto run = [&](const std::vector<InterventionOp>& ops) {
-    InterveneRequest req;
-    req.ops = ops;
-    req.n_eval = 64;
+  auto run = [&](const v1::Intervention& op) {
+    v1::InterveneRequest req;
+    *req.add_interventions() = op;
+    req.set_n_eval(64);
+    req.set_seed(1);
     return InterveneRegression(trainer.model(), trainer.task(0), req);
   };
-  InterventionOp onto;
-  onto.kind = InterventionOp::Kind::kActProjectOnto;
-  onto.hook = "L0.post_attn";
-  onto.head = 0;
+  v1::Intervention onto;
+  onto.set_op(v1::Intervention::OP_PROJECT_ONTO);
+  onto.set_hook("L0.post_attn");
   for (int i = 0; i < 16; ++i) {
-    std::vector<double> e(16, 0.0);
-    e[static_cast<size_t>(i)] = 1.0;
-    onto.vectors.push_back(e);
+    v1::HookVector* e = onto.add_vectors();
+    for (int j = 0; j < 16; ++j) e->add_values(i == j ? 1.0 : 0.0);
   }
-  auto kept = run({onto});
+  auto kept = run(onto);
   ASSERT_TRUE(kept.ok()) << kept.status();
-  ASSERT_EQ(kept->effects.size(), 3u);  // id, ood, minor
-  EXPECT_NEAR(kept->effects[0].kl_clean, 0.0, 1e-10);
-  EXPECT_NEAR(kept->effects[0].loss, kept->effects[0].loss_clean, 1e-9);
-  EXPECT_GT(kept->effects[1].kl_ref_clean, 0.0);
-  InterventionOp add;
-  add.kind = InterventionOp::Kind::kActAdd;
-  add.hook = "L1.post_mlp";
-  add.head = 0;
-  add.vectors = {std::vector<double>(16, 2.0)};
-  add.positions = {22};  // the |- of the last point
-  auto last = run({add});
+  ASSERT_EQ(kept->effects_size(), 3);  // id, ood, minor
+  EXPECT_NEAR(kept->effects(0).kl_clean(), 0.0, 1e-10);
+  EXPECT_NEAR(kept->effects(0).loss(), kept->effects(0).loss_clean(), 1e-9);
+  EXPECT_GT(kept->effects(1).kl_ref_clean(), 0.0);
+  v1::Intervention add;
+  add.set_op(v1::Intervention::OP_ADD);
+  add.set_hook("L1.post_mlp");
+  v1::HookVector* v = add.add_vectors();
+  for (int j = 0; j < 16; ++j) v->add_values(2.0);
+  add.add_positions(22);  // the |- of the last point
+  auto last = run(add);
   ASSERT_TRUE(last.ok()) << last.status();
-  EXPECT_GT(last->effects[0].kl_clean, 0.0);
-  add.positions = {23};  // y of the last point predicts nothing
-  EXPECT_NEAR(run({add})->effects[0].kl_clean, 0.0, 1e-12);
+  EXPECT_GT(last->effects(0).kl_clean(), 0.0);
+  add.set_positions(0, 23);  // y of the last point predicts nothing
+  EXPECT_NEAR(run(add)->effects(0).kl_clean(), 0.0, 1e-12);
 }
 
 }  // namespace

@@ -7,7 +7,7 @@
 namespace circuitlab::engine {
 namespace {
 
-using Kind = InterventionOp::Kind;
+using Op = v1::Intervention;
 
 // Broadcast shape of a mask over `axis` of a tensor with `dims` dimensions.
 std::vector<int64_t> Along(int64_t dims, int64_t axis, int64_t size) {
@@ -16,19 +16,31 @@ std::vector<int64_t> Along(int64_t dims, int64_t axis, int64_t size) {
   return shape;
 }
 
+torch::Tensor Vector(const v1::HookVector& v) {
+  return torch::tensor(std::vector<double>(v.values().begin(), v.values().end()), torch::kDouble);
+}
+
 torch::Tensor ApplyOne(const PreparedOp& p, const torch::Tensor& v, int64_t begin) {
   const int64_t b = v.size(p.geo.batch_axis), ax = p.geo.batch_axis - 1;  // the axis in ref (no ensemble axis)
   torch::Tensor mean = p.mean.defined() ? p.mean.unsqueeze(ax).unsqueeze(0).to(v.scalar_type()) : torch::Tensor();
   torch::Tensor out;
-  switch (p.op->kind) {
-    case Kind::kActZero: out = torch::zeros_like(v); break;
-    case Kind::kActMean: out = mean.expand_as(v); break;
-    case Kind::kActResample:
+  switch (p.op->op()) {
+    case Op::OP_ZERO:
+      out = torch::zeros_like(v);
+      break;
+    case Op::OP_MEAN:
+      out = mean.expand_as(v);
+      break;
+    case Op::OP_RESAMPLE:
       out = p.ref.index_select(ax, p.perm.narrow(0, begin, b)).unsqueeze(0).to(v.scalar_type());
       break;
-    case Kind::kActPatch: out = p.ref.narrow(ax, begin, b).unsqueeze(0).to(v.scalar_type()); break;
-    case Kind::kActAdd: out = v + p.scale * p.vec.to(v.scalar_type()); break;
-    case Kind::kActReplaceConvex:
+    case Op::OP_PATCH:
+      out = p.ref.narrow(ax, begin, b).unsqueeze(0).to(v.scalar_type());
+      break;
+    case Op::OP_ADD:
+      out = v + p.scale * p.vec.to(v.scalar_type());
+      break;
+    case Op::OP_REPLACE_CONVEX:
       if (p.delta.defined()) {
         out = v + p.delta.narrow(0, begin, b).unsqueeze(0).to(v.scalar_type());
       } else {
@@ -37,12 +49,12 @@ torch::Tensor ApplyOne(const PreparedOp& p, const torch::Tensor& v, int64_t begi
         out = v - torch::matmul(v - mean, P) + goal;
       }
       break;
-    case Kind::kActProjectOut:
-    case Kind::kActProjectOnto: {
+    case Op::OP_PROJECT_OUT:
+    case Op::OP_PROJECT_ONTO: {
       torch::Tensor mu = mean.defined() ? mean : torch::zeros_like(v);
       torch::Tensor U = p.basis.to(v.scalar_type());
       torch::Tensor inside = torch::matmul(torch::matmul(v - mu, U), U.t());
-      out = p.op->kind == Kind::kActProjectOut ? v - p.scale * inside : mu + inside;
+      out = p.op->op() == Op::OP_PROJECT_OUT ? v - p.scale * inside : mu + inside;
       break;
     }
     default: return v;
@@ -54,29 +66,29 @@ torch::Tensor ApplyOne(const PreparedOp& p, const torch::Tensor& v, int64_t begi
 
 }  // namespace
 
-absl::StatusOr<AttentionMassMeter> PrepareAttentionMass(const AttentionMassSpec& spec, const std::string& field,
+absl::StatusOr<AttentionMassMeter> PrepareAttentionMass(const v1::AttentionMass& spec, const std::string& field,
                                                         const HookGeometry& geo, int64_t T,
                                                         const std::vector<int64_t>& default_queries) {
   if (!geo.pattern) {
     return absl::InvalidArgumentError(field + ".pattern: '" + geo.name + "' is not an attention pattern");
   }
-  if (spec.keys.empty() || static_cast<int64_t>(spec.keys.size()) > T) {
+  if (spec.keys().empty() || spec.keys_size() > T) {
     return absl::InvalidArgumentError(field + ".keys must have 1 to " + std::to_string(T) + " entries, got " +
-                                      std::to_string(spec.keys.size()));
+                                      std::to_string(spec.keys_size()));
   }
-  if (static_cast<int64_t>(spec.queries.size()) > T) {
+  if (spec.queries_size() > T) {
     return absl::InvalidArgumentError(field + ".queries must have at most " + std::to_string(T) + " entries");
   }
-  for (size_t i = 0; i < spec.keys.size(); ++i) {
-    if (spec.keys[i] < -T || spec.keys[i] >= T) {
+  for (int i = 0; i < spec.keys_size(); ++i) {
+    if (spec.keys(i) < -T || spec.keys(i) >= T) {
       return absl::InvalidArgumentError(field + ".keys[" + std::to_string(i) + "] must be in [" + std::to_string(-T) +
-                                        ", " + std::to_string(T - 1) + "], got " + std::to_string(spec.keys[i]));
+                                        ", " + std::to_string(T - 1) + "], got " + std::to_string(spec.keys(i)));
     }
   }
-  for (size_t i = 0; i < spec.queries.size(); ++i) {
-    if (spec.queries[i] < 0 || spec.queries[i] >= T) {
+  for (int i = 0; i < spec.queries_size(); ++i) {
+    if (spec.queries(i) < 0 || spec.queries(i) >= T) {
       return absl::InvalidArgumentError(field + ".queries[" + std::to_string(i) + "] must be in [0, " +
-                                        std::to_string(T - 1) + "], got " + std::to_string(spec.queries[i]));
+                                        std::to_string(T - 1) + "], got " + std::to_string(spec.queries(i)));
     }
   }
   AttentionMassMeter m;
@@ -84,13 +96,16 @@ absl::StatusOr<AttentionMassMeter> PrepareAttentionMass(const AttentionMassSpec&
   m.mask_ = torch::zeros({T, T}, torch::kDouble);
   auto mask = m.mask_.accessor<double, 2>();
   std::vector<bool> query_rows(static_cast<size_t>(T), false);
-  for (int64_t q : spec.queries.empty() ? default_queries : spec.queries) query_rows[static_cast<size_t>(q)] = true;
+  if (spec.queries().empty()) {
+    for (int64_t q : default_queries) query_rows[static_cast<size_t>(q)] = true;
+  }
+  for (int64_t q : spec.queries()) query_rows[static_cast<size_t>(q)] = true;
   // A query counts when it sees at least one of the keys (causal: later
   // keys carry no mass; the previous position of query 0 does not exist).
   for (int64_t q = 0; q < T; ++q) {
     if (!query_rows[static_cast<size_t>(q)]) continue;
     bool sees = false;
-    for (int64_t k : spec.keys) {
+    for (int64_t k : spec.keys()) {
       const int64_t key = k >= 0 ? k : q + k;
       if (key >= 0 && key <= q) mask[q][key] = 1.0, sees = true;
     }
@@ -132,13 +147,13 @@ std::vector<AttentionMassMeter> FreshCopies(const std::vector<AttentionMassMeter
   return out;
 }
 
-absl::Status CheckLogitDiffTokens(const std::vector<int64_t>& tokens, int64_t vocab) {
+absl::Status CheckLogitDiffTokens(const google::protobuf::RepeatedField<uint32_t>& tokens, int64_t vocab) {
   if (!tokens.empty() && tokens.size() != 2) {
     return absl::InvalidArgumentError("logit_diff_tokens must be empty or two token ids (t1, t2), got " +
                                       std::to_string(tokens.size()));
   }
-  for (size_t i = 0; i < tokens.size(); ++i) {
-    if (tokens[i] < 0 || tokens[i] >= vocab) {
+  for (int i = 0; i < tokens.size(); ++i) {
+    if (tokens[i] >= vocab) {
       return absl::InvalidArgumentError("logit_diff_tokens[" + std::to_string(i) + "] must be in [0, " +
                                         std::to_string(vocab - 1) + "], got " + std::to_string(tokens[i]));
     }
@@ -146,14 +161,18 @@ absl::Status CheckLogitDiffTokens(const std::vector<int64_t>& tokens, int64_t vo
   return absl::OkStatus();
 }
 
-std::string LogitDiffName(const std::vector<int64_t>& tokens) {
+std::string LogitDiffName(const google::protobuf::RepeatedField<uint32_t>& tokens) {
   return "tokens " + std::to_string(tokens[0]) + "-" + std::to_string(tokens[1]);
 }
 
 void ReportMass(const std::vector<AttentionMassMeter>& clean, const std::vector<AttentionMassMeter>& hit,
-                EffectReport& e) {
+                v1::InterventionEffect& e) {
   for (size_t k = 0; k < clean.size(); ++k) {
-    e.attention_mass.push_back({clean[k].pattern(), clean[k].PerHead(), hit[k].PerHead()});
+    v1::AttentionMassEffect* a = e.add_attention_mass();
+    a->set_pattern(clean[k].pattern());
+    const std::vector<double> c = clean[k].PerHead(), h = hit[k].PerHead();
+    a->mutable_clean()->Add(c.begin(), c.end());
+    a->mutable_intervened()->Add(h.begin(), h.end());
   }
 }
 
@@ -168,61 +187,61 @@ HookFn MeteredHook(const HookFn* inner, std::vector<AttentionMassMeter>& meters)
 }
 
 bool NeedsReference(const PreparedOp& p) {
-  const Kind k = p.op->kind;
-  return k == Kind::kActMean || k == Kind::kActResample || k == Kind::kActPatch || k == Kind::kActReplaceConvex ||
-         ((k == Kind::kActProjectOut || k == Kind::kActProjectOnto) && p.op->centre);
+  const Op::Op k = p.op->op();
+  return k == Op::OP_MEAN || k == Op::OP_RESAMPLE || k == Op::OP_PATCH || k == Op::OP_REPLACE_CONVEX ||
+         ((k == Op::OP_PROJECT_OUT || k == Op::OP_PROJECT_ONTO) && p.op->centre());
 }
 
-absl::StatusOr<PreparedOp> PrepareActivationOp(const InterventionOp& op, const std::string& field,
+absl::StatusOr<PreparedOp> PrepareActivationOp(const v1::Intervention& op, const std::string& field,
                                                const HookGeometry& geo, int64_t T) {
   PreparedOp p;
   p.op = &op;
   p.field = field;
   p.geo = geo;
-  const Kind k = op.kind;
-  if (geo.pattern && (k == Kind::kActAdd || k == Kind::kActProjectOut || k == Kind::kActProjectOnto ||
-                      k == Kind::kActReplaceConvex)) {
+  const Op::Op k = op.op();
+  if (geo.pattern &&
+      (k == Op::OP_ADD || k == Op::OP_PROJECT_OUT || k == Op::OP_PROJECT_ONTO || k == Op::OP_REPLACE_CONVEX)) {
     return absl::InvalidArgumentError(field + ": attention patterns take OP_ZERO, OP_MEAN, OP_RESAMPLE or "
                                       "OP_PATCH only");
   }
   if (geo.head_axis >= 0) {
-    if (op.head < 0 || op.head > geo.heads) {
+    if (op.head() > geo.heads) {
       return absl::InvalidArgumentError(field + ".head must be in [0, " + std::to_string(geo.heads) +
-                                        "] (0 = every head), got " + std::to_string(op.head));
+                                        "] (0 = every head), got " + std::to_string(op.head()));
     }
-    if (op.head > 0) p.heads = torch::arange(geo.heads) == (op.head - 1);
-  } else if (op.head != 0) {
+    if (op.head() > 0) p.heads = torch::arange(geo.heads) == (static_cast<int64_t>(op.head()) - 1);
+  } else if (op.head() != 0) {
     return absl::InvalidArgumentError(field + ".head applies to points with a head axis only (hook " + geo.name +
                                       " has none)");
   }
   p.rows = torch::zeros({T}, torch::kBool);
-  if (op.positions.empty()) p.rows.fill_(true);
-  for (int64_t pos : op.positions) {
-    if (pos < 0 || pos >= T) {
+  if (op.positions().empty()) p.rows.fill_(true);
+  for (int64_t pos : op.positions()) {
+    if (pos >= T) {
       return absl::InvalidArgumentError(field + ".positions must be in [0, " + std::to_string(T - 1) + "], got " +
                                         std::to_string(pos));
     }
     p.rows[pos] = true;
   }
-  for (size_t v = 0; v < op.vectors.size(); ++v) {
-    if (static_cast<int64_t>(op.vectors[v].size()) != geo.width) {
+  for (int v = 0; v < op.vectors_size(); ++v) {
+    if (op.vectors(v).values_size() != geo.width) {
       return absl::InvalidArgumentError(field + ".vectors[" + std::to_string(v) + "] has " +
-                                        std::to_string(op.vectors[v].size()) + " values; hook " + geo.name +
+                                        std::to_string(op.vectors(v).values_size()) + " values; hook " + geo.name +
                                         " has width " + std::to_string(geo.width));
     }
-    for (double x : op.vectors[v]) {
+    for (double x : op.vectors(v).values()) {
       if (!std::isfinite(x)) return absl::InvalidArgumentError(field + ".vectors must be finite");
     }
   }
-  p.scale = op.scale == 0 ? 1.0 : op.scale;
-  if (k == Kind::kActAdd) {
-    if (op.vectors.size() != 1) return absl::InvalidArgumentError(field + ": OP_ADD takes exactly one vector");
-    p.vec = torch::tensor(op.vectors[0], torch::kDouble);
+  p.scale = op.scale() == 0 ? 1.0 : op.scale();
+  if (k == Op::OP_ADD) {
+    if (op.vectors_size() != 1) return absl::InvalidArgumentError(field + ": OP_ADD takes exactly one vector");
+    p.vec = Vector(op.vectors(0));
   }
-  if (k == Kind::kActProjectOut || k == Kind::kActProjectOnto) {
-    if (op.vectors.empty()) return absl::InvalidArgumentError(field + ": projections need at least one vector");
+  if (k == Op::OP_PROJECT_OUT || k == Op::OP_PROJECT_ONTO) {
+    if (op.vectors().empty()) return absl::InvalidArgumentError(field + ": projections need at least one vector");
     std::vector<torch::Tensor> cols;
-    for (const auto& v : op.vectors) cols.push_back(torch::tensor(v, torch::kDouble));
+    for (const v1::HookVector& v : op.vectors()) cols.push_back(Vector(v));
     auto [U, S, Vh] = torch::linalg_svd(torch::stack(cols, 1), false);
     const double top = S.max().item<double>();
     if (!(top > 0)) return absl::InvalidArgumentError(field + ".vectors span nothing (all zero)");

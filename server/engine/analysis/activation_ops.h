@@ -29,8 +29,14 @@ struct HookGeometry {
   bool pattern = false;    // attention probabilities: zero, mean, resample and patch only
 };
 
+// Whether `op` edits a hook point (OP_ZERO .. OP_REPLACE_CONVEX) rather
+// than IMIR weights.
+inline bool IsActivationOp(v1::Intervention::Op op) {
+  return op >= v1::Intervention::OP_ZERO && op <= v1::Intervention::OP_REPLACE_CONVEX;
+}
+
 struct PreparedOp {
-  const InterventionOp* op = nullptr;
+  const v1::Intervention* op = nullptr;
   std::string field;  // "interventions[i]"
   HookGeometry geo;
   torch::Tensor rows;   // bool [T]
@@ -51,7 +57,7 @@ struct PreparedOp {
 // Validates `op` (positions in [0, T), head in [0, heads], vectors of the
 // point's width and finite, the ops a pattern takes) against the point;
 // InvalidArgument naming `field`.
-absl::StatusOr<PreparedOp> PrepareActivationOp(const InterventionOp& op, const std::string& field,
+absl::StatusOr<PreparedOp> PrepareActivationOp(const v1::Intervention& op, const std::string& field,
                                                const HookGeometry& geo, int64_t T);
 
 // Whether the op reads reference activations (mean, resample, patch,
@@ -80,7 +86,7 @@ class AttentionMassMeter {
   void Reset();
 
  private:
-  friend absl::StatusOr<AttentionMassMeter> PrepareAttentionMass(const AttentionMassSpec&, const std::string&,
+  friend absl::StatusOr<AttentionMassMeter> PrepareAttentionMass(const v1::AttentionMass&, const std::string&,
                                                                  const HookGeometry&, int64_t,
                                                                  const std::vector<int64_t>&);
   HookGeometry geo_;
@@ -94,7 +100,7 @@ class AttentionMassMeter {
 // < 0 relative to the query, each in [-T, T - 1]; queries in [0, T - 1],
 // `default_queries` when empty); InvalidArgument naming `field`. Mass is
 // averaged over the queries that see at least one of the keys.
-absl::StatusOr<AttentionMassMeter> PrepareAttentionMass(const AttentionMassSpec& spec, const std::string& field,
+absl::StatusOr<AttentionMassMeter> PrepareAttentionMass(const v1::AttentionMass& spec, const std::string& field,
                                                         const HookGeometry& geo, int64_t T,
                                                         const std::vector<int64_t>& default_queries);
 
@@ -103,12 +109,12 @@ std::vector<AttentionMassMeter> FreshCopies(const std::vector<AttentionMassMeter
 
 // D.6 logit_diff tokens: empty, or two ids below `vocab`; InvalidArgument
 // naming logit_diff_tokens otherwise. The alt_name effects report.
-absl::Status CheckLogitDiffTokens(const std::vector<int64_t>& tokens, int64_t vocab);
-std::string LogitDiffName(const std::vector<int64_t>& tokens);
+absl::Status CheckLogitDiffTokens(const google::protobuf::RepeatedField<uint32_t>& tokens, int64_t vocab);
+std::string LogitDiffName(const google::protobuf::RepeatedField<uint32_t>& tokens);
 
 // Appends each meter's per-head mass, clean and intervened, to `e`.
 void ReportMass(const std::vector<AttentionMassMeter>& clean, const std::vector<AttentionMassMeter>& hit,
-                EffectReport& e);
+                v1::InterventionEffect& e);
 
 // `inner` (or no edit when null), with every meter's pattern recorded as
 // the forward sees it after the edit.

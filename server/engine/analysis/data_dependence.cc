@@ -8,6 +8,7 @@
 #include <tuple>
 
 #include "server/common/seeds.h"
+#include "server/engine/analysis/imir_analyses.h"
 #include "server/engine/models/imir_model.h"
 #include "server/engine/spec.h"
 #include "server/engine/tasks/block_task.h"
@@ -183,6 +184,61 @@ std::vector<DataDependenceRow> CheckDataDependence(const v1::ExperimentSpec& bas
     rows.push_back(row);
   }
   return rows;
+}
+
+}  // namespace circuitlab::engine
+
+namespace circuitlab::engine {
+
+absl::StatusOr<v1::CheckDataDependenceResponse> ImirDataDependence(const v1::ExperimentSpec& spec,
+                                                                   const v1::CheckDataDependenceRequest& request,
+                                                                   const AnalysisProgress& progress,
+                                                                   const CancelToken* cancel) {
+  at::set_num_threads(1);
+  if (request.samples() == 0) return absl::InvalidArgumentError("CheckDataDependence needs its canonical request");
+  std::vector<DataDependencePoint> points;
+  for (const v1::DataPoint& p : request.points()) {
+    DataDependencePoint q;
+    q.rare_fraction = p.rare_fraction();
+    q.variability = p.variability();
+    q.variant_mode = p.variability_mode() != v1::VARIABILITY_MODE_REPAIR;
+    q.burstiness = std::max<int64_t>(1, p.burstiness());
+    q.delta = p.delta_saturated() ? SaturatedDelta(ShapeOf(spec).vocab) : p.delta();
+    q.abg = p.abg();
+    points.push_back(q);
+  }
+  DataDependenceConfig config;
+  config.samples = static_cast<int64_t>(request.samples());
+  // The standard error comes from the spread of chunk means: at least 8 chunks.
+  config.chunk = std::min<int64_t>(config.chunk, config.samples / 8);
+  config.seed = request.seed();
+  bool stopped = false;
+  const std::vector<DataDependenceRow> rows =
+      CheckDataDependence(spec, points, config, [&](int64_t done, int64_t total) {
+        if (progress) progress(static_cast<double>(done) / static_cast<double>(std::max<int64_t>(1, total)));
+        stopped = cancel != nullptr && cancel->stop_requested();
+        return !stopped;
+      });
+  if (stopped) return absl::CancelledError("data-dependence check stopped");
+  v1::CheckDataDependenceResponse out;
+  out.set_samples(request.samples());
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const DataDependenceRow& r = rows[i];
+    v1::DataDependenceRow* o = out.add_rows();
+    *o->mutable_point() = request.points(static_cast<int>(i));
+    o->mutable_point()->set_delta(r.point.delta);
+    o->set_grad_alpha(r.grad[0]);
+    o->set_grad_beta(r.grad[1]);
+    o->set_grad_gamma(r.grad[2]);
+    o->set_grad_delta(r.grad[3]);
+    o->set_gamma_stderr(r.gamma_stderr);
+    o->set_closed_form_gamma(r.closed_form_gamma);
+    o->set_ratio(r.ratio);
+    o->set_ratio_vector(r.ratio_vector);
+    o->set_phi(r.phi);
+    o->set_identity_max_rel_error(r.identity_max_rel_error);
+  }
+  return out;
 }
 
 }  // namespace circuitlab::engine

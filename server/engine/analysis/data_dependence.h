@@ -2,8 +2,9 @@
 // the gradient of the loss along the canonical coordinates (alpha, beta,
 // gamma, delta) of the 2-layer paper model on associative recall, at the
 // zero point (alpha = beta = gamma = 0, delta = 0 or delta*) or a seeded
-// point, for a grid of data statistics. This header is torch-free (the
-// scheduler reaches it through engine.h); the implementation uses LibTorch.
+// point, for a grid of data statistics. Engine-private (the Analyzer's entry
+// point is ImirDataDependence); this header is torch-free, the
+// implementation uses LibTorch.
 //
 // At the zero point both attention layers are uniform, so for every single
 // sequence dl/dgamma = sum_v p_v count_v / T - count_y / T with p =

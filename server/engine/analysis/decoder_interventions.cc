@@ -4,6 +4,7 @@
 #include <numeric>
 
 #include "server/common/seeds.h"
+#include "server/common/text.h"
 #include "server/engine/analysis/activation_ops.h"
 #include "server/engine/analysis/task_vectors.h"
 #include "server/engine/train/latent_trainer.h"
@@ -47,7 +48,7 @@ void PrepareConvex(PreparedOp& p, const LatentTaskGenerator& task, const torch::
   torch::Tensor counts = torch::zeros({K}, torch::kDouble).index_add_(0, of, torch::ones({n}, torch::kDouble));
   torch::Tensor means = sums / counts.clamp_min(1).view({K, 1, 1});
   torch::Tensor theta = means - means.mean(0);  // [K, T, D]
-  if (p.op->subtract == "projection") {
+  if (p.op->subtract() == "projection") {
     torch::Tensor rows = p.rows.nonzero().flatten();
     torch::Tensor bar = theta.index_select(1, rows).mean(1);  // [K, D]
     torch::Tensor span = OrthonormalColumns(bar.t());
@@ -75,7 +76,7 @@ struct SetIndex {
     return -1;
   }
   // The requested sets (all when none), or InvalidArgument.
-  absl::StatusOr<std::vector<int>> Chosen(const std::vector<std::string>& requested) const {
+  absl::StatusOr<std::vector<int>> Chosen(const google::protobuf::RepeatedPtrField<std::string>& requested) const {
     std::vector<int> chosen;
     for (const std::string& name : requested) {
       const int i = Find(name);
@@ -93,27 +94,27 @@ struct SetIndex {
 // sequences of T positions. `check` sees each op with its parsed point and
 // may refuse it (the model-specific rules).
 absl::StatusOr<std::vector<PreparedOp>> PrepareOps(
-    const InterveneRequest& request, const DecoderConfig& cfg, int64_t T, const SetIndex& index,
-    const std::function<absl::Status(const InterventionOp&, const HookPoint&, const std::string&)>& check) {
+    const v1::InterveneRequest& request, const DecoderConfig& cfg, int64_t T, const SetIndex& index,
+    const std::function<absl::Status(const v1::Intervention&, const HookPoint&, const std::string&)>& check) {
   std::vector<PreparedOp> ops;
-  for (size_t i = 0; i < request.ops.size(); ++i) {
-    const InterventionOp& op = request.ops[i];
+  for (int i = 0; i < request.interventions_size(); ++i) {
+    const v1::Intervention& op = request.interventions(i);
     const std::string field = "interventions[" + std::to_string(i) + "]";
-    if (!op.activation()) {
+    if (!IsActivationOp(op.op())) {
       return absl::FailedPreconditionError(field + ": coordinate and head-ablation ops edit IMIR weights; a "
                                            "decoder run takes the hook-point ops OP_ZERO .. OP_REPLACE_CONVEX");
     }
-    absl::StatusOr<HookPoint> hp = ParseHookPoint(op.hook, cfg.layers, cfg.final_ln);
+    absl::StatusOr<HookPoint> hp = ParseHookPoint(op.hook(), cfg.layers, cfg.final_ln);
     if (!hp.ok()) return absl::InvalidArgumentError(field + ".hook: " + std::string(hp.status().message()));
     if (hp->kind == HookPoint::Kind::kLogits) {
       return absl::InvalidArgumentError(field + ".hook: logits is read, not edited; edit an earlier point");
     }
-    absl::StatusOr<PreparedOp> p = PrepareActivationOp(op, field, GeometryOf(*hp, op.hook, cfg), T);
+    absl::StatusOr<PreparedOp> p = PrepareActivationOp(op, field, GeometryOf(*hp, op.hook(), cfg), T);
     if (!p.ok()) return p.status();
     if (absl::Status s = check(op, *hp, field); !s.ok()) return s;
-    if (!op.reference_set.empty() && index.Find(op.reference_set) < 0) {
-      return absl::InvalidArgumentError(field + ".reference_set must be one of " + index.names + ", got '" +
-                                        op.reference_set + "'");
+    if (!op.reference_set().empty() && index.Find(op.reference_set()) < 0) {
+      return absl::InvalidArgumentError(field + ".reference_set must be one of " + index.names + ", got " +
+                                        Quote(op.reference_set()));
     }
     ops.push_back(std::move(*p));
   }
@@ -122,17 +123,18 @@ absl::StatusOr<std::vector<PreparedOp>> PrepareOps(
 
 // The D.6 attention_mass meters of `request` for a decoder with `cfg` on T
 // positions (queries default to every position).
-absl::StatusOr<std::vector<AttentionMassMeter>> PrepareMass(const InterveneRequest& request, const DecoderConfig& cfg,
-                                                            int64_t T) {
+absl::StatusOr<std::vector<AttentionMassMeter>> PrepareMass(const v1::InterveneRequest& request,
+                                                            const DecoderConfig& cfg, int64_t T) {
   std::vector<int64_t> every(static_cast<size_t>(T));
   std::iota(every.begin(), every.end(), 0);
   std::vector<AttentionMassMeter> meters;
-  for (size_t i = 0; i < request.attention_mass.size(); ++i) {
-    const AttentionMassSpec& spec = request.attention_mass[i];
+  for (int i = 0; i < request.attention_mass_size(); ++i) {
+    const v1::AttentionMass& spec = request.attention_mass(i);
     const std::string field = "attention_mass[" + std::to_string(i) + "]";
-    absl::StatusOr<HookPoint> hp = ParseHookPoint(spec.pattern, cfg.layers, cfg.final_ln);
+    absl::StatusOr<HookPoint> hp = ParseHookPoint(spec.pattern(), cfg.layers, cfg.final_ln);
     if (!hp.ok()) return absl::InvalidArgumentError(field + ".pattern: " + std::string(hp.status().message()));
-    absl::StatusOr<AttentionMassMeter> m = PrepareAttentionMass(spec, field, GeometryOf(*hp, spec.pattern, cfg), T, every);
+    absl::StatusOr<AttentionMassMeter> m =
+        PrepareAttentionMass(spec, field, GeometryOf(*hp, spec.pattern(), cfg), T, every);
     if (!m.ok()) return m.status();
     meters.push_back(std::move(*m));
   }
@@ -161,63 +163,173 @@ absl::Status CaptureReferences(std::vector<PreparedOp>& ops, const DecoderModel&
   return absl::OkStatus();
 }
 
+// The rules OP_REPLACE_CONVEX adds on a latent run.
+absl::Status CheckConvex(const v1::Intervention& op, const HookPoint& hp, const std::string& field,
+                         const LatentTaskGenerator& task) {
+  if (hp.kind == HookPoint::Kind::kHead) {
+    return absl::InvalidArgumentError(field +
+                                      ": OP_REPLACE_CONVEX edits a stream point (embed, resid_pre, "
+                                      "post_attn, post_mlp), not attn.head");
+  }
+  if (!task.has_bayes()) {
+    return absl::FailedPreconditionError(field +
+                                         ": OP_REPLACE_CONVEX needs a DICE or MARKOV task (its "
+                                         "mixture laws)");
+  }
+  if (!op.weights().empty() && op.weights_size() != task.num_majors()) {
+    return absl::InvalidArgumentError(field + ".weights must have one entry per major task (" +
+                                      std::to_string(task.num_majors()) + "), got " +
+                                      std::to_string(op.weights_size()));
+  }
+  double total = 0;
+  for (double w : op.weights()) total += w;
+  if (!op.weights().empty() && !(total > 0)) return absl::InvalidArgumentError(field + ".weights must not all be zero");
+  if (op.weights().empty() && !(op.value() >= 0 && op.value() <= 100)) {
+    return absl::InvalidArgumentError(field +
+                                      ".value (the Dirichlet concentration) must be in [0, 100] "
+                                      "(0 = 1), got " +
+                                      std::to_string(op.value()));
+  }
+  if (!op.subtract().empty() && op.subtract() != "true_task" && op.subtract() != "projection") {
+    return absl::InvalidArgumentError(field + ".subtract must be true_task or projection, got " + Quote(op.subtract()));
+  }
+  if (!op.reference_set().empty() && op.reference_set() != "id") {
+    return absl::InvalidArgumentError(field + ".reference_set: the task vectors come from the majors (id)");
+  }
+  return absl::OkStatus();
+}
+
+// One evaluated set of a latent run: its sequences, the prepared ops (their
+// references captured), the replace-convex op whose lambda defines kl_ref's
+// law (or null) and that lambda [n, K].
+struct LatentSetEval {
+  const LatentEvalSetDef* set;
+  torch::Tensor tokens;  // [n, T]
+  const PreparedOp* convex = nullptr;
+  torch::Tensor convex_lambda;
+};
+
+// The clean and intervened effects of `ops` on one evaluated set.
+v1::InterventionEffect LatentEffect(const DecoderModel& model, const LatentTaskGenerator& task,
+                                    const v1::InterveneRequest& request, const std::vector<PreparedOp>& ops,
+                                    const std::vector<AttentionMassMeter>& meters, const LatentSetEval& s) {
+  const int64_t T = task.seq_len(), n = s.tokens.size(0);
+  const auto& pair = request.logit_diff_tokens();
+  double loss_clean = 0, loss = 0, acc_clean = 0, acc = 0, kl = 0, kl_ref_clean = 0, kl_ref = 0, ld_clean = 0, ld = 0;
+  // kl_ref is averaged over every predicting position, or over the steered
+  // ones for a replace-convex op.
+  torch::Tensor ref_rows = torch::arange(T - 1, torch::kLong);
+  if (s.convex != nullptr) {
+    torch::Tensor r = s.convex->rows.narrow(0, 0, T - 1).nonzero().flatten();
+    if (r.numel() > 0) ref_rows = r;
+  }
+  const bool major = s.set->pool == LatentPool::kMajor;
+  std::vector<AttentionMassMeter> clean_mass = FreshCopies(meters), hit_mass = FreshCopies(meters);
+  const HookFn clean_hook = MeteredHook(nullptr, clean_mass);
+  for (int64_t b = 0; b < n; b += kChunk) {
+    const int64_t count = std::min(kChunk, n - b);
+    torch::Tensor chunk = s.tokens.narrow(0, b, count).unsqueeze(0);
+    const HookFn edit = EditHook(ops, b), metered = MeteredHook(&edit, hit_mass);
+    torch::Tensor clean = model.Forward(chunk, &clean_hook), edited = model.Forward(chunk, &metered);
+    loss_clean += NextTokenLoss(clean, chunk).sum().item<double>();
+    loss += NextTokenLoss(edited, chunk).sum().item<double>();
+    torch::Tensor next = chunk.narrow(2, 1, T - 1);
+    acc_clean += (clean.narrow(2, 0, T - 1).argmax(-1) == next).to(torch::kDouble).mean(2).sum().item<double>();
+    acc += (edited.narrow(2, 0, T - 1).argmax(-1) == next).to(torch::kDouble).mean(2).sum().item<double>();
+    torch::Tensor lc = torch::log_softmax(clean.narrow(2, 0, T - 1).to(torch::kDouble), -1);
+    torch::Tensor le = torch::log_softmax(edited.narrow(2, 0, T - 1).to(torch::kDouble), -1);
+    kl += (lc.exp() * (lc - le)).sum(-1).mean(2).sum().item<double>();
+    if (!pair.empty()) {  // per sequence: mean over the predicting positions
+      auto diff = [&](const torch::Tensor& logits) {
+        torch::Tensor l = logits.narrow(2, 0, T - 1).to(torch::kDouble);
+        return (l.select(-1, pair[0]) - l.select(-1, pair[1])).mean(2).sum().item<double>();
+      };
+      ld_clean += diff(clean);
+      ld += diff(edited);
+    }
+    if (!task.has_bayes()) continue;
+    // The reference law in chunks of kBayesChunk ([chunk, T, tasks] for the known pool).
+    for (int64_t q0 = 0; q0 < count; q0 += kBayesChunk) {
+      const int64_t qn = std::min(kBayesChunk, count - q0);
+      torch::Tensor seqs = s.tokens.narrow(0, b + q0, qn);
+      torch::Tensor q;
+      if (s.convex != nullptr) {  // the mixture law the steering aims at
+        torch::Tensor lam = s.convex_lambda.narrow(0, b + q0, qn).unsqueeze(1).expand({qn, T, task.num_majors()});
+        q = task.MixLaws(seqs, lam, task.pool(LatentPool::kMajor)).narrow(1, 0, T - 1);
+      } else {
+        q = (major ? task.KnownPool(seqs).probs : task.Extrapolation(seqs)).narrow(1, 0, T - 1);
+      }
+      torch::Tensor logq = q.clamp_min(1e-300).log();
+      auto kl_to_q = [&](const torch::Tensor& lp) {
+        torch::Tensor l = lp.squeeze(0).narrow(0, q0, qn);
+        torch::Tensor per = (l.exp() * (l - logq)).sum(-1);  // [qn, T-1]
+        return per.index_select(1, ref_rows).mean(1).sum().item<double>();
+      };
+      kl_ref_clean += kl_to_q(lc);
+      kl_ref += kl_to_q(le);
+    }
+  }
+  v1::InterventionEffect e;
+  ReportMass(clean_mass, hit_mass, e);
+  e.set_eval_set(s.set->name);
+  const double dn = static_cast<double>(n);
+  e.set_loss_clean(loss_clean / dn);
+  e.set_loss(loss / dn);
+  e.set_accuracy_clean(acc_clean / dn);
+  e.set_accuracy(acc / dn);
+  e.set_kl_clean(kl / dn);
+  if (!pair.empty()) {
+    e.set_has_logit_diff(true);
+    e.set_alt_name(LogitDiffName(pair));
+    e.set_logit_diff_clean(ld_clean / dn);
+    e.set_logit_diff(ld / dn);
+  }
+  if (task.has_bayes()) {
+    e.set_has_kl_ref(true);
+    e.set_ref_name(s.convex != nullptr ? "mixture" : major ? "bayes" : "extrapolation");
+    e.set_kl_ref_clean(kl_ref_clean / dn);
+    e.set_kl_ref(kl_ref / dn);
+  }
+  return e;
+}
+
+// lambda [n, K] of a replace-convex op on set si: its weights, or
+// Dirichlet(value) per sequence.
+torch::Tensor ConvexLambda(const v1::Intervention& op, int64_t n, int64_t K, uint64_t seed, int si) {
+  if (!op.weights().empty()) {
+    torch::Tensor w = torch::tensor(std::vector<double>(op.weights().begin(), op.weights().end()), torch::kDouble);
+    return (w / w.sum()).unsqueeze(0).expand({n, K}).contiguous();
+  }
+  torch::Generator gen = MakeGenerator(DeriveSeed63(seed, "intervene/convex", static_cast<uint64_t>(si)));
+  torch::Tensor g = at::_standard_gamma(torch::full({n, K}, op.value() == 0 ? 1.0 : op.value(), torch::kDouble), gen);
+  return g / g.sum(-1, true).clamp_min(1e-300);
+}
+
 }  // namespace
 
-absl::StatusOr<InterveneReport> InterveneDecoder(const DecoderModel& model, const LatentTaskGenerator& task,
-                                                 const InterveneRequest& request) {
+absl::StatusOr<v1::InterveneResponse> InterveneDecoder(const DecoderModel& model, const LatentTaskGenerator& task,
+                                                       const v1::InterveneRequest& request) {
   torch::NoGradGuard no_grad;
   const DecoderConfig& cfg = model.config();
   const int64_t T = task.seq_len();
   const SetIndex index(task.num_minors() > 0);
   const std::vector<LatentEvalSetDef>& sets = index.sets;
-  auto find_set = [&](const std::string& name) { return index.Find(name); };
 
   // ---- validate and prepare every op ----
-  const InterventionOp* convex = nullptr;  // the (last) replace-convex op: its lambda defines kl_ref's law
-  auto check = [&](const InterventionOp& op, const HookPoint& hp, const std::string& field) -> absl::Status {
-    if (op.kind != InterventionOp::Kind::kActReplaceConvex) return absl::OkStatus();
-    if (hp.kind == HookPoint::Kind::kHead) {
-      return absl::InvalidArgumentError(field + ": OP_REPLACE_CONVEX edits a stream point (embed, resid_pre, "
-                                        "post_attn, post_mlp), not attn.head");
-    }
-    if (!task.has_bayes()) {
-      return absl::FailedPreconditionError(field + ": OP_REPLACE_CONVEX needs a DICE or MARKOV task (its "
-                                           "mixture laws)");
-    }
-    if (!op.weights.empty() && static_cast<int64_t>(op.weights.size()) != task.num_majors()) {
-      return absl::InvalidArgumentError(field + ".weights must have one entry per major task (" +
-                                        std::to_string(task.num_majors()) + "), got " +
-                                        std::to_string(op.weights.size()));
-    }
-    double total = 0;
-    for (double w : op.weights) total += w;
-    if (!op.weights.empty() && !(total > 0)) return absl::InvalidArgumentError(field + ".weights must not all be zero");
-    if (op.weights.empty() && !(op.value >= 0 && op.value <= 100)) {
-      return absl::InvalidArgumentError(field + ".value (the Dirichlet concentration) must be in [0, 100] "
-                                        "(0 = 1), got " + std::to_string(op.value));
-    }
-    if (!op.subtract.empty() && op.subtract != "true_task" && op.subtract != "projection") {
-      return absl::InvalidArgumentError(field + ".subtract must be true_task or projection, got '" + op.subtract +
-                                        "'");
-    }
-    if (!op.reference_set.empty() && op.reference_set != "id") {
-      return absl::InvalidArgumentError(field + ".reference_set: the task vectors come from the majors (id)");
-    }
-    convex = &op;
-    return absl::OkStatus();
+  auto check = [&](const v1::Intervention& op, const HookPoint& hp, const std::string& field) -> absl::Status {
+    return op.op() == v1::Intervention::OP_REPLACE_CONVEX ? CheckConvex(op, hp, field, task) : absl::OkStatus();
   };
   absl::StatusOr<std::vector<PreparedOp>> prepared = PrepareOps(request, cfg, T, index, check);
   if (!prepared.ok()) return prepared.status();
   std::vector<PreparedOp>& ops = *prepared;
   absl::StatusOr<std::vector<AttentionMassMeter>> meters = PrepareMass(request, cfg, T);
   if (!meters.ok()) return meters.status();
-  if (absl::Status s = CheckLogitDiffTokens(request.logit_diff_tokens, cfg.vocab); !s.ok()) return s;
-  const std::vector<int64_t>& pair = request.logit_diff_tokens;
-  absl::StatusOr<std::vector<int>> picked = index.Chosen(request.eval_sets);
+  if (absl::Status s = CheckLogitDiffTokens(request.logit_diff_tokens(), cfg.vocab); !s.ok()) return s;
+  absl::StatusOr<std::vector<int>> picked = index.Chosen(request.eval_sets());
   if (!picked.ok()) return picked.status();
   const std::vector<int>& chosen = *picked;
   for (const PreparedOp& p : ops) {
-    if (p.op->kind != InterventionOp::Kind::kActReplaceConvex || p.op->subtract == "projection") continue;
+    if (p.op->op() != v1::Intervention::OP_REPLACE_CONVEX || p.op->subtract() == "projection") continue;
     for (int i : chosen) {
       if (sets[static_cast<size_t>(i)].pool != LatentPool::kMajor) {
         return absl::InvalidArgumentError(p.field + ": OP_REPLACE_CONVEX with subtract true_task needs eval_sets "
@@ -228,133 +340,46 @@ absl::StatusOr<InterveneReport> InterveneDecoder(const DecoderModel& model, cons
   }
 
   // Sequences of set i: evaluation and reference draws, fixed by the seed.
-  const int64_t n = request.n_eval;
+  const int64_t n = request.n_eval();
   auto draw = [&](int i, const char* purpose) {
-    torch::Generator gen = MakeGenerator(DeriveSeed63(request.seed, purpose, static_cast<uint64_t>(i)));
+    torch::Generator gen = MakeGenerator(DeriveSeed63(request.seed(), purpose, static_cast<uint64_t>(i)));
     const LatentPool pool = sets[static_cast<size_t>(i)].pool;
     return task.SamplePool(pool, torch::arange(n, torch::kLong).remainder(task.pool(pool).size(0)), gen).tokens;
   };
-
-  // lambda [n, K] of a replace-convex op on set si: its weights, or
-  // Dirichlet(value) per sequence.
-  auto lambda_of = [&](const InterventionOp& op, int si) {
-    const int64_t K = task.num_majors();
-    if (!op.weights.empty()) {
-      torch::Tensor w = torch::tensor(op.weights, torch::kDouble);
-      return (w / w.sum()).unsqueeze(0).expand({n, K}).contiguous();
-    }
-    torch::Generator gen = MakeGenerator(DeriveSeed63(request.seed, "intervene/convex", static_cast<uint64_t>(si)));
-    torch::Tensor g = at::_standard_gamma(torch::full({n, K}, op.value == 0 ? 1.0 : op.value, torch::kDouble), gen);
-    return g / g.sum(-1, true).clamp_min(1e-300);
-  };
-
-  InterveneReport report;
+  const PreparedOp* convex = nullptr;  // the (last) replace-convex op: its lambda defines kl_ref's law
+  for (const PreparedOp& p : ops) {
+    if (p.op->op() == v1::Intervention::OP_REPLACE_CONVEX) convex = &p;
+  }
+  v1::InterveneResponse response;
   for (int si : chosen) {
-    torch::Tensor tokens = draw(si, "intervene/eval");
+    LatentSetEval eval{&sets[static_cast<size_t>(si)], draw(si, "intervene/eval"), convex, torch::Tensor()};
     auto reference = [&](const PreparedOp& p) {  // replace-convex's task vectors come from the majors
-      if (p.op->kind == InterventionOp::Kind::kActReplaceConvex) return find_set("id");
-      return p.op->reference_set.empty() ? si : find_set(p.op->reference_set);
+      if (p.op->op() == v1::Intervention::OP_REPLACE_CONVEX) return index.Find("id");
+      return p.op->reference_set().empty() ? si : index.Find(p.op->reference_set());
     };
-    absl::Status s = CaptureReferences(ops, model, si, n, T, request.seed, reference,
+    absl::Status s = CaptureReferences(ops, model, si, n, T, request.seed(), reference,
                                        [&](int ri) { return draw(ri, "intervene/reference"); });
     if (!s.ok()) return s;
     // lambda depends on the op and the set only: drawn once per replace-convex op.
-    const torch::Tensor convex_lambda = convex != nullptr ? lambda_of(*convex, si) : torch::Tensor();
+    const int64_t K = task.num_majors();
+    if (convex != nullptr) eval.convex_lambda = ConvexLambda(*convex->op, n, K, request.seed(), si);
     for (PreparedOp& p : ops) {
-      if (p.op->kind == InterventionOp::Kind::kActReplaceConvex) {
-        PrepareConvex(p, task, p.op == convex ? convex_lambda : lambda_of(*p.op, si), n);
-      }
+      if (p.op->op() != v1::Intervention::OP_REPLACE_CONVEX) continue;
+      PrepareConvex(p, task, &p == convex ? eval.convex_lambda : ConvexLambda(*p.op, n, K, request.seed(), si), n);
     }
-    double loss_clean = 0, loss = 0, acc_clean = 0, acc = 0, kl = 0, kl_ref_clean = 0, kl_ref = 0, ld_clean = 0,
-           ld = 0;
-    // kl_ref is averaged over every predicting position, or over the steered
-    // ones for a replace-convex op.
-    torch::Tensor ref_rows = torch::arange(T - 1, torch::kLong);
-    for (const PreparedOp& p : ops) {
-      if (p.op != convex) continue;
-      torch::Tensor r = p.rows.narrow(0, 0, T - 1).nonzero().flatten();
-      if (r.numel() > 0) ref_rows = r;
-    }
-    const bool major = sets[static_cast<size_t>(si)].pool == LatentPool::kMajor;
-    std::vector<AttentionMassMeter> clean_mass = FreshCopies(*meters), hit_mass = FreshCopies(*meters);
-    const HookFn clean_hook = MeteredHook(nullptr, clean_mass);
-    for (int64_t b = 0; b < n; b += kChunk) {
-      const int64_t count = std::min(kChunk, n - b);
-      torch::Tensor chunk = tokens.narrow(0, b, count).unsqueeze(0);
-      const HookFn edit = EditHook(ops, b), metered = MeteredHook(&edit, hit_mass);
-      torch::Tensor clean = model.Forward(chunk, &clean_hook), edited = model.Forward(chunk, &metered);
-      loss_clean += NextTokenLoss(clean, chunk).sum().item<double>();
-      loss += NextTokenLoss(edited, chunk).sum().item<double>();
-      torch::Tensor next = chunk.narrow(2, 1, T - 1);
-      acc_clean += (clean.narrow(2, 0, T - 1).argmax(-1) == next).to(torch::kDouble).mean(2).sum().item<double>();
-      acc += (edited.narrow(2, 0, T - 1).argmax(-1) == next).to(torch::kDouble).mean(2).sum().item<double>();
-      torch::Tensor lc = torch::log_softmax(clean.narrow(2, 0, T - 1).to(torch::kDouble), -1);
-      torch::Tensor le = torch::log_softmax(edited.narrow(2, 0, T - 1).to(torch::kDouble), -1);
-      kl += (lc.exp() * (lc - le)).sum(-1).mean(2).sum().item<double>();
-      if (!pair.empty()) {  // per sequence: mean over the predicting positions
-        auto diff = [&](const torch::Tensor& logits) {
-          torch::Tensor l = logits.narrow(2, 0, T - 1).to(torch::kDouble);
-          return (l.select(-1, pair[0]) - l.select(-1, pair[1])).mean(2).sum().item<double>();
-        };
-        ld_clean += diff(clean);
-        ld += diff(edited);
-      }
-      if (task.has_bayes()) {
-        // The reference law in chunks of kBayesChunk ([chunk, T, tasks] for the known pool).
-        for (int64_t q0 = 0; q0 < count; q0 += kBayesChunk) {
-          const int64_t qn = std::min(kBayesChunk, count - q0);
-          torch::Tensor seqs = tokens.narrow(0, b + q0, qn);
-          torch::Tensor q;
-          if (convex != nullptr) {  // the mixture law the steering aims at
-            torch::Tensor lam = convex_lambda.narrow(0, b + q0, qn).unsqueeze(1).expand({qn, T, task.num_majors()});
-            q = task.MixLaws(seqs, lam, task.pool(LatentPool::kMajor)).narrow(1, 0, T - 1);
-          } else {
-            q = (major ? task.KnownPool(seqs).probs : task.Extrapolation(seqs)).narrow(1, 0, T - 1);
-          }
-          torch::Tensor logq = q.clamp_min(1e-300).log();
-          auto kl_to_q = [&](const torch::Tensor& lp) {
-            torch::Tensor l = lp.squeeze(0).narrow(0, q0, qn);
-            torch::Tensor per = (l.exp() * (l - logq)).sum(-1);  // [qn, T-1]
-            return per.index_select(1, ref_rows).mean(1).sum().item<double>();
-          };
-          kl_ref_clean += kl_to_q(lc);
-          kl_ref += kl_to_q(le);
-        }
-      }
-    }
-    EffectReport e;
-    ReportMass(clean_mass, hit_mass, e);
-    e.eval_set = sets[static_cast<size_t>(si)].name;
-    const double dn = static_cast<double>(n);
-    e.loss_clean = loss_clean / dn;
-    e.loss = loss / dn;
-    e.accuracy_clean = acc_clean / dn;
-    e.accuracy = acc / dn;
-    e.kl_clean = kl / dn;
-    if (!pair.empty()) {
-      e.has_logit_diff = true;
-      e.alt_name = LogitDiffName(pair);
-      e.logit_diff_clean = ld_clean / dn;
-      e.logit_diff = ld / dn;
-    }
-    if (task.has_bayes()) {
-      e.has_kl_ref = true;
-      e.ref_name = convex != nullptr ? "mixture" : major ? "bayes" : "extrapolation";
-      e.kl_ref_clean = kl_ref_clean / dn;
-      e.kl_ref = kl_ref / dn;
-    }
-    report.effects.push_back(e);
+    *response.add_effects() = LatentEffect(model, task, request, ops, *meters, eval);
   }
-  return report;
+  return response;
 }
 
-absl::StatusOr<InterveneReport> InterveneRegression(const DecoderModel& model, const RegressionTaskGenerator& task,
-                                                    const InterveneRequest& request) {
+absl::StatusOr<v1::InterveneResponse> InterveneRegression(const DecoderModel& model,
+                                                          const RegressionTaskGenerator& task,
+                                                          const v1::InterveneRequest& request) {
   torch::NoGradGuard no_grad;
   const int64_t points = task.num_points(), T = 3 * points;
   const SetIndex index(task.num_minors() > 0);
-  auto check = [](const InterventionOp& op, const HookPoint&, const std::string& field) -> absl::Status {
-    if (op.kind != InterventionOp::Kind::kActReplaceConvex) return absl::OkStatus();
+  auto check = [](const v1::Intervention& op, const HookPoint&, const std::string& field) -> absl::Status {
+    if (op.op() != v1::Intervention::OP_REPLACE_CONVEX) return absl::OkStatus();
     return absl::FailedPreconditionError(field + ": OP_REPLACE_CONVEX takes DICE and MARKOV runs (an E2 run's "
                                          "per-task mean states carry almost none of its state; see the steering "
                                          "analysis)");
@@ -364,25 +389,25 @@ absl::StatusOr<InterveneReport> InterveneRegression(const DecoderModel& model, c
   std::vector<PreparedOp>& ops = *prepared;
   absl::StatusOr<std::vector<AttentionMassMeter>> meters = PrepareMass(request, model.config(), T);
   if (!meters.ok()) return meters.status();
-  if (!request.logit_diff_tokens.empty()) {
+  if (!request.logit_diff_tokens().empty()) {
     return absl::FailedPreconditionError("logit_diff_tokens: a regression run predicts a number, it has no logits");
   }
-  absl::StatusOr<std::vector<int>> chosen = index.Chosen(request.eval_sets);
+  absl::StatusOr<std::vector<int>> chosen = index.Chosen(request.eval_sets());
   if (!chosen.ok()) return chosen.status();
 
-  const int64_t n = request.n_eval;
+  const int64_t n = request.n_eval();
   auto draw = [&](int i, const char* purpose) {
-    torch::Generator gen = MakeGenerator(DeriveSeed63(request.seed, purpose, static_cast<uint64_t>(i)));
+    torch::Generator gen = MakeGenerator(DeriveSeed63(request.seed(), purpose, static_cast<uint64_t>(i)));
     const LatentPool pool = index.sets[static_cast<size_t>(i)].pool;
     return task.SamplePool(pool, torch::arange(n, torch::kLong).remainder(task.pool(pool).size(0)), gen);
   };
-  InterveneReport report;
+  v1::InterveneResponse response;
   for (int si : *chosen) {
     const RegressionBatch eval = draw(si, "intervene/eval");
     const torch::Tensor inputs = MemberInputs(model, eval.x, eval.y);  // [n, T, d + 1]
     absl::Status s = CaptureReferences(
-        ops, model, si, n, T, request.seed,
-        [&](const PreparedOp& p) { return p.op->reference_set.empty() ? si : index.Find(p.op->reference_set); },
+        ops, model, si, n, T, request.seed(),
+        [&](const PreparedOp& p) { return p.op->reference_set().empty() ? si : index.Find(p.op->reference_set()); },
         [&](int ri) {
           const RegressionBatch ref = draw(ri, "intervene/reference");
           return MemberInputs(model, ref.x, ref.y);
@@ -414,20 +439,19 @@ absl::StatusOr<InterveneReport> InterveneRegression(const DecoderModel& model, c
       to_ref_clean += sq(clean, q);
       to_ref += sq(edited, q);
     }
-    EffectReport e;
+    v1::InterventionEffect& e = *response.add_effects();
     ReportMass(clean_mass, hit_mass, e);
     const double dn = static_cast<double>(n);
-    e.eval_set = index.sets[static_cast<size_t>(si)].name;
-    e.loss_clean = loss_clean / dn;
-    e.loss = loss / dn;
-    e.kl_clean = shift / dn;
-    e.has_kl_ref = true;
-    e.ref_name = major ? "bayes" : "ridge";
-    e.kl_ref_clean = to_ref_clean / dn;
-    e.kl_ref = to_ref / dn;
-    report.effects.push_back(e);
+    e.set_eval_set(index.sets[static_cast<size_t>(si)].name);
+    e.set_loss_clean(loss_clean / dn);
+    e.set_loss(loss / dn);
+    e.set_kl_clean(shift / dn);
+    e.set_has_kl_ref(true);
+    e.set_ref_name(major ? "bayes" : "ridge");
+    e.set_kl_ref_clean(to_ref_clean / dn);
+    e.set_kl_ref(to_ref / dn);
   }
-  return report;
+  return response;
 }
 
 }  // namespace circuitlab::engine

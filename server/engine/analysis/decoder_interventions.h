@@ -16,8 +16,8 @@ namespace circuitlab::engine {
 // Evaluation sets "id", "ood" and (with minors) "minor", as the trainer's;
 // every op must be an activation op. InvalidArgument names the op and the
 // field at fault (hook point, vector width, position, set name).
-absl::StatusOr<InterveneReport> InterveneDecoder(const DecoderModel& model, const LatentTaskGenerator& task,
-                                                 const InterveneRequest& request);
+absl::StatusOr<v1::InterveneResponse> InterveneDecoder(const DecoderModel& model, const LatentTaskGenerator& task,
+                                                       const v1::InterveneRequest& request);
 
 // The same ops on the regression decoder of an E2 run (B.3; positions are
 // sequence positions of the mapsto layout, 3i + 1 predicts y_i). Effects
@@ -25,7 +25,8 @@ absl::StatusOr<InterveneReport> InterveneDecoder(const DecoderModel& model, cons
 // kl_clean = the mean squared change of the prediction, kl_ref = the squared
 // distance to the set's Bayes predictor ("bayes": retrieval over the known
 // tasks on id; "ridge" on ood and minor); accuracy is not defined (0).
-absl::StatusOr<InterveneReport> InterveneRegression(const DecoderModel& model, const RegressionTaskGenerator& task,
-                                                    const InterveneRequest& request);
+absl::StatusOr<v1::InterveneResponse> InterveneRegression(const DecoderModel& model,
+                                                          const RegressionTaskGenerator& task,
+                                                          const v1::InterveneRequest& request);
 
 }  // namespace circuitlab::engine

@@ -36,10 +36,10 @@ namespace circuitlab::engine {
 std::vector<torch::Tensor> RegressionStates(const DecoderModel& model, const torch::Tensor& x, const torch::Tensor& y,
                                             const std::vector<int>& layers, const std::string& kind);
 
-absl::StatusOr<TaskVectorReport> RunRegressionAnalyses(const DecoderModel& model,
-                                                       const RegressionTaskGenerator& task,
-                                                       const TaskVectorRequest& request,
-                                                       const std::function<void(double)>& progress,
-                                                       const CancelToken* cancel);
+absl::StatusOr<v1::AnalyzeTaskVectorsResponse> RunRegressionAnalyses(const DecoderModel& model,
+                                                                     const RegressionTaskGenerator& task,
+                                                                     const v1::AnalyzeTaskVectorsRequest& request,
+                                                                     const std::function<void(double)>& progress,
+                                                                     const CancelToken* cancel);
 
 }  // namespace circuitlab::engine

@@ -48,6 +48,53 @@ class Reporter {
 
 absl::Status Stopped() { return absl::CancelledError("task-vector analysis stopped"); }
 
+// What the analyses of one checkpoint share: the model, its task, the
+// request, the layers and positions it asks (defaults filled in), the
+// estimation window of the task vectors, progress and the rows written.
+struct TvRun {
+  TvRun(const DecoderModel& m, const LatentTaskGenerator& t, const v1::AnalyzeTaskVectorsRequest& request,
+        Reporter& reporter, RowFn rows)
+      : model(m),
+        task(t),
+        r(request),
+        rep(reporter),
+        row(std::move(rows)),
+        T(t.seq_len()),
+        K(t.num_majors()),
+        V(t.vocab_size()),
+        last(T - 2),
+        L(static_cast<int>(m.config().layers)) {
+    for (uint32_t l : r.layers()) layers.push_back(static_cast<int>(l));
+    if (layers.empty()) {
+      for (int l = 0; l < L; ++l) layers.push_back(l);
+    }
+    est_end = r.has_est_end() ? std::min<int64_t>(r.est_end(), last) : last;
+    est_begin = r.has_est_begin() ? std::min<int64_t>(r.est_begin(), est_end) : std::max<int64_t>(0, (3 * last) / 4);
+    positions.assign(r.positions().begin(), r.positions().end());
+    if (positions.empty()) {
+      for (int64_t p : {2, 4, 8, 16, 32}) {
+        if (p < last) positions.push_back(p);
+      }
+      positions.push_back(last);
+    }
+    for (int64_t& p : positions) p = std::min(p, last);
+    std::sort(positions.begin(), positions.end());
+    positions.erase(std::unique(positions.begin(), positions.end()), positions.end());
+  }
+
+  const DecoderModel& model;
+  const LatentTaskGenerator& task;
+  const v1::AnalyzeTaskVectorsRequest& r;
+  Reporter& rep;
+  const RowFn row;
+  const int64_t T, K, V;
+  const int64_t last;  // the last state that predicts a token
+  const int L;
+  std::vector<int> layers;
+  std::vector<int64_t> positions;
+  int64_t est_begin = 0, est_end = 0;
+};
+
 // Token-conditioned states at position t (D.5.1): for every token value a
 // and major k, B sequences of task k with x_t overwritten by a (the same base
 // sequences for every a). One [V, K, B, D] tensor per layer.
@@ -98,19 +145,108 @@ double HeldOutR2(const torch::Tensor& x, const torch::Tensor& y) {
   return den > 0 ? 1.0 - (yv - fit).pow(2).sum().item<double>() / den : 0.0;
 }
 
+// V_opt (D.5.12): the direction of `complement` [D, c] whose removal at
+// `point` most raises the cross-entropy of the target pool (minors, or the
+// OOD tasks `ood_params`); Adam 0.01 on batches of 32, stopped 30 steps after
+// the best smoothed CE, the mean of the last 100 iterates. [D, 1].
+absl::StatusOr<torch::Tensor> OptimiseVopt(TvRun& run, const torch::Tensor& complement, const torch::Tensor& ood_params,
+                                           const std::string& point, int dl, torch::Generator& gen) {
+  const DecoderModel& model = run.model;
+  const LatentTaskGenerator& task = run.task;
+  const v1::AnalyzeTaskVectorsRequest& r = run.r;
+  Reporter& rep = run.rep;
+  const bool minor_target = r.opt_target() == "minor" && task.num_minors() > 0;
+  torch::Tensor Wv = torch::randn({complement.size(1), 1}, gen, kF64);
+  Wv = (Wv / Wv.norm()).requires_grad_(true);
+  {
+    torch::AutoGradMode grad(true);
+    torch::optim::Adam opt({Wv}, torch::optim::AdamOptions(0.01));
+    torch::Tensor U = complement.to(torch::kFloat);
+    double ema = 0, best = -1e300;
+    int since_best = 0;
+    std::vector<torch::Tensor> recent;
+    int64_t taken = 0;
+    for (int64_t step = 0; step < r.opt_steps(); ++step) {
+      ++taken;
+      torch::Tensor batch =
+          minor_target
+              ? task.SamplePool(LatentPool::kMinor, torch::randint(task.num_minors(), {32}, gen, kI64), gen).tokens
+              : task.SampleFrom(ood_params.index_select(0, torch::randint(30, {32}, gen, kI64)), gen, {}, nullptr);
+      torch::Tensor v = torch::matmul(U, Wv.to(torch::kFloat));
+      v = v / v.norm();
+      torch::Tensor ce = MeanCe(model, batch, point,
+                                [&](const torch::Tensor& h) { return h - torch::matmul(torch::matmul(h, v), v.t()); });
+      opt.zero_grad();
+      (-ce).backward();
+      torch::nn::utils::clip_grad_norm_(std::vector<torch::Tensor>{Wv}, 1.0);
+      opt.step();
+      const double value = ce.item<double>();
+      ema = step == 0 ? value : 0.1 * value + 0.9 * ema;
+      recent.push_back(Wv.detach().clone());
+      if (recent.size() > 100) recent.erase(recent.begin());
+      if (ema > best) {
+        best = ema;
+        since_best = 0;
+      } else if (++since_best >= 30) {
+        break;
+      }
+      if (!rep.At(0.1 + 0.6 * static_cast<double>(step + 1) / static_cast<double>(r.opt_steps()))) return Stopped();
+    }
+    run.row("dissociation/opt_steps", dl, -1, static_cast<double>(taken));
+    Wv = torch::stack(recent).mean(0);
+  }
+  torch::Tensor v_opt = torch::matmul(complement, Wv.detach());
+  v_opt = v_opt / v_opt.norm();  // [D, 1]
+  return v_opt;
+}
+
+// E.20: what V_opt encodes, on OOD sequences: held-out R^2 of the context
+// statistics (centred log counts) against the V_opt coordinate, with and
+// without the token, against random directions and the task subspace.
+void StatsProbe(TvRun& run, const torch::Tensor& v_opt, const torch::Tensor& complement,
+                const torch::Tensor& task_basis, int dl, int64_t pb, int64_t np, torch::Generator& gen) {
+  const DecoderModel& model = run.model;
+  const LatentTaskGenerator& task = run.task;
+  const v1::AnalyzeTaskVectorsRequest& r = run.r;
+  const RowFn& row = run.row;
+  const int64_t V = run.V, S = task.num_states(), D = model.config().d_model;
+  const int64_t Ns = r.stats_samples();
+  torch::Tensor ood = task.SampleFrom(task.DrawTasks(Ns, gen), gen, {}, nullptr);
+  torch::Tensor hs = HiddenStates(model, ood, {dl}, r.dissociation_hook())[0].narrow(1, pb, np).reshape({-1, D});
+  torch::Tensor logc = (task.ContextCounts(ood).narrow(1, pb, np).reshape({-1, S}) + 0.5).log();
+  torch::Tensor clr = logc - logc.mean(-1, true);
+  row("stats/r2_vopt", dl, -1, HeldOutR2(clr, torch::matmul(hs, v_opt)));
+  row("stats/r2_vopt_with_token", dl, -1,
+      HeldOutR2(torch::cat({clr, torch::one_hot(ood.narrow(1, pb, np).reshape({-1}), V).to(torch::kDouble)}, 1),
+                torch::matmul(hs, v_opt)));
+  row("stats/r2_clr_from_vopt", dl, -1, HeldOutR2(torch::matmul(hs, v_opt), clr));
+  double random = 0;
+  for (int i = 0; i < 5; ++i) {
+    torch::Tensor d = OrthonormalColumns(torch::matmul(complement, torch::randn({complement.size(1), 1}, gen, kF64)));
+    random += HeldOutR2(clr, torch::matmul(hs, d)) / 5.0;
+  }
+  row("stats/r2_random", dl, -1, random);
+  row("stats/r2_task", dl, -1, HeldOutR2(clr, torch::matmul(hs, task_basis.narrow(1, 0, 1))));
+}
+
 // D.5.10-D.5.13 and E.20 at one layer: the joint probe and the task
 // subspace, its removal, the optimised orthogonal direction V_opt and random
 // controls, their CE effects per group, and what V_opt encodes.
-absl::Status Dissociation(const DecoderModel& model, const LatentTaskGenerator& task, const TaskVectorRequest& r,
-                          Reporter& rep, const std::function<void(const std::string&, int, int64_t, double)>& row) {
-  const int64_t T = task.seq_len(), K = task.num_majors(), V = task.vocab_size(), S = task.num_states();
-  const int64_t last = T - 2;
-  const int L = static_cast<int>(model.config().layers);
-  const int dl = r.dissociation_layer >= 0 ? r.dissociation_layer : L - 1;
-  const std::string point = HookName(dl, r.dissociation_hook);
-  const int64_t pb = r.probe_begin >= 0 ? std::min(r.probe_begin, last) : last / 2;
+absl::Status Dissociation(TvRun& run) {
+  const DecoderModel& model = run.model;
+  const LatentTaskGenerator& task = run.task;
+  const v1::AnalyzeTaskVectorsRequest& r = run.r;
+  Reporter& rep = run.rep;
+  const RowFn& row = run.row;
+  const int64_t K = run.K;
+  const int64_t V = run.V;
+  const int64_t last = run.last;
+  const int L = run.L;
+  const int dl = r.has_dissociation_layer() ? static_cast<int>(r.dissociation_layer()) : L - 1;
+  const std::string point = HookName(dl, r.dissociation_hook());
+  const int64_t pb = r.has_probe_begin() ? std::min<int64_t>(r.probe_begin(), last) : last / 2;
   const int64_t np = last - pb + 1;
-  torch::Generator gen = MakeGenerator(DeriveSeed63(r.seed, "tv/dissociation"));
+  torch::Generator gen = MakeGenerator(DeriveSeed63(r.seed(), "tv/dissociation"));
   // Only V_opt is optimised: the model's weights take no gradient meanwhile.
   struct Frozen {
     std::vector<torch::Tensor> params;
@@ -125,9 +261,10 @@ absl::Status Dissociation(const DecoderModel& model, const LatentTaskGenerator& 
   }
 
   // ---- D.5.10 joint probe h_t ~ pi_t W_task + onehot(x_t) W_tok + b ----
-  const int64_t N = r.probe_samples;
+  const int64_t N = r.probe_samples();
   torch::Tensor tokens = task.SamplePool(LatentPool::kMajor, torch::arange(N, kI64).remainder(K), gen).tokens;
-  torch::Tensor h = HiddenStates(model, tokens, {dl}, r.dissociation_hook)[0].narrow(1, pb, np).reshape({-1, model.config().d_model});
+  torch::Tensor h = HiddenStates(model, tokens, {dl}, r.dissociation_hook())[0].narrow(1, pb, np).reshape(
+      {-1, model.config().d_model});
   torch::Tensor post = task.MajorPosterior(tokens).narrow(1, pb, np).reshape({-1, K});
   torch::Tensor onehot = torch::one_hot(tokens.narrow(1, pb, np).reshape({-1}), V).to(torch::kDouble);
   torch::Tensor X = torch::cat({post, onehot}, 1);
@@ -135,7 +272,8 @@ absl::Status Dissociation(const DecoderModel& model, const LatentTaskGenerator& 
   torch::Tensor Xi = torch::cat({X, torch::ones({X.size(0), 1}, X.options())}, 1);
   torch::Tensor coef = torch::matmul(torch::linalg_pinv(Xi), h);  // [K + V + 1, D]
   torch::Tensor w_task = coef.narrow(0, 0, K), w_tok = coef.narrow(0, K, V);
-  const int rank = r.task_rank > 0 ? r.task_rank : static_cast<int>(task.num_minors() > 0 ? K : K - 1);
+  const int rank =
+      r.task_rank() > 0 ? static_cast<int>(r.task_rank()) : static_cast<int>(task.num_minors() > 0 ? K : K - 1);
   auto [Ut, St, Vht] = torch::linalg_svd(w_task, false);
   const int64_t keep = std::min<int64_t>(rank, (St > 1e-6 * St.max().item<double>()).sum().item<int64_t>());
   torch::Tensor task_basis = Vht.narrow(0, 0, std::max<int64_t>(1, keep)).t();  // [D, rank]
@@ -153,7 +291,7 @@ absl::Status Dissociation(const DecoderModel& model, const LatentTaskGenerator& 
   row("dissociation/protected_dims", dl, -1, static_cast<double>(protect.size(1)));
 
   // ---- evaluation groups: major, OOD (30 fresh tasks), minor ----
-  const int64_t E = r.eval_samples;
+  const int64_t E = r.eval_samples();
   torch::Tensor ood_params = task.DrawTasks(30, gen);
   std::vector<std::pair<std::string, torch::Tensor>> groups = {
       {"major", task.SamplePool(LatentPool::kMajor, torch::arange(E, kI64).remainder(K), gen).tokens},
@@ -169,49 +307,9 @@ absl::Status Dissociation(const DecoderModel& model, const LatentTaskGenerator& 
   std::vector<double> base;
   for (const auto& [name, toks] : groups) base.push_back(MeanCe(model, toks, point, {}).item<double>());
 
-  // ---- V_opt: maximise the CE of the target pool when it is removed ----
-  const bool minor_target = r.opt_target == "minor" && task.num_minors() > 0;
-  torch::Tensor Wv = torch::randn({complement.size(1), 1}, gen, kF64);
-  Wv = (Wv / Wv.norm()).requires_grad_(true);
-  {
-    torch::AutoGradMode grad(true);
-    torch::optim::Adam opt({Wv}, torch::optim::AdamOptions(0.01));
-    torch::Tensor U = complement.to(torch::kFloat);
-    double ema = 0, best = -1e300;
-    int since_best = 0;
-    std::vector<torch::Tensor> recent;
-    int64_t taken = 0;
-    for (int64_t step = 0; step < r.opt_steps; ++step) {
-      ++taken;
-      torch::Tensor batch = minor_target
-                                ? task.SamplePool(LatentPool::kMinor, torch::randint(task.num_minors(), {32}, gen, kI64), gen).tokens
-                                : task.SampleFrom(ood_params.index_select(0, torch::randint(30, {32}, gen, kI64)), gen, {}, nullptr);
-      torch::Tensor v = torch::matmul(U, Wv.to(torch::kFloat));
-      v = v / v.norm();
-      torch::Tensor ce = MeanCe(model, batch, point, [&](const torch::Tensor& x) {
-        return x - torch::matmul(torch::matmul(x, v), v.t());
-      });
-      opt.zero_grad();
-      (-ce).backward();
-      torch::nn::utils::clip_grad_norm_(std::vector<torch::Tensor>{Wv}, 1.0);
-      opt.step();
-      const double value = ce.item<double>();
-      ema = step == 0 ? value : 0.1 * value + 0.9 * ema;
-      recent.push_back(Wv.detach().clone());
-      if (recent.size() > 100) recent.erase(recent.begin());
-      if (ema > best) {
-        best = ema;
-        since_best = 0;
-      } else if (++since_best >= 30) {
-        break;
-      }
-      if (!rep.At(0.1 + 0.6 * static_cast<double>(step + 1) / static_cast<double>(r.opt_steps))) return Stopped();
-    }
-    row("dissociation/opt_steps", dl, -1, static_cast<double>(taken));
-    Wv = torch::stack(recent).mean(0);
-  }
-  torch::Tensor v_opt = torch::matmul(complement, Wv.detach());
-  v_opt = v_opt / v_opt.norm();  // [D, 1]
+  absl::StatusOr<torch::Tensor> optimised = OptimiseVopt(run, complement, ood_params, point, dl, gen);
+  if (!optimised.ok()) return optimised.status();
+  const torch::Tensor v_opt = *optimised;
 
   // ---- the table: task removal, V_opt removal, random controls (D.5.13) ----
   auto report = [&](const std::string& what, const std::vector<torch::Tensor>& bases) {
@@ -237,28 +335,15 @@ absl::Status Dissociation(const DecoderModel& model, const LatentTaskGenerator& 
   report("random3", rand3);
   if (!rep.At(0.85)) return Stopped();
 
-  // ---- E.20: what V_opt encodes, on OOD sequences ----
-  const int64_t Ns = r.stats_samples;
-  torch::Tensor ood = task.SampleFrom(task.DrawTasks(Ns, gen), gen, {}, nullptr);
-  torch::Tensor hs = HiddenStates(model, ood, {dl}, r.dissociation_hook)[0].narrow(1, pb, np).reshape({-1, D});
-  torch::Tensor logc = (task.ContextCounts(ood).narrow(1, pb, np).reshape({-1, S}) + 0.5).log();
-  torch::Tensor clr = logc - logc.mean(-1, true);
-  row("stats/r2_vopt", dl, -1, HeldOutR2(clr, torch::matmul(hs, v_opt)));
-  row("stats/r2_vopt_with_token", dl, -1,
-      HeldOutR2(torch::cat({clr, torch::one_hot(ood.narrow(1, pb, np).reshape({-1}), V).to(torch::kDouble)}, 1),
-                torch::matmul(hs, v_opt)));
-  row("stats/r2_clr_from_vopt", dl, -1, HeldOutR2(torch::matmul(hs, v_opt), clr));
-  double random = 0;
-  for (int i = 0; i < 5; ++i) {
-    torch::Tensor d = OrthonormalColumns(torch::matmul(complement, torch::randn({complement.size(1), 1}, gen, kF64)));
-    random += HeldOutR2(clr, torch::matmul(hs, d)) / 5.0;
-  }
-  row("stats/r2_random", dl, -1, random);
-  row("stats/r2_task", dl, -1, HeldOutR2(clr, torch::matmul(hs, task_basis.narrow(1, 0, 1))));
+  StatsProbe(run, v_opt, complement, task_basis, dl, pb, np, gen);
   return absl::OkStatus();
 }
 
 }  // namespace
+
+bool Asked(const v1::AnalyzeTaskVectorsRequest& request, std::string_view analysis) {
+  return std::find(request.analyses().begin(), request.analyses().end(), analysis) != request.analyses().end();
+}
 
 torch::Tensor ProjectToSimplex(const torch::Tensor& v) {
   const int64_t K = v.size(-1);
@@ -394,322 +479,370 @@ CellStats TokenConditionedStats(const torch::Tensor& h) {
   return c;
 }
 
-absl::StatusOr<TaskVectorReport> RunTaskVectorAnalyses(const DecoderModel& model, const LatentTaskGenerator& task,
-                                                       const TaskVectorRequest& r,
-                                                       const std::function<void(double)>& progress,
-                                                       const CancelToken* cancel) {
+// P0, P1, P2 (D.5.1-D.5.5): token-conditioned states.
+absl::Status Conditioned(TvRun& run) {
+  const DecoderModel& model = run.model;
+  const LatentTaskGenerator& task = run.task;
+  const v1::AnalyzeTaskVectorsRequest& r = run.r;
+  Reporter& rep = run.rep;
+  const RowFn& row = run.row;
+  const int64_t K = run.K;
+  const int64_t V = run.V;
+  const int64_t last = run.last;
+  const int64_t est_begin = run.est_begin;
+  const int64_t est_end = run.est_end;
+  const std::vector<int>& layers = run.layers;
+  const std::vector<int64_t>& positions = run.positions;
+  torch::Generator gen = MakeGenerator(DeriveSeed63(r.seed(), "tv/conditioned"));
+  // P2 evaluates every position 0..T-2 (G.4); P0/P1 only the chosen ones.
+  std::vector<int64_t> need = positions;
+  if (Asked(r, "p2")) {
+    need.clear();
+    for (int64_t t = 0; t <= last; ++t) need.push_back(t);
+  }
+  std::map<int64_t, std::vector<torch::Tensor>> at;  // position -> per layer [V, K, B, D]
+  for (size_t i = 0; i < need.size(); ++i) {
+    at[need[i]] = ConditionedAt(model, task, need[i], r.samples_per_cell(), layers, r.hook(), gen);
+    if (!rep.At(0.9 * static_cast<double>(i + 1) / static_cast<double>(need.size()))) return Stopped();
+  }
+  for (size_t li = 0; li < layers.size(); ++li) {
+    const int l = layers[li];
+    for (int64_t t : positions) {
+      const CellStats c = TokenConditionedStats(at[t][li]);
+      if (Asked(r, "p0")) row("p0/resid_ratio", l, t, c.resid_ratio);
+      if (Asked(r, "p1")) {
+        row("p1/eta2_task", l, t, c.eta2_task);
+        row("p1/eta2_token", l, t, c.eta2_token);
+        row("p1/eta2_int", l, t, c.eta2_int);
+        row("p1/sep_r2", l, t, c.sep_r2);
+        row("p1/mse_within", l, t, c.mse_within);
+      }
+    }
+    if (!Asked(r, "p2")) continue;
+    // Estimation (D.5.5): centred cell means averaged over the window.
+    torch::Tensor M;
+    for (int64_t t = est_begin; t <= est_end; ++t) {
+      torch::Tensor m = at[t][li].mean(2);  // [V, K, D]
+      m = m - m.mean(at::IntArrayRef{0, 1});
+      M = M.defined() ? M + m : m;
+    }
+    M = M / static_cast<double>(est_end - est_begin + 1);
+    torch::Tensor theta = M.mean(0) - M.mean(at::IntArrayRef{0, 1});  // [K, D]
+    torch::Tensor nu = M.mean(1) - M.mean(at::IntArrayRef{0, 1});     // [V, D]
+    double sum_add = 0, sum_task = 0;
+    int64_t count = 0;
+    const int64_t from = std::min<int64_t>(8, last);
+    for (int64_t t = 0; t <= last; ++t) {
+      torch::Tensor h = at[t][li];
+      const int64_t B = h.size(2);
+      torch::Tensor hc = h.reshape({-1, h.size(3)});
+      hc = hc - hc.mean(0);
+      torch::Tensor token = Repeat(V, K * B);
+      torch::Tensor ht = hc - nu.index_select(0, token);
+      const double den = hc.pow(2).sum().item<double>();
+      auto r2 = [&](const torch::Tensor& y) {
+        torch::Tensor beta = ProjectToSimplex(AffineWeights(y, theta));
+        return den > 0 ? 1.0 - (y - torch::matmul(beta, theta)).pow(2).sum().item<double>() / den : 0.0;
+      };
+      const double add = r2(ht), tsk = r2(hc);
+      row("p2/r2_additive", l, t, add);
+      row("p2/r2_task", l, t, tsk);
+      if (t >= from) {
+        sum_add += add;
+        sum_task += tsk;
+        ++count;
+      }
+    }
+    // Means over positions 8..T-2 (E.13, G.4).
+    row("p2/r2_additive_mean", l, -1, sum_add / static_cast<double>(std::max<int64_t>(1, count)));
+    row("p2/r2_task_mean", l, -1, sum_task / static_cast<double>(std::max<int64_t>(1, count)));
+  }
+  return absl::OkStatus();
+}
+
+// P3 (D.5.6): weights on the task vectors vs the Bayesian posterior.
+absl::Status P3(TvRun& run) {
+  const DecoderModel& model = run.model;
+  const LatentTaskGenerator& task = run.task;
+  const v1::AnalyzeTaskVectorsRequest& r = run.r;
+  Reporter& rep = run.rep;
+  const RowFn& row = run.row;
+  const int64_t T = run.T;
+  const int64_t K = run.K;
+  const int64_t last = run.last;
+  const int64_t est_begin = run.est_begin;
+  const int64_t est_end = run.est_end;
+  const std::vector<int>& layers = run.layers;
+  torch::Generator gen = MakeGenerator(DeriveSeed63(r.seed(), "tv/p3"));
+  const int64_t B = r.p3_samples();
+  torch::Tensor tokens = task.SamplePool(LatentPool::kMajor, Repeat(K, B), gen).tokens;  // [K*B, T]
+  std::vector<torch::Tensor> states = HiddenStates(model, tokens, layers, r.hook());
+  torch::Tensor alpha_all = task.MajorPosterior(tokens).view({K, B, T, K});
+  for (size_t li = 0; li < layers.size(); ++li) {
+    P3Rows(states[li].view({K, B, T, -1}).narrow(2, 0, last + 1), alpha_all.narrow(2, 0, last + 1), est_begin, est_end,
+           layers[li], row);
+    if (!rep.At(static_cast<double>(li + 1) / static_cast<double>(layers.size()))) return Stopped();
+  }
+  return absl::OkStatus();
+}
+
+// Steering along the task simplex (D.5.7; E1 variant: true task removed, or
+// E3's projection).
+absl::Status Steering(TvRun& run) {
+  const DecoderModel& model = run.model;
+  const LatentTaskGenerator& task = run.task;
+  const v1::AnalyzeTaskVectorsRequest& r = run.r;
+  Reporter& rep = run.rep;
+  const RowFn& row = run.row;
+  const int64_t T = run.T;
+  const int64_t K = run.K;
+  const int64_t last = run.last;
+  const int L = run.L;
+  const int sl = r.has_steering_layer() ? static_cast<int>(r.steering_layer()) : L - 1;
+  torch::Generator gen = MakeGenerator(DeriveSeed63(r.seed(), "tv/steering"));
+  const int64_t Be = r.steering_est_samples();
+  torch::Tensor est = task.SamplePool(LatentPool::kMajor, Repeat(K, Be), gen).tokens;
+  torch::Tensor h = HiddenStates(model, est, {sl}, r.estimation_hook())[0].view({K, Be, T, -1});
+  torch::Tensor theta = h.mean(1) - h.mean(at::IntArrayRef{0, 1});  // [K, T, D], per position
+  const int64_t N = r.steering_samples();
+  torch::Tensor true_task = torch::arange(N, kI64).remainder(K);
+  torch::Tensor tokens = task.SamplePool(LatentPool::kMajor, true_task, gen).tokens;
+  torch::Tensor alpha = at::_standard_gamma(torch::ones({N, K}, kF64), gen);
+  alpha = alpha / alpha.sum(-1, true);
+  const int64_t p_begin = r.has_steer_begin() ? std::min<int64_t>(r.steer_begin(), last) : last / 3;
+  const int64_t p_end =
+      r.has_steer_end() ? std::clamp<int64_t>(r.steer_end(), p_begin, last) : std::max(p_begin, (2 * last) / 3);
+  const torch::Tensor& majors = task.pool(LatentPool::kMajor);
+  // Mixture and corner laws at every position.
+  torch::Tensor q = task.MixLaws(tokens, alpha.unsqueeze(1).expand({N, T, K}), majors);  // [N, T, V]
+  torch::Tensor corner = torch::one_hot(alpha.argmax(-1), K).to(torch::kDouble);
+  torch::Tensor mode = task.MixLaws(tokens, corner.unsqueeze(1).expand({N, T, K}), majors);
+  std::vector<torch::Tensor> clean_parts;
+  for (int64_t b = 0; b < N; b += kChunk) {
+    clean_parts.push_back(model.Forward(tokens.narrow(0, b, std::min(kChunk, N - b)).unsqueeze(0)).squeeze(0));
+  }
+  torch::Tensor clean = torch::log_softmax(torch::cat(clean_parts, 0).to(torch::kDouble), -1);
+  torch::Tensor kl_base = torch::zeros({N}, kF64), kl_inj = torch::zeros({N}, kF64), kl_mode = torch::zeros({N}, kF64);
+  const std::string point = HookName(sl, r.injection_hook());
+  // The E3 variant replaces the task component instead: task vectors
+  // averaged over the evaluation window, P the projector onto their span,
+  // mu_p the per-position mean of the estimation states.
+  const bool projection = r.steering_subtract() == "projection";
+  torch::Tensor theta_bar = theta.narrow(1, p_begin, p_end - p_begin + 1).mean(1);  // [K, D]
+  const torch::Tensor span = OrthonormalColumns(theta_bar.t());
+  torch::Tensor P = torch::matmul(span, span.t());
+  torch::Tensor mu = h.mean(at::IntArrayRef{0, 1});  // [T, D]
+  for (int64_t p = p_begin; p <= p_end; ++p) {
+    // h_p <- h_p - theta_{k*}(p) + sum_j alpha_j theta_j(p), at position p only
+    // (projection: h_p <- h_p - (h_p - mu_p) P + sum_j alpha_j theta_bar_j).
+    torch::Tensor tp = theta.select(1, p);                                                               // [K, D]
+    torch::Tensor delta = (torch::matmul(alpha, tp) - tp.index_select(0, true_task)).to(torch::kFloat);  // [N, D]
+    torch::Tensor target = torch::matmul(alpha, theta_bar).to(torch::kFloat);                            // [N, D]
+    const torch::Tensor Pf = P.to(torch::kFloat), mup = mu.select(0, p).to(torch::kFloat);
+    std::vector<torch::Tensor> logits;
+    for (int64_t b = 0; b < N; b += kChunk) {
+      const int64_t n = std::min(kChunk, N - b);
+      torch::Tensor d = delta.narrow(0, b, n), tgt = target.narrow(0, b, n);
+      HookFn inject = [&](const std::string& name, const torch::Tensor& v) -> torch::Tensor {
+        if (name != point) return {};
+        torch::Tensor out = v.clone();
+        torch::Tensor row_p = out.select(2, p);  // [1, n, D]
+        if (projection) {
+          row_p.copy_(row_p - torch::matmul(row_p - mup, Pf) + tgt.unsqueeze(0));
+        } else {
+          row_p.add_(d.unsqueeze(0).to(v.scalar_type()));
+        }
+        return out;
+      };
+      torch::Tensor lg = model.Forward(tokens.narrow(0, b, n).narrow(1, 0, p + 1).unsqueeze(0), &inject);
+      logits.push_back(lg.squeeze(0).select(1, p));
+    }
+    torch::Tensor inj = torch::log_softmax(torch::cat(logits, 0).to(torch::kDouble), -1);
+    torch::Tensor qp = q.select(1, p);
+    kl_base += KlFromLogP(clean.select(1, p), qp);
+    kl_inj += KlFromLogP(inj, qp);
+    kl_mode += KlFromLogP(mode.select(1, p).clamp_min(1e-300).log(), qp);
+    if (!rep.At(static_cast<double>(p - p_begin + 1) / static_cast<double>(p_end - p_begin + 1))) return Stopped();
+  }
+  const double n_pos = static_cast<double>(p_end - p_begin + 1);
+  const double base = kl_base.mean().item<double>() / n_pos, inj = kl_inj.mean().item<double>() / n_pos;
+  row("steering/kl_base", sl, -1, base);
+  row("steering/kl_inj", sl, -1, inj);
+  row("steering/kl_mode", sl, -1, kl_mode.mean().item<double>() / n_pos);
+  row("steering/ratio", sl, -1, base > 0 ? inj / base : 0.0);
+  return absl::OkStatus();
+}
+
+// OOD projection R^2 against the task subspace (D.5.8).
+absl::Status OodR2Rows(TvRun& run) {
+  const DecoderModel& model = run.model;
+  const LatentTaskGenerator& task = run.task;
+  const v1::AnalyzeTaskVectorsRequest& r = run.r;
+  Reporter& rep = run.rep;
+  const RowFn& row = run.row;
+  const int64_t T = run.T;
+  const int64_t K = run.K;
+  const int64_t last = run.last;
+  const std::vector<int>& layers = run.layers;
+  torch::Generator gen = MakeGenerator(DeriveSeed63(r.seed(), "tv/ood"));
+  const int64_t n = r.ood_samples(), O = r.ood_tasks();
+  torch::Tensor maj = task.SamplePool(LatentPool::kMajor, Repeat(K, n), gen).tokens;
+  torch::Tensor ood_tasks = task.DrawTasks(O, gen).repeat_interleave(n, 0);
+  torch::Tensor ood = task.SampleFrom(ood_tasks, gen, {}, nullptr);
+  std::vector<torch::Tensor> hm = HiddenStates(model, maj, layers, r.hook());
+  std::vector<torch::Tensor> ho = HiddenStates(model, ood, layers, r.hook());
+  for (size_t li = 0; li < layers.size(); ++li) {
+    const int l = layers[li];
+    const OodR2 r2 = OodProjectionR2(hm[li].view({K, n, T, -1}).mean(1).narrow(1, 0, last + 1),
+                                     ho[li].view({O, n, T, -1}).mean(1).narrow(1, 0, last + 1));
+    row("ood_r2/code", l, -1, r2.code);
+    row("ood_r2/norm", l, -1, r2.norm);
+    row("ood_r2/code_q25", l, -1, r2.code_q25);
+    row("ood_r2/code_q75", l, -1, r2.code_q75);
+    if (!rep.At(static_cast<double>(li + 1) / static_cast<double>(layers.size()))) return Stopped();
+  }
+  return absl::OkStatus();
+}
+
+// Mode transition: KL to the two Bayes predictors (D.5.9).
+absl::Status ModeKl(TvRun& run) {
+  const DecoderModel& model = run.model;
+  const LatentTaskGenerator& task = run.task;
+  const v1::AnalyzeTaskVectorsRequest& r = run.r;
+  Reporter& rep = run.rep;
+  const RowFn& row = run.row;
+  const int64_t last = run.last;
+  torch::Generator gen = MakeGenerator(DeriveSeed63(r.seed(), "tv/kl"));
+  torch::Tensor tokens = task.SampleTrain(r.kl_samples(), gen).tokens;
+  double exact = 0, extrap = 0;
+  const int64_t N = tokens.size(0);
+  for (int64_t b = 0; b < N; b += kBayesChunk) {
+    torch::Tensor chunk = tokens.narrow(0, b, std::min(kBayesChunk, N - b));
+    torch::Tensor logp =
+        torch::log_softmax(model.Forward(chunk.unsqueeze(0)).squeeze(0).to(torch::kDouble), -1).narrow(1, 0, last + 1);
+    exact += KlFromLogP(logp, task.KnownPool(chunk).probs.narrow(1, 0, last + 1)).sum().item<double>();
+    extrap += KlFromLogP(logp, task.Hybrid(chunk, r.p_common()).probs.narrow(1, 0, last + 1)).sum().item<double>();
+    if (!rep.At(static_cast<double>(b + chunk.size(0)) / static_cast<double>(N))) return Stopped();
+  }
+  const double cells = static_cast<double>(N * (last + 1));
+  exact /= cells;
+  extrap /= cells;
+  row("kl/exact", -1, -1, exact);
+  row("kl/extrap", -1, -1, extrap);
+  row("kl/log10_ratio", -1, -1, std::log10(std::max(exact, 1e-300) / std::max(extrap, 1e-300)));
+  return absl::OkStatus();
+}
+
+// E4: P0 fails when the state must keep the whole prefix (D.5.14).
+absl::Status DyckP0(TvRun& run) {
+  const DecoderModel& model = run.model;
+  const LatentTaskGenerator& task = run.task;
+  const v1::AnalyzeTaskVectorsRequest& r = run.r;
+  Reporter& rep = run.rep;
+  const RowFn& row = run.row;
+  const int64_t T = run.T;
+  const std::vector<int>& layers = run.layers;
+  torch::Generator gen = MakeGenerator(DeriveSeed63(r.seed(), "tv/dyck"));
+  const int64_t B = r.samples_per_cell(), minors = std::min<int64_t>(32, task.num_minors());
+  torch::Tensor paths = task.pool(LatentPool::kMajor);
+  if (minors > 0) paths = torch::cat({paths, task.pool(LatentPool::kMinor).narrow(0, 0, minors)}, 0);
+  const int64_t Kt = paths.size(0), steps = paths.size(1);
+  torch::Tensor task_of = Repeat(Kt, B);
+  // Per mask and layer: ratios at every planted index common to all masks.
+  std::vector<std::vector<torch::Tensor>> last_k(layers.size()), full(layers.size());
+  int64_t common = steps;
+  for (int64_t m = 0; m < r.dyck_masks(); ++m) {
+    torch::Tensor mask = task.DrawMask(gen);
+    torch::Tensor planted = mask.nonzero().flatten().narrow(0, 0, std::min<int64_t>(steps, mask.sum().item<int64_t>()));
+    common = std::min<int64_t>(common, planted.size(0));
+    torch::Tensor tokens = task.SampleFrom(paths.index_select(0, task_of), gen, mask, nullptr);
+    std::vector<torch::Tensor> states = HiddenStates(model, tokens, layers, r.hook());
+    for (size_t li = 0; li < layers.size(); ++li) {
+      std::vector<double> lk, fp;
+      for (int64_t j = 0; j < planted.size(0); ++j) {
+        torch::Tensor h = states[li].select(1, planted[j].item<int64_t>());  // [Kt*B, D]
+        // Cell of the last dyck_prefix planted symbols, as a binary number.
+        torch::Tensor code = torch::zeros({Kt}, kI64);
+        for (int64_t q = std::max<int64_t>(0, j - r.dyck_prefix() + 1); q <= j; ++q)
+          code = code * 2 + paths.select(1, q);
+        auto ratio = [&](const torch::Tensor& cell) {  // cell per sequence
+          const int64_t cells = cell.max().item<int64_t>() + 1;
+          torch::Tensor sums = torch::zeros({cells, h.size(1)}, kF64).index_add_(0, cell, h);
+          torch::Tensor counts = torch::zeros({cells}, kF64).index_add_(0, cell, torch::ones({h.size(0)}, kF64));
+          torch::Tensor means = sums / counts.clamp_min(1).unsqueeze(1);
+          const double within = (h - means.index_select(0, cell)).pow(2).sum().item<double>();
+          const double total = (h - h.mean(0)).pow(2).sum().item<double>();
+          return total > 0 ? within / total : 0.0;
+        };
+        lk.push_back(ratio(code.index_select(0, task_of)));
+        fp.push_back(ratio(task_of));
+      }
+      last_k[li].push_back(torch::tensor(lk, kF64));
+      full[li].push_back(torch::tensor(fp, kF64));
+    }
+    if (!rep.At(static_cast<double>(m + 1) / static_cast<double>(r.dyck_masks()))) return Stopped();
+  }
+  if (common == 0) {
+    return absl::FailedPreconditionError("dyck_p0: one of the " + std::to_string(r.dyck_masks()) +
+                                         " planting masks selected no position of the " + std::to_string(T) +
+                                         " (the run's repeat_prob is too small for its seq_len)");
+  }
+  for (size_t li = 0; li < layers.size(); ++li) {
+    torch::Tensor a = torch::zeros({common}, kF64), b = torch::zeros({common}, kF64);
+    for (size_t m = 0; m < last_k[li].size(); ++m) {
+      a += last_k[li][m].narrow(0, 0, common);
+      b += full[li][m].narrow(0, 0, common);
+    }
+    a /= static_cast<double>(last_k[li].size());
+    b /= static_cast<double>(full[li].size());
+    for (int64_t j = 0; j < common; ++j) {
+      row("dyck/resid_ratio_last_k", layers[li], j, a[j].item<double>());
+      row("dyck/resid_ratio_prefix", layers[li], j, b[j].item<double>());
+    }
+    // The last five planted indices every mask reaches (G.4).
+    const int64_t tail = std::min<int64_t>(5, common);
+    row("dyck/last_k_tail_mean", layers[li], -1, a.narrow(0, common - tail, tail).mean().item<double>());
+    row("dyck/prefix_tail_mean", layers[li], -1, b.narrow(0, common - tail, tail).mean().item<double>());
+    row("dyck/common_positions", layers[li], -1, static_cast<double>(common));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::AnalyzeTaskVectorsResponse> RunTaskVectorAnalyses(const DecoderModel& model,
+                                                                     const LatentTaskGenerator& task,
+                                                                     const v1::AnalyzeTaskVectorsRequest& r,
+                                                                     const std::function<void(double)>& progress,
+                                                                     const CancelToken* cancel) {
   torch::NoGradGuard no_grad;
-  const int64_t T = task.seq_len(), K = task.num_majors(), V = task.vocab_size();
-  const int64_t last = T - 2;  // the last state that predicts a token
-  const int L = static_cast<int>(model.config().layers);
-  if (!task.has_bayes() && (r.p0 || r.p1 || r.p2 || r.p3 || r.steering || r.kl || r.dissociation)) {
+  const bool p0 = Asked(r, "p0"), p1 = Asked(r, "p1"), p2 = Asked(r, "p2"), p3 = Asked(r, "p3"),
+             steering = Asked(r, "steering"), ood_r2 = Asked(r, "ood_r2"), kl = Asked(r, "kl"),
+             dissociation = Asked(r, "dissociation"), dyck_p0 = Asked(r, "dyck_p0");
+  if (!task.has_bayes() && (p0 || p1 || p2 || p3 || steering || kl || dissociation)) {
     return absl::FailedPreconditionError(
         "P0-P3, steering, the mode transition and the dissociation need a DICE or MARKOV task; this run's "
         "LATENT_KIND_DYCK supports ood_r2 and dyck_p0 (D.5.14)");
   }
-  if (r.dyck_p0 && task.kind() != v1::LATENT_KIND_DYCK) {
+  if (dyck_p0 && task.kind() != v1::LATENT_KIND_DYCK) {
     return absl::FailedPreconditionError("dyck_p0 (D.5.14) needs a LATENT_KIND_DYCK task");
   }
-  std::vector<int> layers = r.layers;
-  if (layers.empty()) {
-    for (int l = 0; l < L; ++l) layers.push_back(l);
-  }
-  const int64_t est_end = r.est_end >= 0 ? std::min(r.est_end, last) : last;
-  const int64_t est_begin = r.est_begin >= 0 ? std::min(r.est_begin, est_end) : std::max<int64_t>(0, (3 * last) / 4);
-  std::vector<int64_t> positions = r.positions;
-  if (positions.empty()) {
-    for (int64_t p : {2, 4, 8, 16, 32}) {
-      if (p < last) positions.push_back(p);
-    }
-    positions.push_back(last);
-  }
-  for (int64_t& p : positions) p = std::min(p, last);
-  std::sort(positions.begin(), positions.end());
-  positions.erase(std::unique(positions.begin(), positions.end()), positions.end());
-
-  const int stages = (r.p0 || r.p1 || r.p2 ? 1 : 0) + (r.p3 ? 1 : 0) + (r.steering ? 1 : 0) + (r.ood_r2 ? 1 : 0) +
-                     (r.kl ? 1 : 0) + (r.dissociation ? 1 : 0) + (r.dyck_p0 ? 1 : 0);
+  const int stages = (p0 || p1 || p2 ? 1 : 0) + (p3 ? 1 : 0) + (steering ? 1 : 0) + (ood_r2 ? 1 : 0) + (kl ? 1 : 0) +
+                     (dissociation ? 1 : 0) + (dyck_p0 ? 1 : 0);
   Reporter rep(progress, cancel, stages);
-  TaskVectorReport report;
-  auto row = [&](const std::string& name, int layer, int64_t position, double value) {
-    report.rows.push_back({name, layer, position, value});
-  };
-
-  // ---- P0, P1, P2: token-conditioned states ----
-  if (r.p0 || r.p1 || r.p2) {
-    torch::Generator gen = MakeGenerator(DeriveSeed63(r.seed, "tv/conditioned"));
-    // P2 evaluates every position 0..T-2 (G.4); P0/P1 only the chosen ones.
-    std::vector<int64_t> need = positions;
-    if (r.p2) {
-      need.clear();
-      for (int64_t t = 0; t <= last; ++t) need.push_back(t);
-    }
-    std::map<int64_t, std::vector<torch::Tensor>> at;  // position -> per layer [V, K, B, D]
-    for (size_t i = 0; i < need.size(); ++i) {
-      at[need[i]] = ConditionedAt(model, task, need[i], r.samples_per_cell, layers, r.hook, gen);
-      if (!rep.At(0.9 * static_cast<double>(i + 1) / static_cast<double>(need.size()))) return Stopped();
-    }
-    for (size_t li = 0; li < layers.size(); ++li) {
-      const int l = layers[li];
-      for (int64_t t : positions) {
-        const CellStats c = TokenConditionedStats(at[t][li]);
-        if (r.p0) row("p0/resid_ratio", l, t, c.resid_ratio);
-        if (r.p1) {
-          row("p1/eta2_task", l, t, c.eta2_task);
-          row("p1/eta2_token", l, t, c.eta2_token);
-          row("p1/eta2_int", l, t, c.eta2_int);
-          row("p1/sep_r2", l, t, c.sep_r2);
-          row("p1/mse_within", l, t, c.mse_within);
-        }
-      }
-      if (!r.p2) continue;
-      // Estimation (D.5.5): centred cell means averaged over the window.
-      torch::Tensor M;
-      for (int64_t t = est_begin; t <= est_end; ++t) {
-        torch::Tensor m = at[t][li].mean(2);  // [V, K, D]
-        m = m - m.mean(at::IntArrayRef{0, 1});
-        M = M.defined() ? M + m : m;
-      }
-      M = M / static_cast<double>(est_end - est_begin + 1);
-      torch::Tensor theta = M.mean(0) - M.mean(at::IntArrayRef{0, 1});  // [K, D]
-      torch::Tensor nu = M.mean(1) - M.mean(at::IntArrayRef{0, 1});     // [V, D]
-      double sum_add = 0, sum_task = 0;
-      int64_t count = 0;
-      const int64_t from = std::min<int64_t>(8, last);
-      for (int64_t t = 0; t <= last; ++t) {
-        torch::Tensor h = at[t][li];
-        const int64_t B = h.size(2);
-        torch::Tensor hc = h.reshape({-1, h.size(3)});
-        hc = hc - hc.mean(0);
-        torch::Tensor token = Repeat(V, K * B);
-        torch::Tensor ht = hc - nu.index_select(0, token);
-        const double den = hc.pow(2).sum().item<double>();
-        auto r2 = [&](const torch::Tensor& y) {
-          torch::Tensor beta = ProjectToSimplex(AffineWeights(y, theta));
-          return den > 0 ? 1.0 - (y - torch::matmul(beta, theta)).pow(2).sum().item<double>() / den : 0.0;
-        };
-        const double add = r2(ht), tsk = r2(hc);
-        row("p2/r2_additive", l, t, add);
-        row("p2/r2_task", l, t, tsk);
-        if (t >= from) {
-          sum_add += add;
-          sum_task += tsk;
-          ++count;
-        }
-      }
-      // Means over positions 8..T-2 (E.13, G.4).
-      row("p2/r2_additive_mean", l, -1, sum_add / static_cast<double>(std::max<int64_t>(1, count)));
-      row("p2/r2_task_mean", l, -1, sum_task / static_cast<double>(std::max<int64_t>(1, count)));
-    }
+  v1::AnalyzeTaskVectorsResponse report;
+  TvRun x(model, task, r, rep, [&](const std::string& name, int layer, int64_t position, double value) {
+    v1::TaskVectorValue* v = report.add_values();
+    v->set_name(name);
+    v->set_layer(layer);
+    v->set_position(static_cast<int32_t>(position));
+    v->set_value(value);
+  });
+  const std::vector<std::pair<bool, absl::Status (*)(TvRun&)>> analyses = {
+      {p0 || p1 || p2, Conditioned}, {p3, P3},         {steering, Steering}, {ood_r2, OodR2Rows}, {kl, ModeKl},
+      {dissociation, Dissociation},  {dyck_p0, DyckP0}};
+  for (const auto& [asked, analysis] : analyses) {
+    if (!asked) continue;
+    if (absl::Status s = analysis(x); !s.ok()) return s;
     if (!rep.NextStage()) return Stopped();
-  }
-
-  // ---- P3: weights on the task vectors vs the Bayesian posterior ----
-  if (r.p3) {
-    torch::Generator gen = MakeGenerator(DeriveSeed63(r.seed, "tv/p3"));
-    const int64_t B = r.p3_samples;
-    torch::Tensor tokens = task.SamplePool(LatentPool::kMajor, Repeat(K, B), gen).tokens;  // [K*B, T]
-    std::vector<torch::Tensor> states = HiddenStates(model, tokens, layers, r.hook);
-    torch::Tensor alpha_all = task.MajorPosterior(tokens).view({K, B, T, K});
-    for (size_t li = 0; li < layers.size(); ++li) {
-      P3Rows(states[li].view({K, B, T, -1}).narrow(2, 0, last + 1), alpha_all.narrow(2, 0, last + 1), est_begin,
-             est_end, layers[li], row);
-      if (!rep.At(static_cast<double>(li + 1) / static_cast<double>(layers.size()))) return Stopped();
-    }
-    if (!rep.NextStage()) return Stopped();
-  }
-
-  // ---- steering along the task simplex (D.5.7; E1 variant: true task removed, or E3's projection) ----
-  if (r.steering) {
-    const int sl = r.steering_layer >= 0 ? r.steering_layer : L - 1;
-    torch::Generator gen = MakeGenerator(DeriveSeed63(r.seed, "tv/steering"));
-    const int64_t Be = r.steering_est_samples;
-    torch::Tensor est = task.SamplePool(LatentPool::kMajor, Repeat(K, Be), gen).tokens;
-    torch::Tensor h = HiddenStates(model, est, {sl}, r.estimation_hook)[0].view({K, Be, T, -1});
-    torch::Tensor theta = h.mean(1) - h.mean(at::IntArrayRef{0, 1});  // [K, T, D], per position
-    const int64_t N = r.steering_samples;
-    torch::Tensor true_task = torch::arange(N, kI64).remainder(K);
-    torch::Tensor tokens = task.SamplePool(LatentPool::kMajor, true_task, gen).tokens;
-    torch::Tensor alpha = at::_standard_gamma(torch::ones({N, K}, kF64), gen);
-    alpha = alpha / alpha.sum(-1, true);
-    const int64_t p_begin = r.steer_begin >= 0 ? std::min(r.steer_begin, last) : last / 3;
-    const int64_t p_end = r.steer_end >= 0 ? std::clamp(r.steer_end, p_begin, last) : std::max(p_begin, (2 * last) / 3);
-    const torch::Tensor& majors = task.pool(LatentPool::kMajor);
-    // Mixture and corner laws at every position.
-    torch::Tensor q = task.MixLaws(tokens, alpha.unsqueeze(1).expand({N, T, K}), majors);  // [N, T, V]
-    torch::Tensor corner = torch::one_hot(alpha.argmax(-1), K).to(torch::kDouble);
-    torch::Tensor mode = task.MixLaws(tokens, corner.unsqueeze(1).expand({N, T, K}), majors);
-    std::vector<torch::Tensor> clean_parts;
-    for (int64_t b = 0; b < N; b += kChunk) {
-      clean_parts.push_back(model.Forward(tokens.narrow(0, b, std::min(kChunk, N - b)).unsqueeze(0)).squeeze(0));
-    }
-    torch::Tensor clean = torch::log_softmax(torch::cat(clean_parts, 0).to(torch::kDouble), -1);
-    torch::Tensor kl_base = torch::zeros({N}, kF64), kl_inj = torch::zeros({N}, kF64), kl_mode = torch::zeros({N}, kF64);
-    const std::string point = HookName(sl, r.injection_hook);
-    // The E3 variant replaces the task component instead: task vectors
-    // averaged over the evaluation window, P the projector onto their span,
-    // mu_p the per-position mean of the estimation states.
-    const bool projection = r.steering_subtract == "projection";
-    torch::Tensor theta_bar = theta.narrow(1, p_begin, p_end - p_begin + 1).mean(1);  // [K, D]
-    const torch::Tensor span = OrthonormalColumns(theta_bar.t());
-    torch::Tensor P = torch::matmul(span, span.t());
-    torch::Tensor mu = h.mean(at::IntArrayRef{0, 1});  // [T, D]
-    for (int64_t p = p_begin; p <= p_end; ++p) {
-      // h_p <- h_p - theta_{k*}(p) + sum_j alpha_j theta_j(p), at position p only
-      // (projection: h_p <- h_p - (h_p - mu_p) P + sum_j alpha_j theta_bar_j).
-      torch::Tensor tp = theta.select(1, p);  // [K, D]
-      torch::Tensor delta = (torch::matmul(alpha, tp) - tp.index_select(0, true_task)).to(torch::kFloat);  // [N, D]
-      torch::Tensor target = torch::matmul(alpha, theta_bar).to(torch::kFloat);                              // [N, D]
-      const torch::Tensor Pf = P.to(torch::kFloat), mup = mu.select(0, p).to(torch::kFloat);
-      std::vector<torch::Tensor> logits;
-      for (int64_t b = 0; b < N; b += kChunk) {
-        const int64_t n = std::min(kChunk, N - b);
-        torch::Tensor d = delta.narrow(0, b, n), tgt = target.narrow(0, b, n);
-        HookFn inject = [&](const std::string& name, const torch::Tensor& v) -> torch::Tensor {
-          if (name != point) return {};
-          torch::Tensor out = v.clone();
-          torch::Tensor row_p = out.select(2, p);  // [1, n, D]
-          if (projection) {
-            row_p.copy_(row_p - torch::matmul(row_p - mup, Pf) + tgt.unsqueeze(0));
-          } else {
-            row_p.add_(d.unsqueeze(0).to(v.scalar_type()));
-          }
-          return out;
-        };
-        torch::Tensor lg = model.Forward(tokens.narrow(0, b, n).narrow(1, 0, p + 1).unsqueeze(0), &inject);
-        logits.push_back(lg.squeeze(0).select(1, p));
-      }
-      torch::Tensor inj = torch::log_softmax(torch::cat(logits, 0).to(torch::kDouble), -1);
-      torch::Tensor qp = q.select(1, p);
-      kl_base += KlFromLogP(clean.select(1, p), qp);
-      kl_inj += KlFromLogP(inj, qp);
-      kl_mode += KlFromLogP(mode.select(1, p).clamp_min(1e-300).log(), qp);
-      if (!rep.At(static_cast<double>(p - p_begin + 1) / static_cast<double>(p_end - p_begin + 1))) return Stopped();
-    }
-    const double n_pos = static_cast<double>(p_end - p_begin + 1);
-    const double base = kl_base.mean().item<double>() / n_pos, inj = kl_inj.mean().item<double>() / n_pos;
-    row("steering/kl_base", sl, -1, base);
-    row("steering/kl_inj", sl, -1, inj);
-    row("steering/kl_mode", sl, -1, kl_mode.mean().item<double>() / n_pos);
-    row("steering/ratio", sl, -1, base > 0 ? inj / base : 0.0);
-    if (!rep.NextStage()) return Stopped();
-  }
-
-  // ---- OOD projection R^2 against the task subspace (D.5.8) ----
-  if (r.ood_r2) {
-    torch::Generator gen = MakeGenerator(DeriveSeed63(r.seed, "tv/ood"));
-    const int64_t n = r.ood_samples, O = r.ood_tasks;
-    torch::Tensor maj = task.SamplePool(LatentPool::kMajor, Repeat(K, n), gen).tokens;
-    torch::Tensor ood_tasks = task.DrawTasks(O, gen).repeat_interleave(n, 0);
-    torch::Tensor ood = task.SampleFrom(ood_tasks, gen, {}, nullptr);
-    std::vector<torch::Tensor> hm = HiddenStates(model, maj, layers, r.hook);
-    std::vector<torch::Tensor> ho = HiddenStates(model, ood, layers, r.hook);
-    for (size_t li = 0; li < layers.size(); ++li) {
-      const int l = layers[li];
-      const OodR2 r2 = OodProjectionR2(hm[li].view({K, n, T, -1}).mean(1).narrow(1, 0, last + 1),
-                                       ho[li].view({O, n, T, -1}).mean(1).narrow(1, 0, last + 1));
-      row("ood_r2/code", l, -1, r2.code);
-      row("ood_r2/norm", l, -1, r2.norm);
-      row("ood_r2/code_q25", l, -1, r2.code_q25);
-      row("ood_r2/code_q75", l, -1, r2.code_q75);
-      if (!rep.At(static_cast<double>(li + 1) / static_cast<double>(layers.size()))) return Stopped();
-    }
-    if (!rep.NextStage()) return Stopped();
-  }
-
-  // ---- mode transition: KL to the two Bayes predictors (D.5.9) ----
-  if (r.kl) {
-    torch::Generator gen = MakeGenerator(DeriveSeed63(r.seed, "tv/kl"));
-    torch::Tensor tokens = task.SampleTrain(r.kl_samples, gen).tokens;
-    double exact = 0, extrap = 0;
-    const int64_t N = tokens.size(0);
-    for (int64_t b = 0; b < N; b += kBayesChunk) {
-      torch::Tensor chunk = tokens.narrow(0, b, std::min(kBayesChunk, N - b));
-      torch::Tensor logp = torch::log_softmax(model.Forward(chunk.unsqueeze(0)).squeeze(0).to(torch::kDouble), -1)
-                               .narrow(1, 0, last + 1);
-      exact += KlFromLogP(logp, task.KnownPool(chunk).probs.narrow(1, 0, last + 1)).sum().item<double>();
-      extrap += KlFromLogP(logp, task.Hybrid(chunk, r.p_common).probs.narrow(1, 0, last + 1)).sum().item<double>();
-      if (!rep.At(static_cast<double>(b + chunk.size(0)) / static_cast<double>(N))) return Stopped();
-    }
-    const double cells = static_cast<double>(N * (last + 1));
-    exact /= cells;
-    extrap /= cells;
-    row("kl/exact", -1, -1, exact);
-    row("kl/extrap", -1, -1, extrap);
-    row("kl/log10_ratio", -1, -1, std::log10(std::max(exact, 1e-300) / std::max(extrap, 1e-300)));
-    if (!rep.NextStage()) return Stopped();
-  }
-
-  if (r.dissociation) {
-    if (absl::Status s = Dissociation(model, task, r, rep, row); !s.ok()) return s;
-    if (!rep.NextStage()) return Stopped();
-  }
-
-  // ---- E4: P0 fails when the state must keep the whole prefix (D.5.14) ----
-  if (r.dyck_p0) {
-    torch::Generator gen = MakeGenerator(DeriveSeed63(r.seed, "tv/dyck"));
-    const int64_t B = r.samples_per_cell, minors = std::min<int64_t>(32, task.num_minors());
-    torch::Tensor paths = task.pool(LatentPool::kMajor);
-    if (minors > 0) paths = torch::cat({paths, task.pool(LatentPool::kMinor).narrow(0, 0, minors)}, 0);
-    const int64_t Kt = paths.size(0), steps = paths.size(1);
-    torch::Tensor task_of = Repeat(Kt, B);
-    // Per mask and layer: ratios at every planted index common to all masks.
-    std::vector<std::vector<torch::Tensor>> last_k(layers.size()), full(layers.size());
-    int64_t common = steps;
-    for (int64_t m = 0; m < r.dyck_masks; ++m) {
-      torch::Tensor mask = task.DrawMask(gen);
-      torch::Tensor planted = mask.nonzero().flatten().narrow(0, 0, std::min<int64_t>(steps, mask.sum().item<int64_t>()));
-      common = std::min<int64_t>(common, planted.size(0));
-      torch::Tensor tokens = task.SampleFrom(paths.index_select(0, task_of), gen, mask, nullptr);
-      std::vector<torch::Tensor> states = HiddenStates(model, tokens, layers, r.hook);
-      for (size_t li = 0; li < layers.size(); ++li) {
-        std::vector<double> lk, fp;
-        for (int64_t j = 0; j < planted.size(0); ++j) {
-          torch::Tensor h = states[li].select(1, planted[j].item<int64_t>());  // [Kt*B, D]
-          // Cell of the last dyck_prefix planted symbols, as a binary number.
-          torch::Tensor code = torch::zeros({Kt}, kI64);
-          for (int64_t q = std::max<int64_t>(0, j - r.dyck_prefix + 1); q <= j; ++q) code = code * 2 + paths.select(1, q);
-          auto ratio = [&](const torch::Tensor& cell) {  // cell per sequence
-            const int64_t cells = cell.max().item<int64_t>() + 1;
-            torch::Tensor sums = torch::zeros({cells, h.size(1)}, kF64).index_add_(0, cell, h);
-            torch::Tensor counts = torch::zeros({cells}, kF64).index_add_(0, cell, torch::ones({h.size(0)}, kF64));
-            torch::Tensor means = sums / counts.clamp_min(1).unsqueeze(1);
-            const double within = (h - means.index_select(0, cell)).pow(2).sum().item<double>();
-            const double total = (h - h.mean(0)).pow(2).sum().item<double>();
-            return total > 0 ? within / total : 0.0;
-          };
-          lk.push_back(ratio(code.index_select(0, task_of)));
-          fp.push_back(ratio(task_of));
-        }
-        last_k[li].push_back(torch::tensor(lk, kF64));
-        full[li].push_back(torch::tensor(fp, kF64));
-      }
-      if (!rep.At(static_cast<double>(m + 1) / static_cast<double>(r.dyck_masks))) return Stopped();
-    }
-    if (common == 0) {
-      return absl::FailedPreconditionError("dyck_p0: one of the " + std::to_string(r.dyck_masks) +
-                                           " planting masks selected no position of the " + std::to_string(T) +
-                                           " (the run's repeat_prob is too small for its seq_len)");
-    }
-    for (size_t li = 0; li < layers.size(); ++li) {
-      torch::Tensor a = torch::zeros({common}, kF64), b = torch::zeros({common}, kF64);
-      for (size_t m = 0; m < last_k[li].size(); ++m) {
-        a += last_k[li][m].narrow(0, 0, common);
-        b += full[li][m].narrow(0, 0, common);
-      }
-      a /= static_cast<double>(last_k[li].size());
-      b /= static_cast<double>(full[li].size());
-      for (int64_t j = 0; j < common; ++j) {
-        row("dyck/resid_ratio_last_k", layers[li], j, a[j].item<double>());
-        row("dyck/resid_ratio_prefix", layers[li], j, b[j].item<double>());
-      }
-      // The last five planted indices every mask reaches (G.4).
-      const int64_t tail = std::min<int64_t>(5, common);
-      row("dyck/last_k_tail_mean", layers[li], -1, a.narrow(0, common - tail, tail).mean().item<double>());
-      row("dyck/prefix_tail_mean", layers[li], -1, b.narrow(0, common - tail, tail).mean().item<double>());
-      row("dyck/common_positions", layers[li], -1, static_cast<double>(common));
-    }
-    rep.NextStage();
   }
   return report;
 }

@@ -10,6 +10,7 @@
 #include <torch/torch.h>
 
 #include <functional>
+#include <string_view>
 
 #include "absl/status/statusor.h"
 #include "server/common/cancel.h"
@@ -75,9 +76,13 @@ CellStats TokenConditionedStats(const torch::Tensor& h);
 
 // The analyses of `request` on `model` (one member) and `task`. `progress`
 // gets the fraction done; Cancelled when `cancel` stops it.
-absl::StatusOr<TaskVectorReport> RunTaskVectorAnalyses(const DecoderModel& model, const LatentTaskGenerator& task,
-                                                       const TaskVectorRequest& request,
-                                                       const std::function<void(double)>& progress,
-                                                       const CancelToken* cancel);
+absl::StatusOr<v1::AnalyzeTaskVectorsResponse> RunTaskVectorAnalyses(const DecoderModel& model,
+                                                                     const LatentTaskGenerator& task,
+                                                                     const v1::AnalyzeTaskVectorsRequest& request,
+                                                                     const std::function<void(double)>& progress,
+                                                                     const CancelToken* cancel);
+
+// Whether the request asks `analysis` ("p0", ..., "dyck_p0").
+bool Asked(const v1::AnalyzeTaskVectorsRequest& request, std::string_view analysis);
 
 }  // namespace circuitlab::engine

@@ -143,6 +143,17 @@ std::string PathName(int64_t index, int64_t depth, int64_t layers, int64_t heads
   return absl::StrCat("(", absl::StrJoin(digits, ","), ")");
 }
 
+int64_t BasisSize(const TaskSymmetry& sym, int64_t layers, int64_t heads, Selection selection) {
+  const int64_t kq = static_cast<int64_t>(KeyQueryParts(sym, selection).names.size());
+  const int64_t readout = static_cast<int64_t>(ReadoutParts(sym, selection).names.size());
+  int64_t size = 0, blocks = 1;
+  for (int64_t l = 1; l <= layers; ++l) {
+    size += heads * blocks * blocks * kq;
+    blocks *= heads + 1;
+  }
+  return size + blocks * readout;
+}
+
 Basis BuildBasis(const TaskSymmetry& sym, int64_t layers, int64_t heads, Selection selection) {
   Basis basis;
   basis.selection = selection;

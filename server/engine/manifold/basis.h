@@ -93,6 +93,11 @@ struct Basis {
 // layer l sits at offset h (H+1)^(l-1) d0.
 Basis BuildBasis(const TaskSymmetry& sym, int64_t layers, int64_t heads, Selection selection);
 
+// How many coordinates BuildBasis would make, without making them (the
+// parts of one key-query and one readout block times the block counts).
+// Touches d0^2 + V d0 entries: bound d0 first.
+int64_t BasisSize(const TaskSymmetry& sym, int64_t layers, int64_t heads, Selection selection);
+
 // The coordinate with this label or canonical name (alpha, beta, gamma,
 // delta), or -1.
 int32_t FindCoordinate(const Basis& basis, const std::string& name);

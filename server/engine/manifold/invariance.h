@@ -12,6 +12,7 @@
 // noise alone gives slope -1 and plateau 0).
 #pragma once
 
+#include <algorithm>
 #include <functional>
 #include <string>
 #include <vector>
@@ -31,12 +32,23 @@ struct InvarianceConfig {
   uint64_t seed = 1;
 };
 
-using InvarianceSeries = InvarianceSeriesReport;
+// One ladder of the check for one matrix ("all" first, then each matrix).
+struct InvarianceSeries {
+  std::string matrix;                // "all", "L1H1", ..., "OUT"
+  std::vector<double> off_fraction;  // 1 - f_N per sample size
+  double plateau = 0;                // fitted over points with 1 - f_N <= 0.1
+  double slope = 0;                  // over the same points; NaN if fewer than 2
+};
 
-// One check's ladder: series ("all" first, then each matrix) and
-// max_matrix_plateau() from the report, plus the sample sizes.
-struct InvarianceResult : InvarianceCheckReport {
+// One check's ladders and the sample sizes.
+struct InvarianceResult {
+  std::vector<InvarianceSeries> series;  // "all" first
   std::vector<int64_t> sample_sizes;
+  double max_matrix_plateau() const {
+    double m = 0;
+    for (size_t i = 1; i < series.size(); ++i) m = std::max(m, series[i].plateau);
+    return m;
+  }
 };
 
 // `point_basis` places the point; `check_basis` is the span tested (usually
@@ -64,7 +76,11 @@ struct SgdCorollaryConfig {
 };
 
 // One batch size: rho after the plain and the symmetrised SGD steps.
-using SgdCorollaryPoint = SgdCorollaryReport;
+struct SgdCorollaryPoint {
+  int64_t batch_size = 0;
+  double rho = 0;              // off-span residual after the plain SGD steps
+  double rho_symmetrised = 0;  // the same with symmetrised minibatch gradients
+};
 
 // `progress(done, total)` after each step; returning false stops.
 std::vector<SgdCorollaryPoint> SgdCorollary(const BlockTask& task, const Basis& basis, const SgdCorollaryConfig& config,

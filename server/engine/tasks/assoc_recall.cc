@@ -75,9 +75,56 @@ bool AssocRecallTask::Supports(SampleMode mode) const {
   return false;
 }
 
+namespace {
+
+// The sequences' layout: BOS, leading fillers, [gap fillers, block] x n
+// (blocks keys `bkey` and values `bval` [B, n], already shuffled), the query
+// block ending in `key`; tokens, position ids and each token's block.
+Batch Layout(const AssocRecallConfig& cfg, int64_t T, const torch::Tensor& bkey, const torch::Tensor& bval,
+             const torch::Tensor& key, torch::Generator& gen) {
+  using torch::indexing::Slice;
+  const int64_t B = bkey.size(0), n = cfg.num_blocks, k = cfg.block_length;
+  torch::Tensor gaps =
+      cfg.max_gap > 0 ? torch::randint(0, cfg.max_gap + 1, {B, n}, gen, kLong) : torch::zeros({B, n}, kLong);
+  torch::Tensor gsum = gaps.cumsum(1);
+  torch::Tensor lead = n * cfg.max_gap - gsum.select(1, n - 1);
+  torch::Tensor start = 1 + lead.unsqueeze(1) + gsum + torch::arange(n, kLong).unsqueeze(0) * k;
+  const int64_t qstart = T - (k - 1);
+
+  torch::Tensor tokens = torch::full({B, T}, kFill, kLong);
+  tokens.scatter_(1, start, bkey);
+  tokens.scatter_(1, start + (k - 1), bval);
+  tokens.index_put_({Slice(), qstart}, key);
+
+  torch::Tensor block_of = torch::full({B, T}, -1, kLong);
+  torch::Tensor block_ids = torch::arange(n, kLong).unsqueeze(0).expand({B, n});
+  for (int64_t j = 0; j < k; ++j) block_of.scatter_(1, start + j, block_ids);
+  block_of.index_put_({Slice(), Slice(qstart, T)}, n);
+
+  torch::Tensor pids;
+  if (cfg.absolute_positions) {
+    pids = torch::arange(T, kLong).unsqueeze(0).expand({B, T}).contiguous();
+  } else {
+    const int64_t P = cfg.num_positions;
+    pids = torch::randint(0, P, {B, T}, gen, kLong);  // fillers and BOS: independent uniform
+    torch::Tensor phi = torch::randint(0, P, {B, n + 1}, gen, kLong);
+    torch::Tensor bphi = phi.narrow(1, 0, n);
+    for (int64_t j = 0; j < k; ++j) pids.scatter_(1, start + j, (bphi + j).remainder(P));
+    for (int64_t j = 0; j < k - 1; ++j) pids.index_put_({Slice(), qstart + j}, (phi.select(1, n) + j).remainder(P));
+  }
+
+  Batch out;
+  out.tokens = tokens;
+  out.pids = pids;
+  out.block_of_token = block_of;
+  return out;
+}
+
+}  // namespace
+
 Batch AssocRecallTask::Sample(int64_t B, SampleMode mode, torch::Generator& gen) const {
   using torch::indexing::Slice;
-  const int64_t n = cfg_.num_blocks, k = cfg_.block_length, T = seq_len_;
+  const int64_t n = cfg_.num_blocks, T = seq_len_;
   const int64_t npairs = cfg_.num_common / 2;
   const bool train = mode == SampleMode::kTrain;
 
@@ -194,43 +241,10 @@ Batch AssocRecallTask::Sample(int64_t B, SampleMode mode, torch::Generator& gen)
   bkey = bkey.gather(1, perm);
   bval = bval.gather(1, perm);
 
-  // --- layout: BOS, leading fillers, [gap fillers, block] x n, query block ---
-  torch::Tensor gaps = cfg_.max_gap > 0 ? torch::randint(0, cfg_.max_gap + 1, {B, n}, gen, kLong)
-                                        : torch::zeros({B, n}, kLong);
-  torch::Tensor gsum = gaps.cumsum(1);
-  torch::Tensor lead = n * cfg_.max_gap - gsum.select(1, n - 1);
-  torch::Tensor start = 1 + lead.unsqueeze(1) + gsum + torch::arange(n, kLong).unsqueeze(0) * k;
-  const int64_t qstart = T - (k - 1);
-
-  torch::Tensor tokens = torch::full({B, T}, kFill, kLong);
-  tokens.scatter_(1, start, bkey);
-  tokens.scatter_(1, start + (k - 1), bval);
-  tokens.index_put_({Slice(), qstart}, key);
-
-  torch::Tensor block_of = torch::full({B, T}, -1, kLong);
-  torch::Tensor block_ids = torch::arange(n, kLong).unsqueeze(0).expand({B, n});
-  for (int64_t j = 0; j < k; ++j) block_of.scatter_(1, start + j, block_ids);
-  block_of.index_put_({Slice(), Slice(qstart, T)}, n);
-
-  torch::Tensor pids;
-  if (cfg_.absolute_positions) {
-    pids = torch::arange(T, kLong).unsqueeze(0).expand({B, T}).contiguous();
-  } else {
-    const int64_t P = cfg_.num_positions;
-    pids = torch::randint(0, P, {B, T}, gen, kLong);  // fillers and BOS: independent uniform
-    torch::Tensor phi = torch::randint(0, P, {B, n + 1}, gen, kLong);
-    torch::Tensor bphi = phi.narrow(1, 0, n);
-    for (int64_t j = 0; j < k; ++j) pids.scatter_(1, start + j, (bphi + j).remainder(P));
-    for (int64_t j = 0; j < k - 1; ++j) pids.index_put_({Slice(), qstart + j}, (phi.select(1, n) + j).remainder(P));
-  }
-
-  Batch out;
-  out.tokens = tokens;
-  out.pids = pids;
+  Batch out = Layout(cfg_, T, bkey, bval, key, gen);
   out.target = value;
   out.alt_target = alt;
   out.query_kind = kind;
-  out.block_of_token = block_of;
   return out;
 }
 

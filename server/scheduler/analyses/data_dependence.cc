@@ -62,7 +62,6 @@ absl::StatusOr<v1::CheckDataDependenceResponse> AnalysisCore::CheckDataDependenc
     *canonical.mutable_points() = request.points();
   }
   const uint32_t blocks = spec.task().associative_recall().num_blocks();
-  std::vector<engine::DataDependencePoint> points;
   for (int i = 0; i < canonical.points_size(); ++i) {
     v1::DataPoint* p = canonical.mutable_points(i);
     const std::string field = "points[" + std::to_string(i) + "]";
@@ -90,44 +89,13 @@ absl::StatusOr<v1::CheckDataDependenceResponse> AnalysisCore::CheckDataDependenc
     if (!(std::abs(p->delta()) <= 100)) {
       return absl::InvalidArgumentError(field + ".delta must be in [-100, 100], got " + std::to_string(p->delta()));
     }
-    engine::DataDependencePoint q;
-    q.rare_fraction = p->rare_fraction();
-    q.variability = p->variability();
-    q.variant_mode = p->variability_mode() == v1::VARIABILITY_MODE_VARIANT;
-    q.burstiness = p->burstiness();
-    q.delta = p->delta_saturated() ? engine::SaturatedDelta(engine::ShapeOf(spec).vocab) : p->delta();
-    q.abg = p->abg();
-    points.push_back(q);
   }
-  engine::DataDependenceConfig config;
-  config.samples = static_cast<int64_t>(canonical.samples());
-  // The standard error comes from the spread of chunk means: at least 8 chunks.
-  config.chunk = std::min<int64_t>(config.chunk, config.samples / 8);
-  config.seed = canonical.seed();
-  AnalysisWork work = [this, spec, points, config, canonical](const std::function<void(double)>& progress,
-                                                      const CancelToken* cancel) -> absl::StatusOr<std::string> {
-    CL_ASSIGN_OR_RETURN(std::vector<engine::DataDependenceRow> rows,
-                        analyzer_->CheckDataDependence(spec, points, config, progress, cancel));
-    v1::CheckDataDependenceResponse done;
+  AnalysisWork work = [this, spec, canonical](const std::function<void(double)>& progress,
+                                              const CancelToken* cancel) -> absl::StatusOr<std::string> {
+    CL_ASSIGN_OR_RETURN(v1::CheckDataDependenceResponse done,
+                        analyzer_->CheckDataDependence(spec, canonical, progress, cancel));
     done.set_state(v1::ANALYSIS_STATE_DONE);
     done.set_progress(1.0);
-    done.set_samples(canonical.samples());
-    for (size_t i = 0; i < rows.size(); ++i) {
-      const engine::DataDependenceRow& r = rows[i];
-      v1::DataDependenceRow* o = done.add_rows();
-      *o->mutable_point() = canonical.points(static_cast<int>(i));
-      o->mutable_point()->set_delta(r.point.delta);
-      o->set_grad_alpha(r.grad[0]);
-      o->set_grad_beta(r.grad[1]);
-      o->set_grad_gamma(r.grad[2]);
-      o->set_grad_delta(r.grad[3]);
-      o->set_gamma_stderr(r.gamma_stderr);
-      o->set_closed_form_gamma(r.closed_form_gamma);
-      o->set_ratio(r.ratio);
-      o->set_ratio_vector(r.ratio_vector);
-      o->set_phi(r.phi);
-      o->set_identity_max_rel_error(r.identity_max_rel_error);
-    }
     return done.SerializeAsString();
   };
   CL_ASSIGN_OR_RETURN(AnalysisAnswer a, Enqueue("data_dependence", id, canonical.SerializeAsString(),

@@ -9,24 +9,9 @@
 #include "server/scheduler/scheduler.h"
 
 namespace circuitlab::scheduler {
-namespace {
-
 constexpr int kMaxLadder = 12;
 constexpr uint64_t kMinSamples = 16, kMaxSamples = 1 << 22;
 const std::vector<uint64_t> kDefaultLadder = {256, 1024, 4096, 16384, 65536, 262144};
-
-// SCIENCE.md G.5: in span when every matrix's plateau <= 1e-3 and slope in
-// [-1.2, -0.8]; a control fails as it must when some plateau >= 0.01.
-bool Passed(const engine::InvarianceCheckReport& c) {
-  if (c.name != "in_span") return c.max_matrix_plateau() >= 0.01;
-  for (size_t i = 1; i < c.series.size(); ++i) {
-    const auto& s = c.series[i];
-    if (!(s.plateau <= 1e-3) || !(s.slope >= -1.2 && s.slope <= -0.8)) return false;
-  }
-  return true;
-}
-
-}  // namespace
 
 absl::StatusOr<v1::CheckInvarianceResponse> AnalysisCore::CheckInvariance(
     const v1::CheckInvarianceRequest& request, const std::string& client) {
@@ -76,45 +61,14 @@ absl::StatusOr<v1::CheckInvarianceResponse> AnalysisCore::CheckInvariance(
   canonical.set_seed(request.seed() == 0 ? spec.seed() : request.seed());
   canonical.set_controls(request.controls());
   canonical.set_sgd_corollary(request.sgd_corollary());
-  engine::InvarianceRequest ir;
-  ir.selection = ToSelection(canonical.selection());
-  ir.sample_sizes.assign(canonical.sample_sizes().begin(), canonical.sample_sizes().end());
-  ir.coordinate_std = canonical.coordinate_std();
-  ir.seed = canonical.seed();
-  ir.controls = canonical.controls();
-  ir.sgd_corollary = canonical.sgd_corollary();
   const uint64_t memory = JobMemory(spec, 0);
-  AnalysisWork work = [this, spec = std::move(spec), ir](const std::function<void(double)>& progress,
-                                                 const CancelToken* cancel) -> absl::StatusOr<std::string> {
-    CL_ASSIGN_OR_RETURN(engine::InvarianceReport report, analyzer_->CheckInvariance(spec, ir, progress, cancel));
-    v1::CheckInvarianceResponse done;
+  AnalysisWork work = [this, spec = std::move(spec), canonical](
+                          const std::function<void(double)>& progress,
+                          const CancelToken* cancel) -> absl::StatusOr<std::string> {
+    CL_ASSIGN_OR_RETURN(v1::CheckInvarianceResponse done,
+                        analyzer_->CheckInvariance(spec, canonical, progress, cancel));
     done.set_state(v1::CheckInvarianceResponse::STATE_DONE);
     done.set_progress(1.0);
-    done.mutable_sample_sizes()->Add(report.sample_sizes.begin(), report.sample_sizes.end());
-    for (const engine::InvarianceCheckReport& c : report.checks) {
-      v1::InvarianceCheck* out = done.add_checks();
-      out->set_name(c.name);
-      out->set_max_matrix_plateau(c.max_matrix_plateau());
-      out->set_passed(Passed(c));
-      for (const engine::InvarianceSeriesReport& sr : c.series) {
-        v1::InvarianceSeries* o = out->add_series();
-        o->set_matrix(sr.matrix);
-        o->mutable_off_fraction()->Add(sr.off_fraction.begin(), sr.off_fraction.end());
-        o->set_plateau(sr.plateau);
-        o->set_slope(sr.slope);
-      }
-    }
-    for (const engine::SgdCorollaryReport& p : report.sgd) {
-      v1::SgdCorollaryPoint* o = done.add_sgd();
-      o->set_batch_size(static_cast<uint64_t>(p.batch_size));
-      o->set_rho(p.rho);
-      o->set_rho_symmetrised(p.rho_symmetrised);
-    }
-    if (!report.sgd.empty()) {
-      done.set_sgd_steps(static_cast<uint64_t>(report.sgd_steps));
-      done.set_sgd_group_elements(static_cast<uint64_t>(report.sgd_group_elements));
-      done.set_sgd_learning_rate(report.sgd_learning_rate);
-    }
     return done.SerializeAsString();
   };
   CL_ASSIGN_OR_RETURN(AnalysisAnswer a, Enqueue("invariance", id, canonical.SerializeAsString(), request.force(),

@@ -30,41 +30,16 @@ absl::StatusOr<v1::LabelRunResponse> AnalysisCore::LabelRun(
   // recomputed, not served.
   std::string key = canonical.SerializeAsString() + "/pair-paths-1";
   for (int64_t s : steps) absl::StrAppend(&key, "/", s);
-  engine::LabelRequest lr;
-  lr.n_eval = canonical.n_eval();
-  lr.seed = spec.seed();
-  AnalysisWork work = [this, spec, id, steps, lr](const std::function<void(double)>& progress,
-                                          const CancelToken* cancel) -> absl::StatusOr<std::string> {
+  AnalysisWork work = [this, spec, id, steps, canonical](const std::function<void(double)>& progress,
+                                                         const CancelToken* cancel) -> absl::StatusOr<std::string> {
     std::vector<std::pair<int64_t, std::string>> checkpoints;
     for (int64_t s : steps) {
       CL_ASSIGN_OR_RETURN(std::optional<store::Checkpoint> c, store_->CheckpointAt(id, s));
       if (c) checkpoints.emplace_back(s, std::move(c->bytes));
     }
-    CL_ASSIGN_OR_RETURN(engine::LabelReport r, analyzer_->LabelRun(spec, checkpoints, lr, progress, cancel));
-    v1::LabelRunResponse done;
+    CL_ASSIGN_OR_RETURN(v1::LabelRunResponse done, analyzer_->LabelRun(spec, checkpoints, canonical, progress, cancel));
     done.set_state(v1::ANALYSIS_STATE_DONE);
     done.set_progress(1.0);
-    for (const engine::CheckpointLabelReport& c : r.checkpoints) {
-      v1::CheckpointLabel* o = done.add_checkpoints();
-      o->set_step(static_cast<uint64_t>(c.step));
-      o->set_icl_set(c.icl_set);
-      o->set_icl_accuracy(c.icl_accuracy);
-      o->set_iwl_accuracy(c.iwl_accuracy);
-      o->set_icl(c.icl);
-      o->set_iwl(c.iwl);
-      o->set_coords_icl(c.coords_icl);
-      o->set_coords_iwl(c.coords_iwl);
-      o->set_consistent(c.consistent);
-      o->set_conflict_logit_diff(c.conflict_logit_diff);
-      o->set_label(c.label);
-      o->set_pair(c.pair);
-      for (const auto& [name, s] : c.pair_scores) (*o->mutable_pair_scores())[name] = s;
-      o->mutable_head_ablation()->Add(c.head_ablation.begin(), c.head_ablation.end());
-      for (const auto& [name, s] : c.pair_ablation) (*o->mutable_pair_ablation())[name] = s;
-    }
-    done.set_label(r.label);
-    done.set_pair(r.pair);
-    done.set_pair_predicted(r.pair_predicted);
     return done.SerializeAsString();
   };
   CL_ASSIGN_OR_RETURN(AnalysisAnswer a,

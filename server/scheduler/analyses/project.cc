@@ -24,20 +24,11 @@ absl::StatusOr<v1::ProjectCheckpointResponse> AnalysisCore::ProjectCheckpoint(
   const uint64_t memory = JobMemory(spec, 0);
   AnalysisWork work = [this, spec = std::move(found.first), bytes = std::move(found.second.bytes), canonical](
                           const std::function<void(double)>&, const CancelToken*) -> absl::StatusOr<std::string> {
-    CL_ASSIGN_OR_RETURN(engine::CheckpointProjection p,
-                        analyzer_->ProjectCheckpoint(spec, bytes, ToSelection(canonical.selection())));
-    v1::ProjectCheckpointResponse resp;
+    CL_ASSIGN_OR_RETURN(v1::ProjectCheckpointResponse resp, analyzer_->ProjectCheckpoint(spec, bytes, canonical));
     resp.set_state(v1::ANALYSIS_STATE_DONE);
     resp.set_progress(1.0);
     resp.set_run_id(canonical.run_id());
     resp.set_step(canonical.step());
-    resp.set_selection(canonical.selection());
-    for (const engine::CoordinateDef& d : p.basis.coords) {
-      FillCoordinate(ToCoordinateRow(d), p.values[d.index], resp.add_coordinates());
-    }
-    resp.set_rho(p.rho);
-    for (const auto& [matrix, rho] : p.rho_by_matrix) (*resp.mutable_rho_by_matrix())[matrix] = rho;
-    resp.set_rho_complete(p.rho_complete);
     return resp.SerializeAsString();
   };
   CL_ASSIGN_OR_RETURN(AnalysisAnswer a, Enqueue("project", id, canonical.SerializeAsString(), request.force(), client,

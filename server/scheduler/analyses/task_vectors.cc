@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "server/common/status_macros.h"
+#include "server/common/text.h"
 #include "server/engine/tasks/catalog.h"
 #include "server/scheduler/analyses/analysis_util.h"
 #include "server/scheduler/analysis_core.h"
@@ -51,7 +52,7 @@ absl::Status Default(Msg* m, Get get, Set set, uint32_t def, const std::string& 
 absl::Status HookKind(const std::string& field, std::string* hook, const std::string& def) {
   if (hook->empty()) *hook = def;
   if (kHooks.count(*hook) == 0) {
-    return absl::InvalidArgumentError(field + " must be post_mlp, post_attn or resid_pre, got '" + *hook + "'");
+    return absl::InvalidArgumentError(field + " must be post_mlp, post_attn or resid_pre, got " + Quote(*hook));
   }
   return absl::OkStatus();
 }
@@ -165,8 +166,10 @@ absl::Status CanonicalAnalyses(const v1::AnalyzeTaskVectorsRequest& request, con
   for (int i = 0; i < request.analyses_size(); ++i) {
     const std::string& a = request.analyses(i);
     if (std::find(kAnalyses.begin(), kAnalyses.end(), a) == kAnalyses.end()) {
-      return absl::InvalidArgumentError("analyses[" + std::to_string(i) + "] must be one of p0, p1, p2, p3, "
-                                        "steering, ood_r2, kl, dissociation, dyck_p0, got '" + a + "'");
+      return absl::InvalidArgumentError("analyses[" + std::to_string(i) +
+                                        "] must be one of p0, p1, p2, p3, "
+                                        "steering, ood_r2, kl, dissociation, dyck_p0, got " +
+                                        Quote(a));
     }
     chosen.insert(a);
   }
@@ -222,12 +225,12 @@ absl::Status FillDefaults(const v1::AnalyzeTaskVectorsRequest& request, v1::Anal
   CL_RETURN_IF_ERROR(Default(&c, &R::dyck_prefix, &R::set_dyck_prefix, 3, "dyck_prefix", 1, 16));
   if (c.steering_subtract().empty()) c.set_steering_subtract("true_task");
   if (c.steering_subtract() != "true_task" && c.steering_subtract() != "projection") {
-    return absl::InvalidArgumentError("steering_subtract must be true_task or projection, got '" +
-                                      c.steering_subtract() + "'");
+    return absl::InvalidArgumentError("steering_subtract must be true_task or projection, got " +
+                                      Quote(c.steering_subtract()));
   }
   if (c.opt_target().empty()) c.set_opt_target("minor");
   if (c.opt_target() != "minor" && c.opt_target() != "ood") {
-    return absl::InvalidArgumentError("opt_target must be minor or ood, got '" + c.opt_target() + "'");
+    return absl::InvalidArgumentError("opt_target must be minor or ood, got " + Quote(c.opt_target()));
   }
   if (c.p_common() == 0) c.set_p_common(0.9);
   if (!(c.p_common() > 0 && c.p_common() < 1)) {
@@ -296,52 +299,6 @@ absl::Status CheckTarget(const Target& t, const v1::AnalyzeTaskVectorsRequest& c
   return absl::OkStatus();
 }
 
-engine::TaskVectorRequest ToEngineRequest(const v1::AnalyzeTaskVectorsRequest& c) {
-  engine::TaskVectorRequest e;
-  const std::set<std::string> a(c.analyses().begin(), c.analyses().end());
-  e.p0 = a.count("p0") > 0;
-  e.p1 = a.count("p1") > 0;
-  e.p2 = a.count("p2") > 0;
-  e.p3 = a.count("p3") > 0;
-  e.steering = a.count("steering") > 0;
-  e.ood_r2 = a.count("ood_r2") > 0;
-  e.kl = a.count("kl") > 0;
-  e.dissociation = a.count("dissociation") > 0;
-  if (c.has_dissociation_layer()) e.dissociation_layer = static_cast<int>(c.dissociation_layer());
-  e.dissociation_hook = c.dissociation_hook();
-  e.probe_samples = c.probe_samples();
-  if (c.has_probe_begin()) e.probe_begin = c.probe_begin();
-  e.task_rank = static_cast<int>(c.task_rank());
-  e.eval_samples = c.eval_samples();
-  e.opt_steps = c.opt_steps();
-  e.opt_target = c.opt_target();
-  e.stats_samples = c.stats_samples();
-  e.dyck_p0 = a.count("dyck_p0") > 0;
-  e.dyck_masks = c.dyck_masks();
-  e.dyck_prefix = static_cast<int>(c.dyck_prefix());
-  e.hook = c.hook();
-  for (uint32_t l : c.layers()) e.layers.push_back(static_cast<int>(l));
-  for (uint32_t p : c.positions()) e.positions.push_back(p);
-  e.samples_per_cell = c.samples_per_cell();
-  if (c.has_est_begin()) e.est_begin = c.est_begin();
-  if (c.has_est_end()) e.est_end = c.est_end();
-  e.p3_samples = c.p3_samples();
-  if (c.has_steering_layer()) e.steering_layer = static_cast<int>(c.steering_layer());
-  e.estimation_hook = c.estimation_hook();
-  e.injection_hook = c.injection_hook();
-  e.steering_subtract = c.steering_subtract();
-  e.steering_samples = c.steering_samples();
-  e.steering_est_samples = c.steering_est_samples();
-  if (c.has_steer_begin()) e.steer_begin = c.steer_begin();
-  if (c.has_steer_end()) e.steer_end = c.steer_end();
-  e.ood_tasks = c.ood_tasks();
-  e.ood_samples = c.ood_samples();
-  e.kl_samples = c.kl_samples();
-  e.p_common = c.p_common();
-
-  return e;
-}
-
 }  // namespace
 
 absl::StatusOr<v1::AnalyzeTaskVectorsResponse> AnalysisCore::AnalyzeTaskVectors(
@@ -386,8 +343,6 @@ absl::StatusOr<v1::AnalyzeTaskVectorsResponse> AnalysisCore::AnalyzeTaskVectors(
     }
   }
 
-  const engine::TaskVectorRequest e = ToEngineRequest(c);
-
   // The key: the canonical request and exactly which checkpoints it covers.
   std::string key = c.SerializeAsString();
   int64_t total = 0;
@@ -396,16 +351,16 @@ absl::StatusOr<v1::AnalyzeTaskVectorsResponse> AnalysisCore::AnalyzeTaskVectors(
     for (int64_t s : t.steps) absl::StrAppend(&key, ":", s);
     total += static_cast<int64_t>(t.steps.size());
   }
-  AnalysisWork work = [this, targets, e, c, total](const std::function<void(double)>& progress,
-                                           const CancelToken* cancel) -> absl::StatusOr<std::string> {
+  AnalysisWork work = [this, targets, c, total](const std::function<void(double)>& progress,
+                                                const CancelToken* cancel) -> absl::StatusOr<std::string> {
     v1::AnalyzeTaskVectorsResponse done;
     done.set_state(v1::ANALYSIS_STATE_DONE);
     done.set_progress(1.0);
     *done.mutable_request() = c;
     int64_t finished = 0;
     for (const Target& t : targets) {
-      engine::TaskVectorRequest req = e;
-      req.seed = c.seed() != 0 ? c.seed() : t.spec.seed();
+      v1::AnalyzeTaskVectorsRequest req = c;
+      if (req.seed() == 0) req.set_seed(t.spec.seed());  // a sweep's runs: each its own seed
       for (int64_t step : t.steps) {
         CL_ASSIGN_OR_RETURN(std::optional<store::Checkpoint> ckpt, store_->CheckpointAt(t.id, step));
         if (!ckpt) {
@@ -415,17 +370,13 @@ absl::StatusOr<v1::AnalyzeTaskVectorsResponse> AnalysisCore::AnalyzeTaskVectors(
         auto sub = [&](double f) {
           if (progress) progress((static_cast<double>(finished) + f) / static_cast<double>(total));
         };
-        CL_ASSIGN_OR_RETURN(engine::TaskVectorReport r,
+        CL_ASSIGN_OR_RETURN(v1::AnalyzeTaskVectorsResponse r,
                             analyzer_->AnalyzeTaskVectors(t.spec, ckpt->bytes, req, sub, cancel));
-        for (const engine::TaskVectorRow& row : r.rows) {
-          v1::TaskVectorValue* v = done.add_values();
-          v->set_run_id(FormatRunId(t.id));
-          v->set_step(static_cast<uint64_t>(step));
-          v->set_name(row.name);
-          v->set_layer(row.layer);
-          v->set_position(static_cast<int32_t>(row.position));
-          v->set_value(row.value);
-          v->set_sweep_values(t.sweep_values);
+        for (v1::TaskVectorValue& v : *r.mutable_values()) {
+          v.set_run_id(FormatRunId(t.id));
+          v.set_step(static_cast<uint64_t>(step));
+          v.set_sweep_values(t.sweep_values);
+          *done.add_values() = std::move(v);
         }
         ++finished;
       }
