@@ -38,7 +38,7 @@ int main(int argc, char** argv) {
       ->check(CLI::ExistingFile);
 
   Action chosen;
-  for (auto add : {AddSubmit, AddLs, AddShow, AddWatch, AddCancel, AddMetrics, AddCoords, AddProject,
+  for (auto add : {AddSubmit, AddLs, AddShow, AddWatch, AddCancel, AddRm, AddMetrics, AddCoords, AddProject,
                    AddInvariance, AddSweep, AddSweepShow, AddSweepCancel, AddSweepSummary, AddDetect, AddIntervene,
                    AddLabel, AddDataDependence, AddTaskVectors, AddHealth, AddAnalyses, AddCancelAnalysis}) {
     add(app, &chosen);

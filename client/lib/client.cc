@@ -216,6 +216,18 @@ absl::StatusOr<v1::Sweep> Client::CancelSweep(const std::string& sweep_id) {
   return impl_->Call(impl_->stub.get(), &v1::ExperimentService::Stub::CancelSweep, req);
 }
 
+absl::StatusOr<v1::DeleteRunResponse> Client::DeleteRun(const std::string& run_id) {
+  v1::DeleteRunRequest req;
+  req.set_run_id(run_id);
+  return impl_->Call(impl_->stub.get(), &v1::ExperimentService::Stub::DeleteRun, req);
+}
+
+absl::StatusOr<v1::DeleteSweepResponse> Client::DeleteSweep(const std::string& sweep_id) {
+  v1::DeleteSweepRequest req;
+  req.set_sweep_id(sweep_id);
+  return impl_->Call(impl_->stub.get(), &v1::ExperimentService::Stub::DeleteSweep, req);
+}
+
 absl::StatusOr<v1::GetSweepSummaryResponse> Client::GetSweepSummary(const v1::GetSweepSummaryRequest& request) {
   return impl_->Call(impl_->stub.get(), &v1::ExperimentService::Stub::GetSweepSummary, request);
 }

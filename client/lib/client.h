@@ -69,6 +69,8 @@ class Client {
   absl::StatusOr<v1::Sweep> SubmitSweep(const v1::SweepSpec& sweep);
   absl::StatusOr<v1::Sweep> GetSweep(const std::string& sweep_id);
   absl::StatusOr<v1::Sweep> CancelSweep(const std::string& sweep_id);
+  absl::StatusOr<v1::DeleteRunResponse> DeleteRun(const std::string& run_id);
+  absl::StatusOr<v1::DeleteSweepResponse> DeleteSweep(const std::string& sweep_id);
   absl::StatusOr<v1::GetSweepSummaryResponse> GetSweepSummary(const v1::GetSweepSummaryRequest& request);
 
   // Streams a run's events to `on_event` until the run ends (OK), the stream

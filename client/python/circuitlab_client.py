@@ -97,6 +97,16 @@ class Client:
         return self._stub.CancelRun(pb.CancelRunRequest(run_id=run_id), timeout=self._timeout,
                                     metadata=self._metadata)
 
+    def delete_run(self, run_id):
+        """Deletes an ended run with its checkpoints; returns DeleteRunResponse (freed_bytes)."""
+        return self._stub.DeleteRun(pb.DeleteRunRequest(run_id=run_id), timeout=self._timeout,
+                                    metadata=self._metadata)
+
+    def delete_sweep(self, sweep_id):
+        """Deletes a sweep and its member runs; returns DeleteSweepResponse."""
+        return self._stub.DeleteSweep(pb.DeleteSweepRequest(sweep_id=sweep_id), timeout=self._timeout,
+                                      metadata=self._metadata)
+
     def watch(self, run_id, include_metrics=False, after_sequence=0, epoch=""):
         """Yields RunEvents until the run ends."""
         req = pb.WatchRunRequest(run_id=run_id, include_metrics=include_metrics, after_sequence=after_sequence,

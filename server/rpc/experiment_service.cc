@@ -218,4 +218,22 @@ grpc::ServerUnaryReactor* ExperimentServiceImpl::GetSweepSummary(grpc::CallbackS
       });
 }
 
+grpc::ServerUnaryReactor* ExperimentServiceImpl::DeleteRun(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in,
+                                                           grpc::ByteBuffer* out) {
+  return Unary<v1::DeleteRunRequest, v1::DeleteRunResponse>(
+      ctx, in, out, [&](const v1::DeleteRunRequest& req, v1::DeleteRunResponse* resp) -> absl::Status {
+        CL_ASSIGN_OR_RETURN(*resp, core_->Delete(req.run_id()));
+        return absl::OkStatus();
+      });
+}
+
+grpc::ServerUnaryReactor* ExperimentServiceImpl::DeleteSweep(grpc::CallbackServerContext* ctx,
+                                                             const grpc::ByteBuffer* in, grpc::ByteBuffer* out) {
+  return Unary<v1::DeleteSweepRequest, v1::DeleteSweepResponse>(
+      ctx, in, out, [&](const v1::DeleteSweepRequest& req, v1::DeleteSweepResponse* resp) -> absl::Status {
+        CL_ASSIGN_OR_RETURN(*resp, sweeps_->Delete(req.sweep_id()));
+        return absl::OkStatus();
+      });
+}
+
 }  // namespace circuitlab::rpc

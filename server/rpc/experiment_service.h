@@ -22,9 +22,9 @@ using RawExperimentService = v1::ExperimentService::WithRawCallbackMethod_Submit
             v1::ExperimentService::WithRawCallbackMethod_SubmitSweep<
                 v1::ExperimentService::WithRawCallbackMethod_GetSweep<
                     v1::ExperimentService::WithRawCallbackMethod_CancelSweep<
-                        v1::ExperimentService::WithRawCallbackMethod_GetSweepSummary<
+                        v1::ExperimentService::WithRawCallbackMethod_GetSweepSummary<v1::ExperimentService::WithRawCallbackMethod_DeleteRun<v1::ExperimentService::WithRawCallbackMethod_DeleteSweep<
                             v1::ExperimentService::WithRawCallbackMethod_WatchRun<
-                                v1::ExperimentService::Service>>>>>>>>>>;
+                                v1::ExperimentService::Service>>>>>>>>>>>>;
 
 class ExperimentServiceImpl final : public RawExperimentService {
  public:
@@ -49,6 +49,10 @@ class ExperimentServiceImpl final : public RawExperimentService {
                                         grpc::ByteBuffer* out) override;
   grpc::ServerUnaryReactor* GetSweepSummary(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in,
                                             grpc::ByteBuffer* out) override;
+  grpc::ServerUnaryReactor* DeleteRun(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in,
+                                      grpc::ByteBuffer* out) override;
+  grpc::ServerUnaryReactor* DeleteSweep(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in,
+                                        grpc::ByteBuffer* out) override;
   // A malformed request ends the stream with INVALID_ARGUMENT.
   grpc::ServerWriteReactor<grpc::ByteBuffer>* WatchRun(grpc::CallbackServerContext* ctx,
                                                        const grpc::ByteBuffer* in) override;

@@ -424,6 +424,42 @@ absl::StatusOr<v1::ListRunsResponse> Scheduler::ListRuns(const v1::ListRunsReque
   return out;
 }
 
+absl::StatusOr<int64_t> Scheduler::DeleteRuns(const std::vector<int64_t>& ids, int64_t sweep_id) {
+  for (int64_t id : ids) {
+    bool active = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      active = active_.count(id) > 0;
+    }
+    if (!active) continue;
+    CL_ASSIGN_OR_RETURN(store::RunRow row, store_->GetRun(id));
+    return absl::FailedPreconditionError(
+        IsFinal(row.state) ? "run " + FormatRunId(id) + " is winding down; try again in a moment"
+                           : "run " + FormatRunId(id) + " has not ended; cancel it first (circuitlab cancel " +
+                                 FormatRunId(id) + ")");
+  }
+  CL_ASSIGN_OR_RETURN(int64_t freed,
+                      store_->DeleteRuns(ids, {v1::RUN_STATE_SUCCEEDED, v1::RUN_STATE_FAILED, v1::RUN_STATE_CANCELLED},
+                                         sweep_id));
+  spdlog::info("deleted {} run(s){}, {} checkpoint bytes freed", ids.size(),
+               sweep_id > 0 ? " and sweep " + FormatSweepId(sweep_id) : "", freed);
+  return freed;
+}
+
+absl::StatusOr<v1::DeleteRunResponse> Scheduler::Delete(const std::string& run_id) {
+  CL_ASSIGN_OR_RETURN(int64_t id, ParseRunId(run_id));
+  CL_ASSIGN_OR_RETURN(store::RunRow row, store_->GetRun(id));
+  if (row.sweep_id > 0) {
+    return absl::FailedPreconditionError("run " + run_id + " belongs to sweep " + FormatSweepId(row.sweep_id) +
+                                         "; delete the sweep (circuitlab rm " + FormatSweepId(row.sweep_id) + ")");
+  }
+  CL_ASSIGN_OR_RETURN(int64_t freed, DeleteRuns({id}));
+  v1::DeleteRunResponse out;
+  out.set_run_id(FormatRunId(id));
+  out.set_freed_bytes(static_cast<uint64_t>(freed));
+  return out;
+}
+
 absl::StatusOr<v1::Run> Scheduler::Cancel(const std::string& run_id) {
   CL_ASSIGN_OR_RETURN(int64_t id, ParseRunId(run_id));
   CL_ASSIGN_OR_RETURN(store::RunRow row, store_->GetRun(id));

@@ -100,6 +100,11 @@ class Scheduler {
   absl::StatusOr<v1::Run> GetRun(const std::string& run_id);
   absl::StatusOr<v1::ListRunsResponse> ListRuns(const v1::ListRunsRequest& request);
   absl::StatusOr<v1::Run> Cancel(const std::string& run_id);
+  // Deletes ended runs and everything they hold (Store::DeleteRuns), and the
+  // sweep `sweep_id` when > 0. FailedPrecondition for a run that is queued,
+  // running, or still winding down. Returns the checkpoint bytes freed.
+  absl::StatusOr<int64_t> DeleteRuns(const std::vector<int64_t>& ids, int64_t sweep_id = 0);
+  absl::StatusOr<v1::DeleteRunResponse> Delete(const std::string& run_id);
   absl::StatusOr<v1::GetMetricsResponse> GetMetrics(const v1::GetMetricsRequest& request);
   // Subscribes first, so nothing published after the snapshot is missed.
   absl::StatusOr<Watch> StartWatch(const v1::WatchRunRequest& request);

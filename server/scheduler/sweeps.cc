@@ -650,6 +650,22 @@ absl::StatusOr<v1::Sweep> SweepCore::Cancel(const std::string& sweep_id) {
   return Get(sweep_id);
 }
 
+absl::StatusOr<v1::DeleteSweepResponse> SweepCore::Delete(const std::string& sweep_id) {
+  CL_ASSIGN_OR_RETURN(int64_t id, ParseSweepId(sweep_id));
+  CL_RETURN_IF_ERROR(store_->GetSweep(id).status());
+  CL_ASSIGN_OR_RETURN(std::vector<store::RunRow> runs, store_->SweepRuns(id));
+  std::vector<int64_t> ids;
+  v1::DeleteSweepResponse out;
+  out.set_sweep_id(FormatSweepId(id));
+  for (const store::RunRow& r : runs) {
+    ids.push_back(r.id);
+    out.add_run_ids(FormatRunId(r.id));
+  }
+  CL_ASSIGN_OR_RETURN(int64_t freed, scheduler_->DeleteRuns(ids, id));
+  out.set_freed_bytes(static_cast<uint64_t>(freed));
+  return out;
+}
+
 absl::StatusOr<v1::GetSweepSummaryResponse> SweepCore::Summary(const v1::GetSweepSummaryRequest& request) {
   CL_ASSIGN_OR_RETURN(int64_t id, ParseSweepId(request.sweep_id()));
   CL_ASSIGN_OR_RETURN(store::SweepRow row, store_->GetSweep(id));

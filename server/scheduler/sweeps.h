@@ -46,6 +46,9 @@ class SweepCore {
   absl::StatusOr<v1::Sweep> Submit(const v1::SweepSpec& sweep, const std::string& client);
   absl::StatusOr<v1::Sweep> Get(const std::string& sweep_id);
   absl::StatusOr<v1::Sweep> Cancel(const std::string& sweep_id);
+  // Deletes the sweep and its member runs; refused while a member has not
+  // ended (Scheduler::DeleteRuns).
+  absl::StatusOr<v1::DeleteSweepResponse> Delete(const std::string& sweep_id);
   absl::StatusOr<v1::GetSweepSummaryResponse> Summary(const v1::GetSweepSummaryRequest& request);
 
  private:

@@ -112,7 +112,13 @@ absl::StatusOr<std::unique_ptr<Connection>> Connection::Open(const std::string& 
   // Probe that the file really is a database before anything else.
   if (auto s = conn->Exec("PRAGMA foreign_keys=ON"); !s.ok()) return s;
   if (read_write) {
-    if (auto s = conn->Exec("PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL"); !s.ok()) return s;
+    // Incremental auto-vacuum lets deleting runs return pages to the file
+    // system; it takes effect on a new database only (an existing one keeps
+    // its mode until a full VACUUM).
+    if (auto s = conn->Exec("PRAGMA auto_vacuum=INCREMENTAL; PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL");
+        !s.ok()) {
+      return s;
+    }
   }
   if (auto s = conn->Exec("SELECT count(*) FROM sqlite_master"); !s.ok()) return s;
   return conn;

@@ -796,6 +796,54 @@ absl::StatusOr<std::optional<Checkpoint>> Store::LatestIntactCheckpoint(int64_t 
   return std::optional<Checkpoint>();
 }
 
+absl::StatusOr<int64_t> Store::DeleteRuns(const std::vector<int64_t>& run_ids, const std::vector<int>& ended,
+                                          int64_t sweep_id) {
+  int64_t freed = 0;
+  std::vector<std::string> files;
+  CL_RETURN_IF_ERROR(impl_->Write([&](Connection& c) -> absl::Status {
+    freed = 0;
+    files.clear();
+    for (int64_t id : run_ids) {
+      CL_ASSIGN_OR_RETURN(Statement st, c.Prepare("SELECT state FROM runs WHERE id = ?"));
+      st.Bind(1, id);
+      CL_ASSIGN_OR_RETURN(bool found, st.Step());
+      if (!found) return absl::NotFoundError("run r" + std::to_string(id) + " not found");
+      const int state = static_cast<int>(st.ColumnInt(0));
+      if (std::find(ended.begin(), ended.end(), state) == ended.end()) {
+        return absl::FailedPreconditionError("run r" + std::to_string(id) + " has not ended; cancel it first "
+                                             "(circuitlab cancel r" + std::to_string(id) + ")");
+      }
+      CL_ASSIGN_OR_RETURN(Statement paths, c.Prepare("SELECT path, size_bytes FROM checkpoints WHERE run_id = ?"));
+      paths.Bind(1, id);
+      while (true) {
+        CL_ASSIGN_OR_RETURN(bool more, paths.Step());
+        if (!more) break;
+        files.push_back(paths.ColumnText(0));
+        freed += paths.ColumnInt(1);
+      }
+      // Metrics, tags, checkpoints, coordinate definitions (and with them
+      // their values) and analyses go with the row (ON DELETE CASCADE).
+      CL_ASSIGN_OR_RETURN(Statement del, c.Prepare("DELETE FROM runs WHERE id = ?"));
+      del.Bind(1, id);
+      CL_RETURN_IF_ERROR(del.Run());
+    }
+    if (sweep_id > 0) {
+      CL_ASSIGN_OR_RETURN(Statement del, c.Prepare("DELETE FROM sweeps WHERE id = ?"));
+      del.Bind(1, sweep_id);
+      CL_RETURN_IF_ERROR(del.Run());
+    }
+    return absl::OkStatus();
+  }));
+  // Files go only after the rows that pointed at them are gone.
+  std::error_code ec;
+  for (const std::string& p : files) fs::remove(CheckpointFile(impl_->dir(), p), ec);
+  for (int64_t id : run_ids) fs::remove_all(impl_->dir() + "/checkpoints/r" + std::to_string(id), ec);
+  // Returns freed pages to the file system when the database was created
+  // with incremental auto-vacuum (new ones are); a no-op otherwise.
+  CL_RETURN_IF_ERROR(impl_->Write([](Connection& c) { return c.Exec("PRAGMA incremental_vacuum"); }));
+  return freed;
+}
+
 absl::Status Store::SetRunWarning(int64_t run_id, const std::string& warning) {
   return impl_->Write([&](Connection& c) -> absl::Status {
     CL_ASSIGN_OR_RETURN(Statement st, c.Prepare("UPDATE runs SET warning = ? WHERE id = ?"));

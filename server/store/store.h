@@ -243,6 +243,13 @@ class Store {
   // each damaged newer one is described in `skipped` (its step and why).
   // Nothing (start from step 0) when none is intact.
   absl::StatusOr<std::optional<Checkpoint>> LatestIntactCheckpoint(int64_t run_id, std::vector<std::string>* skipped);
+  // Deletes runs whose state is one of `ended` with everything that hangs
+  // off them (metrics, tags, coordinates, analyses, checkpoint rows and
+  // files) and, when sweep_id > 0, that sweep; all or nothing.
+  // FailedPrecondition naming the first run in another state, NotFound for
+  // an unknown run. Returns the checkpoint bytes freed. Ids are never reused.
+  absl::StatusOr<int64_t> DeleteRuns(const std::vector<int64_t>& run_ids, const std::vector<int>& ended,
+                                     int64_t sweep_id = 0);
   // Records what the server worked around for a run (Run.warning).
   absl::Status SetRunWarning(int64_t run_id, const std::string& warning);
   // The checkpoint at exactly `step` (verified); nullopt when there is none.

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <sstream>
@@ -98,6 +99,19 @@ TEST(EndToEndTest, UserSessionThroughTheCli) {
   EXPECT_EQ(cancel.exit_code, 0);
   EXPECT_NE(cancel.out.find("CANCELLED"), std::string::npos) << cancel.out;
   EXPECT_EQ(Cli(server, {"watch", "r2"}).exit_code, 1) << "watching a cancelled run exits 1";
+
+  // rm deletes ended runs with their checkpoints (issue 14 item 11); the
+  // ids are not reused.
+  CommandResult rm = Cli(server, {"rm", "r1", "r2"});
+  EXPECT_EQ(rm.exit_code, 0) << rm.out;
+  EXPECT_NE(rm.out.find("deleted r1, "), std::string::npos) << rm.out;
+  EXPECT_EQ(Cli(server, {"show", "r1"}).exit_code, 15);  // NOT_FOUND
+  EXPECT_FALSE(std::filesystem::exists(dir.path() + "/data/checkpoints/r1"));
+  CommandResult again = Cli(server, {"submit", WriteSpec(dir, "again.json", Tiny(1000000))});
+  EXPECT_NE(again.out.find("r3"), std::string::npos) << again.out;
+  CommandResult busy = Cli(server, {"rm", "r3"});
+  EXPECT_NE(busy.exit_code, 0);
+  EXPECT_NE(busy.out.find("cancel it first"), std::string::npos) << busy.out;
 
   EXPECT_EQ(server.Stop(SIGTERM), 0) << "SIGTERM drains and exits 0";
 }

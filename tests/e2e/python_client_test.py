@@ -75,6 +75,12 @@ class PythonClientTest(unittest.TestCase):
         with self.assertRaises(grpc.RpcError) as err:
             self.client.cancel_analysis("a999")
         self.assertEqual(err.exception.code(), grpc.StatusCode.NOT_FOUND)
+        # An ended run can be deleted, checkpoints and all.
+        deleted = self.client.delete_run(run.run_id)
+        self.assertGreater(deleted.freed_bytes, 0)
+        with self.assertRaises(grpc.RpcError) as err:
+            self.client.get(run.run_id)
+        self.assertEqual(err.exception.code(), grpc.StatusCode.NOT_FOUND)
 
     def test_task_vectors_of_a_latent_run(self):
         spec = cl.spec_from_json(LATENT_SPEC)

@@ -115,6 +115,20 @@ TEST(IntegrationTest, SweepExpandsFiltersPivotsAndCancels) {
   ASSERT_TRUE(cancelled.ok()) << cancelled.status();
   for (const std::string& id : long_sweep->run_ids()) EXPECT_EQ(WaitForEnd(c, id), v1::RUN_STATE_CANCELLED);
   EXPECT_EQ(c.GetSweep("s9").status().code(), absl::StatusCode::kNotFound);
+
+  // A sweep's member is deleted with its sweep, not alone; the sweep goes
+  // with every member (issue 14 item 11).
+  EXPECT_EQ(c.DeleteRun(long_sweep->run_ids(0)).status().code(), absl::StatusCode::kFailedPrecondition);
+  absl::StatusOr<v1::DeleteSweepResponse> deleted;
+  ASSERT_TRUE(WaitFor([&] {  // a cancelled member may still be winding down
+    deleted = c.DeleteSweep(long_sweep->sweep_id());
+    return deleted.ok();
+  })) << deleted.status();
+  EXPECT_EQ(deleted->run_ids_size(), long_sweep->run_ids_size());
+  EXPECT_EQ(c.GetSweep(long_sweep->sweep_id()).status().code(), absl::StatusCode::kNotFound);
+  for (const std::string& id : long_sweep->run_ids()) {
+    EXPECT_EQ(c.GetRun(id).status().code(), absl::StatusCode::kNotFound) << id;
+  }
 }
 
 // Seed members of a sweep train as one ensemble, yet each run matches the

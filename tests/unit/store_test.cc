@@ -204,6 +204,35 @@ TEST(StoreTest, CheckpointsAreAtomicVerifiedAndPruned) {
   EXPECT_EQ((*store)->GetRun(*id)->warning, "resumed from step 0");
 }
 
+// Issue 14 item 11: deleting ended runs removes every row that hangs off
+// them and their checkpoint files, all or nothing; ids are never reused.
+TEST(StoreTest, DeletingRunsRemovesEverythingAndNeverReusesIds) {
+  TempDir dir;
+  auto store = Store::Open(dir.path());
+  ASSERT_TRUE(store.ok());
+  Store& st = **store;
+  NewRun ended = SampleRun("ended", {"t"});
+  ended.state = 3;
+  const int64_t a = *st.InsertRun(ended), b = *st.InsertRun(SampleRun("queued"));  // state 1
+  st.AppendMetrics(a, {{"train/loss", 5, 0.5}});
+  ASSERT_TRUE(st.PutCheckpoint(a, 5, "five", 0).ok());
+  ASSERT_TRUE(st.PutAnalysis(a, "project", 1, "req", "res").ok());
+  ASSERT_TRUE(st.Flush().ok());
+  // A run in another state stops the whole deletion.
+  auto refused = st.DeleteRuns({a, b}, {3, 4, 5});
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused.status().message().find("run r2 has not ended"), absl::string_view::npos) << refused.status();
+  EXPECT_TRUE(st.GetRun(a).ok()) << "all or nothing";
+  EXPECT_EQ(st.DeleteRuns({99}, {3}).status().code(), absl::StatusCode::kNotFound);
+  auto freed = st.DeleteRuns({a}, {3, 4, 5});
+  ASSERT_TRUE(freed.ok()) << freed.status();
+  EXPECT_EQ(*freed, 4);  // "five"
+  EXPECT_EQ(st.GetRun(a).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_FALSE(std::filesystem::exists(dir.path() + "/checkpoints/r" + std::to_string(a)));
+  EXPECT_FALSE(st.GetAnalysis(a, "project", 1)->has_value());
+  EXPECT_EQ(*st.InsertRun(SampleRun("next")), b + 1);
+}
+
 // Checkpoint rows hold paths relative to the data directory (issue 14 item
 // 8): a directory moved or mounted elsewhere still finds its checkpoints.
 TEST(StoreTest, AMovedDataDirectoryKeepsItsCheckpoints) {

@@ -27,6 +27,7 @@ void AddLs(CLI::App& app, Action* chosen);
 void AddShow(CLI::App& app, Action* chosen);
 void AddWatch(CLI::App& app, Action* chosen);
 void AddCancel(CLI::App& app, Action* chosen);
+void AddRm(CLI::App& app, Action* chosen);
 void AddMetrics(CLI::App& app, Action* chosen);
 void AddCoords(CLI::App& app, Action* chosen);
 // Sweeps
