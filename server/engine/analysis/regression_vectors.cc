@@ -85,14 +85,8 @@ struct RgRun {
 
 // P0: within each major, is the state a (linear) function of x_i?
 absl::Status RegressionP0(RgRun& run) {
-  const v1::AnalyzeTaskVectorsRequest& r = run.r;
-  const RowFn& row = run.row;
-  const int64_t K = run.K;
-  const int64_t d = run.d;
-  const int64_t last = run.last;
-  const std::vector<int>& layers = run.layers;
+  auto& [model, task, r, row, advance, n, K, d, last, L, layers, est_begin, est_end] = run;
   const absl::Status stopped = absl::CancelledError("task-vector analysis stopped");
-  const std::function<bool(double)>& advance = run.advance;
   auto majors_states = [&run](const char* purpose, int64_t B) { return run.MajorsStates(purpose, B); };
   std::vector<int64_t> points(r.positions().begin(), r.positions().end());
   if (points.empty()) {
@@ -126,16 +120,8 @@ absl::Status RegressionP0(RgRun& run) {
 
 // P2 with a linear token model (D.5.5, E2: OLS on x_i replaces the token cells).
 absl::Status RegressionP2(RgRun& run) {
-  const v1::AnalyzeTaskVectorsRequest& r = run.r;
-  const RowFn& row = run.row;
-  const int64_t n = run.n;
-  const int64_t K = run.K;
-  const int64_t last = run.last;
-  const std::vector<int>& layers = run.layers;
-  const int64_t est_begin = run.est_begin;
-  const int64_t est_end = run.est_end;
+  auto& [model, task, r, row, advance, n, K, d, last, L, layers, est_begin, est_end] = run;
   const absl::Status stopped = absl::CancelledError("task-vector analysis stopped");
-  const std::function<bool(double)>& advance = run.advance;
   auto majors_states = [&run](const char* purpose, int64_t B) { return run.MajorsStates(purpose, B); };
   const int64_t B = r.samples_per_cell();
   const auto [batch, states] = majors_states("tv/p2", B);
@@ -173,16 +159,8 @@ absl::Status RegressionP2(RgRun& run) {
 // P3: weights on the task vectors vs the posterior from the Gaussian likelihood
 // (D.5.6).
 absl::Status RegressionP3(RgRun& run) {
-  const RegressionTaskGenerator& task = run.task;
-  const v1::AnalyzeTaskVectorsRequest& r = run.r;
-  const RowFn& row = run.row;
-  const int64_t n = run.n;
-  const int64_t K = run.K;
-  const std::vector<int>& layers = run.layers;
-  const int64_t est_begin = run.est_begin;
-  const int64_t est_end = run.est_end;
+  auto& [model, task, r, row, advance, n, K, d, last, L, layers, est_begin, est_end] = run;
   const absl::Status stopped = absl::CancelledError("task-vector analysis stopped");
-  const std::function<bool(double)>& advance = run.advance;
   auto majors_states = [&run](const char* purpose, int64_t B) { return run.MajorsStates(purpose, B); };
   const int64_t B = r.p3_samples();
   const auto [batch, states] = majors_states("tv/p3", B);
@@ -196,16 +174,8 @@ absl::Status RegressionP3(RgRun& run) {
 
 // Steering along the task simplex (D.5.7, E2: RMSE of the prediction).
 absl::Status RegressionSteering(RgRun& run) {
-  const DecoderModel& model = run.model;
-  const RegressionTaskGenerator& task = run.task;
-  const v1::AnalyzeTaskVectorsRequest& r = run.r;
-  const RowFn& row = run.row;
-  const int64_t n = run.n;
-  const int64_t K = run.K;
-  const int64_t last = run.last;
-  const int L = run.L;
+  auto& [model, task, r, row, advance, n, K, d, last, L, layers, est_begin, est_end] = run;
   const absl::Status stopped = absl::CancelledError("task-vector analysis stopped");
-  const std::function<bool(double)>& advance = run.advance;
   const int sl = r.has_steering_layer() ? static_cast<int>(r.steering_layer()) : std::min(L - 1, (2 * L) / 3);
   torch::Generator gen = MakeGenerator(DeriveSeed63(r.seed(), "tv/steering"));
   const int64_t Be = r.steering_est_samples();
@@ -275,15 +245,8 @@ absl::Status RegressionSteering(RgRun& run) {
 
 // OOD projection R^2 against the task subspace (D.5.8).
 absl::Status RegressionOodR2(RgRun& run) {
-  const DecoderModel& model = run.model;
-  const RegressionTaskGenerator& task = run.task;
-  const v1::AnalyzeTaskVectorsRequest& r = run.r;
-  const RowFn& row = run.row;
-  const int64_t n = run.n;
-  const int64_t K = run.K;
-  const std::vector<int>& layers = run.layers;
+  auto& [model, task, r, row, advance, n, K, d, last, L, layers, est_begin, est_end] = run;
   const absl::Status stopped = absl::CancelledError("task-vector analysis stopped");
-  const std::function<bool(double)>& advance = run.advance;
   torch::Generator gen = MakeGenerator(DeriveSeed63(r.seed(), "tv/ood"));
   const int64_t S = r.ood_samples(), O = r.ood_tasks();
   RegressionBatch maj = task.SamplePool(LatentPool::kMajor, Repeat(K, S), gen);
@@ -304,13 +267,8 @@ absl::Status RegressionOodR2(RgRun& run) {
 
 // Mode transition (D.5.9) with squared distances; and on fresh tasks.
 absl::Status RegressionModes(RgRun& run) {
-  const DecoderModel& model = run.model;
-  const RegressionTaskGenerator& task = run.task;
-  const v1::AnalyzeTaskVectorsRequest& r = run.r;
-  const RowFn& row = run.row;
-  const int64_t n = run.n;
+  auto& [model, task, r, row, advance, n, K, d, last, L, layers, est_begin, est_end] = run;
   const absl::Status stopped = absl::CancelledError("task-vector analysis stopped");
-  const std::function<bool(double)>& advance = run.advance;
   torch::Generator gen = MakeGenerator(DeriveSeed63(r.seed(), "tv/kl"));
   auto distances = [&](const RegressionBatch& b, bool hybrid) {
     torch::Tensor pred = Predict(model, b.x, b.y);

@@ -151,10 +151,7 @@ double HeldOutR2(const torch::Tensor& x, const torch::Tensor& y) {
 // the best smoothed CE, the mean of the last 100 iterates. [D, 1].
 absl::StatusOr<torch::Tensor> OptimiseVopt(TvRun& run, const torch::Tensor& complement, const torch::Tensor& ood_params,
                                            const std::string& point, int dl, torch::Generator& gen) {
-  const DecoderModel& model = run.model;
-  const LatentTaskGenerator& task = run.task;
-  const v1::AnalyzeTaskVectorsRequest& r = run.r;
-  Reporter& rep = run.rep;
+  auto& [model, task, r, rep, row, T, K, V, last, L, layers, positions, est_begin, est_end] = run;
   const bool minor_target = r.opt_target() == "minor" && task.num_minors() > 0;
   torch::Tensor Wv = torch::randn({complement.size(1), 1}, gen, kF64);
   Wv = (Wv / Wv.norm()).requires_grad_(true);
@@ -205,11 +202,8 @@ absl::StatusOr<torch::Tensor> OptimiseVopt(TvRun& run, const torch::Tensor& comp
 // without the token, against random directions and the task subspace.
 void StatsProbe(TvRun& run, const torch::Tensor& v_opt, const torch::Tensor& complement,
                 const torch::Tensor& task_basis, int dl, int64_t pb, int64_t np, torch::Generator& gen) {
-  const DecoderModel& model = run.model;
-  const LatentTaskGenerator& task = run.task;
-  const v1::AnalyzeTaskVectorsRequest& r = run.r;
-  const RowFn& row = run.row;
-  const int64_t V = run.V, S = task.num_states(), D = model.config().d_model;
+  auto& [model, task, r, rep, row, T, K, V, last, L, layers, positions, est_begin, est_end] = run;
+  const int64_t S = task.num_states(), D = model.config().d_model;
   const int64_t Ns = r.stats_samples();
   torch::Tensor ood = task.SampleFrom(task.DrawTasks(Ns, gen), gen, {}, nullptr);
   torch::Tensor hs = HiddenStates(model, ood, {dl}, r.dissociation_hook())[0].narrow(1, pb, np).reshape({-1, D});
@@ -233,15 +227,7 @@ void StatsProbe(TvRun& run, const torch::Tensor& v_opt, const torch::Tensor& com
 // subspace, its removal, the optimised orthogonal direction V_opt and random
 // controls, their CE effects per group, and what V_opt encodes.
 absl::Status Dissociation(TvRun& run) {
-  const DecoderModel& model = run.model;
-  const LatentTaskGenerator& task = run.task;
-  const v1::AnalyzeTaskVectorsRequest& r = run.r;
-  Reporter& rep = run.rep;
-  const RowFn& row = run.row;
-  const int64_t K = run.K;
-  const int64_t V = run.V;
-  const int64_t last = run.last;
-  const int L = run.L;
+  auto& [model, task, r, rep, row, T, K, V, last, L, layers, positions, est_begin, est_end] = run;
   const int dl = r.has_dissociation_layer() ? static_cast<int>(r.dissociation_layer()) : L - 1;
   const std::string point = HookName(dl, r.dissociation_hook());
   const int64_t pb = r.has_probe_begin() ? std::min<int64_t>(r.probe_begin(), last) : last / 2;
@@ -481,18 +467,7 @@ CellStats TokenConditionedStats(const torch::Tensor& h) {
 
 // P0, P1, P2 (D.5.1-D.5.5): token-conditioned states.
 absl::Status Conditioned(TvRun& run) {
-  const DecoderModel& model = run.model;
-  const LatentTaskGenerator& task = run.task;
-  const v1::AnalyzeTaskVectorsRequest& r = run.r;
-  Reporter& rep = run.rep;
-  const RowFn& row = run.row;
-  const int64_t K = run.K;
-  const int64_t V = run.V;
-  const int64_t last = run.last;
-  const int64_t est_begin = run.est_begin;
-  const int64_t est_end = run.est_end;
-  const std::vector<int>& layers = run.layers;
-  const std::vector<int64_t>& positions = run.positions;
+  auto& [model, task, r, rep, row, T, K, V, last, L, layers, positions, est_begin, est_end] = run;
   torch::Generator gen = MakeGenerator(DeriveSeed63(r.seed(), "tv/conditioned"));
   // P2 evaluates every position 0..T-2 (G.4); P0/P1 only the chosen ones.
   std::vector<int64_t> need = positions;
@@ -562,17 +537,7 @@ absl::Status Conditioned(TvRun& run) {
 
 // P3 (D.5.6): weights on the task vectors vs the Bayesian posterior.
 absl::Status P3(TvRun& run) {
-  const DecoderModel& model = run.model;
-  const LatentTaskGenerator& task = run.task;
-  const v1::AnalyzeTaskVectorsRequest& r = run.r;
-  Reporter& rep = run.rep;
-  const RowFn& row = run.row;
-  const int64_t T = run.T;
-  const int64_t K = run.K;
-  const int64_t last = run.last;
-  const int64_t est_begin = run.est_begin;
-  const int64_t est_end = run.est_end;
-  const std::vector<int>& layers = run.layers;
+  auto& [model, task, r, rep, row, T, K, V, last, L, layers, positions, est_begin, est_end] = run;
   torch::Generator gen = MakeGenerator(DeriveSeed63(r.seed(), "tv/p3"));
   const int64_t B = r.p3_samples();
   torch::Tensor tokens = task.SamplePool(LatentPool::kMajor, Repeat(K, B), gen).tokens;  // [K*B, T]
@@ -589,15 +554,7 @@ absl::Status P3(TvRun& run) {
 // Steering along the task simplex (D.5.7; E1 variant: true task removed, or
 // E3's projection).
 absl::Status Steering(TvRun& run) {
-  const DecoderModel& model = run.model;
-  const LatentTaskGenerator& task = run.task;
-  const v1::AnalyzeTaskVectorsRequest& r = run.r;
-  Reporter& rep = run.rep;
-  const RowFn& row = run.row;
-  const int64_t T = run.T;
-  const int64_t K = run.K;
-  const int64_t last = run.last;
-  const int L = run.L;
+  auto& [model, task, r, rep, row, T, K, V, last, L, layers, positions, est_begin, est_end] = run;
   const int sl = r.has_steering_layer() ? static_cast<int>(r.steering_layer()) : L - 1;
   torch::Generator gen = MakeGenerator(DeriveSeed63(r.seed(), "tv/steering"));
   const int64_t Be = r.steering_est_samples();
@@ -675,15 +632,7 @@ absl::Status Steering(TvRun& run) {
 
 // OOD projection R^2 against the task subspace (D.5.8).
 absl::Status OodR2Rows(TvRun& run) {
-  const DecoderModel& model = run.model;
-  const LatentTaskGenerator& task = run.task;
-  const v1::AnalyzeTaskVectorsRequest& r = run.r;
-  Reporter& rep = run.rep;
-  const RowFn& row = run.row;
-  const int64_t T = run.T;
-  const int64_t K = run.K;
-  const int64_t last = run.last;
-  const std::vector<int>& layers = run.layers;
+  auto& [model, task, r, rep, row, T, K, V, last, L, layers, positions, est_begin, est_end] = run;
   torch::Generator gen = MakeGenerator(DeriveSeed63(r.seed(), "tv/ood"));
   const int64_t n = r.ood_samples(), O = r.ood_tasks();
   torch::Tensor maj = task.SamplePool(LatentPool::kMajor, Repeat(K, n), gen).tokens;
@@ -706,12 +655,7 @@ absl::Status OodR2Rows(TvRun& run) {
 
 // Mode transition: KL to the two Bayes predictors (D.5.9).
 absl::Status ModeKl(TvRun& run) {
-  const DecoderModel& model = run.model;
-  const LatentTaskGenerator& task = run.task;
-  const v1::AnalyzeTaskVectorsRequest& r = run.r;
-  Reporter& rep = run.rep;
-  const RowFn& row = run.row;
-  const int64_t last = run.last;
+  auto& [model, task, r, rep, row, T, K, V, last, L, layers, positions, est_begin, est_end] = run;
   torch::Generator gen = MakeGenerator(DeriveSeed63(r.seed(), "tv/kl"));
   torch::Tensor tokens = task.SampleTrain(r.kl_samples(), gen).tokens;
   double exact = 0, extrap = 0;
@@ -735,13 +679,7 @@ absl::Status ModeKl(TvRun& run) {
 
 // E4: P0 fails when the state must keep the whole prefix (D.5.14).
 absl::Status DyckP0(TvRun& run) {
-  const DecoderModel& model = run.model;
-  const LatentTaskGenerator& task = run.task;
-  const v1::AnalyzeTaskVectorsRequest& r = run.r;
-  Reporter& rep = run.rep;
-  const RowFn& row = run.row;
-  const int64_t T = run.T;
-  const std::vector<int>& layers = run.layers;
+  auto& [model, task, r, rep, row, T, K, V, last, L, layers, positions, est_begin, est_end] = run;
   torch::Generator gen = MakeGenerator(DeriveSeed63(r.seed(), "tv/dyck"));
   const int64_t B = r.samples_per_cell(), minors = std::min<int64_t>(32, task.num_minors());
   torch::Tensor paths = task.pool(LatentPool::kMajor);
