@@ -48,6 +48,7 @@ struct Flags {
   uint64_t max_steps = 10'000'000;
   uint64_t max_run_memory_mb = 4096;
   int max_request_bytes = 4 << 20;
+  std::string backup_dir;
   circuitlab::scheduler::AnalysisJobOptions jobs;
   uint64_t analysis_memory_mb = circuitlab::scheduler::AnalysisJobOptions().memory_budget_bytes >> 20;
   bool use_cuda = true;
@@ -91,6 +92,10 @@ void DefineFlags(CLI::App& app, Flags& f) {
   app.add_option("--max-run-memory-mb", f.max_run_memory_mb, "Most memory (estimated) one run may need")
       ->capture_default_str()
       ->check(CLI::Range(uint64_t{16}, uint64_t{1} << 24));
+  app.add_option("--backup", f.backup_dir,
+                 "Copy the data directory --data into this new directory (a consistent database snapshot, then "
+                 "the checkpoint files) and exit; safe while a server runs on --data. Restore: start a server "
+                 "with --data set to the copy");
   app.add_option("--max-request-bytes", f.max_request_bytes,
                  "Largest request accepted, in bytes (a larger one is RESOURCE_EXHAUSTED before it is parsed)")
       ->capture_default_str()
@@ -124,13 +129,21 @@ int main(int argc, char** argv) {
       "Owns this machine's devices, schedules training runs, stores runs/metrics/checkpoints in SQLite under\n"
       "--data, and resumes unfinished runs on restart. SIGTERM/SIGINT drain: stop accepting, checkpoint\n"
       "running runs (they resume on the next start), flush, exit 0.\n\n"
-      "Example:\n  circuitlab-server --data ./data --listen 127.0.0.1:50051 --cpu-slots 2",
+      "Examples:\n  circuitlab-server --data ./data --listen 127.0.0.1:50051 --cpu-slots 2\n"
+      "  circuitlab-server --data ./data --backup ./backup-2026-12-01   # while the server runs",
       "circuitlab-server"};
   Flags flags;
   DefineFlags(app, flags);
   CLI11_PARSE(app, argc, argv);
 
   if (absl::Status s = circuitlab::SetupLogging(flags.log_level); !s.ok()) return Fail("bad flag", s);
+  if (!flags.backup_dir.empty()) {
+    if (absl::Status s = circuitlab::store::Store::Backup(flags.data_dir, flags.backup_dir); !s.ok()) {
+      return Fail("backup of " + flags.data_dir + " failed", s);
+    }
+    spdlog::info("backed up {} into {}", flags.data_dir, flags.backup_dir);
+    return 0;
+  }
 
   // Signals go to the sigwait below, never to a worker thread: block them
   // before any thread starts.

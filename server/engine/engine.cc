@@ -56,6 +56,9 @@ class ManifoldRecorder {
 
 class TorchExecutor : public Executor {
  public:
+  std::vector<std::string> EvalMetricNames(const v1::ExperimentSpec& resolved) override {
+    return engine::EvalMetricNames(resolved);
+  }
   absl::StatusOr<TrainOutcome> Train(const TrainRequest& request, TrainObserver& observer) override {
     std::vector<absl::StatusOr<TrainOutcome>> out = Guard({request}, {&observer});
     return out.front();
@@ -295,6 +298,31 @@ class TorchAnalyzer : public Analyzer {
 }  // namespace
 
 std::unique_ptr<Executor> MakeTorchExecutor() { return std::make_unique<TorchExecutor>(); }
+
+std::vector<std::string> EvalMetricNames(const v1::ExperimentSpec& resolved) {
+  std::vector<std::string> out;
+  auto add = [&out](const std::string& set, std::initializer_list<const char*> names) {
+    for (const char* n : names) out.push_back("eval/" + set + "/" + n);
+  };
+  if (IsLatent(resolved)) {
+    const bool regression = resolved.task().latent().kind() == v1::LATENT_KIND_REGRESSION;
+    for (const LatentEvalSetDef& set : LatentEvalSets(resolved.task().latent().diversity() >= 0)) {
+      if (regression) {
+        add(set.name, {"loss", "bayes_loss", "retrieval_loss", "ridge_loss", "to_retrieval", "to_ridge"});
+      } else {
+        add(set.name, {"loss", "accuracy", "bayes_loss"});
+      }
+    }
+    return out;
+  }
+  const std::unique_ptr<BlockTask> task = MakeBlockTask(resolved, PoolSeedOf(resolved.seed()));
+  for (const EvalSetInfo& info : task->EvalSets()) {
+    add(info.name, {"accuracy", "loss", "p_target", "bayes_loss", "bayes_accuracy"});
+    if (info.mode == SampleMode::kConflict) add(info.name, {"p_icl", "p_iwl", "logit_diff"});
+    if (!info.alt_name.empty()) out.push_back("eval/" + info.name + "/" + info.alt_name + "_accuracy");
+  }
+  return out;
+}
 
 std::unique_ptr<Analyzer> MakeTorchAnalyzer() { return std::make_unique<TorchAnalyzer>(); }
 

@@ -81,6 +81,11 @@ class Executor {
   // that reaches its early stop ends there (kCompleted), while the others go
   // on; kPreempt on any member checkpoints and preempts them all.
   // One answer per request. The default trains them one after another.
+  // The evaluation metrics runs of a resolved spec record ("eval/<set>/
+  // <name>" for every set of its task; a superset where a metric depends on
+  // the sampled data), so that training.stop_metric is checked before a run
+  // is queued. Empty (nothing checked) when the executor cannot tell.
+  virtual std::vector<std::string> EvalMetricNames(const v1::ExperimentSpec& resolved) { return {}; }
   virtual std::vector<absl::StatusOr<TrainOutcome>> TrainPack(const std::vector<TrainRequest>& requests,
                                                               const std::vector<TrainObserver*>& observers) {
     std::vector<absl::StatusOr<TrainOutcome>> out;
@@ -91,6 +96,10 @@ class Executor {
 
 // The LibTorch executor.
 std::unique_ptr<Executor> MakeTorchExecutor();
+
+// The evaluation metrics the torch executor's runs of a resolved spec record
+// (Executor::EvalMetricNames).
+std::vector<std::string> EvalMetricNames(const v1::ExperimentSpec& resolved);
 
 // A stored checkpoint and the (resolved) spec it was trained under.
 struct StoredCheckpoint {

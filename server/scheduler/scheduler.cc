@@ -5,6 +5,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <thread>
 #include <cctype>
 
 #include "absl/strings/str_join.h"
@@ -16,6 +17,9 @@ namespace {
 
 constexpr int kMaxPageSize = 1000;
 constexpr int kDefaultPageSize = 50;
+// A ListRuns page ends early (with a next_page_token) once its specs reach
+// this size, so one answer stays a few MiB whatever the runs hold.
+constexpr int64_t kMaxListBytes = 4 << 20;
 constexpr int kMaxMetricNames = 256;
 constexpr uint32_t kMaxMetricPoints = 100000;
 constexpr uint32_t kDefaultMetricPoints = 10000;
@@ -135,8 +139,32 @@ class Scheduler::RunObserver : public engine::TrainObserver {
     s_->hub_.Publish(run_id_, std::move(ev));
   }
 
+  // Storage faults are retried with backoff (SchedulerOptions); the run
+  // fails only after the last try, or at once when it is asked to stop.
   absl::Status OnCheckpoint(int64_t step, const std::string& bytes) override {
-    return s_->store_->PutCheckpoint(run_id_, step, bytes, keep_);
+    const SchedulerOptions& o = s_->options_;
+    std::chrono::milliseconds wait = o.checkpoint_retry_delay;
+    absl::Status s;
+    for (int attempt = 1;; ++attempt) {
+      s = s_->store_->PutCheckpoint(run_id_, step, bytes, keep_);
+      if (s.ok()) {
+        if (attempt > 1) Warn("checkpoint at step " + std::to_string(step) + " written after " +
+                              std::to_string(attempt - 1) + " failed attempt(s)");
+        return s;
+      }
+      if (attempt >= o.checkpoint_tries || active_->cancel.stop_requested()) break;
+      Warn("checkpoint at step " + std::to_string(step) + " not written (" + std::string(s.message()) +
+           "); try " + std::to_string(attempt + 1) + " of " + std::to_string(o.checkpoint_tries) + " in " +
+           std::to_string(wait.count()) + " ms");
+      // Waits in short steps so that a cancel or a drain is not held up.
+      const auto until = std::chrono::steady_clock::now() + wait;
+      while (std::chrono::steady_clock::now() < until && !active_->cancel.stop_requested()) {
+        std::this_thread::sleep_for(std::min<std::chrono::milliseconds>(wait, std::chrono::milliseconds(50)));
+      }
+      wait *= 2;
+    }
+    return absl::UnavailableError("checkpoint at step " + std::to_string(step) + " could not be written after " +
+                                  std::to_string(o.checkpoint_tries) + " tries: " + std::string(s.message()));
   }
 
   absl::Status OnBasis(const engine::Basis& basis) override {
@@ -154,6 +182,13 @@ class Scheduler::RunObserver : public engine::TrainObserver {
   }
 
  private:
+  void Warn(const std::string& text) {
+    spdlog::warn("{}: {}", FormatRunId(run_id_), text);
+    if (absl::Status s = s_->store_->SetRunWarning(run_id_, text); !s.ok()) {
+      spdlog::error("{}: cannot record the warning: {}", FormatRunId(run_id_), s.ToString());
+    }
+  }
+
   std::map<int, std::vector<int64_t>> coord_ids_;  // by selection
   Scheduler* s_;
   int64_t run_id_;
@@ -230,6 +265,15 @@ absl::StatusOr<store::NewRun> Scheduler::PrepareRun(v1::ExperimentSpec spec, con
     if (draining_) return absl::UnavailableError("the server is shutting down; submit again after it restarts");
   }
   CL_RETURN_IF_ERROR(engine::ResolveSpec(options_.limits, &spec));
+  if (const std::string& metric = spec.training().stop_metric(); !metric.empty()) {
+    // Checked now rather than at the run's first evaluation.
+    const std::vector<std::string> names = executor_->EvalMetricNames(spec);
+    if (!names.empty() && std::find(names.begin(), names.end(), metric) == names.end()) {
+      return absl::InvalidArgumentError("training.stop_metric " + Quote(metric) +
+                                        " is not an evaluation metric of this task; it records " +
+                                        absl::StrJoin(names, ", "));
+    }
+  }
   const v1::DeviceKind device = spec.resources().device();
   const bool have_cpu = options_.cpu_slots > 0, have_cuda = options_.cuda_devices > 0;
   if ((device == v1::DEVICE_KIND_CUDA && !have_cuda) || (device == v1::DEVICE_KIND_CPU && !have_cpu)) {
@@ -391,6 +435,7 @@ absl::StatusOr<v1::ListRunsResponse> Scheduler::ListRuns(const v1::ListRunsReque
   }
   store::RunFilter filter;
   filter.limit = request.page_size() == 0 ? kDefaultPageSize : request.page_size();
+  filter.max_bytes = kMaxListBytes;
   for (int s : request.states()) {
     if (!v1::RunState_IsValid(s) || s == v1::RUN_STATE_UNSPECIFIED) {
       return absl::InvalidArgumentError("states contains an unknown run state: " + std::to_string(s));
@@ -413,7 +458,7 @@ absl::StatusOr<v1::ListRunsResponse> Scheduler::ListRuns(const v1::ListRunsReque
   for (const store::RunRow& row : page.runs) {
     CL_ASSIGN_OR_RETURN(*out.add_runs(), ToRun(row));
   }
-  if (static_cast<int>(page.runs.size()) == filter.limit && page.runs.back().id > 1) {
+  if ((page.cut || static_cast<int>(page.runs.size()) == filter.limit) && page.runs.back().id > 1) {
     // Another page exists only if some matching run has a smaller id.
     store::RunFilter probe = filter;
     probe.before_id = page.runs.back().id;

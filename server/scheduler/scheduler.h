@@ -49,6 +49,12 @@ struct SchedulerOptions {
   std::string epoch;  // names this server process in watch events
   std::chrono::milliseconds heartbeat = std::chrono::seconds(5);
   int max_watchers = 1024;  // open WatchRun streams, over all clients
+  // A checkpoint that cannot be written (disk full, an unwritable or vanished
+  // directory) is retried this many times, the waits doubling from
+  // checkpoint_retry_delay (1 + 2 + 4 + 8 + 16 + 32 s by default), before the
+  // run fails. The run holds its slot meanwhile and says so (Run.warning).
+  int checkpoint_tries = 7;
+  std::chrono::milliseconds checkpoint_retry_delay = std::chrono::seconds(1);
 };
 
 // "r17" <-> 17. InvalidArgument naming `field` for anything else.

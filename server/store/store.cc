@@ -400,6 +400,83 @@ class Store::Impl {
 
 // ---------------------------------------------------------------------------
 
+namespace {
+
+// Start-up checks: SQLite's own quick_check, and the database against the
+// checkpoint directories on disk. A directory checkpoints/rN for a run the
+// database never numbered (N beyond its id sequence) means the database lost
+// runs, e.g. circuitlab.db copied without its -wal file while the server ran:
+// starting would reuse rN next to the lost run's files, so refuse.
+absl::Status CheckIntegrity(Connection& conn, const std::string& data_dir) {
+  {
+    CL_ASSIGN_OR_RETURN(Statement st, conn.Prepare("PRAGMA quick_check"));
+    CL_ASSIGN_OR_RETURN(bool row, st.Step());
+    const std::string verdict = row ? st.ColumnText(0) : "no answer";
+    if (verdict != "ok") {
+      return absl::DataLossError(data_dir + "/circuitlab.db fails SQLite's integrity check (" + verdict +
+                                 "); restore it from a backup (README: Backup and restore)");
+    }
+  }
+  int64_t last_id = 0;
+  {
+    CL_ASSIGN_OR_RETURN(Statement st, conn.Prepare("SELECT ifnull(max(seq), 0) FROM sqlite_sequence WHERE name = 'runs'"));
+    CL_ASSIGN_OR_RETURN(bool row, st.Step());
+    if (row) last_id = st.ColumnInt(0);
+  }
+  std::vector<int64_t> lost;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(data_dir + "/checkpoints", ec)) {
+    const std::string name = e.path().filename().string();
+    auto digit = [](char c) { return c >= '0' && c <= '9'; };
+    if (!e.is_directory() || name.size() < 2 || name.size() > 19 || name[0] != 'r' ||
+        !std::all_of(name.begin() + 1, name.end(), digit)) {
+      continue;
+    }
+    const int64_t id = std::stoll(name.substr(1));
+    if (id > last_id) lost.push_back(id);
+  }
+  if (!lost.empty()) {
+    std::sort(lost.begin(), lost.end());
+    return absl::FailedPreconditionError(
+        data_dir + "/circuitlab.db has lost runs that the disk still holds (checkpoints/r" +
+        std::to_string(lost.front()) + (lost.size() > 1 ? " .. r" + std::to_string(lost.back()) : std::string()) +
+        ", beyond the database's last run r" + std::to_string(last_id) +
+        "): was it copied without its -wal file? Restore a backup (circuitlab-server --backup) or move those "
+        "directories away before starting");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status Store::Backup(const std::string& data_dir, const std::string& dest_dir) {
+  std::error_code ec;
+  if (fs::exists(dest_dir + "/circuitlab.db", ec)) {
+    return absl::AlreadyExistsError(dest_dir + "/circuitlab.db exists; back up into a new directory");
+  }
+  fs::create_directories(dest_dir + "/checkpoints", ec);
+  if (ec) return absl::PermissionDeniedError("cannot create " + dest_dir + ": " + ec.message());
+  // A consistent snapshot through a read-only connection: the server may be
+  // running (WAL lets it go on writing meanwhile).
+  if (!fs::exists(data_dir + "/circuitlab.db", ec)) {
+    return absl::NotFoundError(data_dir + "/circuitlab.db does not exist");
+  }
+  // Read-only needs the -wal and -shm files a running server keeps; with the
+  // server stopped, a writing connection (which creates them) is as safe.
+  absl::StatusOr<std::unique_ptr<Connection>> conn = Connection::Open(data_dir + "/circuitlab.db", false);
+  if (!conn.ok()) conn = Connection::Open(data_dir + "/circuitlab.db", true);
+  if (!conn.ok()) return conn.status();
+  std::string quoted = dest_dir + "/circuitlab.db";
+  for (size_t i = 0; (i = quoted.find('\'', i)) != std::string::npos; i += 2) quoted.insert(i, "'");
+  CL_RETURN_IF_ERROR((*conn)->Exec("VACUUM INTO '" + quoted + "'"));
+  // Then the checkpoint files (written once, atomically): those the snapshot
+  // points at and any newer. One pruned meanwhile is passed over on resume.
+  fs::copy(data_dir + "/checkpoints", dest_dir + "/checkpoints",
+           fs::copy_options::recursive | fs::copy_options::skip_existing, ec);
+  if (ec) return absl::DataLossError("copying the checkpoints into " + dest_dir + ": " + ec.message());
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& data_dir, StoreOptions options) {
   std::error_code ec;
   fs::create_directories(data_dir + "/checkpoints", ec);
@@ -418,6 +495,10 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& data_dir, 
     return conn.status();
   }
   if (absl::Status s = Migrate(**conn); !s.ok()) {
+    ::close(lock_fd);
+    return s;
+  }
+  if (absl::Status s = CheckIntegrity(**conn, data_dir); !s.ok()) {
     ::close(lock_fd);
     return s;
   }
@@ -680,10 +761,17 @@ absl::StatusOr<RunPage> Store::ListRuns(const RunFilter& filter) {
     for (int i = 0; i < n; ++i) st.Bind(i + 1, text_params[i]);
     st.Bind(n + 1, filter.before_id > 0 ? filter.before_id : std::numeric_limits<int64_t>::max());
     st.Bind(n + 2, int64_t{std::max(1, filter.limit)});
+    int64_t bytes = 0;
     while (true) {
       CL_ASSIGN_OR_RETURN(bool more, st.Step());
       if (!more) break;
       page.runs.push_back(ReadRunRow(st));
+      const RunRow& row = page.runs.back();
+      bytes += static_cast<int64_t>(row.spec.size() + row.name.size() + row.error.size() + row.warning.size());
+      if (filter.max_bytes > 0 && bytes >= filter.max_bytes) {
+        page.cut = true;
+        break;
+      }
     }
   }
   for (RunRow& row : page.runs) CL_RETURN_IF_ERROR(LoadTags(*r, row));

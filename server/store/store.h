@@ -120,11 +120,15 @@ struct RunFilter {
   int64_t sweep_id = 0;           // only members of this sweep (0 = any)
   int64_t before_id = 0;          // pagination: only ids < before_id (0 = none)
   int limit = 50;
+  // The page ends early, after at least one run, once its specs and names
+  // reach this many bytes (0 = no bound).
+  int64_t max_bytes = 0;
 };
 
 struct RunPage {
   std::vector<RunRow> runs;
   int64_t total = 0;  // matching rows over all pages
+  bool cut = false;   // ended early at max_bytes
 };
 
 struct MetricPoint {
@@ -273,6 +277,12 @@ class Store {
   // A stored analysis result; nullopt when none.
   absl::StatusOr<std::optional<std::string>> GetAnalysis(int64_t run_id, const std::string& kind,
                                                          int64_t request_hash);
+
+  // A consistent copy of the data directory `data_dir` (database snapshot,
+  // then checkpoint files) into the new directory `dest_dir`, which is then a
+  // complete data directory (restore: start the server on it). Safe while a
+  // server runs on `data_dir`.
+  static absl::Status Backup(const std::string& data_dir, const std::string& dest_dir);
 
   const std::string& data_dir() const;
 

@@ -329,5 +329,64 @@ TEST(EndToEndTest, KilledServerResumesRunsWithIdenticalResults) {
   EXPECT_EQ(server.Stop(SIGTERM), 0);
 }
 
+// Issue 14 item 9: `circuitlab-server --backup` while the server trains, a
+// restore at another path, and the run resumed there ends with the metrics of
+// an uninterrupted run. A database that lost runs the disk still holds is
+// refused at start.
+TEST(EndToEndTest, BackupWhileRunningRestoresElsewhereAndResumes) {
+  TempDir dir;
+  const std::string data = dir.path() + "/data", copy = dir.path() + "/elsewhere/restored";
+  const std::string spec = WriteSpec(dir, "backup.json", Tiny(600));
+  {
+    ServerProcess server(kServer, data);
+    ASSERT_TRUE(server.ok());
+    ASSERT_EQ(Cli(server, {"submit", spec}).exit_code, 0);
+    client::ClientOptions o;
+    o.server = server.address();
+    client::Client c(o);
+    ASSERT_TRUE(WaitFor([&] {
+      auto run = c.GetRun("r1");
+      return run.ok() && run->checkpoint_step() >= 100;
+    }));
+    CommandResult backup = RunCommand({kServer, "--data", data, "--backup", copy});
+    ASSERT_EQ(backup.exit_code, 0) << backup.out;
+    EXPECT_EQ(server.Stop(SIGTERM), 0);
+  }
+  ServerProcess restored(kServer, copy);
+  ASSERT_TRUE(restored.ok());
+  ASSERT_EQ(Cli(restored, {"watch", "r1"}).exit_code, 0);
+  ASSERT_EQ(Cli(restored, {"submit", spec, "--watch"}).exit_code, 0);
+  client::ClientOptions o;
+  o.server = restored.address();
+  client::Client c(o);
+  // (r1 normally resumes here from a backed-up checkpoint, attempts 2; on a
+  // loaded machine it may have ended before the backup: the metrics agree
+  // either way.)
+  v1::GetMetricsRequest req;
+  req.add_names("train/loss");
+  req.set_run_id("r1");
+  auto resumed = c.GetMetrics(req);
+  req.set_run_id("r2");
+  auto straight = c.GetMetrics(req);
+  ASSERT_TRUE(resumed.ok() && straight.ok());
+  ASSERT_EQ(resumed->series_size(), 1);
+  ASSERT_EQ(resumed->series(0).values_size(), straight->series(0).values_size());
+  for (int k = 0; k < straight->series(0).values_size(); ++k) {
+    EXPECT_EQ(resumed->series(0).values(k), straight->series(0).values(k)) << "step " << straight->series(0).steps(k);
+  }
+  EXPECT_EQ(restored.Stop(SIGTERM), 0);
+
+  // The naive backup: the database without its runs (here: removed), the
+  // checkpoint directories still there. The server refuses to start rather
+  // than hand out r1 again.
+  std::filesystem::remove(copy + "/circuitlab.db");
+  std::filesystem::remove(copy + "/circuitlab.db-wal");
+  std::filesystem::remove(copy + "/circuitlab.db-shm");
+  CommandResult refused = RunCommand({kServer, "--data", copy, "--listen", "127.0.0.1:0"});
+  EXPECT_NE(refused.exit_code, 0);
+  EXPECT_NE(refused.out.find("has lost runs that the disk still holds (checkpoints/r1 .. r2"), std::string::npos)
+      << refused.out;
+}
+
 }  // namespace
 }  // namespace circuitlab

@@ -130,5 +130,25 @@ TEST_F(HardeningTest, ClientStringsAreClippedAndNamesHoldNoControlCharacters) {
   EXPECT_NE(tag.status().message().find("a\\x1b[31m"), absl::string_view::npos) << tag.status().message();
 }
 
+// Issue 14 item 6: a stop_metric naming no metric of the task is refused at
+// submission (it used to train, then FAIL at the first evaluation).
+TEST(StopMetricTest, AStopMetricTheTaskDoesNotRecordIsRefusedAtSubmission) {
+  TempDir dir;
+  auto exec = engine::MakeTorchExecutor();
+  Server server(dir.path(), exec.get());
+  client::Client c = MakeClient(server.address());
+  v1::ExperimentSpec spec = TinySpec();
+  spec.mutable_training()->set_stop_metric("eval/icl_rare/acuracy");
+  spec.mutable_training()->set_stop_at(0.9);
+  auto typo = c.SubmitRun(spec);
+  EXPECT_EQ(typo.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(typo.status().message().find("training.stop_metric 'eval/icl_rare/acuracy' is not an evaluation metric"),
+            absl::string_view::npos)
+      << typo.status();
+  EXPECT_NE(typo.status().message().find("eval/icl_rare/accuracy"), absl::string_view::npos);
+  spec.mutable_training()->set_stop_metric("eval/icl_rare/accuracy");
+  EXPECT_TRUE(c.SubmitRun(spec).ok());
+}
+
 }  // namespace
 }  // namespace circuitlab::testing

@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -51,6 +52,19 @@ inline v1::AnalyzeTaskVectorsRequest TaskVectorDefaults() {
   r.set_dyck_prefix(3);
   r.set_seed(1);
   return r;
+}
+
+// Every evaluation metric a trainer recorded is one EvalMetricNames lists
+// for its spec (what SubmitRun checks training.stop_metric against).
+inline void ExpectEvalMetricsListed(const v1::ExperimentSpec& spec, const std::vector<engine::Metric>& recorded) {
+  const std::vector<std::string> names = engine::EvalMetricNames(spec);
+  int eval = 0;
+  for (const engine::Metric& m : recorded) {
+    if (m.name.rfind("eval/", 0) != 0) continue;
+    ++eval;
+    EXPECT_NE(std::find(names.begin(), names.end(), m.name), names.end()) << m.name << " is not listed";
+  }
+  EXPECT_GT(eval, 0);
 }
 
 // The value of metric `name`; a test failure (and NaN) when it is missing.

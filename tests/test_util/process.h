@@ -92,6 +92,7 @@ class ServerProcess {
   ~ServerProcess() { Stop(SIGKILL); }
 
   bool ok() const { return port_ > 0; }
+  pid_t pid() const { return pid_; }
   std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
   const std::string& log_path() const { return log_path_; }
 

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <fstream>
 
 #include "server/scheduler/sweeps.h"
@@ -217,6 +218,35 @@ TEST_F(SchedulerTest, ADamagedNewestCheckpointResumesFromTheNewestIntactOne) {
   EXPECT_NE(warning.find("resumed from the checkpoint at step 10, passing over damaged checkpoints (step 20: "),
             std::string::npos)
       << warning;
+}
+
+// Issue 14 item 10: a checkpoint that cannot be written (here: a file where
+// the run's checkpoint directory should be) is retried with backoff; the run
+// goes on once storage is back, and fails only after the last try.
+TEST_F(SchedulerTest, CheckpointWriteFaultsAreRetriedBeforeTheRunFails) {
+  SchedulerOptions opts;
+  opts.checkpoint_retry_delay = std::chrono::milliseconds(20);
+  opts.checkpoint_tries = 50;
+  Open(opts);
+  std::filesystem::create_directories(dir_.path() + "/checkpoints");
+  std::ofstream(dir_.path() + "/checkpoints/r1") << "in the way";
+  ASSERT_TRUE(scheduler_->Start().ok());
+  ASSERT_TRUE(scheduler_->Submit(SmallSpec(20), "a").ok());
+  ASSERT_TRUE(WaitFor([&] { return scheduler_->GetRun("r1")->warning().find("not written") != std::string::npos; }));
+  EXPECT_EQ(StateOf("r1"), v1::RUN_STATE_RUNNING) << "paused, not failed";
+  std::filesystem::remove(dir_.path() + "/checkpoints/r1");
+  ASSERT_TRUE(WaitFor([&] { return StateOf("r1") == v1::RUN_STATE_SUCCEEDED; }));
+  EXPECT_NE(scheduler_->GetRun("r1")->warning().find("written after"), std::string::npos);
+
+  // Storage that never comes back: the run fails after the last try, saying why.
+  opts.checkpoint_tries = 3;
+  Open(opts);
+  std::ofstream(dir_.path() + "/checkpoints/r2") << "in the way";
+  ASSERT_TRUE(scheduler_->Start().ok());
+  ASSERT_TRUE(scheduler_->Submit(SmallSpec(20), "a").ok());
+  ASSERT_TRUE(WaitFor([&] { return StateOf("r2") == v1::RUN_STATE_FAILED; }));
+  EXPECT_NE(scheduler_->GetRun("r2")->error().find("could not be written after 3 tries"), std::string::npos)
+      << scheduler_->GetRun("r2")->error();
 }
 
 TEST_F(SchedulerTest, ListValidatesAndPaginates) {

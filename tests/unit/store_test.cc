@@ -233,6 +233,58 @@ TEST(StoreTest, DeletingRunsRemovesEverythingAndNeverReusesIds) {
   EXPECT_EQ(*st.InsertRun(SampleRun("next")), b + 1);
 }
 
+// Issue 14 item 4: a page of runs ends early once its specs reach
+// max_bytes (at least one run), so one ListRuns answer stays bounded.
+TEST(StoreTest, RunPagesAreBoundedInBytes) {
+  TempDir dir;
+  auto store = Store::Open(dir.path());
+  ASSERT_TRUE(store.ok());
+  for (int i = 0; i < 5; ++i) {
+    NewRun r = SampleRun("big");
+    r.spec = std::string(1000, 'x');
+    ASSERT_TRUE((*store)->InsertRun(r).ok());
+  }
+  RunFilter f;
+  f.limit = 50;
+  f.max_bytes = 2500;
+  auto page = (*store)->ListRuns(f);
+  ASSERT_TRUE(page.ok());
+  EXPECT_EQ(page->runs.size(), 3u);  // 1,000 + 1,000 + 1,000 >= 2,500
+  EXPECT_TRUE(page->cut);
+  EXPECT_EQ(page->total, 5);
+  f.max_bytes = 10;
+  EXPECT_EQ((*store)->ListRuns(f)->runs.size(), 1u) << "at least one run";
+}
+
+// Issue 14 item 9: a backup taken while the store is open is a complete
+// data directory; a database that lost runs the disk still holds is refused.
+TEST(StoreTest, BackupWhileOpenAndLostRunsAreRefused) {
+  TempDir dir;
+  const std::string data = dir.path() + "/data", copy = dir.path() + "/copy";
+  {
+    auto store = Store::Open(data);
+    ASSERT_TRUE(store.ok());
+    const int64_t id = *(*store)->InsertRun(SampleRun("b"));
+    ASSERT_TRUE((*store)->PutCheckpoint(id, 3, "three", 0).ok());
+    ASSERT_TRUE((*store)->Flush().ok());
+    ASSERT_TRUE(Store::Backup(data, copy).ok());
+    EXPECT_EQ(Store::Backup(data, copy).code(), absl::StatusCode::kAlreadyExists) << "never over a backup";
+  }
+  {
+    auto restored = Store::Open(copy);
+    ASSERT_TRUE(restored.ok()) << restored.status();
+    EXPECT_EQ((*restored)->GetRun(1)->name, "b");
+    EXPECT_EQ((*(*restored)->LatestCheckpoint(1))->bytes, "three");
+  }
+  std::filesystem::remove(copy + "/circuitlab.db");
+  auto lost = Store::Open(copy);
+  EXPECT_EQ(lost.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(lost.status().message().find("has lost runs that the disk still holds (checkpoints/r1, beyond the "
+                                         "database's last run r0)"),
+            absl::string_view::npos)
+      << lost.status();
+}
+
 // Checkpoint rows hold paths relative to the data directory (issue 14 item
 // 8): a directory moved or mounted elsewhere still finds its checkpoints.
 TEST(StoreTest, AMovedDataDirectoryKeepsItsCheckpoints) {

@@ -127,6 +127,12 @@ v1::ExperimentSpec TinyDecoderSpec(int steps = 30) {
     "recording": {"eval_size": 32}})");
 }
 
+TEST(EvalMetricNamesTest, CoverWhatTheLatentTrainerRecords) {
+  const v1::ExperimentSpec spec = TinyDecoderSpec(2);
+  LatentTrainer trainer(spec, {9}, torch::kCPU);
+  testing::ExpectEvalMetricsListed(spec, trainer.Evaluate()[0]);
+}
+
 TEST(DecoderModelTest, IsCausalAndHooksReplace) {
   const v1::ExperimentSpec spec = TinyDecoderSpec();
   auto model = MakeDecoder(spec, 1, torch::kCPU);

@@ -29,6 +29,12 @@ v1::ExperimentSpec RegressionSpec(int steps = 30, int points = 8) {
     "recording": {"eval_size": 32}})");
 }
 
+TEST(EvalMetricNamesTest, CoverWhatTheRegressionTrainerRecords) {
+  const v1::ExperimentSpec spec = RegressionSpec(2);
+  RegressionTrainer trainer(spec, {5}, torch::kCPU);
+  testing::ExpectEvalMetricsListed(spec, trainer.Evaluate()[0]);
+}
+
 TEST(RegressionTaskTest, PointsFollowTheirWeights) {
   const v1::ExperimentSpec spec = RegressionSpec(30, 128);
   RegressionTaskGenerator task(spec.task().latent(), 3);

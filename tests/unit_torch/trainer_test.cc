@@ -119,6 +119,18 @@ TEST_P(ResumeTest, ResumedTrainingIsBitIdentical) {
 
 INSTANTIATE_TEST_SUITE_P(Optimizers, ResumeTest, ::testing::Values(v1::OPTIMIZER_KIND_SGD, v1::OPTIMIZER_KIND_ADAM));
 
+// What SubmitRun checks training.stop_metric against covers what the trainer
+// records, on tasks with conflict sets, alternative answers and Bayes floors.
+TEST(EvalMetricNamesTest, CoverWhatTheTrainerRecords) {
+  for (const v1::ExperimentSpec& spec :
+       {SmallSpec(v1::OPTIMIZER_KIND_SGD), testing::ResolvedSpec(R"({"task": {"ngram": {}},
+          "recording": {"eval_size": 32}})"),
+        testing::ResolvedSpec(R"({"task": {"k_hop": {}}, "recording": {"eval_size": 32}})")}) {
+    EnsembleTrainer trainer(spec, {spec.seed()}, torch::kCPU);
+    testing::ExpectEvalMetricsListed(spec, trainer.Evaluate()[0]);
+  }
+}
+
 TEST(CheckpointTest, ACheckpointOfAnotherSpecIsRefused) {
   EnsembleTrainer a(SmallSpec(v1::OPTIMIZER_KIND_SGD), {1}, torch::kCPU);
   a.Step(false);
