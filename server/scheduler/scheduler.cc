@@ -297,8 +297,20 @@ absl::StatusOr<store::NewRun> Scheduler::PrepareRun(v1::ExperimentSpec spec, con
   return row;
 }
 
+absl::Status Scheduler::CheckQueueRoom(int64_t count, const std::string& client) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return RoomLocked(static_cast<int>(std::min<int64_t>(count, 1 << 30)), client);
+}
+
 absl::Status Scheduler::Reserve(int count, const std::string& client) {
   std::lock_guard<std::mutex> lock(mu_);
+  CL_RETURN_IF_ERROR(RoomLocked(count, client));
+  reserved_ += count;
+  queued_per_client_[client] += count;
+  return absl::OkStatus();
+}
+
+absl::Status Scheduler::RoomLocked(int count, const std::string& client) {
   const int queued = static_cast<int>(queue_.size()) + reserved_;
   if (queued + count > options_.max_queued_runs) {
     return absl::ResourceExhaustedError(
@@ -313,8 +325,6 @@ absl::Status Scheduler::Reserve(int count, const std::string& client) {
                                         " (server limit --max-queued-per-client=" +
                                         std::to_string(options_.max_queued_per_client) + ")");
   }
-  reserved_ += count;
-  queued_per_client_[client] += count;
   return absl::OkStatus();
 }
 

@@ -103,6 +103,9 @@ class Scheduler {
   absl::StatusOr<std::pair<int64_t, std::vector<int64_t>>> SubmitSweep(const store::NewSweep& sweep,
                                                                         std::vector<store::NewRun> rows,
                                                                         const std::string& client);
+  // RESOURCE_EXHAUSTED when `count` more runs from `client` would not fit
+  // the queue limits now (reserves nothing: a sweep asks before expanding).
+  absl::Status CheckQueueRoom(int64_t count, const std::string& client);
   absl::StatusOr<v1::Run> GetRun(const std::string& run_id);
   absl::StatusOr<v1::ListRunsResponse> ListRuns(const v1::ListRunsRequest& request);
   absl::StatusOr<v1::Run> Cancel(const std::string& run_id);
@@ -150,6 +153,8 @@ class Scheduler {
   // Holds `count` queue places for `client` (RESOURCE_EXHAUSTED beyond the
   // limits); the caller gives them back by decrementing reserved_.
   absl::Status Reserve(int count, const std::string& client);
+  // The limits Reserve checks; mu_ held.
+  absl::Status RoomLocked(int count, const std::string& client);
   absl::StatusOr<v1::Run> Submitted(const store::NewRun& row, int64_t id);
   void WorkerLoop(size_t slot);
   // The queued run slot `slot` should take next, or 0.

@@ -581,6 +581,17 @@ absl::StatusOr<v1::Sweep> SweepCore::Submit(const v1::SweepSpec& sweep, const st
   if (HasControl(sweep.name())) {
     return absl::InvalidArgumentError("sweep.name must not contain control characters, got " + Quote(sweep.name()));
   }
+  // The queue's room is checked before the sweep is expanded (issue 14): the
+  // member count is the product of the grid axes' sizes times the draws.
+  int64_t count = 1;
+  bool random = false;
+  for (const v1::SweepAxis& a : sweep.axes()) {
+    random = random || a.has_range();
+    if (!a.has_range()) count *= std::max(1, a.values_size());
+    if (count > max_sweep_runs_) break;
+  }
+  if (random) count *= std::max<uint32_t>(1, sweep.samples());
+  if (count <= max_sweep_runs_) CL_RETURN_IF_ERROR(scheduler_->CheckQueueRoom(count, client));
   CL_ASSIGN_OR_RETURN(std::vector<SweepMember> members, ExpandSweep(sweep, max_sweep_runs_));
   if (members.empty()) return absl::InvalidArgumentError("the sweep has no members");
   std::vector<store::NewRun> rows;

@@ -150,6 +150,18 @@ TEST_F(SchedulerTest, QueueLimitsAnswerResourceExhausted) {
   // Nothing half-written: exactly three rows exist.
   v1::ListRunsRequest list;
   EXPECT_EQ(scheduler_->ListRuns(list)->total_size(), 3);
+  // A sweep that cannot fit is refused before it is expanded (issue 14): the
+  // refusal names the queue, not a member.
+  SweepCore sweeps(scheduler_.get(), store_.get(), nullptr);
+  v1::SweepSpec sweep;
+  *sweep.mutable_base() = SmallSpec();
+  v1::SweepAxis* axis = sweep.add_axes();
+  axis->set_field("seed");
+  for (int i = 1; i <= 500; ++i) axis->add_values()->set_number_value(i);
+  auto refused = sweeps.Submit(sweep, "dave");
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(refused.status().message().find("500 more asked for"), std::string::npos) << refused.status();
+  EXPECT_TRUE(scheduler_->CheckQueueRoom(0, "dave").ok());
 }
 
 TEST_F(SchedulerTest, BadSpecIsRejectedBeforeAnythingIsStored) {
