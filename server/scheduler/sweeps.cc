@@ -438,6 +438,17 @@ std::vector<std::string> AxisNames(const v1::SweepSpec& sweep) {
   return names;
 }
 
+int64_t SweepMemberCount(const v1::SweepSpec& sweep, int64_t cap) {
+  int64_t count = 1;
+  bool random = false;
+  for (const v1::SweepAxis& a : sweep.axes()) {
+    random = random || a.has_range();
+    if (!a.has_range()) count *= a.values_size();
+    if (count > cap) return count;
+  }
+  return random ? count * std::max<uint32_t>(1, sweep.samples()) : count;
+}
+
 absl::StatusOr<std::vector<SweepMember>> ExpandSweep(const v1::SweepSpec& sweep, int max_members) {
   if (sweep.axes_size() > kMaxAxes) {
     return absl::InvalidArgumentError("sweep.axes must have at most " + std::to_string(kMaxAxes) + " entries, got " +
@@ -503,11 +514,7 @@ absl::StatusOr<std::vector<SweepMember>> ExpandSweep(const v1::SweepSpec& sweep,
                                       " but no axis has a range to draw from");
   }
   const int64_t draws = random.empty() ? 1 : std::max<uint32_t>(1, sweep.samples());
-  int64_t count = draws;
-  for (int i : grid) {
-    count *= sweep.axes(i).values_size();
-    if (count > max_members) break;
-  }
+  const int64_t count = SweepMemberCount(sweep, max_members);
   if (count > max_members) {
     return absl::ResourceExhaustedError("the sweep expands to more than " + std::to_string(max_members) +
                                         " runs (server limit --max-sweep-runs=" + std::to_string(max_members) + ")");
@@ -581,17 +588,10 @@ absl::StatusOr<v1::Sweep> SweepCore::Submit(const v1::SweepSpec& sweep, const st
   if (HasControl(sweep.name())) {
     return absl::InvalidArgumentError("sweep.name must not contain control characters, got " + Quote(sweep.name()));
   }
-  // The queue's room is checked before the sweep is expanded (issue 14): the
-  // member count is the product of the grid axes' sizes times the draws.
-  int64_t count = 1;
-  bool random = false;
-  for (const v1::SweepAxis& a : sweep.axes()) {
-    random = random || a.has_range();
-    if (!a.has_range()) count *= std::max(1, a.values_size());
-    if (count > max_sweep_runs_) break;
+  // The queue's room is checked before the sweep is expanded (issue 14).
+  if (const int64_t count = SweepMemberCount(sweep, max_sweep_runs_); count <= max_sweep_runs_) {
+    CL_RETURN_IF_ERROR(scheduler_->CheckQueueRoom(count, client));
   }
-  if (random) count *= std::max<uint32_t>(1, sweep.samples());
-  if (count <= max_sweep_runs_) CL_RETURN_IF_ERROR(scheduler_->CheckQueueRoom(count, client));
   CL_ASSIGN_OR_RETURN(std::vector<SweepMember> members, ExpandSweep(sweep, max_sweep_runs_));
   if (members.empty()) return absl::InvalidArgumentError("the sweep has no members");
   std::vector<store::NewRun> rows;

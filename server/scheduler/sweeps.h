@@ -34,6 +34,10 @@ struct SweepMember {
 // a value that does not fit its field; ResourceExhausted beyond max_members.
 absl::StatusOr<std::vector<SweepMember>> ExpandSweep(const v1::SweepSpec& sweep, int max_members);
 
+// How many members the sweep expands to (draws of the random axes times the
+// grid axes' sizes), counted without expanding; stops counting past `cap`.
+int64_t SweepMemberCount(const v1::SweepSpec& sweep, int64_t cap);
+
 // Axis names (SweepAxis.name or the field's last component), in axis order.
 std::vector<std::string> AxisNames(const v1::SweepSpec& sweep);
 

@@ -89,23 +89,7 @@ TEST_F(HardeningTest, UnknownFieldsAreRefusedNotStored) {
   client::Client c = MakeClient(server_.address());
   EXPECT_EQ(c.ListRuns(v1::ListRunsRequest())->runs_size(), 0) << "nothing was stored";
   // WatchRun parses its request too.
-  grpc::ClientContext ctx;
-  grpc::Slice slice(std::string("\x0a\x32", 2));
-  grpc::ByteBuffer bad(&slice, 1);
-  std::mutex mu;
-  std::condition_variable cv;
-  bool done = false;
-  grpc::Status watch;
-  grpc::ByteBuffer ignored;
-  stub_.UnaryCall(&ctx, "/circuitlab.v1.ExperimentService/WatchRun", grpc::StubOptions(), &bad, &ignored,
-                  [&](grpc::Status st) {
-                    std::lock_guard<std::mutex> lock(mu);
-                    watch = std::move(st);
-                    done = true;
-                    cv.notify_all();
-                  });
-  std::unique_lock<std::mutex> lock(mu);
-  cv.wait(lock, [&] { return done; });
+  const grpc::Status watch = Call("/circuitlab.v1.ExperimentService/WatchRun", std::string("\x0a\x32", 2));
   EXPECT_EQ(watch.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << watch.error_message();
 }
 
