@@ -2,9 +2,11 @@
 # list the set-up scripts and CI use (deploy/packages.txt).
 #
 #   docker build --network host -t circuitlab .
-#   docker run --rm --network host -v $PWD/data:/data circuitlab \
-#       --data /data --listen 127.0.0.1:50051
-# Listening beyond loopback needs a token file (see deploy/compose.yaml).
+#   scripts/dev-certs.sh secrets circuitlab && scripts/add-principal.sh me admin secrets/tokens.txt .
+#   docker run --rm -p 50051:50051 -v $PWD/data:/data -v $PWD/secrets:/run/secrets:ro circuitlab
+#   circuitlab --ca-cert secrets/ca.pem --token-file me.token whoami
+# By default the server listens on 0.0.0.0 with TLS (/run/secrets/server.pem,
+# server.key) and principals (/run/secrets/tokens.txt); see deploy/compose.yaml.
 
 FROM debian:bookworm AS build
 WORKDIR /src
@@ -30,6 +32,11 @@ RUN useradd --system --home /data circuitlab && mkdir -p /data && chown circuitl
 USER circuitlab
 VOLUME /data
 EXPOSE 50051
-HEALTHCHECK --interval=10s --timeout=3s CMD ["circuitlab", "--timeout", "2", "health"]
+# Health needs no token; the CLI checks the server's certificate (valid for
+# 127.0.0.1) against the CA beside it.
+HEALTHCHECK --interval=10s --timeout=3s \
+  CMD ["circuitlab", "--timeout", "2", "--ca-cert", "/run/secrets/ca.pem", "health"]
 ENTRYPOINT ["circuitlab-server"]
-CMD ["--data", "/data", "--listen", "0.0.0.0:50051", "--auth-token-file", "/run/secrets/circuitlab_token"]
+CMD ["--data", "/data", "--listen", "0.0.0.0:50051", \
+     "--tls-cert", "/run/secrets/server.pem", "--tls-key", "/run/secrets/server.key", \
+     "--auth-tokens-file", "/run/secrets/tokens.txt", "--audit-log", "/data/audit.jsonl"]

@@ -37,6 +37,13 @@ struct Flags {
   std::string data_dir = "./data";
   std::string listen = "127.0.0.1:50051";
   std::string token_file;
+  std::string tokens_file;
+  circuitlab::rpc::TlsFiles tls;
+  bool insecure_plaintext = false;
+  bool private_runs = false;
+  std::string audit_log;
+  uint64_t audit_log_max_mb = 64;
+  int max_watches_per_client = 256;
   std::string log_level = "info";
   int cpu_slots = 1;
   int threads_per_run = 1;
@@ -59,10 +66,36 @@ void DefineFlags(CLI::App& app, Flags& f) {
   app.add_option("--data", f.data_dir, "Data directory (SQLite database, checkpoints)")->capture_default_str();
   app.add_option("--listen", f.listen, "Address to listen on; port 0 picks a free port (printed at start)")
       ->capture_default_str();
-  app.add_option("--auth-token-file", f.token_file,
-                 "File whose first line is the bearer token clients must send; required to listen beyond "
-                 "loopback")
+  app.add_option("--auth-tokens-file", f.tokens_file,
+                 "Principals, one per line: 'name role sha256:<hex of the token> [max_queued=N] [max_analyses=N] "
+                 "[max_watches=N] [max_sweep_runs=N]'; roles admin, user, reader. Re-read on SIGHUP. "
+                 "scripts/add-principal.sh makes a token and its line")
       ->check(CLI::ExistingFile);
+  app.add_option("--auth-token-file", f.token_file,
+                 "Older form: a file whose first line is one bearer token, the principal 'admin'")
+      ->check(CLI::ExistingFile);
+  app.add_option("--tls-cert", f.tls.cert, "PEM certificate (chain) of this server; with --tls-key turns TLS on")
+      ->check(CLI::ExistingFile);
+  app.add_option("--tls-key", f.tls.key, "PEM private key of --tls-cert")->check(CLI::ExistingFile);
+  app.add_option("--tls-client-ca", f.tls.client_ca,
+                 "PEM CA bundle: clients must present a certificate it signed (mutual TLS)")
+      ->check(CLI::ExistingFile);
+  app.add_option("--tls-reload-seconds", f.tls.reload_seconds,
+                 "How often the TLS files are re-read: replaced certificates apply to new connections without a "
+                 "restart")
+      ->capture_default_str()
+      ->check(CLI::Range(1u, 86400u));
+  app.add_flag("--insecure-plaintext", f.insecure_plaintext,
+               "Allow listening beyond loopback without TLS (tokens are still required; they and all data then "
+               "cross the network in clear)");
+  app.add_flag("--private-runs", f.private_runs,
+               "A user sees only its own runs, sweeps and analysis jobs (admins and readers see all)");
+  app.add_option("--audit-log", f.audit_log,
+                 "Append one JSON line per state-changing call (time, principal, peer, method, target, outcome) "
+                 "to this file; rotated at --audit-log-max-mb, 5 old files kept");
+  app.add_option("--audit-log-max-mb", f.audit_log_max_mb, "Size at which the audit log rotates")
+      ->capture_default_str()
+      ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 20));
   app.add_option("--cpu-slots", f.cpu_slots, "Runs trained at once on CPU (one worker per slot)")
       ->capture_default_str()
       ->check(CLI::Range(0, 256));
@@ -77,13 +110,19 @@ void DefineFlags(CLI::App& app, Flags& f) {
                  "Most members of one sweep that differ only in their seed trained as one ensemble job (1 = off; "
                  "default 8 when CUDA devices are used, else 1: CPU slots already run runs in parallel)")
       ->check(CLI::Range(1, 64));
-  app.add_option("--max-sweep-runs", f.max_sweep_runs, "Most runs one sweep may expand to")
+  app.add_option("--max-sweep-runs", f.max_sweep_runs,
+                 "Most runs one sweep may expand to (tokens-file max_sweep_runs= overrides per principal)")
       ->capture_default_str()
       ->check(CLI::Range(1, 100000));
-  app.add_option("--max-queued-per-client", f.max_queued_per_client, "Queued runs per client")
+  app.add_option("--max-queued-per-client", f.max_queued_per_client,
+                 "Queued runs per principal (a tokens-file max_queued= overrides it for one principal)")
       ->capture_default_str()
       ->check(CLI::Range(1, 1000000));
-  app.add_option("--max-watchers", f.max_watchers, "Open WatchRun streams before RESOURCE_EXHAUSTED")
+  app.add_option("--max-watchers", f.max_watchers, "Open WatchRun streams, all principals together")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1000000));
+  app.add_option("--max-watches-per-client", f.max_watches_per_client,
+                 "Open WatchRun streams per principal (tokens-file max_watches= overrides)")
       ->capture_default_str()
       ->check(CLI::Range(1, 1000000));
   app.add_option("--max-steps", f.max_steps, "Most training steps one run may ask for")
@@ -109,7 +148,7 @@ void DefineFlags(CLI::App& app, Flags& f) {
       ->capture_default_str()
       ->check(CLI::Range(1, 100000));
   app.add_option("--max-analysis-jobs-per-client", f.jobs.max_active_per_client,
-                 "Queued + running analysis jobs of one client")
+                 "Queued + running analysis jobs of one principal (tokens-file max_analyses= overrides)")
       ->capture_default_str()
       ->check(CLI::Range(1, 100000));
   app.add_option("--analysis-memory-mb", f.analysis_memory_mb,
@@ -128,8 +167,10 @@ int main(int argc, char** argv) {
       "circuitlab-server: a gRPC experiment service for how small transformers learn to reason in context.\n"
       "Owns this machine's devices, schedules training runs, stores runs/metrics/checkpoints in SQLite under\n"
       "--data, and resumes unfinished runs on restart. SIGTERM/SIGINT drain: stop accepting, checkpoint\n"
-      "running runs (they resume on the next start), flush, exit 0.\n\n"
+      "running runs (they resume on the next start), flush, exit 0. SIGHUP re-reads --auth-tokens-file.\n\n"
       "Examples:\n  circuitlab-server --data ./data --listen 127.0.0.1:50051 --cpu-slots 2\n"
+      "  circuitlab-server --listen 0.0.0.0:50051 --tls-cert certs/server.pem --tls-key certs/server.key \\\n"
+      "      --auth-tokens-file tokens.txt --audit-log data/audit.jsonl\n"
       "  circuitlab-server --data ./data --backup ./backup-2026-12-01   # while the server runs",
       "circuitlab-server"};
   Flags flags;
@@ -151,18 +192,17 @@ int main(int argc, char** argv) {
   sigemptyset(&signals);
   sigaddset(&signals, SIGINT);
   sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
-  std::string token;
-  if (!flags.token_file.empty()) {
-    std::ifstream in(flags.token_file);
-    std::getline(in, token);
-    // Without the whitespace and CR an editor leaves (clients trim theirs too).
-    const size_t begin = token.find_first_not_of(" \t\r"), end = token.find_last_not_of(" \t\r");
-    token = begin == std::string::npos ? "" : token.substr(begin, end - begin + 1);
-    if (token.size() < 16) {
-      return Fail("bad --auth-token-file", absl::InvalidArgumentError("the token must be at least 16 characters"));
-    }
+  circuitlab::Quotas quotas;
+  auto auth = circuitlab::rpc::Authenticator::Create(flags.tokens_file, flags.token_file, &quotas);
+  if (!auth.ok()) return Fail("bad tokens", auth.status());
+  std::unique_ptr<circuitlab::rpc::AuditLog> audit;
+  if (!flags.audit_log.empty()) {
+    auto opened = circuitlab::rpc::AuditLog::Open(flags.audit_log, flags.audit_log_max_mb << 20);
+    if (!opened.ok()) return Fail("cannot open the audit log", opened.status());
+    audit = *std::move(opened);
   }
 
   circuitlab::engine::ConfigureRuntime(flags.threads_per_run);
@@ -177,6 +217,8 @@ int main(int argc, char** argv) {
   opts.max_queued_per_client = flags.max_queued_per_client;
   opts.max_pack = flags.max_ensemble > 0 ? flags.max_ensemble : (opts.cuda_devices > 0 ? 8 : 1);
   opts.max_watchers = flags.max_watchers;
+  opts.max_watchers_per_client = flags.max_watches_per_client;
+  opts.quotas = &quotas;
   opts.limits.max_steps = flags.max_steps;
   opts.limits.max_run_memory_bytes = flags.max_run_memory_mb << 20;
   opts.epoch = RandomEpoch();
@@ -187,29 +229,54 @@ int main(int argc, char** argv) {
   std::unique_ptr<circuitlab::engine::Analyzer> analyzer = circuitlab::engine::MakeTorchAnalyzer();
   circuitlab::scheduler::Scheduler scheduler(opts, store->get(), executor.get(), circuitlab::Clock::Real());
   flags.jobs.memory_budget_bytes = flags.analysis_memory_mb << 20;
+  flags.jobs.quotas = &quotas;
   circuitlab::scheduler::AnalysisCore analysis(store->get(), analyzer.get(), flags.jobs, opts.limits);
-  circuitlab::scheduler::SweepCore sweeps(&scheduler, store->get(), &analysis, flags.max_sweep_runs);
+  circuitlab::scheduler::SweepCore sweeps(&scheduler, store->get(), &analysis, flags.max_sweep_runs, &quotas);
   if (absl::Status s = scheduler.Start(); !s.ok()) return Fail("cannot start the scheduler", s);
 
   circuitlab::rpc::ServerOptions server_opts;
   server_opts.listen = flags.listen;
-  server_opts.auth_token = token;
   server_opts.max_message_bytes = flags.max_request_bytes;
-  auto server = circuitlab::rpc::GrpcServer::Start(server_opts, &scheduler, &analysis, &sweeps);
+  server_opts.tls = flags.tls;
+  server_opts.insecure_plaintext = flags.insecure_plaintext;
+  server_opts.private_runs = flags.private_runs;
+  auto server =
+      circuitlab::rpc::GrpcServer::Start(server_opts, auth->get(), audit.get(), &scheduler, &analysis, &sweeps);
   if (!server.ok()) {
     scheduler.Drain();
     return Fail("cannot serve", server.status());
   }
   std::string slots;
   for (const std::string& s : scheduler.device_slots()) slots += (slots.empty() ? "" : ",") + s;
-  spdlog::info("circuitlab-server listening on {} (port {}), data {}, devices [{}], {} analysis worker(s)",
-               flags.listen, (*server)->port(), flags.data_dir, slots, flags.jobs.workers);
+  spdlog::info("circuitlab-server listening on {} (port {}, {}), data {}, devices [{}], {} analysis worker(s)",
+               flags.listen, (*server)->port(),
+               flags.tls.enabled() ? (flags.tls.client_ca.empty() ? "TLS" : "mutual TLS") : "plaintext", flags.data_dir,
+               slots, flags.jobs.workers);
+  if ((*auth)->open()) {
+    spdlog::info("no tokens configured: every caller is the principal 'local' (admin); loopback only");
+  } else {
+    spdlog::info("{} principal(s) from {}", (*auth)->principal_count(),
+                 flags.tokens_file.empty() ? flags.token_file : flags.tokens_file);
+  }
+  if (flags.insecure_plaintext && !flags.tls.enabled() && !circuitlab::rpc::IsLoopbackAddress(flags.listen)) {
+    spdlog::warn("--insecure-plaintext: listening on {} without TLS; tokens and data cross the network in clear",
+                 flags.listen);
+  }
   // One machine-readable line for scripts and tests that start us on port 0.
   std::printf("listening port=%d\n", (*server)->port());
   std::fflush(stdout);
 
   int sig = 0;
-  sigwait(&signals, &sig);
+  while (sigwait(&signals, &sig) == 0 && sig == SIGHUP) {
+    if ((*auth)->open()) {
+      spdlog::info("SIGHUP: no tokens file to re-read");
+    } else if (absl::Status s = (*auth)->Reload(); s.ok()) {
+      spdlog::info("SIGHUP: re-read the tokens: {} principal(s)", (*auth)->principal_count());
+    } else {
+      spdlog::error("SIGHUP: the tokens file was not re-read, the principals stay as they were: {}",
+                    std::string(s.message()));
+    }
+  }
   spdlog::info("received {}: draining (running runs checkpoint and resume on the next start)",
                sig == SIGTERM ? "SIGTERM" : "SIGINT");
   (*server)->MarkNotServing();

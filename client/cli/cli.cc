@@ -22,8 +22,12 @@ int ExitCodeFor(const absl::Status& s) { return s.ok() ? 0 : 10 + static_cast<in
 
 int ReportError(const absl::Status& s) {
   std::cerr << "error: " << absl::StatusCodeToString(s.code()) << ": " << s.message() << "\n";
+  if (s.code() == absl::StatusCode::kUnauthenticated) {
+    std::cerr << "hint: pass your token with --token-file FILE (or CIRCUITLAB_TOKEN_FILE)\n";
+  }
   if (s.code() == absl::StatusCode::kUnavailable) {
-    std::cerr << "hint: is circuitlab-server running and reachable at the --server address?\n";
+    std::cerr << "hint: is circuitlab-server running and reachable at the --server address? A server with TLS "
+                 "needs --ca-cert FILE (or --tls); one with mutual TLS also --client-cert and --client-key\n";
   }
   return ExitCodeFor(s);
 }

@@ -27,6 +27,8 @@ struct Globals {
   double timeout_s = 30;
   bool json = false;
   std::string token_file;
+  std::string ca_cert, client_cert, client_key, tls_server_name;
+  bool tls = false;
 };
 
 struct Context {

@@ -7,9 +7,9 @@
 // RPC error (e.g. 13 INVALID_ARGUMENT, 15 NOT_FOUND, 18 RESOURCE_EXHAUSTED,
 // 24 UNAVAILABLE); 130 waiting stopped by Ctrl-C (the run or job goes on).
 #include <CLI/CLI.hpp>
-
 #include <cstdlib>
 #include <iostream>
+#include <tuple>
 
 #include "client/cli/cli.h"
 #include "client/cli/commands/commands.h"
@@ -24,7 +24,7 @@ int main(int argc, char** argv) {
       "circuitlab"};
   app.require_subcommand(1);
   Globals g;
-  app.add_option("--server", g.server, "Server address host:port")->capture_default_str();
+  app.add_option("--server", g.server, "Server address host:port")->capture_default_str()->envname("CIRCUITLAB_TARGET");
   app.add_option("--timeout", g.timeout_s, "Deadline of each call, in seconds (0 < t <= 86400)")
       ->capture_default_str()
       ->check(CLI::Validator(
@@ -34,13 +34,27 @@ int main(int argc, char** argv) {
           },
           "SECONDS"));
   app.add_flag("--json", g.json, "Machine-readable output (protobuf JSON)");
-  app.add_option("--token-file", g.token_file, "File with the server's bearer token (first line)")
-      ->check(CLI::ExistingFile);
+  app.add_option("--token-file", g.token_file, "File with your bearer token (first line)")
+      ->check(CLI::ExistingFile)
+      ->envname("CIRCUITLAB_TOKEN_FILE");
+  app.add_option("--ca-cert", g.ca_cert, "Connect with TLS, trusting the server certificate this PEM CA signed")
+      ->check(CLI::ExistingFile)
+      ->envname("CIRCUITLAB_CA_CERT");
+  app.add_flag("--tls", g.tls, "Connect with TLS, trusting the system's CAs");
+  app.add_option("--client-cert", g.client_cert, "PEM client certificate, for a server that requires mutual TLS")
+      ->check(CLI::ExistingFile)
+      ->envname("CIRCUITLAB_CLIENT_CERT");
+  app.add_option("--client-key", g.client_key, "PEM key of --client-cert")
+      ->check(CLI::ExistingFile)
+      ->envname("CIRCUITLAB_CLIENT_KEY");
+  app.add_option("--tls-server-name", g.tls_server_name,
+                 "Check the server's certificate for this name instead of the --server host");
 
   Action chosen;
-  for (auto add : {AddSubmit, AddLs, AddShow, AddWatch, AddCancel, AddRm, AddMetrics, AddCoords, AddProject,
-                   AddInvariance, AddSweep, AddSweepShow, AddSweepCancel, AddSweepSummary, AddDetect, AddIntervene,
-                   AddLabel, AddDataDependence, AddTaskVectors, AddHealth, AddAnalyses, AddCancelAnalysis}) {
+  for (auto add : {AddSubmit,      AddLs,           AddShow,    AddWatch,      AddCancel,        AddRm,
+                   AddMetrics,     AddCoords,       AddProject, AddInvariance, AddSweep,         AddSweepShow,
+                   AddSweepCancel, AddSweepSummary, AddDetect,  AddIntervene,  AddLabel,         AddDataDependence,
+                   AddTaskVectors, AddHealth,       AddWhoAmI,  AddAnalyses,   AddCancelAnalysis}) {
     add(app, &chosen);
   }
   try {
@@ -70,6 +84,23 @@ int main(int argc, char** argv) {
     std::string line = token->substr(0, token->find('\n'));
     const size_t begin = line.find_first_not_of(" \t\r"), end = line.find_last_not_of(" \t\r");
     opts.token = begin == std::string::npos ? "" : line.substr(begin, end - begin + 1);
+  }
+  opts.tls = g.tls;
+  opts.tls_server_name = g.tls_server_name;
+  for (auto [flag, path, pem] : {std::tuple{"--ca-cert", &g.ca_cert, &opts.ca_cert_pem},
+                                 std::tuple{"--client-cert", &g.client_cert, &opts.client_cert_pem},
+                                 std::tuple{"--client-key", &g.client_key, &opts.client_key_pem}}) {
+    if (path->empty()) continue;
+    absl::StatusOr<std::string> text = circuitlab::client::ReadTextFile(*path, 1 << 20);
+    if (!text.ok()) {
+      std::cerr << "error: " << flag << ": " << text.status().message() << "\n";
+      return 2;
+    }
+    *pem = *std::move(text);
+  }
+  if (opts.client_cert_pem.empty() != opts.client_key_pem.empty()) {
+    std::cerr << "error: --client-cert and --client-key go together\n";
+    return 2;
   }
   circuitlab::client::Client client(opts);
   Context ctx{client, g, opts.timeout};

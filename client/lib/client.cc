@@ -117,13 +117,26 @@ Client::Client(const ClientOptions& options) : impl_(std::make_unique<Impl>()) {
   if (impl_->options.client_name.empty()) impl_->options.client_name = DefaultClientName();
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(64 << 20);
-  impl_->channel = grpc::CreateCustomChannel(options.server, grpc::InsecureChannelCredentials(), args);
+  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
+  if (options.tls || !options.ca_cert_pem.empty() || !options.client_cert_pem.empty()) {
+    grpc::SslCredentialsOptions ssl;
+    ssl.pem_root_certs = options.ca_cert_pem;
+    ssl.pem_cert_chain = options.client_cert_pem;
+    ssl.pem_private_key = options.client_key_pem;
+    credentials = grpc::SslCredentials(ssl);
+    if (!options.tls_server_name.empty()) args.SetSslTargetNameOverride(options.tls_server_name);
+  }
+  impl_->channel = grpc::CreateCustomChannel(options.server, credentials, args);
   impl_->stub = v1::ExperimentService::NewStub(impl_->channel);
   impl_->analysis = v1::AnalysisService::NewStub(impl_->channel);
   impl_->health = grpc::health::v1::Health::NewStub(impl_->channel);
 }
 
 Client::~Client() = default;
+
+absl::StatusOr<v1::WhoAmIResponse> Client::WhoAmI() {
+  return impl_->Call(impl_->stub.get(), &v1::ExperimentService::Stub::WhoAmI, v1::WhoAmIRequest());
+}
 
 absl::StatusOr<v1::Run> Client::SubmitRun(const v1::ExperimentSpec& spec) {
   v1::SubmitRunRequest req;

@@ -22,6 +22,13 @@ struct ClientOptions {
   std::chrono::milliseconds timeout{30000};  // deadline of unary calls
   std::string token;                          // bearer token, if the server wants one
   std::string client_name;                    // sent as x-circuitlab-client (default user@host)
+  // TLS: on when `tls` or any PEM below is set. Empty root PEM = the system's
+  // CAs. A client certificate and key for servers that require mutual TLS.
+  bool tls = false;
+  std::string ca_cert_pem;
+  std::string client_cert_pem;
+  std::string client_key_pem;
+  std::string tls_server_name;  // check the server's certificate for this name instead
 };
 
 // Parses an ExperimentSpec from protobuf JSON. Unknown fields are an error
@@ -52,6 +59,7 @@ class Client {
   absl::StatusOr<v1::GetMetricsResponse> GetMetrics(const v1::GetMetricsRequest& request);
   // SERVING -> OK; NOT_SERVING -> Unavailable; unreachable -> the RPC error.
   absl::Status Health();
+  absl::StatusOr<v1::WhoAmIResponse> WhoAmI();
 
   // AnalysisService.
   absl::StatusOr<v1::ProjectCheckpointResponse> ProjectCheckpoint(const v1::ProjectCheckpointRequest& request);

@@ -61,9 +61,37 @@ def spec_from_json(text):
     return json_format.Parse(text, spec_pb2.ExperimentSpec())
 
 
+def _read(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
 class Client:
-    def __init__(self, server="127.0.0.1:50051", timeout=30.0, token=None):
-        self._channel = grpc.insecure_channel(server)
+    """A connection to a circuitlab-server.
+
+    server: host:port (default $CIRCUITLAB_TARGET, else 127.0.0.1:50051).
+    token: bearer token (default: the first line of $CIRCUITLAB_TOKEN_FILE, or $CIRCUITLAB_TOKEN).
+    ca_cert: PEM file of the CA that signed the server's certificate; set, the channel is TLS
+      (default $CIRCUITLAB_CA_CERT). client_cert/client_key: PEM files for a server that requires
+      mutual TLS. tls_server_name: check the certificate for this name instead of the host.
+    """
+
+    def __init__(self, server=None, timeout=30.0, token=None, ca_cert=None, client_cert=None, client_key=None,
+                 tls_server_name=None):
+        server = server or os.environ.get("CIRCUITLAB_TARGET", "127.0.0.1:50051")
+        if token is None and os.environ.get("CIRCUITLAB_TOKEN_FILE"):
+            token = _read(os.environ["CIRCUITLAB_TOKEN_FILE"]).decode().splitlines()[0].strip()
+        token = token if token is not None else os.environ.get("CIRCUITLAB_TOKEN")
+        ca_cert = ca_cert or os.environ.get("CIRCUITLAB_CA_CERT")
+        if ca_cert or client_cert:
+            creds = grpc.ssl_channel_credentials(
+                root_certificates=_read(ca_cert) if ca_cert else None,
+                private_key=_read(client_key) if client_key else None,
+                certificate_chain=_read(client_cert) if client_cert else None)
+            options = [("grpc.ssl_target_name_override", tls_server_name)] if tls_server_name else []
+            self._channel = grpc.secure_channel(server, creds, options=options)
+        else:
+            self._channel = grpc.insecure_channel(server)
         self._stub = pb_grpc.ExperimentServiceStub(self._channel)
         self._analysis = apb_grpc.AnalysisServiceStub(self._channel)
         self._health = health_pb2_grpc.HealthStub(self._channel)
@@ -74,6 +102,10 @@ class Client:
         resp = self._health.Check(health_pb2.HealthCheckRequest(), timeout=self._timeout)
         return resp.status == health_pb2.HealthCheckResponse.SERVING
 
+    def whoami(self):
+        """The principal the server takes this client for (WhoAmIResponse: principal, role, tls, limits)."""
+        return self._stub.WhoAmI(pb.WhoAmIRequest(), timeout=self._timeout, metadata=self._metadata)
+
     def submit(self, spec):
         return self._stub.SubmitRun(pb.SubmitRunRequest(spec=spec), timeout=self._timeout,
                                     metadata=self._metadata).run
@@ -81,12 +113,12 @@ class Client:
     def get(self, run_id):
         return self._stub.GetRun(pb.GetRunRequest(run_id=run_id), timeout=self._timeout, metadata=self._metadata)
 
-    def list(self, states=(), tags=(), page_size=0):
-        """All matching runs, following pagination."""
+    def list(self, states=(), tags=(), page_size=0, mine=False):
+        """All matching runs, following pagination (mine: only this principal's)."""
         runs, token = [], ""
         while True:
             resp = self._stub.ListRuns(pb.ListRunsRequest(states=states, tags=tags, page_size=page_size,
-                                                          page_token=token),
+                                                          page_token=token, mine=mine),
                                        timeout=self._timeout, metadata=self._metadata)
             runs.extend(resp.runs)
             token = resp.next_page_token

@@ -14,23 +14,32 @@ namespace {
 // RUNNING (the client asks again): a quick job answers DONE in one call.
 constexpr std::chrono::milliseconds kBriefWait{2000};
 
-// The adapter of every analysis that is a job. On this thread: auth, then the
-// core (validation, the store, enqueue; no model code). When the answer is
-// pending, the call is finished later, by the job's end or the brief wait's
-// deadline, never by blocking this thread.
+// The adapter of every analysis that is a job. On this thread: authenticate,
+// check read access to the run, then the core (validation, the store,
+// enqueue; no model code). A reader's request is answered from the store or
+// a pending job only. When the answer is pending, the call is finished later,
+// by the job's end or the brief wait's deadline, never by blocking this
+// thread. A call that queues or joins a job (not one answered from the store)
+// leaves an audit line.
 template <typename Request, typename Response, typename Fn>
-grpc::ServerUnaryReactor* JobCall(grpc::CallbackServerContext* ctx, const std::string& token,
+grpc::ServerUnaryReactor* JobCall(grpc::CallbackServerContext* ctx, const Security& security,
                                   scheduler::AnalysisJobs* jobs, const grpc::ByteBuffer* in, grpc::ByteBuffer* out,
                                   Fn core_call) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   auto req = std::make_shared<Request>();
-  absl::Status status = CheckAuth(ctx, token);
+  absl::StatusOr<Caller> caller = security.Authenticate(ctx);
+  absl::Status status = caller.status();
   if (status.ok()) status = ParseRequest(*in, req.get());
+  if (status.ok()) status = security.Check(*caller, Access::kRead, *req);
   if (status.ok()) {
     // The core call, again when the job ends: the request lives as long as it.
-    auto fn = [core_call, req, client = ClientOf(ctx)] { return core_call(*req, client); };
+    const scheduler::Requester who(caller->principal.name, caller->principal.role == Role::kReader);
+    auto fn = [core_call, req, who] { return core_call(*req, who); };
     absl::StatusOr<Response> answer = CallCatching(fn);
     status = answer.status();
+    if (!answer.ok() || scheduler::IsPending(answer->state())) {
+      security.Audit(*caller, *req, answer.ok() ? &*answer : nullptr, status);
+    }
     if (answer.ok()) {
       if (scheduler::IsPending(answer->state()) && !answer->job_id().empty()) {
         auto resp = std::make_shared<Response>(std::move(*answer));
@@ -63,17 +72,17 @@ grpc::ServerUnaryReactor* JobCall(grpc::CallbackServerContext* ctx, const std::s
 grpc::ServerUnaryReactor* AnalysisServiceImpl::ProjectCheckpoint(grpc::CallbackServerContext* ctx,
                                                                  const grpc::ByteBuffer* in, grpc::ByteBuffer* out) {
   return JobCall<v1::ProjectCheckpointRequest, v1::ProjectCheckpointResponse>(
-      ctx, auth_token_, &core_->jobs(), in, out,
-      [core = core_](const v1::ProjectCheckpointRequest& req, const std::string& client) {
-        return core->ProjectCheckpoint(req, client);
+      ctx, *security_, &core_->jobs(), in, out,
+      [core = core_](const v1::ProjectCheckpointRequest& req, const scheduler::Requester& who) {
+        return core->ProjectCheckpoint(req, who);
       });
 }
 
 grpc::ServerUnaryReactor* AnalysisServiceImpl::GetTrajectory(grpc::CallbackServerContext* ctx,
                                                              const grpc::ByteBuffer* in, grpc::ByteBuffer* out) {
   return UnaryCall<v1::GetTrajectoryRequest, v1::GetTrajectoryResponse>(
-      ctx, auth_token_, in, out,
-      [&](const v1::GetTrajectoryRequest& req, v1::GetTrajectoryResponse* resp) -> absl::Status {
+      ctx, *security_, Access::kRead, in, out,
+      [&](const v1::GetTrajectoryRequest& req, v1::GetTrajectoryResponse* resp, const Caller&) -> absl::Status {
         CL_ASSIGN_OR_RETURN(*resp, core_->GetTrajectory(req));
         return absl::OkStatus();
       });
@@ -82,63 +91,67 @@ grpc::ServerUnaryReactor* AnalysisServiceImpl::GetTrajectory(grpc::CallbackServe
 grpc::ServerUnaryReactor* AnalysisServiceImpl::CheckInvariance(grpc::CallbackServerContext* ctx,
                                                                const grpc::ByteBuffer* in, grpc::ByteBuffer* out) {
   return JobCall<v1::CheckInvarianceRequest, v1::CheckInvarianceResponse>(
-      ctx, auth_token_, &core_->jobs(), in, out,
-      [core = core_](const v1::CheckInvarianceRequest& req, const std::string& client) {
-        return core->CheckInvariance(req, client);
+      ctx, *security_, &core_->jobs(), in, out,
+      [core = core_](const v1::CheckInvarianceRequest& req, const scheduler::Requester& who) {
+        return core->CheckInvariance(req, who);
       });
 }
 
 grpc::ServerUnaryReactor* AnalysisServiceImpl::DetectCircuit(grpc::CallbackServerContext* ctx,
                                                              const grpc::ByteBuffer* in, grpc::ByteBuffer* out) {
   return JobCall<v1::DetectCircuitRequest, v1::DetectCircuitResponse>(
-      ctx, auth_token_, &core_->jobs(), in, out,
-      [core = core_](const v1::DetectCircuitRequest& req, const std::string& client) {
-        return core->DetectCircuit(req, client);
+      ctx, *security_, &core_->jobs(), in, out,
+      [core = core_](const v1::DetectCircuitRequest& req, const scheduler::Requester& who) {
+        return core->DetectCircuit(req, who);
       });
 }
 
 grpc::ServerUnaryReactor* AnalysisServiceImpl::Intervene(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in,
                                                          grpc::ByteBuffer* out) {
   return JobCall<v1::InterveneRequest, v1::InterveneResponse>(
-      ctx, auth_token_, &core_->jobs(), in, out,
-      [core = core_](const v1::InterveneRequest& req, const std::string& client) {
-        return core->Intervene(req, client);
+      ctx, *security_, &core_->jobs(), in, out,
+      [core = core_](const v1::InterveneRequest& req, const scheduler::Requester& who) {
+        return core->Intervene(req, who);
       });
 }
 
 grpc::ServerUnaryReactor* AnalysisServiceImpl::LabelRun(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in,
                                                         grpc::ByteBuffer* out) {
   return JobCall<v1::LabelRunRequest, v1::LabelRunResponse>(
-      ctx, auth_token_, &core_->jobs(), in, out,
-      [core = core_](const v1::LabelRunRequest& req, const std::string& client) {
-        return core->LabelRun(req, client);
+      ctx, *security_, &core_->jobs(), in, out,
+      [core = core_](const v1::LabelRunRequest& req, const scheduler::Requester& who) {
+        return core->LabelRun(req, who);
       });
 }
 
 grpc::ServerUnaryReactor* AnalysisServiceImpl::CheckDataDependence(grpc::CallbackServerContext* ctx,
                                                                    const grpc::ByteBuffer* in, grpc::ByteBuffer* out) {
   return JobCall<v1::CheckDataDependenceRequest, v1::CheckDataDependenceResponse>(
-      ctx, auth_token_, &core_->jobs(), in, out,
-      [core = core_](const v1::CheckDataDependenceRequest& req, const std::string& client) {
-        return core->CheckDataDependence(req, client);
+      ctx, *security_, &core_->jobs(), in, out,
+      [core = core_](const v1::CheckDataDependenceRequest& req, const scheduler::Requester& who) {
+        return core->CheckDataDependence(req, who);
       });
 }
 
 grpc::ServerUnaryReactor* AnalysisServiceImpl::AnalyzeTaskVectors(grpc::CallbackServerContext* ctx,
                                                                   const grpc::ByteBuffer* in, grpc::ByteBuffer* out) {
   return JobCall<v1::AnalyzeTaskVectorsRequest, v1::AnalyzeTaskVectorsResponse>(
-      ctx, auth_token_, &core_->jobs(), in, out,
-      [core = core_](const v1::AnalyzeTaskVectorsRequest& req, const std::string& client) {
-        return core->AnalyzeTaskVectors(req, client);
+      ctx, *security_, &core_->jobs(), in, out,
+      [core = core_](const v1::AnalyzeTaskVectorsRequest& req, const scheduler::Requester& who) {
+        return core->AnalyzeTaskVectors(req, who);
       });
 }
 
 grpc::ServerUnaryReactor* AnalysisServiceImpl::CancelAnalysis(grpc::CallbackServerContext* ctx,
                                                               const grpc::ByteBuffer* in, grpc::ByteBuffer* out) {
   return UnaryCall<v1::CancelAnalysisRequest, v1::CancelAnalysisResponse>(
-      ctx, auth_token_, in, out,
-      [&](const v1::CancelAnalysisRequest& req, v1::CancelAnalysisResponse* resp) -> absl::Status {
-        CL_ASSIGN_OR_RETURN(*resp->mutable_job(), core_->jobs().Cancel(req.job_id()));
+      ctx, *security_, Access::kChange, in, out,
+      [&](const v1::CancelAnalysisRequest& req, v1::CancelAnalysisResponse* resp,
+          const Caller& caller) -> absl::Status {
+        const auto may_cancel = [&](const v1::AnalysisJob& job) {
+          return MayChange(caller.principal, job.owner(), "analysis job " + job.job_id());
+        };
+        CL_ASSIGN_OR_RETURN(*resp->mutable_job(), core_->jobs().Cancel(req.job_id(), may_cancel));
         return absl::OkStatus();
       });
 }
@@ -146,9 +159,12 @@ grpc::ServerUnaryReactor* AnalysisServiceImpl::CancelAnalysis(grpc::CallbackServ
 grpc::ServerUnaryReactor* AnalysisServiceImpl::ListAnalysisJobs(grpc::CallbackServerContext* ctx,
                                                                 const grpc::ByteBuffer* in, grpc::ByteBuffer* out) {
   return UnaryCall<v1::ListAnalysisJobsRequest, v1::ListAnalysisJobsResponse>(
-      ctx, auth_token_, in, out,
-      [&](const v1::ListAnalysisJobsRequest& req, v1::ListAnalysisJobsResponse* resp) -> absl::Status {
-        *resp = core_->jobs().List();
+      ctx, *security_, Access::kRead, in, out,
+      [&](const v1::ListAnalysisJobsRequest&, v1::ListAnalysisJobsResponse* resp,
+          const Caller& caller) -> absl::Status {
+        *resp = core_->jobs().List([&](const v1::AnalysisJob& job) {
+          return MayRead(caller.principal, job.owner(), security_->private_runs());
+        });
         return absl::OkStatus();
       });
 }

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "circuitlab/v1/analysis_service.grpc.pb.h"
+#include "server/rpc/security.h"
 #include "server/scheduler/analysis_core.h"
 
 namespace circuitlab::rpc {
@@ -25,8 +26,8 @@ using RawAnalysisService = v1::AnalysisService::WithRawCallbackMethod_ProjectChe
 
 class AnalysisServiceImpl final : public RawAnalysisService {
  public:
-  AnalysisServiceImpl(scheduler::AnalysisCore* core, std::string auth_token)
-      : core_(core), auth_token_(std::move(auth_token)) {}
+  // Both must outlive the service.
+  AnalysisServiceImpl(scheduler::AnalysisCore* core, const Security* security) : core_(core), security_(security) {}
 
   grpc::ServerUnaryReactor* ProjectCheckpoint(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in,
                                               grpc::ByteBuffer* out) override;
@@ -51,7 +52,7 @@ class AnalysisServiceImpl final : public RawAnalysisService {
 
  private:
   scheduler::AnalysisCore* const core_;
-  const std::string auth_token_;
+  const Security* const security_;
 };
 
 }  // namespace circuitlab::rpc

@@ -120,43 +120,47 @@ class WatchReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
 grpc::ServerUnaryReactor* ExperimentServiceImpl::SubmitRun(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in,
                                                            grpc::ByteBuffer* out) {
   return Unary<v1::SubmitRunRequest, v1::SubmitRunResponse>(
-      ctx, in, out, [&](const v1::SubmitRunRequest& req, v1::SubmitRunResponse* resp) -> absl::Status {
-        CL_ASSIGN_OR_RETURN(*resp->mutable_run(), core_->Submit(req.spec(), ClientOf(ctx)));
+      ctx, Access::kCreate, in, out,
+      [&](const v1::SubmitRunRequest& req, v1::SubmitRunResponse* resp, const Caller& caller) -> absl::Status {
+        CL_ASSIGN_OR_RETURN(*resp->mutable_run(), core_->Submit(req.spec(), caller.principal.name));
         return absl::OkStatus();
       });
 }
 
 grpc::ServerUnaryReactor* ExperimentServiceImpl::GetRun(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in,
                                                         grpc::ByteBuffer* out) {
-  return Unary<v1::GetRunRequest, v1::Run>(ctx, in, out,
-                                           [&](const v1::GetRunRequest& req, v1::Run* resp) -> absl::Status {
-                                             CL_ASSIGN_OR_RETURN(*resp, core_->GetRun(req.run_id()));
-                                             return absl::OkStatus();
-                                           });
+  return Unary<v1::GetRunRequest, v1::Run>(
+      ctx, Access::kRead, in, out, [&](const v1::GetRunRequest& req, v1::Run* resp, const Caller&) -> absl::Status {
+        CL_ASSIGN_OR_RETURN(*resp, core_->GetRun(req.run_id()));
+        return absl::OkStatus();
+      });
 }
 
 grpc::ServerUnaryReactor* ExperimentServiceImpl::ListRuns(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in,
                                                           grpc::ByteBuffer* out) {
   return Unary<v1::ListRunsRequest, v1::ListRunsResponse>(
-      ctx, in, out, [&](const v1::ListRunsRequest& req, v1::ListRunsResponse* resp) -> absl::Status {
-        CL_ASSIGN_OR_RETURN(*resp, core_->ListRuns(req));
+      ctx, Access::kRead, in, out,
+      [&](const v1::ListRunsRequest& req, v1::ListRunsResponse* resp, const Caller& caller) -> absl::Status {
+        CL_ASSIGN_OR_RETURN(*resp, core_->ListRuns(req, security_->ListFilter(caller, req.mine())));
         return absl::OkStatus();
       });
 }
 
 grpc::ServerUnaryReactor* ExperimentServiceImpl::CancelRun(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in,
                                                            grpc::ByteBuffer* out) {
-  return Unary<v1::CancelRunRequest, v1::Run>(ctx, in, out,
-                                              [&](const v1::CancelRunRequest& req, v1::Run* resp) -> absl::Status {
-                                                CL_ASSIGN_OR_RETURN(*resp, core_->Cancel(req.run_id()));
-                                                return absl::OkStatus();
-                                              });
+  return Unary<v1::CancelRunRequest, v1::Run>(
+      ctx, Access::kChange, in, out,
+      [&](const v1::CancelRunRequest& req, v1::Run* resp, const Caller&) -> absl::Status {
+        CL_ASSIGN_OR_RETURN(*resp, core_->Cancel(req.run_id()));
+        return absl::OkStatus();
+      });
 }
 
 grpc::ServerUnaryReactor* ExperimentServiceImpl::GetMetrics(grpc::CallbackServerContext* ctx,
                                                             const grpc::ByteBuffer* in, grpc::ByteBuffer* out) {
   return Unary<v1::GetMetricsRequest, v1::GetMetricsResponse>(
-      ctx, in, out, [&](const v1::GetMetricsRequest& req, v1::GetMetricsResponse* resp) -> absl::Status {
+      ctx, Access::kRead, in, out,
+      [&](const v1::GetMetricsRequest& req, v1::GetMetricsResponse* resp, const Caller&) -> absl::Status {
         CL_ASSIGN_OR_RETURN(*resp, core_->GetMetrics(req));
         return absl::OkStatus();
       });
@@ -165,10 +169,13 @@ grpc::ServerUnaryReactor* ExperimentServiceImpl::GetMetrics(grpc::CallbackServer
 grpc::ServerWriteReactor<grpc::ByteBuffer>* ExperimentServiceImpl::WatchRun(grpc::CallbackServerContext* ctx,
                                                                             const grpc::ByteBuffer* in) {
   v1::WatchRunRequest req;
-  absl::Status s = CheckAuth(ctx, auth_token_);
+  absl::StatusOr<Caller> caller = security_->Authenticate(ctx);
+  absl::Status s = caller.status();
   if (s.ok()) s = ParseRequest(*in, &req);
+  if (s.ok()) s = security_->Check(*caller, Access::kRead, req);
   absl::StatusOr<scheduler::Watch> watch =
-      s.ok() ? CallCatching([&] { return core_->StartWatch(req); }) : absl::StatusOr<scheduler::Watch>(s);
+      s.ok() ? CallCatching([&] { return core_->StartWatch(req, caller->principal.name); })
+             : absl::StatusOr<scheduler::Watch>(s);
   if (!watch.ok()) {
     // A reactor that only reports the error.
     class Failed : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
@@ -183,27 +190,28 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* ExperimentServiceImpl::WatchRun(grpc
 
 grpc::ServerUnaryReactor* ExperimentServiceImpl::SubmitSweep(grpc::CallbackServerContext* ctx,
                                                              const grpc::ByteBuffer* in, grpc::ByteBuffer* out) {
-  const std::string client = ClientOf(ctx);
   return Unary<v1::SubmitSweepRequest, v1::Sweep>(
-      ctx, in, out, [&](const v1::SubmitSweepRequest& req, v1::Sweep* resp) -> absl::Status {
-        CL_ASSIGN_OR_RETURN(*resp, sweeps_->Submit(req.sweep(), client));
+      ctx, Access::kCreate, in, out,
+      [&](const v1::SubmitSweepRequest& req, v1::Sweep* resp, const Caller& caller) -> absl::Status {
+        CL_ASSIGN_OR_RETURN(*resp, sweeps_->Submit(req.sweep(), caller.principal.name));
         return absl::OkStatus();
       });
 }
 
 grpc::ServerUnaryReactor* ExperimentServiceImpl::GetSweep(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in,
                                                           grpc::ByteBuffer* out) {
-  return Unary<v1::GetSweepRequest, v1::Sweep>(ctx, in, out,
-                                               [&](const v1::GetSweepRequest& req, v1::Sweep* resp) -> absl::Status {
-                                                 CL_ASSIGN_OR_RETURN(*resp, sweeps_->Get(req.sweep_id()));
-                                                 return absl::OkStatus();
-                                               });
+  return Unary<v1::GetSweepRequest, v1::Sweep>(
+      ctx, Access::kRead, in, out, [&](const v1::GetSweepRequest& req, v1::Sweep* resp, const Caller&) -> absl::Status {
+        CL_ASSIGN_OR_RETURN(*resp, sweeps_->Get(req.sweep_id()));
+        return absl::OkStatus();
+      });
 }
 
 grpc::ServerUnaryReactor* ExperimentServiceImpl::CancelSweep(grpc::CallbackServerContext* ctx,
                                                              const grpc::ByteBuffer* in, grpc::ByteBuffer* out) {
   return Unary<v1::CancelSweepRequest, v1::Sweep>(
-      ctx, in, out, [&](const v1::CancelSweepRequest& req, v1::Sweep* resp) -> absl::Status {
+      ctx, Access::kChange, in, out,
+      [&](const v1::CancelSweepRequest& req, v1::Sweep* resp, const Caller&) -> absl::Status {
         CL_ASSIGN_OR_RETURN(*resp, sweeps_->Cancel(req.sweep_id()));
         return absl::OkStatus();
       });
@@ -212,7 +220,8 @@ grpc::ServerUnaryReactor* ExperimentServiceImpl::CancelSweep(grpc::CallbackServe
 grpc::ServerUnaryReactor* ExperimentServiceImpl::GetSweepSummary(grpc::CallbackServerContext* ctx,
                                                                  const grpc::ByteBuffer* in, grpc::ByteBuffer* out) {
   return Unary<v1::GetSweepSummaryRequest, v1::GetSweepSummaryResponse>(
-      ctx, in, out, [&](const v1::GetSweepSummaryRequest& req, v1::GetSweepSummaryResponse* resp) -> absl::Status {
+      ctx, Access::kRead, in, out,
+      [&](const v1::GetSweepSummaryRequest& req, v1::GetSweepSummaryResponse* resp, const Caller&) -> absl::Status {
         CL_ASSIGN_OR_RETURN(*resp, sweeps_->Summary(req));
         return absl::OkStatus();
       });
@@ -221,7 +230,8 @@ grpc::ServerUnaryReactor* ExperimentServiceImpl::GetSweepSummary(grpc::CallbackS
 grpc::ServerUnaryReactor* ExperimentServiceImpl::DeleteRun(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in,
                                                            grpc::ByteBuffer* out) {
   return Unary<v1::DeleteRunRequest, v1::DeleteRunResponse>(
-      ctx, in, out, [&](const v1::DeleteRunRequest& req, v1::DeleteRunResponse* resp) -> absl::Status {
+      ctx, Access::kChange, in, out,
+      [&](const v1::DeleteRunRequest& req, v1::DeleteRunResponse* resp, const Caller&) -> absl::Status {
         CL_ASSIGN_OR_RETURN(*resp, core_->Delete(req.run_id()));
         return absl::OkStatus();
       });
@@ -230,8 +240,29 @@ grpc::ServerUnaryReactor* ExperimentServiceImpl::DeleteRun(grpc::CallbackServerC
 grpc::ServerUnaryReactor* ExperimentServiceImpl::DeleteSweep(grpc::CallbackServerContext* ctx,
                                                              const grpc::ByteBuffer* in, grpc::ByteBuffer* out) {
   return Unary<v1::DeleteSweepRequest, v1::DeleteSweepResponse>(
-      ctx, in, out, [&](const v1::DeleteSweepRequest& req, v1::DeleteSweepResponse* resp) -> absl::Status {
+      ctx, Access::kChange, in, out,
+      [&](const v1::DeleteSweepRequest& req, v1::DeleteSweepResponse* resp, const Caller&) -> absl::Status {
         CL_ASSIGN_OR_RETURN(*resp, sweeps_->Delete(req.sweep_id()));
+        return absl::OkStatus();
+      });
+}
+
+grpc::ServerUnaryReactor* ExperimentServiceImpl::WhoAmI(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in,
+                                                        grpc::ByteBuffer* out) {
+  return Unary<v1::WhoAmIRequest, v1::WhoAmIResponse>(
+      ctx, Access::kRead, in, out,
+      [&](const v1::WhoAmIRequest&, v1::WhoAmIResponse* resp, const Caller& caller) -> absl::Status {
+        resp->set_principal(caller.principal.name);
+        resp->set_role(RoleName(caller.principal.role));
+        resp->set_peer(caller.peer);
+        resp->set_tls(caller.tls);
+        resp->set_private_runs(security_->private_runs());
+        resp->set_warning(security_->plaintext_warning());
+        const QuotaOverrides limits = security_->LimitsFor(caller.principal.name);
+        resp->set_max_queued_runs(limits.max_queued);
+        resp->set_max_analysis_jobs(limits.max_analyses);
+        resp->set_max_watches(limits.max_watches);
+        resp->set_max_sweep_runs(limits.max_sweep_runs);
         return absl::OkStatus();
       });
 }

@@ -1,6 +1,7 @@
-// ExperimentService handlers (callback API). Each unary handler checks auth,
-// calls the scheduler and converts the status; WatchRun is a write reactor
-// with one write in flight, fed by the progress hub.
+// ExperimentService handlers (callback API). Each unary handler authenticates
+// the caller and checks its access (security.h), calls the scheduler and
+// converts the status; WatchRun is a write reactor with one write in flight,
+// fed by the progress hub.
 #pragma once
 
 #include <grpcpp/grpcpp.h>
@@ -22,14 +23,18 @@ using RawExperimentService = v1::ExperimentService::WithRawCallbackMethod_Submit
             v1::ExperimentService::WithRawCallbackMethod_SubmitSweep<
                 v1::ExperimentService::WithRawCallbackMethod_GetSweep<
                     v1::ExperimentService::WithRawCallbackMethod_CancelSweep<
-                        v1::ExperimentService::WithRawCallbackMethod_GetSweepSummary<v1::ExperimentService::WithRawCallbackMethod_DeleteRun<v1::ExperimentService::WithRawCallbackMethod_DeleteSweep<
-                            v1::ExperimentService::WithRawCallbackMethod_WatchRun<
-                                v1::ExperimentService::Service>>>>>>>>>>>>;
+                        v1::ExperimentService::WithRawCallbackMethod_GetSweepSummary<
+                            v1::ExperimentService::WithRawCallbackMethod_DeleteRun<
+                                v1::ExperimentService::WithRawCallbackMethod_DeleteSweep<
+                                    v1::ExperimentService::WithRawCallbackMethod_WhoAmI<
+                                        v1::ExperimentService::WithRawCallbackMethod_WatchRun<
+                                            v1::ExperimentService::Service>>>>>>>>>>>>>;
 
 class ExperimentServiceImpl final : public RawExperimentService {
  public:
-  ExperimentServiceImpl(scheduler::Scheduler* core, scheduler::SweepCore* sweeps, std::string auth_token)
-      : core_(core), sweeps_(sweeps), auth_token_(std::move(auth_token)) {}
+  // All must outlive the service.
+  ExperimentServiceImpl(scheduler::Scheduler* core, scheduler::SweepCore* sweeps, const Security* security)
+      : core_(core), sweeps_(sweeps), security_(security) {}
 
   grpc::ServerUnaryReactor* SubmitRun(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in,
                                       grpc::ByteBuffer* out) override;
@@ -53,20 +58,22 @@ class ExperimentServiceImpl final : public RawExperimentService {
                                       grpc::ByteBuffer* out) override;
   grpc::ServerUnaryReactor* DeleteSweep(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in,
                                         grpc::ByteBuffer* out) override;
+  grpc::ServerUnaryReactor* WhoAmI(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in,
+                                   grpc::ByteBuffer* out) override;
   // A malformed request ends the stream with INVALID_ARGUMENT.
   grpc::ServerWriteReactor<grpc::ByteBuffer>* WatchRun(grpc::CallbackServerContext* ctx,
                                                        const grpc::ByteBuffer* in) override;
 
  private:
   template <typename Req, typename Resp, typename Fn>
-  grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in, grpc::ByteBuffer* out,
-                                  Fn&& fn) {
-    return UnaryCall<Req, Resp>(ctx, auth_token_, in, out, std::forward<Fn>(fn));
+  grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* ctx, Access access, const grpc::ByteBuffer* in,
+                                  grpc::ByteBuffer* out, Fn&& fn) {
+    return UnaryCall<Req, Resp>(ctx, *security_, access, in, out, std::forward<Fn>(fn));
   }
 
   scheduler::Scheduler* const core_;
   scheduler::SweepCore* const sweeps_;
-  const std::string auth_token_;
+  const Security* const security_;
 };
 
 }  // namespace circuitlab::rpc

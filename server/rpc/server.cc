@@ -3,9 +3,13 @@
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/security/auth_metadata_processor.h>
+#include <grpcpp/security/server_credentials.h>
 
 #include "server/rpc/analysis_service.h"
 #include "server/rpc/experiment_service.h"
+#include "server/rpc/security.h"
+#include "server/rpc/service_util.h"
 
 namespace circuitlab::rpc {
 
@@ -19,22 +23,100 @@ bool IsLoopbackAddress(const std::string& host_port) {
   return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
 }
 
-absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const ServerOptions& options,
-                                                              scheduler::Scheduler* experiments,
+namespace {
+
+bool IsReflectionPath(std::string_view path) { return path.rfind("/grpc.reflection.", 0) == 0; }
+
+// Runs on the transport for every call on a TLS or local port, before any
+// handler: refuses reflection without a valid token. (The services check
+// tokens themselves; health stays open.)
+class ReflectionGuard final : public grpc::AuthMetadataProcessor {
+ public:
+  explicit ReflectionGuard(const Authenticator* auth) : auth_(auth) {}
+  bool IsBlocking() const override { return false; }
+  grpc::Status Process(const InputMetadata& md, grpc::AuthContext*, OutputMetadata*, OutputMetadata*) override {
+    auto path = md.find(":path");
+    if (path == md.end() || !IsReflectionPath(std::string_view(path->second.data(), path->second.size()))) {
+      return grpc::Status::OK;
+    }
+    auto token = md.find("authorization");
+    absl::StatusOr<Principal> who = auth_->Resolve(
+        token == md.end() ? std::string_view() : std::string_view(token->second.data(), token->second.size()));
+    return who.ok() ? grpc::Status::OK : ToGrpcStatus(who.status());
+  }
+
+ private:
+  const Authenticator* const auth_;
+};
+
+// Server reflection on this builder, or not. Linking gRPC's reflection
+// library registers its plugin for every builder of the process (a static
+// initializer); this option keeps exactly one, or removes it.
+class ReflectionOption final : public grpc::ServerBuilderOption {
+ public:
+  explicit ReflectionOption(bool serve) : serve_(serve) {}
+  void UpdateArguments(grpc::ChannelArguments*) override {}
+  void UpdatePlugins(std::vector<std::unique_ptr<grpc::ServerBuilderPlugin>>* plugins) override {
+    grpc::reflection::ProtoServerReflectionPlugin probe;
+    const std::string name = probe.name();
+    std::erase_if(*plugins, [&](const std::unique_ptr<grpc::ServerBuilderPlugin>& p) { return p->name() == name; });
+    if (serve_) plugins->push_back(std::make_unique<grpc::reflection::ProtoServerReflectionPlugin>());
+  }
+
+ private:
+  const bool serve_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const ServerOptions& options, const Authenticator* auth,
+                                                              AuditLog* audit, scheduler::Scheduler* experiments,
                                                               scheduler::AnalysisCore* analysis,
                                                               scheduler::SweepCore* sweeps) {
-  if (!IsLoopbackAddress(options.listen) && options.auth_token.empty()) {
+  const bool loopback = IsLoopbackAddress(options.listen);
+  const bool tls = options.tls.enabled();
+  if (!loopback && auth->open()) {
     return absl::InvalidArgumentError("--listen " + options.listen +
                                       " is not a loopback address: listening beyond this machine requires "
-                                      "--auth-token-file");
+                                      "--auth-tokens-file (or --auth-token-file)");
   }
+  if (!loopback && !tls && !options.insecure_plaintext) {
+    return absl::InvalidArgumentError("--listen " + options.listen +
+                                      " is not a loopback address: listening beyond this machine requires TLS "
+                                      "(--tls-cert FILE --tls-key FILE; scripts/dev-certs.sh makes test ones), or "
+                                      "--insecure-plaintext to send tokens and data in clear");
+  }
+  if (tls) CL_RETURN_IF_ERROR(CheckTlsFiles(options.tls));
+  if (!options.tls.client_ca.empty() && !tls) {
+    return absl::InvalidArgumentError("--tls-client-ca needs --tls-cert and --tls-key");
+  }
+  const bool plaintext_beyond_loopback = !loopback && !tls;
+  SecurityOptions security;
+  security.private_runs = options.private_runs;
+  if (plaintext_beyond_loopback) {
+    security.plaintext_warning = "this server listens on " + options.listen +
+                                 " without TLS (--insecure-plaintext): tokens and data cross the network in clear";
+  }
+
   std::unique_ptr<GrpcServer> server(new GrpcServer());
-  server->experiments_ = std::make_unique<ExperimentServiceImpl>(experiments, sweeps, options.auth_token);
-  server->analysis_ = std::make_unique<AnalysisServiceImpl>(analysis, options.auth_token);
+  server->security_ = std::make_unique<Security>(auth, audit, experiments, sweeps, &analysis->jobs(), security);
+  server->experiments_ = std::make_unique<ExperimentServiceImpl>(experiments, sweeps, server->security_.get());
+  server->analysis_ = std::make_unique<AnalysisServiceImpl>(analysis, server->security_.get());
   grpc::EnableDefaultHealthCheckService(true);
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+
+  std::shared_ptr<grpc::ServerCredentials> credentials = tls ? TlsServerCredentials(options.tls)
+                                                         : loopback
+                                                             ? grpc::experimental::LocalServerCredentials(LOCAL_TCP)
+                                                             : grpc::InsecureServerCredentials();
+  // Reflection is guarded on the transport; a plaintext port beyond loopback
+  // has no such hook, so there it is served only on an open server (which
+  // cannot listen there) - i.e. never.
+  if (!auth->open() && !plaintext_beyond_loopback) {
+    credentials->SetAuthMetadataProcessor(std::make_shared<ReflectionGuard>(auth));
+  }
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &server->port_);
+  builder.SetOption(std::make_unique<ReflectionOption>(auth->open() || !plaintext_beyond_loopback));
+  builder.AddListeningPort(options.listen, credentials, &server->port_);
   builder.RegisterService(server->experiments_.get());
   builder.RegisterService(server->analysis_.get());
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);

@@ -1,9 +1,14 @@
-// The gRPC front end: ExperimentService over the scheduler, plus the standard
-// health service and server reflection. Handlers are thin adapters: check
-// auth, call the core, convert the status (one place: ToGrpcStatus).
+// The gRPC front end: ExperimentService and AnalysisService over the cores,
+// plus the standard health service and server reflection. Handlers are thin
+// adapters: authenticate, check access, call the core, convert the status
+// (one place: ToGrpcStatus).
 //
-// Listening beyond loopback requires an auth token: every call must then carry
-// `authorization: Bearer <token>` (health checks and reflection excepted).
+// Transport: TLS with --tls-cert/--tls-key (tls.h); on a loopback address
+// without them, gRPC's local credentials (plaintext on the wire, but the
+// peer must be on this machine). Listening beyond loopback requires tokens
+// and TLS; --insecure-plaintext waives TLS (never tokens), with a warning.
+// Health answers without a token (container and Kubernetes probes);
+// reflection needs one whenever tokens are configured.
 #pragma once
 
 #include <memory>
@@ -11,6 +16,9 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "server/rpc/audit.h"
+#include "server/rpc/auth.h"
+#include "server/rpc/tls.h"
 #include "server/scheduler/analysis_core.h"
 #include "server/scheduler/scheduler.h"
 #include "server/scheduler/sweeps.h"
@@ -22,10 +30,14 @@ class Service;
 
 namespace circuitlab::rpc {
 
+class Security;
+
 struct ServerOptions {
-  std::string listen = "127.0.0.1:50051";  // host:port; port 0 picks a free one
-  std::string auth_token;                   // empty = no auth (loopback only)
+  std::string listen = "127.0.0.1:50051";   // host:port; port 0 picks a free one
   int max_message_bytes = 4 << 20;          // largest request accepted
+  TlsFiles tls;                             // no cert = plaintext
+  bool insecure_plaintext = false;          // allow plaintext beyond loopback
+  bool private_runs = false;                // users read only their own runs
 };
 
 // True for 127.0.0.0/8, ::1 and "localhost" listen addresses.
@@ -34,9 +46,11 @@ bool IsLoopbackAddress(const std::string& host_port);
 class GrpcServer {
  public:
   // Binds and starts serving. InvalidArgument for a non-loopback address
-  // without a token; Unavailable when the address cannot be bound.
-  static absl::StatusOr<std::unique_ptr<GrpcServer>> Start(const ServerOptions& options,
-                                                           scheduler::Scheduler* experiments,
+  // without tokens, or without TLS unless insecure_plaintext, and for TLS
+  // files that do not load; Unavailable when the address cannot be bound.
+  // Every pointer must outlive the server; `audit` may be null.
+  static absl::StatusOr<std::unique_ptr<GrpcServer>> Start(const ServerOptions& options, const Authenticator* auth,
+                                                           AuditLog* audit, scheduler::Scheduler* experiments,
                                                            scheduler::AnalysisCore* analysis,
                                                            scheduler::SweepCore* sweeps);
   ~GrpcServer();
@@ -51,6 +65,7 @@ class GrpcServer {
 
  private:
   GrpcServer() = default;
+  std::unique_ptr<Security> security_;
   std::unique_ptr<grpc::Service> experiments_;
   std::unique_ptr<grpc::Service> analysis_;
   std::unique_ptr<grpc::Server> server_;

@@ -1,6 +1,6 @@
 // What every gRPC handler shares: the one absl -> gRPC status conversion, the
-// bearer-token check, the request parser, and the unary adapter (check auth,
-// parse, call the core, finish with its status).
+// request parser, and the unary adapter (authenticate, parse, check access,
+// call the core, audit, finish with its status).
 //
 // Every method is registered raw (grpc::ByteBuffer in and out) and parses its
 // own request: gRPC's generated handlers answer a payload that does not parse
@@ -17,6 +17,7 @@
 
 #include "absl/status/status.h"
 #include "server/common/status_macros.h"
+#include "server/rpc/security.h"
 
 namespace circuitlab::rpc {
 
@@ -38,25 +39,22 @@ std::string FirstUnknownField(const google::protobuf::Message& m, const std::str
 // `resp` serialized into `out` (Internal when it cannot be).
 grpc::Status WriteResponse(const google::protobuf::Message& resp, grpc::ByteBuffer* out);
 
-// Unauthenticated unless the call carries `authorization: Bearer <token>`
-// (always OK when `token` is empty).
-absl::Status CheckAuth(const grpc::CallbackServerContext* ctx, const std::string& token);
-
-// Who is calling, for per-client limits: the `x-circuitlab-client` metadata,
-// else the peer's host.
-std::string ClientOf(const grpc::CallbackServerContext* ctx);
-
-// A unary method: auth, parse `in` as Req, `fn(req, &resp)` (an exception is
-// INTERNAL with its message), `resp` into `out`, finish.
+// A unary method: authenticate the caller, parse `in` as Req, check the
+// caller's `access` to what it names, `fn(req, &resp, caller)` (an exception
+// is INTERNAL with its message), `resp` into `out`, finish. A call that is not
+// a read leaves an audit line.
 template <typename Req, typename Resp, typename Fn>
-grpc::ServerUnaryReactor* UnaryCall(grpc::CallbackServerContext* ctx, const std::string& token,
+grpc::ServerUnaryReactor* UnaryCall(grpc::CallbackServerContext* ctx, const Security& security, Access access,
                                     const grpc::ByteBuffer* in, grpc::ByteBuffer* out, Fn&& fn) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   Req req;
   Resp resp;
-  absl::Status s = CheckAuth(ctx, token);
+  absl::StatusOr<Caller> caller = security.Authenticate(ctx);
+  absl::Status s = caller.status();
   if (s.ok()) s = ParseRequest(*in, &req);
-  if (s.ok()) s = CallCatching([&] { return fn(req, &resp); });
+  if (s.ok()) s = security.Check(*caller, access, req);
+  if (s.ok()) s = CallCatching([&] { return fn(req, &resp, *caller); });
+  if (caller.ok() && access != Access::kRead) security.Audit(*caller, req, &resp, s);
   reactor->Finish(s.ok() ? WriteResponse(resp, out) : ToGrpcStatus(s));
   return reactor;
 }

@@ -29,13 +29,14 @@ absl::StatusOr<std::pair<int64_t, v1::ExperimentSpec>> AnalysisCore::TargetSpec(
 }
 
 absl::StatusOr<AnalysisAnswer> AnalysisCore::Enqueue(const std::string& kind, int64_t run_id, std::string key,
-                                                     bool force, const std::string& client, uint64_t memory_bytes,
+                                                     bool force, const Requester& owner, uint64_t memory_bytes,
                                                      AnalysisWork work) {
   AnalysisJobRequest job;
   job.kind = kind;
   job.run_id = run_id;
   job.key = std::move(key);
-  job.client = client;
+  job.owner = owner.name;
+  job.read_only = owner.read_only;
   job.memory_bytes = memory_bytes;
   job.work = std::move(work);
   return jobs_.Submit(std::move(job), force);

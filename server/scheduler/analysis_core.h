@@ -36,32 +36,31 @@ class AnalysisCore {
   // Shuts the executor down: running jobs are cancelled and not stored.
   ~AnalysisCore() = default;
 
-  // Every method below: `client` names the caller for the per-client limit.
+  // Every method below: `owner` names the caller (it owns the job it starts,
+  // and the per-owner limit counts it); a read-only one gets stored answers only.
 
   // NotFound for an unknown run or a step without a checkpoint.
   absl::StatusOr<v1::ProjectCheckpointResponse> ProjectCheckpoint(const v1::ProjectCheckpointRequest& request,
-      const std::string& client = {});
+                                                                  const Requester& owner = {});
   absl::StatusOr<v1::GetTrajectoryResponse> GetTrajectory(const v1::GetTrajectoryRequest& request);
   // Queues, reports on, or answers (from the store) an invariance check.
   absl::StatusOr<v1::CheckInvarianceResponse> CheckInvariance(const v1::CheckInvarianceRequest& request,
-      const std::string& client = {});
+                                                              const Requester& owner = {});
   // Likewise circuit detection and run labels.
   absl::StatusOr<v1::DetectCircuitResponse> DetectCircuit(const v1::DetectCircuitRequest& request,
-      const std::string& client = {});
-  absl::StatusOr<v1::LabelRunResponse> LabelRun(const v1::LabelRunRequest& request,
-      const std::string& client = {});
+                                                          const Requester& owner = {});
+  absl::StatusOr<v1::LabelRunResponse> LabelRun(const v1::LabelRunRequest& request, const Requester& owner = {});
   // Task-vector geometry of a run's checkpoint(s) or a sweep's runs
   // (task_vector_requests.cc). InvalidArgument names the field out of range,
   // FailedPrecondition for a run that is not a latent-task decoder run or has
   // no checkpoint yet, ResourceExhausted when the request would not fit the
   // server's per-run memory limit.
   absl::StatusOr<v1::AnalyzeTaskVectorsResponse> AnalyzeTaskVectors(const v1::AnalyzeTaskVectorsRequest& request,
-      const std::string& client = {});
+                                                                    const Requester& owner = {});
   absl::StatusOr<v1::CheckDataDependenceResponse> CheckDataDependence(const v1::CheckDataDependenceRequest& request,
-      const std::string& client = {});
+                                                                      const Requester& owner = {});
   // Interventions (forward passes; D.6's hook ops and metrics).
-  absl::StatusOr<v1::InterveneResponse> Intervene(const v1::InterveneRequest& request,
-      const std::string& client = {});
+  absl::StatusOr<v1::InterveneResponse> Intervene(const v1::InterveneRequest& request, const Requester& owner = {});
 
   // The executor: Await, Cancel and List for the RPC layer.
   AnalysisJobs& jobs() { return jobs_; }
@@ -71,7 +70,7 @@ class AnalysisCore {
  private:
   // Submits a job (or answers from the store) for a canonical request.
   absl::StatusOr<AnalysisAnswer> Enqueue(const std::string& kind, int64_t run_id, std::string key, bool force,
-                                         const std::string& client, uint64_t memory_bytes, AnalysisWork work);
+                                         const Requester& owner, uint64_t memory_bytes, AnalysisWork work);
   // The spec a request names: a run's stored spec, or a spec sent with it
   // (resolved under the server's limits; run id kNoRun).
   absl::StatusOr<std::pair<int64_t, v1::ExperimentSpec>> TargetSpec(const std::string& run_id,

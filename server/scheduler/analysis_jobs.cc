@@ -6,6 +6,7 @@
 
 #include "server/common/seeds.h"
 #include "server/common/status_macros.h"
+#include "server/common/text.h"
 #include "server/common/thread_cancel.h"
 #include "server/scheduler/scheduler.h"
 
@@ -35,7 +36,7 @@ v1::AnalysisJob AnalysisJobs::Describe(const Job& job) {
   if (job.request.run_id != store::Store::kNoRun) out.set_run_id(FormatRunId(job.request.run_id));
   out.set_state(job.state);
   out.set_progress(job.progress);
-  out.set_client(job.request.client);
+  out.set_owner(job.request.owner);
   out.set_memory_bytes(job.request.memory_bytes);
   out.set_error(job.error);
   return out;
@@ -52,11 +53,19 @@ absl::Status AnalysisJobs::Admit(const AnalysisJobRequest& request) const {
     return absl::ResourceExhaustedError("too many analysis jobs queued or running (" + std::to_string(active_) +
                                         "); ask again later");
   }
-  auto it = active_per_client_.find(request.client);
-  if (it != active_per_client_.end() && it->second >= options_.max_active_per_client) {
-    return absl::ResourceExhaustedError("this client has " + std::to_string(it->second) +
-                                        " analysis jobs queued or running (limit " +
-                                        std::to_string(options_.max_active_per_client) + "); ask again later");
+  if (request.read_only) {
+    return absl::PermissionDeniedError("'" + EscapeControl(request.owner) + "' has the reader role: it may read " +
+                                       "stored " + request.kind + " answers but not start an analysis");
+  }
+  const int override_value = options_.quotas ? options_.quotas->For(request.owner).max_analyses : 0;
+  const int limit = ActiveLimitFor(request.owner);
+  auto it = active_per_owner_.find(request.owner);
+  if (it != active_per_owner_.end() && it->second >= limit) {
+    return absl::ResourceExhaustedError(
+        "'" + EscapeControl(request.owner) + "' has " + std::to_string(it->second) +
+        " analysis jobs queued or running (" +
+        LimitSource(override_value, request.owner, "max_analyses", "--max-analysis-jobs-per-client") + "=" +
+        std::to_string(limit) + "); ask again later");
   }
   return absl::OkStatus();
 }
@@ -90,7 +99,7 @@ absl::StatusOr<AnalysisAnswer> AnalysisJobs::Submit(AnalysisJobRequest request, 
   jobs_[KeyOf(*job)] = job;
   by_id_[job->id] = job;
   ++active_;
-  ++active_per_client_[job->request.client];
+  ++active_per_owner_[job->request.owner];
   queue_.push_back(job);
   work_cv_.notify_all();
   return AnswerOf(*job);
@@ -127,7 +136,7 @@ void AnalysisJobs::EndLocked(const std::shared_ptr<Job>& job, v1::AnalysisState 
                              std::optional<std::string> result, Callbacks* out) {
   if (IsPending(job->state)) {
     --active_;
-    if (--active_per_client_[job->request.client] == 0) active_per_client_.erase(job->request.client);
+    if (--active_per_owner_[job->request.owner] == 0) active_per_owner_.erase(job->request.owner);
   }
   job->state = state;
   job->request.work = nullptr;  // what it held (checkpoints, specs) is not kept with an unreported answer
@@ -162,7 +171,8 @@ void AnalysisJobs::EndLocked(const std::shared_ptr<Job>& job, v1::AnalysisState 
   }
 }
 
-absl::StatusOr<v1::AnalysisJob> AnalysisJobs::Cancel(const std::string& job_id) {
+absl::StatusOr<v1::AnalysisJob> AnalysisJobs::Cancel(
+    const std::string& job_id, const std::function<absl::Status(const v1::AnalysisJob&)>& may_cancel) {
   Callbacks callbacks;
   v1::AnalysisJob out;
   {
@@ -172,6 +182,7 @@ absl::StatusOr<v1::AnalysisJob> AnalysisJobs::Cancel(const std::string& job_id) 
       return absl::NotFoundError("analysis job '" + job_id.substr(0, 64) + "' is not queued or running");
     }
     std::shared_ptr<Job> job = it->second;
+    if (may_cancel) CL_RETURN_IF_ERROR(may_cancel(Describe(*job)));
     job->cancel.Request(StopReason::kCancel);
     if (job->state == v1::ANALYSIS_STATE_QUEUED) {
       std::erase(queue_, job);
@@ -186,7 +197,7 @@ absl::StatusOr<v1::AnalysisJob> AnalysisJobs::Cancel(const std::string& job_id) 
   return out;
 }
 
-v1::ListAnalysisJobsResponse AnalysisJobs::List() {
+v1::ListAnalysisJobsResponse AnalysisJobs::List(const std::function<bool(const v1::AnalysisJob&)>& include) {
   std::lock_guard<std::mutex> lock(mu_);
   v1::ListAnalysisJobsResponse out;
   std::vector<const Job*> pending;
@@ -197,7 +208,10 @@ v1::ListAnalysisJobsResponse AnalysisJobs::List() {
   std::sort(pending.begin(), pending.end(), [](const Job* a, const Job* b) {
     return a->id.size() != b->id.size() ? a->id.size() < b->id.size() : a->id < b->id;
   });
-  for (const Job* job : pending) *out.add_jobs() = Describe(*job);
+  for (const Job* job : pending) {
+    v1::AnalysisJob described = Describe(*job);
+    if (!include || include(described)) *out.add_jobs() = std::move(described);
+  }
   out.set_workers(static_cast<uint32_t>(workers_.size()));
   out.set_memory_in_use_bytes(memory_in_use_);
   out.set_memory_budget_bytes(options_.memory_budget_bytes);

@@ -5,7 +5,7 @@
 // a canonical key and a Work closure, and calls Submit. Submit answers from
 // the store (unless forced), reports on the job already queued or running for
 // the same (kind, run, key), or queues a new one: admitted when the global and
-// per-client counts of queued + running jobs allow (RESOURCE_EXHAUSTED
+// per-owner counts of queued + running jobs allow (RESOURCE_EXHAUSTED
 // otherwise) and when its memory estimate fits --analysis-memory-mb alone
 // (RESOURCE_EXHAUSTED otherwise). A worker takes the oldest queued job once
 // its estimate fits next to the running jobs' (else it waits: queued, not
@@ -39,6 +39,7 @@
 #include "absl/status/statusor.h"
 #include "circuitlab/v1/analysis_service.pb.h"
 #include "server/common/cancel.h"
+#include "server/common/quotas.h"
 #include "server/store/store.h"
 
 namespace circuitlab::scheduler {
@@ -46,7 +47,8 @@ namespace circuitlab::scheduler {
 struct AnalysisJobOptions {
   int workers = 1;                 // jobs running at once
   int max_active = 256;            // queued + running jobs, all clients
-  int max_active_per_client = 64;  // queued + running jobs of one client
+  int max_active_per_client = 64;  // queued + running jobs of one owner
+  const Quotas* quotas = nullptr;  // per-principal overrides of max_active_per_client (may be null)
   uint64_t memory_budget_bytes = 8ULL << 30;  // running jobs' estimates together
   int max_ended = 256;             // FAILED/CANCELLED answers kept until reported
 };
@@ -56,11 +58,22 @@ struct AnalysisJobOptions {
 using AnalysisWork = std::function<absl::StatusOr<std::string>(const std::function<void(double)>& progress,
                                                                const CancelToken* cancel)>;
 
+// Who asks for an analysis: the principal that will own the job, and whether
+// it may start one (a `reader` may only read stored answers).
+struct Requester {
+  Requester(std::string principal = {}, bool only_read = false)  // NOLINT: a name alone is a requester
+      : name(std::move(principal)), read_only(only_read) {}
+  Requester(const char* principal) : name(principal) {}  // NOLINT
+  std::string name;
+  bool read_only = false;
+};
+
 struct AnalysisJobRequest {
   std::string kind;      // "intervene", "detect_circuit", ...
   int64_t run_id = 0;    // store::Store::kNoRun for a spec sent with the request
   std::string key;       // the canonical request, serialized
-  std::string client;    // who asked (per-client limit)
+  std::string owner;     // who asked (per-owner limit)
+  bool read_only = false;     // may be answered from the store or a pending job, never start one
   uint64_t memory_bytes = 0;  // estimated peak while it runs
   AnalysisWork work;
 };
@@ -125,9 +138,16 @@ class AnalysisJobs {
   void Await(const std::string& job_id, std::chrono::milliseconds wait,
              std::function<void(std::optional<AnalysisAnswer>)> done);
 
-  // NotFound for an unknown or finished job.
-  absl::StatusOr<v1::AnalysisJob> Cancel(const std::string& job_id);
-  v1::ListAnalysisJobsResponse List();
+  // NotFound for an unknown or finished job; `may_cancel`'s error (checked
+  // under the lock, on the job as it stands) when it refuses.
+  absl::StatusOr<v1::AnalysisJob> Cancel(const std::string& job_id,
+                                         const std::function<absl::Status(const v1::AnalysisJob&)>& may_cancel = {});
+  // The jobs `include` accepts (all when it is empty).
+  // The queued + running jobs `owner` may have.
+  int ActiveLimitFor(const std::string& owner) const {
+    return LimitFor(options_.quotas ? options_.quotas->For(owner).max_analyses : 0, options_.max_active_per_client);
+  }
+  v1::ListAnalysisJobsResponse List(const std::function<bool(const v1::AnalysisJob&)>& include = {});
 
   // Cancels everything, answers every waiter, joins the threads. Idempotent.
   void Shutdown();
@@ -173,7 +193,7 @@ class AnalysisJobs {
   std::map<Key, std::shared_ptr<Job>> jobs_;            // queued, running, ended-unreported
   std::map<std::string, std::shared_ptr<Job>> by_id_;  // the same jobs by id
   std::deque<std::string> ended_;                      // ended-unreported, oldest first
-  std::map<std::string, int> active_per_client_;
+  std::map<std::string, int> active_per_owner_;
   std::map<uint64_t, Waiter> waiters_;
   std::map<uint64_t, std::shared_ptr<Job>> waiter_job_;
   int active_ = 0;  // queued + running

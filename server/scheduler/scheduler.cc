@@ -235,8 +235,8 @@ absl::Status Scheduler::Start() {
     std::lock_guard<std::mutex> lock(mu_);
     for (int64_t id : queued) {
       CL_ASSIGN_OR_RETURN(store::RunRow row, store_->GetRun(id));
-      queue_[{row.priority, id}] = {row.device_request, row.client, PackOf(row)};
-      ++queued_per_client_[row.client];
+      queue_[{row.priority, id}] = {row.device_request, row.owner, PackOf(row)};
+      ++queued_per_owner_[row.owner];
     }
     started_ = true;
     for (size_t i = 0; i < slots_.size(); ++i) workers_.emplace_back([this, i] { WorkerLoop(i); });
@@ -259,7 +259,7 @@ void Scheduler::Drain() {
   if (absl::Status s = store_->Flush(); !s.ok()) spdlog::error("final flush failed: {}", s.ToString());
 }
 
-absl::StatusOr<store::NewRun> Scheduler::PrepareRun(v1::ExperimentSpec spec, const std::string& client) {
+absl::StatusOr<store::NewRun> Scheduler::PrepareRun(v1::ExperimentSpec spec, const std::string& owner) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (draining_) return absl::UnavailableError("the server is shutting down; submit again after it restarts");
@@ -293,24 +293,24 @@ absl::StatusOr<store::NewRun> Scheduler::PrepareRun(v1::ExperimentSpec spec, con
   row.total_steps = static_cast<int64_t>(spec.training().steps());
   row.created_at_us = clock_->NowMicros();
   row.tags.assign(spec.tags().begin(), spec.tags().end());
-  row.client = client;
+  row.owner = owner;
   return row;
 }
 
-absl::Status Scheduler::CheckQueueRoom(int64_t count, const std::string& client) {
+absl::Status Scheduler::CheckQueueRoom(int64_t count, const std::string& owner) {
   std::lock_guard<std::mutex> lock(mu_);
-  return RoomLocked(static_cast<int>(std::min<int64_t>(count, 1 << 30)), client);
+  return RoomLocked(static_cast<int>(std::min<int64_t>(count, 1 << 30)), owner);
 }
 
-absl::Status Scheduler::Reserve(int count, const std::string& client) {
+absl::Status Scheduler::Reserve(int count, const std::string& owner) {
   std::lock_guard<std::mutex> lock(mu_);
-  CL_RETURN_IF_ERROR(RoomLocked(count, client));
+  CL_RETURN_IF_ERROR(RoomLocked(count, owner));
   reserved_ += count;
-  queued_per_client_[client] += count;
+  queued_per_owner_[owner] += count;
   return absl::OkStatus();
 }
 
-absl::Status Scheduler::RoomLocked(int count, const std::string& client) {
+absl::Status Scheduler::RoomLocked(int count, const std::string& owner) {
   const int queued = static_cast<int>(queue_.size()) + reserved_;
   if (queued + count > options_.max_queued_runs) {
     return absl::ResourceExhaustedError(
@@ -318,12 +318,14 @@ absl::Status Scheduler::RoomLocked(int count, const std::string& client) {
         (count > 1 ? " and " + std::to_string(count) + " more asked for" : std::string()) +
         " (server limit --max-queued-runs=" + std::to_string(options_.max_queued_runs) + ")");
   }
-  if (queued_per_client_[client] + count > options_.max_queued_per_client) {
-    return absl::ResourceExhaustedError("client '" + client + "' already has " +
-                                        std::to_string(queued_per_client_[client]) + " runs queued" +
-                                        (count > 1 ? " and asks for " + std::to_string(count) + " more" : std::string()) +
-                                        " (server limit --max-queued-per-client=" +
-                                        std::to_string(options_.max_queued_per_client) + ")");
+  const int override_value = options_.quotas ? options_.quotas->For(owner).max_queued : 0;
+  const int limit = LimitFor(override_value, options_.max_queued_per_client);
+  if (queued_per_owner_[owner] + count > limit) {
+    return absl::ResourceExhaustedError(
+        "'" + EscapeControl(owner) + "' already has " + std::to_string(queued_per_owner_[owner]) + " runs queued" +
+        (count > 1 ? " and asks for " + std::to_string(count) + " more" : std::string()) + " (" +
+        LimitSource(override_value, owner, "max_queued", "--max-queued-per-client") + "=" + std::to_string(limit) +
+        ")");
   }
   return absl::OkStatus();
 }
@@ -339,30 +341,30 @@ absl::StatusOr<v1::Run> Scheduler::Submitted(const store::NewRun& row, int64_t i
   submitted.created_at_us = row.created_at_us;
   submitted.total_steps = row.total_steps;
   submitted.tags = row.tags;
-  submitted.client = row.client;
+  submitted.owner = row.owner;
   submitted.sweep_id = row.sweep_id;
   return ToRun(submitted);
 }
 
-absl::StatusOr<v1::Run> Scheduler::Submit(v1::ExperimentSpec spec, const std::string& client) {
-  CL_ASSIGN_OR_RETURN(store::NewRun row, PrepareRun(std::move(spec), client));
+absl::StatusOr<v1::Run> Scheduler::Submit(v1::ExperimentSpec spec, const std::string& owner) {
+  CL_ASSIGN_OR_RETURN(store::NewRun row, PrepareRun(std::move(spec), owner));
   // Reserve the queue place before the insert, so concurrent submissions
   // cannot overshoot the limits; give it back if the insert fails.
-  CL_RETURN_IF_ERROR(Reserve(1, client));
+  CL_RETURN_IF_ERROR(Reserve(1, owner));
   absl::StatusOr<int64_t> inserted = store_->InsertRun(row);
   {
     std::lock_guard<std::mutex> lock(mu_);
     --reserved_;
     if (inserted.ok()) {
-      queue_[{row.priority, *inserted}] = {row.device_request, client, ""};
+      queue_[{row.priority, *inserted}] = {row.device_request, owner, ""};
     } else {
-      --queued_per_client_[client];
+      --queued_per_owner_[owner];
     }
   }
   if (!inserted.ok()) return inserted.status();
   const int64_t id = *inserted;
   spdlog::info("submitted {} ({}, {} steps) from {}", FormatRunId(id), EscapeControl(row.name), row.total_steps,
-               EscapeControl(client));
+               EscapeControl(owner));
   // The answer is the run as submitted (QUEUED), built before a worker can
   // take it.
   absl::StatusOr<v1::Run> run = Submitted(row, id);
@@ -372,9 +374,9 @@ absl::StatusOr<v1::Run> Scheduler::Submit(v1::ExperimentSpec spec, const std::st
 
 absl::StatusOr<std::pair<int64_t, std::vector<int64_t>>> Scheduler::SubmitSweep(const store::NewSweep& sweep,
                                                                                 std::vector<store::NewRun> rows,
-                                                                                const std::string& client) {
+                                                                                const std::string& owner) {
   const int count = static_cast<int>(rows.size());
-  CL_RETURN_IF_ERROR(Reserve(count, client));
+  CL_RETURN_IF_ERROR(Reserve(count, owner));
   absl::StatusOr<std::pair<int64_t, std::vector<int64_t>>> inserted = store_->InsertSweep(sweep, rows);
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -385,15 +387,15 @@ absl::StatusOr<std::pair<int64_t, std::vector<int64_t>>> Scheduler::SubmitSweep(
         as_row.spec = rows[i].spec;
         as_row.sweep_id = inserted->first;
         as_row.device_request = rows[i].device_request;
-        queue_[{rows[i].priority, inserted->second[i]}] = {rows[i].device_request, client, PackOf(as_row)};
+        queue_[{rows[i].priority, inserted->second[i]}] = {rows[i].device_request, owner, PackOf(as_row)};
       }
     } else {
-      queued_per_client_[client] -= count;
+      queued_per_owner_[owner] -= count;
     }
   }
   if (!inserted.ok()) return inserted.status();
   spdlog::info("submitted sweep {} ({}, {} runs) from {}", FormatSweepId(inserted->first), EscapeControl(sweep.name),
-               count, EscapeControl(client));
+               count, EscapeControl(owner));
   work_cv_.notify_all();
   return inserted;
 }
@@ -416,6 +418,7 @@ absl::StatusOr<v1::Run> Scheduler::ToRun(const store::RunRow& row) {
   run.set_checkpoint_step(static_cast<uint64_t>(row.checkpoint_step));
   if (row.sweep_id > 0) run.set_sweep_id(FormatSweepId(row.sweep_id));
   run.set_warning(row.warning);
+  run.set_owner(row.owner);
   v1::Progress* p = run.mutable_progress();
   p->set_step(static_cast<uint64_t>(row.step));
   p->set_total_steps(static_cast<uint64_t>(row.total_steps));
@@ -438,7 +441,22 @@ absl::StatusOr<v1::Run> Scheduler::GetRun(const std::string& run_id) {
   return run;
 }
 
-absl::StatusOr<v1::ListRunsResponse> Scheduler::ListRuns(const v1::ListRunsRequest& request) {
+int Scheduler::QueueLimitFor(const std::string& owner) const {
+  return LimitFor(options_.quotas ? options_.quotas->For(owner).max_queued : 0, options_.max_queued_per_client);
+}
+
+int Scheduler::WatchLimitFor(const std::string& owner) const {
+  return LimitFor(options_.quotas ? options_.quotas->For(owner).max_watches : 0, options_.max_watchers_per_client);
+}
+
+absl::StatusOr<std::string> Scheduler::OwnerOf(const std::string& run_id) {
+  CL_ASSIGN_OR_RETURN(int64_t id, ParseRunId(run_id));
+  CL_ASSIGN_OR_RETURN(store::RunRow row, store_->GetRun(id));
+  return row.owner;
+}
+
+absl::StatusOr<v1::ListRunsResponse> Scheduler::ListRuns(const v1::ListRunsRequest& request,
+                                                         std::optional<std::string> owner) {
   if (request.page_size() < 0 || request.page_size() > kMaxPageSize) {
     return absl::InvalidArgumentError("page_size must be in [0, " + std::to_string(kMaxPageSize) + "], got " +
                                       std::to_string(request.page_size()));
@@ -462,6 +480,7 @@ absl::StatusOr<v1::ListRunsResponse> Scheduler::ListRuns(const v1::ListRunsReque
   if (!request.page_token().empty()) {
     CL_ASSIGN_OR_RETURN(filter.before_id, ParseRunId(request.page_token(), "page_token"));
   }
+  filter.owner = std::move(owner);
   CL_ASSIGN_OR_RETURN(store::RunPage page, store_->ListRuns(filter));
   v1::ListRunsResponse out;
   out.set_total_size(page.total);
@@ -528,7 +547,7 @@ absl::StatusOr<v1::Run> Scheduler::Cancel(const std::string& run_id) {
     std::unique_lock<std::mutex> lock(mu_);
     auto q = queue_.find({row.priority, id});
     if (q != queue_.end()) {
-      --queued_per_client_[q->second.client];
+      --queued_per_owner_[q->second.owner];
       queue_.erase(q);
       was_queued = true;
     } else if (auto a = active_.find(id); a != active_.end()) {
@@ -575,20 +594,44 @@ absl::StatusOr<v1::GetMetricsResponse> Scheduler::GetMetrics(const v1::GetMetric
   return out;
 }
 
-absl::StatusOr<Watch> Scheduler::StartWatch(const v1::WatchRunRequest& request) {
+absl::StatusOr<Watch> Scheduler::StartWatch(const v1::WatchRunRequest& request, const std::string& owner) {
   CL_ASSIGN_OR_RETURN(int64_t id, ParseRunId(request.run_id()));
   CL_RETURN_IF_ERROR(store_->GetRun(id).status());
   Watch w;
   w.run_id = id;
+  w.owner = owner;
+  {
+    const int override_value = options_.quotas ? options_.quotas->For(owner).max_watches : 0;
+    const int limit = LimitFor(override_value, options_.max_watchers_per_client);
+    std::lock_guard<std::mutex> lock(mu_);
+    if (watches_per_owner_[owner] >= limit) {
+      return absl::ResourceExhaustedError(
+          "'" + EscapeControl(owner) + "' already has " + std::to_string(watches_per_owner_[owner]) +
+          " open watch streams (" + LimitSource(override_value, owner, "max_watches", "--max-watches-per-client") +
+          "=" + std::to_string(limit) + "); close some and retry");
+    }
+    ++watches_per_owner_[owner];
+  }
   w.subscriber = hub_.Subscribe(id, request.after_sequence(), request.epoch(), request.include_metrics());
   if (w.subscriber == nullptr) {
-    return absl::ResourceExhaustedError("too many open watch streams (server limit " +
+    ReleaseWatch(owner);
+    return absl::ResourceExhaustedError("too many open watch streams (server limit --max-watchers=" +
                                         std::to_string(options_.max_watchers) + "); close some and retry");
   }
   return w;
 }
 
-void Scheduler::StopWatch(const Watch& watch) { hub_.Unsubscribe(watch.run_id, watch.subscriber); }
+void Scheduler::ReleaseWatch(const std::string& owner) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (auto it = watches_per_owner_.find(owner); it != watches_per_owner_.end() && --it->second <= 0) {
+    watches_per_owner_.erase(it);
+  }
+}
+
+void Scheduler::StopWatch(const Watch& watch) {
+  hub_.Unsubscribe(watch.run_id, watch.subscriber);
+  ReleaseWatch(watch.owner);
+}
 
 absl::StatusOr<v1::RunEvent> Scheduler::Snapshot(int64_t run_id, uint64_t sequence, bool resync) {
   v1::RunEvent ev;
@@ -628,7 +671,7 @@ void Scheduler::WorkerLoop(size_t slot) {
     auto it = std::find_if(queue_.begin(), queue_.end(), [&](const auto& e) { return e.first.id == id; });
     const std::string pack = it->second.pack;
     std::vector<int64_t> ids = {id};
-    --queued_per_client_[it->second.client];
+    --queued_per_owner_[it->second.owner];
     queue_.erase(it);
     // Queued members of the same sweep that differ only in their seed train
     // with it as one ensemble.
@@ -638,7 +681,7 @@ void Scheduler::WorkerLoop(size_t slot) {
         continue;
       }
       ids.push_back(q->first.id);
-      --queued_per_client_[q->second.client];
+      --queued_per_owner_[q->second.owner];
       q = queue_.erase(q);
     }
     for (int64_t m : ids) active_[m] = std::make_shared<Active>();

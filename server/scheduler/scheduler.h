@@ -30,6 +30,7 @@
 #include "circuitlab/v1/experiment_service.pb.h"
 #include "server/common/cancel.h"
 #include "server/common/clock.h"
+#include "server/common/quotas.h"
 #include "server/engine/engine.h"
 #include "server/scheduler/progress_hub.h"
 #include "server/store/store.h"
@@ -41,7 +42,7 @@ struct SchedulerOptions {
   int cuda_devices = 0;        // from engine::CudaDeviceCount()
   int intra_op_threads = 1;    // LibTorch threads per worker
   int max_queued_runs = 1000;  // RESOURCE_EXHAUSTED beyond
-  int max_queued_per_client = 200;
+  int max_queued_per_client = 200;  // queued runs of one owner (principal)
   // Most members of one sweep (differing only in their seed) trained as one
   // ensemble job; 1 turns packing off.
   int max_pack = 8;
@@ -49,6 +50,9 @@ struct SchedulerOptions {
   std::string epoch;  // names this server process in watch events
   std::chrono::milliseconds heartbeat = std::chrono::seconds(5);
   int max_watchers = 1024;  // open WatchRun streams, over all clients
+  int max_watchers_per_client = 256;  // open WatchRun streams of one owner
+  // Per-principal overrides of the two per-owner limits above (may be null).
+  const Quotas* quotas = nullptr;
   // A checkpoint that cannot be written (disk full, an unwritable or vanished
   // directory) is retried this many times, the waits doubling from
   // checkpoint_retry_delay (1 + 2 + 4 + 8 + 16 + 32 s by default), before the
@@ -75,6 +79,7 @@ absl::Status ValidateSeriesRange(uint64_t min_step, uint64_t max_step, uint32_t 
 struct Watch {
   std::shared_ptr<Subscriber> subscriber;
   int64_t run_id = 0;
+  std::string owner;  // whose stream it is (per-owner limit)
 };
 
 class Scheduler {
@@ -93,21 +98,29 @@ class Scheduler {
   void Drain();
 
   // ---- ExperimentService core ----
-  absl::StatusOr<v1::Run> Submit(v1::ExperimentSpec spec, const std::string& client);
+  absl::StatusOr<v1::Run> Submit(v1::ExperimentSpec spec, const std::string& owner);
   // Validates and resolves a spec into the row Submit would insert (no
   // insert): what a sweep checks for every member before queueing any.
-  absl::StatusOr<store::NewRun> PrepareRun(v1::ExperimentSpec spec, const std::string& client);
+  absl::StatusOr<store::NewRun> PrepareRun(v1::ExperimentSpec spec, const std::string& owner);
   // Inserts a sweep with its prepared members and queues them all, or none
   // (RESOURCE_EXHAUSTED when they do not fit the queue limits). Returns
   // (sweep id, run ids).
   absl::StatusOr<std::pair<int64_t, std::vector<int64_t>>> SubmitSweep(const store::NewSweep& sweep,
-                                                                        std::vector<store::NewRun> rows,
-                                                                        const std::string& client);
-  // RESOURCE_EXHAUSTED when `count` more runs from `client` would not fit
+                                                                       std::vector<store::NewRun> rows,
+                                                                       const std::string& owner);
+  // RESOURCE_EXHAUSTED when `count` more runs from `owner` would not fit
   // the queue limits now (reserves nothing: a sweep asks before expanding).
-  absl::Status CheckQueueRoom(int64_t count, const std::string& client);
+  absl::Status CheckQueueRoom(int64_t count, const std::string& owner);
   absl::StatusOr<v1::Run> GetRun(const std::string& run_id);
-  absl::StatusOr<v1::ListRunsResponse> ListRuns(const v1::ListRunsRequest& request);
+  // `owner` set: only that principal's runs.
+  absl::StatusOr<v1::ListRunsResponse> ListRuns(const v1::ListRunsRequest& request,
+                                                std::optional<std::string> owner = std::nullopt);
+  // The queued-run and watch-stream limits that apply to `owner` (its
+  // overrides, else the options').
+  int QueueLimitFor(const std::string& owner) const;
+  int WatchLimitFor(const std::string& owner) const;
+  // The principal that submitted a run (NotFound for an unknown one).
+  absl::StatusOr<std::string> OwnerOf(const std::string& run_id);
   absl::StatusOr<v1::Run> Cancel(const std::string& run_id);
   // Deletes ended runs and everything they hold (Store::DeleteRuns), and the
   // sweep `sweep_id` when > 0. FailedPrecondition for a run that is queued,
@@ -116,7 +129,7 @@ class Scheduler {
   absl::StatusOr<v1::DeleteRunResponse> Delete(const std::string& run_id);
   absl::StatusOr<v1::GetMetricsResponse> GetMetrics(const v1::GetMetricsRequest& request);
   // Subscribes first, so nothing published after the snapshot is missed.
-  absl::StatusOr<Watch> StartWatch(const v1::WatchRunRequest& request);
+  absl::StatusOr<Watch> StartWatch(const v1::WatchRunRequest& request, const std::string& owner = {});
   void StopWatch(const Watch& watch);
   // The snapshot event that opens (or resyncs) a stream.
   absl::StatusOr<v1::RunEvent> Snapshot(int64_t run_id, uint64_t sequence, bool resync);
@@ -132,7 +145,7 @@ class Scheduler {
   };
   struct Queued {
     int device_request;
-    std::string client;
+    std::string owner;
     std::string pack;  // runs with the same non-empty key may train as one ensemble
   };
   struct Active {
@@ -150,11 +163,13 @@ class Scheduler {
   };
   class RunObserver;
 
-  // Holds `count` queue places for `client` (RESOURCE_EXHAUSTED beyond the
+  // Holds `count` queue places for `owner` (RESOURCE_EXHAUSTED beyond the
   // limits); the caller gives them back by decrementing reserved_.
-  absl::Status Reserve(int count, const std::string& client);
+  absl::Status Reserve(int count, const std::string& owner);
+  // One watch stream of `owner` fewer (takes mu_).
+  void ReleaseWatch(const std::string& owner);
   // The limits Reserve checks; mu_ held.
-  absl::Status RoomLocked(int count, const std::string& client);
+  absl::Status RoomLocked(int count, const std::string& owner);
   absl::StatusOr<v1::Run> Submitted(const store::NewRun& row, int64_t id);
   void WorkerLoop(size_t slot);
   // The queued run slot `slot` should take next, or 0.
@@ -183,7 +198,8 @@ class Scheduler {
   std::mutex mu_;
   std::condition_variable work_cv_;
   std::map<QueueKey, Queued> queue_;
-  std::map<std::string, int> queued_per_client_;
+  std::map<std::string, int> queued_per_owner_;
+  std::map<std::string, int> watches_per_owner_;
   int reserved_ = 0;  // queue places held by submissions being inserted
   std::map<int64_t, std::shared_ptr<Active>> active_;
   std::vector<Slot> slots_;

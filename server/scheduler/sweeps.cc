@@ -577,10 +577,11 @@ absl::StatusOr<std::vector<SweepMember>> ExpandSweep(const v1::SweepSpec& sweep,
   return members;
 }
 
-SweepCore::SweepCore(Scheduler* scheduler, store::Store* store, AnalysisCore* analyses, int max_sweep_runs)
-    : scheduler_(scheduler), store_(store), analyses_(analyses), max_sweep_runs_(max_sweep_runs) {}
+SweepCore::SweepCore(Scheduler* scheduler, store::Store* store, AnalysisCore* analyses, int max_sweep_runs,
+                     const Quotas* quotas)
+    : scheduler_(scheduler), store_(store), analyses_(analyses), max_sweep_runs_(max_sweep_runs), quotas_(quotas) {}
 
-absl::StatusOr<v1::Sweep> SweepCore::Submit(const v1::SweepSpec& sweep, const std::string& client) {
+absl::StatusOr<v1::Sweep> SweepCore::Submit(const v1::SweepSpec& sweep, const std::string& owner) {
   if (sweep.name().size() > 256) {
     return absl::InvalidArgumentError("sweep.name must have at most 256 characters, got " +
                                       std::to_string(sweep.name().size()));
@@ -588,17 +589,18 @@ absl::StatusOr<v1::Sweep> SweepCore::Submit(const v1::SweepSpec& sweep, const st
   if (HasControl(sweep.name())) {
     return absl::InvalidArgumentError("sweep.name must not contain control characters, got " + Quote(sweep.name()));
   }
+  const int max_runs = MaxRunsFor(owner);
   // The queue's room is checked before the sweep is expanded (issue 14).
-  if (const int64_t count = SweepMemberCount(sweep, max_sweep_runs_); count <= max_sweep_runs_) {
-    CL_RETURN_IF_ERROR(scheduler_->CheckQueueRoom(count, client));
+  if (const int64_t count = SweepMemberCount(sweep, max_runs); count <= max_runs) {
+    CL_RETURN_IF_ERROR(scheduler_->CheckQueueRoom(count, owner));
   }
-  CL_ASSIGN_OR_RETURN(std::vector<SweepMember> members, ExpandSweep(sweep, max_sweep_runs_));
+  CL_ASSIGN_OR_RETURN(std::vector<SweepMember> members, ExpandSweep(sweep, max_runs));
   if (members.empty()) return absl::InvalidArgumentError("the sweep has no members");
   std::vector<store::NewRun> rows;
   rows.reserve(members.size());
   for (SweepMember& m : members) {
     const std::string who = m.spec.name();
-    absl::StatusOr<store::NewRun> row = scheduler_->PrepareRun(std::move(m.spec), client);
+    absl::StatusOr<store::NewRun> row = scheduler_->PrepareRun(std::move(m.spec), owner);
     if (!row.ok()) {
       return absl::Status(row.status().code(), "sweep member " + who + ": " + std::string(row.status().message()));
     }
@@ -614,8 +616,8 @@ absl::StatusOr<v1::Sweep> SweepCore::Submit(const v1::SweepSpec& sweep, const st
   print.preserve_proto_field_names = true;
   if (!google::protobuf::util::MessageToJsonString(sweep, &s.spec_json, print).ok()) s.spec_json = "{}";
   s.created_at_us = rows.front().created_at_us;
-  s.client = client;
-  CL_ASSIGN_OR_RETURN(auto ids, scheduler_->SubmitSweep(s, std::move(rows), client));
+  s.owner = owner;
+  CL_ASSIGN_OR_RETURN(auto ids, scheduler_->SubmitSweep(s, std::move(rows), owner));
   return Get(FormatSweepId(ids.first));
 }
 
@@ -635,6 +637,7 @@ absl::StatusOr<v1::Sweep> SweepCore::ToSweep(const store::SweepRow& row, const s
     done = done && IsFinal(r.state);
   }
   out.set_done(done);
+  out.set_owner(row.owner);
   return out;
 }
 
@@ -643,6 +646,12 @@ absl::StatusOr<v1::Sweep> SweepCore::Get(const std::string& sweep_id) {
   CL_ASSIGN_OR_RETURN(store::SweepRow row, store_->GetSweep(id));
   CL_ASSIGN_OR_RETURN(std::vector<store::RunRow> runs, store_->SweepRuns(id));
   return ToSweep(row, runs);
+}
+
+absl::StatusOr<std::string> SweepCore::OwnerOf(const std::string& sweep_id) {
+  CL_ASSIGN_OR_RETURN(int64_t id, ParseSweepId(sweep_id));
+  CL_ASSIGN_OR_RETURN(store::SweepRow row, store_->GetSweep(id));
+  return row.owner;
 }
 
 absl::StatusOr<v1::Sweep> SweepCore::Cancel(const std::string& sweep_id) {

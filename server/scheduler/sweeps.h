@@ -45,11 +45,19 @@ class SweepCore {
  public:
   // All must outlive the core; `analyses` may be null (then the "circuit"
   // columns stay pending).
-  SweepCore(Scheduler* scheduler, store::Store* store, AnalysisCore* analyses, int max_sweep_runs = 1024);
+  // `quotas` (may be null) overrides max_sweep_runs per principal.
+  SweepCore(Scheduler* scheduler, store::Store* store, AnalysisCore* analyses, int max_sweep_runs = 1024,
+            const Quotas* quotas = nullptr);
 
-  absl::StatusOr<v1::Sweep> Submit(const v1::SweepSpec& sweep, const std::string& client);
+  absl::StatusOr<v1::Sweep> Submit(const v1::SweepSpec& sweep, const std::string& owner);
   absl::StatusOr<v1::Sweep> Get(const std::string& sweep_id);
   absl::StatusOr<v1::Sweep> Cancel(const std::string& sweep_id);
+  // The most runs one sweep of `owner` may expand to.
+  int MaxRunsFor(const std::string& owner) const {
+    return LimitFor(quotas_ ? quotas_->For(owner).max_sweep_runs : 0, max_sweep_runs_);
+  }
+  // The principal that submitted a sweep (NotFound for an unknown one).
+  absl::StatusOr<std::string> OwnerOf(const std::string& sweep_id);
   // Deletes the sweep and its member runs; refused while a member has not
   // ended (Scheduler::DeleteRuns).
   absl::StatusOr<v1::DeleteSweepResponse> Delete(const std::string& sweep_id);
@@ -62,6 +70,7 @@ class SweepCore {
   store::Store* const store_;
   AnalysisCore* const analyses_;
   const int max_sweep_runs_;
+  const Quotas* const quotas_;
 };
 
 }  // namespace circuitlab::scheduler

@@ -141,6 +141,14 @@ CREATE INDEX runs_by_sweep ON runs(sweep_id, id) WHERE sweep_id IS NOT NULL;
     R"sql(
 ALTER TABLE runs ADD COLUMN warning TEXT NOT NULL DEFAULT '';
 )sql",
+    // 6: runs and sweeps belong to the principal that submitted them (the
+    // column held the self-asserted client label before; those runs keep it
+    // as their owner, which only an admin matches).
+    R"sql(
+ALTER TABLE runs RENAME COLUMN client TO owner;
+ALTER TABLE sweeps RENAME COLUMN client TO owner;
+CREATE INDEX runs_by_owner ON runs(owner, id);
+)sql",
 };
 
 constexpr int kLatest = static_cast<int>(sizeof(kMigrations) / sizeof(kMigrations[0]));

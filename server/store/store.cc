@@ -122,7 +122,7 @@ RunRow ReadRunRow(Statement& st) {
   r.total_steps = st.ColumnInt(12);
   r.attempts = static_cast<int>(st.ColumnInt(13));
   r.checkpoint_step = st.ColumnInt(14);
-  r.client = st.ColumnText(15);
+  r.owner = st.ColumnText(15);
   r.sweep_id = st.ColumnInt(16);
   r.sweep_values = st.ColumnText(17);
   r.warning = st.ColumnText(18);
@@ -131,7 +131,7 @@ RunRow ReadRunRow(Statement& st) {
 
 constexpr const char* kRunColumns =
     "id, name, spec, state, priority, device_request, created_at, started_at, finished_at, device, error, "
-    "step, total_steps, attempts, checkpoint_step, client, ifnull(sweep_id, 0), sweep_values, warning";
+    "step, total_steps, attempts, checkpoint_step, owner, ifnull(sweep_id, 0), sweep_values, warning";
 
 absl::Status LoadTags(Connection& conn, RunRow& row) {
   CL_ASSIGN_OR_RETURN(Statement st, conn.Prepare("SELECT tag FROM run_tags WHERE run_id = ? ORDER BY tag"));
@@ -516,7 +516,7 @@ namespace {
 absl::StatusOr<int64_t> InsertRunRow(Connection& c, const NewRun& run) {
   CL_ASSIGN_OR_RETURN(Statement st,
                       c.Prepare("INSERT INTO runs(name, spec, spec_json, state, priority, device_request, "
-                                "created_at, total_steps, client, sweep_id, sweep_values) "
+                                "created_at, total_steps, owner, sweep_id, sweep_values) "
                                 "VALUES (?,?,?,?,?,?,?,?,?,?,?)"));
   st.Bind(1, run.name)
       .BindBlob(2, run.spec)
@@ -526,7 +526,7 @@ absl::StatusOr<int64_t> InsertRunRow(Connection& c, const NewRun& run) {
       .Bind(6, int64_t{run.device_request})
       .Bind(7, run.created_at_us)
       .Bind(8, run.total_steps)
-      .Bind(9, run.client);
+      .Bind(9, run.owner);
   if (run.sweep_id > 0) {
     st.Bind(10, run.sweep_id);
   } else {
@@ -559,10 +559,10 @@ absl::StatusOr<std::pair<int64_t, std::vector<int64_t>>> Store::InsertSweep(cons
   std::pair<int64_t, std::vector<int64_t>> ids;
   CL_RETURN_IF_ERROR(impl_->Write([&](Connection& c) -> absl::Status {
     ids.second.clear();
-    CL_ASSIGN_OR_RETURN(Statement st, c.Prepare("INSERT INTO sweeps(name, spec, spec_json, created_at, client) "
+    CL_ASSIGN_OR_RETURN(Statement st, c.Prepare("INSERT INTO sweeps(name, spec, spec_json, created_at, owner) "
                                                 "VALUES (?,?,?,?,?)"));
     st.Bind(1, sweep.name).BindBlob(2, sweep.spec).Bind(3, sweep.spec_json).Bind(4, sweep.created_at_us);
-    st.Bind(5, sweep.client);
+    st.Bind(5, sweep.owner);
     CL_RETURN_IF_ERROR(st.Run());
     ids.first = c.LastInsertRowId();
     for (NewRun& run : runs) {
@@ -577,7 +577,7 @@ absl::StatusOr<std::pair<int64_t, std::vector<int64_t>>> Store::InsertSweep(cons
 
 absl::StatusOr<SweepRow> Store::GetSweep(int64_t sweep_id) {
   CL_ASSIGN_OR_RETURN(Impl::Reader r, impl_->AcquireReader());
-  CL_ASSIGN_OR_RETURN(Statement st, r->Prepare("SELECT id, name, spec, created_at, client FROM sweeps WHERE id = ?"));
+  CL_ASSIGN_OR_RETURN(Statement st, r->Prepare("SELECT id, name, spec, created_at, owner FROM sweeps WHERE id = ?"));
   st.Bind(1, sweep_id);
   CL_ASSIGN_OR_RETURN(bool found, st.Step());
   if (!found) return absl::NotFoundError("sweep s" + std::to_string(sweep_id) + " not found");
@@ -586,7 +586,7 @@ absl::StatusOr<SweepRow> Store::GetSweep(int64_t sweep_id) {
   row.name = st.ColumnText(1);
   row.spec = st.ColumnBlob(2);
   row.created_at_us = st.ColumnInt(3);
-  row.client = st.ColumnText(4);
+  row.owner = st.ColumnText(4);
   return row;
 }
 
@@ -739,6 +739,10 @@ absl::StatusOr<RunPage> Store::ListRuns(const RunFilter& filter) {
     where += absl::StrJoin(filter.states, ",") + ")";
   }
   if (filter.sweep_id > 0) where += " AND sweep_id = " + std::to_string(filter.sweep_id);
+  if (filter.owner.has_value()) {
+    where += " AND owner = ?";
+    text_params.push_back(*filter.owner);
+  }
   for (size_t i = 0; i < filter.tags.size(); ++i) {
     where += " AND id IN (SELECT run_id FROM run_tags WHERE tag = ?)";
     text_params.push_back(filter.tags[i]);

@@ -57,7 +57,7 @@ struct NewRun {
   int64_t total_steps = 0;
   int64_t created_at_us = 0;
   std::vector<std::string> tags;
-  std::string client;
+  std::string owner;          // the principal that submitted it
   int64_t sweep_id = 0;       // 0 = not in a sweep
   std::string sweep_values;   // the member's axis values (JSON array)
 };
@@ -79,7 +79,7 @@ struct RunRow {
   int attempts = 0;
   int64_t checkpoint_step = 0;
   std::vector<std::string> tags;
-  std::string client;
+  std::string owner;  // the principal that submitted it
   int64_t sweep_id = 0;
   std::string sweep_values;
   std::string warning;
@@ -90,7 +90,7 @@ struct NewSweep {
   std::string spec;       // serialized circuitlab.v1.SweepSpec
   std::string spec_json;
   int64_t created_at_us = 0;
-  std::string client;
+  std::string owner;  // the principal that submitted it
 };
 
 struct SweepRow {
@@ -98,7 +98,7 @@ struct SweepRow {
   std::string name;
   std::string spec;
   int64_t created_at_us = 0;
-  std::string client;
+  std::string owner;  // the principal that submitted it
 };
 
 // A state transition. Unset optionals leave the column unchanged.
@@ -118,6 +118,7 @@ struct RunFilter {
   std::vector<int> states;        // any of these; empty = all
   std::vector<std::string> tags;  // all of these
   int64_t sweep_id = 0;           // only members of this sweep (0 = any)
+  std::optional<std::string> owner;  // only runs of this principal (unset = anyone's)
   int64_t before_id = 0;          // pagination: only ids < before_id (0 = none)
   int limit = 50;
   // The page ends early, after at least one run, once its specs and names

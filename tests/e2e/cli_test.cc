@@ -390,3 +390,81 @@ TEST(EndToEndTest, BackupWhileRunningRestoresElsewhereAndResumes) {
 
 }  // namespace
 }  // namespace circuitlab
+
+namespace circuitlab {
+namespace {
+
+// A lab server as the README's Security section sets it up: certificates
+// from scripts/dev-certs.sh, principals from scripts/add-principal.sh, TLS,
+// tokens and the audit log; then users through the CLI, and a revocation
+// applied by SIGHUP without a restart.
+TEST(EndToEndTest, SecuredServerThroughTheCli) {
+  TempDir dir;
+  const std::string scripts = CIRCUITLAB_SCRIPTS_DIR;
+  const std::string tokens = dir.path() + "/tokens.txt";
+  ASSERT_EQ(RunCommand({scripts + "/dev-certs.sh", dir.path() + "/certs"}).exit_code, 0);
+  for (const char* who : {"alice user", "bob user", "root admin"}) {
+    const std::string name = std::string(who).substr(0, std::string(who).find(' '));
+    const std::string role = std::string(who).substr(name.size() + 1);
+    CommandResult added = RunCommand({scripts + "/add-principal.sh", name, role, tokens, dir.path()});
+    ASSERT_EQ(added.exit_code, 0) << added.out;
+  }
+  EXPECT_EQ(RunCommand({scripts + "/add-principal.sh", "alice", "user", tokens, dir.path()}).exit_code, 1)
+      << "a name is added once";
+  const std::string audit = dir.path() + "/audit.jsonl";
+  ServerProcess server(kServer, dir.path() + "/data",
+                       {"--tls-cert", dir.path() + "/certs/server.pem", "--tls-key", dir.path() + "/certs/server.key",
+                        "--auth-tokens-file", tokens, "--audit-log", audit});
+  ASSERT_TRUE(server.ok());
+  auto as = [&](const std::string& who, std::vector<std::string> args) {
+    std::vector<std::string> argv = {kCli,
+                                     "--server",
+                                     server.address(),
+                                     "--ca-cert",
+                                     dir.path() + "/certs/ca.pem",
+                                     "--token-file",
+                                     dir.path() + "/" + who + ".token"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return RunCommand(argv);
+  };
+
+  CommandResult plaintext = Cli(server, {"health"});
+  EXPECT_EQ(plaintext.exit_code, 24) << plaintext.out;
+  EXPECT_NE(plaintext.out.find("--ca-cert"), std::string::npos) << "the hint names the flag: " << plaintext.out;
+  EXPECT_EQ(as("alice", {"health"}).exit_code, 0);
+  CommandResult me = as("alice", {"whoami"});
+  ASSERT_EQ(me.exit_code, 0) << me.out;
+  EXPECT_NE(me.out.find("principal  alice"), std::string::npos) << me.out;
+  EXPECT_NE(me.out.find("transport  TLS"), std::string::npos) << me.out;
+
+  ASSERT_EQ(as("alice", {"submit", WriteSpec(dir, "long.json", Tiny(1000000))}).exit_code, 0);
+  CommandResult mine = as("bob", {"ls", "--mine"});
+  EXPECT_EQ(mine.exit_code, 0);
+  EXPECT_EQ(mine.out.find("r1 "), std::string::npos) << mine.out;
+  CommandResult all = as("bob", {"ls"});
+  EXPECT_NE(all.out.find("alice"), std::string::npos) << "the owner column: " << all.out;
+  CommandResult denied = as("bob", {"cancel", "r1"});
+  EXPECT_EQ(denied.exit_code, 17) << denied.out;  // 10 + PERMISSION_DENIED
+  EXPECT_NE(denied.out.find("belongs to 'alice'"), std::string::npos) << denied.out;
+
+  // Bob's line removed; SIGHUP re-reads the file; his token stops working.
+  ASSERT_EQ(RunCommand({"/bin/sh", "-c",
+                        "grep -v '^bob ' " + tokens + " > " + tokens + ".new && mv " + tokens + ".new " + tokens})
+                .exit_code,
+            0);
+  kill(server.pid(), SIGHUP);
+  EXPECT_TRUE(WaitFor([&] { return as("bob", {"whoami"}).exit_code == 26; }, std::chrono::seconds(10)))
+      << "UNAUTHENTICATED (10 + 16) after SIGHUP";
+  EXPECT_EQ(as("alice", {"cancel", "r1", "--wait"}).exit_code, 0);
+
+  std::ifstream in(audit);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("\"principal\":\"bob\",\"role\":\"user\""), std::string::npos) << text;
+  EXPECT_NE(text.find("\"method\":\"CancelRun\",\"target\":\"r1\",\"outcome\":\"PERMISSION_DENIED\""),
+            std::string::npos)
+      << text;
+  EXPECT_EQ(server.Stop(SIGTERM), 0);
+}
+
+}  // namespace
+}  // namespace circuitlab

@@ -112,5 +112,48 @@ class PythonClientTest(unittest.TestCase):
             cl.spec_from_json('{"no_such_field": 1}')
 
 
+
+class SecuredServerTest(unittest.TestCase):
+    """TLS and a tokens file: the client reads its CA and token from the environment."""
+
+    def test_tls_and_token_from_the_environment(self):
+        scripts = os.path.join(HERE, "..", "..", "scripts")
+        tmp = os.path.join(TMP, "secured")
+        subprocess.run([os.path.join(scripts, "dev-certs.sh"), os.path.join(tmp, "certs")], check=True,
+                       stdout=subprocess.DEVNULL)
+        subprocess.run([os.path.join(scripts, "add-principal.sh"), "ada", "reader", os.path.join(tmp, "tokens.txt"),
+                        tmp], check=True, stdout=subprocess.DEVNULL)
+        proc = subprocess.Popen([SERVER, "--data", os.path.join(tmp, "data"), "--listen", "127.0.0.1:0",
+                                 "--tls-cert", os.path.join(tmp, "certs", "server.pem"),
+                                 "--tls-key", os.path.join(tmp, "certs", "server.key"),
+                                 "--auth-tokens-file", os.path.join(tmp, "tokens.txt")],
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        try:
+            target = "127.0.0.1:" + proc.stdout.readline().strip().split("=")[1]
+            env = {"CIRCUITLAB_TARGET": target, "CIRCUITLAB_CA_CERT": os.path.join(tmp, "certs", "ca.pem"),
+                   "CIRCUITLAB_TOKEN_FILE": os.path.join(tmp, "ada.token")}
+            saved = {k: os.environ.get(k) for k in env}
+            os.environ.update(env)
+            try:
+                client = cl.Client(timeout=10)
+            finally:
+                for k, v in saved.items():
+                    if v is None:
+                        os.environ.pop(k)
+                    else:
+                        os.environ[k] = v
+            me = client.whoami()
+            self.assertEqual((me.principal, me.role, me.tls), ("ada", "reader", True))
+            with self.assertRaises(grpc.RpcError) as denied:
+                client.submit(cl.spec_from_json(SPEC))
+            self.assertEqual(denied.exception.code(), grpc.StatusCode.PERMISSION_DENIED)
+            with self.assertRaises(grpc.RpcError) as plaintext:
+                cl.Client(target, timeout=5).list()
+            self.assertEqual(plaintext.exception.code(), grpc.StatusCode.UNAVAILABLE)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            self.assertEqual(proc.wait(timeout=30), 0)
+
+
 if __name__ == "__main__":
     unittest.main(verbosity=2)

@@ -3,6 +3,8 @@
 // client, a tiny spec, and waiting helpers.
 #pragma once
 
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -40,8 +42,10 @@ inline v1::ExperimentSpec TinySpec(uint64_t steps = 60, uint64_t seed = 3) {
 
 class Server {
  public:
+  // `auth` null: an open server (every caller the admin "local").
   Server(const std::string& dir, engine::Executor* executor, scheduler::SchedulerOptions opts = {},
-         rpc::ServerOptions server_opts = {}, engine::Analyzer* analyzer = nullptr) {
+         rpc::ServerOptions server_opts = {}, engine::Analyzer* analyzer = nullptr,
+         const rpc::Authenticator* auth = nullptr, rpc::AuditLog* audit = nullptr) {
     auto store = store::Store::Open(dir);
     EXPECT_TRUE(store.ok()) << store.status();
     store_ = std::move(*store);
@@ -51,8 +55,9 @@ class Server {
     analysis_ = std::make_unique<scheduler::AnalysisCore>(store_.get(), analyzer ? analyzer : analyzer_.get());
     EXPECT_TRUE(scheduler_->Start().ok());
     server_opts.listen = "127.0.0.1:0";
-    sweeps_ = std::make_unique<scheduler::SweepCore>(scheduler_.get(), store_.get(), analysis_.get(), 64);
-    auto server = rpc::GrpcServer::Start(server_opts, scheduler_.get(), analysis_.get(), sweeps_.get());
+    sweeps_ = std::make_unique<scheduler::SweepCore>(scheduler_.get(), store_.get(), analysis_.get(), 64, opts.quotas);
+    auto server = rpc::GrpcServer::Start(server_opts, auth ? auth : open_auth_.get(), audit, scheduler_.get(),
+                                         analysis_.get(), sweeps_.get());
     EXPECT_TRUE(server.ok()) << server.status();
     server_ = std::move(*server);
   }
@@ -67,6 +72,7 @@ class Server {
 
  private:
   std::unique_ptr<store::Store> store_;
+  std::unique_ptr<rpc::Authenticator> open_auth_ = *rpc::Authenticator::Create("", "", nullptr);
   std::unique_ptr<engine::Analyzer> analyzer_ = engine::MakeTorchAnalyzer();
   std::unique_ptr<scheduler::Scheduler> scheduler_;
   std::unique_ptr<scheduler::AnalysisCore> analysis_;
@@ -80,6 +86,60 @@ inline client::Client MakeClient(const std::string& address, const std::string& 
   opts.timeout = std::chrono::seconds(10);
   opts.token = token;
   return client::Client(opts);
+}
+
+// What server reflection answers to list_services (the response's bytes, in
+// which the service names can be found), or the status the call ended with.
+// Debian ships no reflection stubs, so this speaks the protocol with a
+// generic stub: ServerReflectionRequest{list_services: ""} is field 7,
+// length-delimited, empty.
+inline absl::StatusOr<std::string> ListServicesByReflection(const std::string& address, const std::string& token = "") {
+  auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+  grpc::GenericStub stub(channel);
+  grpc::CompletionQueue cq;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  if (!token.empty()) ctx.AddMetadata("authorization", "Bearer " + token);
+  auto call = stub.PrepareCall(&ctx, "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", &cq);
+  auto step = [&](intptr_t want) {
+    void* tag = nullptr;
+    bool ok = false;
+    EXPECT_TRUE(cq.Next(&tag, &ok));
+    EXPECT_EQ(reinterpret_cast<intptr_t>(tag), want);
+    return ok;
+  };
+  call->StartCall(reinterpret_cast<void*>(1));
+  bool ok = step(1);
+  grpc::Slice request(std::string("\x3a\x00", 2));
+  grpc::ByteBuffer buffer(&request, 1);
+  grpc::ByteBuffer response;
+  std::string bytes;
+  if (ok) {
+    call->Write(buffer, reinterpret_cast<void*>(2));
+    ok = step(2);
+  }
+  if (ok) {
+    call->WritesDone(reinterpret_cast<void*>(3));
+    ok = step(3);
+  }
+  if (ok) {
+    call->Read(&response, reinterpret_cast<void*>(4));
+    ok = step(4);
+  }
+  if (ok) {
+    std::vector<grpc::Slice> slices;
+    EXPECT_TRUE(response.Dump(&slices).ok());
+    for (const auto& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  }
+  grpc::Status status;
+  call->Finish(&status, reinterpret_cast<void*>(5));
+  step(5);
+  cq.Shutdown();
+  void* tag;
+  while (cq.Next(&tag, &ok)) {
+  }
+  if (!status.ok()) return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
+  return bytes;
 }
 
 // An analysis call, asked again while its job is pending (the server holds

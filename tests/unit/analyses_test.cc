@@ -146,7 +146,7 @@ class AnalysesTest : public ::testing::Test {
 
   // Asks until the answer is DONE.
   template <typename Resp, typename Req>
-  Resp Done(absl::StatusOr<Resp> (AnalysisCore::*method)(const Req&, const std::string&), const Req& req) {
+  Resp Done(absl::StatusOr<Resp> (AnalysisCore::*method)(const Req&, const Requester&), const Req& req) {
     Resp last;
     EXPECT_TRUE(WaitFor([&] {
       absl::StatusOr<Resp> r = (core_.get()->*method)(req, "");

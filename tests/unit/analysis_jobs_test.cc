@@ -53,7 +53,7 @@ class AnalysisJobsTest : public ::testing::Test {
     r.kind = "test";
     r.run_id = store::Store::kNoRun;
     r.key = key;
-    r.client = client;
+    r.owner = client;
     r.memory_bytes = memory;
     r.work = std::move(work);
     return r;
@@ -178,7 +178,7 @@ TEST_F(AnalysisJobsTest, LimitsCountQueuedAndRunningPerClientAndInAll) {
   ASSERT_TRUE(jobs.Submit(Job("2", gate.Work(), "alice"), false).ok());
   auto third = jobs.Submit(Job("3", gate.Work(), "alice"), false);
   EXPECT_EQ(third.status().code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_NE(third.status().message().find("limit 2"), std::string::npos) << third.status();
+  EXPECT_NE(third.status().message().find("--max-analysis-jobs-per-client=2"), std::string::npos) << third.status();
   ASSERT_TRUE(jobs.Submit(Job("4", gate.Work(), "bob"), false).ok());
   EXPECT_EQ(jobs.Submit(Job("5", gate.Work(), "carol"), false).status().code(),
             absl::StatusCode::kResourceExhausted);
@@ -187,6 +187,41 @@ TEST_F(AnalysisJobsTest, LimitsCountQueuedAndRunningPerClientAndInAll) {
   gate.open = true;
   ASSERT_TRUE(WaitFor([&] { return jobs.List().jobs_size() == 0; }));
   EXPECT_TRUE(jobs.Submit(Job("3", gate.Work(), "alice"), false).ok());
+}
+
+TEST_F(AnalysisJobsTest, PerPrincipalOverridesAndReadersOnlyRead) {
+  Quotas quotas;
+  quotas.Replace({{"alice", QuotaOverrides{0, 3, 0, 0}}});
+  AnalysisJobOptions options;
+  options.max_active_per_client = 1;
+  options.quotas = &quotas;
+  AnalysisJobs jobs(store_.get(), options);
+  Gate gate;
+  for (const char* key : {"1", "2", "3"}) ASSERT_TRUE(jobs.Submit(Job(key, gate.Work(), "alice"), false).ok());
+  auto fourth = jobs.Submit(Job("4", gate.Work(), "alice"), false);
+  EXPECT_EQ(fourth.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(fourth.status().message().find("max_analyses for alice=3"), std::string::npos) << fourth.status();
+  ASSERT_TRUE(jobs.Submit(Job("5", gate.Work(), "bob"), false).ok());
+  EXPECT_EQ(jobs.Submit(Job("6", gate.Work(), "bob"), false).status().code(), absl::StatusCode::kResourceExhausted);
+  // A reader joins a pending job and reads a stored answer, never starts one.
+  AnalysisJobRequest reader = Job("1", gate.Work(), "carol");
+  reader.read_only = true;
+  EXPECT_TRUE(jobs.Submit(reader, false).ok()) << "joining a pending job is a read";
+  reader = Job("7", gate.Work(), "carol");
+  reader.read_only = true;
+  auto refused = jobs.Submit(reader, false);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_NE(refused.status().message().find("reader role"), std::string::npos) << refused.status();
+  gate.open = true;
+  ASSERT_TRUE(WaitFor([&] { return jobs.List().jobs_size() == 0; }));
+  reader = Job("1", gate.Work(), "carol");
+  reader.read_only = true;
+  auto stored = jobs.Submit(reader, false);
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  EXPECT_TRUE(stored->from_store);
+  reader.read_only = true;
+  EXPECT_EQ(jobs.Submit(reader, /*force=*/true).status().code(), absl::StatusCode::kPermissionDenied)
+      << "forcing a recomputation starts a job";
 }
 
 TEST_F(AnalysisJobsTest, MemoryAdmissionQueuesWhatDoesNotFitAndRefusesWhatNeverFits) {

@@ -164,6 +164,51 @@ TEST_F(SchedulerTest, QueueLimitsAnswerResourceExhausted) {
   EXPECT_TRUE(scheduler_->CheckQueueRoom(0, "dave").ok());
 }
 
+TEST_F(SchedulerTest, PerPrincipalLimitsTakeTheTokensFileOverrides) {
+  Quotas quotas;
+  quotas.Replace({{"alice", QuotaOverrides{3, 0, 1, 2}}});
+  SchedulerOptions opts;
+  opts.max_queued_per_client = 1;
+  opts.max_watchers_per_client = 2;
+  opts.quotas = &quotas;
+  Open(opts);
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(scheduler_->Submit(SmallSpec(), "alice").ok());
+  auto over = scheduler_->Submit(SmallSpec(), "alice");
+  EXPECT_EQ(over.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(over.status().message().find("the tokens file's max_queued for alice=3"), std::string::npos)
+      << over.status();
+  ASSERT_TRUE(scheduler_->Submit(SmallSpec(), "bob").ok());
+  EXPECT_NE(scheduler_->Submit(SmallSpec(), "bob").status().message().find("--max-queued-per-client=1"),
+            std::string::npos);
+  // Watch streams: alice 1 (override), bob 2 (the server's); a closed one frees its place.
+  v1::WatchRunRequest watch;
+  watch.set_run_id("r1");
+  auto first = scheduler_->StartWatch(watch, "alice");
+  ASSERT_TRUE(first.ok()) << first.status();
+  auto second = scheduler_->StartWatch(watch, "alice");
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(second.status().message().find("max_watches for alice=1"), std::string::npos) << second.status();
+  scheduler_->StopWatch(*first);
+  auto again = scheduler_->StartWatch(watch, "alice");
+  ASSERT_TRUE(again.ok()) << again.status();
+  scheduler_->StopWatch(*again);
+  auto b1 = scheduler_->StartWatch(watch, "bob"), b2 = scheduler_->StartWatch(watch, "bob");
+  ASSERT_TRUE(b1.ok() && b2.ok());
+  EXPECT_EQ(scheduler_->StartWatch(watch, "bob").status().code(), absl::StatusCode::kResourceExhausted);
+  scheduler_->StopWatch(*b1);
+  scheduler_->StopWatch(*b2);
+  // Sweep size: alice's override is 2 runs.
+  SweepCore sweeps(scheduler_.get(), store_.get(), nullptr, 64, &quotas);
+  v1::SweepSpec sweep;
+  *sweep.mutable_base() = SmallSpec();
+  v1::SweepAxis* axis = sweep.add_axes();
+  axis->set_field("seed");
+  for (int i = 1; i <= 3; ++i) axis->add_values()->set_number_value(i);
+  auto big = sweeps.Submit(sweep, "alice");
+  EXPECT_EQ(big.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(big.status().message().find("more than 2"), std::string::npos) << big.status();
+}
+
 TEST_F(SchedulerTest, BadSpecIsRejectedBeforeAnythingIsStored) {
   v1::ExperimentSpec spec = SmallSpec();
   spec.mutable_task()->mutable_associative_recall()->set_num_blocks(0);

@@ -24,7 +24,7 @@ NewRun SampleRun(const std::string& name, std::vector<std::string> tags = {}, in
   r.total_steps = 100;
   r.created_at_us = 1;
   r.tags = std::move(tags);
-  r.client = "tester";
+  r.owner = "tester";
   return r;
 }
 

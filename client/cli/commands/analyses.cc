@@ -17,13 +17,13 @@ int Run(Context& ctx, const Options&) {
     std::cout << client::ToJson(*resp) << "\n";
     return 0;
   }
-  std::printf("%-7s %-16s %-7s %-8s %8s %10s  %s\n", "JOB", "KIND", "RUN", "STATE", "PROGRESS", "MEMORY", "CLIENT");
+  std::printf("%-7s %-16s %-7s %-8s %8s %10s  %s\n", "JOB", "KIND", "RUN", "STATE", "PROGRESS", "MEMORY", "OWNER");
   for (const v1::AnalysisJob& j : resp->jobs()) {
     std::printf("%-7s %-16s %-7s %-8s %7.0f%% %6llu MiB  %s\n", j.job_id().c_str(), j.kind().c_str(),
                 j.run_id().empty() ? "-" : j.run_id().c_str(),
                 v1::AnalysisState_Name(j.state()).substr(std::string("ANALYSIS_STATE_").size()).c_str(),
                 100 * j.progress(), static_cast<unsigned long long>(j.memory_bytes() >> 20),
-                client::EscapeForTerminal(j.client()).c_str());
+                client::EscapeForTerminal(j.owner()).c_str());
   }
   std::cerr << resp->jobs_size() << " job(s); " << resp->workers() << " worker(s), "
             << (resp->memory_in_use_bytes() >> 20) << " of " << (resp->memory_budget_bytes() >> 20)

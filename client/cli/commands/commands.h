@@ -47,5 +47,6 @@ void AddAnalyses(CLI::App& app, Action* chosen);
 void AddCancelAnalysis(CLI::App& app, Action* chosen);
 // The server
 void AddHealth(CLI::App& app, Action* chosen);
+void AddWhoAmI(CLI::App& app, Action* chosen);
 
 }  // namespace circuitlab::cli

@@ -12,6 +12,11 @@ int Run(Context& ctx, const Options&) {
   absl::Status s = ctx.client.Health();
   if (!s.ok()) return ReportError(s);
   std::cout << "SERVING " << ctx.g.server << "\n";
+  // Health needs no token; WhoAmI does. Its warning (plaintext beyond
+  // loopback) is worth a line when it can be had.
+  if (absl::StatusOr<v1::WhoAmIResponse> me = ctx.client.WhoAmI(); me.ok() && !me->warning().empty()) {
+    std::cerr << "warning: " << me->warning() << "\n";
+  }
   return 0;
 }
 

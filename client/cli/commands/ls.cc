@@ -1,4 +1,4 @@
-// circuitlab ls [--state S] [--tag T] [--limit N] [--page-token P]
+// circuitlab ls [--state S] [--tag T] [--mine] [--limit N] [--page-token P]
 #include <cstdio>
 #include <iostream>
 
@@ -12,6 +12,7 @@ struct Options {
   std::vector<std::string> states, tags;
   int limit = 50;
   std::string page;
+  bool mine = false;
 };
 
 int Run(Context& ctx, const Options& o) {
@@ -25,18 +26,20 @@ int Run(Context& ctx, const Options& o) {
   for (const auto& t : o.tags) req.add_tags(t);
   req.set_page_size(o.limit);
   req.set_page_token(o.page);
+  req.set_mine(o.mine);
   auto resp = ctx.client.ListRuns(req);
   if (!resp.ok()) return ReportError(resp.status());
   if (ctx.g.json) {
     std::cout << client::ToJson(*resp) << "\n";
     return 0;
   }
-  std::printf("%-7s %-10s %-8s %-16s %-24s %s\n", "RUN", "STATE", "DEVICE", "STEP", "CREATED", "NAME");
+  std::printf("%-7s %-10s %-8s %-16s %-24s %-12s %s\n", "RUN", "STATE", "DEVICE", "STEP", "CREATED", "OWNER", "NAME");
   for (const v1::Run& r : resp->runs()) {
     std::string step = std::to_string(r.progress().step()) + "/" + std::to_string(r.progress().total_steps());
-    std::printf("%-7s %-10s %-8s %-16s %-24s %s\n", r.run_id().c_str(), client::StateName(r.state()).c_str(),
-                r.device().empty() ? "-" : r.device().c_str(), step.c_str(),
-                client::FormatTime(r.created_at()).c_str(), client::EscapeForTerminal(r.name()).c_str());
+    std::printf("%-7s %-10s %-8s %-16s %-24s %-12s %s\n", r.run_id().c_str(), client::StateName(r.state()).c_str(),
+                r.device().empty() ? "-" : r.device().c_str(), step.c_str(), client::FormatTime(r.created_at()).c_str(),
+                r.owner().empty() ? "-" : client::EscapeForTerminal(r.owner()).c_str(),
+                client::EscapeForTerminal(r.name()).c_str());
   }
   std::cerr << resp->runs_size() << " of " << resp->total_size() << " run(s)";
   if (!resp->next_page_token().empty()) std::cerr << "; next page: --page-token " << resp->next_page_token();
@@ -53,6 +56,7 @@ void AddLs(CLI::App& app, Action* chosen) {
   sub->add_option("--state", o->states,
                   "Only runs in this state (repeatable): queued|running|succeeded|failed|cancelled");
   sub->add_option("--tag", o->tags, "Only runs with this tag (repeatable; all must match)");
+  sub->add_flag("--mine", o->mine, "Only your own runs (those your token's principal submitted)");
   sub->add_option("--limit", o->limit, "Runs per page (1-1000)")->capture_default_str()->check(CLI::Range(1, 1000));
   sub->add_option("--page-token", o->page, "Continue from a previous page");
 }

@@ -12,7 +12,7 @@
 namespace circuitlab::scheduler {
 
 absl::StatusOr<v1::CheckDataDependenceResponse> AnalysisCore::CheckDataDependence(
-    const v1::CheckDataDependenceRequest& request, const std::string& client) {
+    const v1::CheckDataDependenceRequest& request, const Requester& owner) {
   CL_ASSIGN_OR_RETURN(auto target, TargetSpec(request.run_id(), request.has_spec() ? &request.spec() : nullptr));
   const int64_t id = target.first;
   const v1::ExperimentSpec& spec = target.second;
@@ -98,8 +98,8 @@ absl::StatusOr<v1::CheckDataDependenceResponse> AnalysisCore::CheckDataDependenc
     done.set_progress(1.0);
     return done.SerializeAsString();
   };
-  CL_ASSIGN_OR_RETURN(AnalysisAnswer a, Enqueue("data_dependence", id, canonical.SerializeAsString(),
-                                                 request.force(), client, JobMemory(spec, 0), std::move(work)));
+  CL_ASSIGN_OR_RETURN(AnalysisAnswer a, Enqueue("data_dependence", id, canonical.SerializeAsString(), request.force(),
+                                                owner, JobMemory(spec, 0), std::move(work)));
   return ResponseFromAnswer<v1::CheckDataDependenceResponse>(a);
 }
 

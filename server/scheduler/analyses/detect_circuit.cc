@@ -8,8 +8,8 @@
 
 namespace circuitlab::scheduler {
 
-absl::StatusOr<v1::DetectCircuitResponse> AnalysisCore::DetectCircuit(
-    const v1::DetectCircuitRequest& request, const std::string& client) {
+absl::StatusOr<v1::DetectCircuitResponse> AnalysisCore::DetectCircuit(const v1::DetectCircuitRequest& request,
+                                                                      const Requester& owner) {
   CL_ASSIGN_OR_RETURN(int64_t id, ParseRunId(request.run_id()));
   CL_RETURN_IF_ERROR(CheckSelection(request.selection()));
   CL_RETURN_IF_ERROR(CheckEvalSize(request.n_eval(), kMinEval, "n_eval"));
@@ -83,7 +83,7 @@ absl::StatusOr<v1::DetectCircuitResponse> AnalysisCore::DetectCircuit(
     return done.SerializeAsString();
   };
   CL_ASSIGN_OR_RETURN(AnalysisAnswer a, Enqueue("detect_circuit", id, canonical.SerializeAsString(), request.force(),
-                                                 client, JobMemory(spec, 0), std::move(work)));
+                                                owner, JobMemory(spec, 0), std::move(work)));
   return ResponseFromAnswer<v1::DetectCircuitResponse>(a);
 }
 

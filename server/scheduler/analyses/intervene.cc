@@ -69,8 +69,8 @@ absl::Status CheckOp(const v1::Intervention& in, const std::string& field, bool 
 
 }  // namespace
 
-absl::StatusOr<v1::InterveneResponse> AnalysisCore::Intervene(
-    const v1::InterveneRequest& request, const std::string& client) {
+absl::StatusOr<v1::InterveneResponse> AnalysisCore::Intervene(const v1::InterveneRequest& request,
+                                                              const Requester& owner) {
   CL_ASSIGN_OR_RETURN(int64_t id, ParseRunId(request.run_id()));
   CL_RETURN_IF_ERROR(CheckSelection(request.selection()));
   CL_RETURN_IF_ERROR(CheckEvalSize(request.n_eval(), 16, "n_eval"));
@@ -145,8 +145,8 @@ absl::StatusOr<v1::InterveneResponse> AnalysisCore::Intervene(
     done.set_step(canonical.step());
     return done.SerializeAsString();
   };
-  CL_ASSIGN_OR_RETURN(AnalysisAnswer a, Enqueue("intervene", id, canonical.SerializeAsString(), request.force(),
-                                                 client, memory, std::move(work)));
+  CL_ASSIGN_OR_RETURN(AnalysisAnswer a, Enqueue("intervene", id, canonical.SerializeAsString(), request.force(), owner,
+                                                memory, std::move(work)));
   return ResponseFromAnswer<v1::InterveneResponse>(a);
 }
 

@@ -13,8 +13,8 @@ constexpr int kMaxLadder = 12;
 constexpr uint64_t kMinSamples = 16, kMaxSamples = 1 << 22;
 const std::vector<uint64_t> kDefaultLadder = {256, 1024, 4096, 16384, 65536, 262144};
 
-absl::StatusOr<v1::CheckInvarianceResponse> AnalysisCore::CheckInvariance(
-    const v1::CheckInvarianceRequest& request, const std::string& client) {
+absl::StatusOr<v1::CheckInvarianceResponse> AnalysisCore::CheckInvariance(const v1::CheckInvarianceRequest& request,
+                                                                          const Requester& owner) {
   if (request.has_spec() && !request.run_id().empty()) {
     return absl::InvalidArgumentError("give run_id or spec, not both");
   }
@@ -71,8 +71,8 @@ absl::StatusOr<v1::CheckInvarianceResponse> AnalysisCore::CheckInvariance(
     done.set_progress(1.0);
     return done.SerializeAsString();
   };
-  CL_ASSIGN_OR_RETURN(AnalysisAnswer a, Enqueue("invariance", id, canonical.SerializeAsString(), request.force(),
-                                                 client, memory, std::move(work)));
+  CL_ASSIGN_OR_RETURN(AnalysisAnswer a, Enqueue("invariance", id, canonical.SerializeAsString(), request.force(), owner,
+                                                memory, std::move(work)));
   return ResponseFromAnswer<v1::CheckInvarianceResponse>(a);
 }
 

@@ -11,8 +11,8 @@
 
 namespace circuitlab::scheduler {
 
-absl::StatusOr<v1::LabelRunResponse> AnalysisCore::LabelRun(
-    const v1::LabelRunRequest& request, const std::string& client) {
+absl::StatusOr<v1::LabelRunResponse> AnalysisCore::LabelRun(const v1::LabelRunRequest& request,
+                                                            const Requester& owner) {
   CL_ASSIGN_OR_RETURN(int64_t id, ParseRunId(request.run_id()));
   CL_RETURN_IF_ERROR(CheckEvalSize(request.n_eval(), kMinEval, "n_eval"));
   CL_ASSIGN_OR_RETURN(store::RunRow row, store_->GetRun(id));
@@ -43,7 +43,7 @@ absl::StatusOr<v1::LabelRunResponse> AnalysisCore::LabelRun(
     return done.SerializeAsString();
   };
   CL_ASSIGN_OR_RETURN(AnalysisAnswer a,
-                      Enqueue("label_run", id, key, request.force(), client, JobMemory(spec, 0), std::move(work)));
+                      Enqueue("label_run", id, key, request.force(), owner, JobMemory(spec, 0), std::move(work)));
   return ResponseFromAnswer<v1::LabelRunResponse>(a);
 }
 

@@ -9,7 +9,7 @@
 namespace circuitlab::scheduler {
 
 absl::StatusOr<v1::ProjectCheckpointResponse> AnalysisCore::ProjectCheckpoint(
-    const v1::ProjectCheckpointRequest& request, const std::string& client) {
+    const v1::ProjectCheckpointRequest& request, const Requester& owner) {
   CL_ASSIGN_OR_RETURN(int64_t id, ParseRunId(request.run_id()));
   CL_RETURN_IF_ERROR(CheckSelection(request.selection()));
   CL_ASSIGN_OR_RETURN(auto found, RunCheckpoint(id, request.step(), request.run_id()));
@@ -31,8 +31,8 @@ absl::StatusOr<v1::ProjectCheckpointResponse> AnalysisCore::ProjectCheckpoint(
     resp.set_step(canonical.step());
     return resp.SerializeAsString();
   };
-  CL_ASSIGN_OR_RETURN(AnalysisAnswer a, Enqueue("project", id, canonical.SerializeAsString(), request.force(), client,
-                                                 memory, std::move(work)));
+  CL_ASSIGN_OR_RETURN(AnalysisAnswer a, Enqueue("project", id, canonical.SerializeAsString(), request.force(), owner,
+                                                memory, std::move(work)));
   return ResponseFromAnswer<v1::ProjectCheckpointResponse>(a);
 }
 

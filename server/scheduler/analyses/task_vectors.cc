@@ -302,7 +302,7 @@ absl::Status CheckTarget(const Target& t, const v1::AnalyzeTaskVectorsRequest& c
 }  // namespace
 
 absl::StatusOr<v1::AnalyzeTaskVectorsResponse> AnalysisCore::AnalyzeTaskVectors(
-    const v1::AnalyzeTaskVectorsRequest& request, const std::string& client) {
+    const v1::AnalyzeTaskVectorsRequest& request, const Requester& owner) {
   const bool sweep = !request.sweep_id().empty();
   if (sweep == !request.run_id().empty()) return absl::InvalidArgumentError("give run_id or sweep_id (one of them)");
   if (sweep && (request.step() != 0 || request.all_checkpoints())) {
@@ -383,8 +383,8 @@ absl::StatusOr<v1::AnalyzeTaskVectorsResponse> AnalysisCore::AnalyzeTaskVectors(
     }
     return done.SerializeAsString();
   };
-  CL_ASSIGN_OR_RETURN(AnalysisAnswer answer, Enqueue("task_vectors", store_id, std::move(key), request.force(), client,
-                                                      memory, std::move(work)));
+  CL_ASSIGN_OR_RETURN(AnalysisAnswer answer, Enqueue("task_vectors", store_id, std::move(key), request.force(), owner,
+                                                     memory, std::move(work)));
   CL_ASSIGN_OR_RETURN(v1::AnalyzeTaskVectorsResponse resp, ResponseFromAnswer<v1::AnalyzeTaskVectorsResponse>(answer));
   if (!resp.from_store()) *resp.mutable_request() = c;
   return resp;

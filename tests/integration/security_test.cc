@@ -1,0 +1,312 @@
+// Security on a real server: TLS and mutual TLS with certificates made by
+// scripts/dev-certs.sh (openssl), principals and roles from a tokens file,
+// ownership, per-principal quotas, private runs, the audit log, reflection.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "tests/integration/integration_util.h"
+
+namespace circuitlab::testing {
+namespace {
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+std::string Hex(const std::string& raw) {
+  static const char* digits = "0123456789abcdef";
+  std::string out;
+  for (unsigned char c : raw) {
+    out += digits[c >> 4];
+    out += digits[c & 15];
+  }
+  return out;
+}
+
+// "name role sha256:<digest of token>" with the token "tok-<name>-0123456789".
+std::string Token(const std::string& name) { return "tok-" + name + "-0123456789"; }
+std::string Principal(const std::string& name, const std::string& role, const std::string& extra = "") {
+  return name + " " + role + " sha256:" + Hex(rpc::TokenDigest(Token(name))) + " " + extra + "\n";
+}
+
+// Two throwaway CAs (the right one and a stranger), made once.
+class Certs {
+ private:
+  TempDir dir_;  // first: the paths below are inside it
+
+ public:
+  static const Certs& Get() {
+    static const Certs* certs = new Certs();
+    return *certs;
+  }
+  const std::string good = dir_.path() + "/good", other = dir_.path() + "/other";
+
+ private:
+  Certs() {
+    for (const std::string& d : {good, other}) {
+      const std::string cmd = std::string(CIRCUITLAB_SCRIPTS_DIR) + "/dev-certs.sh " + d + " > /dev/null";
+      EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+    }
+  }
+};
+
+client::Client TlsClient(const std::string& address, const std::string& ca_dir, const std::string& token = "",
+                         bool client_cert = false) {
+  client::ClientOptions opts;
+  opts.server = address;
+  opts.timeout = std::chrono::seconds(10);
+  opts.token = token;
+  opts.ca_cert_pem = ReadFile(ca_dir + "/ca.pem");
+  if (client_cert) {
+    opts.client_cert_pem = ReadFile(ca_dir + "/client.pem");
+    opts.client_key_pem = ReadFile(ca_dir + "/client.key");
+  }
+  return client::Client(opts);
+}
+
+// A tokens file and the authenticator reading it.
+struct Principals {
+  explicit Principals(const std::string& dir, const std::string& lines, Quotas* quotas = nullptr)
+      : path(dir + "/tokens.txt") {
+    std::ofstream(path) << lines;
+    auto created = rpc::Authenticator::Create(path, "", quotas);
+    EXPECT_TRUE(created.ok()) << created.status();
+    auth = std::move(*created);
+  }
+  std::string path;
+  std::unique_ptr<rpc::Authenticator> auth;
+};
+
+TEST(SecurityTest, TlsRefusesPlaintextAndAStrangeCa) {
+  const Certs& certs = Certs::Get();
+  TempDir dir;
+  FakeExecutor exec;
+  Principals principals(dir.path(), Principal("alice", "user"));
+  rpc::ServerOptions opts;
+  opts.tls = {certs.good + "/server.pem", certs.good + "/server.key", "", 10};
+  Server server(dir.path(), &exec, {}, opts, nullptr, principals.auth.get());
+
+  auto plaintext = MakeClient(server.address(), Token("alice"));
+  EXPECT_EQ(plaintext.Health().code(), absl::StatusCode::kUnavailable) << "plaintext to a TLS port";
+  auto stranger = TlsClient(server.address(), certs.other, Token("alice"));
+  EXPECT_EQ(stranger.Health().code(), absl::StatusCode::kUnavailable) << "a certificate from another CA";
+  auto good = TlsClient(server.address(), certs.good, Token("alice"));
+  ASSERT_TRUE(good.Health().ok());
+  auto me = good.WhoAmI();
+  ASSERT_TRUE(me.ok()) << me.status();
+  EXPECT_EQ(me->principal(), "alice");
+  EXPECT_EQ(me->role(), "user");
+  EXPECT_TRUE(me->tls());
+  EXPECT_EQ(TlsClient(server.address(), certs.good).ListRuns({}).status().code(), absl::StatusCode::kUnauthenticated)
+      << "TLS does not replace the token";
+}
+
+TEST(SecurityTest, MutualTlsRequiresAClientCertificate) {
+  const Certs& certs = Certs::Get();
+  TempDir dir;
+  FakeExecutor exec;
+  Principals principals(dir.path(), Principal("alice", "user"));
+  rpc::ServerOptions opts;
+  opts.tls = {certs.good + "/server.pem", certs.good + "/server.key", certs.good + "/ca.pem", 10};
+  Server server(dir.path(), &exec, {}, opts, nullptr, principals.auth.get());
+  EXPECT_EQ(TlsClient(server.address(), certs.good, Token("alice")).Health().code(), absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(TlsClient(server.address(), certs.good, Token("alice"), /*client_cert=*/true).ListRuns({}).ok());
+}
+
+TEST(SecurityTest, BadTlsFilesAreRefusedAtStart) {
+  const Certs& certs = Certs::Get();
+  const rpc::Authenticator* open = nullptr;
+  auto auth = rpc::Authenticator::Create("", "", nullptr);
+  open = auth->get();
+  struct Case {
+    rpc::TlsFiles files;
+    std::string needle;
+  };
+  for (const Case& c : std::vector<Case>{
+           {{certs.good + "/server.pem", certs.other + "/server.key", "", 10}, "does not match the certificate"},
+           {{certs.good + "/server.key", certs.good + "/server.key", "", 10}, "holds no PEM certificate"},
+           {{certs.good + "/server.pem", "", "", 10}, "both --tls-cert and --tls-key"},
+       }) {
+    rpc::ServerOptions opts;
+    opts.listen = "127.0.0.1:0";
+    opts.tls = c.files;
+    auto server = rpc::GrpcServer::Start(opts, open, nullptr, nullptr, nullptr, nullptr);
+    ASSERT_FALSE(server.ok());
+    EXPECT_EQ(server.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(server.status().message().find(c.needle), std::string::npos) << server.status().message();
+  }
+  // Beyond loopback: tokens, and TLS unless --insecure-plaintext.
+  rpc::ServerOptions wide;
+  wide.listen = "0.0.0.0:0";
+  auto refused = rpc::GrpcServer::Start(wide, open, nullptr, nullptr, nullptr, nullptr);
+  EXPECT_NE(refused.status().message().find("requires --auth-tokens-file"), std::string::npos) << refused.status();
+  TempDir dir;
+  Principals principals(dir.path(), Principal("alice", "user"));
+  refused = rpc::GrpcServer::Start(wide, principals.auth.get(), nullptr, nullptr, nullptr, nullptr);
+  EXPECT_NE(refused.status().message().find("requires TLS"), std::string::npos) << refused.status();
+}
+
+// Roles, ownership, per-principal queue limits and the audit log, on one
+// server whose single slot is held by alice's long run.
+TEST(SecurityTest, RolesOwnershipQuotasAndTheAuditLog) {
+  TempDir dir;
+  FakeExecutor exec;
+  exec.step_time = std::chrono::milliseconds(20);
+  Quotas quotas;
+  Principals principals(dir.path(),
+                        Principal("alice", "user") + Principal("bob", "user", "max_queued=2") +
+                            Principal("carol", "reader") + Principal("root", "admin"),
+                        &quotas);
+  const std::string audit_path = dir.path() + "/audit.jsonl";
+  auto audit = rpc::AuditLog::Open(audit_path);
+  ASSERT_TRUE(audit.ok()) << audit.status();
+  scheduler::SchedulerOptions sched;
+  sched.quotas = &quotas;
+  sched.max_queued_per_client = 50;
+  Server server(dir.path(), &exec, sched, {}, nullptr, principals.auth.get(), audit->get());
+  auto alice = MakeClient(server.address(), Token("alice"));
+  auto bob = MakeClient(server.address(), Token("bob"));
+  auto carol = MakeClient(server.address(), Token("carol"));
+  auto root = MakeClient(server.address(), Token("root"));
+
+  EXPECT_EQ(MakeClient(server.address()).ListRuns({}).status().code(), absl::StatusCode::kUnauthenticated);
+  auto run = alice.SubmitRun(TinySpec(100000));
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_EQ(run->owner(), "alice");
+
+  // Bob may not cancel or delete alice's run; it goes on.
+  absl::Status denied = bob.CancelRun(run->run_id()).status();
+  EXPECT_EQ(denied.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_NE(denied.message().find("belongs to 'alice'"), std::string::npos) << denied;
+  EXPECT_EQ(bob.DeleteRun(run->run_id()).status().code(), absl::StatusCode::kPermissionDenied);
+  auto still = alice.GetRun(run->run_id());
+  ASSERT_TRUE(still.ok());
+  EXPECT_NE(still->state(), v1::RUN_STATE_CANCELLED);
+
+  // Carol reads and submits nothing.
+  EXPECT_TRUE(carol.GetRun(run->run_id()).ok());
+  EXPECT_TRUE(carol.ListRuns({}).ok());
+  EXPECT_EQ(carol.SubmitRun(TinySpec()).status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(carol.CancelRun(run->run_id()).status().code(), absl::StatusCode::kPermissionDenied);
+
+  // Bob's limit is 2 queued runs, whatever client label he sends.
+  for (int i = 0; i < 3; ++i) {
+    client::ClientOptions o;
+    o.server = server.address();
+    o.token = Token("bob");
+    o.client_name = "spoofed-" + std::to_string(i);
+    client::Client labelled(o);
+    auto r = labelled.SubmitRun(TinySpec());
+    if (i < 2) {
+      EXPECT_TRUE(r.ok()) << r.status();
+    } else {
+      EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted);
+      EXPECT_NE(r.status().message().find("max_queued for bob=2"), std::string::npos) << r.status();
+    }
+  }
+  v1::ListRunsRequest mine;
+  mine.set_mine(true);
+  EXPECT_EQ(bob.ListRuns(mine)->runs_size(), 2);
+  EXPECT_EQ(alice.ListRuns(mine)->runs_size(), 1);
+  EXPECT_EQ(root.ListRuns({})->runs_size(), 3);
+  EXPECT_EQ(bob.WhoAmI()->max_queued_runs(), 2u);
+
+  // An admin may cancel anyone's run.
+  auto cancelled = root.CancelRun(run->run_id());
+  ASSERT_TRUE(cancelled.ok()) << cancelled.status();
+
+  // One line per state-changing call, none for reads.
+  std::vector<nlohmann::json> lines;
+  std::istringstream in(ReadFile(audit_path));
+  for (std::string line; std::getline(in, line);) lines.push_back(nlohmann::json::parse(line));
+  const std::vector<std::tuple<std::string, std::string, std::string>> want = {
+      {"alice", "SubmitRun", "OK"},
+      {"bob", "CancelRun", "PERMISSION_DENIED"},
+      {"bob", "DeleteRun", "PERMISSION_DENIED"},
+      {"carol", "SubmitRun", "PERMISSION_DENIED"},
+      {"carol", "CancelRun", "PERMISSION_DENIED"},
+      {"bob", "SubmitRun", "OK"},
+      {"bob", "SubmitRun", "OK"},
+      {"bob", "SubmitRun", "RESOURCE_EXHAUSTED"},
+      {"root", "CancelRun", "OK"}};
+  ASSERT_EQ(lines.size(), want.size()) << ReadFile(audit_path);
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(lines[i]["principal"], std::get<0>(want[i])) << i;
+    EXPECT_EQ(lines[i]["method"], std::get<1>(want[i])) << i;
+    EXPECT_EQ(lines[i]["outcome"], std::get<2>(want[i])) << i;
+    EXPECT_FALSE(lines[i]["peer"].get<std::string>().empty());
+  }
+  EXPECT_EQ(lines[0]["target"], run->run_id()) << "a submission names the run it made";
+  EXPECT_EQ(lines[1]["target"], run->run_id());
+}
+
+TEST(SecurityTest, PrivateRunsHideOtherUsersRuns) {
+  TempDir dir;
+  FakeExecutor exec;
+  Principals principals(dir.path(), Principal("alice", "user") + Principal("bob", "user") +
+                                        Principal("carol", "reader") + Principal("root", "admin"));
+  rpc::ServerOptions opts;
+  opts.private_runs = true;
+  Server server(dir.path(), &exec, {}, opts, nullptr, principals.auth.get());
+  auto alice = MakeClient(server.address(), Token("alice"));
+  auto bob = MakeClient(server.address(), Token("bob"));
+  auto run = alice.SubmitRun(TinySpec());
+  ASSERT_TRUE(run.ok()) << run.status();
+  absl::Status hidden = bob.GetRun(run->run_id()).status();
+  EXPECT_EQ(hidden.code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(hidden.message(), "run " + run->run_id() + " not found") << "the same answer as for no such run";
+  EXPECT_EQ(bob.ListRuns({})->runs_size(), 0);
+  v1::GetMetricsRequest metrics;
+  metrics.set_run_id(run->run_id());
+  EXPECT_EQ(bob.GetMetrics(metrics).status().code(), absl::StatusCode::kNotFound);
+  std::atomic<bool> stop{false};
+  v1::WatchRunRequest watch;
+  watch.set_run_id(run->run_id());
+  EXPECT_EQ(bob.Watch(
+                   watch, [](const v1::RunEvent&) {}, stop)
+                .code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(bob.CancelRun(run->run_id()).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(alice.ListRuns({})->runs_size(), 1);
+  EXPECT_TRUE(alice.GetRun(run->run_id()).ok());
+  EXPECT_TRUE(MakeClient(server.address(), Token("carol")).GetRun(run->run_id()).ok()) << "readers read all";
+  EXPECT_EQ(MakeClient(server.address(), Token("root")).ListRuns({})->runs_size(), 1);
+  EXPECT_TRUE(bob.WhoAmI()->private_runs());
+}
+
+TEST(SecurityTest, ARevokedTokenFailsAfterReloadWithoutARestart) {
+  TempDir dir;
+  FakeExecutor exec;
+  Principals principals(dir.path(), Principal("alice", "user") + Principal("bob", "user"));
+  Server server(dir.path(), &exec, {}, {}, nullptr, principals.auth.get());
+  auto bob = MakeClient(server.address(), Token("bob"));
+  ASSERT_TRUE(bob.ListRuns({}).ok());
+  std::ofstream(principals.path) << Principal("alice", "user");
+  ASSERT_TRUE(principals.auth->Reload().ok());
+  EXPECT_EQ(bob.ListRuns({}).status().code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_TRUE(MakeClient(server.address(), Token("alice")).ListRuns({}).ok());
+}
+
+TEST(SecurityTest, ReflectionNeedsATokenWhenTokensAreConfigured) {
+  TempDir dir;
+  FakeExecutor exec;
+  Principals principals(dir.path(), Principal("carol", "reader"));
+  Server server(dir.path(), &exec, {}, {}, nullptr, principals.auth.get());
+  EXPECT_EQ(ListServicesByReflection(server.address()).status().code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(ListServicesByReflection(server.address(), "tok-wrong-0123456789").status().code(),
+            absl::StatusCode::kUnauthenticated);
+  absl::StatusOr<std::string> listed = ListServicesByReflection(server.address(), Token("carol"));
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  EXPECT_NE(listed->find("circuitlab.v1.ExperimentService"), std::string::npos);
+  EXPECT_TRUE(MakeClient(server.address()).Health().ok()) << "health stays open for probes";
+}
+
+}  // namespace
+}  // namespace circuitlab::testing
