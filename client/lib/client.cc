@@ -4,6 +4,7 @@
 #include <grpcpp/grpcpp.h>
 #include <unistd.h>
 
+#include <condition_variable>
 #include <cstdlib>
 #include <fstream>
 #include <mutex>
@@ -267,19 +268,18 @@ absl::Status Client::Watch(const v1::WatchRunRequest& request,
     grpc::ClientContext ctx;
     impl_->Prepare(ctx, false);
     std::mutex mu;
+    std::condition_variable finished;
     bool done = false;
-    // Cancels the stream when `stop` is set (e.g. Ctrl-C), never the run.
+    // Cancels the stream when `stop` is set (e.g. Ctrl-C), never the run;
+    // checks every 50 ms, and leaves at once when the stream ends.
     std::thread canceller([&] {
-      while (true) {
-        {
-          std::lock_guard<std::mutex> lock(mu);
-          if (done) return;
-        }
+      std::unique_lock<std::mutex> lock(mu);
+      while (!done) {
         if (stop.load()) {
           ctx.TryCancel();
           return;
         }
-        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        finished.wait_for(lock, std::chrono::milliseconds(50));
       }
     });
     auto reader = impl_->stub->WatchRun(&ctx, req);
@@ -296,6 +296,7 @@ absl::Status Client::Watch(const v1::WatchRunRequest& request,
       std::lock_guard<std::mutex> lock(mu);
       done = true;
     }
+    finished.notify_all();
     canceller.join();
     if (stop.load()) return absl::CancelledError("stopped watching");
     if (s.error_code() != grpc::StatusCode::UNAVAILABLE) return FromGrpc(s);
