@@ -45,7 +45,8 @@ class Server {
   // `auth` null: an open server (every caller the admin "local").
   Server(const std::string& dir, engine::Executor* executor, scheduler::SchedulerOptions opts = {},
          rpc::ServerOptions server_opts = {}, engine::Analyzer* analyzer = nullptr,
-         const rpc::Authenticator* auth = nullptr, rpc::AuditLog* audit = nullptr) {
+         const rpc::Authenticator* auth = nullptr, rpc::AuditLog* audit = nullptr,
+         const std::string& listen = "127.0.0.1:0") {
     auto store = store::Store::Open(dir);
     EXPECT_TRUE(store.ok()) << store.status();
     store_ = std::move(*store);
@@ -54,7 +55,7 @@ class Server {
     scheduler_ = std::make_unique<scheduler::Scheduler>(opts, store_.get(), executor, Clock::Real());
     analysis_ = std::make_unique<scheduler::AnalysisCore>(store_.get(), analyzer ? analyzer : analyzer_.get());
     EXPECT_TRUE(scheduler_->Start().ok());
-    server_opts.listen = "127.0.0.1:0";
+    server_opts.listen = listen;
     sweeps_ = std::make_unique<scheduler::SweepCore>(scheduler_.get(), store_.get(), analysis_.get(), 64, opts.quotas);
     auto server = rpc::GrpcServer::Start(server_opts, auth ? auth : open_auth_.get(), audit, scheduler_.get(),
                                          analysis_.get(), sweeps_.get());

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -118,6 +119,48 @@ TEST(SecurityTest, MutualTlsRequiresAClientCertificate) {
   Server server(dir.path(), &exec, {}, opts, nullptr, principals.auth.get());
   EXPECT_EQ(TlsClient(server.address(), certs.good, Token("alice")).Health().code(), absl::StatusCode::kUnavailable);
   EXPECT_TRUE(TlsClient(server.address(), certs.good, Token("alice"), /*client_cert=*/true).ListRuns({}).ok());
+}
+
+// Replaced certificate files apply to new connections without a restart.
+TEST(SecurityTest, ReplacedCertificatesApplyWithoutARestart) {
+  const Certs& certs = Certs::Get();
+  TempDir dir;
+  FakeExecutor exec;
+  for (const char* f : {"server.pem", "server.key"}) {
+    std::filesystem::copy_file(certs.good + "/" + f, dir.path() + "/" + f);
+  }
+  Principals principals(dir.path(), Principal("alice", "user"));
+  rpc::ServerOptions opts;
+  opts.tls = {dir.path() + "/server.pem", dir.path() + "/server.key", "", 1};
+  Server server(dir.path(), &exec, {}, opts, nullptr, principals.auth.get());
+  ASSERT_TRUE(TlsClient(server.address(), certs.good, Token("alice")).ListRuns({}).ok());
+  EXPECT_FALSE(TlsClient(server.address(), certs.other, Token("alice")).ListRuns({}).ok());
+  // Key first, then certificate, each replaced whole (rename), as an operator would.
+  for (const char* f : {"server.key", "server.pem"}) {
+    std::filesystem::copy_file(certs.other + "/" + f, dir.path() + "/" + f + ".new");
+    std::filesystem::rename(dir.path() + "/" + f + ".new", dir.path() + "/" + f);
+  }
+  EXPECT_TRUE(WaitFor([&] { return TlsClient(server.address(), certs.other, Token("alice")).ListRuns({}).ok(); },
+                      std::chrono::seconds(10)))
+      << "the new certificate is served within --tls-reload-seconds";
+}
+
+TEST(SecurityTest, InsecurePlaintextBeyondLoopbackWarnsAndHidesReflection) {
+  TempDir dir;
+  FakeExecutor exec;
+  Principals principals(dir.path(), Principal("alice", "user"));
+  rpc::ServerOptions opts;
+  opts.insecure_plaintext = true;
+  Server server(dir.path(), &exec, {}, opts, nullptr, principals.auth.get(), nullptr, "0.0.0.0:0");
+  auto alice = MakeClient(server.address(), Token("alice"));
+  auto me = alice.WhoAmI();
+  ASSERT_TRUE(me.ok()) << me.status();
+  EXPECT_FALSE(me->tls());
+  EXPECT_NE(me->warning().find("without TLS (--insecure-plaintext)"), std::string::npos) << me->warning();
+  EXPECT_EQ(ListServicesByReflection(server.address(), Token("alice")).status().code(),
+            absl::StatusCode::kUnimplemented)
+      << "no transport hook to guard it: not served";
+  EXPECT_EQ(MakeClient(server.address()).ListRuns({}).status().code(), absl::StatusCode::kUnauthenticated);
 }
 
 TEST(SecurityTest, BadTlsFilesAreRefusedAtStart) {
