@@ -89,6 +89,16 @@ std::string TokenDigest(std::string_view token) {
   return std::string(reinterpret_cast<const char*>(out), len);
 }
 
+std::string TokenDigestField(std::string_view token) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out = "sha256:";
+  for (unsigned char c : TokenDigest(token)) {
+    out += kHex[c >> 4];
+    out += kHex[c & 15];
+  }
+  return out;
+}
+
 absl::StatusOr<std::vector<TokenEntry>> ParseTokensFile(std::string_view text, const std::string& source) {
   std::vector<TokenEntry> entries;
   std::set<std::string> names, digests;

@@ -50,6 +50,8 @@ struct TokenEntry {
 
 // SHA-256 of `token`, 32 raw bytes.
 std::string TokenDigest(std::string_view token);
+// The same as a tokens file writes it: "sha256:<64 lowercase hex digits>".
+std::string TokenDigestField(std::string_view token);
 
 // The principals of a tokens file's text. InvalidArgument naming `source`, the
 // line and what is wrong (bad role, a digest that is not sha256:<64 hex>, a

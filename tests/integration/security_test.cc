@@ -21,20 +21,10 @@ std::string ReadFile(const std::string& path) {
   return s.str();
 }
 
-std::string Hex(const std::string& raw) {
-  static const char* digits = "0123456789abcdef";
-  std::string out;
-  for (unsigned char c : raw) {
-    out += digits[c >> 4];
-    out += digits[c & 15];
-  }
-  return out;
-}
-
 // "name role sha256:<digest of token>" with the token "tok-<name>-0123456789".
 std::string Token(const std::string& name) { return "tok-" + name + "-0123456789"; }
 std::string Principal(const std::string& name, const std::string& role, const std::string& extra = "") {
-  return name + " " + role + " sha256:" + Hex(rpc::TokenDigest(Token(name))) + " " + extra + "\n";
+  return name + " " + role + " " + rpc::TokenDigestField(Token(name)) + " " + extra + "\n";
 }
 
 // Two throwaway CAs (the right one and a stranger), made once.

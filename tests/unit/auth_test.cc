@@ -12,23 +12,14 @@
 namespace circuitlab::rpc {
 namespace {
 
-std::string Hex(const std::string& raw) {
-  static const char* digits = "0123456789abcdef";
-  std::string out;
-  for (unsigned char c : raw) {
-    out += digits[c >> 4];
-    out += digits[c & 15];
-  }
-  return out;
-}
-
 std::string Line(const std::string& name, const std::string& role, const std::string& token,
                  const std::string& extra = "") {
-  return name + " " + role + " sha256:" + Hex(TokenDigest(token)) + (extra.empty() ? "" : " " + extra) + "\n";
+  return name + " " + role + " " + TokenDigestField(token) + (extra.empty() ? "" : " " + extra) + "\n";
 }
 
 TEST(AuthTest, TokenDigestIsSha256) {
-  EXPECT_EQ(Hex(TokenDigest("abc")), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  EXPECT_EQ(TokenDigestField("abc"), "sha256:ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  EXPECT_EQ(TokenDigest("abc").size(), 32u);
 }
 
 TEST(AuthTest, ParsesPrincipalsRolesAndOverrides) {
