@@ -1,12 +1,47 @@
 # circuitlab: multi-stage image on Debian bookworm, packages from the same
 # list the set-up scripts and CI use (deploy/packages.txt).
 #
-#   docker build --network host -t circuitlab .
+#   docker build --network host -t circuitlab .                 # full build from source (~20 min on 2 cores)
 #   scripts/dev-certs.sh secrets circuitlab && scripts/add-principal.sh me admin secrets/tokens.txt .
-#   docker run --rm -p 50051:50051 -v $PWD/data:/data -v $PWD/secrets:/run/secrets:ro circuitlab
+#   chmod a+r secrets/*                                         # the server runs as uid 999 in the image
+#   docker run -d --name circuitlab -p 50051:50051 --read-only --tmpfs /tmp \
+#       -v circuitlab-data:/data -v $PWD/secrets:/run/secrets:ro circuitlab
 #   circuitlab --ca-cert secrets/ca.pem --token-file me.token whoami
-# By default the server listens on 0.0.0.0 with TLS (/run/secrets/server.pem,
-# server.key) and principals (/run/secrets/tokens.txt); see deploy/compose.yaml.
+#
+# By default the server listens on 0.0.0.0:50051 with TLS (/run/secrets/server.pem,
+# server.key) and principals (/run/secrets/tokens.txt), data and the audit log on
+# the /data volume; see the README's "Deploy" section.
+#
+# `--target prebuilt` packs binaries already built on the host (deploy/.prebuilt/,
+# made by `cmake --install build --prefix deploy/.prebuilt`) into the same runtime
+# stage: what the `deploy` test tier builds, since a full source build does not
+# fit CI's budget. The default target is the full build.
+
+FROM debian:bookworm AS runtime-base
+COPY deploy/packages.txt scripts/packages.sh /tmp/
+RUN apt-get update \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+      $(PACKAGES_FILE=/tmp/packages.txt /tmp/packages.sh runtime) \
+ && rm -rf /var/lib/apt/lists/* /tmp/packages.*
+COPY examples/ /usr/share/circuitlab/examples/
+RUN useradd --system --uid 999 --home /data circuitlab && mkdir -p /data && chown circuitlab /data
+# Where the HEALTHCHECK (and any `docker exec circuitlab ...`) finds the server
+# and the CA of its certificate; override when the server listens elsewhere.
+ENV CIRCUITLAB_TARGET=127.0.0.1:50051 CIRCUITLAB_CA_CERT=/run/secrets/ca.pem
+VOLUME /data
+EXPOSE 50051
+# Health needs no token; the CLI checks the server's certificate (valid for
+# 127.0.0.1) against the CA beside it.
+HEALTHCHECK --interval=5s --timeout=3s --start-period=10s \
+  CMD ["circuitlab", "--timeout", "2", "health"]
+ENTRYPOINT ["circuitlab-server"]
+CMD ["--data", "/data", "--listen", "0.0.0.0:50051", \
+     "--tls-cert", "/run/secrets/server.pem", "--tls-key", "/run/secrets/server.key", \
+     "--auth-tokens-file", "/run/secrets/tokens.txt", "--audit-log", "/data/audit.jsonl"]
+
+FROM runtime-base AS prebuilt
+COPY deploy/.prebuilt/bin/ /usr/local/bin/
+USER circuitlab
 
 FROM debian:bookworm AS build
 WORKDIR /src
@@ -20,23 +55,6 @@ RUN cmake -S . -B /build -G Ninja -DCMAKE_BUILD_TYPE=Release -DCIRCUITLAB_TESTS=
  && cmake --build /build \
  && cmake --install /build --prefix /opt/circuitlab
 
-FROM debian:bookworm AS runtime
-COPY deploy/packages.txt scripts/packages.sh /tmp/
-RUN apt-get update \
- && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
-      $(PACKAGES_FILE=/tmp/packages.txt /tmp/packages.sh runtime) \
- && rm -rf /var/lib/apt/lists/* /tmp/packages.*
+FROM runtime-base AS runtime
 COPY --from=build /opt/circuitlab/bin/ /usr/local/bin/
-COPY examples/ /usr/share/circuitlab/examples/
-RUN useradd --system --home /data circuitlab && mkdir -p /data && chown circuitlab /data
 USER circuitlab
-VOLUME /data
-EXPOSE 50051
-# Health needs no token; the CLI checks the server's certificate (valid for
-# 127.0.0.1) against the CA beside it.
-HEALTHCHECK --interval=10s --timeout=3s \
-  CMD ["circuitlab", "--timeout", "2", "--ca-cert", "/run/secrets/ca.pem", "health"]
-ENTRYPOINT ["circuitlab-server"]
-CMD ["--data", "/data", "--listen", "0.0.0.0:50051", \
-     "--tls-cert", "/run/secrets/server.pem", "--tls-key", "/run/secrets/server.key", \
-     "--auth-tokens-file", "/run/secrets/tokens.txt", "--audit-log", "/data/audit.jsonl"]

@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# The `deploy` tier: the image built and run with a real Docker engine, driven
+# from the host's CLI as a user would (issue 16).
+#
+#   tests/deploy/deploy_test.sh      (BUILD_DIR: the host build, default build/)
+#
+# 1. A Docker engine (deploy/docker-env.sh: installs docker.io/debootstrap if
+#    missing, starts dockerd by pid, makes debian:bookworm locally, cached).
+# 2. The image's `prebuilt` target: the host's binaries in the runtime stage.
+# 3. A container with a data volume, TLS and a tokens file, non-root, a
+#    read-only root filesystem: healthy; examples/induction.json trains to the
+#    README's numbers; a longer run is interrupted by `docker stop` (exit 0),
+#    resumes in a *new* container on the same volume, and ends with exactly the
+#    metrics of an uninterrupted run of the same spec.
+# Everything it starts it stops (containers, volume, the engine if it started
+# it). Prints the image's size and build time.
+set -euo pipefail
+repo=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$repo"
+build=${BUILD_DIR:-$repo/build}
+cli_bin=$build/client/circuitlab
+image=circuitlab:deploy-test
+tag=cldeploy$$
+tmp=$(mktemp -d)
+engine_started=0
+
+say() { echo "deploy_test: $*"; }
+fail() { say "FAIL: $*"; exit 1; }
+cleanup() {
+  set +e
+  for c in $(docker ps -aq --filter "name=$tag" 2>/dev/null); do docker rm -f "$c" >/dev/null; done
+  docker volume rm "$tag-data" >/dev/null 2>&1
+  [ "$engine_started" = 1 ] && deploy/docker-env.sh stop
+  rm -rf "$tmp" "$repo/deploy/.prebuilt"
+}
+trap cleanup EXIT
+
+# 1. The engine.
+export DOCKER_HOST=unix://${CIRCUITLAB_DOCKER_DIR:-/tmp/circuitlab-docker}/docker.sock
+docker version >/dev/null 2>&1 || engine_started=1
+eval "$(deploy/docker-env.sh start)"
+
+# 2. The image.
+rm -rf deploy/.prebuilt
+cmake --install "$build" --prefix deploy/.prebuilt >/dev/null
+t0=$(date +%s)
+docker build --network host --target prebuilt -t "$image" . >"$tmp/build.log" 2>&1 ||
+  { tail -30 "$tmp/build.log"; fail "docker build"; }
+size=$(docker image inspect -f '{{.Size}}' "$image")
+say "image $image built in $(( $(date +%s) - t0 )) s, $(( size / 1000000 )) MB"
+
+# 3. Secrets, readable by the image's user (uid 999).
+scripts/dev-certs.sh "$tmp/secrets" >/dev/null
+scripts/add-principal.sh tester user "$tmp/secrets/tokens.txt" "$tmp" >/dev/null
+chmod a+r "$tmp/secrets"/*
+port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+cli=("$cli_bin" --server "127.0.0.1:$port" --ca-cert "$tmp/secrets/ca.pem" --token-file "$tmp/tester.token")
+docker volume create "$tag-data" >/dev/null
+
+start_container() {  # name
+  docker run -d --name "$1" --network host --read-only --tmpfs /tmp \
+    -v "$tag-data:/data" -v "$tmp/secrets:/run/secrets:ro" -e "CIRCUITLAB_TARGET=127.0.0.1:$port" "$image" \
+    --data /data --listen "127.0.0.1:$port" --tls-cert /run/secrets/server.pem --tls-key /run/secrets/server.key \
+    --auth-tokens-file /run/secrets/tokens.txt --audit-log /data/audit.jsonl >/dev/null
+  for _ in $(seq 120); do
+    [ "$(docker inspect -f '{{.State.Health.Status}}' "$1")" = healthy ] && return 0
+    [ "$(docker inspect -f '{{.State.Running}}' "$1")" = true ] || break
+    sleep 0.5
+  done
+  docker logs "$1" 2>&1 | tail -20
+  fail "container $1 did not become healthy"
+}
+
+start_container "$tag-a"
+[ "$(docker exec "$tag-a" id -u)" = 999 ] || fail "the server runs as root"
+docker exec "$tag-a" touch /usr/local/bin/x 2>/dev/null && fail "the root filesystem is writable"
+docker logs "$tag-a" 2>&1 | grep -q "circuitlab-server listening on 127.0.0.1:$port (port $port, TLS)" ||
+  fail "no start-up line in docker logs"
+"${cli[@]}" whoami | grep -q "transport  TLS" || fail "whoami over TLS"
+"$cli_bin" --server "127.0.0.1:$port" health >/dev/null 2>&1 && fail "plaintext reached the TLS port"
+
+# The README's demo numbers, trained in the container.
+out=$("${cli[@]}" submit examples/induction.json --watch)
+grep -q "r1: SUCCEEDED" <<<"$out" || { echo "$out"; fail "induction run"; }
+grep -q "eval/icl_rare/accuracy           0.9854" <<<"$out" || { echo "$out"; fail "not the README's icl_rare"; }
+grep -q "eval/iwl/accuracy                1.0000" <<<"$out" || { echo "$out"; fail "not the README's iwl"; }
+say "induction demo: SUCCEEDED with the README's numbers"
+
+# A longer run, stopped mid-way by `docker stop`, resumed by a new container.
+sed -e 's/"steps": 600/"steps": 1500/' -e 's/"checkpoint_every": 200/"checkpoint_every": 100/' \
+  -e 's/induction-demo/resume/' examples/induction.json >"$tmp/long.json"
+"${cli[@]}" submit "$tmp/long.json" >/dev/null
+step() { "${cli[@]}" --json show "$1" | python3 -c 'import json,sys; print(json.load(sys.stdin)["progress"].get("step", 0))'; }
+for _ in $(seq 600); do [ "$(step r2)" -ge 400 ] && break; sleep 0.1; done
+at=$(step r2)
+t0=$(date +%s%N)
+docker stop -t 60 "$tag-a" >/dev/null
+say "docker stop at step $at: $(( ($(date +%s%N) - t0) / 1000000 )) ms, exit code $(docker inspect -f '{{.State.ExitCode}}' "$tag-a")"
+[ "$(docker inspect -f '{{.State.ExitCode}}' "$tag-a")" = 0 ] || { docker logs "$tag-a" | tail; fail "SIGTERM exit code"; }
+[ "$at" -lt 1500 ] || fail "the run ended before the stop"
+docker rm "$tag-a" >/dev/null
+
+start_container "$tag-b"
+"${cli[@]}" watch r2 >/dev/null || fail "the resumed run did not succeed"
+"${cli[@]}" submit "$tmp/long.json" --watch >/dev/null || fail "the uninterrupted run"
+"${cli[@]}" show r2 | grep -q "attempts   2" || say "(attempts line not as expected: $("${cli[@]}" show r2 | grep attempts))"
+for r in r2 r3; do
+  "${cli[@]}" metrics "$r" --csv | sed "s/^$r,//" >"$tmp/$r.csv"
+done
+[ "$(wc -l <"$tmp/r2.csv")" -gt 100 ] || fail "too few metric rows"
+cmp -s "$tmp/r2.csv" "$tmp/r3.csv" || { diff "$tmp/r2.csv" "$tmp/r3.csv" | head; fail "resumed != uninterrupted"; }
+say "resumed in a new container: $(wc -l <"$tmp/r2.csv") metric rows identical to the uninterrupted run"
+"${cli[@]}" ls | grep -q "r1 " || fail "r1 lost across containers"
+docker exec "$tag-b" sh -c 'test -s /data/audit.jsonl' || fail "no audit log on the volume"
+docker stop -t 60 "$tag-b" >/dev/null
+say "PASS"
