@@ -81,7 +81,7 @@ docker logs "$tag-a" 2>&1 | grep -q "circuitlab-server listening on 127.0.0.1:$p
 
 # The README's demo numbers, trained in the container.
 out=$("${cli[@]}" submit examples/induction.json --watch)
-grep -q "r1: SUCCEEDED" <<<"$out" || { echo "$out"; fail "induction run"; }
+grep -q "^r1 SUCCEEDED" <<<"$out" || { echo "$out"; fail "induction run"; }
 grep -q "eval/icl_rare/accuracy           0.9854" <<<"$out" || { echo "$out"; fail "not the README's icl_rare"; }
 grep -q "eval/iwl/accuracy                1.0000" <<<"$out" || { echo "$out"; fail "not the README's iwl"; }
 say "induction demo: SUCCEEDED with the README's numbers"
@@ -103,7 +103,7 @@ docker rm "$tag-a" >/dev/null
 start_container "$tag-b"
 "${cli[@]}" watch r2 >/dev/null || fail "the resumed run did not succeed"
 "${cli[@]}" submit "$tmp/long.json" --watch >/dev/null || fail "the uninterrupted run"
-"${cli[@]}" show r2 | grep -q "attempts   2" || say "(attempts line not as expected: $("${cli[@]}" show r2 | grep attempts))"
+"${cli[@]}" show r2 | grep -q "attempts 2" || fail "the resumed run should show attempts 2"
 for r in r2 r3; do
   "${cli[@]}" metrics "$r" --csv | sed "s/^$r,//" >"$tmp/$r.csv"
 done
