@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Sets up (scripts/setup.sh) and runs the whole test suite with CTest.
-#   scripts/test.sh                 # every tier: unit, unit_torch, integration, e2e, science (not long)
+#   scripts/test.sh                 # every tier but long: unit, unit_torch, integration, e2e, fuzz, science, deploy (Docker)
 #   scripts/test.sh -L long         # the long science checks (E.5), minutes each
 #   scripts/test.sh -L unit         # extra arguments go to ctest (e.g. one label)
 set -euo pipefail
