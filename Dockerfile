@@ -17,7 +17,14 @@
 # stage: what the `deploy` test tier builds, since a full source build does not
 # fit CI's budget. The default target is the full build.
 
-FROM debian:bookworm AS runtime-base
+# A base with CUDA (and a CUDA LibTorch under TORCH_PREFIX) for a GPU image:
+#   docker build --build-arg BASE_IMAGE=<a bookworm-based CUDA image> --build-arg TORCH_PREFIX=/opt/libtorch .
+# Untested here: Debian's LibTorch is CPU-only and none with CUDA can be
+# installed on these machines (README "Deploy").
+ARG BASE_IMAGE=debian:bookworm
+ARG TORCH_PREFIX=
+
+FROM ${BASE_IMAGE} AS runtime-base
 COPY deploy/packages.txt scripts/packages.sh /tmp/
 RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
@@ -43,7 +50,8 @@ FROM runtime-base AS prebuilt
 COPY deploy/.prebuilt/bin/ /usr/local/bin/
 USER circuitlab
 
-FROM debian:bookworm AS build
+FROM ${BASE_IMAGE} AS build
+ARG TORCH_PREFIX
 WORKDIR /src
 COPY deploy/packages.txt deploy/packages.txt
 COPY scripts/packages.sh scripts/packages.sh
@@ -52,6 +60,7 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/*
 COPY . .
 RUN cmake -S . -B /build -G Ninja -DCMAKE_BUILD_TYPE=Release -DCIRCUITLAB_TESTS=OFF -DCIRCUITLAB_BENCH=OFF \
+      ${TORCH_PREFIX:+-DCMAKE_PREFIX_PATH=$TORCH_PREFIX} \
  && cmake --build /build \
  && cmake --install /build --prefix /opt/circuitlab
 
