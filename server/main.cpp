@@ -42,6 +42,7 @@ struct Flags {
   bool insecure_plaintext = false;
   bool private_runs = false;
   std::string audit_log;
+  std::string health_listen;
   uint64_t audit_log_max_mb = 64;
   int max_watches_per_client = 256;
   std::string log_level = "info";
@@ -88,6 +89,9 @@ void DefineFlags(CLI::App& app, Flags& f) {
   app.add_flag("--insecure-plaintext", f.insecure_plaintext,
                "Allow listening beyond loopback without TLS (tokens are still required; they and all data then "
                "cross the network in clear)");
+  app.add_option("--health-listen", f.health_listen,
+                 "Also serve grpc.health.v1 alone, plaintext and without a token, on this address (for probes "
+                 "that cannot speak TLS, e.g. Kubernetes gRPC probes); no data is served there");
   app.add_flag("--private-runs", f.private_runs,
                "A user sees only its own runs, sweeps and analysis jobs (admins and readers see all)");
   app.add_option("--audit-log", f.audit_log,
@@ -240,6 +244,7 @@ int main(int argc, char** argv) {
   server_opts.tls = flags.tls;
   server_opts.insecure_plaintext = flags.insecure_plaintext;
   server_opts.private_runs = flags.private_runs;
+  server_opts.health_listen = flags.health_listen;
   auto server =
       circuitlab::rpc::GrpcServer::Start(server_opts, auth->get(), audit.get(), &scheduler, &analysis, &sweeps);
   if (!server.ok()) {
@@ -261,6 +266,9 @@ int main(int argc, char** argv) {
   if (flags.insecure_plaintext && !flags.tls.enabled() && !circuitlab::rpc::IsLoopbackAddress(flags.listen)) {
     spdlog::warn("--insecure-plaintext: listening on {} without TLS; tokens and data cross the network in clear",
                  flags.listen);
+  }
+  if ((*server)->health_port() > 0) {
+    spdlog::info("health alone (plaintext, no token) on {} (port {})", flags.health_listen, (*server)->health_port());
   }
   // One machine-readable line for scripts and tests that start us on port 0.
   std::printf("listening port=%d\n", (*server)->port());

@@ -67,6 +67,23 @@ class ReflectionOption final : public grpc::ServerBuilderOption {
   const bool serve_;
 };
 
+// The health-only port's one service besides health: every other method is
+// UNIMPLEMENTED. (A gRPC server needs one callback service to poll its
+// completion queue; the built-in health service alone is not one.)
+class NothingElse final : public grpc::CallbackGenericService {
+ public:
+  grpc::ServerGenericBidiReactor* CreateReactor(grpc::GenericCallbackServerContext*) override {
+    class Refuse : public grpc::ServerGenericBidiReactor {
+     public:
+      Refuse() {
+        Finish(grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "this port serves grpc.health.v1 only"));
+      }
+      void OnDone() override { delete this; }
+    };
+    return new Refuse();
+  }
+};
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const ServerOptions& options, const Authenticator* auth,
@@ -125,6 +142,19 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const ServerOption
     return absl::UnavailableError("cannot listen on " + options.listen + " (address in use or invalid)");
   }
   server->server_->GetHealthCheckService()->SetServingStatus(true);
+  if (!options.health_listen.empty()) {
+    grpc::ServerBuilder health;
+    health.SetOption(std::make_unique<ReflectionOption>(false));
+    server->nothing_else_ = std::make_unique<NothingElse>();
+    health.RegisterCallbackGenericService(server->nothing_else_.get());
+    health.AddListeningPort(options.health_listen, grpc::InsecureServerCredentials(), &server->health_port_);
+    server->health_server_ = health.BuildAndStart();
+    if (server->health_server_ == nullptr || server->health_port_ == 0) {
+      return absl::UnavailableError("cannot listen on --health-listen " + options.health_listen +
+                                    " (address in use or invalid)");
+    }
+    server->health_server_->GetHealthCheckService()->SetServingStatus(true);
+  }
   return server;
 }
 
@@ -134,11 +164,18 @@ GrpcServer::~GrpcServer() {
 
 void GrpcServer::MarkNotServing() {
   if (server_) server_->GetHealthCheckService()->SetServingStatus(false);
+  if (health_server_) health_server_->GetHealthCheckService()->SetServingStatus(false);
 }
 
 void GrpcServer::Shutdown(std::chrono::milliseconds grace) {
   if (!server_) return;
   server_->GetHealthCheckService()->SetServingStatus(false);
+  if (health_server_) {
+    health_server_->GetHealthCheckService()->SetServingStatus(false);
+    health_server_->Shutdown(std::chrono::system_clock::now());
+    health_server_->Wait();
+    health_server_.reset();
+  }
   server_->Shutdown(std::chrono::system_clock::now() + grace);
   server_->Wait();
   server_.reset();

@@ -24,6 +24,7 @@
 #include "server/scheduler/sweeps.h"
 
 namespace grpc {
+class CallbackGenericService;
 class Server;
 class Service;
 }  // namespace grpc
@@ -38,6 +39,10 @@ struct ServerOptions {
   TlsFiles tls;                             // no cert = plaintext
   bool insecure_plaintext = false;          // allow plaintext beyond loopback
   bool private_runs = false;                // users read only their own runs
+  // A second, plaintext port serving only grpc.health.v1 (no data, no
+  // token), for probes that cannot speak TLS (Kubernetes' gRPC probes).
+  // Empty = none.
+  std::string health_listen;
 };
 
 // True for 127.0.0.0/8, ::1 and "localhost" listen addresses.
@@ -55,8 +60,9 @@ class GrpcServer {
                                                            scheduler::SweepCore* sweeps);
   ~GrpcServer();
 
-  // The port actually bound (useful with port 0).
+  // The port actually bound (useful with port 0); the health port's (0 = none).
   int port() const { return port_; }
+  int health_port() const { return health_port_; }
   // Health checks answer NOT_SERVING from now on (calls still work).
   void MarkNotServing();
   // Health goes NOT_SERVING; new calls are refused; in-flight calls get
@@ -69,7 +75,10 @@ class GrpcServer {
   std::unique_ptr<grpc::Service> experiments_;
   std::unique_ptr<grpc::Service> analysis_;
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<grpc::CallbackGenericService> nothing_else_;  // the health port's other methods
+  std::unique_ptr<grpc::Server> health_server_;                   // --health-listen
   int port_ = 0;
+  int health_port_ = 0;
 };
 
 }  // namespace circuitlab::rpc

@@ -99,6 +99,34 @@ TEST(SecurityTest, TlsRefusesPlaintextAndAStrangeCa) {
       << "TLS does not replace the token";
 }
 
+// Kubernetes' gRPC probes speak neither TLS nor tokens: a second port serves
+// health alone, in plaintext, and follows the main port's serving state.
+TEST(SecurityTest, AHealthOnlyPortForProbes) {
+  const Certs& certs = Certs::Get();
+  TempDir dir;
+  FakeExecutor exec;
+  Principals principals(dir.path(), Principal("alice", "user"));
+  rpc::ServerOptions opts;
+  opts.tls = {certs.good + "/server.pem", certs.good + "/server.key", "", 10};
+  opts.health_listen = "127.0.0.1:0";
+  Server server(dir.path(), &exec, {}, opts, nullptr, principals.auth.get());
+  ASSERT_GT(server.grpc().health_port(), 0);
+  auto probe = MakeClient("127.0.0.1:" + std::to_string(server.grpc().health_port()));
+  EXPECT_TRUE(probe.Health().ok());
+  EXPECT_EQ(probe.ListRuns({}).status().code(), absl::StatusCode::kUnimplemented) << "no data on the probe port";
+  EXPECT_EQ(MakeClient("127.0.0.1:" + std::to_string(server.grpc().health_port()), Token("alice"))
+                .ListRuns({})
+                .status()
+                .code(),
+            absl::StatusCode::kUnimplemented);
+  EXPECT_EQ(ListServicesByReflection("127.0.0.1:" + std::to_string(server.grpc().health_port()), Token("alice"))
+                .status()
+                .code(),
+            absl::StatusCode::kUnimplemented);
+  server.grpc().MarkNotServing();
+  EXPECT_EQ(probe.Health().code(), absl::StatusCode::kUnavailable) << "NOT_SERVING while draining";
+}
+
 TEST(SecurityTest, MutualTlsRequiresAClientCertificate) {
   const Certs& certs = Certs::Get();
   TempDir dir;
