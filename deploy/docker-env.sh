@@ -63,6 +63,8 @@ stop() {
     kill -KILL "$pid" 2>/dev/null || true
     rm -f "$dir/dockerd.pid"
   fi
+  # A killed engine can leave its network namespace mounted.
+  umount "$dir/exec/netns/default" 2>/dev/null || true
 }
 
 case "${1:-}" in
