@@ -37,6 +37,7 @@ std::string AuditLog::Format(const AuditRecord& r, int64_t time_us) {
       {"principal", r.principal},
       {"role", r.role},
       {"peer", r.peer},
+      {"client", r.client},
       {"method", r.method},
       {"target", r.target},
       {"outcome", r.outcome.ok() ? "OK" : absl::StatusCodeToString(r.outcome.code())},

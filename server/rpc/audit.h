@@ -1,7 +1,7 @@
 // The audit log (--audit-log FILE): one JSON line per state-changing call.
 //
 //   {"time":"2026-12-02T03:04:05.123456Z","principal":"alice","role":"user",
-//    "peer":"ipv4:10.0.0.7:53012","method":"CancelRun","target":"r17",
+//    "peer":"ipv4:10.0.0.7:53012","client":"alice@lab1","method":"CancelRun","target":"r17",
 //    "outcome":"OK","message":""}
 //
 // Client strings go through JSON escaping (control characters, quotes and
@@ -26,6 +26,7 @@ struct AuditRecord {
   std::string principal;
   std::string role;
   std::string peer;
+  std::string client;  // the x-circuitlab-client label the caller sent (not an identity)
   std::string method;  // "SubmitRun", "CancelRun", ...
   std::string target;  // "r17", "s2", "a4" or ""
   absl::Status outcome;

@@ -89,7 +89,8 @@ absl::Status Security::Check(const Caller& caller, Access access, const google::
 }
 
 std::optional<std::string> Security::ListFilter(const Caller& caller, bool mine) const {
-  if (mine || !MayRead(caller.principal, "", options_.private_runs)) return caller.principal.name;
+  const bool only_own = options_.private_runs && caller.principal.role == Role::kUser;  // MayRead's rule
+  if (mine || only_own) return caller.principal.name;
   return std::nullopt;
 }
 
@@ -105,6 +106,7 @@ void Security::Audit(const Caller& caller, const google::protobuf::Message& requ
   r.principal = caller.principal.name;
   r.role = RoleName(caller.principal.role);
   r.peer = caller.peer;
+  r.client = caller.label;
   r.method = MethodOf(request);
   r.target = TargetOf(request);
   if (r.target.empty() && response != nullptr && outcome.ok()) r.target = TargetOf(*response);

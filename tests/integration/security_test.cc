@@ -304,6 +304,7 @@ TEST(SecurityTest, RolesOwnershipQuotasAndTheAuditLog) {
     EXPECT_EQ(lines[i]["outcome"], std::get<2>(want[i])) << i;
     EXPECT_FALSE(lines[i]["peer"].get<std::string>().empty());
   }
+  EXPECT_EQ(lines[7]["client"], "spoofed-2") << "the label is recorded, the principal decided";
   EXPECT_EQ(lines[0]["target"], run->run_id()) << "a submission names the run it made";
   EXPECT_EQ(lines[1]["target"], run->run_id());
 }

@@ -141,6 +141,7 @@ TEST(AuditTest, OneJsonLineWithClientStringsEscaped) {
   r.principal = "alice";
   r.role = "user";
   r.peer = "ipv4:127.0.0.1:5000";
+  r.client = "spoof\n{\"principal\": \"root\"}";
   r.method = "CancelRun";
   r.target = "r1\n{\"forged\": \xff}";
   r.outcome = absl::PermissionDeniedError("nope");
@@ -149,6 +150,7 @@ TEST(AuditTest, OneJsonLineWithClientStringsEscaped) {
   auto parsed = nlohmann::json::parse(line);
   EXPECT_EQ(parsed["time"], "2023-11-14T22:13:20.123456Z");
   EXPECT_EQ(parsed["principal"], "alice");
+  EXPECT_EQ(parsed["client"], "spoof\n{\"principal\": \"root\"}") << "a label stays inside its field";
   EXPECT_EQ(parsed["method"], "CancelRun");
   EXPECT_EQ(parsed["outcome"], "PERMISSION_DENIED");
   EXPECT_EQ(parsed["target"].get<std::string>().substr(0, 3), "r1\n");
