@@ -3,10 +3,15 @@
 # from the host's CLI as a user would (issue 16).
 #
 #   tests/deploy/deploy_test.sh      (BUILD_DIR: the host build, default build/)
+#   DEPLOY_TARGET=runtime tests/deploy/deploy_test.sh
+#                                    (label deploy-full: the Dockerfile's default
+#                                    target, a full source build in Docker, ~30 min
+#                                    on 2 cores; the same checks on its image)
 #
 # 1. A Docker engine (deploy/docker-env.sh: installs docker.io/debootstrap if
 #    missing, starts dockerd by pid, makes debian:bookworm locally, cached).
-# 2. The image's `prebuilt` target: the host's binaries in the runtime stage.
+# 2. The image's `prebuilt` target: the host's binaries in the runtime stage
+#    (or DEPLOY_TARGET's).
 # 3. A container with a data volume, TLS and a tokens file, non-root, a
 #    read-only root filesystem: healthy; examples/induction.json trains to the
 #    README's numbers; a longer run is interrupted by `docker stop` (exit 0),
@@ -19,7 +24,9 @@ repo=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$repo"
 build=${BUILD_DIR:-$repo/build}
 cli_bin=$build/client/circuitlab
-image=circuitlab:deploy-test
+target=${DEPLOY_TARGET:-prebuilt}
+case $target in prebuilt | runtime) ;; *) echo "DEPLOY_TARGET must be prebuilt or runtime, not '$target'" >&2; exit 2 ;; esac
+image=circuitlab:deploy-$target
 tag=cldeploy$$
 tmp=$(mktemp -d)
 engine_started=0
@@ -42,9 +49,9 @@ eval "$(deploy/docker-env.sh start)"
 
 # 2. The image.
 rm -rf deploy/.prebuilt
-cmake --install "$build" --prefix deploy/.prebuilt >/dev/null
+[ "$target" = prebuilt ] && cmake --install "$build" --prefix deploy/.prebuilt >/dev/null
 t0=$(date +%s)
-docker build --network host --target prebuilt -t "$image" . >"$tmp/build.log" 2>&1 ||
+docker build --network host --target "$target" -t "$image" . >"$tmp/build.log" 2>&1 ||
   { tail -30 "$tmp/build.log"; fail "docker build"; }
 size=$(docker image inspect -f '{{.Size}}' "$image")
 say "image $image built in $(( $(date +%s) - t0 )) s, $(( size / 1000000 )) MB"
