@@ -47,7 +47,12 @@ CMD ["--data", "/data", "--listen", "0.0.0.0:50051", \
      "--auth-tokens-file", "/run/secrets/tokens.txt", "--audit-log", "/data/audit.jsonl"]
 
 FROM runtime-base AS prebuilt
-COPY deploy/.prebuilt/bin/ /usr/local/bin/
+# A pattern, not the directory: Docker's classic builder builds every stage
+# before the target, this one too when the target is the full build, and must
+# not fail when nothing was prebuilt (packages.txt is there so the list is
+# never empty).
+COPY deploy/packages.txt deploy/.prebuilt/bi[n] /tmp/prebuilt/
+RUN find /tmp/prebuilt -maxdepth 1 -name 'circuitlab*' -exec mv -t /usr/local/bin {} + && rm -rf /tmp/prebuilt
 USER circuitlab
 
 FROM ${BASE_IMAGE} AS build
