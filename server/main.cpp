@@ -5,7 +5,10 @@
 #include <CLI/CLI.hpp>
 #include <spdlog/spdlog.h>
 
+#include <unistd.h>
+
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <random>
 #include <sstream>
@@ -16,6 +19,8 @@
 #include "server/rpc/server.h"
 #include "server/scheduler/analysis_core.h"
 #include "server/scheduler/scheduler.h"
+#include "server/scheduler/slurm.h"
+#include "server/scheduler/workers.h"
 #include "server/store/store.h"
 
 namespace {
@@ -60,7 +65,128 @@ struct Flags {
   circuitlab::scheduler::AnalysisJobOptions jobs;
   uint64_t analysis_memory_mb = circuitlab::scheduler::AnalysisJobOptions().memory_budget_bytes >> 20;
   bool use_cuda = true;
+  // Remote workers (README "Scaling out").
+  std::string executor = "local";
+  int remote_slots = 0;  // 0: workers 64, slurm max-workers x worker-slots
+  int lease_timeout_s = 60;
+  int heartbeat_s = 10;
+  circuitlab::scheduler::SlurmOptions slurm;
+  int slurm_poll_s = 5;
 };
+
+// The remote executors' flags (README "Scaling out").
+void DefineRemoteFlags(CLI::App& app, Flags& f) {
+  const char* g = "Remote workers";
+  app.add_option("--executor", f.executor,
+                 "Where runs train: local (this process's --cpu-slots/CUDA slots), workers (circuitlab-worker "
+                 "processes that dial this server: by hand, a Kubernetes Job), slurm (as workers, started as Slurm "
+                 "pilot jobs sized to the queue)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"local", "workers", "slurm"}))
+      ->group(g);
+  app.add_option("--remote-slots", f.remote_slots,
+                 "Runs training on remote workers at once (default: 64 with workers; with slurm "
+                 "--slurm-max-workers x --slurm-worker-slots)")
+      ->check(CLI::Range(1, 100000))
+      ->group(g);
+  app.add_option("--lease-timeout-seconds", f.lease_timeout_s,
+                 "A worker silent this long loses its runs (they resume from their newest checkpoint elsewhere)")
+      ->capture_default_str()
+      ->check(CLI::Range(2, 86400))
+      ->group(g);
+  app.add_option("--heartbeat-seconds", f.heartbeat_s, "How often workers say they are alive")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 3600))
+      ->group(g);
+  auto& s = f.slurm;
+  app.add_option("--slurm-max-workers", s.max_workers, "Most pilot jobs at once")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 10000))
+      ->group(g);
+  app.add_option("--slurm-worker-slots", s.worker_slots, "Runs one pilot trains at once (its --cpus-per-task "
+                 "is this x --threads-per-run)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 64))
+      ->group(g);
+  app.add_option("--slurm-partition", s.partition, "sbatch --partition")->group(g);
+  app.add_option("--slurm-account", s.account, "sbatch --account")->group(g);
+  app.add_option("--slurm-qos", s.qos, "sbatch --qos")->group(g);
+  app.add_option("--slurm-time", s.time, "sbatch --time of a pilot (e.g. 4:00:00); a pilot near its end is "
+                 "signalled (USR2, 120 s before) and hands its runs back")->group(g);
+  app.add_option("--slurm-gpus-per-node", s.gpus_per_node, "sbatch --gpus-per-node (e.g. 1, a100:1); the pilots "
+                 "then train on cuda:0 (untested here: no GPU Slurm)")->group(g);
+  app.add_option("--slurm-extra", s.extra_lines, "A line for the pilot script, right after its shebang "
+                 "(repeatable), e.g. '#SBATCH --constraint=skylake' or 'module load gcc'")->group(g);
+  app.add_option("--slurm-job-name", s.job_name, "The pilots' job name (the pool finds its pilots by it, also "
+                 "after a restart)")->capture_default_str()->group(g);
+  app.add_option("--slurm-log-dir", s.log_dir, "Where pilots write their output (<name>-<jobid>.out; default "
+                 "<data>/slurm-logs; must be writable from the nodes)")->group(g);
+  app.add_option("--slurm-poll-seconds", f.slurm_poll_s, "One squeue (and sacct for pilots that left) per cycle")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 3600))
+      ->group(g);
+  app.add_option("--slurm-idle-exit", s.idle_exit_seconds, "A pilot with nothing to train exits after this long")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 86400))
+      ->group(g);
+  app.add_flag("--slurm-cancel-on-exit", s.cancel_on_exit,
+               "Stop the pilots when the server stops (default: they finish handing back their runs, reconnect to "
+               "the next server, or exit when idle)")
+      ->group(g);
+  app.add_option("--worker-binary", s.worker_binary, "circuitlab-worker as the nodes see it (default: beside this "
+                 "server's binary)")->group(g);
+  app.add_option("--worker-server", s.server_address, "The address pilots dial (default --listen, 0.0.0.0 "
+                 "replaced by this host's name)")->group(g);
+  app.add_option("--worker-token-file", s.token_file, "The token file pilots present (a principal with the worker "
+                 "role; readable on the nodes)")->group(g);
+  app.add_option("--worker-ca-cert", s.ca_cert, "The CA of this server's certificate, as the nodes see it")
+      ->group(g);
+}
+
+// The lease broker (and with --executor slurm, the pilot pool) for the
+// remote executors; nullptr with --executor local.
+absl::Status SetUpRemote(Flags& f, circuitlab::scheduler::SchedulerOptions& opts,
+                         circuitlab::engine::Executor* local,
+                         std::unique_ptr<circuitlab::scheduler::WorkerBroker>& broker) {
+  if (f.executor == "local") return absl::OkStatus();
+  circuitlab::scheduler::BrokerOptions b;
+  b.heartbeat = std::chrono::seconds(f.heartbeat_s);
+  b.lease_timeout = std::chrono::seconds(f.lease_timeout_s);
+  b.version = CIRCUITLAB_VERSION;
+  broker = std::make_unique<circuitlab::scheduler::WorkerBroker>(b, local, circuitlab::Clock::Real());
+  opts.remote = broker.get();
+  opts.remote_slots = f.remote_slots > 0 ? f.remote_slots
+                      : f.executor == "slurm" ? f.slurm.max_workers * f.slurm.worker_slots
+                                              : 64;
+  auto& s = f.slurm;
+  s.intra_op_threads = f.threads_per_run;
+  s.poll = std::chrono::seconds(f.slurm_poll_s);
+  if (s.log_dir.empty()) s.log_dir = (std::filesystem::absolute(f.data_dir) / "slurm-logs").string();
+  if (s.worker_binary.empty()) {
+    s.worker_binary = (std::filesystem::read_symlink("/proc/self/exe").parent_path() / "circuitlab-worker").string();
+  }
+  if (s.server_address.empty()) {
+    s.server_address = f.listen;
+    if (s.server_address.rfind("0.0.0.0:", 0) == 0 || s.server_address.rfind("[::]:", 0) == 0) {
+      char host[256] = {};
+      gethostname(host, sizeof host - 1);
+      s.server_address = std::string(host) + s.server_address.substr(s.server_address.rfind(':'));
+    }
+  }
+  s.tls = f.tls.enabled();
+  if (f.executor == "slurm") {
+    std::error_code ec;
+    std::filesystem::create_directories(s.log_dir, ec);
+    if (ec) return absl::InvalidArgumentError("--slurm-log-dir " + s.log_dir + ": " + ec.message());
+    if (!f.tokens_file.empty() || !f.token_file.empty()) {
+      if (s.token_file.empty()) {
+        return absl::InvalidArgumentError("--executor slurm on a server with tokens needs --worker-token-file "
+                                          "(a principal with the worker role: scripts/add-principal.sh NAME worker)");
+      }
+    }
+  }
+  return absl::OkStatus();
+}
 
 // Every flag, with its help, default and range.
 void DefineFlags(CLI::App& app, Flags& f) {
@@ -160,6 +286,7 @@ void DefineFlags(CLI::App& app, Flags& f) {
                  "larger than this alone is refused")
       ->capture_default_str()
       ->check(CLI::Range(uint64_t{16}, uint64_t{1} << 24));
+  DefineRemoteFlags(app, f);
   app.add_option("--log-level", f.log_level, "trace|debug|info|warn|error|off")->capture_default_str();
   app.set_version_flag("--version", "circuitlab-server 0.1.0");
 }
@@ -226,17 +353,34 @@ int main(int argc, char** argv) {
   opts.limits.max_steps = flags.max_steps;
   opts.limits.max_run_memory_bytes = flags.max_run_memory_mb << 20;
   opts.epoch = RandomEpoch();
-  if (opts.cpu_slots + opts.cuda_devices == 0) {
+  std::unique_ptr<circuitlab::engine::Executor> local_executor = circuitlab::engine::MakeTorchExecutor();
+  std::unique_ptr<circuitlab::scheduler::WorkerBroker> broker;
+  if (absl::Status s = SetUpRemote(flags, opts, local_executor.get(), broker); !s.ok()) return Fail("bad flags", s);
+  if (broker) opts.cpu_slots = opts.cuda_devices = 0;  // runs train on the workers
+  if (opts.cpu_slots + opts.cuda_devices + opts.remote_slots == 0) {
     return Fail("bad flags", absl::InvalidArgumentError("no device slots: set --cpu-slots >= 1 or use CUDA"));
   }
-  std::unique_ptr<circuitlab::engine::Executor> executor = circuitlab::engine::MakeTorchExecutor();
+  circuitlab::engine::Executor* executor = broker ? static_cast<circuitlab::engine::Executor*>(broker.get())
+                                                  : local_executor.get();
   std::unique_ptr<circuitlab::engine::Analyzer> analyzer = circuitlab::engine::MakeTorchAnalyzer();
-  circuitlab::scheduler::Scheduler scheduler(opts, store->get(), executor.get(), circuitlab::Clock::Real());
+  circuitlab::scheduler::Scheduler scheduler(opts, store->get(), executor, circuitlab::Clock::Real());
+  if (broker) broker->SetWake([&scheduler] { scheduler.Wake(); });
   flags.jobs.memory_budget_bytes = flags.analysis_memory_mb << 20;
   flags.jobs.quotas = &quotas;
   circuitlab::scheduler::AnalysisCore analysis(store->get(), analyzer.get(), flags.jobs, opts.limits);
   circuitlab::scheduler::SweepCore sweeps(&scheduler, store->get(), &analysis, flags.max_sweep_runs, &quotas);
   if (absl::Status s = scheduler.Start(); !s.ok()) return Fail("cannot start the scheduler", s);
+  std::unique_ptr<circuitlab::scheduler::SlurmPool> pool;
+  if (flags.executor == "slurm") {
+    auto* b = broker.get();
+    pool = std::make_unique<circuitlab::scheduler::SlurmPool>(
+        flags.slurm, circuitlab::scheduler::RunCommand,
+        [&scheduler, b] { return scheduler.QueuedRuns() + b->BusySlots(); }, [b] { return b->TotalSlots(); });
+    if (absl::Status s = pool->Start(); !s.ok()) {
+      scheduler.Drain();
+      return Fail("cannot use Slurm", s);
+    }
+  }
 
   circuitlab::rpc::ServerOptions server_opts;
   server_opts.listen = flags.listen;
@@ -246,7 +390,7 @@ int main(int argc, char** argv) {
   server_opts.private_runs = flags.private_runs;
   server_opts.health_listen = flags.health_listen;
   auto server =
-      circuitlab::rpc::GrpcServer::Start(server_opts, auth->get(), audit.get(), &scheduler, &analysis, &sweeps);
+      circuitlab::rpc::GrpcServer::Start(server_opts, auth->get(), audit.get(), &scheduler, &analysis, &sweeps, broker.get());
   if (!server.ok()) {
     scheduler.Drain();
     return Fail("cannot serve", server.status());
@@ -289,7 +433,8 @@ int main(int argc, char** argv) {
                sig == SIGTERM ? "SIGTERM" : "SIGINT");
   (*server)->MarkNotServing();
   analysis.Shutdown();  // queued analyses end at once, running ones at their next forward pass
-  scheduler.Drain();
+  scheduler.Drain();  // remote workers checkpoint their runs over their streams, still open
+  if (pool) pool->Stop();
   (*server)->Shutdown(std::chrono::seconds(1));
   spdlog::info("stopped cleanly");
   return 0;

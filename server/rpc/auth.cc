@@ -78,6 +78,8 @@ const char* RoleName(Role role) {
       return "user";
     case Role::kAdmin:
       return "admin";
+    case Role::kWorker:
+      return "worker";
   }
   return "?";
 }
@@ -127,8 +129,10 @@ absl::StatusOr<std::vector<TokenEntry>> ParseTokensFile(std::string_view text, c
       e.principal.role = Role::kUser;
     } else if (f[1] == "reader") {
       e.principal.role = Role::kReader;
+    } else if (f[1] == "worker") {
+      e.principal.role = Role::kWorker;
     } else {
-      return absl::InvalidArgumentError(where + ": the role must be admin, user or reader, got '" +
+      return absl::InvalidArgumentError(where + ": the role must be admin, user, reader or worker, got '" +
                                         Clip(EscapeControl(f[1]), 32) + "'");
     }
     absl::StatusOr<std::string> digest = ParseDigest(f[2], where);
@@ -231,14 +235,15 @@ absl::StatusOr<Principal> Authenticator::Resolve(std::string_view authorization)
 
 absl::Status MayChange(const Principal& who, const std::string& owner, const std::string& what) {
   if (who.role == Role::kAdmin || (who.role == Role::kUser && who.name == owner)) return absl::OkStatus();
-  if (who.role == Role::kReader) return MayWrite(who, "change " + what);
+  if (who.role == Role::kReader || who.role == Role::kWorker) return MayWrite(who, "change " + what);
   return absl::PermissionDeniedError(what + " belongs to '" + EscapeControl(owner) + "'; only its owner or an admin " +
                                      "may change it ('" + who.name + "' is a user)");
 }
 
 absl::Status MayWrite(const Principal& who, const std::string& method) {
-  if (who.role != Role::kReader) return absl::OkStatus();
-  return absl::PermissionDeniedError("'" + who.name + "' has the reader role: it may read but not " + method);
+  if (who.role != Role::kReader && who.role != Role::kWorker) return absl::OkStatus();
+  return absl::PermissionDeniedError("'" + who.name + "' has the " + RoleName(who.role) +
+                                     " role: it may read but not " + method);
 }
 
 bool MayRead(const Principal& who, const std::string& owner, bool private_runs) {

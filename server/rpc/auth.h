@@ -33,7 +33,8 @@
 
 namespace circuitlab::rpc {
 
-enum class Role { kReader, kUser, kAdmin };
+// kWorker: a circuitlab-worker (WorkerService); otherwise read-only.
+enum class Role { kReader, kUser, kAdmin, kWorker };
 const char* RoleName(Role role);
 
 struct Principal {

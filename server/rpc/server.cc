@@ -10,6 +10,7 @@
 #include "server/rpc/experiment_service.h"
 #include "server/rpc/security.h"
 #include "server/rpc/service_util.h"
+#include "server/rpc/worker_service.h"
 
 namespace circuitlab::rpc {
 
@@ -89,7 +90,8 @@ class NothingElse final : public grpc::CallbackGenericService {
 absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const ServerOptions& options, const Authenticator* auth,
                                                               AuditLog* audit, scheduler::Scheduler* experiments,
                                                               scheduler::AnalysisCore* analysis,
-                                                              scheduler::SweepCore* sweeps) {
+                                                              scheduler::SweepCore* sweeps,
+                                                              scheduler::WorkerBroker* workers) {
   const bool loopback = IsLoopbackAddress(options.listen);
   const bool tls = options.tls.enabled();
   if (!loopback && auth->open()) {
@@ -119,6 +121,7 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const ServerOption
   server->security_ = std::make_unique<Security>(auth, audit, experiments, sweeps, &analysis->jobs(), security);
   server->experiments_ = std::make_unique<ExperimentServiceImpl>(experiments, sweeps, server->security_.get());
   server->analysis_ = std::make_unique<AnalysisServiceImpl>(analysis, server->security_.get());
+  if (workers != nullptr) server->workers_ = std::make_unique<WorkerServiceImpl>(workers, server->security_.get());
   grpc::EnableDefaultHealthCheckService(true);
 
   std::shared_ptr<grpc::ServerCredentials> credentials = tls ? TlsServerCredentials(options.tls)
@@ -136,6 +139,7 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const ServerOption
   builder.AddListeningPort(options.listen, credentials, &server->port_);
   builder.RegisterService(server->experiments_.get());
   builder.RegisterService(server->analysis_.get());
+  if (server->workers_) builder.RegisterService(server->workers_.get());
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   server->server_ = builder.BuildAndStart();
   if (server->server_ == nullptr || server->port_ == 0) {

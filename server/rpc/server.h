@@ -22,6 +22,7 @@
 #include "server/scheduler/analysis_core.h"
 #include "server/scheduler/scheduler.h"
 #include "server/scheduler/sweeps.h"
+#include "server/scheduler/workers.h"
 
 namespace grpc {
 class CallbackGenericService;
@@ -53,11 +54,13 @@ class GrpcServer {
   // Binds and starts serving. InvalidArgument for a non-loopback address
   // without tokens, or without TLS unless insecure_plaintext, and for TLS
   // files that do not load; Unavailable when the address cannot be bound.
-  // Every pointer must outlive the server; `audit` may be null.
+  // Every pointer must outlive the server; `audit` may be null, and so may
+  // `workers` (then WorkerService is not served: no remote executor).
   static absl::StatusOr<std::unique_ptr<GrpcServer>> Start(const ServerOptions& options, const Authenticator* auth,
                                                            AuditLog* audit, scheduler::Scheduler* experiments,
                                                            scheduler::AnalysisCore* analysis,
-                                                           scheduler::SweepCore* sweeps);
+                                                           scheduler::SweepCore* sweeps,
+                                                           scheduler::WorkerBroker* workers = nullptr);
   ~GrpcServer();
 
   // The port actually bound (useful with port 0); the health port's (0 = none).
@@ -74,6 +77,7 @@ class GrpcServer {
   std::unique_ptr<Security> security_;
   std::unique_ptr<grpc::Service> experiments_;
   std::unique_ptr<grpc::Service> analysis_;
+  std::unique_ptr<grpc::Service> workers_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<grpc::CallbackGenericService> nothing_else_;  // the health port's other methods
   std::unique_ptr<grpc::Server> health_server_;                   // --health-listen

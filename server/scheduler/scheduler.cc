@@ -99,10 +99,27 @@ absl::Status ValidateSeriesRange(uint64_t min_step, uint64_t max_step, uint32_t 
 }
 
 // Forwards what a training run produces to the store and to watchers.
-class Scheduler::RunObserver : public engine::TrainObserver {
+class Scheduler::RunObserver : public PlacedObserver {
  public:
   RunObserver(Scheduler* s, int64_t run_id, std::shared_ptr<Active> active, int keep_checkpoints)
-      : s_(s), run_id_(run_id), active_(std::move(active)), keep_(keep_checkpoints) {}
+      : s_(s), run_id_(run_id), active_(std::move(active)), keep_(keep_checkpoints) {
+    std::lock_guard<std::mutex> lock(s_->mu_);
+    start_step_ = active_->step;
+  }
+
+  int64_t run_id() const override { return run_id_; }
+  int64_t start_step() const override { return start_step_; }
+
+  // A remote worker took the run: Run.device says which.
+  void OnPlaced(const std::string& device) override {
+    store::RunTransition t;
+    t.state = v1::RUN_STATE_RUNNING;
+    t.device = device;
+    t.from_states = {v1::RUN_STATE_RUNNING};
+    if (absl::Status st = s_->Transition(run_id_, t); !st.ok()) {
+      spdlog::warn("{}: cannot record its worker: {}", FormatRunId(run_id_), st.ToString());
+    }
+  }
 
   void OnMetrics(int64_t step, const std::vector<engine::Metric>& metrics) override {
     std::vector<store::MetricPoint> rows;
@@ -194,6 +211,7 @@ class Scheduler::RunObserver : public engine::TrainObserver {
   int64_t run_id_;
   std::shared_ptr<Active> active_;
   int keep_;
+  int64_t start_step_ = 0;
 };
 
 Scheduler::Scheduler(SchedulerOptions options, store::Store* store, engine::Executor* executor, Clock* clock)
@@ -206,6 +224,9 @@ Scheduler::Scheduler(SchedulerOptions options, store::Store* store, engine::Exec
     slots_.push_back({"cuda:" + std::to_string(i), true, "cuda:" + std::to_string(i)});
   }
   for (int i = 0; i < options_.cpu_slots; ++i) slots_.push_back({"cpu:" + std::to_string(i), false, "cpu"});
+  for (int i = 0; options_.remote != nullptr && i < options_.remote_slots; ++i) {
+    slots_.push_back({"worker:" + std::to_string(i), false, "cpu", false, true});
+  }
   for (const Slot& s : slots_) slot_names_.push_back(s.name);
 }
 
@@ -275,7 +296,8 @@ absl::StatusOr<store::NewRun> Scheduler::PrepareRun(v1::ExperimentSpec spec, con
     }
   }
   const v1::DeviceKind device = spec.resources().device();
-  const bool have_cpu = options_.cpu_slots > 0, have_cuda = options_.cuda_devices > 0;
+  const bool have_cpu = options_.cpu_slots > 0 || (options_.remote != nullptr && options_.remote_slots > 0);
+  const bool have_cuda = options_.cuda_devices > 0;
   if ((device == v1::DEVICE_KIND_CUDA && !have_cuda) || (device == v1::DEVICE_KIND_CPU && !have_cpu)) {
     return absl::FailedPreconditionError("resources.device is " + v1::DeviceKind_Name(device) +
                                          " but this server has no such device (slots: " +
@@ -657,9 +679,22 @@ int64_t Scheduler::PickLocked(size_t slot) {
     const bool fits = q.device_request == v1::DEVICE_KIND_CPU    ? !me.cuda
                       : q.device_request == v1::DEVICE_KIND_CUDA ? me.cuda
                                                                  : (me.cuda || !idle_cuda);
-    if (fits) return key.id;
+    if (!fits) continue;
+    // A remote slot holds a free worker slot before it takes the run.
+    if (me.remote && !options_.remote->TryAcquire()) return 0;
+    return key.id;
   }
   return 0;
+}
+
+void Scheduler::Wake() {
+  { std::lock_guard<std::mutex> lock(mu_); }
+  work_cv_.notify_all();
+}
+
+int Scheduler::QueuedRuns() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return static_cast<int>(queue_.size());
 }
 
 void Scheduler::WorkerLoop(size_t slot) {
@@ -688,6 +723,7 @@ void Scheduler::WorkerLoop(size_t slot) {
     slots_[slot].busy = true;
     lock.unlock();
     Execute(slot, ids);
+    if (slots_[slot].remote) options_.remote->Release();
     lock.lock();
     for (int64_t m : ids) active_.erase(m);
     slots_[slot].busy = false;
@@ -816,6 +852,20 @@ void Scheduler::Finish(int64_t id, const absl::StatusOr<engine::TrainOutcome>& o
     return;
   }
   spdlog::info("{} {} at step {}", FormatRunId(id), StateName(end.state), outcome->last_step);
+  if (end.state == v1::RUN_STATE_QUEUED) Requeue(id);
+}
+
+void Scheduler::Requeue(int64_t id) {
+  absl::StatusOr<store::RunRow> row = store_->GetRun(id);
+  if (!row.ok()) return;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (draining_) return;  // the next start loads it
+    queue_[{row->priority, id}] = {row->device_request, row->owner, ""};
+    ++queued_per_owner_[row->owner];
+  }
+  spdlog::info("{} queued again; it resumes from its newest checkpoint", FormatRunId(id));
+  work_cv_.notify_all();
 }
 
 }  // namespace circuitlab::scheduler

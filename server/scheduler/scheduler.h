@@ -33,12 +33,18 @@
 #include "server/common/quotas.h"
 #include "server/engine/engine.h"
 #include "server/scheduler/progress_hub.h"
+#include "server/scheduler/workers.h"
 #include "server/store/store.h"
 
 namespace circuitlab::scheduler {
 
 struct SchedulerOptions {
   int cpu_slots = 1;
+  // Slots whose runs train on remote workers (--executor workers|slurm):
+  // named "worker:N"; a slot takes a run only when `remote` has a free worker
+  // slot, and hands it to the executor (the WorkerBroker) to train.
+  int remote_slots = 0;
+  WorkerCapacity* remote = nullptr;
   int cuda_devices = 0;        // from engine::CudaDeviceCount()
   int intra_op_threads = 1;    // LibTorch threads per worker
   int max_queued_runs = 1000;  // RESOURCE_EXHAUSTED beyond
@@ -134,6 +140,11 @@ class Scheduler {
   // The snapshot event that opens (or resyncs) a stream.
   absl::StatusOr<v1::RunEvent> Snapshot(int64_t run_id, uint64_t sequence, bool resync);
 
+  // Wakes the slots (a remote worker may have capacity now).
+  void Wake();
+  // Runs waiting in the queue now.
+  int QueuedRuns();
+
   ProgressHub& hub() { return hub_; }
   const std::vector<std::string>& device_slots() const { return slot_names_; }
 
@@ -160,6 +171,7 @@ class Scheduler {
     bool cuda;
     std::string torch_device;
     bool busy = false;
+    bool remote = false;  // trains on a remote worker (options_.remote)
   };
   class RunObserver;
 
@@ -180,8 +192,10 @@ class Scheduler {
   // Marks the run RUNNING on the slot and builds its request (resuming from
   // its newest checkpoint); nullopt when it cannot start (recorded).
   std::optional<engine::TrainRequest> StartRun(const Slot& dev, int64_t run_id, Active& active);
-  // Records a run's end (or failure) after training.
+  // Records a run's end (or failure) after training. A run preempted while
+  // the server is not draining (its remote worker was lost) is queued again.
   void Finish(int64_t run_id, const absl::StatusOr<engine::TrainOutcome>& outcome);
+  void Requeue(int64_t run_id);
   void FailRun(int64_t run_id, const absl::Status& why);
   // The pack key of a queued run ("" = trains alone).
   std::string PackOf(const store::RunRow& row) const;

@@ -45,7 +45,7 @@ TEST(AuthTest, RefusesBadLinesNamingTheLine) {
   };
   for (const Case& c : std::vector<Case>{
            {ok + "bob superuser sha256:" + std::string(64, 'a') + "\n",
-            "line 2: the role must be admin, user or reader"},
+            "line 2: the role must be admin, user, reader or worker"},
            {"bob user my-token-in-clear-0123\n", "line 1: the third field must be sha256:<64 hex digits>"},
            {"bob user sha256:abcd\n", "sha256:<64 hex digits>"},
            {ok + Line("alice", "admin", "another-token-0123456"), "line 2: principal 'alice' is named twice"},

@@ -1,0 +1,143 @@
+#include "server/rpc/worker_service.h"
+
+#include <spdlog/spdlog.h>
+
+#include <deque>
+#include <memory>
+#include <mutex>
+
+#include "server/rpc/service_util.h"
+
+namespace circuitlab::rpc {
+namespace {
+
+using Reactor = grpc::ServerBidiReactor<v1::WorkerMessage, v1::ServerMessage>;
+
+// The broker's handle on a stream. Outlives the reactor (the broker may hold
+// it a little longer): once the stream is done, messages are dropped.
+class Link final : public scheduler::WorkerLink {
+ public:
+  explicit Link(Reactor* reactor) : reactor_(reactor) {}
+
+  void Send(v1::ServerMessage message) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (reactor_ == nullptr || finishing_) return;
+    queue_.push_back(std::move(message));
+    if (!writing_) {
+      writing_ = true;
+      reactor_->StartWrite(&queue_.front());
+    }
+  }
+
+  void Close(const absl::Status& why) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (reactor_ == nullptr || finishing_) return;
+    finishing_ = true;
+    status_ = why;
+    if (!writing_) FinishLocked();
+  }
+
+  // Reactor callbacks.
+  void WriteDone(bool ok) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!queue_.empty()) queue_.pop_front();
+    if (!ok) queue_.clear();  // the stream is broken; OnDone follows
+    if (reactor_ != nullptr && ok && !queue_.empty()) {
+      reactor_->StartWrite(&queue_.front());
+      return;
+    }
+    writing_ = false;
+    if (finishing_ && !finished_) FinishLocked();
+  }
+  void Detach() {
+    std::lock_guard<std::mutex> lock(mu_);
+    reactor_ = nullptr;
+  }
+  absl::Status status() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return status_;
+  }
+
+ private:
+  void FinishLocked() {
+    finished_ = true;
+    reactor_->Finish(ToGrpcStatus(status_));
+  }
+
+  std::mutex mu_;
+  Reactor* reactor_;
+  std::deque<v1::ServerMessage> queue_;
+  bool writing_ = false;
+  bool finishing_ = false;
+  bool finished_ = false;
+  absl::Status status_;
+};
+
+class SessionReactor final : public Reactor {
+ public:
+  SessionReactor(grpc::CallbackServerContext* ctx, scheduler::WorkerBroker* broker, const Security* security)
+      : broker_(broker), link_(std::make_shared<Link>(this)) {
+    absl::StatusOr<Caller> caller = security->Authenticate(ctx);
+    if (!caller.ok()) {
+      link_->Close(caller.status());
+      return;
+    }
+    if (caller->principal.role != Role::kWorker && caller->principal.role != Role::kAdmin) {
+      link_->Close(absl::PermissionDeniedError("'" + caller->principal.name + "' has the " +
+                                               RoleName(caller->principal.role) +
+                                               " role; workers need the worker (or admin) role "
+                                               "(scripts/add-principal.sh NAME worker)"));
+      return;
+    }
+    caller_ = *caller;
+    StartRead(&in_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {  // the worker closed its side, or the stream broke
+      link_->Close(absl::OkStatus());
+      return;
+    }
+    absl::Status s;
+    if (session_ == 0) {
+      if (!in_.has_register_()) {
+        s = absl::InvalidArgumentError("the first message of a worker session must be register");
+      } else {
+        absl::StatusOr<uint64_t> id = broker_->Open(link_, in_.register_(), caller_.principal.name, caller_.peer);
+        if (id.ok()) session_ = *id;
+        s = id.status();
+      }
+    } else {
+      s = broker_->OnMessage(session_, in_);
+    }
+    if (!s.ok()) {
+      link_->Close(s);
+      return;
+    }
+    StartRead(&in_);
+  }
+
+  void OnWriteDone(bool ok) override { link_->WriteDone(ok); }
+
+  void OnDone() override {
+    link_->Detach();
+    if (session_ != 0) broker_->Closed(session_, link_->status());
+    delete this;
+  }
+
+ private:
+  scheduler::WorkerBroker* const broker_;
+  std::shared_ptr<Link> link_;
+  Caller caller_;
+  uint64_t session_ = 0;
+  v1::WorkerMessage in_;
+};
+
+}  // namespace
+
+grpc::ServerBidiReactor<v1::WorkerMessage, v1::ServerMessage>* WorkerServiceImpl::Session(
+    grpc::CallbackServerContext* ctx) {
+  return new SessionReactor(ctx, broker_, security_);
+}
+
+}  // namespace circuitlab::rpc

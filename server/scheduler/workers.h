@@ -1,0 +1,184 @@
+// Remote workers (issue 17): the lease broker between the scheduler's slots
+// and the circuitlab-worker processes connected over WorkerService.Session
+// (worker_service.proto states the protocol).
+//
+// The broker is an engine::Executor: a scheduler slot that takes a run calls
+// Train/TrainPack as it would on the local LibTorch executor, and the call
+// blocks while a remote worker trains the run. Leases wait for a worker with
+// a free slot, are sent with the resume checkpoint in chunks, and everything
+// the worker reports is handed to the run's observer *on the slot's thread*
+// (the rpc threads only route messages), so store writes, checkpoint retries
+// and watch events are exactly those of a local run. A lease whose worker is
+// gone (its stream ended, or it was silent for lease_timeout) ends kPreempted:
+// the scheduler queues the run again and it resumes from its newest
+// checkpoint.
+//
+// Capacity: the scheduler asks TryAcquire() before it takes a run for a
+// remote slot and Release()s after; the broker wakes it (SetWake) whenever a
+// worker registers or frees a slot. So queued runs stay QUEUED (not RUNNING
+// on nobody) until a worker can take them.
+//
+// Thread-safety: all public methods are thread-safe.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "circuitlab/v1/worker_service.pb.h"
+#include "server/common/clock.h"
+#include "server/engine/engine.h"
+
+namespace circuitlab::scheduler {
+
+// The server's end of one worker's stream (the rpc layer implements it).
+class WorkerLink {
+ public:
+  virtual ~WorkerLink() = default;
+  // Queues a message for the worker; never blocks for long.
+  virtual void Send(v1::ServerMessage message) = 0;
+  // Ends the stream with `why`; the rpc layer then calls WorkerBroker::Closed.
+  virtual void Close(const absl::Status& why) = 0;
+};
+
+// What a remote executor needs from the observer of a run beyond the
+// engine's interface: the run's id and a place to say where it trains. The
+// scheduler's observers implement it.
+class PlacedObserver : public engine::TrainObserver {
+ public:
+  virtual int64_t run_id() const = 0;
+  // The step it starts from (its resume checkpoint's; 0 when fresh).
+  virtual int64_t start_step() const = 0;
+  // The run is now training on `device` (e.g. "w3 slurm:4711@node1 cpu").
+  virtual void OnPlaced(const std::string& device) = 0;
+};
+
+// Slots of remote workers, as the scheduler counts them.
+class WorkerCapacity {
+ public:
+  virtual ~WorkerCapacity() = default;
+  // Holds one free worker slot for a run the caller is about to start.
+  virtual bool TryAcquire() = 0;
+  virtual void Release() = 0;
+};
+
+struct BrokerOptions {
+  std::chrono::milliseconds heartbeat = std::chrono::seconds(10);
+  std::chrono::milliseconds lease_timeout = std::chrono::seconds(60);
+  // How long a preempted lease (the server drains) waits for the worker's
+  // checkpoint before it is given up.
+  std::chrono::milliseconds preempt_grace = std::chrono::seconds(60);
+  size_t chunk_bytes = 1 << 20;             // resume checkpoints are sent in pieces this size
+  int64_t max_checkpoint_bytes = 4LL << 30; // larger uploads are refused (the worker's run fails)
+  std::string version;                      // workers must report the same
+  int max_workers = 4096;                   // connected sessions
+};
+
+// A connected worker, as `circuitlab workers` lists it.
+struct WorkerInfo {
+  std::string id;  // "w3"
+  std::string principal, host, engine_job, device, peer;
+  int slots = 0;
+  std::vector<std::string> runs;  // run ids it trains now
+  bool draining = false;
+  int64_t connected_at_us = 0;
+  int64_t last_seen_us = 0;
+};
+
+class WorkerBroker : public engine::Executor, public WorkerCapacity {
+ public:
+  // `local` answers EvalMetricNames (may be null); `clock` outlives the broker.
+  WorkerBroker(BrokerOptions options, engine::Executor* local, Clock* clock);
+  ~WorkerBroker() override;
+
+  // Called without locks whenever capacity may have appeared.
+  void SetWake(std::function<void()> wake);
+
+  // ---- the rpc side ----
+  // A worker's Register message: its session id, after the Registered
+  // answer was sent. InvalidArgument for a bad field (named),
+  // FailedPrecondition for a version that is not the server's,
+  // ResourceExhausted beyond max_workers.
+  absl::StatusOr<uint64_t> Open(std::shared_ptr<WorkerLink> link, const v1::Register& reg,
+                                const std::string& principal, const std::string& peer);
+  // Every later message of the session. An error is a protocol violation:
+  // the rpc layer ends the stream with it (and calls Closed).
+  absl::Status OnMessage(uint64_t session, const v1::WorkerMessage& message);
+  // The stream ended: its leases are lost (their runs go back to the queue).
+  void Closed(uint64_t session, const absl::Status& why);
+
+  // ---- the scheduler side ----
+  bool TryAcquire() override;
+  void Release() override;
+  absl::StatusOr<engine::TrainOutcome> Train(const engine::TrainRequest& request,
+                                             engine::TrainObserver& observer) override;
+  std::vector<absl::StatusOr<engine::TrainOutcome>> TrainPack(
+      const std::vector<engine::TrainRequest>& requests,
+      const std::vector<engine::TrainObserver*>& observers) override;
+  std::vector<std::string> EvalMetricNames(const v1::ExperimentSpec& resolved) override;
+
+  // ---- what the pool and `circuitlab workers` see ----
+  std::vector<WorkerInfo> Workers() const;
+  // Slots of connected, non-draining workers; slots leased now.
+  int TotalSlots() const;
+  int BusySlots() const;
+  // Leases waiting for a worker.
+  int WaitingLeases() const;
+
+ private:
+  struct Lease;
+  struct Session;
+  // What the slot thread keeps about one member of its lease.
+  struct Member {
+    std::string checkpoint;  // chunks received so far
+    uint64_t checkpoint_step = 0;
+    bool checkpoint_too_big = false;
+    int64_t last_step = 0;
+    bool ended = false;
+    bool stop_sent = false;
+    absl::Status failure;  // a server-side failure (basis or checkpoint not written)
+  };
+  // Runs one lease to its end on the calling (slot) thread.
+  std::vector<absl::StatusOr<engine::TrainOutcome>> RunLease(const std::vector<engine::TrainRequest>& requests,
+                                                             const std::vector<PlacedObserver*>& observers);
+  // A session with a free slot now or within a short wait (registered as the
+  // lease's), else nullptr.
+  std::shared_ptr<Session> TryAssign(const std::shared_ptr<Lease>& lease);
+  void SendLease(Session& session, const Lease& lease, const std::vector<engine::TrainRequest>& requests,
+                 const std::vector<PlacedObserver*>& observers);
+  void SendStop(Session& session, uint64_t lease, v1::Stop::Reason reason, uint32_t member);
+  // Hands one report to the member's observer (the checkpoint's ack goes back).
+  void ApplyReport(Session& session, uint64_t lease, const v1::Report& report, Member& member,
+                   PlacedObserver& observer);
+  void LoseLocked(Session& session, const absl::Status& why);
+  void Watchdog();
+  void WakeScheduler();
+
+  const BrokerOptions options_;
+  engine::Executor* const local_;
+  Clock* const clock_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;  // sessions, slots, inboxes changed
+  std::function<void()> wake_;
+  std::map<uint64_t, std::shared_ptr<Session>> sessions_;
+  std::map<uint64_t, std::shared_ptr<Lease>> leases_;
+  uint64_t next_session_ = 1;
+  uint64_t next_lease_ = 1;
+  int acquired_ = 0;
+  int waiting_ = 0;
+  bool stopping_ = false;
+  std::thread watchdog_;
+};
+
+}  // namespace circuitlab::scheduler

@@ -1,0 +1,133 @@
+// circuitlab-worker: flags -> the LibTorch executor and a Worker (worker.h);
+// SIGTERM/SIGINT/SIGUSR2 drain it (its runs checkpoint and go back to the
+// server), a second signal exits at once.
+#include <signal.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <spdlog/spdlog.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "server/common/logging.h"
+#include "server/engine/engine.h"
+#include "worker/worker.h"
+
+namespace {
+
+std::string Env(const char* name) {
+  const char* v = std::getenv(name);
+  return v == nullptr ? "" : v;
+}
+
+bool ReadFile(const std::string& path, std::string* out, bool first_line) {
+  std::ifstream in(path);
+  if (!in) return false;
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  *out = ss.str();
+  if (first_line) {
+    *out = out->substr(0, out->find('\n'));
+    while (!out->empty() && (out->back() == '\r' || out->back() == ' ')) out->pop_back();
+  }
+  return true;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "circuitlab-worker: trains runs for a circuitlab server. Dials the server (TLS and a token with the worker\n"
+      "role, as any client), leases runs, trains them with this machine's LibTorch and streams metrics,\n"
+      "coordinates and checkpoints back; the server keeps the store. Slurm pilots run it (circuitlab-server\n"
+      "--executor slurm); so can a Kubernetes Job or a person (--executor workers).\n"
+      "SIGTERM/SIGUSR2: lease nothing more, checkpoint the runs, hand them back, exit 0.\n"
+      "Exit codes: 0 drained or idle; 2 server unreachable at start; 3 server lost longer than\n"
+      "--reconnect-seconds; 4 refused (token, role, version, a server without remote workers).\n\n"
+      "Example:\n  circuitlab-worker --server login1:50051 --ca-cert ca.pem --token-file worker.token --slots 2",
+      "circuitlab-worker"};
+  circuitlab::worker::WorkerOptions o;
+  o.server = Env("CIRCUITLAB_TARGET").empty() ? o.server : Env("CIRCUITLAB_TARGET");
+  std::string token_file = Env("CIRCUITLAB_TOKEN_FILE"), ca_cert = Env("CIRCUITLAB_CA_CERT");
+  std::string client_cert, client_key, log_level = "info";
+  if (!Env("SLURM_JOB_ID").empty()) o.engine_job = "slurm:" + Env("SLURM_JOB_ID");
+  app.add_option("--server", o.server, "host:port of the server (env CIRCUITLAB_TARGET)")->capture_default_str();
+  app.add_option("--token-file", token_file, "File whose first line is the token (env CIRCUITLAB_TOKEN_FILE)");
+  app.add_option("--ca-cert", ca_cert, "PEM CA of the server's certificate; turns TLS on (env CIRCUITLAB_CA_CERT)");
+  app.add_flag("--tls", o.tls, "TLS with the system's CAs");
+  app.add_option("--client-cert", client_cert, "PEM client certificate (servers with mutual TLS)");
+  app.add_option("--client-key", client_key, "PEM key of --client-cert");
+  app.add_option("--tls-server-name", o.tls_server_name, "Check the server's certificate for this name");
+  app.add_option("--slots", o.slots, "Runs (or ensembles) trained at once")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 64));
+  app.add_option("--device", o.device, "Torch device: cpu or cuda:N")->capture_default_str();
+  app.add_option("--intra-op-threads", o.intra_op_threads, "LibTorch/BLAS threads per run")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 256));
+  app.add_option("--engine-job", o.engine_job,
+                 "What started this worker, shown in Run.device (default slurm:$SLURM_JOB_ID under Slurm)");
+  app.add_option("--idle-exit", o.idle_exit_seconds, "Exit after this many seconds with nothing to train (0 = never)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 86400 * 365));
+  app.add_option("--connect-timeout", o.connect_timeout_seconds, "Give up at start after this many seconds")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 3600));
+  app.add_option("--reconnect-seconds", o.reconnect_seconds,
+                 "After losing the server, dial again for this long before exiting")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 86400 * 7));
+  app.add_option("--log-level", log_level, "trace|debug|info|warn|error|off")->capture_default_str();
+  app.set_version_flag("--version", "circuitlab-worker " CIRCUITLAB_VERSION);
+  CLI11_PARSE(app, argc, argv);
+
+  if (absl::Status s = circuitlab::SetupLogging(log_level); !s.ok()) {
+    std::fprintf(stderr, "circuitlab-worker: %s\n", std::string(s.message()).c_str());
+    return 2;
+  }
+  if (!token_file.empty() && !ReadFile(token_file, &o.token, true)) {
+    std::fprintf(stderr, "circuitlab-worker: cannot read --token-file %s\n", token_file.c_str());
+    return 2;
+  }
+  for (auto [path, pem, flag] : {std::tuple{&ca_cert, &o.ca_cert_pem, "--ca-cert"},
+                                 {&client_cert, &o.client_cert_pem, "--client-cert"},
+                                 {&client_key, &o.client_key_pem, "--client-key"}}) {
+    if (!path->empty() && !ReadFile(*path, pem, false)) {
+      std::fprintf(stderr, "circuitlab-worker: cannot read %s %s\n", flag, path->c_str());
+      return 2;
+    }
+  }
+  if (o.device != "cpu" && o.device.rfind("cuda:", 0) != 0) {
+    std::fprintf(stderr, "circuitlab-worker: --device must be cpu or cuda:N, got '%s'\n", o.device.c_str());
+    return 2;
+  }
+  char host[256] = {};
+  gethostname(host, sizeof host - 1);
+  o.host = host;
+  o.version = CIRCUITLAB_VERSION;
+
+  // Signals go to the thread below only.
+  sigset_t signals;
+  sigemptyset(&signals);
+  for (int s : {SIGINT, SIGTERM, SIGUSR2}) sigaddset(&signals, s);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  circuitlab::engine::ConfigureRuntime(o.intra_op_threads);
+  std::unique_ptr<circuitlab::engine::Executor> executor = circuitlab::engine::MakeTorchExecutor();
+  circuitlab::worker::Worker worker(o, executor.get());
+  std::thread([&worker, signals] {
+    int sig = 0, count = 0;
+    while (sigwait(&signals, &sig) == 0) {
+      if (++count > 1) {
+        spdlog::warn("second signal: exiting without handing back the runs (the server re-queues them)");
+        std::_Exit(1);
+      }
+      worker.Drain(sig == SIGUSR2 ? "SIGUSR2 (Slurm: the job nears its end or is preempted)"
+                                  : sig == SIGTERM ? "SIGTERM" : "SIGINT");
+    }
+  }).detach();
+  return worker.Run();
+}
