@@ -163,7 +163,18 @@ absl::Status SetUpRemote(Flags& f, circuitlab::scheduler::SchedulerOptions& opts
   s.poll = std::chrono::seconds(f.slurm_poll_s);
   if (s.log_dir.empty()) s.log_dir = (std::filesystem::absolute(f.data_dir) / "slurm-logs").string();
   if (s.worker_binary.empty()) {
-    s.worker_binary = (std::filesystem::read_symlink("/proc/self/exe").parent_path() / "circuitlab-worker").string();
+    // Installed: beside this binary; in a build tree: build/worker/.
+    const std::filesystem::path here = std::filesystem::read_symlink("/proc/self/exe").parent_path();
+    for (const auto& p : {here / "circuitlab-worker", here.parent_path() / "worker" / "circuitlab-worker"}) {
+      if (std::filesystem::exists(p)) {
+        s.worker_binary = p.string();
+        break;
+      }
+    }
+    if (s.worker_binary.empty() && f.executor == "slurm") {
+      return absl::InvalidArgumentError("no circuitlab-worker beside this server (" + here.string() +
+                                        "); pass --worker-binary as the nodes see it");
+    }
   }
   if (s.server_address.empty()) {
     s.server_address = f.listen;

@@ -109,25 +109,33 @@ int main(int argc, char** argv) {
   o.host = host;
   o.version = CIRCUITLAB_VERSION;
 
-  // Signals go to the thread below only.
+  // Signals are taken by sigwait on the main thread: the kernel offers a
+  // process signal to the main thread first, so threads that libraries
+  // started before this mask (with the signals unblocked) never get them.
+  // Training runs on `runner`; it wakes us with SIGUSR1 when done.
   sigset_t signals;
   sigemptyset(&signals);
-  for (int s : {SIGINT, SIGTERM, SIGUSR2}) sigaddset(&signals, s);
+  for (int s : {SIGINT, SIGTERM, SIGUSR2, SIGUSR1}) sigaddset(&signals, s);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   circuitlab::engine::ConfigureRuntime(o.intra_op_threads);
   std::unique_ptr<circuitlab::engine::Executor> executor = circuitlab::engine::MakeTorchExecutor();
   circuitlab::worker::Worker worker(o, executor.get());
-  std::thread([&worker, signals] {
-    int sig = 0, count = 0;
-    while (sigwait(&signals, &sig) == 0) {
-      if (++count > 1) {
-        spdlog::warn("second signal: exiting without handing back the runs (the server re-queues them)");
-        std::_Exit(1);
-      }
-      worker.Drain(sig == SIGUSR2 ? "SIGUSR2 (Slurm: the job nears its end or is preempted)"
-                                  : sig == SIGTERM ? "SIGTERM" : "SIGINT");
+  int rc = 0;
+  const pthread_t main_thread = pthread_self();
+  std::thread runner([&] {
+    rc = worker.Run();
+    pthread_kill(main_thread, SIGUSR1);
+  });
+  int sig = 0, count = 0;
+  while (sigwait(&signals, &sig) == 0 && sig != SIGUSR1) {
+    if (++count > 1) {
+      spdlog::warn("second signal: exiting without handing back the runs (the server re-queues them)");
+      std::_Exit(1);
     }
-  }).detach();
-  return worker.Run();
+    worker.Drain(sig == SIGUSR2 ? "SIGUSR2 (Slurm: the job nears its end or is preempted)"
+                                : sig == SIGTERM ? "SIGTERM" : "SIGINT");
+  }
+  runner.join();
+  return rc;
 }

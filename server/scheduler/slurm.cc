@@ -32,8 +32,9 @@ std::vector<std::string> Split(std::string_view s, char sep) {
 }
 
 std::string Trim(std::string_view s) {
-  while (!s.empty() && (s.back() == ' ' || s.back() == '\r' || s.back() == '\t')) s.remove_suffix(1);
-  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  auto space = [](char c) { return c == ' ' || c == '\r' || c == '\t' || c == '\n'; };
+  while (!s.empty() && space(s.back())) s.remove_suffix(1);
+  while (!s.empty() && space(s.front())) s.remove_prefix(1);
   return std::string(s);
 }
 
@@ -117,13 +118,13 @@ std::string PilotScript(const SlurmOptions& o) {
   std::vector<std::string> argv = {ShellQuote(o.worker_binary), "--server", ShellQuote(o.server_address),
                                    "--slots", std::to_string(o.worker_slots), "--intra-op-threads",
                                    std::to_string(o.intra_op_threads), "--idle-exit",
-                                   std::to_string(o.idle_exit_seconds), "--engine-job",
-                                   "\"slurm:${SLURM_ARRAY_JOB_ID:+${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}}"
-                                   "${SLURM_ARRAY_JOB_ID:-$SLURM_JOB_ID}\""};
+                                   std::to_string(o.idle_exit_seconds), "--engine-job", "\"slurm:$job\""};
   if (!o.token_file.empty()) argv.insert(argv.end(), {"--token-file", ShellQuote(o.token_file)});
   if (!o.ca_cert.empty()) argv.insert(argv.end(), {"--ca-cert", ShellQuote(o.ca_cert)});
   if (o.tls && o.ca_cert.empty()) argv.push_back("--tls");
   if (!o.gpus_per_node.empty()) argv.insert(argv.end(), {"--device", "cuda:0"});
+  s += "job=$SLURM_JOB_ID\n";
+  s += "[ -n \"${SLURM_ARRAY_TASK_ID:-}\" ] && job=${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}\n";
   s += "exec " + absl::StrJoin(argv, " ") + "\n";
   return s;
 }
@@ -207,9 +208,13 @@ SlurmPool::~SlurmPool() { Stop(); }
 
 absl::Status SlurmPool::Start() {
   absl::StatusOr<CommandResult> v = run_({"sbatch", "--version"}, "");
-  if (!v.ok() || v->exit_code != 0) {
+  if (!v.ok()) {
     return absl::FailedPreconditionError("--executor slurm needs Slurm's sbatch on this machine's PATH (" +
-                                         (v.ok() ? Trim(v->err) : std::string(v.status().message())) + ")");
+                                         std::string(v.status().message()) + ")");
+  }
+  if (v->exit_code != 0) {
+    return absl::FailedPreconditionError("--executor slurm: `sbatch --version` fails here (is SLURM_CONF set, is "
+                                         "this a Slurm submit host?): " + Clip(Trim(v->err), 400));
   }
   Refresh();  // adopts the pilots an earlier server process left
   spdlog::info("slurm: {} ({}), job name {}, up to {} pilot(s) of {} slot(s); {} pilot(s) found", Trim(v->out),

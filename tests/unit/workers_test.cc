@@ -1,0 +1,345 @@
+// The lease broker (scheduler/workers.h) against a recording link and
+// observer: registration, capacity, a lease's whole life (resume chunks out;
+// metrics, progress, checkpoint chunks in; acks; the end), idempotent
+// sequence numbers, cancel, a lost worker, the heartbeat timeout.
+#include "server/scheduler/workers.h"
+
+#include <gtest/gtest.h>
+
+#include <future>
+#include <thread>
+
+namespace circuitlab::scheduler {
+namespace {
+
+using namespace std::chrono_literals;
+
+class RecordingLink : public WorkerLink {
+ public:
+  void Send(v1::ServerMessage m) override {
+    std::lock_guard<std::mutex> lock(mu);
+    sent.push_back(std::move(m));
+    cv.notify_all();
+  }
+  void Close(const absl::Status& why) override {
+    std::lock_guard<std::mutex> lock(mu);
+    closed = why;
+    was_closed = true;
+    cv.notify_all();
+  }
+  // The first sent message of `kind` at or after index `from` (waits up to 5 s).
+  std::optional<v1::ServerMessage> WaitFor(v1::ServerMessage::KindCase kind, size_t from = 0) {
+    std::unique_lock<std::mutex> lock(mu);
+    std::optional<v1::ServerMessage> found;
+    cv.wait_for(lock, 5s, [&] {
+      for (size_t i = from; i < sent.size(); ++i) {
+        if (sent[i].kind_case() == kind) {
+          found = sent[i];
+          return true;
+        }
+      }
+      return false;
+    });
+    return found;
+  }
+  size_t Count(v1::ServerMessage::KindCase kind) {
+    std::lock_guard<std::mutex> lock(mu);
+    return static_cast<size_t>(
+        std::count_if(sent.begin(), sent.end(), [&](const auto& m) { return m.kind_case() == kind; }));
+  }
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<v1::ServerMessage> sent;
+  absl::Status closed;
+  bool was_closed = false;
+};
+
+class RecordingObserver : public PlacedObserver {
+ public:
+  explicit RecordingObserver(int64_t id, int64_t start = 0) : id_(id), start_(start) {}
+  int64_t run_id() const override { return id_; }
+  int64_t start_step() const override { return start_; }
+  void OnPlaced(const std::string& device) override { placed = device; }
+  void OnMetrics(int64_t step, const std::vector<engine::Metric>& m) override {
+    metric_calls.push_back({step, m.size()});
+  }
+  void OnProgress(int64_t step, double) override { progress.push_back(step); }
+  absl::Status OnCheckpoint(int64_t step, const std::string& bytes) override {
+    checkpoints.push_back({step, bytes});
+    return checkpoint_status;
+  }
+  std::string placed;
+  std::vector<std::pair<int64_t, size_t>> metric_calls;
+  std::vector<int64_t> progress;
+  std::vector<std::pair<int64_t, std::string>> checkpoints;
+  absl::Status checkpoint_status;
+
+ private:
+  int64_t id_, start_;
+};
+
+v1::Register Reg(uint32_t slots = 1, const std::string& version = "test") {
+  v1::Register r;
+  r.set_host("node1");
+  r.set_engine_job("slurm:42");
+  r.set_slots(slots);
+  r.set_device("cpu");
+  r.set_version(version);
+  return r;
+}
+
+v1::WorkerMessage ReportMsg(uint64_t lease, uint64_t seq) {
+  v1::WorkerMessage m;
+  m.mutable_report()->set_lease_id(lease);
+  m.mutable_report()->set_sequence(seq);
+  return m;
+}
+
+v1::WorkerMessage EndMsg(uint64_t lease, uint64_t seq, v1::MemberEnd::End end, uint64_t step) {
+  v1::WorkerMessage m;
+  m.mutable_lease_end()->set_lease_id(lease);
+  m.mutable_lease_end()->set_sequence(seq);
+  m.mutable_lease_end()->add_members()->set_end(end);
+  m.mutable_lease_end()->mutable_members(0)->set_last_step(step);
+  return m;
+}
+
+struct WorkerBrokerTest : ::testing::Test {
+  BrokerOptions Options() {
+    BrokerOptions o;
+    o.version = "test";
+    o.chunk_bytes = 4;
+    o.lease_timeout = 2s;
+    o.preempt_grace = 2s;
+    return o;
+  }
+  FakeClock clock;
+};
+
+TEST_F(WorkerBrokerTest, RegisterChecksFieldsAndVersion) {
+  WorkerBroker b(Options(), nullptr, &clock);
+  auto link = std::make_shared<RecordingLink>();
+  auto bad = b.Open(link, Reg(0), "w", "peer");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("register.slots must be in [1, 64]"), std::string::npos) << bad.status();
+  auto skew = b.Open(link, Reg(1, "0.0.9"), "w", "peer");
+  EXPECT_EQ(skew.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(skew.status().message().find("the server is 'test'"), std::string::npos) << skew.status();
+  v1::Register gpu = Reg();
+  gpu.set_device("tpu");
+  EXPECT_EQ(b.Open(link, gpu, "w", "peer").status().code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(b.Open(link, Reg(2), "w", "peer").ok());
+  auto reg = link->WaitFor(v1::ServerMessage::kRegistered);
+  ASSERT_TRUE(reg.has_value());
+  EXPECT_EQ(reg->registered().worker_id(), "w1");
+  EXPECT_EQ(reg->registered().lease_timeout_seconds(), 2u);
+  ASSERT_EQ(b.Workers().size(), 1u);
+  EXPECT_EQ(b.Workers()[0].engine_job, "slurm:42");
+}
+
+TEST_F(WorkerBrokerTest, CapacityFollowsWorkersAndDrain) {
+  WorkerBroker b(Options(), nullptr, &clock);
+  EXPECT_FALSE(b.TryAcquire());
+  auto link = std::make_shared<RecordingLink>();
+  const uint64_t s = *b.Open(link, Reg(2), "w", "peer");
+  EXPECT_TRUE(b.TryAcquire());
+  EXPECT_TRUE(b.TryAcquire());
+  EXPECT_FALSE(b.TryAcquire());
+  b.Release();
+  EXPECT_TRUE(b.TryAcquire());
+  b.Release();
+  b.Release();
+  v1::WorkerMessage drain;
+  drain.mutable_drain();
+  ASSERT_TRUE(b.OnMessage(s, drain).ok());
+  EXPECT_FALSE(b.TryAcquire()) << "a draining worker takes nothing more";
+  EXPECT_EQ(b.TotalSlots(), 0);
+}
+
+TEST_F(WorkerBrokerTest, LeaseLifeResumeReportsCheckpointAndEnd) {
+  WorkerBroker b(Options(), nullptr, &clock);
+  auto link = std::make_shared<RecordingLink>();
+  const uint64_t s = *b.Open(link, Reg(), "w", "peer");
+  RecordingObserver obs(7, 300);
+  engine::TrainRequest req;
+  req.spec.set_name("x");
+  req.resume_from = std::string("0123456789");  // 3 chunks of <= 4 bytes
+  CancelToken token;
+  req.cancel = &token;
+  auto done = std::async(std::launch::async, [&] { return b.Train(req, obs); });
+
+  auto lease = link->WaitFor(v1::ServerMessage::kLease);
+  ASSERT_TRUE(lease.has_value());
+  const uint64_t id = lease->lease().lease_id();
+  ASSERT_EQ(lease->lease().members_size(), 1);
+  EXPECT_EQ(lease->lease().members(0).run_id(), "r7");
+  EXPECT_EQ(lease->lease().members(0).resume_bytes(), 10u);
+  EXPECT_EQ(lease->lease().members(0).resume_step(), 300u);
+  std::string resume;
+  for (const auto& m : link->sent) {
+    if (m.has_resume_chunk()) resume += m.resume_chunk().data();
+  }
+  EXPECT_EQ(resume, "0123456789");
+  EXPECT_EQ(link->Count(v1::ServerMessage::kResumeChunk), 3u);
+
+  // Metrics of two steps in one batch: one OnMetrics per step.
+  v1::WorkerMessage metrics = ReportMsg(id, 1);
+  for (auto [step, name] : {std::pair{301, "a"}, {301, "b"}, {302, "a"}}) {
+    auto* p = metrics.mutable_report()->mutable_metrics()->add_metrics();
+    p->set_step(step);
+    p->set_name(name);
+    p->set_value(1);
+  }
+  ASSERT_TRUE(b.OnMessage(s, metrics).ok());
+  ASSERT_TRUE(b.OnMessage(s, metrics).ok()) << "a resend is dropped, not an error";
+  v1::WorkerMessage progress = ReportMsg(id, 2);
+  progress.mutable_report()->mutable_progress()->set_step(302);
+  ASSERT_TRUE(b.OnMessage(s, progress).ok());
+  for (uint64_t seq : {3, 4}) {
+    v1::WorkerMessage c = ReportMsg(id, seq);
+    c.mutable_report()->mutable_checkpoint()->set_step(400);
+    c.mutable_report()->mutable_checkpoint()->set_data(seq == 3 ? "ab" : "cd");
+    c.mutable_report()->mutable_checkpoint()->set_last(seq == 4);
+    ASSERT_TRUE(b.OnMessage(s, c).ok());
+  }
+  auto ack = link->WaitFor(v1::ServerMessage::kCheckpointAck);
+  ASSERT_TRUE(ack.has_value());
+  EXPECT_EQ(ack->checkpoint_ack().step(), 400u);
+  EXPECT_EQ(ack->checkpoint_ack().error(), "");
+  // A gap in the numbering is a protocol error.
+  EXPECT_EQ(b.OnMessage(s, ReportMsg(id, 9)).code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(b.OnMessage(s, EndMsg(id, 5, v1::MemberEnd::END_COMPLETED, 500)).ok());
+
+  absl::StatusOr<engine::TrainOutcome> out = done.get();
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(out->end, engine::TrainEnd::kCompleted);
+  EXPECT_EQ(out->last_step, 500);
+  EXPECT_EQ(obs.placed, "w1 slurm:42@node1 cpu");
+  ASSERT_EQ(obs.metric_calls.size(), 2u);
+  EXPECT_EQ(obs.metric_calls[0], (std::pair<int64_t, size_t>{301, 2}));
+  EXPECT_EQ(obs.metric_calls[1], (std::pair<int64_t, size_t>{302, 1}));
+  EXPECT_EQ(obs.progress, std::vector<int64_t>{302});
+  ASSERT_EQ(obs.checkpoints.size(), 1u);
+  EXPECT_EQ(obs.checkpoints[0], (std::pair<int64_t, std::string>{400, "abcd"}));
+  EXPECT_EQ(b.BusySlots(), 0);
+}
+
+TEST_F(WorkerBrokerTest, CancelSendsStopAndFailuresKeepTheirCode) {
+  WorkerBroker b(Options(), nullptr, &clock);
+  auto link = std::make_shared<RecordingLink>();
+  const uint64_t s = *b.Open(link, Reg(), "w", "peer");
+  RecordingObserver obs(3);
+  engine::TrainRequest req;
+  CancelToken token;
+  req.cancel = &token;
+  auto done = std::async(std::launch::async, [&] { return b.Train(req, obs); });
+  auto lease = link->WaitFor(v1::ServerMessage::kLease);
+  ASSERT_TRUE(lease.has_value());
+  token.Request(StopReason::kCancel);
+  auto stop = link->WaitFor(v1::ServerMessage::kStop);
+  ASSERT_TRUE(stop.has_value());
+  EXPECT_EQ(stop->stop().reason(), v1::Stop::REASON_CANCEL);
+  ASSERT_TRUE(b.OnMessage(s, EndMsg(lease->lease().lease_id(), 1, v1::MemberEnd::END_CANCELLED, 12)).ok());
+  EXPECT_EQ(done.get()->end, engine::TrainEnd::kCancelled);
+
+  CancelToken token2;
+  req.cancel = &token2;
+  auto failed = std::async(std::launch::async, [&] { return b.Train(req, obs); });
+  auto lease2 = link->WaitFor(v1::ServerMessage::kLease, link->sent.size());
+  ASSERT_TRUE(lease2.has_value());
+  v1::WorkerMessage end = EndMsg(lease2->lease().lease_id(), 1, v1::MemberEnd::END_FAILED, 0);
+  end.mutable_lease_end()->mutable_members(0)->set_error("checkpoint does not match the spec");
+  end.mutable_lease_end()->mutable_members(0)->set_code(static_cast<int>(absl::StatusCode::kInvalidArgument));
+  ASSERT_TRUE(b.OnMessage(s, end).ok());
+  absl::StatusOr<engine::TrainOutcome> out = failed.get();
+  EXPECT_EQ(out.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(out.status().message().find("(on w1 slurm:42@node1 cpu)"), std::string::npos) << out.status();
+}
+
+TEST_F(WorkerBrokerTest, ALostWorkerHandsTheRunBackAtItsLastStep) {
+  WorkerBroker b(Options(), nullptr, &clock);
+  auto link = std::make_shared<RecordingLink>();
+  const uint64_t s = *b.Open(link, Reg(), "w", "peer");
+  RecordingObserver obs(5);
+  engine::TrainRequest req;
+  auto done = std::async(std::launch::async, [&] { return b.Train(req, obs); });
+  auto lease = link->WaitFor(v1::ServerMessage::kLease);
+  ASSERT_TRUE(lease.has_value());
+  v1::WorkerMessage progress = ReportMsg(lease->lease().lease_id(), 1);
+  progress.mutable_report()->mutable_progress()->set_step(77);
+  ASSERT_TRUE(b.OnMessage(s, progress).ok());
+  // Another session may not report for it.
+  auto other = std::make_shared<RecordingLink>();
+  const uint64_t s2 = *b.Open(other, Reg(), "w", "peer");
+  EXPECT_EQ(b.OnMessage(s2, ReportMsg(lease->lease().lease_id(), 2)).code(), absl::StatusCode::kPermissionDenied);
+  b.Closed(s, absl::UnavailableError("connection reset"));
+  absl::StatusOr<engine::TrainOutcome> out = done.get();
+  ASSERT_TRUE(out.ok());
+  EXPECT_EQ(out->end, engine::TrainEnd::kPreempted);
+  EXPECT_EQ(out->last_step, 77);
+  EXPECT_EQ(b.OnMessage(s, ReportMsg(1, 3)).code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(WorkerBrokerTest, ASilentWorkerTimesOut) {
+  WorkerBroker b(Options(), nullptr, &clock);
+  auto link = std::make_shared<RecordingLink>();
+  ASSERT_TRUE(b.Open(link, Reg(), "w", "peer").ok());
+  RecordingObserver obs(5);
+  engine::TrainRequest req;
+  auto done = std::async(std::launch::async, [&] { return b.Train(req, obs); });
+  ASSERT_TRUE(link->WaitFor(v1::ServerMessage::kLease).has_value());
+  clock.AdvanceMicros(3'000'000);  // past the 2 s lease timeout
+  absl::StatusOr<engine::TrainOutcome> out = done.get();
+  ASSERT_TRUE(out.ok());
+  EXPECT_EQ(out->end, engine::TrainEnd::kPreempted);
+  std::lock_guard<std::mutex> lock(link->mu);
+  EXPECT_TRUE(link->was_closed);
+  EXPECT_EQ(link->closed.code(), absl::StatusCode::kDeadlineExceeded);
+}
+
+TEST_F(WorkerBrokerTest, RunsStoppedBeforeAnyWorkerEndWhereTheyAre) {
+  WorkerBroker b(Options(), nullptr, &clock);
+  RecordingObserver obs(9, 400);
+  engine::TrainRequest req;
+  CancelToken token;
+  req.cancel = &token;
+  auto done = std::async(std::launch::async, [&] { return b.Train(req, obs); });
+  std::this_thread::sleep_for(50ms);
+  EXPECT_EQ(b.WaitingLeases(), 1);
+  token.Request(StopReason::kPreempt);
+  absl::StatusOr<engine::TrainOutcome> out = done.get();
+  ASSERT_TRUE(out.ok());
+  EXPECT_EQ(out->end, engine::TrainEnd::kPreempted);
+  EXPECT_EQ(out->last_step, 400);
+  EXPECT_EQ(b.WaitingLeases(), 0);
+}
+
+TEST_F(WorkerBrokerTest, AFailedCheckpointWriteIsAckedWithTheError) {
+  WorkerBroker b(Options(), nullptr, &clock);
+  auto link = std::make_shared<RecordingLink>();
+  const uint64_t s = *b.Open(link, Reg(), "w", "peer");
+  RecordingObserver obs(5);
+  obs.checkpoint_status = absl::UnavailableError("disk full");
+  engine::TrainRequest req;
+  auto done = std::async(std::launch::async, [&] { return b.Train(req, obs); });
+  auto lease = link->WaitFor(v1::ServerMessage::kLease);
+  ASSERT_TRUE(lease.has_value());
+  const uint64_t id = lease->lease().lease_id();
+  v1::WorkerMessage c = ReportMsg(id, 1);
+  c.mutable_report()->mutable_checkpoint()->set_step(100);
+  c.mutable_report()->mutable_checkpoint()->set_data("x");
+  c.mutable_report()->mutable_checkpoint()->set_last(true);
+  ASSERT_TRUE(b.OnMessage(s, c).ok());
+  auto ack = link->WaitFor(v1::ServerMessage::kCheckpointAck);
+  ASSERT_TRUE(ack.has_value());
+  EXPECT_NE(ack->checkpoint_ack().error().find("disk full"), std::string::npos);
+  v1::WorkerMessage end = EndMsg(id, 2, v1::MemberEnd::END_FAILED, 100);
+  ASSERT_TRUE(b.OnMessage(s, end).ok());
+  absl::StatusOr<engine::TrainOutcome> out = done.get();
+  EXPECT_EQ(out.status().code(), absl::StatusCode::kUnavailable) << "the server's own failure is the run's error";
+  EXPECT_NE(out.status().message().find("disk full"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace circuitlab::scheduler
