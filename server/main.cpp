@@ -400,6 +400,7 @@ int main(int argc, char** argv) {
   server_opts.insecure_plaintext = flags.insecure_plaintext;
   server_opts.private_runs = flags.private_runs;
   server_opts.health_listen = flags.health_listen;
+  server_opts.executor = flags.executor;
   auto server =
       circuitlab::rpc::GrpcServer::Start(server_opts, auth->get(), audit.get(), &scheduler, &analysis, &sweeps, broker.get());
   if (!server.ok()) {

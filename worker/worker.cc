@@ -263,7 +263,7 @@ Worker::End Worker::Session(std::string* why) {
     const grpc::Status s = stream->Finish();
     *why = s.ok() ? "the server ended the session at once" : s.error_message();
     if (s.error_code() == grpc::StatusCode::UNIMPLEMENTED) {
-      *why += " (the server does not take workers: start it with --executor workers or slurm)";
+      *why += " (a server without WorkerService: an older circuitlab?)";
     }
     return Refusal(s.error_code()) ? End::kRefused : End::kLost;
   }

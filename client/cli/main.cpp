@@ -54,7 +54,7 @@ int main(int argc, char** argv) {
   for (auto add : {AddSubmit,      AddLs,           AddShow,    AddWatch,      AddCancel,        AddRm,
                    AddMetrics,     AddCoords,       AddProject, AddInvariance, AddSweep,         AddSweepShow,
                    AddSweepCancel, AddSweepSummary, AddDetect,  AddIntervene,  AddLabel,         AddDataDependence,
-                   AddTaskVectors, AddHealth,       AddWhoAmI,  AddAnalyses,   AddCancelAnalysis}) {
+                   AddTaskVectors, AddHealth,       AddWhoAmI,  AddAnalyses,   AddCancelAnalysis, AddWorkers}) {
     add(app, &chosen);
   }
   try {

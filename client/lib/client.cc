@@ -13,6 +13,7 @@
 
 #include "circuitlab/v1/analysis_service.grpc.pb.h"
 #include "circuitlab/v1/experiment_service.grpc.pb.h"
+#include "circuitlab/v1/worker_service.grpc.pb.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 
 namespace circuitlab::client {
@@ -93,6 +94,7 @@ struct Client::Impl {
   std::unique_ptr<v1::ExperimentService::Stub> stub;
   std::unique_ptr<v1::AnalysisService::Stub> analysis;
   std::unique_ptr<grpc::health::v1::Health::Stub> health;
+  std::unique_ptr<v1::WorkerService::Stub> workers;
 
   void Prepare(grpc::ClientContext& ctx, bool deadline) const {
     if (deadline) ctx.set_deadline(std::chrono::system_clock::now() + options.timeout);
@@ -131,9 +133,14 @@ Client::Client(const ClientOptions& options) : impl_(std::make_unique<Impl>()) {
   impl_->stub = v1::ExperimentService::NewStub(impl_->channel);
   impl_->analysis = v1::AnalysisService::NewStub(impl_->channel);
   impl_->health = grpc::health::v1::Health::NewStub(impl_->channel);
+  impl_->workers = v1::WorkerService::NewStub(impl_->channel);
 }
 
 Client::~Client() = default;
+
+absl::StatusOr<v1::ListWorkersResponse> Client::ListWorkers() {
+  return impl_->Call(impl_->workers.get(), &v1::WorkerService::Stub::ListWorkers, v1::ListWorkersRequest());
+}
 
 absl::StatusOr<v1::WhoAmIResponse> Client::WhoAmI() {
   return impl_->Call(impl_->stub.get(), &v1::ExperimentService::Stub::WhoAmI, v1::WhoAmIRequest());

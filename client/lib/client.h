@@ -14,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "circuitlab/v1/analysis_service.pb.h"
 #include "circuitlab/v1/experiment_service.pb.h"
+#include "circuitlab/v1/worker_service.pb.h"
 
 namespace circuitlab::client {
 
@@ -60,6 +61,8 @@ class Client {
   // SERVING -> OK; NOT_SERVING -> Unavailable; unreachable -> the RPC error.
   absl::Status Health();
   absl::StatusOr<v1::WhoAmIResponse> WhoAmI();
+  // The server's executor and the remote workers connected now.
+  absl::StatusOr<v1::ListWorkersResponse> ListWorkers();
 
   // AnalysisService.
   absl::StatusOr<v1::ProjectCheckpointResponse> ProjectCheckpoint(const v1::ProjectCheckpointRequest& request);

@@ -121,7 +121,8 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const ServerOption
   server->security_ = std::make_unique<Security>(auth, audit, experiments, sweeps, &analysis->jobs(), security);
   server->experiments_ = std::make_unique<ExperimentServiceImpl>(experiments, sweeps, server->security_.get());
   server->analysis_ = std::make_unique<AnalysisServiceImpl>(analysis, server->security_.get());
-  if (workers != nullptr) server->workers_ = std::make_unique<WorkerServiceImpl>(workers, server->security_.get());
+  server->workers_ =
+      std::make_unique<WorkerServiceImpl>(workers, experiments, options.executor, server->security_.get());
   grpc::EnableDefaultHealthCheckService(true);
 
   std::shared_ptr<grpc::ServerCredentials> credentials = tls ? TlsServerCredentials(options.tls)
@@ -139,7 +140,7 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const ServerOption
   builder.AddListeningPort(options.listen, credentials, &server->port_);
   builder.RegisterService(server->experiments_.get());
   builder.RegisterService(server->analysis_.get());
-  if (server->workers_) builder.RegisterService(server->workers_.get());
+  builder.RegisterService(server->workers_.get());
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   server->server_ = builder.BuildAndStart();
   if (server->server_ == nullptr || server->port_ == 0) {

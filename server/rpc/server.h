@@ -44,6 +44,7 @@ struct ServerOptions {
   // token), for probes that cannot speak TLS (Kubernetes' gRPC probes).
   // Empty = none.
   std::string health_listen;
+  std::string executor = "local";  // where runs train (ListWorkers says so)
 };
 
 // True for 127.0.0.0/8, ::1 and "localhost" listen addresses.

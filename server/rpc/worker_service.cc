@@ -1,5 +1,6 @@
 #include "server/rpc/worker_service.h"
 
+#include <google/protobuf/util/time_util.h>
 #include <spdlog/spdlog.h>
 
 #include <deque>
@@ -89,6 +90,11 @@ class SessionReactor final : public Reactor {
                                                "(scripts/add-principal.sh NAME worker)"));
       return;
     }
+    if (broker_ == nullptr) {
+      link_->Close(absl::FailedPreconditionError(
+          "this server trains its runs itself (--executor local); start it with --executor workers or slurm"));
+      return;
+    }
     caller_ = *caller;
     StartRead(&in_);
   }
@@ -138,6 +144,37 @@ class SessionReactor final : public Reactor {
 grpc::ServerBidiReactor<v1::WorkerMessage, v1::ServerMessage>* WorkerServiceImpl::Session(
     grpc::CallbackServerContext* ctx) {
   return new SessionReactor(ctx, broker_, security_);
+}
+
+grpc::ServerUnaryReactor* WorkerServiceImpl::ListWorkers(grpc::CallbackServerContext* ctx,
+                                                         const v1::ListWorkersRequest*,
+                                                         v1::ListWorkersResponse* response) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  absl::StatusOr<Caller> caller = security_->Authenticate(ctx);
+  if (!caller.ok()) {
+    reactor->Finish(ToGrpcStatus(caller.status()));
+    return reactor;
+  }
+  response->set_executor(executor_);
+  response->set_queued_runs(static_cast<uint32_t>(runs_->QueuedRuns()));
+  if (broker_ != nullptr) {
+    for (const scheduler::WorkerInfo& w : broker_->Workers()) {
+      v1::WorkerStatus* s = response->add_workers();
+      s->set_worker_id(w.id);
+      s->set_host(w.host);
+      s->set_engine_job(w.engine_job);
+      s->set_device(w.device);
+      s->set_slots(static_cast<uint32_t>(w.slots));
+      for (const std::string& r : w.runs) s->add_run_ids(r);
+      s->set_draining(w.draining);
+      s->set_principal(w.principal);
+      s->set_peer(w.peer);
+      *s->mutable_connected_at() = google::protobuf::util::TimeUtil::MicrosecondsToTimestamp(w.connected_at_us);
+      *s->mutable_last_seen() = google::protobuf::util::TimeUtil::MicrosecondsToTimestamp(w.last_seen_us);
+    }
+  }
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
 }
 
 }  // namespace circuitlab::rpc

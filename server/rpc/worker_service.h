@@ -10,20 +10,27 @@
 
 #include "circuitlab/v1/worker_service.grpc.pb.h"
 #include "server/rpc/security.h"
+#include "server/scheduler/scheduler.h"
 #include "server/scheduler/workers.h"
 
 namespace circuitlab::rpc {
 
 class WorkerServiceImpl final : public v1::WorkerService::CallbackService {
  public:
-  // Both must outlive the service.
-  WorkerServiceImpl(scheduler::WorkerBroker* broker, const Security* security)
-      : broker_(broker), security_(security) {}
+  // All must outlive the service; `broker` is null on --executor local
+  // (sessions are then refused).
+  WorkerServiceImpl(scheduler::WorkerBroker* broker, scheduler::Scheduler* runs, std::string executor,
+                    const Security* security)
+      : broker_(broker), runs_(runs), executor_(std::move(executor)), security_(security) {}
 
   grpc::ServerBidiReactor<v1::WorkerMessage, v1::ServerMessage>* Session(grpc::CallbackServerContext* ctx) override;
+  grpc::ServerUnaryReactor* ListWorkers(grpc::CallbackServerContext* ctx, const v1::ListWorkersRequest* request,
+                                        v1::ListWorkersResponse* response) override;
 
  private:
   scheduler::WorkerBroker* const broker_;
+  scheduler::Scheduler* const runs_;
+  const std::string executor_;
   const Security* const security_;
 };
 

@@ -36,7 +36,7 @@ fail() { say "FAIL: $*"; exit 1; }
 cleanup() {
   set +e
   for c in $(docker ps -aq --filter "name=$tag" 2>/dev/null); do docker rm -f "$c" >/dev/null; done
-  docker volume rm "$tag-data" "${tag}_circuitlab-data" >/dev/null 2>&1
+  docker volume rm "$tag-data" "$tag-wdata" "${tag}_circuitlab-data" >/dev/null 2>&1
   [ "$engine_started" = 1 ] && deploy/docker-env.sh stop
   rm -rf "$tmp" "$repo/deploy/.prebuilt"
 }
@@ -153,4 +153,29 @@ healthy "${tag}_circuitlab_1"
 "${ccli[@]}" ls | grep -q "^r1 .*SUCCEEDED" || fail "compose: r1 lost across down/up"
 "${dc[@]}" down -v >/dev/null 2>&1
 say "compose: up, a run, down, up again: the run is still listed"
+
+# 5. The worker in the image (what deploy/k8s/worker-job.yaml runs): a server
+# on --executor workers, a worker container with the Job's command, read-only
+# and non-root; the README's demo trains on the worker with the same numbers;
+# `docker stop` of the worker exits 0.
+scripts/add-principal.sh pilot worker "$tmp/secrets/tokens.txt" "$tmp" >/dev/null
+chmod a+r "$tmp/secrets"/*
+mkdir "$tmp/worker" && cp "$tmp/pilot.token" "$tmp/worker/token" && cp "$tmp/secrets/ca.pem" "$tmp/worker/"
+chmod a+rx "$tmp/worker" && chmod a+r "$tmp/worker"/*
+docker volume create "$tag-wdata" >/dev/null
+docker run -d --name "$tag-ws" --network host --read-only --tmpfs /tmp -v "$tag-wdata:/data" \
+  -v "$tmp/secrets:/run/secrets:ro" -e "CIRCUITLAB_TARGET=127.0.0.1:$port" "$image" \
+  --data /data --listen "127.0.0.1:$port" --tls-cert /run/secrets/server.pem --tls-key /run/secrets/server.key \
+  --auth-tokens-file /run/secrets/tokens.txt --executor workers >/dev/null
+healthy "$tag-ws"
+docker run -d --name "$tag-ww" --network host --read-only --tmpfs /tmp -v "$tmp/worker:/run/secrets/worker:ro" \
+  --entrypoint circuitlab-worker "$image" --server "127.0.0.1:$port" --ca-cert /run/secrets/worker/ca.pem \
+  --token-file /run/secrets/worker/token --idle-exit 300 --engine-job k8s:deploy-test >/dev/null
+out=$("${cli[@]}" submit examples/induction.json --watch)
+grep -q "eval/icl_rare/accuracy           0.9854" <<<"$out" || { echo "$out"; docker logs "$tag-ww" | tail; fail "worker: not the README's icl_rare"; }
+"${cli[@]}" show r1 | grep -q "k8s:deploy-test" || fail "r1 did not train on the worker container"
+docker stop -t 60 "$tag-ww" >/dev/null
+[ "$(docker inspect -f '{{.State.ExitCode}}' "$tag-ww")" = 0 ] || { docker logs "$tag-ww" | tail; fail "worker exit code"; }
+docker stop -t 60 "$tag-ws" >/dev/null
+say "worker container: the demo trained on it with the README's numbers; docker stop: exit 0"
 say "PASS"

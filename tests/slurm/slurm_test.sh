@@ -124,6 +124,8 @@ long_spec=$(spec long 7 1500)
 "${cli[@]}" submit "$long_spec" >/dev/null  # r7
 wait_step r7 300
 job=$(job_of r7)
+"${cli[@]}" workers | grep -q "^executor slurm" || fail "circuitlab workers: not the slurm executor"
+"${cli[@]}" workers | grep -E "slurm:$job .* r7" >/dev/null || { "${cli[@]}" workers; fail "circuitlab workers does not show r7 on $job"; }
 scancel --signal=USR2 --batch "$job"
 "${cli[@]}" watch r7 >/dev/null || fail "r7 did not succeed after its pilot was signalled"
 [ "$(json r7 'r["attempts"]')" -ge 2 ] || fail "r7 should have two attempts"

@@ -176,9 +176,16 @@ TEST_F(WorkerBrokerTest, LeaseLifeResumeReportsCheckpointAndEnd) {
   EXPECT_EQ(lease->lease().members(0).run_id(), "r7");
   EXPECT_EQ(lease->lease().members(0).resume_bytes(), 10u);
   EXPECT_EQ(lease->lease().members(0).resume_step(), 300u);
+  // The chunks follow the Lease message.
   std::string resume;
-  for (const auto& m : link->sent) {
-    if (m.has_resume_chunk()) resume += m.resume_chunk().data();
+  {
+    std::unique_lock<std::mutex> lock(link->mu);
+    link->cv.wait_for(lock, 5s, [&] {
+      return std::count_if(link->sent.begin(), link->sent.end(), [](const auto& m) { return m.has_resume_chunk(); }) == 3;
+    });
+    for (const auto& m : link->sent) {
+      if (m.has_resume_chunk()) resume += m.resume_chunk().data();
+    }
   }
   EXPECT_EQ(resume, "0123456789");
   EXPECT_EQ(link->Count(v1::ServerMessage::kResumeChunk), 3u);
@@ -245,8 +252,13 @@ TEST_F(WorkerBrokerTest, CancelSendsStopAndFailuresKeepTheirCode) {
 
   CancelToken token2;
   req.cancel = &token2;
+  size_t sent_so_far = 0;
+  {
+    std::lock_guard<std::mutex> lock(link->mu);
+    sent_so_far = link->sent.size();
+  }
   auto failed = std::async(std::launch::async, [&] { return b.Train(req, obs); });
-  auto lease2 = link->WaitFor(v1::ServerMessage::kLease, link->sent.size());
+  auto lease2 = link->WaitFor(v1::ServerMessage::kLease, sent_so_far);
   ASSERT_TRUE(lease2.has_value());
   v1::WorkerMessage end = EndMsg(lease2->lease().lease_id(), 1, v1::MemberEnd::END_FAILED, 0);
   end.mutable_lease_end()->mutable_members(0)->set_error("checkpoint does not match the spec");

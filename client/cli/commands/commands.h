@@ -48,5 +48,6 @@ void AddCancelAnalysis(CLI::App& app, Action* chosen);
 // The server
 void AddHealth(CLI::App& app, Action* chosen);
 void AddWhoAmI(CLI::App& app, Action* chosen);
+void AddWorkers(CLI::App& app, Action* chosen);
 
 }  // namespace circuitlab::cli
