@@ -80,7 +80,7 @@ int main(int argc, char** argv) {
     while (true) {
       absl::StatusOr<v1::Run> r = client.GetRun(run_id);
       if (r.ok() && r->state() == v1::RUN_STATE_SUCCEEDED) return;
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
   };
 
