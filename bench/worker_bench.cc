@@ -76,10 +76,18 @@ int main(int argc, char** argv) {
     m->set_last_step(spec->training().steps());
     stream->Write(end);
   };
+  // Polls the run's state through ListRuns (newest first): GetRun would also
+  // read the run's latest metrics, a store query that competes with the
+  // writes being measured.
   auto wait_ended = [&](const std::string& run_id) {
+    v1::ListRunsRequest req;
+    req.set_page_size(1);
     while (true) {
-      absl::StatusOr<v1::Run> r = client.GetRun(run_id);
-      if (r.ok() && r->state() == v1::RUN_STATE_SUCCEEDED) return;
+      absl::StatusOr<v1::ListRunsResponse> r = client.ListRuns(req);
+      if (r.ok() && r->runs_size() == 1 && r->runs(0).run_id() == run_id &&
+          r->runs(0).state() == v1::RUN_STATE_SUCCEEDED) {
+        return;
+      }
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
   };

@@ -228,9 +228,11 @@ class Store::Impl {
   const std::string& dir() const { return dir_; }
   std::string db_path() const { return dir_ + "/circuitlab.db"; }
 
-  // Queue a write; returns a future for its (post-commit) status.
-  std::future<absl::Status> Submit(WriteFn fn, bool sync) {
-    Op op{std::move(fn), sync, std::promise<absl::Status>()};
+  // Queue a write; returns a future for its (post-commit) status. `metrics`
+  // (with its run) marks a metrics append later appends may join.
+  std::future<absl::Status> Submit(WriteFn fn, bool sync, std::shared_ptr<std::vector<MetricPoint>> metrics = nullptr,
+                                   int64_t metrics_run = 0) {
+    Op op{std::move(fn), sync, std::promise<absl::Status>(), std::move(metrics), metrics_run};
     std::future<absl::Status> f = op.done.get_future();
     {
       std::unique_lock<std::mutex> lock(mu_);
@@ -252,6 +254,20 @@ class Store::Impl {
   }
 
   absl::Status Write(WriteFn fn) { return Submit(std::move(fn), /*sync=*/true).get(); }
+
+  // Appends `points` to the metrics append of the same run queued last, if
+  // that is the newest queued write: one op (one savepoint) for many steps
+  // when metrics arrive faster than the writer commits (a remote worker's
+  // batches). False when there is none to join.
+  bool JoinMetrics(int64_t run_id, std::vector<MetricPoint>& points) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_ || queue_.empty()) return false;
+    Op& last = queue_.back();
+    if (!last.metrics || last.metrics_run != run_id || last.metrics->size() + points.size() > 8192) return false;
+    last.metrics->insert(last.metrics->end(), std::make_move_iterator(points.begin()),
+                         std::make_move_iterator(points.end()));
+    return true;
+  }
 
   // A read-only connection, returned to the pool when the handle dies.
   struct ReaderDeleter {
@@ -311,6 +327,8 @@ class Store::Impl {
     WriteFn fn;
     bool sync;
     std::promise<absl::Status> done;
+    std::shared_ptr<std::vector<MetricPoint>> metrics;  // a metrics append (JoinMetrics)
+    int64_t metrics_run = 0;
   };
 
   void WriterLoop() {
@@ -645,11 +663,14 @@ void Store::RecordProgress(int64_t run_id, int64_t step) {
 }
 
 void Store::AppendMetrics(int64_t run_id, std::vector<MetricPoint> points) {
-  if (points.empty()) return;
+  if (points.empty() || impl_->JoinMetrics(run_id, points)) return;
   Impl* impl = impl_.get();
+  auto shared = std::make_shared<std::vector<MetricPoint>>(std::move(points));
   impl_->Submit(
-      [impl, run_id, points = std::move(points)](Connection& c) -> absl::Status {
-        for (const MetricPoint& p : points) {
+      [impl, run_id, shared](Connection& c) -> absl::Status {
+        // Read under the writer's ownership: once this op is taken off the
+        // queue nothing joins it any more.
+        for (const MetricPoint& p : *shared) {
           CL_ASSIGN_OR_RETURN(int64_t name_id, impl->NameId(c, p.name));
           CL_ASSIGN_OR_RETURN(Statement st, c.Prepare("INSERT OR REPLACE INTO metrics(run_id, name_id, step, value) "
                                                       "VALUES (?, ?, ?, ?)"));
@@ -658,7 +679,7 @@ void Store::AppendMetrics(int64_t run_id, std::vector<MetricPoint> points) {
         }
         return absl::OkStatus();
       },
-      /*sync=*/false);
+      /*sync=*/false, shared, run_id);
 }
 
 absl::Status Store::PutCheckpoint(int64_t run_id, int64_t step, const std::string& bytes, int keep) {
