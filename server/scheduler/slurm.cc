@@ -320,7 +320,23 @@ void SlurmPool::Grow() {
   const int demand = std::max(0, demand_());
   const int want = std::min(options_.max_workers, (demand + slots - 1) / slots);
   const int have = alive();
-  if (want <= have) return;
+  if (want < have) {
+    // Pilots still waiting in Slurm's queue that the queue no longer needs
+    // are cancelled (running ones exit when idle).
+    std::vector<std::string> argv = {"scancel"};
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (auto it = pilots_.rbegin(); it != pilots_.rend() && static_cast<int>(argv.size()) - 1 < have - want; ++it) {
+        if (!it->second.final && it->second.state == "PENDING") argv.push_back(it->first);
+      }
+    }
+    if (argv.size() > 1) {
+      spdlog::info("slurm: cancelling {} pending pilot(s) the queue no longer needs", argv.size() - 1);
+      (void)run_(argv, "");
+    }
+    return;
+  }
+  if (want == have) return;
   const int count = want - have;
   absl::StatusOr<CommandResult> r = run_(SbatchArgs(options_, count), PilotScript(options_));
   if (!r.ok() || r->exit_code != 0) {

@@ -159,9 +159,11 @@ TEST(SlurmPool, SizesPilotsToTheQueueAndExplainsTheirEnds) {
   EXPECT_EQ(slurm.Count("sbatch"), 2);
 
   demand = 0;
-  slurm.squeue = "101_0|RUNNING|None\n101_1|RUNNING|None\n";
+  slurm.squeue = "101_0|RUNNING|None\n101_1|PENDING|Priority\n";
   pool.Cycle();
   EXPECT_EQ(slurm.Count("sbatch"), 2) << "no demand, no pilots";
+  ASSERT_EQ(slurm.Count("scancel"), 1) << "the pending pilot is no longer needed";
+  EXPECT_EQ(slurm.calls.back(), (std::vector<std::string>{"scancel", "101_1"})) << "the running one exits when idle";
 }
 
 TEST(SlurmPool, FallsBackWhenAccountingIsDisabled) {
