@@ -12,7 +12,6 @@
 #include <grpcpp/grpcpp.h>
 
 #include <CLI/CLI.hpp>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -106,9 +105,10 @@ int main(int argc, char** argv) {
     wait_ended(run->run_id());
   }
   std::sort(lease_ms.begin(), lease_ms.end());
-  std::printf("lease overhead (submit answered -> Lease at the worker), %d tiny runs: median %.2f ms, p90 %.2f ms, "
-              "max %.2f ms\n",
-              runs, lease_ms[lease_ms.size() / 2], lease_ms[lease_ms.size() * 9 / 10], lease_ms.back());
+  std::printf(
+      "lease overhead (submit answered -> Lease at the worker), %d tiny runs: median %.2f ms, p90 %.2f ms, "
+      "max %.2f ms\n",
+      runs, lease_ms[lease_ms.size() / 2], lease_ms[lease_ms.size() * 9 / 10], lease_ms.back());
 
   // Throughput: `points` metric points in reports of `batch`, then the end.
   absl::StatusOr<v1::Run> run = client.SubmitRun(*spec);

@@ -1,12 +1,10 @@
 // circuitlab-server: flags -> store, engine, scheduler, gRPC server; then wait
 // for SIGINT/SIGTERM and drain. The only file that knows every concrete type.
 #include <signal.h>
-
-#include <CLI/CLI.hpp>
 #include <spdlog/spdlog.h>
-
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -103,7 +101,8 @@ void DefineRemoteFlags(CLI::App& app, Flags& f) {
       ->capture_default_str()
       ->check(CLI::Range(1, 10000))
       ->group(g);
-  app.add_option("--slurm-worker-slots", s.worker_slots, "Runs one pilot trains at once (its --cpus-per-task "
+  app.add_option("--slurm-worker-slots", s.worker_slots,
+                 "Runs one pilot trains at once (its --cpus-per-task "
                  "is this x --threads-per-run)")
       ->capture_default_str()
       ->check(CLI::Range(1, 64))
@@ -111,16 +110,27 @@ void DefineRemoteFlags(CLI::App& app, Flags& f) {
   app.add_option("--slurm-partition", s.partition, "sbatch --partition")->group(g);
   app.add_option("--slurm-account", s.account, "sbatch --account")->group(g);
   app.add_option("--slurm-qos", s.qos, "sbatch --qos")->group(g);
-  app.add_option("--slurm-time", s.time, "sbatch --time of a pilot (e.g. 4:00:00); a pilot near its end is "
-                 "signalled (USR2, 120 s before) and hands its runs back")->group(g);
-  app.add_option("--slurm-gpus-per-node", s.gpus_per_node, "sbatch --gpus-per-node (e.g. 1, a100:1); the pilots "
-                 "then train on cuda:0 (untested here: no GPU Slurm)")->group(g);
-  app.add_option("--slurm-extra", s.extra_lines, "A line for the pilot script, right after its shebang "
-                 "(repeatable), e.g. '#SBATCH --constraint=skylake' or 'module load gcc'")->group(g);
-  app.add_option("--slurm-job-name", s.job_name, "The pilots' job name (the pool finds its pilots by it, also "
-                 "after a restart)")->capture_default_str()->group(g);
-  app.add_option("--slurm-log-dir", s.log_dir, "Where pilots write their output (<name>-<jobid>.out; default "
-                 "<data>/slurm-logs; must be writable from the nodes)")->group(g);
+  app.add_option("--slurm-time", s.time,
+                 "sbatch --time of a pilot (e.g. 4:00:00); a pilot near its end is "
+                 "signalled (USR2, 120 s before) and hands its runs back")
+      ->group(g);
+  app.add_option("--slurm-gpus-per-node", s.gpus_per_node,
+                 "sbatch --gpus-per-node (e.g. 1, a100:1); the pilots "
+                 "then train on cuda:0 (untested here: no GPU Slurm)")
+      ->group(g);
+  app.add_option("--slurm-extra", s.extra_lines,
+                 "A line for the pilot script, right after its shebang "
+                 "(repeatable), e.g. '#SBATCH --constraint=skylake' or 'module load gcc'")
+      ->group(g);
+  app.add_option("--slurm-job-name", s.job_name,
+                 "The pilots' job name (the pool finds its pilots by it, also "
+                 "after a restart)")
+      ->capture_default_str()
+      ->group(g);
+  app.add_option("--slurm-log-dir", s.log_dir,
+                 "Where pilots write their output (<name>-<jobid>.out; default "
+                 "<data>/slurm-logs; must be writable from the nodes)")
+      ->group(g);
   app.add_option("--slurm-poll-seconds", f.slurm_poll_s, "One squeue (and sacct for pilots that left) per cycle")
       ->capture_default_str()
       ->check(CLI::Range(1, 3600))
@@ -133,20 +143,24 @@ void DefineRemoteFlags(CLI::App& app, Flags& f) {
                "Stop the pilots when the server stops (default: they finish handing back their runs, reconnect to "
                "the next server, or exit when idle)")
       ->group(g);
-  app.add_option("--worker-binary", s.worker_binary, "circuitlab-worker as the nodes see it (default: beside this "
-                 "server's binary)")->group(g);
-  app.add_option("--worker-server", s.server_address, "The address pilots dial (default --listen, 0.0.0.0 "
-                 "replaced by this host's name)")->group(g);
-  app.add_option("--worker-token-file", s.token_file, "The token file pilots present (a principal with the worker "
-                 "role; readable on the nodes)")->group(g);
-  app.add_option("--worker-ca-cert", s.ca_cert, "The CA of this server's certificate, as the nodes see it")
+  app.add_option("--worker-binary", s.worker_binary,
+                 "circuitlab-worker as the nodes see it (default: beside this "
+                 "server's binary)")
       ->group(g);
+  app.add_option("--worker-server", s.server_address,
+                 "The address pilots dial (default --listen, 0.0.0.0 "
+                 "replaced by this host's name)")
+      ->group(g);
+  app.add_option("--worker-token-file", s.token_file,
+                 "The token file pilots present (a principal with the worker "
+                 "role; readable on the nodes)")
+      ->group(g);
+  app.add_option("--worker-ca-cert", s.ca_cert, "The CA of this server's certificate, as the nodes see it")->group(g);
 }
 
 // The lease broker (and with --executor slurm, the pilot pool) for the
 // remote executors; nullptr with --executor local.
-absl::Status SetUpRemote(Flags& f, circuitlab::scheduler::SchedulerOptions& opts,
-                         circuitlab::engine::Executor* local,
+absl::Status SetUpRemote(Flags& f, circuitlab::scheduler::SchedulerOptions& opts, circuitlab::engine::Executor* local,
                          std::unique_ptr<circuitlab::scheduler::WorkerBroker>& broker) {
   if (f.executor == "local") return absl::OkStatus();
   circuitlab::scheduler::BrokerOptions b;
@@ -155,7 +169,7 @@ absl::Status SetUpRemote(Flags& f, circuitlab::scheduler::SchedulerOptions& opts
   b.version = CIRCUITLAB_VERSION;
   broker = std::make_unique<circuitlab::scheduler::WorkerBroker>(b, local, circuitlab::Clock::Real());
   opts.remote = broker.get();
-  opts.remote_slots = f.remote_slots > 0 ? f.remote_slots
+  opts.remote_slots = f.remote_slots > 0      ? f.remote_slots
                       : f.executor == "slurm" ? f.slurm.max_workers * f.slurm.worker_slots
                                               : 64;
   auto& s = f.slurm;
@@ -191,8 +205,9 @@ absl::Status SetUpRemote(Flags& f, circuitlab::scheduler::SchedulerOptions& opts
     if (ec) return absl::InvalidArgumentError("--slurm-log-dir " + s.log_dir + ": " + ec.message());
     if (!f.tokens_file.empty() || !f.token_file.empty()) {
       if (s.token_file.empty()) {
-        return absl::InvalidArgumentError("--executor slurm on a server with tokens needs --worker-token-file "
-                                          "(a principal with the worker role: scripts/add-principal.sh NAME worker)");
+        return absl::InvalidArgumentError(
+            "--executor slurm on a server with tokens needs --worker-token-file "
+            "(a principal with the worker role: scripts/add-principal.sh NAME worker)");
       }
     }
   }
@@ -371,8 +386,8 @@ int main(int argc, char** argv) {
   if (opts.cpu_slots + opts.cuda_devices + opts.remote_slots == 0) {
     return Fail("bad flags", absl::InvalidArgumentError("no device slots: set --cpu-slots >= 1 or use CUDA"));
   }
-  circuitlab::engine::Executor* executor = broker ? static_cast<circuitlab::engine::Executor*>(broker.get())
-                                                  : local_executor.get();
+  circuitlab::engine::Executor* executor =
+      broker ? static_cast<circuitlab::engine::Executor*>(broker.get()) : local_executor.get();
   std::unique_ptr<circuitlab::engine::Analyzer> analyzer = circuitlab::engine::MakeTorchAnalyzer();
   circuitlab::scheduler::Scheduler scheduler(opts, store->get(), executor, circuitlab::Clock::Real());
   if (broker) broker->SetWake([&scheduler] { scheduler.Wake(); });
@@ -401,8 +416,8 @@ int main(int argc, char** argv) {
   server_opts.private_runs = flags.private_runs;
   server_opts.health_listen = flags.health_listen;
   server_opts.executor = flags.executor;
-  auto server =
-      circuitlab::rpc::GrpcServer::Start(server_opts, auth->get(), audit.get(), &scheduler, &analysis, &sweeps, broker.get());
+  auto server = circuitlab::rpc::GrpcServer::Start(server_opts, auth->get(), audit.get(), &scheduler, &analysis,
+                                                   &sweeps, broker.get());
   if (!server.ok()) {
     scheduler.Drain();
     return Fail("cannot serve", server.status());
@@ -445,7 +460,7 @@ int main(int argc, char** argv) {
                sig == SIGTERM ? "SIGTERM" : "SIGINT");
   (*server)->MarkNotServing();
   analysis.Shutdown();  // queued analyses end at once, running ones at their next forward pass
-  scheduler.Drain();  // remote workers checkpoint their runs over their streams, still open
+  scheduler.Drain();    // remote workers checkpoint their runs over their streams, still open
   if (pool) pool->Stop();
   (*server)->Shutdown(std::chrono::seconds(1));
   spdlog::info("stopped cleanly");

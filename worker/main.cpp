@@ -2,11 +2,10 @@
 // SIGTERM/SIGINT/SIGUSR2 drain it (its runs checkpoint and go back to the
 // server), a second signal exits at once.
 #include <signal.h>
+#include <spdlog/spdlog.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
-#include <spdlog/spdlog.h>
-
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -133,8 +132,9 @@ int main(int argc, char** argv) {
       spdlog::warn("second signal: exiting without handing back the runs (the server re-queues them)");
       std::_Exit(1);
     }
-    worker.Drain(sig == SIGUSR2 ? "SIGUSR2 (Slurm: the job nears its end or is preempted)"
-                                : sig == SIGTERM ? "SIGTERM" : "SIGINT");
+    worker.Drain(sig == SIGUSR2   ? "SIGUSR2 (Slurm: the job nears its end or is preempted)"
+                 : sig == SIGTERM ? "SIGTERM"
+                                  : "SIGINT");
   }
   runner.join();
   return rc;

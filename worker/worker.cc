@@ -10,9 +10,7 @@
 namespace circuitlab::worker {
 namespace {
 
-double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
+double Now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 // Codes after which dialling again cannot help.
 bool Refusal(grpc::StatusCode code) {
@@ -41,11 +39,11 @@ v1::MemberEnd ToEnd(const absl::StatusOr<engine::TrainOutcome>& o) {
 struct Worker::LeaseRun {
   uint64_t id = 0;
   std::vector<v1::LeaseMember> members;
-  std::vector<std::string> resume;      // received so far
+  std::vector<std::string> resume;  // received so far
   std::vector<CancelToken> tokens;
-  uint64_t sequence = 0;                // last sent; under write_mu_
+  uint64_t sequence = 0;  // last sent; under write_mu_
   bool started = false;
-  bool lost = false;                    // the session ended: nothing more is sent
+  bool lost = false;                                          // the session ended: nothing more is sent
   std::map<std::pair<uint32_t, uint64_t>, std::string> acks;  // (member, step) -> error; under mu_
   std::thread::id thread;
   bool Complete() const {
@@ -96,9 +94,8 @@ class Worker::Observer : public engine::TrainObserver {
     // exactly as a local run waits for its store.
     std::unique_lock<std::mutex> lock(w_->mu_);
     const auto key = std::make_pair(member_, static_cast<uint64_t>(step));
-    const bool answered = w_->cv_.wait_for(lock, std::chrono::duration<double>(w_->ack_timeout_), [&] {
-      return lease_->acks.count(key) > 0 || lease_->lost;
-    });
+    const bool answered = w_->cv_.wait_for(lock, std::chrono::duration<double>(w_->ack_timeout_),
+                                           [&] { return lease_->acks.count(key) > 0 || lease_->lost; });
     if (lease_->lost) return absl::UnavailableError("the connection to the server was lost");
     if (!answered) return absl::DeadlineExceededError("the server did not confirm the checkpoint");
     const std::string error = lease_->acks[key];
@@ -165,8 +162,7 @@ class Worker::Observer : public engine::TrainObserver {
   v1::WorkerMessage pending_;
 };
 
-Worker::Worker(WorkerOptions options, engine::Executor* executor)
-    : options_(std::move(options)), executor_(executor) {
+Worker::Worker(WorkerOptions options, engine::Executor* executor) : options_(std::move(options)), executor_(executor) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(64 << 20);
   args.SetMaxSendMessageSize(64 << 20);
@@ -212,9 +208,10 @@ int Worker::Run() {
     const int wait_s = ever_connected ? 10 : options_.connect_timeout_seconds;
     if (!channel_->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(wait_s))) {
       if (!ever_connected) {
-        spdlog::error("cannot reach the server at {} within {} s (is it running, is the address right, can this "
-                      "node reach it, does --ca-cert match its certificate?)",
-                      options_.server, wait_s);
+        spdlog::error(
+            "cannot reach the server at {} within {} s (is it running, is the address right, can this "
+            "node reach it, does --ca-cert match its certificate?)",
+            options_.server, wait_s);
         return 2;
       }
     } else {
@@ -378,9 +375,8 @@ void Worker::TrainLease(std::shared_ptr<LeaseRun> lease) {
     names += (names.empty() ? "" : ", ") + lease->members[i].run_id();
   }
   spdlog::info("lease {}: training {}{}", lease->id, names,
-               lease->members[0].resume_step() > 0
-                   ? " from step " + std::to_string(lease->members[0].resume_step())
-                   : std::string());
+               lease->members[0].resume_step() > 0 ? " from step " + std::to_string(lease->members[0].resume_step())
+                                                   : std::string());
   std::vector<absl::StatusOr<engine::TrainOutcome>> outcomes =
       n == 1 ? std::vector<absl::StatusOr<engine::TrainOutcome>>{executor_->Train(requests[0], *observers[0])}
              : executor_->TrainPack(requests, raw);

@@ -51,9 +51,9 @@ int main(int argc, char** argv) {
                  "Check the server's certificate for this name instead of the --server host");
 
   Action chosen;
-  for (auto add : {AddSubmit,      AddLs,           AddShow,    AddWatch,      AddCancel,        AddRm,
-                   AddMetrics,     AddCoords,       AddProject, AddInvariance, AddSweep,         AddSweepShow,
-                   AddSweepCancel, AddSweepSummary, AddDetect,  AddIntervene,  AddLabel,         AddDataDependence,
+  for (auto add : {AddSubmit,      AddLs,           AddShow,    AddWatch,      AddCancel,         AddRm,
+                   AddMetrics,     AddCoords,       AddProject, AddInvariance, AddSweep,          AddSweepShow,
+                   AddSweepCancel, AddSweepSummary, AddDetect,  AddIntervene,  AddLabel,          AddDataDependence,
                    AddTaskVectors, AddHealth,       AddWhoAmI,  AddAnalyses,   AddCancelAnalysis, AddWorkers}) {
     add(app, &chosen);
   }

@@ -76,9 +76,7 @@ class NothingElse final : public grpc::CallbackGenericService {
   grpc::ServerGenericBidiReactor* CreateReactor(grpc::GenericCallbackServerContext*) override {
     class Refuse : public grpc::ServerGenericBidiReactor {
      public:
-      Refuse() {
-        Finish(grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "this port serves grpc.health.v1 only"));
-      }
+      Refuse() { Finish(grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "this port serves grpc.health.v1 only")); }
       void OnDone() override { delete this; }
     };
     return new Refuse();

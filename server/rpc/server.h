@@ -81,7 +81,7 @@ class GrpcServer {
   std::unique_ptr<grpc::Service> workers_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<grpc::CallbackGenericService> nothing_else_;  // the health port's other methods
-  std::unique_ptr<grpc::Server> health_server_;                   // --health-listen
+  std::unique_ptr<grpc::Server> health_server_;                 // --health-listen
   int port_ = 0;
   int health_port_ = 0;
 };

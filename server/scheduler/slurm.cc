@@ -3,10 +3,9 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <spawn.h>
+#include <spdlog/spdlog.h>
 #include <sys/wait.h>
 #include <unistd.h>
-
-#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -100,8 +99,8 @@ std::vector<SlurmJob> ParseSqueue(std::string_view out, int* skipped) { return P
 std::vector<SlurmJob> ParseSacct(std::string_view out, int* skipped) { return ParseFields(out, skipped, true); }
 
 bool IsFinalSlurmState(const std::string& state) {
-  static const char* const kFinal[] = {"COMPLETED", "FAILED",    "CANCELLED", "TIMEOUT",  "NODE_FAIL",
-                                       "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "REVOKED", "SPECIAL_EXIT"};
+  static const char* const kFinal[] = {"COMPLETED",     "FAILED",    "CANCELLED", "TIMEOUT", "NODE_FAIL",
+                                       "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",  "REVOKED", "SPECIAL_EXIT"};
   return std::any_of(std::begin(kFinal), std::end(kFinal), [&](const char* s) { return state == s; });
 }
 
@@ -115,10 +114,17 @@ std::string PilotScript(const SlurmOptions& o) {
   for (const std::string& line : o.extra_lines) s += line + "\n";
   s += "# A circuitlab pilot: one worker that leases runs from the server until idle.\n";
   s += "# exec, so that Slurm's signals (--signal=B:USR2@120, scancel) reach the worker.\n";
-  std::vector<std::string> argv = {ShellQuote(o.worker_binary), "--server", ShellQuote(o.server_address),
-                                   "--slots", std::to_string(o.worker_slots), "--intra-op-threads",
-                                   std::to_string(o.intra_op_threads), "--idle-exit",
-                                   std::to_string(o.idle_exit_seconds), "--engine-job", "\"slurm:$job\""};
+  std::vector<std::string> argv = {ShellQuote(o.worker_binary),
+                                   "--server",
+                                   ShellQuote(o.server_address),
+                                   "--slots",
+                                   std::to_string(o.worker_slots),
+                                   "--intra-op-threads",
+                                   std::to_string(o.intra_op_threads),
+                                   "--idle-exit",
+                                   std::to_string(o.idle_exit_seconds),
+                                   "--engine-job",
+                                   "\"slurm:$job\""};
   if (!o.token_file.empty()) argv.insert(argv.end(), {"--token-file", ShellQuote(o.token_file)});
   if (!o.ca_cert.empty()) argv.insert(argv.end(), {"--ca-cert", ShellQuote(o.ca_cert)});
   if (o.tls && o.ca_cert.empty()) argv.push_back("--tls");
@@ -130,8 +136,12 @@ std::string PilotScript(const SlurmOptions& o) {
 }
 
 std::vector<std::string> SbatchArgs(const SlurmOptions& o, int count) {
-  std::vector<std::string> a = {"sbatch", "--parsable", "--job-name=" + o.job_name, "--signal=B:USR2@120",
-                                "--no-requeue", "--cpus-per-task=" + std::to_string(o.worker_slots * o.intra_op_threads)};
+  std::vector<std::string> a = {"sbatch",
+                                "--parsable",
+                                "--job-name=" + o.job_name,
+                                "--signal=B:USR2@120",
+                                "--no-requeue",
+                                "--cpus-per-task=" + std::to_string(o.worker_slots * o.intra_op_threads)};
   a.push_back("--output=" + o.log_dir + "/" + o.job_name + (count > 1 ? "-%A_%a.out" : "-%j.out"));
   if (count > 1) a.push_back("--array=0-" + std::to_string(count - 1));
   if (!o.partition.empty()) a.push_back("--partition=" + o.partition);
@@ -202,7 +212,10 @@ absl::StatusOr<CommandResult> RunCommand(const std::vector<std::string>& argv, c
 
 SlurmPool::SlurmPool(SlurmOptions options, CommandRunner run, std::function<int()> demand,
                      std::function<int()> connected)
-    : options_(std::move(options)), run_(std::move(run)), demand_(std::move(demand)), connected_(std::move(connected)) {}
+    : options_(std::move(options)),
+      run_(std::move(run)),
+      demand_(std::move(demand)),
+      connected_(std::move(connected)) {}
 
 SlurmPool::~SlurmPool() { Stop(); }
 
@@ -213,13 +226,15 @@ absl::Status SlurmPool::Start() {
                                          std::string(v.status().message()) + ")");
   }
   if (v->exit_code != 0) {
-    return absl::FailedPreconditionError("--executor slurm: `sbatch --version` fails here (is SLURM_CONF set, is "
-                                         "this a Slurm submit host?): " + Clip(Trim(v->err), 400));
+    return absl::FailedPreconditionError(
+        "--executor slurm: `sbatch --version` fails here (is SLURM_CONF set, is "
+        "this a Slurm submit host?): " +
+        Clip(Trim(v->err), 400));
   }
   Refresh();  // adopts the pilots an earlier server process left
   spdlog::info("slurm: {} ({}), job name {}, up to {} pilot(s) of {} slot(s); {} pilot(s) found", Trim(v->out),
-               options_.partition.empty() ? "default partition" : "partition " + options_.partition,
-               options_.job_name, options_.max_workers, options_.worker_slots, alive());
+               options_.partition.empty() ? "default partition" : "partition " + options_.partition, options_.job_name,
+               options_.max_workers, options_.worker_slots, alive());
   thread_ = std::thread([this] {
     std::unique_lock<std::mutex> lock(mu_);
     while (!stopping_) {
@@ -274,7 +289,9 @@ void SlurmPool::Refresh() {
     for (const SlurmJob& j : queued) {
       seen[j.id] = true;
       Pilot& p = pilots_[j.id];
-      if (p.state != j.state) spdlog::info("slurm: pilot {} {}{}", j.id, j.state, j.reason.empty() || j.reason == "None" ? "" : " (" + j.reason + ")");
+      if (p.state != j.state)
+        spdlog::info("slurm: pilot {} {}{}", j.id, j.state,
+                     j.reason.empty() || j.reason == "None" ? "" : " (" + j.reason + ")");
       p.state = j.state;
       p.final = false;
     }
@@ -285,7 +302,11 @@ void SlurmPool::Refresh() {
   if (gone.empty()) return;
   // Pilots that left the queue: one batched sacct explains how they ended.
   std::vector<SlurmJob> ended;
-  const std::vector<std::string> base = {"sacct", "--parsable2", "--noheader", "-X", "--format=JobID,State,ExitCode",
+  const std::vector<std::string> base = {"sacct",
+                                         "--parsable2",
+                                         "--noheader",
+                                         "-X",
+                                         "--format=JobID,State,ExitCode",
                                          "--jobs=" + absl::StrJoin(gone, ",")};
   for (bool completion_log : {false, true}) {
     if (!completion_log && accounting_off_) continue;

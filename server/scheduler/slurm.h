@@ -31,9 +31,9 @@ namespace circuitlab::scheduler {
 
 // One job (or array element) as squeue/sacct report it.
 struct SlurmJob {
-  std::string id;        // "4711", "4711_3"; a pending array's "4711_[4-7]" is expanded
-  std::string state;     // "PENDING", "RUNNING", "COMPLETED", "CANCELLED" (a "by 0" suffix dropped)
-  std::string reason;    // squeue's %r, or sacct's ExitCode
+  std::string id;      // "4711", "4711_3"; a pending array's "4711_[4-7]" is expanded
+  std::string state;   // "PENDING", "RUNNING", "COMPLETED", "CANCELLED" (a "by 0" suffix dropped)
+  std::string reason;  // squeue's %r, or sacct's ExitCode
 };
 
 // `squeue --noheader --format=%i|%T|%r` output. Lines that do not have three
@@ -52,22 +52,22 @@ bool IsFinalSlurmState(const std::string& state);
 bool AccountingDisabled(std::string_view sacct_stderr);
 
 struct SlurmOptions {
-  int max_workers = 4;           // pilots at once
-  int worker_slots = 1;          // runs one pilot trains at once
+  int max_workers = 4;   // pilots at once
+  int worker_slots = 1;  // runs one pilot trains at once
   int intra_op_threads = 1;
   std::string partition, account, qos, time;  // empty = Slurm's default
-  std::string gpus_per_node;     // --gpus-per-node, e.g. "1" or "a100:2"; empty = CPU pilots
-  std::vector<std::string> extra_lines;  // written after the shebang (#SBATCH ... or set-up commands)
-  std::string job_name = "circuitlab";   // the pool finds its pilots by it, also after a restart
-  std::string log_dir;                   // --output: <log_dir>/<job_name>-%A_%a.out
-  std::string worker_binary;             // circuitlab-worker on the nodes
-  std::string server_address;            // what the workers dial
-  std::string token_file;                // the workers' token (readable on the nodes)
-  std::string ca_cert;                   // the CA of the server's certificate
+  std::string gpus_per_node;                  // --gpus-per-node, e.g. "1" or "a100:2"; empty = CPU pilots
+  std::vector<std::string> extra_lines;       // written after the shebang (#SBATCH ... or set-up commands)
+  std::string job_name = "circuitlab";        // the pool finds its pilots by it, also after a restart
+  std::string log_dir;                        // --output: <log_dir>/<job_name>-%A_%a.out
+  std::string worker_binary;                  // circuitlab-worker on the nodes
+  std::string server_address;                 // what the workers dial
+  std::string token_file;                     // the workers' token (readable on the nodes)
+  std::string ca_cert;                        // the CA of the server's certificate
   bool tls = false;
-  int idle_exit_seconds = 120;           // a pilot with nothing to do exits
+  int idle_exit_seconds = 120;  // a pilot with nothing to do exits
   std::chrono::milliseconds poll = std::chrono::seconds(5);
-  bool cancel_on_exit = false;           // scancel the pilots when the server stops
+  bool cancel_on_exit = false;  // scancel the pilots when the server stops
 };
 
 // The batch script of a pilot (sbatch reads it on stdin).

@@ -120,8 +120,10 @@ absl::StatusOr<uint64_t> WorkerBroker::Open(std::shared_ptr<WorkerLink> link, co
     return absl::InvalidArgumentError("register.slots must be in [1, " + std::to_string(kMaxSlots) + "], got " +
                                       std::to_string(reg.slots()));
   }
-  for (auto [value, field] : {std::pair{&reg.host(), "host"}, {&reg.engine_job(), "engine_job"},
-                              {&reg.device(), "device"}, {&reg.version(), "version"}}) {
+  for (auto [value, field] : {std::pair{&reg.host(), "host"},
+                              {&reg.engine_job(), "engine_job"},
+                              {&reg.device(), "device"},
+                              {&reg.version(), "version"}}) {
     if (absl::Status s = CheckText(*value, field); !s.ok()) return s;
   }
   if (reg.device() != "cpu" && reg.device().rfind("cuda:", 0) != 0) {
@@ -244,9 +246,10 @@ void WorkerBroker::Closed(uint64_t session, const absl::Status& why) {
     if (it == sessions_.end()) return;
     Session& s = *it->second;
     if (!s.leases.empty() || !why.ok()) {
-      spdlog::warn("worker {} ({}) disconnected{}{}", s.info.id, EscapeControl(s.Where()),
-                   why.ok() ? "" : ": " + std::string(why.message()),
-                   s.leases.empty() ? "" : "; its " + std::to_string(s.leases.size()) + " lease(s) go back to the queue");
+      spdlog::warn(
+          "worker {} ({}) disconnected{}{}", s.info.id, EscapeControl(s.Where()),
+          why.ok() ? "" : ": " + std::string(why.message()),
+          s.leases.empty() ? "" : "; its " + std::to_string(s.leases.size()) + " lease(s) go back to the queue");
     } else {
       spdlog::info("worker {} left", s.info.id);
     }
@@ -266,9 +269,9 @@ void WorkerBroker::Watchdog() {
     std::vector<std::pair<std::shared_ptr<WorkerLink>, absl::Status>> close;
     for (auto& [id, s] : sessions_) {
       if (s->closed || now - s->last_seen <= limit) continue;
-      const absl::Status why = absl::DeadlineExceededError("no word from worker " + s->info.id + " for " +
-                                                           std::to_string(static_cast<int>(now - s->last_seen)) +
-                                                           " s (lease timeout " + std::to_string(static_cast<int>(limit)) + " s)");
+      const absl::Status why = absl::DeadlineExceededError(
+          "no word from worker " + s->info.id + " for " + std::to_string(static_cast<int>(now - s->last_seen)) +
+          " s (lease timeout " + std::to_string(static_cast<int>(limit)) + " s)");
       spdlog::warn("{}", std::string(why.message()));
       LoseLocked(*s, why);
       close.emplace_back(s->link, why);
@@ -410,10 +413,10 @@ void WorkerBroker::ApplyReport(Session& session, uint64_t lease, const v1::Repor
       return;
     }
     case v1::Report::kCoordinates:
-      observer.OnCoordinates(static_cast<int64_t>(r.coordinates().step()),
-                             r.coordinates().selection() == 1 ? engine::Selection::kComplete
-                                                              : engine::Selection::kPaper,
-                             std::vector<double>(r.coordinates().values().begin(), r.coordinates().values().end()));
+      observer.OnCoordinates(
+          static_cast<int64_t>(r.coordinates().step()),
+          r.coordinates().selection() == 1 ? engine::Selection::kComplete : engine::Selection::kPaper,
+          std::vector<double>(r.coordinates().values().begin(), r.coordinates().values().end()));
       return;
     case v1::Report::kCheckpoint: {
       const v1::CheckpointChunk& c = r.checkpoint();
@@ -491,9 +494,9 @@ std::vector<absl::StatusOr<engine::TrainOutcome>> WorkerBroker::RunLease(
       }
       for (size_t i = 0; i < n; ++i) {
         members[i].ended = true;
-        outcomes[i] = engine::TrainOutcome{reason(i) == StopReason::kCancel && !preempt ? engine::TrainEnd::kCancelled
-                                                                                        : engine::TrainEnd::kPreempted,
-                                           members[i].last_step};
+        outcomes[i] = engine::TrainOutcome{
+            reason(i) == StopReason::kCancel && !preempt ? engine::TrainEnd::kCancelled : engine::TrainEnd::kPreempted,
+            members[i].last_step};
       }
       return outcomes;
     }
@@ -554,8 +557,8 @@ std::vector<absl::StatusOr<engine::TrainOutcome>> WorkerBroker::RunLease(
       }
     }
     if (preempt_sent && clock_->MonotonicSeconds() > preempt_deadline) {
-      const absl::Status why = absl::DeadlineExceededError("worker " + session->info.id +
-                                                           " did not checkpoint its preempted runs in time");
+      const absl::Status why =
+          absl::DeadlineExceededError("worker " + session->info.id + " did not checkpoint its preempted runs in time");
       spdlog::warn("{} ({}): {}", LeaseName(lease->id), names, std::string(why.message()));
       end_all(engine::TrainEnd::kPreempted);
       session->link->Close(why);
@@ -578,8 +581,7 @@ std::vector<WorkerInfo> WorkerBroker::Workers() const {
   std::vector<WorkerInfo> out;
   for (const auto& [id, s] : sessions_) {
     WorkerInfo info = s->info;
-    info.last_seen_us = clock_->NowMicros() -
-                        static_cast<int64_t>((clock_->MonotonicSeconds() - s->last_seen) * 1e6);
+    info.last_seen_us = clock_->NowMicros() - static_cast<int64_t>((clock_->MonotonicSeconds() - s->last_seen) * 1e6);
     for (uint64_t l : s->leases) {
       if (auto it = leases_.find(l); it != leases_.end()) {
         for (int64_t r : it->second->run_ids) info.runs.push_back("r" + std::to_string(r));

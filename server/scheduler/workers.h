@@ -78,10 +78,10 @@ struct BrokerOptions {
   // How long a preempted lease (the server drains) waits for the worker's
   // checkpoint before it is given up.
   std::chrono::milliseconds preempt_grace = std::chrono::seconds(60);
-  size_t chunk_bytes = 1 << 20;             // resume checkpoints are sent in pieces this size
-  int64_t max_checkpoint_bytes = 4LL << 30; // larger uploads are refused (the worker's run fails)
-  std::string version;                      // workers must report the same
-  int max_workers = 4096;                   // connected sessions
+  size_t chunk_bytes = 1 << 20;              // resume checkpoints are sent in pieces this size
+  int64_t max_checkpoint_bytes = 4LL << 30;  // larger uploads are refused (the worker's run fails)
+  std::string version;                       // workers must report the same
+  int max_workers = 4096;                    // connected sessions
 };
 
 // A connected worker, as `circuitlab workers` lists it.
@@ -109,8 +109,8 @@ class WorkerBroker : public engine::Executor, public WorkerCapacity {
   // answer was sent. InvalidArgument for a bad field (named),
   // FailedPrecondition for a version that is not the server's,
   // ResourceExhausted beyond max_workers.
-  absl::StatusOr<uint64_t> Open(std::shared_ptr<WorkerLink> link, const v1::Register& reg,
-                                const std::string& principal, const std::string& peer);
+  absl::StatusOr<uint64_t> Open(std::shared_ptr<WorkerLink> link, const v1::Register& reg, const std::string& principal,
+                                const std::string& peer);
   // Every later message of the session. An error is a protocol violation:
   // the rpc layer ends the stream with it (and calls Closed).
   absl::Status OnMessage(uint64_t session, const v1::WorkerMessage& message);
@@ -123,8 +123,7 @@ class WorkerBroker : public engine::Executor, public WorkerCapacity {
   absl::StatusOr<engine::TrainOutcome> Train(const engine::TrainRequest& request,
                                              engine::TrainObserver& observer) override;
   std::vector<absl::StatusOr<engine::TrainOutcome>> TrainPack(
-      const std::vector<engine::TrainRequest>& requests,
-      const std::vector<engine::TrainObserver*>& observers) override;
+      const std::vector<engine::TrainRequest>& requests, const std::vector<engine::TrainObserver*>& observers) override;
   std::vector<std::string> EvalMetricNames(const v1::ExperimentSpec& resolved) override;
 
   // ---- what the pool and `circuitlab workers` see ----

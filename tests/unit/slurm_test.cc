@@ -116,7 +116,8 @@ struct FakeSlurm {
   CommandRunner Runner() {
     return [this](const std::vector<std::string>& argv, const std::string&) -> absl::StatusOr<CommandResult> {
       calls.push_back(argv);
-      if (argv[0] == "sbatch" && argv.size() > 1 && argv[1] == "--version") return CommandResult{0, "slurm 22.05.8\n", ""};
+      if (argv[0] == "sbatch" && argv.size() > 1 && argv[1] == "--version")
+        return CommandResult{0, "slurm 22.05.8\n", ""};
       if (argv[0] == "sbatch") return CommandResult{0, std::to_string(next_job++) + "\n", ""};
       if (argv[0] == "squeue") return CommandResult{0, squeue, ""};
       if (argv[0] == "sacct") return argv[1] == "-c" ? sacct_c : sacct;
@@ -135,7 +136,8 @@ TEST(SlurmPool, SizesPilotsToTheQueueAndExplainsTheirEnds) {
   o.max_workers = 2;
   o.worker_slots = 1;
   o.log_dir = "/tmp/logs";
-  SlurmPool pool(o, slurm.Runner(), [&] { return demand; }, [] { return 0; });
+  SlurmPool pool(
+      o, slurm.Runner(), [&] { return demand; }, [] { return 0; });
   pool.Cycle();
   ASSERT_EQ(slurm.Count("sbatch"), 1);
   EXPECT_EQ(pool.alive(), 2) << "3 runs, at most 2 pilots: one array of two";
@@ -152,7 +154,8 @@ TEST(SlurmPool, SizesPilotsToTheQueueAndExplainsTheirEnds) {
   slurm.sacct = {0, "100_0|COMPLETED|0:0\n100_1|CANCELLED by 0|0:15\n", ""};
   pool.Cycle();
   ASSERT_EQ(slurm.Count("sacct"), 1);
-  const auto& sacct = *std::find_if(slurm.calls.begin(), slurm.calls.end(), [](const auto& c) { return c[0] == "sacct"; });
+  const auto& sacct =
+      *std::find_if(slurm.calls.begin(), slurm.calls.end(), [](const auto& c) { return c[0] == "sacct"; });
   EXPECT_NE(std::find(sacct.begin(), sacct.end(), "--jobs=100_0,100_1"), sacct.end());
   EXPECT_TRUE(pool.pilots().at("100_0").final);
   EXPECT_EQ(pool.pilots().at("100_1").state, "CANCELLED");
@@ -170,7 +173,8 @@ TEST(SlurmPool, FallsBackWhenAccountingIsDisabled) {
   FakeSlurm slurm;
   int demand = 1;
   SlurmOptions o;
-  SlurmPool pool(o, slurm.Runner(), [&] { return demand; }, [] { return 0; });
+  SlurmPool pool(
+      o, slurm.Runner(), [&] { return demand; }, [] { return 0; });
   pool.Cycle();
   ASSERT_EQ(pool.alive(), 1);
   demand = 0;
@@ -189,9 +193,12 @@ TEST(SlurmPool, FallsBackWhenAccountingIsDisabled) {
 }
 
 TEST(SlurmPool, RefusesToStartWithoutSbatch) {
-  SlurmPool pool(SlurmOptions(), [](const std::vector<std::string>&, const std::string&) -> absl::StatusOr<CommandResult> {
-    return absl::NotFoundError("cannot run sbatch: No such file or directory");
-  }, [] { return 0; }, [] { return 0; });
+  SlurmPool pool(
+      SlurmOptions(),
+      [](const std::vector<std::string>&, const std::string&) -> absl::StatusOr<CommandResult> {
+        return absl::NotFoundError("cannot run sbatch: No such file or directory");
+      },
+      [] { return 0; }, [] { return 0; });
   absl::Status s = pool.Start();
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(s.message().find("needs Slurm's sbatch"), std::string::npos) << s;

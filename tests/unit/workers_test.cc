@@ -181,7 +181,8 @@ TEST_F(WorkerBrokerTest, LeaseLifeResumeReportsCheckpointAndEnd) {
   {
     std::unique_lock<std::mutex> lock(link->mu);
     link->cv.wait_for(lock, 5s, [&] {
-      return std::count_if(link->sent.begin(), link->sent.end(), [](const auto& m) { return m.has_resume_chunk(); }) == 3;
+      return std::count_if(link->sent.begin(), link->sent.end(), [](const auto& m) { return m.has_resume_chunk(); }) ==
+             3;
     });
     for (const auto& m : link->sent) {
       if (m.has_resume_chunk()) resume += m.resume_chunk().data();

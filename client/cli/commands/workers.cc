@@ -13,7 +13,8 @@ namespace {
 struct Options {};
 
 std::string Ago(const google::protobuf::Timestamp& t) {
-  const int64_t now = google::protobuf::util::TimeUtil::TimestampToSeconds(google::protobuf::util::TimeUtil::GetCurrentTime());
+  const int64_t now =
+      google::protobuf::util::TimeUtil::TimestampToSeconds(google::protobuf::util::TimeUtil::GetCurrentTime());
   const int64_t s = std::max<int64_t>(0, now - google::protobuf::util::TimeUtil::TimestampToSeconds(t));
   return s < 120 ? std::to_string(s) + " s ago" : std::to_string(s / 60) + " min ago";
 }
@@ -25,19 +26,20 @@ int Run(Context& ctx, const Options&) {
     std::cout << client::ToJson(*w) << "\n";
     return 0;
   }
-  std::cout << "executor " << w->executor() << ", " << w->workers_size() << " worker(s) connected, "
-            << w->queued_runs() << " run(s) queued\n";
+  std::cout << "executor " << w->executor() << ", " << w->workers_size() << " worker(s) connected, " << w->queued_runs()
+            << " run(s) queued\n";
   if (w->workers_size() == 0) return 0;
   std::cout << std::left << std::setw(8) << "WORKER" << std::setw(18) << "HOST" << std::setw(18) << "JOB"
-            << std::setw(8) << "DEVICE" << std::setw(6) << "SLOTS" << std::setw(14) << "SEEN" << "RUNS\n";
+            << std::setw(8) << "DEVICE" << std::setw(6) << "SLOTS" << std::setw(14) << "SEEN"
+            << "RUNS\n";
   for (const v1::WorkerStatus& s : w->workers()) {
     std::string runs;
     for (const std::string& r : s.run_ids()) runs += (runs.empty() ? "" : ",") + r;
     if (s.draining()) runs += (runs.empty() ? "" : " ") + std::string("(draining)");
     std::cout << std::left << std::setw(8) << s.worker_id() << std::setw(18)
               << client::EscapeForTerminal(s.host()).substr(0, 17) << std::setw(18)
-              << client::EscapeForTerminal(s.engine_job().empty() ? "-" : s.engine_job()).substr(0, 17)
-              << std::setw(8) << client::EscapeForTerminal(s.device()) << std::setw(6) << s.slots() << std::setw(14)
+              << client::EscapeForTerminal(s.engine_job().empty() ? "-" : s.engine_job()).substr(0, 17) << std::setw(8)
+              << client::EscapeForTerminal(s.device()) << std::setw(6) << s.slots() << std::setw(14)
               << Ago(s.last_seen()) << (runs.empty() ? "-" : runs) << "\n";
   }
   return 0;
