@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "circuitlab/v1/worker_service.grpc.pb.h"
+#include "client/lib/channel.h"
 
 namespace circuitlab::worker {
 namespace {
@@ -164,23 +165,20 @@ class Worker::Observer : public engine::TrainObserver {
 
 Worker::Worker(WorkerOptions options, engine::Executor* executor) : options_(std::move(options)), executor_(executor) {
   grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(64 << 20);
   args.SetMaxSendMessageSize(64 << 20);
   args.SetInt(GRPC_ARG_ENABLE_HTTP_PROXY, 0);  // an inherited http_proxy must not reroute the stream
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 20000);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 5000);
-  std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
-  if (options_.tls || !options_.ca_cert_pem.empty() || !options_.client_cert_pem.empty()) {
-    grpc::SslCredentialsOptions ssl;
-    ssl.pem_root_certs = options_.ca_cert_pem;
-    ssl.pem_cert_chain = options_.client_cert_pem;
-    ssl.pem_private_key = options_.client_key_pem;
-    creds = grpc::SslCredentials(ssl);
-    if (!options_.tls_server_name.empty()) args.SetSslTargetNameOverride(options_.tls_server_name);
-  }
-  channel_ = grpc::CreateCustomChannel(options_.server, creds, args);
+  client::ClientOptions c;
+  c.server = options_.server;
+  c.tls = options_.tls;
+  c.ca_cert_pem = options_.ca_cert_pem;
+  c.client_cert_pem = options_.client_cert_pem;
+  c.client_key_pem = options_.client_key_pem;
+  c.tls_server_name = options_.tls_server_name;
+  channel_ = client::MakeChannel(c, args);
 }
 
 Worker::~Worker() = default;

@@ -14,6 +14,7 @@
 #include "circuitlab/v1/analysis_service.grpc.pb.h"
 #include "circuitlab/v1/experiment_service.grpc.pb.h"
 #include "circuitlab/v1/worker_service.grpc.pb.h"
+#include "client/lib/channel.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 
 namespace circuitlab::client {
@@ -115,10 +116,7 @@ struct Client::Impl {
   }
 };
 
-Client::Client(const ClientOptions& options) : impl_(std::make_unique<Impl>()) {
-  impl_->options = options;
-  if (impl_->options.client_name.empty()) impl_->options.client_name = DefaultClientName();
-  grpc::ChannelArguments args;
+std::shared_ptr<grpc::Channel> MakeChannel(const ClientOptions& options, grpc::ChannelArguments args) {
   args.SetMaxReceiveMessageSize(64 << 20);
   std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
   if (options.tls || !options.ca_cert_pem.empty() || !options.client_cert_pem.empty()) {
@@ -129,7 +127,13 @@ Client::Client(const ClientOptions& options) : impl_(std::make_unique<Impl>()) {
     credentials = grpc::SslCredentials(ssl);
     if (!options.tls_server_name.empty()) args.SetSslTargetNameOverride(options.tls_server_name);
   }
-  impl_->channel = grpc::CreateCustomChannel(options.server, credentials, args);
+  return grpc::CreateCustomChannel(options.server, credentials, args);
+}
+
+Client::Client(const ClientOptions& options) : impl_(std::make_unique<Impl>()) {
+  impl_->options = options;
+  if (impl_->options.client_name.empty()) impl_->options.client_name = DefaultClientName();
+  impl_->channel = MakeChannel(options);
   impl_->stub = v1::ExperimentService::NewStub(impl_->channel);
   impl_->analysis = v1::AnalysisService::NewStub(impl_->channel);
   impl_->health = grpc::health::v1::Health::NewStub(impl_->channel);
