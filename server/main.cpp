@@ -68,6 +68,7 @@ struct Flags {
   int remote_slots = 0;  // 0: workers 64, slurm max-workers x worker-slots
   int lease_timeout_s = 60;
   int heartbeat_s = 10;
+  int max_lost_leases = 5;
   circuitlab::scheduler::SlurmOptions slurm;
   int slurm_poll_s = 5;
 };
@@ -91,6 +92,12 @@ void DefineRemoteFlags(CLI::App& app, Flags& f) {
                  "A worker silent this long loses its runs (they resume from their newest checkpoint elsewhere)")
       ->capture_default_str()
       ->check(CLI::Range(2, 86400))
+      ->group(g);
+  app.add_option("--max-lost-leases", f.max_lost_leases,
+                 "A run whose worker was lost (crashed, killed, silent) this many times fails instead of being "
+                 "queued again")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1000))
       ->group(g);
   app.add_option("--heartbeat-seconds", f.heartbeat_s, "How often workers say they are alive")
       ->capture_default_str()
@@ -167,8 +174,10 @@ absl::Status SetUpRemote(Flags& f, circuitlab::scheduler::SchedulerOptions& opts
   b.heartbeat = std::chrono::seconds(f.heartbeat_s);
   b.lease_timeout = std::chrono::seconds(f.lease_timeout_s);
   b.version = CIRCUITLAB_VERSION;
+  b.max_message_bytes = f.max_request_bytes;
   broker = std::make_unique<circuitlab::scheduler::WorkerBroker>(b, local, circuitlab::Clock::Real());
   opts.remote = broker.get();
+  opts.max_lost_leases = f.max_lost_leases;
   opts.remote_slots = f.remote_slots > 0      ? f.remote_slots
                       : f.executor == "slurm" ? f.slurm.max_workers * f.slurm.worker_slots
                                               : 64;

@@ -82,7 +82,7 @@ class Worker::Observer : public engine::TrainObserver {
   }
 
   absl::Status OnCheckpoint(int64_t step, const std::string& bytes) override {
-    const size_t chunk = w_->options_.chunk_bytes;
+    const size_t chunk = std::min(w_->options_.chunk_bytes, w_->part_bytes_);
     for (size_t at = 0; at == 0 || at < bytes.size(); at += chunk) {
       v1::WorkerMessage m;
       v1::CheckpointChunk* c = m.mutable_report()->mutable_checkpoint();
@@ -105,25 +105,36 @@ class Worker::Observer : public engine::TrainObserver {
     return absl::OkStatus();
   }
 
+  // In parts of at most a quarter of the server's message limit.
   absl::Status OnBasis(const engine::Basis& basis) override {
     v1::WorkerMessage m;
-    v1::BasisReport* b = m.mutable_report()->mutable_basis();
-    b->set_selection(static_cast<int>(basis.selection));
-    for (const engine::CoordinateDef& d : basis.coords) {
-      v1::ReportCoordinateDef* c = b->add_coords();
-      c->set_index(d.index);
-      c->set_label(d.label);
-      c->set_canonical(d.canonical);
-      c->set_matrix(d.matrix);
-      c->set_layer(d.layer);
-      c->set_head(d.head);
-      c->set_block_q(d.block_q);
-      c->set_block_k(d.block_k);
-      c->set_element(d.element);
-      c->set_norm(d.norm);
-      c->set_gauge(d.gauge);
+    size_t bytes = 0;
+    for (size_t i = 0; i < basis.coords.size() || i == 0; ++i) {
+      v1::BasisReport* b = m.mutable_report()->mutable_basis();
+      b->set_selection(static_cast<int>(basis.selection));
+      if (i < basis.coords.size()) {
+        const engine::CoordinateDef& d = basis.coords[i];
+        v1::ReportCoordinateDef* c = b->add_coords();
+        c->set_index(d.index);
+        c->set_label(d.label);
+        c->set_canonical(d.canonical);
+        c->set_matrix(d.matrix);
+        c->set_layer(d.layer);
+        c->set_head(d.head);
+        c->set_block_q(d.block_q);
+        c->set_block_k(d.block_k);
+        c->set_element(d.element);
+        c->set_norm(d.norm);
+        c->set_gauge(d.gauge);
+        bytes += c->ByteSizeLong() + 8;
+      }
+      const bool last = i + 1 >= basis.coords.size();
+      if (!last && bytes < w_->part_bytes_) continue;
+      b->set_last(last);
+      if (!Send(m)) return absl::UnavailableError("the connection to the server was lost");
+      m.Clear();
+      bytes = 0;
     }
-    if (!Send(m)) return absl::UnavailableError("the connection to the server was lost");
     return absl::OkStatus();
   }
 
@@ -263,6 +274,9 @@ Worker::End Worker::Session(std::string* why) {
     return Refusal(s.error_code()) ? End::kRefused : End::kLost;
   }
   heartbeat_seconds_ = static_cast<int>(std::max<uint32_t>(1, in.registered().heartbeat_seconds()));
+  // Parts well inside the server's limit (1 MiB under the default 4 MiB).
+  const uint32_t limit = in.registered().max_message_bytes() > 0 ? in.registered().max_message_bytes() : 4u << 20;
+  part_bytes_ = std::max<size_t>(16 << 10, limit / 4);
   ack_timeout_ = 2.0 * std::max<uint32_t>(1, in.registered().lease_timeout_seconds());
   spdlog::info("registered with {} as {} ({} slot(s), {}{})", options_.server, in.registered().worker_id(),
                options_.slots, options_.device, options_.engine_job.empty() ? "" : ", " + options_.engine_job);

@@ -90,6 +90,7 @@ class Worker {
   double idle_since_ = 0;
   int heartbeat_seconds_ = 10;
   double ack_timeout_ = 120;
+  size_t part_bytes_ = 1 << 20;  // checkpoint chunks and basis parts (Registered.max_message_bytes / 4)
 
   std::mutex write_mu_;
   grpc::ClientReaderWriter<v1::WorkerMessage, v1::ServerMessage>* stream_ = nullptr;  // under write_mu_

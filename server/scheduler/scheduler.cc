@@ -110,6 +110,13 @@ class Scheduler::RunObserver : public PlacedObserver {
   int64_t run_id() const override { return run_id_; }
   int64_t start_step() const override { return start_step_; }
 
+  void OnLost(const std::string& why) override {
+    std::lock_guard<std::mutex> lock(s_->mu_);
+    auto& [count, last] = s_->lost_[run_id_];
+    ++count;
+    last = why;
+  }
+
   // A remote worker took the run: Run.device says which.
   void OnPlaced(const std::string& device) override {
     store::RunTransition t;
@@ -831,6 +838,19 @@ void Scheduler::FailRun(int64_t id, const absl::Status& why) {
 }
 
 void Scheduler::Finish(int64_t id, const absl::StatusOr<engine::TrainOutcome>& outcome) {
+  std::pair<int, std::string> lost;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (auto it = lost_.find(id); it != lost_.end()) {
+      lost = it->second;
+      const bool again = outcome.ok() && outcome->end == engine::TrainEnd::kPreempted;
+      if (!again || lost.first >= options_.max_lost_leases) lost_.erase(it);
+    }
+  }
+  if (outcome.ok() && outcome->end == engine::TrainEnd::kPreempted && lost.first >= options_.max_lost_leases) {
+    return FailRun(id, absl::UnavailableError("its worker was lost " + std::to_string(lost.first) +
+                                              " times (--max-lost-leases); the last: " + lost.second));
+  }
   if (!outcome.ok()) return FailRun(id, outcome.status());
   store::RunTransition end;
   switch (outcome->end) {

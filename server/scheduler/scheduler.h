@@ -33,7 +33,7 @@
 #include "server/common/quotas.h"
 #include "server/engine/engine.h"
 #include "server/scheduler/progress_hub.h"
-#include "server/scheduler/workers.h"
+#include "server/scheduler/remote.h"
 #include "server/store/store.h"
 
 namespace circuitlab::scheduler {
@@ -45,6 +45,10 @@ struct SchedulerOptions {
   // slot, and hands it to the executor (the WorkerBroker) to train.
   int remote_slots = 0;
   WorkerCapacity* remote = nullptr;
+  // A run whose remote worker was lost this many times (crashed, killed,
+  // silent) fails instead of being queued again: a run that kills its
+  // workers must not cycle through the cluster forever.
+  int max_lost_leases = 5;
   int cuda_devices = 0;        // from engine::CudaDeviceCount()
   int intra_op_threads = 1;    // LibTorch threads per worker
   int max_queued_runs = 1000;  // RESOURCE_EXHAUSTED beyond
@@ -214,6 +218,7 @@ class Scheduler {
   std::map<QueueKey, Queued> queue_;
   std::map<std::string, int> queued_per_owner_;
   std::map<std::string, int> watches_per_owner_;
+  std::map<int64_t, std::pair<int, std::string>> lost_;  // run -> (workers lost, the last reason)
   int reserved_ = 0;  // queue places held by submissions being inserted
   std::map<int64_t, std::shared_ptr<Active>> active_;
   std::vector<Slot> slots_;

@@ -163,6 +163,7 @@ absl::StatusOr<uint64_t> WorkerBroker::Open(std::shared_ptr<WorkerLink> link, co
   }
   answer.mutable_registered()->set_heartbeat_seconds(
       static_cast<uint32_t>(std::max<int64_t>(1, options_.heartbeat.count() / 1000)));
+  answer.mutable_registered()->set_max_message_bytes(static_cast<uint32_t>(options_.max_message_bytes));
   answer.mutable_registered()->set_lease_timeout_seconds(
       static_cast<uint32_t>(std::max<int64_t>(1, options_.lease_timeout.count() / 1000)));
   link->Send(std::move(answer));
@@ -401,10 +402,12 @@ void WorkerBroker::ApplyReport(Session& session, uint64_t lease, const v1::Repor
       observer.OnProgress(m.last_step, r.progress().steps_per_second());
       return;
     case v1::Report::kBasis: {
+      for (const v1::ReportCoordinateDef& d : r.basis().coords()) m.basis.push_back(FromReport(d));
+      if (!r.basis().last()) return;
       engine::Basis basis;
       basis.selection = r.basis().selection() == 1 ? engine::Selection::kComplete : engine::Selection::kPaper;
-      basis.coords.reserve(static_cast<size_t>(r.basis().coords_size()));
-      for (const v1::ReportCoordinateDef& d : r.basis().coords()) basis.coords.push_back(FromReport(d));
+      basis.coords = std::move(m.basis);
+      m.basis.clear();
       if (absl::Status s = observer.OnBasis(basis); !s.ok() && m.failure.ok()) {
         m.failure = s;  // as a local run: the basis not recorded fails the run
         if (!m.stop_sent) SendStop(session, lease, v1::Stop::REASON_CANCEL, r.member());
@@ -542,6 +545,9 @@ std::vector<absl::StatusOr<engine::TrainOutcome>> WorkerBroker::RunLease(
     if (std::all_of(members.begin(), members.end(), [](const Member& m) { return m.ended; })) break;
     if (lost) {
       spdlog::warn("{} ({}) lost: {}; back to the queue", LeaseName(lease->id), names, std::string(lost_why.message()));
+      for (size_t i = 0; i < n; ++i) {
+        if (!members[i].ended) observers[i]->OnLost(where + ": " + std::string(lost_why.message()));
+      }
       end_all(engine::TrainEnd::kPreempted);
       break;
     }
@@ -560,6 +566,9 @@ std::vector<absl::StatusOr<engine::TrainOutcome>> WorkerBroker::RunLease(
       const absl::Status why =
           absl::DeadlineExceededError("worker " + session->info.id + " did not checkpoint its preempted runs in time");
       spdlog::warn("{} ({}): {}", LeaseName(lease->id), names, std::string(why.message()));
+      for (size_t i = 0; i < n; ++i) {
+        if (!members[i].ended) observers[i]->OnLost(where + ": " + std::string(why.message()));
+      }
       end_all(engine::TrainEnd::kPreempted);
       session->link->Close(why);
       break;

@@ -38,6 +38,7 @@
 #include "circuitlab/v1/worker_service.pb.h"
 #include "server/common/clock.h"
 #include "server/engine/engine.h"
+#include "server/scheduler/remote.h"
 
 namespace circuitlab::scheduler {
 
@@ -51,27 +52,6 @@ class WorkerLink {
   virtual void Close(const absl::Status& why) = 0;
 };
 
-// What a remote executor needs from the observer of a run beyond the
-// engine's interface: the run's id and a place to say where it trains. The
-// scheduler's observers implement it.
-class PlacedObserver : public engine::TrainObserver {
- public:
-  virtual int64_t run_id() const = 0;
-  // The step it starts from (its resume checkpoint's; 0 when fresh).
-  virtual int64_t start_step() const = 0;
-  // The run is now training on `device` (e.g. "w3 slurm:4711@node1 cpu").
-  virtual void OnPlaced(const std::string& device) = 0;
-};
-
-// Slots of remote workers, as the scheduler counts them.
-class WorkerCapacity {
- public:
-  virtual ~WorkerCapacity() = default;
-  // Holds one free worker slot for a run the caller is about to start.
-  virtual bool TryAcquire() = 0;
-  virtual void Release() = 0;
-};
-
 struct BrokerOptions {
   std::chrono::milliseconds heartbeat = std::chrono::seconds(10);
   std::chrono::milliseconds lease_timeout = std::chrono::seconds(60);
@@ -81,6 +61,7 @@ struct BrokerOptions {
   size_t chunk_bytes = 1 << 20;              // resume checkpoints are sent in pieces this size
   int64_t max_checkpoint_bytes = 4LL << 30;  // larger uploads are refused (the worker's run fails)
   std::string version;                       // workers must report the same
+  int max_message_bytes = 4 << 20;           // what the server accepts (--max-request-bytes)
   int max_workers = 4096;                    // connected sessions
 };
 
@@ -140,6 +121,7 @@ class WorkerBroker : public engine::Executor, public WorkerCapacity {
   // What the slot thread keeps about one member of its lease.
   struct Member {
     std::string checkpoint;  // chunks received so far
+    std::vector<engine::CoordinateDef> basis;  // basis parts received so far
     uint64_t checkpoint_step = 0;
     bool checkpoint_too_big = false;
     int64_t last_step = 0;

@@ -180,7 +180,13 @@ for pair in r1:r1 r2:r2 r3:r3 r4:r4 r5:r5 r6:r6 r7:r7 r8:r7 r9:r7; do
   [ "$(wc -l <"$tmp/local.csv")" -gt 20 ] || fail "too few metric rows for $here"
   cmp -s "$tmp/remote.csv" "$tmp/local.csv" || { diff "$tmp/remote.csv" "$tmp/local.csv" | head -5; fail "$remote on Slurm != $here on a local server"; }
 done
-say "metrics identical to a local-executor server: 6 runs, the USR2-preempted, the kill -9'd, the restarted"
+for r in r1 r7; do  # the IMIR coordinates (the basis travels in parts) too
+  "${cli[@]}" coords "$r" --csv >"$tmp/remote.csv"
+  "${lcli[@]}" coords "$r" --csv >"$tmp/local.csv"
+  [ "$(wc -l <"$tmp/local.csv")" -gt 10 ] || fail "too few coordinate rows for $r"
+  cmp -s "$tmp/remote.csv" "$tmp/local.csv" || { diff "$tmp/remote.csv" "$tmp/local.csv" | head -5; fail "$r's coordinates differ"; }
+done
+say "metrics identical to a local-executor server: 6 runs, the USR2-preempted, the kill -9'd, the restarted; coordinates too"
 
 # 6. Workers that cannot work.
 set +e

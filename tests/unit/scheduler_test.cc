@@ -430,5 +430,55 @@ TEST_F(SchedulerTest, PackingCanBeTurnedOff) {
   EXPECT_EQ(executor_.started(), 3);
 }
 
+// A remote executor whose worker is always lost: the run is queued again
+// (resuming) until --max-lost-leases, then fails saying why.
+class LosingExecutor : public engine::Executor {
+ public:
+  absl::StatusOr<engine::TrainOutcome> Train(const engine::TrainRequest&, engine::TrainObserver& observer) override {
+    ++calls;
+    auto* placed = dynamic_cast<PlacedObserver*>(&observer);
+    if (placed == nullptr) return absl::InternalError("not a placed observer");
+    placed->OnPlaced("w1 slurm:7@node cpu");
+    placed->OnLost("w1 slurm:7@node cpu: connection reset");
+    return engine::TrainOutcome{engine::TrainEnd::kPreempted, 0};
+  }
+  std::atomic<int> calls{0};
+};
+
+class AlwaysCapacity : public WorkerCapacity {
+ public:
+  bool TryAcquire() override { return true; }
+  void Release() override {}
+};
+
+TEST_F(SchedulerTest, ARunThatKeepsLosingItsWorkerFailsAfterTheLimit) {
+  LosingExecutor losing;
+  AlwaysCapacity capacity;
+  SchedulerOptions opts;
+  opts.cpu_slots = 0;
+  opts.remote_slots = 1;
+  opts.remote = &capacity;
+  opts.max_lost_leases = 3;
+  opts.epoch = "test";
+  scheduler_.reset();
+  Scheduler s(opts, store_.get(), &losing, &clock_);
+  ASSERT_TRUE(s.Start().ok());
+  auto run = s.Submit(SmallSpec(), "me");
+  ASSERT_TRUE(run.ok()) << run.status();
+  ASSERT_TRUE(WaitFor([&] {
+    auto r = s.GetRun(run->run_id());
+    return r.ok() && r->state() == v1::RUN_STATE_FAILED;
+  }));
+  auto r = s.GetRun(run->run_id());
+  EXPECT_EQ(losing.calls, 3);
+  EXPECT_EQ(r->attempts(), 3u);
+  EXPECT_NE(r->error().find("its worker was lost 3 times (--max-lost-leases); the last: w1 slurm:7@node cpu: "
+                            "connection reset"),
+            std::string::npos)
+      << r->error();
+  EXPECT_EQ(r->device(), "w1 slurm:7@node cpu");
+  s.Drain();
+}
+
 }  // namespace
 }  // namespace circuitlab::scheduler

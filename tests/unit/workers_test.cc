@@ -60,6 +60,8 @@ class RecordingObserver : public PlacedObserver {
   int64_t run_id() const override { return id_; }
   int64_t start_step() const override { return start_; }
   void OnPlaced(const std::string& device) override { placed = device; }
+  void OnLost(const std::string& why) override { lost.push_back(why); }
+  std::vector<std::string> lost;
   void OnMetrics(int64_t step, const std::vector<engine::Metric>& m) override {
     metric_calls.push_back({step, m.size()});
   }
@@ -68,6 +70,11 @@ class RecordingObserver : public PlacedObserver {
     checkpoints.push_back({step, bytes});
     return checkpoint_status;
   }
+  absl::Status OnBasis(const engine::Basis& basis) override {
+    bases.push_back(basis);
+    return absl::OkStatus();
+  }
+  std::vector<engine::Basis> bases;
   std::string placed;
   std::vector<std::pair<int64_t, size_t>> metric_calls;
   std::vector<int64_t> progress;
@@ -134,6 +141,7 @@ TEST_F(WorkerBrokerTest, RegisterChecksFieldsAndVersion) {
   ASSERT_TRUE(reg.has_value());
   EXPECT_EQ(reg->registered().worker_id(), "w1");
   EXPECT_EQ(reg->registered().lease_timeout_seconds(), 2u);
+  EXPECT_EQ(reg->registered().max_message_bytes(), 4u << 20) << "so that workers size their parts";
   ASSERT_EQ(b.Workers().size(), 1u);
   EXPECT_EQ(b.Workers()[0].engine_job, "slurm:42");
 }
@@ -217,7 +225,15 @@ TEST_F(WorkerBrokerTest, LeaseLifeResumeReportsCheckpointAndEnd) {
   EXPECT_EQ(ack->checkpoint_ack().error(), "");
   // A gap in the numbering is a protocol error.
   EXPECT_EQ(b.OnMessage(s, ReportMsg(id, 9)).code(), absl::StatusCode::kInvalidArgument);
-  ASSERT_TRUE(b.OnMessage(s, EndMsg(id, 5, v1::MemberEnd::END_COMPLETED, 500)).ok());
+  // A basis in two parts is recorded once, whole, when the last arrives.
+  for (uint64_t seq : {5, 6}) {
+    v1::WorkerMessage part = ReportMsg(id, seq);
+    part.mutable_report()->mutable_basis()->set_selection(1);
+    part.mutable_report()->mutable_basis()->add_coords()->set_label(seq == 5 ? "L1H1:a" : "OUT:b");
+    part.mutable_report()->mutable_basis()->set_last(seq == 6);
+    ASSERT_TRUE(b.OnMessage(s, part).ok());
+  }
+  ASSERT_TRUE(b.OnMessage(s, EndMsg(id, 7, v1::MemberEnd::END_COMPLETED, 500)).ok());
 
   absl::StatusOr<engine::TrainOutcome> out = done.get();
   ASSERT_TRUE(out.ok()) << out.status();
@@ -230,6 +246,10 @@ TEST_F(WorkerBrokerTest, LeaseLifeResumeReportsCheckpointAndEnd) {
   EXPECT_EQ(obs.progress, std::vector<int64_t>{302});
   ASSERT_EQ(obs.checkpoints.size(), 1u);
   EXPECT_EQ(obs.checkpoints[0], (std::pair<int64_t, std::string>{400, "abcd"}));
+  ASSERT_EQ(obs.bases.size(), 1u);
+  EXPECT_EQ(obs.bases[0].selection, engine::Selection::kComplete);
+  ASSERT_EQ(obs.bases[0].coords.size(), 2u);
+  EXPECT_EQ(obs.bases[0].coords[1].label, "OUT:b");
   EXPECT_EQ(b.BusySlots(), 0);
 }
 
@@ -291,6 +311,8 @@ TEST_F(WorkerBrokerTest, ALostWorkerHandsTheRunBackAtItsLastStep) {
   ASSERT_TRUE(out.ok());
   EXPECT_EQ(out->end, engine::TrainEnd::kPreempted);
   EXPECT_EQ(out->last_step, 77);
+  ASSERT_EQ(obs.lost.size(), 1u) << "the scheduler counts lost workers (--max-lost-leases)";
+  EXPECT_EQ(obs.lost[0], "w1 slurm:42@node1 cpu: connection reset");
   EXPECT_EQ(b.OnMessage(s, ReportMsg(1, 3)).code(), absl::StatusCode::kFailedPrecondition);
 }
 
