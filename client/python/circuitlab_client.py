@@ -18,24 +18,25 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 _PROTO_ROOT = os.path.join(_HERE, "..", "..", "proto")
 _PB_DIR = os.environ.get("CIRCUITLAB_PB_DIR", os.path.join(_HERE, "circuitlab_pb"))
 _PROTOS = ["circuitlab/v1/spec.proto", "circuitlab/v1/experiment_service.proto",
-           "circuitlab/v1/analysis_service.proto", "grpc/health/v1/health.proto"]
+           "circuitlab/v1/analysis_service.proto", "circuitlab/v1/worker_service.proto",
+           "grpc/health/v1/health.proto"]
 
 
 def _generate_stubs():
-    marker = os.path.join(_PB_DIR, "circuitlab", "v1", "analysis_service_pb2_grpc.py")
+    marker = os.path.join(_PB_DIR, "circuitlab", "v1", "worker_service_pb2_grpc.py")
     sources = [os.path.join(_PROTO_ROOT, p) for p in _PROTOS]
     if os.path.exists(marker) and all(os.path.getmtime(s) <= os.path.getmtime(marker) for s in sources):
         return
     os.makedirs(_PB_DIR, exist_ok=True)
     plugin = ["--plugin=protoc-gen-grpc_python=/usr/bin/grpc_python_plugin"]
     subprocess.run(["protoc", f"--python_out={_PB_DIR}", f"--grpc_python_out={_PB_DIR}", f"-I{_PROTO_ROOT}"] +
-                   plugin + sources[:3], check=True)
+                   plugin + sources[:-1], check=True)
     # health.proto would generate a top-level "grpc" package that shadows
     # grpcio; generate it as module circuitlab_health instead (the wire name,
     # grpc.health.v1.Health, comes from its package line and is unchanged).
     src = os.path.join(_PB_DIR, "_src", "circuitlab_health")
     os.makedirs(src, exist_ok=True)
-    with open(sources[3]) as f, open(os.path.join(src, "health.proto"), "w") as out:
+    with open(sources[-1]) as f, open(os.path.join(src, "health.proto"), "w") as out:
         out.write(f.read())
     subprocess.run(["protoc", f"--python_out={_PB_DIR}", f"--grpc_python_out={_PB_DIR}",
                     f"-I{os.path.dirname(src)}", os.path.join(src, "health.proto")] + plugin, check=True)
@@ -51,6 +52,8 @@ from circuitlab.v1 import experiment_service_pb2_grpc as pb_grpc  # noqa: E402
 from circuitlab.v1 import spec_pb2  # noqa: E402
 from circuitlab.v1 import analysis_service_pb2 as apb  # noqa: E402
 from circuitlab.v1 import analysis_service_pb2_grpc as apb_grpc  # noqa: E402
+from circuitlab.v1 import worker_service_pb2 as wpb  # noqa: E402
+from circuitlab.v1 import worker_service_pb2_grpc as wpb_grpc  # noqa: E402
 from circuitlab_health import health_pb2, health_pb2_grpc  # noqa: E402
 
 FINAL_STATES = {pb.RUN_STATE_SUCCEEDED, pb.RUN_STATE_FAILED, pb.RUN_STATE_CANCELLED}
@@ -95,6 +98,7 @@ class Client:
         self._stub = pb_grpc.ExperimentServiceStub(self._channel)
         self._analysis = apb_grpc.AnalysisServiceStub(self._channel)
         self._health = health_pb2_grpc.HealthStub(self._channel)
+        self._workers = wpb_grpc.WorkerServiceStub(self._channel)
         self._timeout = timeout
         self._metadata = [("authorization", f"Bearer {token}")] if token else []
 
@@ -105,6 +109,11 @@ class Client:
     def whoami(self):
         """The principal the server takes this client for (WhoAmIResponse: principal, role, tls, limits)."""
         return self._stub.WhoAmI(pb.WhoAmIRequest(), timeout=self._timeout, metadata=self._metadata)
+
+    def workers(self):
+        """The server's executor (local, workers, slurm) and the remote workers connected now
+        (ListWorkersResponse: executor, workers[worker_id, host, engine_job, device, slots, run_ids], queued_runs)."""
+        return self._workers.ListWorkers(wpb.ListWorkersRequest(), timeout=self._timeout, metadata=self._metadata)
 
     def submit(self, spec):
         return self._stub.SubmitRun(pb.SubmitRunRequest(spec=spec), timeout=self._timeout,

@@ -144,6 +144,8 @@ class SecuredServerTest(unittest.TestCase):
                         os.environ[k] = v
             me = client.whoami()
             self.assertEqual((me.principal, me.role, me.tls), ("ada", "reader", True))
+            workers = client.workers()
+            self.assertEqual((workers.executor, len(workers.workers)), ("local", 0))
             with self.assertRaises(grpc.RpcError) as denied:
                 client.submit(cl.spec_from_json(SPEC))
             self.assertEqual(denied.exception.code(), grpc.StatusCode.PERMISSION_DENIED)
