@@ -77,17 +77,18 @@ class Link final : public scheduler::WorkerLink {
 class SessionReactor final : public Reactor {
  public:
   SessionReactor(grpc::CallbackServerContext* ctx, scheduler::WorkerBroker* broker, const Security* security)
-      : broker_(broker), link_(std::make_shared<Link>(this)) {
+      : broker_(broker), security_(security), link_(std::make_shared<Link>(this)) {
     absl::StatusOr<Caller> caller = security->Authenticate(ctx);
     if (!caller.ok()) {
       link_->Close(caller.status());
       return;
     }
     if (caller->principal.role != Role::kWorker && caller->principal.role != Role::kAdmin) {
-      link_->Close(absl::PermissionDeniedError("'" + caller->principal.name + "' has the " +
-                                               RoleName(caller->principal.role) +
-                                               " role; workers need the worker (or admin) role "
-                                               "(scripts/add-principal.sh NAME worker)"));
+      const absl::Status denied = absl::PermissionDeniedError(
+          "'" + caller->principal.name + "' has the " + RoleName(caller->principal.role) +
+          " role; workers need the worker (or admin) role (scripts/add-principal.sh NAME worker)");
+      security_->Audit(*caller, v1::Register(), nullptr, denied);
+      link_->Close(denied);
       return;
     }
     if (broker_ == nullptr) {
@@ -112,6 +113,7 @@ class SessionReactor final : public Reactor {
         absl::StatusOr<uint64_t> id = broker_->Open(link_, in_.register_(), caller_.principal.name, caller_.peer);
         if (id.ok()) session_ = *id;
         s = id.status();
+        security_->Audit(caller_, in_.register_(), nullptr, s);  // a worker joining (or refused) is audited
       }
     } else {
       s = broker_->OnMessage(session_, in_);
@@ -133,6 +135,7 @@ class SessionReactor final : public Reactor {
 
  private:
   scheduler::WorkerBroker* const broker_;
+  const Security* const security_;
   std::shared_ptr<Link> link_;
   Caller caller_;
   uint64_t session_ = 0;

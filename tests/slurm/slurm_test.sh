@@ -61,7 +61,7 @@ cli=("$cli_bin" --server "127.0.0.1:$port" --ca-cert "$tmp/secrets/ca.pem" --tok
 start_server() {
   "$server_bin" --data "$tmp/data" --listen "127.0.0.1:$port" \
     --tls-cert "$tmp/secrets/server.pem" --tls-key "$tmp/secrets/server.key" \
-    --auth-tokens-file "$tmp/secrets/tokens.txt" \
+    --auth-tokens-file "$tmp/secrets/tokens.txt" --audit-log "$tmp/audit.jsonl" \
     --executor slurm --slurm-max-workers 2 --slurm-job-name cltest --slurm-poll-seconds 1 --slurm-idle-exit 30 \
     --slurm-log-dir "$tmp/logs" --slurm-extra "#SBATCH --comment=circuitlab-slurm-test" \
     --worker-binary "$worker_bin" --worker-token-file "$tmp/pilot.token" --worker-ca-cert "$tmp/secrets/ca.pem" \
@@ -200,5 +200,9 @@ out=$("$worker_bin" --server "127.0.0.1:$port" --ca-cert "$tmp/secrets/ca.pem" -
 set -e
 [ "$rc" = 4 ] || fail "a worker with a user's token should exit 4, got $rc: $out"
 grep -q "workers need the worker (or admin) role" <<<"$out" || fail "unclear message: $out"
+grep '"method":"Register"' "$tmp/audit.jsonl" | grep -q '"principal":"pilot".*"outcome":"OK"' ||
+  fail "no audit line for a pilot's Register"
+grep '"method":"Register"' "$tmp/audit.jsonl" | grep -q '"principal":"tester".*"outcome":"PERMISSION_DENIED"' ||
+  fail "no audit line for the refused worker"
 say "unreachable server: exit 2; a user's token: exit 4 ($(tail -1 <<<"$out" | cut -c1-100))"
 say "PASS in $(( $(date +%s) - t0 )) s"
