@@ -304,6 +304,10 @@ Worker::End Worker::Session(std::string* why) {
         lease->resume.resize(lease->members.size());
         lease->tokens = std::vector<CancelToken>(lease->members.size());
         leases_[lease->id] = lease;
+        // Leased just before the server saw our Drain: hand it straight back.
+        if (drain_sent_) {
+          for (CancelToken& t : lease->tokens) t.Request(StopReason::kPreempt);
+        }
         if (lease->Complete()) start = lease;
       } else if (in.has_resume_chunk()) {
         auto it = leases_.find(in.resume_chunk().lease_id());
