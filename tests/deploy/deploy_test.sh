@@ -81,8 +81,13 @@ start_container() {  # name
 start_container "$tag-a"
 [ "$(docker exec "$tag-a" id -u)" = 999 ] || fail "the server runs as root"
 docker exec "$tag-a" touch /usr/local/bin/x 2>/dev/null && fail "the root filesystem is writable"
+# The health check can pass a moment before the start-up line is logged.
+for _ in $(seq 50); do
+  docker logs "$tag-a" 2>&1 | grep -q "circuitlab-server listening on 127.0.0.1:$port (port $port, TLS)" && break
+  sleep 0.2
+done
 docker logs "$tag-a" 2>&1 | grep -q "circuitlab-server listening on 127.0.0.1:$port (port $port, TLS)" ||
-  fail "no start-up line in docker logs"
+  { docker logs "$tag-a" 2>&1 | tail -5; fail "no start-up line in docker logs"; }
 "${cli[@]}" whoami | grep -q "transport  TLS" || fail "whoami over TLS"
 "$cli_bin" --server "127.0.0.1:$port" health >/dev/null 2>&1 && fail "plaintext reached the TLS port"
 
