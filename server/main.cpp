@@ -410,7 +410,7 @@ int main(int argc, char** argv) {
     auto* b = broker.get();
     pool = std::make_unique<circuitlab::scheduler::SlurmPool>(
         flags.slurm, circuitlab::scheduler::RunCommand,
-        [&scheduler, b] { return scheduler.QueuedRuns() + b->BusySlots(); }, [b] { return b->TotalSlots(); });
+        [&scheduler, b] { return scheduler.QueuedRuns() + b->BusySlots(); });
     if (absl::Status s = pool->Start(); !s.ok()) {
       scheduler.Drain();
       return Fail("cannot use Slurm", s);

@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <atomic>
 
 #include "circuitlab/v1/worker_service.grpc.pb.h"
 #include "client/lib/channel.h"
@@ -44,7 +45,9 @@ struct Worker::LeaseRun {
   std::vector<CancelToken> tokens;
   uint64_t sequence = 0;  // last sent; under write_mu_
   bool started = false;
-  bool lost = false;                                          // the session ended: nothing more is sent
+  // The session ended: nothing more is sent. Set under mu_ (so the
+  // checkpoint-ack wait sees it), read under write_mu_ too: atomic.
+  std::atomic<bool> lost{false};
   std::map<std::pair<uint32_t, uint64_t>, std::string> acks;  // (member, step) -> error; under mu_
   std::thread::id thread;
   bool Complete() const {

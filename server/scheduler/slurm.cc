@@ -210,12 +210,8 @@ absl::StatusOr<CommandResult> RunCommand(const std::vector<std::string>& argv, c
   return r;
 }
 
-SlurmPool::SlurmPool(SlurmOptions options, CommandRunner run, std::function<int()> demand,
-                     std::function<int()> connected)
-    : options_(std::move(options)),
-      run_(std::move(run)),
-      demand_(std::move(demand)),
-      connected_(std::move(connected)) {}
+SlurmPool::SlurmPool(SlurmOptions options, CommandRunner run, std::function<int()> demand)
+    : options_(std::move(options)), run_(std::move(run)), demand_(std::move(demand)) {}
 
 SlurmPool::~SlurmPool() { Stop(); }
 
@@ -333,6 +329,13 @@ void SlurmPool::Refresh() {
     p.final = true;
     p.state = it == ended.end() ? "GONE" : it->state;
     spdlog::info("slurm: pilot {} ended: {}", id, why);
+    ended_.push_back(id);
+  }
+  // A long-lived server submits pilots for months: forget the oldest ends.
+  while (ended_.size() > kKeptEnded) {
+    auto p = pilots_.find(ended_.front());
+    if (p != pilots_.end() && p->second.final) pilots_.erase(p);
+    ended_.pop_front();
   }
 }
 

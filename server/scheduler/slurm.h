@@ -8,7 +8,7 @@
 // batched `sacct --parsable2` for pilots that left the queue (falling back to
 // `sacct -c`, the job-completion log, and then to "ended, state unknown"
 // when accounting is disabled); then `sbatch --parsable` (a job array for
-// several pilots) when pilots + connected workers fall short of the demand.
+// several pilots) when the live pilots fall short of the demand.
 // Pending, running, COMPLETING, PREEMPTED, REQUEUED and SUSPENDED pilots are
 // alive. Heartbeats decide whether a worker is alive; Slurm only explains why
 // a pilot ended (logged).
@@ -16,6 +16,7 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <deque>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -88,8 +89,8 @@ absl::StatusOr<CommandResult> RunCommand(const std::vector<std::string>& argv, c
 class SlurmPool {
  public:
   // `demand()` is how many worker slots the queue could use now (queued
-  // runs + leased ones); `connected()` the slots of workers connected now.
-  SlurmPool(SlurmOptions options, CommandRunner run, std::function<int()> demand, std::function<int()> connected);
+  // runs + leased ones).
+  SlurmPool(SlurmOptions options, CommandRunner run, std::function<int()> demand);
   ~SlurmPool();  // Stop()s
 
   // Checks that sbatch exists and adopts pilots of an earlier server
@@ -104,7 +105,9 @@ class SlurmPool {
     std::string state;
     bool final = false;
   };
+  // The live pilots and the most recent kKeptEnded ended ones.
   std::map<std::string, Pilot> pilots() const;
+  static constexpr size_t kKeptEnded = 64;
   int alive() const;
 
  private:
@@ -113,10 +116,11 @@ class SlurmPool {
 
   const SlurmOptions options_;
   CommandRunner run_;
-  std::function<int()> demand_, connected_;
+  std::function<int()> demand_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::map<std::string, Pilot> pilots_;
+  std::deque<std::string> ended_;  // final pilots, oldest first (pruned)
   bool stopping_ = false;
   bool accounting_off_ = false;
   std::thread thread_;

@@ -287,11 +287,7 @@ void WorkerBroker::Watchdog() {
 
 bool WorkerBroker::TryAcquire() {
   std::lock_guard<std::mutex> lock(mu_);
-  int total = 0;
-  for (const auto& [id, s] : sessions_) {
-    if (!s->closed && !s->info.draining) total += s->info.slots;
-  }
-  if (acquired_ >= total) return false;
+  if (acquired_ >= TotalSlotsLocked()) return false;
   ++acquired_;
   return true;
 }
@@ -603,6 +599,10 @@ std::vector<WorkerInfo> WorkerBroker::Workers() const {
 
 int WorkerBroker::TotalSlots() const {
   std::lock_guard<std::mutex> lock(mu_);
+  return TotalSlotsLocked();
+}
+
+int WorkerBroker::TotalSlotsLocked() const {
   int total = 0;
   for (const auto& [id, s] : sessions_) {
     if (!s->closed && !s->info.draining) total += s->info.slots;

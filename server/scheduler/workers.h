@@ -116,6 +116,7 @@ class WorkerBroker : public engine::Executor, public WorkerCapacity {
   int WaitingLeases() const;
 
  private:
+  int TotalSlotsLocked() const;  // mu_ held
   struct Lease;
   struct Session;
   // What the slot thread keeps about one member of its lease.

@@ -136,8 +136,7 @@ TEST(SlurmPool, SizesPilotsToTheQueueAndExplainsTheirEnds) {
   o.max_workers = 2;
   o.worker_slots = 1;
   o.log_dir = "/tmp/logs";
-  SlurmPool pool(
-      o, slurm.Runner(), [&] { return demand; }, [] { return 0; });
+  SlurmPool pool(o, slurm.Runner(), [&] { return demand; });
   pool.Cycle();
   ASSERT_EQ(slurm.Count("sbatch"), 1);
   EXPECT_EQ(pool.alive(), 2) << "3 runs, at most 2 pilots: one array of two";
@@ -173,8 +172,7 @@ TEST(SlurmPool, FallsBackWhenAccountingIsDisabled) {
   FakeSlurm slurm;
   int demand = 1;
   SlurmOptions o;
-  SlurmPool pool(
-      o, slurm.Runner(), [&] { return demand; }, [] { return 0; });
+  SlurmPool pool(o, slurm.Runner(), [&] { return demand; });
   pool.Cycle();
   ASSERT_EQ(pool.alive(), 1);
   demand = 0;
@@ -192,13 +190,25 @@ TEST(SlurmPool, FallsBackWhenAccountingIsDisabled) {
   EXPECT_EQ(slurm.calls.back()[0], "sbatch") << "and the queue still wants one";
 }
 
+TEST(SlurmPool, ForgetsTheOldestEndedPilots) {
+  FakeSlurm slurm;
+  SlurmPool pool(SlurmOptions(), slurm.Runner(), [] { return 1; });
+  slurm.sacct = {1, "", "sacct: error: Slurm accounting storage is disabled\n"};
+  // Every cycle: the last pilot left the queue (ended), a new one is submitted.
+  for (size_t i = 0; i < SlurmPool::kKeptEnded + 10; ++i) pool.Cycle();
+  const auto pilots = pool.pilots();
+  EXPECT_EQ(pilots.size(), SlurmPool::kKeptEnded + 1) << "the kept ends and the live pilot";
+  EXPECT_EQ(pool.alive(), 1);
+  EXPECT_EQ(pilots.count("100"), 0u) << "the oldest end is forgotten";
+}
+
 TEST(SlurmPool, RefusesToStartWithoutSbatch) {
   SlurmPool pool(
       SlurmOptions(),
       [](const std::vector<std::string>&, const std::string&) -> absl::StatusOr<CommandResult> {
         return absl::NotFoundError("cannot run sbatch: No such file or directory");
       },
-      [] { return 0; }, [] { return 0; });
+      [] { return 0; });
   absl::Status s = pool.Start();
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(s.message().find("needs Slurm's sbatch"), std::string::npos) << s;
