@@ -46,6 +46,8 @@ struct Flags {
   bool private_runs = false;
   std::string audit_log;
   std::string health_listen;
+  circuitlab::rpc::HttpOptions http{.listen = "127.0.0.1:8080"};
+  bool http_given = false;
   uint64_t audit_log_max_mb = 64;
   int max_watches_per_client = 256;
   std::string log_level = "info";
@@ -253,6 +255,19 @@ void DefineFlags(CLI::App& app, Flags& f) {
   app.add_option("--health-listen", f.health_listen,
                  "Also serve grpc.health.v1 alone, plaintext and without a token, on this address (for probes "
                  "that cannot speak TLS, e.g. Kubernetes gRPC probes); no data is served there");
+  app.add_option("--http", f.http.listen,
+                 "HOST:PORT of the HTTP port: the dashboard, the read-only JSON API (/api/v1), run event streams, "
+                 "/metrics (Prometheus), /healthz and /readyz. Same TLS, tokens and loopback rules as --listen. "
+                 "'' turns it off; when the default port is taken the server runs without it (with a warning)")
+      ->capture_default_str()
+      ->each([&f](const std::string&) { f.http_given = true; });
+  app.add_option("--http-threads", f.http.threads, "HTTP request threads (event streams get their own)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 256));
+  app.add_option("--http-max-streams", f.http.max_streams,
+                 "Open run event streams (Server-Sent Events) at once; more are answered 503")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1024));
   app.add_flag("--private-runs", f.private_runs,
                "A user sees only its own runs, sweeps and analysis jobs (admins and readers see all)");
   app.add_option("--audit-log", f.audit_log,
@@ -425,8 +440,12 @@ int main(int argc, char** argv) {
   server_opts.private_runs = flags.private_runs;
   server_opts.health_listen = flags.health_listen;
   server_opts.executor = flags.executor;
+  server_opts.http = flags.http;
+  server_opts.http.required = flags.http_given;
+  circuitlab::rpc::Telemetry telemetry(
+      {&scheduler, &analysis.jobs(), store->get(), broker.get(), CIRCUITLAB_VERSION, flags.executor});
   auto server = circuitlab::rpc::GrpcServer::Start(server_opts, auth->get(), audit.get(), &scheduler, &analysis,
-                                                   &sweeps, broker.get());
+                                                   &sweeps, broker.get(), &telemetry);
   if (!server.ok()) {
     scheduler.Drain();
     return Fail("cannot serve", server.status());
@@ -450,8 +469,16 @@ int main(int argc, char** argv) {
   if ((*server)->health_port() > 0) {
     spdlog::info("health alone (plaintext, no token) on {} (port {})", flags.health_listen, (*server)->health_port());
   }
-  // One machine-readable line for scripts and tests that start us on port 0.
+  if ((*server)->http_port() > 0) {
+    spdlog::info("dashboard: {}  (JSON API {}api/v1, Prometheus {}metrics)", (*server)->http_url(),
+                 (*server)->http_url(), (*server)->http_url());
+  }
+  // Machine-readable lines for scripts and tests that start us on port 0:
+  // the gRPC port first, then the HTTP port when there is one.
   std::printf("listening port=%d\n", (*server)->port());
+  if ((*server)->http_port() > 0) {
+    std::printf("http port=%d url=%s\n", (*server)->http_port(), (*server)->http_url().c_str());
+  }
   std::fflush(stdout);
 
   int sig = 0;

@@ -51,10 +51,11 @@ int main(int argc, char** argv) {
                  "Check the server's certificate for this name instead of the --server host");
 
   Action chosen;
-  for (auto add : {AddSubmit,      AddLs,           AddShow,    AddWatch,      AddCancel,         AddRm,
-                   AddMetrics,     AddCoords,       AddProject, AddInvariance, AddSweep,          AddSweepShow,
-                   AddSweepCancel, AddSweepSummary, AddDetect,  AddIntervene,  AddLabel,          AddDataDependence,
-                   AddTaskVectors, AddHealth,       AddWhoAmI,  AddAnalyses,   AddCancelAnalysis, AddWorkers}) {
+  for (auto add : {AddSubmit,     AddLs,        AddShow,      AddWatch,          AddCancel,
+                   AddRm,         AddMetrics,   AddCoords,    AddOpen,           AddProject,
+                   AddInvariance, AddSweep,     AddSweepShow, AddSweepCancel,    AddSweepSummary,
+                   AddDetect,     AddIntervene, AddLabel,     AddDataDependence, AddTaskVectors,
+                   AddHealth,     AddWhoAmI,    AddAnalyses,  AddCancelAnalysis, AddWorkers}) {
     add(app, &chosen);
   }
   try {

@@ -63,6 +63,15 @@ absl::StatusOr<Caller> Security::Authenticate(const grpc::CallbackServerContext*
   return caller;
 }
 
+absl::StatusOr<Caller> Security::Authenticate(std::string_view authorization, std::string peer, bool tls) const {
+  Caller caller;
+  CL_ASSIGN_OR_RETURN(caller.principal, auth_->Resolve(authorization));
+  caller.peer = std::move(peer);
+  caller.label = "http";
+  caller.tls = tls;
+  return caller;
+}
+
 absl::Status Security::Check(const Caller& caller, Access access, const google::protobuf::Message& request) const {
   const Principal& who = caller.principal;
   if (access == Access::kCreate) return MayWrite(who, MethodOf(request));

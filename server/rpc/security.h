@@ -47,6 +47,9 @@ class Security {
 
   // The caller's principal from its `authorization` metadata.
   absl::StatusOr<Caller> Authenticate(const grpc::CallbackServerContext* ctx) const;
+  // The same for the HTTP front end: its Authorization header, peer, whether
+  // the connection is TLS.
+  absl::StatusOr<Caller> Authenticate(std::string_view authorization, std::string peer, bool tls) const;
 
   // Whether `caller` may do `access` to what `request` names through its
   // run_id / sweep_id field (those it does not have are not checked).

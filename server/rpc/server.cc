@@ -5,6 +5,7 @@
 #include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/security/auth_metadata_processor.h>
 #include <grpcpp/security/server_credentials.h>
+#include <spdlog/spdlog.h>
 
 #include "server/rpc/analysis_service.h"
 #include "server/rpc/experiment_service.h"
@@ -89,7 +90,7 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const ServerOption
                                                               AuditLog* audit, scheduler::Scheduler* experiments,
                                                               scheduler::AnalysisCore* analysis,
                                                               scheduler::SweepCore* sweeps,
-                                                              scheduler::WorkerBroker* workers) {
+                                                              scheduler::WorkerBroker* workers, Telemetry* telemetry) {
   const bool loopback = IsLoopbackAddress(options.listen);
   const bool tls = options.tls.enabled();
   if (!loopback && auth->open()) {
@@ -102,6 +103,18 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const ServerOption
                                       " is not a loopback address: listening beyond this machine requires TLS "
                                       "(--tls-cert FILE --tls-key FILE; scripts/dev-certs.sh makes test ones), or "
                                       "--insecure-plaintext to send tokens and data in clear");
+  }
+  if (!options.http.listen.empty() && !IsLoopbackAddress(options.http.listen)) {
+    if (auth->open()) {
+      return absl::InvalidArgumentError("--http " + options.http.listen +
+                                        " is not a loopback address: serving the dashboard and API beyond this "
+                                        "machine requires --auth-tokens-file (or --auth-token-file)");
+    }
+    if (!tls && !options.insecure_plaintext) {
+      return absl::InvalidArgumentError("--http " + options.http.listen +
+                                        " is not a loopback address: it requires TLS (--tls-cert/--tls-key, used "
+                                        "for HTTPS too), or --insecure-plaintext");
+    }
   }
   if (tls) CL_RETURN_IF_ERROR(CheckTlsFiles(options.tls));
   if (!options.tls.client_ca.empty() && !tls) {
@@ -140,6 +153,11 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const ServerOption
   builder.RegisterService(server->analysis_.get());
   builder.RegisterService(server->workers_.get());
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
+  if (telemetry != nullptr) {
+    std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
+    interceptors.push_back(telemetry->InterceptorFactory());
+    builder.experimental().SetInterceptorCreators(std::move(interceptors));
+  }
   server->server_ = builder.BuildAndStart();
   if (server->server_ == nullptr || server->port_ == 0) {
     return absl::UnavailableError("cannot listen on " + options.listen + " (address in use or invalid)");
@@ -158,6 +176,18 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const ServerOption
     }
     server->health_server_->GetHealthCheckService()->SetServingStatus(true);
   }
+  if (!options.http.listen.empty()) {
+    absl::StatusOr<std::unique_ptr<HttpGateway>> http = HttpGateway::Start(
+        options.http, options.tls, {server->security_.get(), experiments, sweeps, analysis, telemetry});
+    if (http.ok()) {
+      server->http_ = std::move(*http);
+    } else if (absl::IsUnavailable(http.status()) && !options.http.required) {
+      spdlog::warn("no dashboard/HTTP port: {} (pass --http HOST:PORT to choose another, --http '' for none)",
+                   std::string(http.status().message()));
+    } else {
+      return http.status();
+    }
+  }
   return server;
 }
 
@@ -166,11 +196,16 @@ GrpcServer::~GrpcServer() {
 }
 
 void GrpcServer::MarkNotServing() {
+  if (http_) http_->MarkNotReady();
   if (server_) server_->GetHealthCheckService()->SetServingStatus(false);
   if (health_server_) health_server_->GetHealthCheckService()->SetServingStatus(false);
 }
 
 void GrpcServer::Shutdown(std::chrono::milliseconds grace) {
+  if (http_) {
+    http_->Shutdown();  // its event streams end first
+    http_.reset();
+  }
   if (!server_) return;
   server_->GetHealthCheckService()->SetServingStatus(false);
   if (health_server_) {

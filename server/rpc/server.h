@@ -9,6 +9,10 @@
 // and TLS; --insecure-plaintext waives TLS (never tokens), with a warning.
 // Health answers without a token (container and Kubernetes probes);
 // reflection needs one whenever tokens are configured.
+//
+// Beside it, on --http, the HTTP front end (http_gateway.h: JSON, events, the
+// dashboard, /metrics) over the same cores and Security, under the same
+// loopback/TLS/token rules, with the same certificate.
 #pragma once
 
 #include <memory>
@@ -18,6 +22,8 @@
 #include "absl/status/statusor.h"
 #include "server/rpc/audit.h"
 #include "server/rpc/auth.h"
+#include "server/rpc/http_gateway.h"
+#include "server/rpc/telemetry.h"
 #include "server/rpc/tls.h"
 #include "server/scheduler/analysis_core.h"
 #include "server/scheduler/scheduler.h"
@@ -45,6 +51,7 @@ struct ServerOptions {
   // Empty = none.
   std::string health_listen;
   std::string executor = "local";  // where runs train (ListWorkers says so)
+  HttpOptions http;                // http.listen empty = no HTTP port
 };
 
 // True for 127.0.0.0/8, ::1 and "localhost" listen addresses.
@@ -61,12 +68,16 @@ class GrpcServer {
                                                            AuditLog* audit, scheduler::Scheduler* experiments,
                                                            scheduler::AnalysisCore* analysis,
                                                            scheduler::SweepCore* sweeps,
-                                                           scheduler::WorkerBroker* workers = nullptr);
+                                                           scheduler::WorkerBroker* workers = nullptr,
+                                                           Telemetry* telemetry = nullptr);
   ~GrpcServer();
 
   // The port actually bound (useful with port 0); the health port's (0 = none).
   int port() const { return port_; }
   int health_port() const { return health_port_; }
+  // The HTTP port and the dashboard's URL (0 and "" without --http).
+  int http_port() const { return http_ ? http_->port() : 0; }
+  std::string http_url() const { return http_ ? http_->url() : ""; }
   // Health checks answer NOT_SERVING from now on (calls still work).
   void MarkNotServing();
   // Health goes NOT_SERVING; new calls are refused; in-flight calls get
@@ -82,6 +93,7 @@ class GrpcServer {
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<grpc::CallbackGenericService> nothing_else_;  // the health port's other methods
   std::unique_ptr<grpc::Server> health_server_;                 // --health-listen
+  std::unique_ptr<HttpGateway> http_;                           // --http
   int port_ = 0;
   int health_port_ = 0;
 };

@@ -675,8 +675,24 @@ absl::Status Scheduler::Transition(int64_t run_id, const store::RunTransition& t
   CL_RETURN_IF_ERROR(store_->TransitionRun(run_id, t));
   // Persisted first, announced second.
   hub_.Publish(run_id, StateEvent(t.state, t.device.value_or(""), t.error.value_or("")));
-  if (IsFinal(t.state)) hub_.Close(run_id);
+  if (IsFinal(t.state)) {
+    hub_.Close(run_id);
+    std::lock_guard<std::mutex> lock(mu_);
+    ++finished_[t.state];
+  }
   return absl::OkStatus();
+}
+
+std::map<int, uint64_t> Scheduler::FinishedRuns() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return finished_;
+}
+
+int Scheduler::OpenWatches() {
+  std::lock_guard<std::mutex> lock(mu_);
+  int n = 0;
+  for (const auto& [owner, count] : watches_per_owner_) n += count;
+  return n;
 }
 
 int64_t Scheduler::PickLocked(size_t slot) {

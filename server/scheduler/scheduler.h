@@ -148,6 +148,10 @@ class Scheduler {
   void Wake();
   // Runs waiting in the queue now.
   int QueuedRuns();
+  // For /metrics: runs that reached each final state since the server
+  // started (RunState number -> count) and the watch streams open now.
+  std::map<int, uint64_t> FinishedRuns();
+  int OpenWatches();
 
   ProgressHub& hub() { return hub_; }
   const std::vector<std::string>& device_slots() const { return slot_names_; }
@@ -218,6 +222,7 @@ class Scheduler {
   std::map<QueueKey, Queued> queue_;
   std::map<std::string, int> queued_per_owner_;
   std::map<std::string, int> watches_per_owner_;
+  std::map<int, uint64_t> finished_;                     // final state -> runs (FinishedRuns)
   std::map<int64_t, std::pair<int, std::string>> lost_;  // run -> (workers lost, the last reason)
   int reserved_ = 0;  // queue places held by submissions being inserted
   std::map<int64_t, std::shared_ptr<Active>> active_;

@@ -6,6 +6,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <cerrno>
 #include <condition_variable>
 #include <cstring>
@@ -13,8 +15,8 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
-#include <limits>
 #include <future>
+#include <limits>
 #include <mutex>
 #include <sstream>
 #include <thread>
@@ -302,6 +304,22 @@ class Store::Impl {
                    readers_.end());
   }
 
+  // Rows the op in progress wrote (writer thread only; counted once committed).
+  void CountOpRows(uint64_t metric_points, uint64_t coordinate_values) {
+    op_rows_[0] += metric_points;
+    op_rows_[1] += coordinate_values;
+  }
+
+  Store::WriteStats Stats() const {
+    Store::WriteStats w;
+    w.commits = commits_.load();
+    for (const auto& b : commit_buckets_) w.commit_buckets.push_back(b.load());
+    w.commit_seconds = static_cast<double>(commit_micros_.load()) / 1e6;
+    w.metric_points = rows_[0].load();
+    w.coordinate_values = rows_[1].load();
+    return w;
+  }
+
   // Metric-name ids, cached; only the writer thread calls this.
   absl::StatusOr<int64_t> NameId(Connection& conn, const std::string& name) {
     for (auto* cache : {&name_ids_, &name_ids_batch_, &name_ids_op_}) {
@@ -363,6 +381,8 @@ class Store::Impl {
   // One transaction per batch; a savepoint per op so one failing op does not
   // take the others down.
   void Commit(std::deque<Op>& batch) {
+    const auto started = std::chrono::steady_clock::now();
+    uint64_t batch_rows[2] = {0, 0};
     std::vector<absl::Status> results(batch.size());
     Transaction tx(writer_conn_.get());
     absl::Status s = tx.Begin();
@@ -373,10 +393,13 @@ class Store::Impl {
           results[i] = sp;
           continue;
         }
+        op_rows_[0] = op_rows_[1] = 0;
         results[i] = batch[i].fn(*writer_conn_);
         if (results[i].ok()) {
           writer_conn_->Exec("RELEASE op").IgnoreError();
           name_ids_batch_.merge(name_ids_op_);
+          batch_rows[0] += op_rows_[0];
+          batch_rows[1] += op_rows_[1];
         } else {
           writer_conn_->Exec("ROLLBACK TO op").IgnoreError();
           writer_conn_->Exec("RELEASE op").IgnoreError();
@@ -385,8 +408,19 @@ class Store::Impl {
       }
       s = tx.Commit();
     }
-    if (s.ok()) name_ids_.merge(name_ids_batch_);
+    if (s.ok()) {
+      name_ids_.merge(name_ids_batch_);
+      rows_[0] += batch_rows[0];
+      rows_[1] += batch_rows[1];
+    }
     name_ids_batch_.clear();
+    const auto micros =
+        std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - started).count();
+    size_t bucket = 0;
+    while (bucket < std::size(Store::kCommitBuckets) && micros > Store::kCommitBuckets[bucket] * 1e6) ++bucket;
+    ++commit_buckets_[bucket];
+    commit_micros_ += static_cast<uint64_t>(micros);
+    ++commits_;
     for (size_t i = 0; i < batch.size(); ++i) batch[i].done.set_value(s.ok() ? results[i] : s);
   }
 
@@ -399,6 +433,11 @@ class Store::Impl {
   std::map<std::string, int64_t> name_ids_;
   std::map<std::string, int64_t> name_ids_batch_;
   std::map<std::string, int64_t> name_ids_op_;
+  uint64_t op_rows_[2] = {0, 0};  // (metric points, coordinate values) of the op in progress
+  // Written by the writer thread, read by GetWriteStats.
+  std::atomic<uint64_t> rows_[2] = {0, 0};
+  std::atomic<uint64_t> commits_{0}, commit_micros_{0};
+  std::array<std::atomic<uint64_t>, std::size(Store::kCommitBuckets) + 1> commit_buckets_{};
 
   std::mutex mu_;
   std::condition_variable cv_;
@@ -677,6 +716,7 @@ void Store::AppendMetrics(int64_t run_id, std::vector<MetricPoint> points) {
           st.Bind(1, run_id).Bind(2, name_id).Bind(3, p.step).Bind(4, p.value);
           CL_RETURN_IF_ERROR(st.Run());
         }
+        impl->CountOpRows(shared->size(), 0);
         return absl::OkStatus();
       },
       /*sync=*/false, shared, run_id);
@@ -1018,17 +1058,33 @@ absl::StatusOr<std::vector<int64_t>> Store::PutCoordinateDefs(int64_t run_id, co
 
 void Store::AppendCoordinates(int64_t run_id, int64_t step, std::vector<int64_t> ids, std::vector<double> values) {
   if (ids.empty()) return;
+  Impl* impl = impl_.get();
   impl_->Submit(
-      [run_id, step, ids = std::move(ids), values = std::move(values)](Connection& c) -> absl::Status {
+      [impl, run_id, step, ids = std::move(ids), values = std::move(values)](Connection& c) -> absl::Status {
         for (size_t i = 0; i < ids.size() && i < values.size(); ++i) {
           CL_ASSIGN_OR_RETURN(Statement st, c.Prepare("INSERT OR REPLACE INTO coordinates(coord_id, step, run_id, "
                                                       "value) VALUES (?, ?, ?, ?)"));
           st.Bind(1, ids[i]).Bind(2, step).Bind(3, run_id).Bind(4, values[i]);
           CL_RETURN_IF_ERROR(st.Run());
         }
+        impl->CountOpRows(0, std::min(ids.size(), values.size()));
         return absl::OkStatus();
       },
       /*sync=*/false);
+}
+
+Store::WriteStats Store::GetWriteStats() const { return impl_->Stats(); }
+
+absl::StatusOr<std::map<int, int64_t>> Store::CountRunsByState() {
+  CL_ASSIGN_OR_RETURN(Impl::Reader r, impl_->AcquireReader());
+  CL_ASSIGN_OR_RETURN(Statement st, r->Prepare("SELECT state, COUNT(*) FROM runs GROUP BY state"));
+  std::map<int, int64_t> counts;
+  while (true) {
+    CL_ASSIGN_OR_RETURN(bool more, st.Step());
+    if (!more) break;
+    counts[static_cast<int>(st.ColumnInt(0))] = st.ColumnInt(1);
+  }
+  return counts;
 }
 
 absl::StatusOr<std::vector<CoordinateSeries>> Store::GetTrajectory(int64_t run_id, const TrajectoryQuery& q) {

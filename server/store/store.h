@@ -285,6 +285,21 @@ class Store {
   // server runs on `data_dir`.
   static absl::Status Backup(const std::string& data_dir, const std::string& dest_dir);
 
+  // What the writer has done since the store opened (for /metrics).
+  struct WriteStats {
+    uint64_t commits = 0;  // transactions (batches)
+    // Commit durations: counts per bucket, bucket i holding durations
+    // <= kCommitBuckets[i] and above the previous bound; the last one the rest.
+    std::vector<uint64_t> commit_buckets;
+    double commit_seconds = 0;       // sum
+    uint64_t metric_points = 0;      // committed metric rows
+    uint64_t coordinate_values = 0;  // committed coordinate rows
+  };
+  static constexpr double kCommitBuckets[] = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5};
+  WriteStats GetWriteStats() const;
+  // Runs per stored state (one GROUP BY).
+  absl::StatusOr<std::map<int, int64_t>> CountRunsByState();
+
   const std::string& data_dir() const;
 
   class Impl;

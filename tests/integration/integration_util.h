@@ -57,8 +57,10 @@ class Server {
     EXPECT_TRUE(scheduler_->Start().ok());
     server_opts.listen = listen;
     sweeps_ = std::make_unique<scheduler::SweepCore>(scheduler_.get(), store_.get(), analysis_.get(), 64, opts.quotas);
+    telemetry_ = std::make_unique<rpc::Telemetry>(
+        rpc::TelemetrySources{scheduler_.get(), &analysis_->jobs(), store_.get(), nullptr, "test", "local"});
     auto server = rpc::GrpcServer::Start(server_opts, auth ? auth : open_auth_.get(), audit, scheduler_.get(),
-                                         analysis_.get(), sweeps_.get());
+                                         analysis_.get(), sweeps_.get(), nullptr, telemetry_.get());
     EXPECT_TRUE(server.ok()) << server.status();
     server_ = std::move(*server);
   }
@@ -69,6 +71,8 @@ class Server {
     server_->Shutdown(std::chrono::milliseconds(200));
   }
   std::string address() const { return "127.0.0.1:" + std::to_string(server_->port()); }
+  // With server_opts.http.listen set: the HTTP port.
+  int http_port() const { return server_->http_port(); }
   rpc::GrpcServer& grpc() { return *server_; }
 
  private:
@@ -78,6 +82,7 @@ class Server {
   std::unique_ptr<scheduler::Scheduler> scheduler_;
   std::unique_ptr<scheduler::AnalysisCore> analysis_;
   std::unique_ptr<scheduler::SweepCore> sweeps_;
+  std::unique_ptr<rpc::Telemetry> telemetry_;
   std::unique_ptr<rpc::GrpcServer> server_;
 };
 

@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstdio>
@@ -65,6 +66,9 @@ class ServerProcess {
       close(fds[0]);
       close(fds[1]);
       std::vector<std::string> argv = {binary, "--data", data_dir, "--listen", "127.0.0.1:0", "--log-level", "info"};
+      // An ephemeral HTTP port unless the test chose one (parallel servers never share 8080).
+      if (std::find(extra.begin(), extra.end(), "--http") == extra.end())
+        argv.insert(argv.end(), {"--http", "127.0.0.1:0"});
       argv.insert(argv.end(), extra.begin(), extra.end());
       std::vector<char*> args;
       for (auto& a : argv) args.push_back(a.data());
@@ -73,13 +77,20 @@ class ServerProcess {
       _exit(127);
     }
     close(fds[1]);
-    // The server prints "listening port=N" once it serves.
+    // The server prints "listening port=N" once it serves, then "http port=N url=U"
+    // when it has an HTTP port.
     std::string line;
     char c;
     while (read(fds[0], &c, 1) == 1) {
       if (c == '\n') {
         if (line.rfind("listening port=", 0) == 0) {
           port_ = std::stoi(line.substr(15));
+          if (HttpOff(extra)) break;
+          line.clear();
+          continue;
+        }
+        if (line.rfind("http port=", 0) == 0) {
+          http_port_ = std::stoi(line.substr(10));
           break;
         }
         line.clear();
@@ -92,6 +103,7 @@ class ServerProcess {
   ~ServerProcess() { Stop(SIGKILL); }
 
   bool ok() const { return port_ > 0; }
+  int http_port() const { return http_port_; }
   pid_t pid() const { return pid_; }
   std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
   const std::string& log_path() const { return log_path_; }
@@ -111,7 +123,12 @@ class ServerProcess {
 
  private:
   pid_t pid_ = -1;
+  static bool HttpOff(const std::vector<std::string>& extra) {
+    auto it = std::find(extra.begin(), extra.end(), "--http");
+    return it != extra.end() && it + 1 != extra.end() && it[1].empty();
+  }
   int port_ = 0;
+  int http_port_ = 0;
   int stdout_fd_ = -1;
   int exit_code_ = -1;
   std::string log_path_;

@@ -30,6 +30,7 @@ void AddCancel(CLI::App& app, Action* chosen);
 void AddRm(CLI::App& app, Action* chosen);
 void AddMetrics(CLI::App& app, Action* chosen);
 void AddCoords(CLI::App& app, Action* chosen);
+void AddOpen(CLI::App& app, Action* chosen);
 // Sweeps
 void AddSweep(CLI::App& app, Action* chosen);
 void AddSweepShow(CLI::App& app, Action* chosen);

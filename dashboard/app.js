@@ -1,0 +1,843 @@
+// circuitlab dashboard: a single page over the server's read-only JSON API
+// (/api/v1, protobuf's JSON mapping with proto field names) and its run event
+// streams. No build step; charts are uPlot (vendor/uplot).
+'use strict';
+
+// ---------------------------------------------------------------- helpers ---
+
+const $view = document.getElementById('view');
+const PALETTE =
+    ['#2855c7', '#d1495b', '#00a878', '#edae49', '#7b4fa1', '#30a5bf', '#8c564b', '#e377c2', '#555', '#bcbd22'];
+const FINAL = new Set(['RUN_STATE_SUCCEEDED', 'RUN_STATE_FAILED', 'RUN_STATE_CANCELLED']);
+const COORDS = ['alpha', 'beta', 'gamma', 'delta'];
+window.__charts = {};  // title -> uPlot (the browser tests read what was drawn)
+window.__live = {
+  events: 0,
+  metricEvents: 0,
+  lastStep: 0
+};
+
+function h(tag, attrs, ...children) {
+  const el = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === undefined || v === null || v === false) continue;
+    if (k.startsWith('on'))
+      el.addEventListener(k.slice(2), v);
+    else if (k === 'class')
+      el.className = v;
+    else
+      el.setAttribute(k, v === true ? '' : v);
+  }
+  for (const c of children.flat()) {
+    if (c === null || c === undefined || c === false) continue;
+    el.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  }
+  return el;
+}
+const short = (s, prefix) => (s || '').replace(prefix, '');
+const stateName = (s) => short(s, 'RUN_STATE_');
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+function fmt(v) {
+  if (v === null || v === undefined || v === '') return '';
+  if (typeof v !== 'number') return String(v);
+  if (v === 0) return '0';
+  const a = Math.abs(v);
+  return a >= 1e4 || a < 1e-3 ? v.toExponential(3) : v.toPrecision(4).replace(/\.?0+$/, '');
+}
+function when(ts) {
+  if (!ts) return '';
+  const d = new Date(ts);
+  return isNaN(d) ? ts : d.toLocaleString();
+}
+function query(params) {
+  const q = new URLSearchParams();
+  for (const [k, v] of Object.entries(params))
+    if (v !== undefined && v !== null && v !== '') q.set(k, v);
+  const s = q.toString();
+  return s ? '?' + s : '';
+}
+
+// ------------------------------------------------------------------- API ---
+
+function authHeaders() {
+  const t = sessionStorage.getItem('circuitlab-token');
+  return t ? {Authorization: 'Bearer ' + t} : {};
+}
+
+class ApiError extends Error {
+  constructor(status, body) {
+    super((body && body.message) || 'HTTP ' + status);
+    this.status = status;
+    this.code = body && body.code;
+  }
+}
+
+async function api(path) {
+  const r = await fetch(path, {headers: authHeaders()});
+  let body = null;
+  try {
+    body = await r.json();
+  } catch (e) { /* not JSON */
+  }
+  if (r.status === 401) showLogin();
+  if (!r.ok) throw new ApiError(r.status, body);
+  return body;
+}
+
+function showLogin() {
+  document.getElementById('login').hidden = false;
+}
+document.getElementById('login-form').addEventListener('submit', (e) => {
+  e.preventDefault();
+  sessionStorage.setItem('circuitlab-token', document.getElementById('token').value.trim());
+  document.getElementById('login').hidden = true;
+  route();
+});
+
+function errorBox(e) {
+  return h('p', {class: 'error'}, e instanceof ApiError ? `${e.code || e.status}: ${e.message}` : String(e));
+}
+
+// --------------------------------------------------------------- charts ---
+
+// Exponential moving average, debiased at the start (as TensorBoard's).
+function smooth(ys, weight) {
+  if (!weight) return ys;
+  let s = 0, n = 0;
+  return ys.map((y) => {
+    if (y === null || !isFinite(y)) return y;
+    n += 1;
+    s = weight * s + (1 - weight) * y;
+    return s / (1 - Math.pow(weight, n));
+  });
+}
+
+// series: [{label, xs, ys}] with their own x values; aligned with uPlot.join.
+function chartData(series, opts) {
+  if (!series.length) return [[]];
+  const tables = series.map((s) => {
+    let ys = smooth(s.ys, opts.smooth);
+    if (opts.logY) ys = ys.map((y) => (y > 0 ? y : null));
+    return [s.xs, ys];
+  });
+  return uPlot.join(tables);
+}
+
+class Chart {
+  constructor(parent, title, opts) {
+    this.title = title;
+    this.opts = opts;  // shared {logY, smooth}
+    this.series = [];
+    this.box = h('div', {class: 'chart', 'data-chart': title}, h('h3', {}, title));
+    parent.append(this.box);
+    this.plot = null;
+  }
+  set(series) {
+    this.series = series;
+    this.draw();
+  }
+  draw() {
+    const width = Math.max(320, this.box.clientWidth - 16);
+    const data = chartData(this.series, this.opts);
+    const labels = this.series.map((s) => s.label).join('\u0001');
+    if (this.plot && this.plotLabels === labels && this.plotLog === this.opts.logY) {
+      this.plot.setData(data);
+      return;
+    }
+    if (this.plot) this.plot.destroy();
+    this.plotLabels = labels;
+    this.plotLog = this.opts.logY;
+    this.plot = new uPlot(
+        {
+          width,
+          height: 260,
+          scales: {x: {time: false}, y: this.opts.logY ? {distr: 3} : {}},
+          axes: [{label: 'step'}, {}],
+          cursor: {sync: {key: 'circuitlab'}},
+          series: [
+            {label: 'step'}, ...this.series.map((s, i) => ({
+                                                  label: s.label,
+                                                  stroke: PALETTE[i % PALETTE.length],
+                                                  width: 1.5,
+                                                  spanGaps: true,
+                                                  value: (u, v) => fmt(v),
+                                                }))
+          ],
+        },
+        data, this.box);
+    window.__charts[this.title] = this.plot;
+  }
+}
+
+function chartControls(opts, redraw) {
+  const log = h('input', {type: 'checkbox', checked: opts.logY});
+  log.addEventListener('change', () => {
+    opts.logY = log.checked;
+    redraw();
+  });
+  const sm = h('input', {type: 'range', min: 0, max: 0.99, step: 0.01, value: opts.smooth});
+  const smLabel = h('span', {}, String(opts.smooth));
+  sm.addEventListener('input', () => {
+    opts.smooth = Number(sm.value);
+    smLabel.textContent = sm.value;
+    redraw();
+  });
+  return h('div', {class: 'filters'}, h('label', {}, log, ' log y'), h('label', {}, 'smoothing ', sm, ' ', smLabel));
+}
+
+// "eval/icl_rare/accuracy" -> the chart it goes on.
+function groupOf(name) {
+  if (name.startsWith('manifold/')) return 'coordinates';
+  if (name.startsWith('tv/')) return 'task vectors: ' + name.split('/')[1];
+  const parts = name.split('/');
+  return parts[parts.length - 1];
+}
+
+// -------------------------------------------------------- event streams ---
+
+// A run's Server-Sent Events over fetch (so the token goes in a header),
+// resumed with Last-Event-ID after a dropped connection.
+function openEvents(runId, onEvent) {
+  const ctrl = new AbortController();
+  let stopped = false, last = null;
+  (async () => {
+    while (!stopped) {
+      try {
+        const headers = authHeaders();
+        if (last) headers['Last-Event-ID'] = last;
+        const r = await fetch(
+            `/api/v1/runs/${encodeURIComponent(runId)}/events?include_metrics=true`, {headers, signal: ctrl.signal});
+        if (r.status === 503 || r.status === 429) {
+          await sleep(5000);
+          continue;
+        }
+        if (!r.ok) return;
+        const reader = r.body.getReader();
+        const dec = new TextDecoder();
+        let buf = '';
+        for (;;) {
+          const {value, done} = await reader.read();
+          if (done) break;
+          buf += dec.decode(value, {stream: true});
+          let i;
+          while ((i = buf.indexOf('\n\n')) >= 0) {
+            const frame = buf.slice(0, i);
+            buf = buf.slice(i + 2);
+            const ev = {id: null, event: 'message', data: ''};
+            for (const line of frame.split('\n')) {
+              const c = line.indexOf(':');
+              if (c <= 0) continue;
+              const k = line.slice(0, c), v = line.slice(c + 1).replace(/^ /, '');
+              if (k === 'id')
+                ev.id = v;
+              else if (k === 'event')
+                ev.event = v;
+              else if (k === 'data')
+                ev.data += v;
+            }
+            if (ev.id) last = ev.id;
+            if (!ev.data) continue;
+            const msg = JSON.parse(ev.data);
+            window.__live.events += 1;
+            if (onEvent(ev.event, msg) === 'stop') stopped = true;
+          }
+        }
+        if (!stopped) await sleep(1000);  // the server ended the stream: resume
+      } catch (e) {
+        if (stopped) return;
+        await sleep(2000);
+      }
+    }
+  })();
+  return () => {
+    stopped = true;
+    ctrl.abort();
+  };
+}
+
+// ------------------------------------------------------------ runs view ---
+
+const runCache = new Map();  // finished runs do not change
+
+async function runDetail(id) {
+  if (runCache.has(id)) return runCache.get(id);
+  const r = await api(`/api/v1/runs/${encodeURIComponent(id)}`);
+  if (FINAL.has(r.state)) runCache.set(id, r);
+  return r;
+}
+
+function defaultColumns(runs) {
+  const keys = new Set();
+  for (const r of runs)
+    for (const k of Object.keys((r.progress && r.progress.latest) || {})) keys.add(k);
+  // The science's two questions first: in-context (icl_rare) and in-weights (iwl) accuracy.
+  const rank = (k) => (k.includes('/icl_rare/') ? 0 : k.includes('/iwl/') ? 1 : 2);
+  const acc = [...keys]
+                  .filter((k) => k.startsWith('eval/') && k.endsWith('/accuracy'))
+                  .sort((a, b) => rank(a) - rank(b) || (a < b ? -1 : 1))
+                  .slice(0, 2);
+  return (keys.has('train/loss') ? ['train/loss'] : []).concat(acc);
+}
+
+function runsView(params) {
+  const saved = JSON.parse(localStorage.getItem('circuitlab-runs') || '{}');
+  const f = {
+    states: params.get('states') || saved.states || '',
+    tags: params.get('tags') || saved.tags || '',
+    sweep_id: params.get('sweep') || saved.sweep_id || '',
+    columns: saved.columns || '',
+    sort: saved.sort || 'created',
+    desc: saved.desc !== false,
+  };
+  const stateSel = h('select', {id: 'f-state'}, [
+    '', 'queued', 'running', 'succeeded', 'failed', 'cancelled'
+  ].map((s) => h('option', {value: s, selected: s === f.states}, s || 'any state')));
+  const tagIn = h('input', {id: 'f-tag', placeholder: 'tag', value: f.tags, size: 12});
+  const sweepIn = h('input', {id: 'f-sweep', placeholder: 'sweep (s1)', value: f.sweep_id, size: 8});
+  const colIn =
+      h('input', {id: 'f-columns', placeholder: 'metric columns, comma-separated', value: f.columns, size: 40});
+  const status = h('span', {class: 'muted'});
+  const table = h('table', {class: 'grid', id: 'runs'});
+  let runs = [], timer = null, stopped = false;
+
+  const save = () => localStorage.setItem('circuitlab-runs', JSON.stringify(f));
+  const onFilter = () => {
+    f.states = stateSel.value;
+    f.tags = tagIn.value.trim();
+    f.sweep_id = sweepIn.value.trim();
+    f.columns = colIn.value.trim();
+    save();
+    refresh();
+  };
+  for (const el of [stateSel, tagIn, sweepIn, colIn]) el.addEventListener('change', onFilter);
+
+  function render() {
+    const cols = f.columns ? f.columns.split(',').map((s) => s.trim()).filter(Boolean) : defaultColumns(runs);
+    const value = (r, key) => {
+      switch (key) {
+        case 'run':
+          return Number(r.run_id.replace(/\D/g, ''));
+        case 'name':
+          return r.name;
+        case 'state':
+          return stateName(r.state);
+        case 'progress':
+          return r.progress ? Number(r.progress.step) / Math.max(1, Number(r.progress.total_steps)) : 0;
+        case 'sweep':
+          return r.sweep_id;
+        case 'created':
+          return r.created_at || '';
+        default:
+          return r.progress && r.progress.latest ? r.progress.latest[key] : undefined;
+      }
+    };
+    const sorted = [...runs].sort((a, b) => {
+      const x = value(a, f.sort), y = value(b, f.sort);
+      const c = x === y ? 0 : x === undefined ? 1 : y === undefined ? -1 : x < y ? -1 : 1;
+      return f.desc ? -c : c;
+    });
+    const th = (key, label) =>
+        h('th', {
+          onclick: () => {
+            f.desc = f.sort === key ? !f.desc : true;
+            f.sort = key;
+            save();
+            render();
+          },
+        },
+          label, f.sort === key ? (f.desc ? ' ▾' : ' ▴') : '');
+    table.replaceChildren(
+        h('thead', {},
+          h('tr', {}, th('run', 'run'), th('name', 'name'), th('state', 'state'), th('progress', 'progress'),
+            th('sweep', 'sweep'), h('th', {}, 'tags'), th('created', 'created'), cols.map((c) => th(c, c)))),
+        h('tbody', {}, sorted.map((r) => {
+          const p = r.progress || {};
+          const frac = Number(p.step || 0) / Math.max(1, Number(p.total_steps || 0));
+          return h(
+              'tr', {'data-run': r.run_id}, h('td', {}, h('a', {href: `#/run/${r.run_id}`}, r.run_id)),
+              h('td', {}, r.name), h('td', {}, h('span', {class: 'state ' + stateName(r.state)}, stateName(r.state))),
+              h('td', {},
+                h('span', {class: 'bar'}, h('span', {style: `width:${Math.round(100 * Math.min(1, frac))}%`})), ' ',
+                `${p.step || 0}/${p.total_steps || 0}`),
+              h('td', {}, r.sweep_id ? h('a', {href: `#/sweep/${r.sweep_id}`}, r.sweep_id) : ''),
+              h('td', {}, (r.tags || []).join(', ')), h('td', {}, when(r.created_at)),
+              cols.map((c) => h('td', {class: 'num'}, fmt(value(r, c)))));
+        })));
+  }
+
+  async function refresh() {
+    clearTimeout(timer);
+    try {
+      const list =
+          await api('/api/v1/runs' + query({states: f.states, tags: f.tags, sweep_id: f.sweep_id, page_size: 100}));
+      runs = await Promise.all((list.runs || []).map((r) => runDetail(r.run_id).catch(() => r)));
+      status.textContent = `${runs.length} of ${list.total_size} run(s) · refreshed ${new Date().toLocaleTimeString()}`;
+      render();
+    } catch (e) {
+      status.replaceChildren(errorBox(e));
+    }
+    if (!stopped) timer = setTimeout(refresh, 3000);
+  }
+  $view.replaceChildren(
+      h('h2', {}, 'Runs'), h('div', {class: 'filters'}, stateSel, tagIn, sweepIn, colIn, status), table);
+  refresh();
+  return () => {
+    stopped = true;
+    clearTimeout(timer);
+  };
+}
+
+// ------------------------------------------------------------- run view ---
+
+function runView(id) {
+  const opts = {logY: false, smooth: 0};
+  const head = h('div');
+  const controls = h('div');
+  const charts = h('div', {class: 'charts', id: 'charts'});
+  const coordIn = h('input', {id: 'coord-names', value: COORDS.join(','), size: 40});
+  const extra = h('div');
+  const series = new Map();  // metric name -> {xs, ys}
+  let coords = [];           // [{label, xs, ys}]
+  const byTitle = new Map();
+  let run = null, close = null, stopped = false, pending = null, coordTimer = null;
+
+  function drawCharts() {
+    const groups = new Map();
+    for (const [name, s] of series) {
+      const g = groupOf(name);
+      if (g === 'coordinates') continue;
+      if (!groups.has(g)) groups.set(g, []);
+      groups.get(g).push({label: name, xs: s.xs, ys: s.ys});
+    }
+    const order = [...groups.keys()].sort((a, b) => (a === 'loss' ? -1 : b === 'loss' ? 1 : a < b ? -1 : 1));
+    const rho = series.get('manifold/rho');
+    const coordSeries = coords.concat(rho ? [{label: 'rho (manifold/rho)', xs: rho.xs, ys: rho.ys}] : []);
+    for (const title of ['coordinates', ...order]) {
+      const list = title === 'coordinates' ? coordSeries : groups.get(title);
+      if (!list || !list.length) continue;
+      if (!byTitle.has(title)) byTitle.set(title, new Chart(charts, title, opts));
+      byTitle.get(title).set(list);
+    }
+  }
+  const redrawSoon = () => {
+    if (!pending)
+      pending = setTimeout(() => {
+        pending = null;
+        drawCharts();
+      }, 500);
+  };
+  const redrawAll = () => {
+    for (const c of byTitle.values()) c.plot && (c.plot.destroy(), c.plot = null);
+    drawCharts();
+  };
+
+  function renderHead() {
+    const p = run.progress || {};
+    const frac = Number(p.step || 0) / Math.max(1, Number(p.total_steps || 0));
+    head.replaceChildren(
+        h('h2', {}, `${run.run_id} · ${run.name || ''} `,
+          h('span', {class: 'state ' + stateName(run.state), id: 'run-state'}, stateName(run.state))),
+        h('div', {class: 'kv'}, h('span', {class: 'muted'}, 'progress'),
+          h('span', {id: 'run-progress'},
+            h('span', {class: 'bar'}, h('span', {style: `width:${Math.round(100 * Math.min(1, frac))}%`})),
+            ` step ${p.step || 0} / ${p.total_steps || 0}`,
+            p.steps_per_second ? ` · ${fmt(p.steps_per_second)} steps/s` : ''),
+          h('span', {class: 'muted'}, 'device'), h('span', {}, run.device || '-'), h('span', {class: 'muted'}, 'sweep'),
+          h('span', {}, run.sweep_id ? h('a', {href: `#/sweep/${run.sweep_id}`}, run.sweep_id) : '-'),
+          h('span', {class: 'muted'}, 'tags'), h('span', {}, (run.tags || []).join(', ') || '-'),
+          h('span', {class: 'muted'}, 'owner'), h('span', {}, run.owner || '-'),
+          h('span', {class: 'muted'}, 'created / finished'),
+          h('span', {}, `${when(run.created_at)} / ${when(run.finished_at) || '-'}`),
+          h('span', {class: 'muted'}, 'checkpoint'),
+          h('span', {id: 'run-checkpoint'},
+            Number(run.checkpoint_step) ? `newest at step ${run.checkpoint_step} (attempts: ${run.attempts})` :
+                                          'none yet'),
+          run.error ? [h('span', {class: 'muted'}, 'error'), h('span', {class: 'error'}, run.error)] : [],
+          run.warning ? [h('span', {class: 'muted'}, 'warning'), h('span', {}, run.warning)] : []));
+  }
+
+  async function loadMetrics() {
+    const m = await api(`/api/v1/runs/${id}/metrics?max_points=2000`);
+    series.clear();
+    for (const s of m.series || []) series.set(s.name, {xs: s.steps.map(Number), ys: s.values});
+  }
+  async function loadCoords() {
+    const names = coordIn.value.split(',').map((s) => s.trim()).filter(Boolean);
+    try {
+      const t = await api(`/api/v1/runs/${id}/coordinates` + query({names: names.join(','), max_points: 2000}));
+      coords =
+          (t.series || []).map((s) => ({
+                                 label: s.coordinate.canonical ? `${s.coordinate.canonical} ${s.coordinate.label}` :
+                                                                 s.coordinate.label,
+                                 xs: s.steps.map(Number),
+                                 ys: s.values,
+                               }));
+    } catch (e) {
+      coords = [];  // not an IMIR run, or nothing recorded yet
+    }
+  }
+  coordIn.addEventListener('change', async () => {
+    await loadCoords();
+    drawCharts();
+  });
+
+  function onEvent(kind, ev) {
+    if (kind === 'snapshot') {
+      run = ev.snapshot;
+      renderHead();
+    }
+    if (kind === 'progress' && run) {
+      run.progress = Object.assign(run.progress || {}, ev.progress);
+      window.__live.lastStep = Number(ev.progress.step);
+      renderHead();
+    }
+    if (kind === 'metrics') {
+      window.__live.metricEvents += 1;
+      for (const p of ev.metrics.points || []) {
+        const step = Number(p.step);
+        if (!series.has(p.name)) series.set(p.name, {xs: [], ys: []});
+        const s = series.get(p.name);
+        if (s.xs.length && step <= s.xs[s.xs.length - 1]) {
+          const i = s.xs.findIndex((x) => x >= step);  // a resumed run recomputes: replace
+          if (s.xs[i] === step) {
+            s.ys[i] = p.value;
+            continue;
+          }
+          s.xs.splice(i, 0, step);
+          s.ys.splice(i, 0, p.value);
+        } else {
+          s.xs.push(step);
+          s.ys.push(p.value);
+        }
+      }
+      redrawSoon();
+    }
+    if (kind === 'state' && run) {
+      run.state = ev.state.state;
+      renderHead();
+      if (FINAL.has(ev.state.state)) {
+        api(`/api/v1/runs/${id}`).then((r) => {
+          run = r;
+          renderHead();
+        });
+        loadCoords().then(drawCharts);
+        return 'stop';
+      }
+    }
+    return undefined;
+  }
+
+  (async () => {
+    try {
+      run = await api(`/api/v1/runs/${encodeURIComponent(id)}`);
+    } catch (e) {
+      $view.replaceChildren(errorBox(e));
+      return;
+    }
+    renderHead();
+    controls.replaceChildren(
+        chartControls(opts, redrawAll),
+        h('div', {class: 'filters'}, h('label', {}, 'coordinates ', coordIn),
+          h('a', {href: `#/compare${query({runs: id, series: 'train/loss'})}`}, 'compare with other runs')));
+    await Promise.all([loadMetrics(), loadCoords()]);
+    drawCharts();
+    if (stopped) return;
+    if (!FINAL.has(run.state)) {
+      close = openEvents(id, onEvent);
+      const poll = async () => {
+        await loadCoords();
+        drawCharts();
+        if (!stopped && !FINAL.has(run.state)) coordTimer = setTimeout(poll, 4000);
+      };
+      coordTimer = setTimeout(poll, 4000);
+    }
+    const label = await api(`/api/v1/runs/${id}/label`).catch(() => null);  // state UNSPECIFIED: none stored
+    const spec = h('pre', {id: 'run-spec'}, JSON.stringify(run.spec, null, 2));
+    extra.replaceChildren(
+        label && label.label ? h('p', {}, 'stored circuit label: ', h('b', {id: 'run-label'}, label.label)) : '',
+        h('details', {}, h('summary', {}, 'spec (resolved)'), spec));
+  })();
+
+  $view.replaceChildren(head, controls, charts, extra);
+  return () => {
+    stopped = true;
+    if (close) close();
+    clearTimeout(pending);
+    clearTimeout(coordTimer);
+  };
+}
+
+// ----------------------------------------------------------- sweep view ---
+
+function colorScale(t) {  // 0..1 -> a blue-to-yellow ramp (viridis-like)
+  const stops = [[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]];
+  const x = Math.max(0, Math.min(1, t)) * (stops.length - 1);
+  const i = Math.min(stops.length - 2, Math.floor(x)), f = x - i;
+  const c = stops[i].map((v, k) => Math.round(v + f * (stops[i + 1][k] - v)));
+  return `rgb(${c[0]},${c[1]},${c[2]})`;
+}
+const textOn = (rgb) => {
+  const [r, g, b] = rgb.match(/\d+/g).map(Number);
+  return 0.299 * r + 0.587 * g + 0.114 * b > 140 ? '#111' : '#fff';
+};
+const valueKey = (v) => JSON.stringify(v === undefined ? null : v);
+
+function sweepView(id, params) {
+  const pick =
+      {x: params.get('x'), y: params.get('y'), value: params.get('value'), aggregate: params.get('aggregate') || ''};
+  const head = h('div'), controls = h('div', {class: 'filters'}), heat = h('div', {id: 'heatmap'}), members = h('div');
+  let stopped = false, timer = null;
+
+  async function load() {
+    clearTimeout(timer);
+    let sweep, summary;
+    try {
+      sweep = await api(`/api/v1/sweeps/${encodeURIComponent(id)}`);
+      summary = await api(`/api/v1/sweeps/${encodeURIComponent(id)}/summary`);
+    } catch (e) {
+      $view.replaceChildren(errorBox(e));
+      return;
+    }
+    const states = Object.entries(sweep.states || {}).map(([k, v]) => `${stateName(k)} ${v}`).join(' · ');
+    head.replaceChildren(
+        h('h2', {}, `${sweep.sweep_id} · ${sweep.name}`),
+        h('p', {}, `${(sweep.run_ids || []).length} run(s): ${states}${sweep.done ? ' (done)' : ''} · `,
+          h('a', {
+            href:
+                `#/compare${query({runs: (sweep.run_ids || []).join(','), series: summary.columns[0] || 'train/loss'})}`
+          },
+            'compare members'),
+          ' · ',
+          h('a', {
+            href: `#/${query({})}`,
+            onclick: (e) => {
+              e.preventDefault();
+              localStorage.setItem('circuitlab-runs', JSON.stringify({sweep_id: id}));
+              location.hash = '#/';
+            }
+          },
+            'members in the runs table')));
+    const axes = summary.axes || [];
+    const choices = axes.concat(summary.columns || []);
+    pick.x = pick.x || axes[0];
+    pick.y = pick.y || axes[1] || axes[0];
+    const cols = summary.columns || [];
+    pick.value = pick.value || (cols.includes('eval/icl_rare/accuracy') ? 'eval/icl_rare/accuracy' : cols[0]);
+    const sel = (name, list) => {
+      const s =
+          h('select', {id: 'pivot-' + name}, list.map((c) => h('option', {value: c, selected: c === pick[name]}, c)));
+      s.addEventListener('change', () => {
+        pick[name] = s.value;
+        drawHeat();
+      });
+      return s;
+    };
+    const valIn = h('input', {id: 'pivot-value', value: pick.value, list: 'pivot-values', size: 28});
+    valIn.addEventListener('change', () => {
+      pick.value = valIn.value.trim();
+      drawHeat();
+    });
+    const aggSel = h('select', {id: 'pivot-aggregate'}, [
+      '', 'mean', 'min', 'max', 'count'
+    ].map((a) => h('option', {value: a, selected: a === pick.aggregate}, a || 'mean')));
+    aggSel.addEventListener('change', () => {
+      pick.aggregate = aggSel.value;
+      drawHeat();
+    });
+    controls.replaceChildren(
+        h('label', {}, 'x ', sel('x', choices)), h('label', {}, 'y ', sel('y', choices)),
+        h('label', {}, 'value ', valIn),
+        h('datalist', {id: 'pivot-values'},
+          (summary.columns || []).concat(['circuit', 'pair', 'coord:alpha', 'coord:beta']).map((c) => h('option', {
+                                                                                                 value: c
+                                                                                               }))),
+        h('label', {}, 'aggregate ', aggSel));
+    members.replaceChildren(
+        h('h3', {}, 'Members'),
+        h('div', {class: 'scroll'},
+          h('table', {class: 'grid', id: 'members'},
+            h('thead', {},
+              h('tr', {}, h('th', {}, 'run'), h('th', {}, 'state'), axes.map((a) => h('th', {}, a)),
+                (summary.columns || []).map((c) => h('th', {}, c)))),
+            h('tbody', {},
+              (summary.rows || [])
+                  .map(
+                      (r) =>
+                          h('tr', {}, h('td', {}, h('a', {href: `#/run/${r.run_id}`}, r.run_id)),
+                            h('td', {}, h('span', {class: 'state ' + stateName(r.state)}, stateName(r.state))),
+                            (r.swept || []).map((v) => h('td', {}, fmt(v))),
+                            (r.values || []).map((v) => h('td', {class: 'num'}, fmt(v)))))))));
+    await drawHeat(summary);
+    if (!sweep.done && !stopped) timer = setTimeout(load, 4000);
+  }
+
+  async function drawHeat() {
+    if (!pick.x || !pick.y || !pick.value) return;
+    let s;
+    try {
+      s = await api(
+          `/api/v1/sweeps/${encodeURIComponent(id)}/summary` +
+          query({pivot: [pick.x, pick.y, pick.value].concat(pick.aggregate ? [pick.aggregate] : []).join(',')}));
+    } catch (e) {
+      heat.replaceChildren(errorBox(e));
+      return;
+    }
+    const p = s.pivot, xs = p.x_values || [], ys = p.y_values || [], cells = p.cells || [];
+    const numbers = cells.filter((c) => typeof c === 'number');
+    const texts = [...new Set(cells.filter((c) => typeof c === 'string'))].sort();
+    const lo = Math.min(...numbers), hi = Math.max(...numbers);
+    const colour = (v) => typeof v === 'number' ? colorScale(hi > lo ? (v - lo) / (hi - lo) : 0.5) :
+        typeof v === 'string'                   ? PALETTE[texts.indexOf(v) % PALETTE.length] :
+                                                  '#f0f0f0';
+    // The runs behind each cell (axes only: value columns are not coordinates of the grid).
+    const axes = s.axes || [];
+    const ax = axes.indexOf(p.x), ay = axes.indexOf(p.y);
+    const runsAt = (xv, yv) => (s.rows || [])
+                                   .filter(
+                                       (r) => (ax < 0 || valueKey(r.swept[ax]) === valueKey(xv)) &&
+                                           (ay < 0 || valueKey(r.swept[ay]) === valueKey(yv)))
+                                   .map((r) => r.run_id);
+    const metricLike = !['circuit', 'pair', 'pair_predicted'].includes(p.value);
+    const rows = ys.map(
+        (yv, j) => h('tr', {}, h('th', {}, fmt(yv)), xs.map((xv, i) => {
+          const v = cells[j * xs.length + i];
+          const bg = colour(v), ids = runsAt(xv, yv);
+          const href = ids.length === 1 ?
+              `#/run/${ids[0]}` :
+              `#/compare${query({runs: ids.join(','), series: metricLike ? p.value : 'train/loss'})}`;
+          return h(
+              'td', {class: 'cell', style: `background:${bg}`, 'data-value': v === null ? '' : String(v)},
+              h('a', {href, style: `color:${textOn(bg.startsWith('#') ? hexToRgb(bg) : bg)}`, title: ids.join(', ')},
+                v === null ? '–' : fmt(v)));
+        })));
+    const legend = texts.length ?
+        h('div', {class: 'legend', id: 'heat-legend'},
+          texts.map((t, i) => h('span', {}, h('i', {style: `background:${PALETTE[i % PALETTE.length]}`}), t))) :
+        numbers.length ? h('div', {class: 'legend', id: 'heat-legend'}, fmt(lo), ' ',
+                           h('canvas', {class: 'scale', id: 'heat-scale', width: 200, height: 12}), ' ', fmt(hi)) :
+                         '';
+    heat.replaceChildren(
+        h('h3', {}, `${p.value} by ${p.x} (x) and ${p.y} (y)`),
+        h('table', {class: 'heat'},
+          h('thead', {}, h('tr', {}, h('th', {}, `${p.y} \\ ${p.x}`), xs.map((x) => h('th', {}, fmt(x))))),
+          h('tbody', {}, rows)),
+        legend, s.pending ? h('p', {class: 'muted'}, `${s.pending} label(s) still being computed…`) : '');
+    const scale = document.getElementById('heat-scale');
+    if (scale) {
+      const g = scale.getContext('2d');
+      for (let i = 0; i < 200; i++) {
+        g.fillStyle = colorScale(i / 199);
+        g.fillRect(i, 0, 1, 12);
+      }
+    }
+    if (s.pending && !stopped) {
+      clearTimeout(timer);
+      timer = setTimeout(load, 2000);
+    }
+  }
+
+  $view.replaceChildren(head, controls, heat, members);
+  load();
+  return () => {
+    stopped = true;
+    clearTimeout(timer);
+  };
+}
+function hexToRgb(hex) {
+  const n = parseInt(hex.slice(1), 16);
+  return `rgb(${(n >> 16) & 255},${(n >> 8) & 255},${n & 255})`;
+}
+
+// --------------------------------------------------------- compare view ---
+
+function compareView(params) {
+  const opts = {logY: false, smooth: 0};
+  const runsIn = h('input', {id: 'cmp-runs', value: params.get('runs') || '', size: 40, placeholder: 'r1,r2,r3'});
+  const seriesIn = h(
+      'input',
+      {id: 'cmp-series', value: params.get('series') || 'train/loss', size: 32, placeholder: 'metric or coord:alpha'});
+  const charts = h('div', {class: 'charts'});
+  const status = h('p', {class: 'muted'});
+  let chart = null;
+
+  async function load() {
+    const ids = runsIn.value.split(',').map((s) => s.trim()).filter(Boolean);
+    const name = seriesIn.value.trim();
+    history.replaceState(null, '', '#/compare' + query({runs: ids.join(','), series: name}));
+    if (!ids.length || !name) {
+      status.textContent = 'Name some runs and a metric (or coord:<name>).';
+      return;
+    }
+    const coord = name.startsWith('coord:') ? name.slice(6) : null;
+    const list = [];
+    const missing = [];
+    await Promise.all(ids.map(async (rid) => {
+      try {
+        if (coord) {
+          const t = await api(`/api/v1/runs/${rid}/coordinates` + query({names: coord, max_points: 2000}));
+          const s = (t.series || [])[0];
+          if (s)
+            list.push({label: rid, xs: s.steps.map(Number), ys: s.values});
+          else
+            missing.push(rid);
+        } else {
+          const m = await api(`/api/v1/runs/${rid}/metrics` + query({names: name, max_points: 2000}));
+          const s = (m.series || [])[0];
+          if (s)
+            list.push({label: rid, xs: s.steps.map(Number), ys: s.values});
+          else
+            missing.push(rid);
+        }
+      } catch (e) {
+        missing.push(`${rid} (${e.message})`);
+      }
+    }));
+    list.sort((a, b) => ids.indexOf(a.label) - ids.indexOf(b.label));
+    status.textContent = missing.length ? `no ${name} for: ${missing.join(', ')}` : `${list.length} run(s)`;
+    if (!chart) chart = new Chart(charts, name, opts);
+    chart.title = name;
+    chart.box.querySelector('h3').textContent = name;
+    chart.plot && (chart.plot.destroy(), chart.plot = null);
+    chart.set(list);
+  }
+  runsIn.addEventListener('change', load);
+  seriesIn.addEventListener('change', load);
+  $view.replaceChildren(
+      h('h2', {}, 'Compare'),
+      h('div', {class: 'filters'}, h('label', {}, 'runs ', runsIn), h('label', {}, 'series ', seriesIn)),
+      chartControls(opts, () => {
+        if (chart) {
+          chart.plot && (chart.plot.destroy(), chart.plot = null);
+          chart.draw();
+        }
+      }), status, charts);
+  load();
+  return () => {};
+}
+
+// --------------------------------------------------------------- router ---
+
+let cleanup = () => {};
+function route() {
+  cleanup();
+  window.__charts = {};
+  const hash = location.hash.replace(/^#/, '') || '/';
+  const [path, qs] = hash.split('?');
+  const params = new URLSearchParams(qs || '');
+  const parts = path.split('/').filter(Boolean);
+  if (parts[0] === 'run' && parts[1])
+    cleanup = runView(parts[1]);
+  else if (parts[0] === 'sweep' && parts[1])
+    cleanup = sweepView(parts[1], params);
+  else if (parts[0] === 'compare')
+    cleanup = compareView(params);
+  else
+    cleanup = runsView(params);
+}
+window.addEventListener('hashchange', route);
+api('/api/v1/whoami')
+    .then((w) => {
+      document.getElementById('who').textContent = `${w.principal} (${w.role})${w.tls ? ' · TLS' : ''}`;
+    })
+    .catch(() => {});
+route();

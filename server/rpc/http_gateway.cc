@@ -1,0 +1,608 @@
+#include "server/rpc/http_gateway.h"
+
+#include <google/protobuf/util/json_util.h>
+#include <httplib.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <map>
+#include <set>
+#include <string_view>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "server/common/status_macros.h"
+#include "server/common/text.h"
+#include "server/rpc/dashboard_assets.h"
+
+namespace circuitlab::rpc {
+namespace {
+
+namespace pb = google::protobuf;
+
+int HttpStatusOf(const absl::Status& s) {
+  switch (s.code()) {
+    case absl::StatusCode::kOk:
+      return 200;
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kOutOfRange:
+      return 400;
+    case absl::StatusCode::kUnauthenticated:
+      return 401;
+    case absl::StatusCode::kPermissionDenied:
+      return 403;
+    case absl::StatusCode::kNotFound:
+      return 404;
+    case absl::StatusCode::kAlreadyExists:
+    case absl::StatusCode::kAborted:
+      return 409;
+    case absl::StatusCode::kResourceExhausted:
+      return 429;
+    case absl::StatusCode::kUnavailable:
+      return 503;
+    case absl::StatusCode::kDeadlineExceeded:
+      return 504;
+    case absl::StatusCode::kUnimplemented:
+      return 501;
+    default:
+      return 500;
+  }
+}
+
+std::string JsonString(std::string_view s) {
+  std::string out = "\"";
+  for (unsigned char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += static_cast<char>(c);
+    } else if (c < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof(buf), "\\u%04x", c);
+      out += buf;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out + "\"";
+}
+
+void WriteError(httplib::Response& res, const absl::Status& s) {
+  res.status = HttpStatusOf(s);
+  const std::string code = absl::StatusCodeToString(s.code());
+  res.set_content("{\"code\":" + JsonString(absl::AsciiStrToUpper(code)) +
+                      ",\"message\":" + JsonString(Clip(std::string(s.message()), 1000)) + "}\n",
+                  "application/json");
+  if (res.status == 401) res.set_header("WWW-Authenticate", "Bearer realm=\"circuitlab\"");
+  if (res.status == 503 || res.status == 429) res.set_header("Retry-After", "5");
+}
+
+absl::StatusOr<std::string> ToJson(const pb::Message& m) {
+  pb::util::JsonPrintOptions o;
+  o.preserve_proto_field_names = true;
+  o.always_print_primitive_fields = true;
+  std::string out;
+  if (pb::util::Status s = pb::util::MessageToJsonString(m, &out, o); !s.ok()) {
+    return absl::InternalError("cannot write " + m.GetDescriptor()->name() + " as JSON: " + s.ToString());
+  }
+  return out;
+}
+
+absl::Status Reply(httplib::Response& res, const pb::Message& m) {
+  CL_ASSIGN_OR_RETURN(std::string json, ToJson(m));
+  res.set_content(json + "\n", "application/json");
+  return absl::OkStatus();
+}
+
+// One query value into a scalar field (added when repeated).
+absl::Status SetScalar(pb::Message* m, const pb::FieldDescriptor* f, const std::string& value,
+                       const std::string& path) {
+  const pb::Reflection* r = m->GetReflection();
+  const bool rep = f->is_repeated();
+  auto bad = [&](const char* what) {
+    return absl::InvalidArgumentError("query parameter " + path + " must be " + what + ", got " +
+                                      Quote(Clip(value, 64)));
+  };
+  switch (f->cpp_type()) {
+    case pb::FieldDescriptor::CPPTYPE_STRING:
+      rep ? r->AddString(m, f, value) : r->SetString(m, f, value);
+      return absl::OkStatus();
+    case pb::FieldDescriptor::CPPTYPE_BOOL: {
+      const std::string v = absl::AsciiStrToLower(value);
+      if (v != "true" && v != "false" && v != "1" && v != "0" && !v.empty()) return bad("true or false");
+      const bool b = v == "true" || v == "1" || v.empty();
+      rep ? r->AddBool(m, f, b) : r->SetBool(m, f, b);
+      return absl::OkStatus();
+    }
+    case pb::FieldDescriptor::CPPTYPE_INT32: {
+      int32_t v;
+      if (!absl::SimpleAtoi(value, &v)) return bad("an integer");
+      rep ? r->AddInt32(m, f, v) : r->SetInt32(m, f, v);
+      return absl::OkStatus();
+    }
+    case pb::FieldDescriptor::CPPTYPE_UINT32: {
+      uint32_t v;
+      if (!absl::SimpleAtoi(value, &v)) return bad("a non-negative integer");
+      rep ? r->AddUInt32(m, f, v) : r->SetUInt32(m, f, v);
+      return absl::OkStatus();
+    }
+    case pb::FieldDescriptor::CPPTYPE_INT64: {
+      int64_t v;
+      if (!absl::SimpleAtoi(value, &v)) return bad("an integer");
+      rep ? r->AddInt64(m, f, v) : r->SetInt64(m, f, v);
+      return absl::OkStatus();
+    }
+    case pb::FieldDescriptor::CPPTYPE_UINT64: {
+      uint64_t v;
+      if (!absl::SimpleAtoi(value, &v)) return bad("a non-negative integer");
+      rep ? r->AddUInt64(m, f, v) : r->SetUInt64(m, f, v);
+      return absl::OkStatus();
+    }
+    case pb::FieldDescriptor::CPPTYPE_DOUBLE:
+    case pb::FieldDescriptor::CPPTYPE_FLOAT: {
+      double v;
+      if (!absl::SimpleAtod(value, &v)) return bad("a number");
+      if (f->cpp_type() == pb::FieldDescriptor::CPPTYPE_FLOAT) {
+        rep ? r->AddFloat(m, f, static_cast<float>(v)) : r->SetFloat(m, f, static_cast<float>(v));
+      } else {
+        rep ? r->AddDouble(m, f, v) : r->SetDouble(m, f, v);
+      }
+      return absl::OkStatus();
+    }
+    case pb::FieldDescriptor::CPPTYPE_ENUM: {
+      // The full name (RUN_STATE_SUCCEEDED) or its last part in any case (succeeded).
+      const pb::EnumDescriptor* e = f->enum_type();
+      const pb::EnumValueDescriptor* v = e->FindValueByName(value);
+      std::vector<std::string> names;
+      for (int i = 0; v == nullptr && i < e->value_count(); ++i) {
+        const std::string& full = e->value(i)->name();
+        names.push_back(full);
+        const std::string upper = absl::AsciiStrToUpper(value);
+        if (full.size() > upper.size() && full.compare(full.size() - upper.size(), upper.size(), upper) == 0 &&
+            full[full.size() - upper.size() - 1] == '_') {
+          v = e->value(i);
+        }
+      }
+      if (v == nullptr) return bad(("one of " + absl::StrJoin(names, ", ")).c_str());
+      rep ? r->AddEnum(m, f, v) : r->SetEnum(m, f, v);
+      return absl::OkStatus();
+    }
+    default:
+      return absl::InvalidArgumentError("query parameter " + path + " cannot be set from a query string");
+  }
+}
+
+// `key` (a field name, dotted into nested messages: pivot.x) = `value`;
+// a repeated field takes repeated parameters or a comma-separated list.
+absl::Status SetField(pb::Message* root, const std::string& key, const std::string& value) {
+  pb::Message* m = root;
+  std::vector<std::string> parts = absl::StrSplit(key, '.');
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const pb::FieldDescriptor* f = m->GetDescriptor()->FindFieldByName(parts[i]);
+    if (f == nullptr) {
+      std::vector<std::string> known;
+      for (int k = 0; k < m->GetDescriptor()->field_count(); ++k) known.push_back(m->GetDescriptor()->field(k)->name());
+      return absl::InvalidArgumentError("unknown query parameter " + Quote(Clip(key, 64)) +
+                                        " (known here: " + absl::StrJoin(known, ", ") + ")");
+    }
+    if (i + 1 < parts.size()) {
+      if (f->cpp_type() != pb::FieldDescriptor::CPPTYPE_MESSAGE || f->is_repeated()) {
+        return absl::InvalidArgumentError("query parameter " + Quote(Clip(key, 64)) + ": " + f->name() +
+                                          " has no fields");
+      }
+      m = m->GetReflection()->MutableMessage(m, f);
+      continue;
+    }
+    if (!f->is_repeated()) return SetScalar(m, f, value, key);
+    for (absl::string_view item : absl::StrSplit(value, ',', absl::SkipEmpty())) {
+      CL_RETURN_IF_ERROR(SetScalar(m, f, std::string(item), key));
+    }
+    return absl::OkStatus();
+  }
+  return absl::OkStatus();
+}
+
+// The request: the path's captures into `path_fields`, then the query
+// parameters (except those in `skip`).
+absl::Status FillRequest(const httplib::Request& req, const std::vector<std::string>& path_fields, pb::Message* m,
+                         const std::set<std::string>& skip = {}) {
+  for (size_t i = 0; i < path_fields.size() && i + 1 < req.matches.size(); ++i) {
+    CL_RETURN_IF_ERROR(SetField(m, path_fields[i], req.matches[i + 1].str()));
+  }
+  if (req.params.size() > 256) return absl::InvalidArgumentError("at most 256 query parameters");
+  for (const auto& [key, value] : req.params) {
+    if (skip.count(key)) continue;
+    CL_RETURN_IF_ERROR(SetField(m, key, value));
+  }
+  return absl::OkStatus();
+}
+
+const char* EventKind(const v1::RunEvent& e) {
+  switch (e.event_case()) {
+    case v1::RunEvent::kSnapshot:
+      return "snapshot";
+    case v1::RunEvent::kState:
+      return "state";
+    case v1::RunEvent::kProgress:
+      return "progress";
+    case v1::RunEvent::kMetrics:
+      return "metrics";
+    case v1::RunEvent::kHeartbeat:
+      return "heartbeat";
+    default:
+      return "event";
+  }
+}
+
+bool IsFinalState(v1::RunState s) {
+  return s == v1::RUN_STATE_SUCCEEDED || s == v1::RUN_STATE_FAILED || s == v1::RUN_STATE_CANCELLED;
+}
+
+std::string Hostname() {
+  char buf[256] = {0};
+  if (gethostname(buf, sizeof(buf) - 1) != 0) return "localhost";
+  return buf;
+}
+
+}  // namespace
+
+struct HttpGateway::Stream {
+  scheduler::Watch watch;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool notified = false;
+  bool sent_any = false;
+};
+
+absl::StatusOr<std::unique_ptr<HttpGateway>> HttpGateway::Start(const HttpOptions& options, const TlsFiles& tls,
+                                                                HttpCores cores) {
+  if (options.threads < 1 || options.threads > 256) {
+    return absl::InvalidArgumentError("--http-threads must be in [1, 256], got " + std::to_string(options.threads));
+  }
+  if (options.max_streams < 0 || options.max_streams > 1024) {
+    return absl::InvalidArgumentError("--http-max-streams must be in [0, 1024], got " +
+                                      std::to_string(options.max_streams));
+  }
+  const size_t colon = options.listen.rfind(':');
+  int port = -1;
+  if (colon == std::string::npos || !absl::SimpleAtoi(options.listen.substr(colon + 1), &port) || port < 0 ||
+      port > 65535) {
+    return absl::InvalidArgumentError("--http must be HOST:PORT (port 0 picks a free one), got " +
+                                      Quote(options.listen));
+  }
+  std::string host = options.listen.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+
+  std::unique_ptr<HttpGateway> g(new HttpGateway(options, cores));
+  if (tls.enabled()) {
+    auto ssl = std::make_unique<httplib::SSLServer>(tls.cert.c_str(), tls.key.c_str(),
+                                                    tls.client_ca.empty() ? nullptr : tls.client_ca.c_str());
+    if (!ssl->is_valid()) {
+      return absl::InvalidArgumentError("--http: cannot use --tls-cert " + tls.cert + " / --tls-key " + tls.key +
+                                        " for HTTPS");
+    }
+    g->server_ = std::move(ssl);
+    g->tls_ = true;
+  } else {
+    g->server_ = std::make_unique<httplib::Server>();
+  }
+  const size_t pool = static_cast<size_t>(options.threads + options.max_streams);
+  g->server_->new_task_queue = [pool] { return new httplib::ThreadPool(pool); };
+  g->server_->set_payload_max_length(64 << 10);  // GETs only: no body worth reading
+  g->server_->set_read_timeout(std::chrono::seconds(10));
+  g->server_->set_keep_alive_timeout(5);
+  g->Routes();
+  g->port_ = port == 0 ? g->server_->bind_to_any_port(host) : (g->server_->bind_to_port(host, port) ? port : -1);
+  if (g->port_ <= 0) {
+    return absl::UnavailableError("cannot listen on --http " + options.listen + " (address in use or invalid)");
+  }
+  const std::string shown = host == "0.0.0.0" || host == "::" || host.empty() ? Hostname()
+                            : host.find(':') != std::string::npos             ? "[" + host + "]"
+                                                                              : host;
+  g->url_ = std::string(g->tls_ ? "https" : "http") + "://" + shown + ":" + std::to_string(g->port_) + "/";
+  httplib::Server* s = g->server_.get();
+  g->thread_ = std::thread([s] { s->listen_after_bind(); });
+  return g;
+}
+
+HttpGateway::HttpGateway(HttpOptions options, HttpCores cores) : options_(std::move(options)), cores_(cores) {}
+
+HttpGateway::~HttpGateway() { Shutdown(); }
+
+void HttpGateway::Shutdown() {
+  {
+    std::lock_guard<std::mutex> lock(streams_mu_);
+    if (stopping_) return;
+    stopping_ = true;
+  }
+  ready_ = false;
+  if (server_) server_->stop();
+  if (thread_.joinable()) thread_.join();
+  server_.reset();  // joins the pool: every stream has ended
+}
+
+void HttpGateway::Get(const std::string& pattern, const std::string& route, bool open, Handler handler) {
+  server_->Get(
+      pattern, [this, route, open, handler = std::move(handler)](const httplib::Request& req, httplib::Response& res) {
+        const auto started = std::chrono::steady_clock::now();
+        absl::Status s;
+        Caller caller;
+        if (!open) {
+          absl::StatusOr<Caller> c =
+              cores_.security->Authenticate(req.get_header_value("Authorization"),
+                                            "http:" + req.remote_addr + ":" + std::to_string(req.remote_port), tls_);
+          if (c.ok()) {
+            caller = std::move(*c);
+          } else {
+            s = c.status();
+          }
+        }
+        if (s.ok()) s = CallCatching([&] { return handler(req, res, caller); });
+        if (!s.ok()) WriteError(res, s);
+        if (res.status == -1) res.status = 200;  // httplib's "not set yet"
+        res.set_header("X-Content-Type-Options", "nosniff");
+        res.set_header("X-Frame-Options", "DENY");
+        res.set_header("Referrer-Policy", "no-referrer");
+        const bool stream = route == "runs/{id}/events" && res.status == 200;
+        const double seconds =
+            stream ? -1 : std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+        if (cores_.telemetry) cores_.telemetry->ObserveHttp(route, res.status, seconds);
+      });
+}
+
+void HttpGateway::Routes() {
+  const Security& security = *cores_.security;
+  scheduler::Scheduler* runs = cores_.runs;
+  scheduler::SweepCore* sweeps = cores_.sweeps;
+  scheduler::AnalysisCore* analysis = cores_.analysis;
+
+  // ---- probes and metrics ----
+  Get("/healthz", "healthz", true, [](const httplib::Request&, httplib::Response& res, const Caller&) {
+    res.set_content("ok\n", "text/plain");
+    return absl::OkStatus();
+  });
+  Get("/readyz", "readyz", true, [this](const httplib::Request&, httplib::Response& res, const Caller&) {
+    if (!ready_) return absl::UnavailableError("draining: not taking new work");
+    res.set_content("ready\n", "text/plain");
+    return absl::OkStatus();
+  });
+  Get("/metrics", "metrics", false, [this](const httplib::Request&, httplib::Response& res, const Caller&) {
+    if (cores_.telemetry == nullptr) return absl::UnimplementedError("no telemetry on this server");
+    res.set_content(cores_.telemetry->Scrape(), "text/plain; version=0.0.4; charset=utf-8");
+    return absl::OkStatus();
+  });
+
+  // ---- the JSON API (the read RPCs) ----
+  Get("/api/v1/whoami", "whoami", false, [&security](const httplib::Request&, httplib::Response& res, const Caller& c) {
+    v1::WhoAmIResponse who;
+    who.set_principal(c.principal.name);
+    who.set_role(RoleName(c.principal.role));
+    who.set_peer(c.peer);
+    who.set_tls(c.tls);
+    who.set_private_runs(security.private_runs());
+    who.set_warning(security.plaintext_warning());
+    return Reply(res, who);
+  });
+  Get("/api/v1/runs", "runs", false,
+      [&security, runs](const httplib::Request& req, httplib::Response& res, const Caller& c) -> absl::Status {
+        v1::ListRunsRequest r;
+        CL_RETURN_IF_ERROR(FillRequest(req, {}, &r));
+        CL_RETURN_IF_ERROR(security.Check(c, Access::kRead, r));
+        CL_ASSIGN_OR_RETURN(v1::ListRunsResponse out, runs->ListRuns(r, security.ListFilter(c, r.mine())));
+        return Reply(res, out);
+      });
+  Get(R"(/api/v1/runs/([^/]+))", "runs/{id}", false,
+      [&security, runs](const httplib::Request& req, httplib::Response& res, const Caller& c) -> absl::Status {
+        v1::GetRunRequest r;
+        CL_RETURN_IF_ERROR(FillRequest(req, {"run_id"}, &r));
+        CL_RETURN_IF_ERROR(security.Check(c, Access::kRead, r));
+        CL_ASSIGN_OR_RETURN(v1::Run out, runs->GetRun(r.run_id()));
+        return Reply(res, out);
+      });
+  Get(R"(/api/v1/runs/([^/]+)/metrics)", "runs/{id}/metrics", false,
+      [&security, runs](const httplib::Request& req, httplib::Response& res, const Caller& c) -> absl::Status {
+        v1::GetMetricsRequest r;
+        CL_RETURN_IF_ERROR(FillRequest(req, {"run_id"}, &r));
+        CL_RETURN_IF_ERROR(security.Check(c, Access::kRead, r));
+        CL_ASSIGN_OR_RETURN(v1::GetMetricsResponse out, runs->GetMetrics(r));
+        return Reply(res, out);
+      });
+  Get(R"(/api/v1/runs/([^/]+)/coordinates)", "runs/{id}/coordinates", false,
+      [&security, analysis](const httplib::Request& req, httplib::Response& res, const Caller& c) -> absl::Status {
+        v1::GetTrajectoryRequest r;
+        CL_RETURN_IF_ERROR(FillRequest(req, {"run_id"}, &r));
+        CL_RETURN_IF_ERROR(security.Check(c, Access::kRead, r));
+        CL_ASSIGN_OR_RETURN(v1::GetTrajectoryResponse out, analysis->GetTrajectory(r));
+        return Reply(res, out);
+      });
+  // A stored LabelRun answer (never starts one: writes stay on gRPC). None
+  // stored: state ANALYSIS_STATE_UNSPECIFIED and `error` says how to make one.
+  Get(R"(/api/v1/runs/([^/]+)/label)", "runs/{id}/label", false,
+      [&security, analysis](const httplib::Request& req, httplib::Response& res, const Caller& c) -> absl::Status {
+        v1::LabelRunRequest r;
+        CL_RETURN_IF_ERROR(FillRequest(req, {"run_id"}, &r));
+        CL_RETURN_IF_ERROR(security.Check(c, Access::kRead, r));
+        absl::StatusOr<v1::LabelRunResponse> out = analysis->LabelRun(r, scheduler::Requester(c.principal.name, true));
+        if (absl::IsPermissionDenied(out.status())) {
+          v1::LabelRunResponse none;
+          none.set_error("no stored label for " + r.run_id() + " with these options; `circuitlab label " + r.run_id() +
+                         "` computes one");
+          return Reply(res, none);
+        }
+        CL_RETURN_IF_ERROR(out.status());
+        return Reply(res, *out);
+      });
+  Get(R"(/api/v1/runs/([^/]+)/events)", "runs/{id}/events", false,
+      [this](const httplib::Request& req, httplib::Response& res, const Caller& c) { return Events(req, res, c); });
+  Get(R"(/api/v1/sweeps/([^/]+))", "sweeps/{id}", false,
+      [&security, sweeps](const httplib::Request& req, httplib::Response& res, const Caller& c) -> absl::Status {
+        v1::GetSweepRequest r;
+        CL_RETURN_IF_ERROR(FillRequest(req, {"sweep_id"}, &r));
+        CL_RETURN_IF_ERROR(security.Check(c, Access::kRead, r));
+        CL_ASSIGN_OR_RETURN(v1::Sweep out, sweeps->Get(r.sweep_id()));
+        return Reply(res, out);
+      });
+  // ?values=a,b&filters=...&pivot=X,Y,VALUE[,AGGREGATE] (or pivot.x=...).
+  Get(R"(/api/v1/sweeps/([^/]+)/summary)", "sweeps/{id}/summary", false,
+      [&security, sweeps](const httplib::Request& req, httplib::Response& res, const Caller& c) -> absl::Status {
+        v1::GetSweepSummaryRequest r;
+        CL_RETURN_IF_ERROR(FillRequest(req, {"sweep_id"}, &r, {"pivot"}));
+        if (req.has_param("pivot")) {
+          std::vector<std::string> p = absl::StrSplit(req.get_param_value("pivot"), ',');
+          if (p.size() < 3 || p.size() > 4) {
+            return absl::InvalidArgumentError("query parameter pivot must be X,Y,VALUE[,AGGREGATE], got " +
+                                              Quote(Clip(req.get_param_value("pivot"), 64)));
+          }
+          r.mutable_pivot()->set_x(p[0]);
+          r.mutable_pivot()->set_y(p[1]);
+          r.mutable_pivot()->set_value(p[2]);
+          if (p.size() == 4) r.mutable_pivot()->set_aggregate(p[3]);
+        }
+        CL_RETURN_IF_ERROR(security.Check(c, Access::kRead, r));
+        CL_ASSIGN_OR_RETURN(v1::GetSweepSummaryResponse out, sweeps->Summary(r));
+        return Reply(res, out);
+      });
+  Get("/api/v1/analyses", "analyses", false,
+      [&security, analysis](const httplib::Request& req, httplib::Response& res, const Caller& c) -> absl::Status {
+        v1::ListAnalysisJobsRequest r;
+        CL_RETURN_IF_ERROR(FillRequest(req, {}, &r));
+        return Reply(res, analysis->jobs().List([&](const v1::AnalysisJob& job) {
+          return MayRead(c.principal, job.owner(), security.private_runs());
+        }));
+      });
+  Get(R"(/api/.*)", "api/unknown", true, [](const httplib::Request& req, httplib::Response&, const Caller&) {
+    return absl::NotFoundError("no such API endpoint: " + Quote(Clip(req.path, 128)) +
+                               " (see the README's HTTP section)");
+  });
+
+  // ---- the dashboard ----
+  Get(R"(/([A-Za-z0-9_./-]*))", "static", true,
+      [](const httplib::Request& req, httplib::Response& res, const Caller&) -> absl::Status {
+        const std::string path = req.path == "/" ? "/index.html" : req.path;
+        const DashboardAsset* a = FindDashboardAsset(path);
+        if (a == nullptr) return absl::NotFoundError("no such page: " + Quote(Clip(req.path, 128)));
+        res.set_content(reinterpret_cast<const char*>(a->data), a->size, a->content_type);
+        res.set_header("Cache-Control", "no-cache");
+        res.set_header("Content-Security-Policy",
+                       "default-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
+                       "frame-ancestors 'none'");
+        return absl::OkStatus();
+      });
+}
+
+// A run's watch stream as Server-Sent Events:
+//   id: <epoch>/<sequence>   event: snapshot|state|progress|metrics|heartbeat   data: the RunEvent as JSON
+// Resumed with Last-Event-ID (or ?after_sequence=&epoch=), as WatchRun resumes.
+absl::Status HttpGateway::Events(const httplib::Request& req, httplib::Response& res, const Caller& caller) {
+  v1::WatchRunRequest r;
+  CL_RETURN_IF_ERROR(FillRequest(req, {"run_id"}, &r));
+  if (const std::string last = req.get_header_value("Last-Event-ID"); !last.empty()) {
+    const size_t slash = last.rfind('/');
+    uint64_t seq = 0;
+    if (!absl::SimpleAtoi(slash == std::string::npos ? last : last.substr(slash + 1), &seq)) {
+      return absl::InvalidArgumentError("Last-Event-ID must be EPOCH/SEQUENCE as sent in an event's id, got " +
+                                        Quote(Clip(last, 64)));
+    }
+    r.set_after_sequence(seq);
+    r.set_epoch(slash == std::string::npos ? cores_.runs->hub().epoch() : last.substr(0, slash));
+  }
+  CL_RETURN_IF_ERROR(cores_.security->Check(caller, Access::kRead, r));
+  {
+    std::lock_guard<std::mutex> lock(streams_mu_);
+    if (stopping_) return absl::UnavailableError("the server is stopping");
+    if (open_streams_ >= options_.max_streams) {
+      return absl::UnavailableError(
+          "too many open event streams (--http-max-streams=" + std::to_string(options_.max_streams) + "); retry later");
+    }
+    ++open_streams_;
+  }
+  auto release_slot = [this] {
+    std::lock_guard<std::mutex> lock(streams_mu_);
+    --open_streams_;
+  };
+  absl::StatusOr<scheduler::Watch> watch = cores_.runs->StartWatch(r, caller.principal.name);
+  if (!watch.ok()) {
+    release_slot();
+    return watch.status();
+  }
+  auto st = std::make_shared<Stream>();
+  st->watch = std::move(*watch);
+  if (cores_.telemetry) cores_.telemetry->EventStreams(+1);
+  res.set_header("Cache-Control", "no-cache");
+  res.set_header("X-Accel-Buffering", "no");
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [this, st](size_t, httplib::DataSink& sink) -> bool {
+        auto send = [&](const v1::RunEvent& e) {
+          absl::StatusOr<std::string> json = ToJson(e);
+          if (!json.ok()) return false;
+          const std::string frame = "id: " + e.epoch() + "/" + std::to_string(e.sequence()) +
+                                    "\nevent: " + EventKind(e) + "\ndata: " + *json + "\n\n";
+          return sink.write(frame.data(), frame.size());
+        };
+        for (int sent = 0; sent < 256; ++sent) {
+          scheduler::Subscriber::Item item = st->watch.subscriber->Next();
+          switch (item.kind) {
+            case scheduler::Subscriber::Kind::kEvent:
+              if (!send(item.event)) return false;
+              if (item.event.has_state() && IsFinalState(item.event.state().state())) {
+                sink.done();
+                return true;
+              }
+              continue;
+            case scheduler::Subscriber::Kind::kResync: {
+              absl::StatusOr<v1::RunEvent> snap =
+                  cores_.runs->Snapshot(st->watch.run_id, item.sequence, /*resync=*/st->sent_any);
+              if (!snap.ok() || !send(*snap)) return false;
+              st->sent_any = true;
+              if (IsFinalState(snap->snapshot().state())) {
+                sink.done();
+                return true;
+              }
+              continue;
+            }
+            case scheduler::Subscriber::Kind::kEnd:
+              sink.done();
+              return true;
+            case scheduler::Subscriber::Kind::kNone:
+              break;
+          }
+          std::weak_ptr<Stream> weak = st;
+          if (!st->watch.subscriber->Arm([weak] {
+                if (auto s = weak.lock()) {
+                  std::lock_guard<std::mutex> lock(s->mu);
+                  s->notified = true;
+                  s->cv.notify_all();
+                }
+              })) {
+            continue;  // something arrived meanwhile
+          }
+          // Wait for the hub (its heartbeats come every few seconds) or the shutdown.
+          std::unique_lock<std::mutex> lock(st->mu);
+          st->cv.wait_for(lock, std::chrono::milliseconds(500), [&] { return st->notified; });
+          st->notified = false;
+          lock.unlock();
+          {
+            std::lock_guard<std::mutex> stop(streams_mu_);
+            if (stopping_) {
+              sink.done();
+              return true;
+            }
+          }
+          return sink.is_writable();
+        }
+        return true;
+      },
+      [this, st, release_slot](bool) {
+        cores_.runs->StopWatch(st->watch);
+        if (cores_.telemetry) cores_.telemetry->EventStreams(-1);
+        release_slot();
+      });
+  return absl::OkStatus();
+}
+
+}  // namespace circuitlab::rpc

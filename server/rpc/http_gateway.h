@@ -1,0 +1,103 @@
+// The HTTP front end (cpp-httplib), beside gRPC on its own port:
+//
+//   /                          the dashboard (static files compiled into the binary)
+//   /api/v1/...                read-only JSON: the read RPCs through protobuf's JSON mapping
+//   /api/v1/runs/{id}/events   Server-Sent Events: a run's watch stream
+//   /metrics                   Prometheus text format (telemetry.h)
+//   /healthz, /readyz          liveness; readiness (503 once the server drains)
+//
+// It calls the same cores as the gRPC handlers, through the same Security
+// (tokens as "Authorization: Bearer", the same access rules); it implements no
+// query of its own. Writes stay on gRPC. Query parameters fill the request
+// message by field name (reflection): an unknown parameter or a value that
+// does not parse is 400 naming it. TLS uses the gRPC port's certificate and
+// key (and client CA). /healthz, /readyz and the static files answer without
+// a token; everything else needs one whenever the server has tokens.
+//
+// Threads: a fixed pool of `threads` request threads plus one per event
+// stream; at most `max_streams` streams are open at once (503 beyond, with
+// Retry-After).
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "server/rpc/security.h"
+#include "server/rpc/telemetry.h"
+#include "server/rpc/tls.h"
+#include "server/scheduler/analysis_core.h"
+#include "server/scheduler/scheduler.h"
+#include "server/scheduler/sweeps.h"
+
+namespace httplib {
+class Server;
+struct Request;
+struct Response;
+}  // namespace httplib
+
+namespace circuitlab::rpc {
+
+struct HttpOptions {
+  std::string listen;    // host:port (port 0 picks one); empty = no HTTP port (--http's default: 127.0.0.1:8080)
+  int threads = 8;       // request threads, in [1, 256]
+  int max_streams = 16;  // open event streams, in [0, 1024]
+  // False: an address that cannot be bound leaves the server without an HTTP
+  // port (a warning) instead of failing its start (the default --http).
+  bool required = true;
+};
+
+struct HttpCores {
+  const Security* security = nullptr;
+  scheduler::Scheduler* runs = nullptr;
+  scheduler::SweepCore* sweeps = nullptr;
+  scheduler::AnalysisCore* analysis = nullptr;
+  Telemetry* telemetry = nullptr;
+};
+
+class HttpGateway {
+ public:
+  // Binds and serves on a thread. InvalidArgument for out-of-range options or
+  // TLS files that do not load, Unavailable when the address cannot be
+  // bound. The cores must outlive the gateway. `tls` empty = plaintext.
+  static absl::StatusOr<std::unique_ptr<HttpGateway>> Start(const HttpOptions& options, const TlsFiles& tls,
+                                                            HttpCores cores);
+  ~HttpGateway();  // Shutdown()
+
+  int port() const { return port_; }
+  // "http://127.0.0.1:8080/" (https with TLS; a wildcard host reads as the
+  // machine's name).
+  const std::string& url() const { return url_; }
+  // /readyz answers 503 from now on.
+  void MarkNotReady() { ready_ = false; }
+  // Ends the event streams, stops accepting, joins the server thread.
+  void Shutdown();
+
+ private:
+  struct Stream;
+  HttpGateway(HttpOptions options, HttpCores cores);
+  void Routes();
+  // Wraps a handler: authentication (unless `open`), errors as JSON, telemetry.
+  using Handler = std::function<absl::Status(const httplib::Request&, httplib::Response&, const Caller&)>;
+  void Get(const std::string& pattern, const std::string& route, bool open, Handler handler);
+  absl::Status Events(const httplib::Request& req, httplib::Response& res, const Caller& caller);
+
+  const HttpOptions options_;
+  const HttpCores cores_;
+  std::unique_ptr<httplib::Server> server_;
+  std::thread thread_;
+  int port_ = 0;
+  bool tls_ = false;
+  std::string url_;
+  std::atomic<bool> ready_{true};
+  // Event streams: how many are open; `stopping_` ends them.
+  std::mutex streams_mu_;
+  int open_streams_ = 0;
+  bool stopping_ = false;
+};
+
+}  // namespace circuitlab::rpc

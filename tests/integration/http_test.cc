@@ -1,0 +1,339 @@
+// The HTTP front end against the gRPC one on the same server: every JSON
+// endpoint answers what the matching RPC answers (parsed back into the proto
+// and compared field by field), errors carry the code and name the field,
+// tokens apply, event streams resume with Last-Event-ID and are capped, and
+// /metrics counts what happened.
+#include <google/protobuf/util/json_util.h>
+#include <google/protobuf/util/message_differencer.h>
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <fstream>
+#include <regex>
+
+#include "tests/integration/integration_util.h"
+
+namespace circuitlab::testing {
+namespace {
+
+rpc::ServerOptions WithHttp(int max_streams = 4) {
+  rpc::ServerOptions o;
+  o.http.listen = "127.0.0.1:0";
+  o.http.max_streams = max_streams;
+  return o;
+}
+
+template <typename Message>
+Message FromJson(const std::string& json) {
+  Message m;
+  google::protobuf::util::JsonParseOptions o;
+  auto s = google::protobuf::util::JsonStringToMessage(json, &m, o);
+  EXPECT_TRUE(s.ok()) << s.ToString() << " in " << json.substr(0, 300);
+  return m;
+}
+
+template <typename Message>
+void ExpectSameAsJson(const Message& grpc_answer, const httplib::Result& http, const std::string& what) {
+  ASSERT_TRUE(http) << what << ": no answer";
+  ASSERT_EQ(http->status, 200) << what << ": " << http->body;
+  EXPECT_EQ(http->get_header_value("Content-Type"), "application/json");
+  const Message parsed = FromJson<Message>(http->body);
+  std::string diff;
+  google::protobuf::util::MessageDifferencer d;
+  d.ReportDifferencesToString(&diff);
+  EXPECT_TRUE(d.Compare(grpc_answer, parsed)) << what << " differs from the gRPC answer:\n" << diff;
+}
+
+// The SSE frames of a body: (id, event, data).
+struct Frame {
+  std::string id, event, data;
+};
+std::vector<Frame> Frames(const std::string& body) {
+  std::vector<Frame> out;
+  size_t at = 0;
+  while (true) {
+    const size_t end = body.find("\n\n", at);
+    if (end == std::string::npos) break;
+    Frame f;
+    std::istringstream lines(body.substr(at, end - at));
+    for (std::string line; std::getline(lines, line);) {
+      if (line.rfind("id: ", 0) == 0) f.id = line.substr(4);
+      if (line.rfind("event: ", 0) == 0) f.event = line.substr(7);
+      if (line.rfind("data: ", 0) == 0) f.data = line.substr(6);
+    }
+    out.push_back(f);
+    at = end + 2;
+  }
+  return out;
+}
+uint64_t SequenceOf(const Frame& f) { return std::stoull(f.id.substr(f.id.rfind('/') + 1)); }
+
+TEST(HttpTest, JsonApiAnswersWhatGrpcAnswers) {
+  TempDir dir;
+  auto exec = engine::MakeTorchExecutor();
+  scheduler::SchedulerOptions opts;
+  opts.cpu_slots = 2;
+  Server server(dir.path(), exec.get(), opts, WithHttp());
+  ASSERT_GT(server.http_port(), 0);
+  auto c = MakeClient(server.address());
+  httplib::Client http("127.0.0.1", server.http_port());
+
+  auto run = c.SubmitRun(TinySpec(40));
+  ASSERT_TRUE(run.ok());
+  v1::SweepSpec sweep;
+  sweep.set_name("http-sweep");
+  *sweep.mutable_base() = TinySpec(20);
+  v1::SweepAxis* lr = sweep.add_axes();
+  lr->set_field("training.learning_rate");
+  lr->set_name("lr");
+  lr->add_values()->set_number_value(1);
+  lr->add_values()->set_number_value(4);
+  v1::SweepAxis* seed = sweep.add_axes();
+  seed->set_field("seed");
+  seed->add_values()->set_number_value(1);
+  seed->add_values()->set_number_value(2);
+  auto sw = c.SubmitSweep(sweep);
+  ASSERT_TRUE(sw.ok()) << sw.status();
+  ASSERT_EQ(WaitForEnd(c, run->run_id()), v1::RUN_STATE_SUCCEEDED);
+  for (const std::string& id : sw->run_ids()) ASSERT_EQ(WaitForEnd(c, id), v1::RUN_STATE_SUCCEEDED);
+
+  ExpectSameAsJson(*c.GetRun("r1"), http.Get("/api/v1/runs/r1"), "runs/r1");
+  v1::ListRunsRequest list;
+  list.add_states(v1::RUN_STATE_SUCCEEDED);
+  list.set_sweep_id("s1");
+  list.set_page_size(3);
+  ExpectSameAsJson(*c.ListRuns(list), http.Get("/api/v1/runs?states=succeeded&sweep_id=s1&page_size=3"),
+                   "runs?states=...");
+  v1::GetMetricsRequest metrics;
+  metrics.set_run_id("r1");
+  metrics.add_names("train/loss");
+  metrics.add_names("eval/icl_rare/accuracy");
+  metrics.set_max_points(3);
+  ExpectSameAsJson(*c.GetMetrics(metrics),
+                   http.Get("/api/v1/runs/r1/metrics?names=train/loss,eval/icl_rare/accuracy&max_points=3"),
+                   "runs/r1/metrics");
+  v1::GetTrajectoryRequest traj;
+  traj.set_run_id("r1");
+  traj.add_names("alpha");
+  traj.add_names("beta");
+  ExpectSameAsJson(*c.GetTrajectory(traj), http.Get("/api/v1/runs/r1/coordinates?names=alpha&names=beta"),
+                   "runs/r1/coordinates");
+  ExpectSameAsJson(*c.GetSweep("s1"), http.Get("/api/v1/sweeps/s1"), "sweeps/s1");
+  v1::GetSweepSummaryRequest summary;
+  summary.set_sweep_id("s1");
+  summary.add_values("train/loss");
+  summary.mutable_pivot()->set_x("lr");
+  summary.mutable_pivot()->set_y("seed");
+  summary.mutable_pivot()->set_value("train/loss");
+  ExpectSameAsJson(*c.GetSweepSummary(summary),
+                   http.Get("/api/v1/sweeps/s1/summary?values=train/loss&pivot=lr,seed,train/loss"),
+                   "sweeps/s1/summary");
+  summary.clear_values();
+  ExpectSameAsJson(*c.GetSweepSummary(summary),
+                   http.Get("/api/v1/sweeps/s1/summary?pivot.x=lr&pivot.y=seed&pivot.value=train/loss"),
+                   "the pivot fetches its own column; pivot.x= works too");
+  ExpectSameAsJson(*c.ListAnalysisJobs(), http.Get("/api/v1/analyses"), "analyses");
+
+  // No stored label yet: an empty answer that says how to make one, never a job.
+  auto none = http.Get("/api/v1/runs/r1/label");
+  ASSERT_TRUE(none);
+  EXPECT_EQ(none->status, 200);
+  EXPECT_NE(FromJson<v1::LabelRunResponse>(none->body).error().find("circuitlab label r1"), std::string::npos);
+  EXPECT_EQ(c.ListAnalysisJobs()->jobs_size(), 0) << "a read over HTTP started an analysis";
+  v1::LabelRunRequest label;
+  label.set_run_id("r1");
+  auto labelled = Analysis(c, &client::Client::LabelRun, label);
+  ASSERT_TRUE(labelled.ok()) << labelled.status();
+  auto stored = http.Get("/api/v1/runs/r1/label");
+  ASSERT_TRUE(stored);
+  EXPECT_EQ(FromJson<v1::LabelRunResponse>(stored->body).label(), labelled->label());
+
+  // Errors: the code, a message that names the field, and the HTTP status.
+  auto unknown = http.Get("/api/v1/runs/r99");
+  EXPECT_EQ(unknown->status, 404);
+  EXPECT_NE(unknown->body.find("\"code\":\"NOT_FOUND\""), std::string::npos) << unknown->body;
+  auto bad_param = http.Get("/api/v1/runs?stat=running");
+  EXPECT_EQ(bad_param->status, 400);
+  EXPECT_NE(bad_param->body.find("unknown query parameter 'stat'"), std::string::npos) << bad_param->body;
+  auto bad_enum = http.Get("/api/v1/runs?states=sleeping");
+  EXPECT_EQ(bad_enum->status, 400);
+  EXPECT_NE(bad_enum->body.find("RUN_STATE_SUCCEEDED"), std::string::npos) << "lists the allowed values";
+  auto bad_number = http.Get("/api/v1/runs/r1/metrics?max_points=lots");
+  EXPECT_EQ(bad_number->status, 400);
+  EXPECT_NE(bad_number->body.find("max_points"), std::string::npos);
+  auto out_of_range = http.Get("/api/v1/runs/r1/metrics?max_points=100001");
+  EXPECT_EQ(out_of_range->status, 400) << "the core's own validation: " << out_of_range->body;
+  EXPECT_EQ(http.Get("/api/v1/nothing")->status, 404);
+  EXPECT_EQ(http.Post("/api/v1/runs", "{}", "application/json")->status, 404) << "writes stay on gRPC";
+
+  // The dashboard and the probes.
+  auto index = http.Get("/");
+  ASSERT_TRUE(index);
+  EXPECT_EQ(index->status, 200);
+  EXPECT_NE(index->body.find("uPlot.iife.min.js"), std::string::npos);
+  EXPECT_NE(index->get_header_value("Content-Security-Policy").find("default-src 'self'"), std::string::npos);
+  auto uplot = http.Get("/vendor/uplot/uPlot.iife.min.js");
+  EXPECT_EQ(uplot->status, 200);
+  EXPECT_GT(uplot->body.size(), 40000u);
+  EXPECT_EQ(http.Get("/../etc/passwd")->status, 404);
+  EXPECT_EQ(http.Get("/healthz")->status, 200);
+  EXPECT_EQ(http.Get("/readyz")->status, 200);
+  server.grpc().MarkNotServing();
+  EXPECT_EQ(http.Get("/readyz")->status, 503) << "draining";
+}
+
+TEST(HttpTest, TokensApplyAsOnGrpc) {
+  TempDir dir;
+  const std::string token = "http-test-token-0123456789abcdef";
+  const std::string tokens = dir.path() + "/tokens.txt";
+  std::ofstream(tokens) << "ana reader " << rpc::TokenDigestField(token) << "\n";
+  auto auth = rpc::Authenticator::Create(tokens, "", nullptr);
+  ASSERT_TRUE(auth.ok()) << auth.status();
+  FakeExecutor exec;
+  Server server(dir.path() + "/data", &exec, {}, WithHttp(), nullptr, auth->get());
+  httplib::Client http("127.0.0.1", server.http_port());
+  auto anonymous = http.Get("/api/v1/runs");
+  EXPECT_EQ(anonymous->status, 401);
+  EXPECT_EQ(anonymous->get_header_value("WWW-Authenticate"), "Bearer realm=\"circuitlab\"");
+  EXPECT_EQ(http.Get("/metrics")->status, 401);
+  EXPECT_EQ(http.Get("/api/v1/runs", {{"Authorization", "Bearer wrong"}})->status, 401);
+  auto me = http.Get("/api/v1/whoami", {{"Authorization", "Bearer " + token}});
+  ASSERT_EQ(me->status, 200) << me->body;
+  const auto who = FromJson<v1::WhoAmIResponse>(me->body);
+  EXPECT_EQ(who.principal(), "ana");
+  EXPECT_EQ(who.role(), "reader");
+  EXPECT_EQ(http.Get("/api/v1/runs", {{"Authorization", "Bearer " + token}})->status, 200);
+  EXPECT_EQ(http.Get("/healthz")->status, 200) << "probes need no token";
+  EXPECT_EQ(http.Get("/")->status, 200) << "nor do the dashboard's files (they hold no data)";
+}
+
+TEST(HttpTest, EventStreamsResumeWithLastEventIdAndAreCapped) {
+  TempDir dir;
+  FakeExecutor exec;
+  exec.step_time = std::chrono::milliseconds(20);
+  Server server(dir.path(), &exec, {}, WithHttp(/*max_streams=*/1));
+  auto c = MakeClient(server.address());
+  auto run = c.SubmitRun(TinySpec(100000));
+  ASSERT_TRUE(run.ok());
+
+  // Read the first few events, then hang up.
+  std::string first;
+  httplib::Client http("127.0.0.1", server.http_port());
+  http.set_read_timeout(std::chrono::seconds(10));
+  http.Get("/api/v1/runs/r1/events?include_metrics=true", [&](const char* data, size_t n) {
+    first.append(data, n);
+    return Frames(first).size() < 8;
+  });
+  std::vector<Frame> frames = Frames(first);
+  ASSERT_GE(frames.size(), 8u) << first;
+  EXPECT_EQ(frames[0].event, "snapshot");
+  EXPECT_EQ(FromJson<v1::RunEvent>(frames[0].data).snapshot().run_id(), "r1");
+  uint64_t last = 0;
+  for (const Frame& f : frames) {
+    if (f.event == "heartbeat" || f.event == "snapshot") continue;
+    EXPECT_GT(SequenceOf(f), last) << "ids increase";
+    last = SequenceOf(f);
+  }
+  // Resume after the last event that was not a heartbeat (a heartbeat repeats the last sequence).
+  const Frame seen =
+      *std::find_if(frames.rbegin(), frames.rend(), [](const Frame& f) { return f.event != "heartbeat"; });
+  const std::string resume_from = seen.id;
+  ASSERT_NE(resume_from.find('/'), std::string::npos) << "ids are EPOCH/SEQUENCE: " << resume_from;
+
+  // The only stream slot is free again once the client hung up.
+  std::string second;
+  for (int attempt = 0; attempt < 50; ++attempt) {
+    second.clear();
+    auto again = http.Get("/api/v1/runs/r1/events?include_metrics=true", {{"Last-Event-ID", resume_from}},
+                          [&](const char* data, size_t n) {
+                            second.append(data, n);
+                            return Frames(second).size() < 3;
+                          });
+    if (!Frames(second).empty()) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  std::vector<Frame> resumed = Frames(second);
+  std::erase_if(resumed, [](const Frame& f) { return f.event == "heartbeat"; });
+  ASSERT_FALSE(resumed.empty()) << second;
+  EXPECT_NE(resumed[0].event, "snapshot") << "a resume continues where the client left off";
+  EXPECT_EQ(SequenceOf(resumed[0]), SequenceOf(seen) + 1) << "nothing missed, nothing repeated";
+
+  // The cap: while one stream is open, a second is answered 503 with Retry-After.
+  std::atomic<bool> hold{true};
+  std::atomic<int> got{0};
+  std::thread holder([&] {
+    httplib::Client h("127.0.0.1", server.http_port());
+    h.set_read_timeout(std::chrono::seconds(30));
+    h.Get("/api/v1/runs/r1/events", [&](const char*, size_t) {
+      ++got;
+      return hold.load();
+    });
+  });
+  WaitFor([&] { return got > 0; }, std::chrono::seconds(10));
+  httplib::Client probe("127.0.0.1", server.http_port());
+  auto refused = probe.Get("/api/v1/runs/r1/events");
+  ASSERT_TRUE(refused);
+  EXPECT_EQ(refused->status, 503) << refused->body;
+  EXPECT_EQ(refused->get_header_value("Retry-After"), "5");
+  EXPECT_NE(refused->body.find("--http-max-streams=1"), std::string::npos) << refused->body;
+  auto bad_id = probe.Get("/api/v1/runs/r1/events", {{"Last-Event-ID", "x/yz"}});
+  EXPECT_EQ(bad_id->status, 400);
+  hold = false;
+  holder.join();
+  EXPECT_TRUE(c.CancelRun("r1").ok());
+}
+
+TEST(HttpTest, PrometheusMetricsCountWhatHappened) {
+  TempDir dir;
+  FakeExecutor exec;
+  Server server(dir.path(), &exec, {}, WithHttp());
+  auto c = MakeClient(server.address());
+  httplib::Client http("127.0.0.1", server.http_port());
+  auto scrape = [&] {
+    auto r = http.Get("/metrics");
+    EXPECT_EQ(r->status, 200);
+    EXPECT_EQ(r->get_header_value("Content-Type"), "text/plain; version=0.0.4; charset=utf-8");
+    return r->body;
+  };
+  auto value = [](const std::string& text, const std::string& series) {
+    std::smatch m;
+    const std::regex re("(^|\n)" + std::regex_replace(series, std::regex(R"([{}\[\]()+.])"), R"(\$&)") +
+                        R"( ([0-9.e+-]+))");
+    return std::regex_search(text, m, re) ? std::stod(m[2]) : -1.0;
+  };
+  const std::string before = scrape();
+  EXPECT_EQ(value(before, R"(circuitlab_runs_finished_total{result="succeeded"})"), 0) << before;
+  EXPECT_EQ(value(before, R"(circuitlab_build_info{executor="local",version="test"})"), 1);
+  for (int i = 0; i < 2; ++i) {
+    auto run = c.SubmitRun(TinySpec(30));
+    ASSERT_TRUE(run.ok());
+    ASSERT_EQ(WaitForEnd(c, run->run_id()), v1::RUN_STATE_SUCCEEDED);
+  }
+  EXPECT_EQ(c.GetRun("r77").status().code(), absl::StatusCode::kNotFound);
+  std::string after;
+  WaitFor([&] { return value(after = scrape(), "circuitlab_metric_points_ingested_total") >= 120; },
+          std::chrono::seconds(10));  // committed within the store's flush interval
+  EXPECT_EQ(value(after, R"(circuitlab_runs_finished_total{result="succeeded"})"), 2) << after;
+  EXPECT_EQ(value(after, R"(circuitlab_runs{state="succeeded"})"), 2);
+  EXPECT_EQ(value(after, R"(circuitlab_queue_depth)"), 0);
+  EXPECT_EQ(
+      value(after,
+            R"(circuitlab_rpc_requests_total{code="OK",method="SubmitRun",service="circuitlab.v1.ExperimentService"})"),
+      2);
+  EXPECT_EQ(
+      value(
+          after,
+          R"(circuitlab_rpc_requests_total{code="NOT_FOUND",method="GetRun",service="circuitlab.v1.ExperimentService"})"),
+      1);
+  EXPECT_GE(
+      value(after,
+            R"(circuitlab_rpc_duration_seconds_count{method="SubmitRun",service="circuitlab.v1.ExperimentService"})"),
+      2);
+  EXPECT_EQ(value(after, R"(circuitlab_metric_points_ingested_total)"), 120) << "2 runs x 30 steps x 2 series";
+  EXPECT_GT(value(after, R"(circuitlab_sqlite_commit_duration_seconds_count)"), 0);
+  EXPECT_GE(value(after, R"(circuitlab_http_requests_total{code="200",route="metrics"})"), 1) << "the scrapes";
+  EXPECT_EQ(after.find("r1"), std::string::npos) << "no run ids as label values";
+}
+
+}  // namespace
+}  // namespace circuitlab::testing
