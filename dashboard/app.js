@@ -551,7 +551,9 @@ function runView(id) {
       };
       coordTimer = setTimeout(poll, 4000);
     }
-    const label = await api(`/api/v1/runs/${id}/label`).catch(() => null);  // state UNSPECIFIED: none stored
+    // The stored circuit label of a finished IMIR run (state UNSPECIFIED: none stored).
+    const labelled = run.state === 'RUN_STATE_SUCCEEDED' && run.spec && run.spec.model && run.spec.model.imir;
+    const label = labelled ? await api(`/api/v1/runs/${id}/label`).catch(() => null) : null;
     const spec = h('pre', {id: 'run-spec'}, JSON.stringify(run.spec, null, 2));
     extra.replaceChildren(
         label && label.label ? h('p', {}, 'stored circuit label: ', h('b', {id: 'run-label'}, label.label)) : '',

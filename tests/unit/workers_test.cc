@@ -328,6 +328,15 @@ TEST_F(WorkerBrokerTest, ASilentWorkerTimesOut) {
   absl::StatusOr<engine::TrainOutcome> out = done.get();
   ASSERT_TRUE(out.ok());
   EXPECT_EQ(out->end, engine::TrainEnd::kPreempted);
+  // The watchdog ends the lease, then closes the session: the slot may see
+  // the first before the second has happened.
+  for (int i = 0; i < 200; ++i) {
+    {
+      std::lock_guard<std::mutex> lock(link->mu);
+      if (link->was_closed) break;
+    }
+    std::this_thread::sleep_for(10ms);
+  }
   std::lock_guard<std::mutex> lock(link->mu);
   EXPECT_TRUE(link->was_closed);
   EXPECT_EQ(link->closed.code(), absl::StatusCode::kDeadlineExceeded);

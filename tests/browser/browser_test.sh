@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# The browser tier: Debian's chromium, headless, driven by npm puppeteer-core
+# (tests/browser/dashboard_check.cjs) against a real circuitlab-server that
+# has trained two small runs and a 2x2 sweep while a third run trains live.
+# Also: `promtool check metrics` on a /metrics scrape (Debian's prometheus),
+# and the counters moving when runs end. Screenshots go to
+# $BUILD_DIR/browser/ (the README's come from here).
+# Installs chromium, nodejs, npm and prometheus if missing; puppeteer-core
+# into a cache directory the tier reuses.
+set -euo pipefail
+repo=$(cd "$(dirname "$0")/../.." && pwd)
+build=${BUILD_DIR:-$repo/build}
+out=$build/browser
+cache=${CIRCUITLAB_DEPLOY_CACHE:-$HOME/.cache/circuitlab}/browser
+need=()
+command -v chromium >/dev/null || need+=(chromium)
+command -v node >/dev/null || need+=(nodejs)
+command -v npm >/dev/null || need+=(npm)
+command -v promtool >/dev/null || need+=(prometheus)
+if [ ${#need[@]} -gt 0 ]; then
+  echo "browser_test: installing ${need[*]}"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${need[@]}" >/dev/null
+fi
+mkdir -p "$cache" "$out"
+if [ ! -d "$cache/node_modules/puppeteer-core" ]; then
+  (cd "$cache" && npm init -y >/dev/null && npm install --no-audit --no-fund puppeteer-core@25 >/dev/null 2>&1)
+fi
+cp "$repo/tests/browser/dashboard_check.cjs" "$cache/"
+
+tmp=$(mktemp -d)
+server_pid=
+cleanup() {
+  [ -n "$server_pid" ] && kill "$server_pid" 2>/dev/null && wait "$server_pid" 2>/dev/null
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+fail() { echo "browser_test: FAIL: $*"; [ -f "$tmp/server.log" ] && tail -20 "$tmp/server.log"; exit 1; }
+
+"$build/server/circuitlab-server" --data "$tmp/data" --listen 127.0.0.1:0 --http 127.0.0.1:0 --cpu-slots 2 \
+  >"$tmp/ready" 2>"$tmp/server.log" &
+server_pid=$!
+for _ in $(seq 100); do grep -q "^http port=" "$tmp/ready" 2>/dev/null && break; sleep 0.1; done
+port=$(sed -n 's/^listening port=//p' "$tmp/ready")
+url=$(sed -n 's/^http port=[0-9]* url=//p' "$tmp/ready")
+[ -n "$port" ] && [ -n "$url" ] || fail "the server did not start"
+cli() { "$build/client/circuitlab" --server "127.0.0.1:$port" "$@"; }
+
+# Two runs and a 2x2 sweep, trained to the end; then a long one, live.
+cli submit "$repo/tests/browser/run.json" >/dev/null
+sed 's/"seed": 7/"seed": 8/; s/browser-a/browser-b/' "$repo/tests/browser/run.json" >"$tmp/run_b.json"
+cli submit "$tmp/run_b.json" >/dev/null
+cli sweep "$repo/tests/browser/sweep.json" >/dev/null
+for r in r1 r2 r3 r4 r5 r6; do cli watch "$r" >/dev/null || fail "$r did not succeed"; done
+
+scrape() { curl -sf "${url}metrics"; }
+scrape >"$tmp/scrape1.txt" || fail "no /metrics"
+promtool check metrics <"$tmp/scrape1.txt" || fail "promtool check metrics"
+grep -q '^circuitlab_runs_finished_total{result="succeeded"} 6$' "$tmp/scrape1.txt" ||
+  fail "runs_finished_total: $(grep runs_finished "$tmp/scrape1.txt")"
+
+cli submit "$repo/tests/browser/live.json" >/dev/null   # r7, trains while the browser looks
+node "$cache/dashboard_check.cjs" "$url" "$out" || fail "the dashboard checks"
+
+cli cancel r7 --wait >/dev/null || true
+for _ in $(seq 50); do scrape >"$tmp/scrape2.txt"; grep -q 'result="cancelled"} 1$' "$tmp/scrape2.txt" && break; sleep 0.1; done
+promtool check metrics <"$tmp/scrape2.txt" || fail "promtool check metrics (second scrape)"
+grep -q '^circuitlab_runs_finished_total{result="cancelled"} 1$' "$tmp/scrape2.txt" || fail "the cancelled counter did not move"
+grep -q '^circuitlab_http_event_streams 0$' "$tmp/scrape2.txt" || fail "event streams left open: $(grep event_streams "$tmp/scrape2.txt")"
+echo "browser_test: PASS (screenshots in $out)"

@@ -1,0 +1,133 @@
+// Drives the dashboard in headless chromium as a person would and asserts on
+// what is drawn (chart data and painted canvas pixels, not only elements).
+//   node dashboard_check.cjs BASE_URL OUT_DIR
+// The server has r1, r2 (finished runs), s1 = r3..r6 (a finished 2x2 sweep of
+// lr x seed) and r7 training live. Screenshots: OUT_DIR/{runs,run,live,sweep,compare}.png.
+'use strict';
+const puppeteer = require('puppeteer-core');
+
+const [base, out] = process.argv.slice(2);
+const failures = [];
+const check = (ok, what) => { if (!ok) failures.push(what); console.log(`${ok ? 'ok  ' : 'FAIL'} ${what}`); };
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+async function waitFor(page, fn, arg, what, timeout = 20000) {
+  try {
+    await page.waitForFunction(fn, { timeout, polling: 100 }, arg);
+    return true;
+  } catch (e) {
+    check(false, `${what} (timed out)`);
+    return false;
+  }
+}
+
+// Points a chart holds and pixels its canvas painted.
+function chartStats(title) {
+  const u = window.__charts[title];
+  if (!u) return null;
+  const series = u.data.slice(1).map((ys) => ys.filter((v) => v !== null && v !== undefined).length);
+  const c = u.ctx.canvas;
+  const d = u.ctx.getImageData(0, 0, c.width, c.height).data;
+  let painted = 0;
+  for (let i = 3; i < d.length; i += 4) if (d[i]) painted++;
+  return { series, labels: u.series.slice(1).map((s) => s.label), points: u.data[0].length, painted };
+}
+
+(async () => {
+  const browser = await puppeteer.launch({ executablePath: '/usr/bin/chromium', headless: true,
+                                           args: ['--no-sandbox', '--disable-gpu'] });
+  const page = await browser.newPage();
+  await page.setViewport({ width: 1280, height: 900 });
+  const errors = [];
+  page.on('console', (m) => { if (m.type() === 'error') errors.push(m.text()); });
+  page.on('pageerror', (e) => errors.push(String(e)));
+  page.on('response', (r) => { if (r.status() >= 400) errors.push(`HTTP ${r.status()} ${r.url()}`); });
+  page.on('requestfailed', (r) => { if (!r.url().includes('/events')) errors.push('request failed: ' + r.url()); });
+
+  // ---- runs table ----
+  await page.goto(base + '#/');
+  await waitFor(page, () => document.querySelectorAll('#runs tr[data-run]').length === 7, null, 'runs table lists 7 runs');
+  await waitFor(page, () => {
+    const s = document.querySelector('#runs tr[data-run="r7"] .state');
+    return s && s.textContent === 'RUNNING';
+  }, null, 'the live run shows RUNNING');
+  const states = await page.evaluate(() => Object.fromEntries([...document.querySelectorAll('#runs tr[data-run]')]
+    .map((tr) => [tr.dataset.run, tr.querySelector('.state').textContent])));
+  check(['r1', 'r2', 'r3', 'r4', 'r5', 'r6'].every((r) => states[r] === 'SUCCEEDED') && states.r7 === 'RUNNING',
+        `runs table states ${JSON.stringify(states)}`);
+  const headers = await page.$$eval('#runs th', (ths) => ths.map((t) => t.textContent));
+  check(headers.some((h) => h.startsWith('eval/icl_rare/accuracy')), `metric columns ${headers.slice(7).join(', ')}`);
+  await page.select('#f-state', 'succeeded');
+  await waitFor(page, () => document.querySelectorAll('#runs tr[data-run]').length === 6, null, 'state filter keeps 6 runs');
+  await page.select('#f-state', '');
+  await waitFor(page, () => document.querySelectorAll('#runs tr[data-run]').length === 7, null, 'filter cleared');
+  await page.screenshot({ path: `${out}/runs.png` });
+
+  // ---- a finished run: curves and coordinates drawn ----
+  await page.goto(base + '#/run/r1');
+  await waitFor(page, () => ['loss', 'accuracy', 'coordinates'].every((t) => window.__charts[t]), null, 'run page charts');
+  for (const title of ['loss', 'accuracy', 'coordinates']) {
+    const s = await page.evaluate(chartStats, title);
+    check(s && s.series.length > 0 && s.series.every((n) => n >= 3), `${title}: every series has points ${s && JSON.stringify(s.series)}`);
+    check(s && s.painted > 2000, `${title}: canvas painted (${s && s.painted} px)`);
+  }
+  const coords = await page.evaluate(chartStats, 'coordinates');
+  check(coords && ['alpha', 'beta', 'gamma', 'delta', 'rho'].every((n) => coords.labels.some((l) => l.startsWith(n))),
+        `coordinates α β γ δ and ρ: ${coords && coords.labels.join(' | ')}`);
+  await page.click('.filters input[type=checkbox]');  // log y
+  await sleep(300);
+  const logged = await page.evaluate(chartStats, 'loss');
+  check(logged && logged.painted > 2000, 'log-y redraws the loss chart');
+  await page.click('.filters input[type=checkbox]');
+  await page.screenshot({ path: `${out}/run.png`, fullPage: true });
+
+  // ---- the live run: the view advances while it trains ----
+  await page.goto(base + '#/run/r7');
+  await waitFor(page, () => window.__charts.loss && window.__live.metricEvents > 0, null, 'live metrics arrive');
+  const before = await page.evaluate(() => ({ step: window.__live.lastStep, points: window.__charts.loss.data[0].length }));
+  await sleep(4000);
+  const after = await page.evaluate(() => ({ step: window.__live.lastStep, points: window.__charts.loss.data[0].length,
+                                             shown: document.getElementById('run-progress').textContent }));
+  check(after.step > before.step, `live progress advances (step ${before.step} -> ${after.step})`);
+  check(after.points > before.points, `live curve grows (${before.points} -> ${after.points} points)`);
+  check(after.shown.includes(`step ${after.step}`) || /step \d+/.test(after.shown), `progress shown: ${after.shown}`);
+  await page.screenshot({ path: `${out}/live.png` });
+
+  // ---- the sweep: a 2x2 heatmap whose cells link to their runs ----
+  await page.goto(base + '#/sweep/s1?x=lr&y=seed&value=eval/icl_rare/accuracy');
+  await waitFor(page, () => document.querySelectorAll('#heatmap td.cell').length === 4, null, 'heatmap has 4 cells');
+  const heat = await page.evaluate(() => ({
+    cols: [...document.querySelectorAll('#heatmap thead th')].slice(1).map((t) => t.textContent),
+    rows: [...document.querySelectorAll('#heatmap tbody th')].map((t) => t.textContent),
+    links: [...document.querySelectorAll('#heatmap td.cell a')].map((a) => a.getAttribute('href')),
+    values: [...document.querySelectorAll('#heatmap td.cell')].map((td) => td.dataset.value),
+    colours: [...document.querySelectorAll('#heatmap td.cell')].map((td) => td.style.background),
+    legend: !!document.getElementById('heat-legend'),
+    title: document.querySelector('#heatmap h3').textContent,
+  }));
+  check(JSON.stringify(heat.cols) === '["4","8"]' && JSON.stringify(heat.rows) === '["1","2"]',
+        `heatmap labels x ${heat.cols} y ${heat.rows}`);
+  check(heat.links.every((l) => /^#\/run\/r[3-6]$/.test(l)) && new Set(heat.links).size === 4, `cells link to r3..r6: ${heat.links}`);
+  check(heat.values.every((v) => v !== '' && !isNaN(Number(v))), `cells hold accuracies: ${heat.values}`);
+  check(heat.colours.every((c) => c.startsWith('rgb')) && heat.legend, 'cells coloured, with a colour scale');
+  check(heat.title.startsWith('eval/icl_rare/accuracy'), `heatmap title: ${heat.title}`);
+  await page.screenshot({ path: `${out}/sweep.png` });
+  await page.click('#heatmap td.cell a');
+  await waitFor(page, () => location.hash.startsWith('#/run/r') && window.__charts.loss, null, 'a cell opens its run');
+
+  // ---- compare: one metric over the sweep's seeds ----
+  await page.goto(base + '#/compare?runs=r3,r4,r5,r6&series=eval/icl_rare/accuracy');
+  await waitFor(page, () => window.__charts['eval/icl_rare/accuracy'], null, 'compare chart');
+  await sleep(300);
+  const cmp = await page.evaluate(chartStats, 'eval/icl_rare/accuracy');
+  check(cmp && cmp.labels.join() === 'r3,r4,r5,r6' && cmp.series.every((n) => n >= 3), `compare overlays 4 runs ${cmp && cmp.labels}`);
+  check(cmp && cmp.painted > 2000, `compare canvas painted (${cmp && cmp.painted} px)`);
+  await page.screenshot({ path: `${out}/compare.png` });
+
+  check(errors.length === 0, `no console errors ${JSON.stringify(errors)}`);
+  await browser.close();
+  if (failures.length) {
+    console.log(`${failures.length} check(s) failed`);
+    process.exit(1);
+  }
+})().catch((e) => { console.error(e); process.exit(1); });
