@@ -36,13 +36,13 @@ RUN useradd --system --uid 999 --home /data circuitlab && mkdir -p /data && chow
 # and the CA of its certificate; override when the server listens elsewhere.
 ENV CIRCUITLAB_TARGET=127.0.0.1:50051 CIRCUITLAB_CA_CERT=/run/secrets/ca.pem
 VOLUME /data
-EXPOSE 50051
+EXPOSE 50051 8080
 # Health needs no token; the CLI checks the server's certificate (valid for
 # 127.0.0.1) against the CA beside it.
 HEALTHCHECK --interval=5s --timeout=3s --start-period=10s \
   CMD ["circuitlab", "--timeout", "2", "health"]
 ENTRYPOINT ["circuitlab-server"]
-CMD ["--data", "/data", "--listen", "0.0.0.0:50051", \
+CMD ["--data", "/data", "--listen", "0.0.0.0:50051", "--http", "0.0.0.0:8080", \
      "--tls-cert", "/run/secrets/server.pem", "--tls-key", "/run/secrets/server.key", \
      "--auth-tokens-file", "/run/secrets/tokens.txt", "--audit-log", "/data/audit.jsonl"]
 

@@ -30,6 +30,9 @@ until grep -q "^listening port=" "$ready" 2>/dev/null; do
   sleep 0.2
 done
 $cli health
+sleep 0.2  # the "http port=" line follows the "listening" one
+dashboard=$(sed -n 's/^http port=[0-9]* url=//p' "$ready")
+if [ -n "$dashboard" ]; then echo "==> dashboard: $dashboard (open it to watch the runs below train)"; fi
 
 echo "==> submitting $spec"
 run=$($cli submit "$spec")
@@ -50,6 +53,7 @@ if [ $# -eq 0 ]; then
 fi
 echo "==> runs in $data"
 $cli ls
+if [ -n "$dashboard" ]; then echo "==> the run's dashboard page: $($cli open "$run" --dashboard "$dashboard")"; fi
 kill -TERM $pid
 wait $pid
 trap - EXIT

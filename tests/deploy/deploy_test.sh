@@ -64,11 +64,12 @@ port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0));
 cli=("$cli_bin" --server "127.0.0.1:$port" --ca-cert "$tmp/secrets/ca.pem" --token-file "$tmp/tester.token")
 docker volume create "$tag-data" >/dev/null
 
+hport=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 start_container() {  # name
   docker run -d --name "$1" --network host --read-only --tmpfs /tmp \
     -v "$tag-data:/data" -v "$tmp/secrets:/run/secrets:ro" -e "CIRCUITLAB_TARGET=127.0.0.1:$port" "$image" \
     --data /data --listen "127.0.0.1:$port" --tls-cert /run/secrets/server.pem --tls-key /run/secrets/server.key \
-    --auth-tokens-file /run/secrets/tokens.txt --audit-log /data/audit.jsonl >/dev/null
+    --auth-tokens-file /run/secrets/tokens.txt --audit-log /data/audit.jsonl --http "127.0.0.1:$hport" >/dev/null
   for _ in $(seq 120); do
     [ "$(docker inspect -f '{{.State.Health.Status}}' "$1")" = healthy ] && return 0
     [ "$(docker inspect -f '{{.State.Running}}' "$1")" = true ] || break
@@ -89,6 +90,14 @@ done
 docker logs "$tag-a" 2>&1 | grep -q "circuitlab-server listening on 127.0.0.1:$port (port $port, TLS)" ||
   { docker logs "$tag-a" 2>&1 | tail -5; fail "no start-up line in docker logs"; }
 "${cli[@]}" whoami | grep -q "transport  TLS" || fail "whoami over TLS"
+# The HTTP port: HTTPS with the same certificate, tokens as on gRPC.
+https=(curl -s --cacert "$tmp/secrets/ca.pem" -o /dev/null -w '%{http_code}')
+[ "$("${https[@]}" "https://127.0.0.1:$hport/readyz")" = 200 ] || fail "https /readyz"
+[ "$("${https[@]}" "https://127.0.0.1:$hport/api/v1/runs")" = 401 ] || fail "the JSON API answered without a token"
+[ "$("${https[@]}" -H "Authorization: Bearer $(cat "$tmp/tester.token")" "https://127.0.0.1:$hport/metrics")" = 200 ] ||
+  fail "https /metrics with a token"
+curl -s -o /dev/null "http://127.0.0.1:$hport/readyz" && fail "plaintext HTTP reached the HTTPS port"
+say "dashboard port: HTTPS, tokens required"
 "$cli_bin" --server "127.0.0.1:$port" health >/dev/null 2>&1 && fail "plaintext reached the TLS port"
 
 # The README's demo numbers, trained in the container.

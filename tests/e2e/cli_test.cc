@@ -63,6 +63,16 @@ TEST(EndToEndTest, UserSessionThroughTheCli) {
   EXPECT_NE(submit.out.find("r1 SUCCEEDED"), std::string::npos) << submit.out;
   EXPECT_NE(submit.out.find("eval/icl_rare/accuracy"), std::string::npos);
 
+  // The server's HTTP port (ServerProcess asks for an ephemeral one) and
+  // `circuitlab open`, which checks the run exists before it prints its page.
+  ASSERT_GT(server.http_port(), 0);
+  const std::string dashboard = "http://127.0.0.1:" + std::to_string(server.http_port()) + "/";
+  CommandResult open = Cli(server, {"open", "r1", "--dashboard", dashboard});
+  EXPECT_EQ(open.exit_code, 0) << open.out;
+  EXPECT_EQ(open.out, dashboard + "#/run/r1\n");
+  EXPECT_EQ(Cli(server, {"open", "r9", "--dashboard", dashboard}).exit_code, 15) << "NOT_FOUND, not a dead link";
+  EXPECT_EQ(Cli(server, {"open"}).out, "http://127.0.0.1:8080/\n") << "the default: the --server host, port 8080";
+
   CommandResult ls = Cli(server, {"ls", "--tag", "e2e"});
   EXPECT_EQ(ls.exit_code, 0);
   EXPECT_NE(ls.out.find("SUCCEEDED"), std::string::npos) << ls.out;
