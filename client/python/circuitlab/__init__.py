@@ -1,0 +1,25 @@
+"""circuitlab: the Python client of circuitlab-server.
+
+    import circuitlab
+    c = circuitlab.Client()                      # $CIRCUITLAB_TARGET, $CIRCUITLAB_TOKEN(_FILE), $CIRCUITLAB_CA_CERT
+    run = c.submit("examples/induction.json")    # a path, JSON text, a dict or an ExperimentSpec
+    for event in c.watch(run.run_id): ...
+    c.wait(run.run_id)
+    df = c.metrics_df([run.run_id], ["train/loss"])
+    ax = c.plot_coordinates([run.run_id])
+
+Every RPC of ExperimentService, AnalysisService and WorkerService.ListWorkers
+is a method (see Client); results are the proto messages
+(circuitlab.v1.*_pb2); errors are CircuitlabError subclasses.
+"""
+from circuitlab.client import Client, spec, sweep_spec, FINAL_STATES
+from circuitlab.errors import (CircuitlabError, InvalidArgument, NotFound, AlreadyExists, PermissionDenied,
+                               Unauthenticated, ResourceExhausted, FailedPrecondition, OutOfRange, Unavailable,
+                               DeadlineExceeded, Cancelled, Internal, AnalysisFailed, Timeout)
+from circuitlab.v1 import spec_pb2, experiment_service_pb2, analysis_service_pb2, worker_service_pb2
+
+__version__ = "0.1.0"
+__all__ = ["Client", "spec", "sweep_spec", "FINAL_STATES", "CircuitlabError", "InvalidArgument", "NotFound",
+           "AlreadyExists", "PermissionDenied", "Unauthenticated", "ResourceExhausted", "FailedPrecondition",
+           "OutOfRange", "Unavailable", "DeadlineExceeded", "Cancelled", "Internal", "AnalysisFailed", "Timeout",
+           "spec_pb2", "experiment_service_pb2", "analysis_service_pb2", "worker_service_pb2"]

@@ -1,0 +1,384 @@
+"""The Client: every RPC of circuitlab-server as a method.
+
+Requests are built from Pythonic arguments; specs and requests are accepted as
+a message, a dict, JSON text or a path to a JSON file. Results are the proto
+messages. Analyses that are jobs on the server are waited for (optional
+progress callback, tqdm when installed, a deadline). Errors are
+circuitlab.errors.CircuitlabError subclasses carrying the gRPC code and the
+server's message.
+"""
+import json
+import os
+import sys
+import time
+
+import grpc
+from google.protobuf import json_format
+
+from circuitlab import errors
+from circuitlab._health import health_pb2, health_pb2_grpc
+from circuitlab.v1 import analysis_service_pb2 as apb
+from circuitlab.v1 import analysis_service_pb2_grpc as apb_grpc
+from circuitlab.v1 import experiment_service_pb2 as pb
+from circuitlab.v1 import experiment_service_pb2_grpc as pb_grpc
+from circuitlab.v1 import spec_pb2
+from circuitlab.v1 import worker_service_pb2 as wpb
+from circuitlab.v1 import worker_service_pb2_grpc as wpb_grpc
+
+FINAL_STATES = frozenset({pb.RUN_STATE_SUCCEEDED, pb.RUN_STATE_FAILED, pb.RUN_STATE_CANCELLED})
+_PENDING = (apb.ANALYSIS_STATE_QUEUED, apb.ANALYSIS_STATE_RUNNING)
+
+
+def _read(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def message(cls, value=None, **fields):
+    """A `cls` message from a message, a dict, JSON text or a JSON file path, with `fields` set on top
+    (by proto field name; enums by name or number). Unknown fields raise InvalidArgument."""
+    if isinstance(value, cls) and not fields:
+        return value
+    if value is None:
+        data = {}
+    elif isinstance(value, cls):
+        data = json_format.MessageToDict(value, preserving_proto_field_name=True)
+    elif isinstance(value, dict):
+        data = dict(value)
+    elif isinstance(value, (str, os.PathLike)):
+        text = str(value)
+        if not text.lstrip().startswith("{") and os.path.exists(text):
+            text = _read(text).decode()
+        try:
+            data = json.loads(text)
+        except ValueError as e:
+            raise errors.InvalidArgument(f"not a {cls.DESCRIPTOR.name} (JSON text or file): {e}") from None
+    else:
+        raise TypeError(f"a {cls.DESCRIPTOR.name} is a message, dict, JSON text or path, not {type(value).__name__}")
+    data.update({k: v for k, v in fields.items() if v is not None})
+    try:
+        return json_format.ParseDict(data, cls())
+    except json_format.ParseError as e:
+        raise errors.InvalidArgument(f"{cls.DESCRIPTOR.name}: {e}") from None
+
+
+def spec(value=None, **fields):
+    """An ExperimentSpec from a message, dict, JSON text or file path (plus top-level fields)."""
+    return message(spec_pb2.ExperimentSpec, value, **fields)
+
+
+def sweep_spec(value=None, **fields):
+    """A SweepSpec (examples/phase_diagram.json) from a message, dict, JSON text or file path."""
+    return message(pb.SweepSpec, value, **fields)
+
+
+class _Progress:
+    """Shows a job's progress: a callback, tqdm (when installed and wanted), or nothing."""
+
+    def __init__(self, what, progress):
+        self.fn, self.bar = None, None
+        if callable(progress):
+            self.fn = progress
+        elif progress or (progress is None and sys.stderr.isatty()):
+            try:
+                from tqdm.auto import tqdm  # optional
+                self.bar = tqdm(total=100, desc=what, unit="%")
+            except ImportError:
+                pass
+
+    def __call__(self, fraction, response):
+        if self.fn:
+            self.fn(fraction, response)
+        if self.bar is not None:
+            self.bar.update(max(0, round(100 * fraction) - self.bar.n))
+
+    def close(self):
+        if self.bar is not None:
+            self.bar.close()
+
+
+class Client:
+    """A connection to a circuitlab-server.
+
+    target: host:port (default $CIRCUITLAB_TARGET, else 127.0.0.1:50051).
+    token: bearer token (default $CIRCUITLAB_TOKEN, else the first line of $CIRCUITLAB_TOKEN_FILE).
+    ca_cert: PEM file of the CA that signed the server's certificate; set, the channel is TLS
+      (default $CIRCUITLAB_CA_CERT). client_cert/client_key: PEM files for mutual TLS.
+    timeout: deadline of each call in seconds.
+    """
+
+    def __init__(self, target=None, token=None, ca_cert=None, *, timeout=30.0, client_cert=None, client_key=None,
+                 tls_server_name=None):
+        self.target = target or os.environ.get("CIRCUITLAB_TARGET") or "127.0.0.1:50051"
+        if token is None:
+            token = os.environ.get("CIRCUITLAB_TOKEN")
+        if token is None and os.environ.get("CIRCUITLAB_TOKEN_FILE"):
+            lines = _read(os.environ["CIRCUITLAB_TOKEN_FILE"]).decode().splitlines()
+            token = lines[0].strip() if lines else None
+        ca_cert = ca_cert or os.environ.get("CIRCUITLAB_CA_CERT")
+        if ca_cert or client_cert:
+            creds = grpc.ssl_channel_credentials(
+                root_certificates=_read(ca_cert) if ca_cert else None,
+                private_key=_read(client_key) if client_key else None,
+                certificate_chain=_read(client_cert) if client_cert else None)
+            options = [("grpc.ssl_target_name_override", tls_server_name)] if tls_server_name else []
+            self._channel = grpc.secure_channel(self.target, creds, options=options)
+        else:
+            self._channel = grpc.insecure_channel(self.target)
+        self._runs = pb_grpc.ExperimentServiceStub(self._channel)
+        self._analysis = apb_grpc.AnalysisServiceStub(self._channel)
+        self._health = health_pb2_grpc.HealthStub(self._channel)
+        self._workers = wpb_grpc.WorkerServiceStub(self._channel)
+        self.timeout = timeout
+        self._metadata = [("authorization", f"Bearer {token}")] if token else []
+        self._metadata.append(("x-circuitlab-client", "python"))
+
+    def close(self):
+        self._channel.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _call(self, method, request, timeout=None):
+        try:
+            return method(request, timeout=timeout or self.timeout, metadata=self._metadata)
+        except grpc.RpcError as e:
+            raise errors.from_rpc_error(e) from None
+
+    # ------------------------------------------------------------ the server --
+
+    def health(self):
+        """True when the server serves (grpc.health.v1; no token needed)."""
+        resp = self._call(self._health.Check, health_pb2.HealthCheckRequest())
+        return resp.status == health_pb2.HealthCheckResponse.SERVING
+
+    def whoami(self):
+        """WhoAmIResponse: the principal the server takes this client for, its role and limits."""
+        return self._call(self._runs.WhoAmI, pb.WhoAmIRequest())
+
+    def workers(self):
+        """ListWorkersResponse: the executor and the remote workers connected now."""
+        return self._call(self._workers.ListWorkers, wpb.ListWorkersRequest())
+
+    # ------------------------------------------------------------------ runs --
+
+    def submit(self, experiment, **fields):
+        """SubmitRun: queue a run; `experiment` is a spec (message, dict, JSON text or path). Returns the Run."""
+        return self._call(self._runs.SubmitRun, pb.SubmitRunRequest(spec=spec(experiment, **fields))).run
+
+    def get_run(self, run_id):
+        """GetRun: the Run with its progress and latest metrics."""
+        return self._call(self._runs.GetRun, pb.GetRunRequest(run_id=run_id))
+
+    def list_runs(self, states=(), tags=(), sweep=None, mine=False, page_size=200):
+        """ListRuns, lazily: yields Runs newest first, fetching pages as it goes.
+        states: RunState numbers or names ("running", "RUN_STATE_RUNNING")."""
+        req = pb.ListRunsRequest(states=[_state(s) for s in states], tags=list(tags), sweep_id=sweep or "",
+                                 mine=mine, page_size=page_size)
+        while True:
+            page = self._call(self._runs.ListRuns, req)
+            yield from page.runs
+            if not page.next_page_token:
+                return
+            req.page_token = page.next_page_token
+
+    def runs(self, states=(), tags=(), sweep=None, mine=False):
+        """Every matching Run (list_runs, collected)."""
+        return list(self.list_runs(states, tags, sweep, mine))
+
+    def cancel_run(self, run_id):
+        """CancelRun: a queued run ends at once, a running one at its next step. Returns the Run."""
+        return self._call(self._runs.CancelRun, pb.CancelRunRequest(run_id=run_id))
+
+    def delete_run(self, run_id):
+        """DeleteRun: an ended run and everything stored for it."""
+        return self._call(self._runs.DeleteRun, pb.DeleteRunRequest(run_id=run_id))
+
+    def watch(self, run_id, include_metrics=False, reconnect_seconds=60.0):
+        """WatchRun as a generator of RunEvents, ending after the final state. A dropped stream is
+        resumed from the last event seen (as the CLI does), for up to `reconnect_seconds` of trying."""
+        after, epoch, lost_since = 0, "", None
+        while True:
+            req = pb.WatchRunRequest(run_id=run_id, include_metrics=include_metrics, after_sequence=after, epoch=epoch)
+            try:
+                for event in self._runs.WatchRun(req, metadata=self._metadata):
+                    lost_since = None
+                    if event.WhichOneof("event") != "heartbeat":
+                        after, epoch = event.sequence, event.epoch
+                    yield event
+                    if event.HasField("state") and event.state.state in FINAL_STATES:
+                        return
+                    if event.HasField("snapshot") and event.snapshot.state in FINAL_STATES:
+                        return
+                return  # the server ended the stream: the run had ended
+            except grpc.RpcError as e:
+                if e.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL):
+                    raise errors.from_rpc_error(e) from None
+                lost_since = lost_since or time.monotonic()
+                if time.monotonic() - lost_since > reconnect_seconds:
+                    raise errors.from_rpc_error(e) from None
+                time.sleep(0.5)
+
+    def wait(self, run_id, deadline=None, poll=0.5):
+        """Waits until the run ends; returns the Run. Timeout after `deadline` seconds (the run goes on)."""
+        start = time.monotonic()
+        while True:
+            run = self.get_run(run_id)
+            if run.state in FINAL_STATES:
+                return run
+            if deadline is not None and time.monotonic() - start > deadline:
+                raise errors.Timeout(f"{run_id} still {pb.RunState.Name(run.state)} after {deadline} s")
+            time.sleep(poll)
+
+    def metrics(self, run_id, names=(), min_step=0, max_step=0, max_points=0):
+        """GetMetrics: GetMetricsResponse with one MetricSeries (steps, values) per name."""
+        req = pb.GetMetricsRequest(run_id=run_id, names=list(names), min_step=min_step, max_step=max_step,
+                                   max_points=max_points)
+        return self._call(self._runs.GetMetrics, req)
+
+    # ---------------------------------------------------------------- sweeps --
+
+    def submit_sweep(self, sweep, **fields):
+        """SubmitSweep: `sweep` a SweepSpec (message, dict, JSON text or path). Returns the Sweep."""
+        return self._call(self._runs.SubmitSweep, pb.SubmitSweepRequest(sweep=sweep_spec(sweep, **fields)))
+
+    def get_sweep(self, sweep_id):
+        return self._call(self._runs.GetSweep, pb.GetSweepRequest(sweep_id=sweep_id))
+
+    def cancel_sweep(self, sweep_id):
+        return self._call(self._runs.CancelSweep, pb.CancelSweepRequest(sweep_id=sweep_id))
+
+    def delete_sweep(self, sweep_id):
+        return self._call(self._runs.DeleteSweep, pb.DeleteSweepRequest(sweep_id=sweep_id))
+
+    def sweep_summary(self, sweep_id, values=(), filters=(), pivot=None):
+        """GetSweepSummary. pivot: (x, y, value[, aggregate]) or a dict of SweepPivot fields."""
+        req = pb.GetSweepSummaryRequest(sweep_id=sweep_id, values=list(values), filters=list(filters))
+        if pivot:
+            p = dict(zip(("x", "y", "value", "aggregate"), pivot)) if isinstance(pivot, (tuple, list)) else pivot
+            req.pivot.CopyFrom(pb.SweepPivot(**p))
+        return self._call(self._runs.GetSweepSummary, req)
+
+    # -------------------------------------------------------------- analyses --
+
+    def _job(self, method, request, what, progress, deadline, poll):
+        """Asks until the job is DONE (the server holds each call up to ~2 s); AnalysisFailed when it fails."""
+        start, shown = time.monotonic(), _Progress(what, progress)
+        try:
+            while True:
+                resp = self._call(method, request)
+                if resp.state not in _PENDING:
+                    if resp.state != apb.ANALYSIS_STATE_DONE:
+                        raise errors.AnalysisFailed(f"{what}: {apb.AnalysisState.Name(resp.state)}: {resp.error}")
+                    shown(1.0, resp)
+                    return resp
+                shown(resp.progress, resp)
+                if deadline is not None and time.monotonic() - start > deadline:
+                    raise errors.Timeout(f"{what} job {resp.job_id} still {apb.AnalysisState.Name(resp.state)} "
+                                         f"after {deadline} s (it goes on; cancel_analysis('{resp.job_id}') stops it)")
+                if request.DESCRIPTOR.fields_by_name.get("force") and request.force:
+                    request.force = False  # asking again reports on the same job
+                time.sleep(poll)
+        finally:
+            shown.close()
+
+    def project_checkpoint(self, run_id, step=0, progress=None, deadline=600.0, poll=0.2, **fields):
+        """ProjectCheckpoint: the checkpoint's IMIR coordinates and rho (a job)."""
+        req = message(apb.ProjectCheckpointRequest, run_id=run_id, step=step, **fields)
+        return self._job(self._analysis.ProjectCheckpoint, req, "projection", progress, deadline, poll)
+
+    def trajectory(self, run_id, names=(), selection=None, min_step=0, max_step=0, max_points=0):
+        """GetTrajectory: coordinate series over training (names: labels or alpha, beta, gamma, delta)."""
+        req = message(apb.GetTrajectoryRequest, run_id=run_id, names=list(names), selection=selection,
+                      min_step=min_step, max_step=max_step, max_points=max_points)
+        return self._call(self._analysis.GetTrajectory, req)
+
+    def check_invariance(self, request=None, progress=None, deadline=600.0, poll=0.2, **fields):
+        """CheckInvariance (Theorem 1 numerically; a job). request/fields: CheckInvarianceRequest."""
+        req = message(apb.CheckInvarianceRequest, request, **fields)
+        return self._job(self._analysis.CheckInvariance, req, "invariance", progress, deadline, poll)
+
+    def detect_circuit(self, run_id, progress=None, deadline=600.0, poll=0.2, **fields):
+        """DetectCircuit (a job)."""
+        req = message(apb.DetectCircuitRequest, run_id=run_id, **fields)
+        return self._job(self._analysis.DetectCircuit, req, "circuit detection", progress, deadline, poll)
+
+    def intervene(self, request=None, run_id=None, progress=None, deadline=600.0, poll=0.2, **fields):
+        """Intervene (a job): `request` an InterveneRequest (message, dict, JSON text or a path such as
+        examples/intervene_imir_hooks.json), `run_id` and other fields on top."""
+        req = message(apb.InterveneRequest, request, run_id=run_id, **fields)
+        return self._job(self._analysis.Intervene, req, "intervention", progress, deadline, poll)
+
+    def label_run(self, run_id, progress=None, deadline=600.0, poll=0.2, **fields):
+        """LabelRun (a job): ICL vs IWL at every checkpoint, the winning pair, the run's label."""
+        req = message(apb.LabelRunRequest, run_id=run_id, **fields)
+        return self._job(self._analysis.LabelRun, req, "label", progress, deadline, poll)
+
+    def check_data_dependence(self, request=None, progress=None, deadline=600.0, poll=0.2, **fields):
+        """CheckDataDependence (Theorems 2 and 3 numerically; a job)."""
+        req = message(apb.CheckDataDependenceRequest, request, **fields)
+        return self._job(self._analysis.CheckDataDependence, req, "data dependence", progress, deadline, poll)
+
+    def analyze_task_vectors(self, run_id=None, sweep_id=None, progress=None, deadline=600.0, poll=0.2, **fields):
+        """AnalyzeTaskVectors (a job): fields as AnalyzeTaskVectorsRequest (analyses=["ood_r2"], layers=[1], ...)."""
+        req = message(apb.AnalyzeTaskVectorsRequest, run_id=run_id, sweep_id=sweep_id, **fields)
+        return self._job(self._analysis.AnalyzeTaskVectors, req, "task vectors", progress, deadline, poll)
+
+    def cancel_analysis(self, job_id):
+        """CancelAnalysis: stops a queued or running analysis job."""
+        return self._call(self._analysis.CancelAnalysis, apb.CancelAnalysisRequest(job_id=job_id))
+
+    def analysis_jobs(self):
+        """ListAnalysisJobs: the jobs queued and running now, and the executor's load."""
+        return self._call(self._analysis.ListAnalysisJobs, apb.ListAnalysisJobsRequest())
+
+    # ------------------------------------------------- DataFrames and plots --
+
+    def runs_df(self, state=(), tags=(), sweep=None, mine=False):
+        """Runs as a wide DataFrame: run_id, state, name, sweep_id, created, owner, steps,
+        config.<dotted spec path>..., metrics.<name> (last values)."""
+        from circuitlab import frames
+        return frames.runs_df(self, state, tags, sweep, mine)
+
+    def metrics_df(self, runs, names=(), max_points=0):
+        """Metric series of `runs` (ids or Runs) as a long DataFrame: run_id, name, step, value."""
+        from circuitlab import frames
+        return frames.metrics_df(self, runs, names, max_points)
+
+    def coordinates_df(self, runs, names=("alpha", "beta", "gamma", "delta"), max_points=0):
+        """IMIR coordinates over training, long: run_id, name (canonical or label), label, step, value."""
+        from circuitlab import frames
+        return frames.coordinates_df(self, runs, names, max_points)
+
+    def sweep_summary_df(self, sweep_id, values=(), pivot=None, filters=()):
+        """A sweep's summary: one row per member (run_id, state, axes..., value columns...), or with
+        pivot=(x, y, value[, aggregate]) the pivot table (index y, columns x)."""
+        from circuitlab import frames
+        return frames.sweep_summary_df(self, sweep_id, values, pivot, filters)
+
+    def task_vectors_df(self, run_id=None, sweep_id=None, **fields):
+        """AnalyzeTaskVectors as a long DataFrame: run_id, step, name, layer, position, value (+ swept values)."""
+        from circuitlab import frames
+        return frames.task_vectors_df(self, run_id, sweep_id, **fields)
+
+    def plot_metrics(self, runs, names, ax=None, logy=False, smooth=0.0):
+        from circuitlab import plots
+        return plots.plot_metrics(self, runs, names, ax=ax, logy=logy, smooth=smooth)
+
+    def plot_coordinates(self, runs, names=("alpha", "beta", "gamma", "delta"), rho=True, ax=None):
+        from circuitlab import plots
+        return plots.plot_coordinates(self, runs, names, rho=rho, ax=ax)
+
+    def plot_phase_diagram(self, sweep_id, x, y, value, aggregate=None, ax=None):
+        from circuitlab import plots
+        return plots.plot_phase_diagram(self, sweep_id, x, y, value, aggregate=aggregate, ax=ax)
+
+
+def _state(s):
+    if isinstance(s, int):
+        return s
+    name = s.upper()
+    return pb.RunState.Value(name if name.startswith("RUN_STATE_") else "RUN_STATE_" + name)

@@ -1,0 +1,112 @@
+"""DataFrames over the client's calls (pandas, imported when first used)."""
+import json
+
+from google.protobuf import json_format
+
+
+def _pd():
+    try:
+        import pandas
+    except ImportError:
+        raise ImportError("DataFrames need pandas (Debian: apt-get install python3-pandas)") from None
+    return pandas
+
+
+def _ids(runs):
+    if isinstance(runs, str):
+        runs = [runs]
+    return [r if isinstance(r, str) else r.run_id for r in runs]
+
+
+def _flatten(prefix, value, out):
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _flatten(f"{prefix}.{k}" if prefix else k, v, out)
+    else:
+        out[prefix] = json.dumps(value) if isinstance(value, list) else value
+
+
+def runs_df(client, state=(), tags=(), sweep=None, mine=False):
+    pd = _pd()
+    from circuitlab.v1 import experiment_service_pb2 as pb
+    rows = []
+    for listed in client.list_runs(state if not isinstance(state, str) else [state], tags, sweep, mine):
+        run = client.get_run(listed.run_id)  # ListRuns leaves the latest metrics out
+        row = {"run_id": run.run_id, "state": pb.RunState.Name(run.state)[len("RUN_STATE_"):].lower(),
+               "name": run.name, "sweep_id": run.sweep_id,
+               "created": pd.Timestamp(run.created_at.ToDatetime(), tz="UTC") if run.HasField("created_at") else None,
+               "owner": run.owner, "step": run.progress.step, "total_steps": run.progress.total_steps}
+        config = {}
+        _flatten("", json_format.MessageToDict(run.spec, preserving_proto_field_name=True), config)
+        row.update({f"config.{k}": v for k, v in config.items()})
+        row.update({f"metrics.{k}": v for k, v in sorted(run.progress.latest.items())})
+        rows.append(row)
+    df = pd.DataFrame(rows, columns=None if rows else ["run_id", "state", "name", "sweep_id", "created", "owner",
+                                                       "step", "total_steps"])
+    for c in ("step", "total_steps"):
+        df[c] = df[c].astype("int64")
+    return df
+
+
+def metrics_df(client, runs, names=(), max_points=0):
+    pd = _pd()
+    parts = []
+    for run_id in _ids(runs):
+        for s in client.metrics(run_id, names, max_points=max_points).series:
+            parts.append(pd.DataFrame({"run_id": run_id, "name": s.name, "step": list(s.steps), "value": list(s.values)}))
+    df = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=["run_id", "name", "step", "value"])
+    return df.astype({"run_id": "string", "name": "string", "step": "int64", "value": "float64"})
+
+
+def coordinates_df(client, runs, names=("alpha", "beta", "gamma", "delta"), max_points=0):
+    pd = _pd()
+    parts = []
+    for run_id in _ids(runs):
+        for s in client.trajectory(run_id, names, max_points=max_points).series:
+            c = s.coordinate
+            parts.append(pd.DataFrame({"run_id": run_id, "name": c.canonical or c.label, "label": c.label,
+                                       "step": list(s.steps), "value": list(s.values)}))
+    cols = ["run_id", "name", "label", "step", "value"]
+    df = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=cols)
+    return df.astype({"run_id": "string", "name": "string", "label": "string", "step": "int64", "value": "float64"})
+
+
+def _value(v):
+    kind = v.WhichOneof("kind")
+    return None if kind in (None, "null_value") else json_format.MessageToDict(v)
+
+
+def sweep_summary_df(client, sweep_id, values=(), pivot=None, filters=()):
+    pd = _pd()
+    s = client.sweep_summary(sweep_id, values, filters, pivot)
+    if pivot:
+        p = s.pivot
+        xs, ys = [_value(v) for v in p.x_values], [_value(v) for v in p.y_values]
+        cells = [_value(v) for v in p.cells]
+        grid = [cells[j * len(xs):(j + 1) * len(xs)] for j in range(len(ys))]
+        df = pd.DataFrame(grid, index=pd.Index(ys, name=p.y), columns=pd.Index(xs, name=p.x))
+        df.attrs["value"] = p.value
+        return df
+    from circuitlab.v1 import experiment_service_pb2 as pb
+    rows = []
+    for r in s.rows:
+        row = {"run_id": r.run_id, "state": pb.RunState.Name(r.state)[len("RUN_STATE_"):].lower()}
+        row.update({a: _value(v) for a, v in zip(s.axes, r.swept)})
+        row.update({c: _value(v) for c, v in zip(s.columns, r.values)})
+        rows.append(row)
+    df = pd.DataFrame(rows, columns=["run_id", "state"] + list(s.axes) + list(s.columns))
+    return df.convert_dtypes()
+
+
+def task_vectors_df(client, run_id=None, sweep_id=None, **fields):
+    pd = _pd()
+    resp = client.analyze_task_vectors(run_id=run_id, sweep_id=sweep_id, **fields)
+    rows = []
+    for v in resp.values:
+        row = {"run_id": v.run_id, "step": v.step, "name": v.name, "layer": v.layer, "position": v.position,
+               "value": v.value}
+        if v.sweep_values:
+            row.update(json.loads(v.sweep_values))
+        rows.append(row)
+    df = pd.DataFrame(rows, columns=None if rows else ["run_id", "step", "name", "layer", "position", "value"])
+    return df.astype({"step": "int64", "layer": "int64", "position": "int64", "value": "float64"})
