@@ -109,13 +109,15 @@ class Client:
 
     def __init__(self, target=None, token=None, ca_cert=None, *, timeout=30.0, client_cert=None, client_key=None,
                  tls_server_name=None):
+        # An argument wins over the environment; "" means "none" (e.g. ca_cert="": plaintext).
         self.target = target or os.environ.get("CIRCUITLAB_TARGET") or "127.0.0.1:50051"
         if token is None:
             token = os.environ.get("CIRCUITLAB_TOKEN")
         if token is None and os.environ.get("CIRCUITLAB_TOKEN_FILE"):
             lines = _read(os.environ["CIRCUITLAB_TOKEN_FILE"]).decode().splitlines()
             token = lines[0].strip() if lines else None
-        ca_cert = ca_cert or os.environ.get("CIRCUITLAB_CA_CERT")
+        if ca_cert is None:
+            ca_cert = os.environ.get("CIRCUITLAB_CA_CERT")
         if ca_cert or client_cert:
             creds = grpc.ssl_channel_credentials(
                 root_certificates=_read(ca_cert) if ca_cert else None,
@@ -353,11 +355,12 @@ class Client:
         from circuitlab import frames
         return frames.coordinates_df(self, runs, names, max_points)
 
-    def sweep_summary_df(self, sweep_id, values=(), pivot=None, filters=()):
+    def sweep_summary_df(self, sweep_id, values=(), pivot=None, filters=(), deadline=600.0):
         """A sweep's summary: one row per member (run_id, state, axes..., value columns...), or with
-        pivot=(x, y, value[, aggregate]) the pivot table (index y, columns x)."""
+        pivot=(x, y, value[, aggregate]) the pivot table (index y, columns x). Waits (up to `deadline`
+        seconds) for label columns (circuit, pair) the server computes on demand."""
         from circuitlab import frames
-        return frames.sweep_summary_df(self, sweep_id, values, pivot, filters)
+        return frames.sweep_summary_df(self, sweep_id, values, pivot, filters, deadline)
 
     def task_vectors_df(self, run_id=None, sweep_id=None, **fields):
         """AnalyzeTaskVectors as a long DataFrame: run_id, step, name, layer, position, value (+ swept values)."""

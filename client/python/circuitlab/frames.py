@@ -1,5 +1,6 @@
 """DataFrames over the client's calls (pandas, imported when first used)."""
 import json
+import time
 
 from google.protobuf import json_format
 
@@ -76,9 +77,14 @@ def _value(v):
     return None if kind in (None, "null_value") else json_format.MessageToDict(v)
 
 
-def sweep_summary_df(client, sweep_id, values=(), pivot=None, filters=()):
+def sweep_summary_df(client, sweep_id, values=(), pivot=None, filters=(), deadline=600.0):
     pd = _pd()
+    # Label columns (circuit, pair) are computed on demand: ask again until none is pending.
+    start = time.monotonic()
     s = client.sweep_summary(sweep_id, values, filters, pivot)
+    while s.pending and time.monotonic() - start < deadline:
+        time.sleep(1.0)
+        s = client.sweep_summary(sweep_id, values, filters, pivot)
     if pivot:
         p = s.pivot
         xs, ys = [_value(v) for v in p.x_values], [_value(v) for v in p.y_values]
