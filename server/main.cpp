@@ -343,6 +343,42 @@ void DefineFlags(CLI::App& app, Flags& f) {
 
 }  // namespace
 
+// The start-up lines: what serves where, for people (the log) and for
+// scripts and tests that start us on port 0 (stdout).
+void AnnounceServing(const Flags& flags, circuitlab::scheduler::Scheduler& scheduler,
+                     const circuitlab::rpc::Authenticator& auth, const circuitlab::rpc::GrpcServer& server) {
+  std::string slots;
+  for (const std::string& s : scheduler.device_slots()) slots += (slots.empty() ? "" : ",") + s;
+  spdlog::info("circuitlab-server listening on {} (port {}, {}), data {}, devices [{}], {} analysis worker(s)",
+               flags.listen, server.port(),
+               flags.tls.enabled() ? (flags.tls.client_ca.empty() ? "TLS" : "mutual TLS") : "plaintext", flags.data_dir,
+               slots, flags.jobs.workers);
+  if (auth.open()) {
+    spdlog::info("no tokens configured: every caller is the principal 'local' (admin); loopback only");
+  } else {
+    spdlog::info("{} principal(s) from {}", auth.principal_count(),
+                 flags.tokens_file.empty() ? flags.token_file : flags.tokens_file);
+  }
+  if (flags.insecure_plaintext && !flags.tls.enabled() && !circuitlab::rpc::IsLoopbackAddress(flags.listen)) {
+    spdlog::warn("--insecure-plaintext: listening on {} without TLS; tokens and data cross the network in clear",
+                 flags.listen);
+  }
+  if (server.health_port() > 0) {
+    spdlog::info("health alone (plaintext, no token) on {} (port {})", flags.health_listen, server.health_port());
+  }
+  if (server.http_port() > 0) {
+    spdlog::info("dashboard: {}  (JSON API {}api/v1, Prometheus {}metrics)", server.http_url(),
+                 server.http_url(), server.http_url());
+  }
+  // Machine-readable lines for scripts and tests that start us on port 0:
+  // the gRPC port first, then the HTTP port when there is one.
+  std::printf("listening port=%d\n", server.port());
+  if (server.http_port() > 0) {
+    std::printf("http port=%d url=%s\n", server.http_port(), server.http_url().c_str());
+  }
+  std::fflush(stdout);
+}
+
 int main(int argc, char** argv) {
   CLI::App app{
       "circuitlab-server: a gRPC experiment service for how small transformers learn to reason in context.\n"
@@ -450,36 +486,7 @@ int main(int argc, char** argv) {
     scheduler.Drain();
     return Fail("cannot serve", server.status());
   }
-  std::string slots;
-  for (const std::string& s : scheduler.device_slots()) slots += (slots.empty() ? "" : ",") + s;
-  spdlog::info("circuitlab-server listening on {} (port {}, {}), data {}, devices [{}], {} analysis worker(s)",
-               flags.listen, (*server)->port(),
-               flags.tls.enabled() ? (flags.tls.client_ca.empty() ? "TLS" : "mutual TLS") : "plaintext", flags.data_dir,
-               slots, flags.jobs.workers);
-  if ((*auth)->open()) {
-    spdlog::info("no tokens configured: every caller is the principal 'local' (admin); loopback only");
-  } else {
-    spdlog::info("{} principal(s) from {}", (*auth)->principal_count(),
-                 flags.tokens_file.empty() ? flags.token_file : flags.tokens_file);
-  }
-  if (flags.insecure_plaintext && !flags.tls.enabled() && !circuitlab::rpc::IsLoopbackAddress(flags.listen)) {
-    spdlog::warn("--insecure-plaintext: listening on {} without TLS; tokens and data cross the network in clear",
-                 flags.listen);
-  }
-  if ((*server)->health_port() > 0) {
-    spdlog::info("health alone (plaintext, no token) on {} (port {})", flags.health_listen, (*server)->health_port());
-  }
-  if ((*server)->http_port() > 0) {
-    spdlog::info("dashboard: {}  (JSON API {}api/v1, Prometheus {}metrics)", (*server)->http_url(),
-                 (*server)->http_url(), (*server)->http_url());
-  }
-  // Machine-readable lines for scripts and tests that start us on port 0:
-  // the gRPC port first, then the HTTP port when there is one.
-  std::printf("listening port=%d\n", (*server)->port());
-  if ((*server)->http_port() > 0) {
-    std::printf("http port=%d url=%s\n", (*server)->http_port(), (*server)->http_url().c_str());
-  }
-  std::fflush(stdout);
+  AnnounceServing(flags, scheduler, **auth, **server);
 
   int sig = 0;
   while (sigwait(&signals, &sig) == 0 && sig == SIGHUP) {

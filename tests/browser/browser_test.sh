@@ -5,7 +5,8 @@
 # Also: `promtool check metrics` on a /metrics scrape (Debian's prometheus),
 # and the counters moving when runs end. Screenshots go to
 # $BUILD_DIR/browser/ (the README's come from here).
-# Installs chromium, nodejs, npm and prometheus if missing; puppeteer-core
+# Installs chromium, nodejs, npm and prometheus if missing (nodejs/npm are not
+# in deploy/packages.txt: a machine may have its own node); puppeteer-core
 # into a cache directory the tier reuses.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
