@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 spec="${1:-examples/induction.json}"
 data="${CIRCUITLAB_DATA:-./data}"
 port="${CIRCUITLAB_PORT:-50051}"
-scripts/setup.sh
+scripts/setup.sh --binaries   # the server, CLI and worker only (no test binaries)
 server=build/server/circuitlab-server
 cli="build/client/circuitlab --server 127.0.0.1:${port}"
 

@@ -1,16 +1,24 @@
 #!/usr/bin/env bash
 # Installs the Debian packages circuitlab needs (only those missing; list in
-# deploy/packages.txt) and builds everything into build/ with CMake + Ninja.
-#   scripts/setup.sh            # idempotent; re-running only rebuilds what changed
+# deploy/packages.txt) and builds into build/ with CMake + Ninja.
+#   scripts/setup.sh              # everything: packages for building, running and testing; every target
+#   scripts/setup.sh --binaries   # what the demo needs: build and runtime packages; the server, CLI and worker
+# Idempotent; re-running only rebuilds what changed.
 # Environment: BUILD_DIR (default build), CMAKE_BUILD_TYPE (default Release: what the image and users build).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build_dir="${BUILD_DIR:-build}"
+stages=(build runtime test)
+targets=()
+if [ "${1:-}" = "--binaries" ]; then
+  stages=(build runtime)
+  targets=(--target circuitlab-server circuitlab circuitlab-worker)
+fi
 
 missing=()
 while read -r pkg; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
-done < <(scripts/packages.sh build runtime test)
+done < <(scripts/packages.sh "${stages[@]}")
 if [ ${#missing[@]} -gt 0 ]; then
   sudo=""
   [ "$(id -u)" -eq 0 ] || sudo="sudo"
@@ -26,4 +34,4 @@ echo "==> BLAS: ${blas:-unknown}"
 
 echo "==> building into ${build_dir}/"
 cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE="${CMAKE_BUILD_TYPE:-Release}" >/dev/null
-cmake --build "$build_dir"
+cmake --build "$build_dir" "${targets[@]}"

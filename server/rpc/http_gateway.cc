@@ -7,7 +7,6 @@
 
 #include <chrono>
 #include <map>
-#include <set>
 #include <string_view>
 #include <vector>
 
@@ -189,8 +188,23 @@ absl::Status SetField(pb::Message* root, const std::string& key, const std::stri
       return absl::InvalidArgumentError("unknown query parameter " + Quote(Clip(key, 64)) +
                                         " (known here: " + absl::StrJoin(known, ", ") + ")");
     }
+    const bool message = f->cpp_type() == pb::FieldDescriptor::CPPTYPE_MESSAGE && !f->is_repeated();
+    if (i + 1 == parts.size() && message) {
+      // A message from a list: its scalar fields in declaration order (pivot=x,y,value).
+      pb::Message* sub = m->GetReflection()->MutableMessage(m, f);
+      std::vector<std::string> items = absl::StrSplit(value, ',');
+      const pb::Descriptor* d = sub->GetDescriptor();
+      if (items.size() > static_cast<size_t>(d->field_count())) {
+        return absl::InvalidArgumentError("query parameter " + Quote(Clip(key, 64)) + " takes at most " +
+                                          std::to_string(d->field_count()) + " comma-separated values");
+      }
+      for (size_t k = 0; k < items.size(); ++k) {
+        CL_RETURN_IF_ERROR(SetField(sub, d->field(static_cast<int>(k))->name(), items[k]));
+      }
+      return absl::OkStatus();
+    }
     if (i + 1 < parts.size()) {
-      if (f->cpp_type() != pb::FieldDescriptor::CPPTYPE_MESSAGE || f->is_repeated()) {
+      if (!message) {
         return absl::InvalidArgumentError("query parameter " + Quote(Clip(key, 64)) + ": " + f->name() +
                                           " has no fields");
       }
@@ -207,15 +221,13 @@ absl::Status SetField(pb::Message* root, const std::string& key, const std::stri
 }
 
 // The request: the path's captures into `path_fields`, then the query
-// parameters (except those in `skip`).
-absl::Status FillRequest(const httplib::Request& req, const std::vector<std::string>& path_fields, pb::Message* m,
-                         const std::set<std::string>& skip = {}) {
+// parameters.
+absl::Status FillRequest(const httplib::Request& req, const std::vector<std::string>& path_fields, pb::Message* m) {
   for (size_t i = 0; i < path_fields.size() && i + 1 < req.matches.size(); ++i) {
     CL_RETURN_IF_ERROR(SetField(m, path_fields[i], req.matches[i + 1].str()));
   }
   if (req.params.size() > 256) return absl::InvalidArgumentError("at most 256 query parameters");
   for (const auto& [key, value] : req.params) {
-    if (skip.count(key)) continue;
     CL_RETURN_IF_ERROR(SetField(m, key, value));
   }
   return absl::OkStatus();
@@ -354,6 +366,23 @@ void HttpGateway::Get(const std::string& pattern, const std::string& route, bool
       });
 }
 
+// One read endpoint: the request from the path's captures and the query, the
+// caller's read access to what it names (as on gRPC), the core's answer as JSON.
+template <typename Req, typename Fn>
+void HttpGateway::Read(const std::string& pattern, const std::string& route, std::vector<std::string> path_fields,
+                       Fn fn) {
+  Get(pattern, route, false,
+      [this, path_fields = std::move(path_fields), fn](const httplib::Request& req, httplib::Response& res,
+                                                       const Caller& c) -> absl::Status {
+        Req r;
+        CL_RETURN_IF_ERROR(FillRequest(req, path_fields, &r));
+        CL_RETURN_IF_ERROR(cores_.security->Check(c, Access::kRead, r));
+        auto out = fn(r, c);
+        CL_RETURN_IF_ERROR(out.status());
+        return Reply(res, *out);
+      });
+}
+
 void HttpGateway::Routes() {
   const Security& security = *cores_.security;
   scheduler::Scheduler* runs = cores_.runs;
@@ -387,92 +416,39 @@ void HttpGateway::Routes() {
     who.set_warning(security.plaintext_warning());
     return Reply(res, who);
   });
-  Get("/api/v1/runs", "runs", false,
-      [&security, runs](const httplib::Request& req, httplib::Response& res, const Caller& c) -> absl::Status {
-        v1::ListRunsRequest r;
-        CL_RETURN_IF_ERROR(FillRequest(req, {}, &r));
-        CL_RETURN_IF_ERROR(security.Check(c, Access::kRead, r));
-        CL_ASSIGN_OR_RETURN(v1::ListRunsResponse out, runs->ListRuns(r, security.ListFilter(c, r.mine())));
-        return Reply(res, out);
-      });
-  Get(R"(/api/v1/runs/([^/]+))", "runs/{id}", false,
-      [&security, runs](const httplib::Request& req, httplib::Response& res, const Caller& c) -> absl::Status {
-        v1::GetRunRequest r;
-        CL_RETURN_IF_ERROR(FillRequest(req, {"run_id"}, &r));
-        CL_RETURN_IF_ERROR(security.Check(c, Access::kRead, r));
-        CL_ASSIGN_OR_RETURN(v1::Run out, runs->GetRun(r.run_id()));
-        return Reply(res, out);
-      });
-  Get(R"(/api/v1/runs/([^/]+)/metrics)", "runs/{id}/metrics", false,
-      [&security, runs](const httplib::Request& req, httplib::Response& res, const Caller& c) -> absl::Status {
-        v1::GetMetricsRequest r;
-        CL_RETURN_IF_ERROR(FillRequest(req, {"run_id"}, &r));
-        CL_RETURN_IF_ERROR(security.Check(c, Access::kRead, r));
-        CL_ASSIGN_OR_RETURN(v1::GetMetricsResponse out, runs->GetMetrics(r));
-        return Reply(res, out);
-      });
-  Get(R"(/api/v1/runs/([^/]+)/coordinates)", "runs/{id}/coordinates", false,
-      [&security, analysis](const httplib::Request& req, httplib::Response& res, const Caller& c) -> absl::Status {
-        v1::GetTrajectoryRequest r;
-        CL_RETURN_IF_ERROR(FillRequest(req, {"run_id"}, &r));
-        CL_RETURN_IF_ERROR(security.Check(c, Access::kRead, r));
-        CL_ASSIGN_OR_RETURN(v1::GetTrajectoryResponse out, analysis->GetTrajectory(r));
-        return Reply(res, out);
-      });
+  Read<v1::ListRunsRequest>("/api/v1/runs", "runs", {}, [&security, runs](const auto& r, const Caller& c) {
+    return runs->ListRuns(r, security.ListFilter(c, r.mine()));
+  });
+  Read<v1::GetRunRequest>(R"(/api/v1/runs/([^/]+))", "runs/{id}", {"run_id"},
+                          [runs](const auto& r, const Caller&) { return runs->GetRun(r.run_id()); });
+  Read<v1::GetMetricsRequest>(R"(/api/v1/runs/([^/]+)/metrics)", "runs/{id}/metrics", {"run_id"},
+                              [runs](const auto& r, const Caller&) { return runs->GetMetrics(r); });
+  Read<v1::GetTrajectoryRequest>(R"(/api/v1/runs/([^/]+)/coordinates)", "runs/{id}/coordinates", {"run_id"},
+                                 [analysis](const auto& r, const Caller&) { return analysis->GetTrajectory(r); });
   // A stored LabelRun answer (never starts one: writes stay on gRPC). None
   // stored: state ANALYSIS_STATE_UNSPECIFIED and `error` says how to make one.
-  Get(R"(/api/v1/runs/([^/]+)/label)", "runs/{id}/label", false,
-      [&security, analysis](const httplib::Request& req, httplib::Response& res, const Caller& c) -> absl::Status {
-        v1::LabelRunRequest r;
-        CL_RETURN_IF_ERROR(FillRequest(req, {"run_id"}, &r));
-        CL_RETURN_IF_ERROR(security.Check(c, Access::kRead, r));
-        absl::StatusOr<v1::LabelRunResponse> out = analysis->LabelRun(r, scheduler::Requester(c.principal.name, true));
-        if (absl::IsPermissionDenied(out.status())) {
-          v1::LabelRunResponse none;
-          none.set_error("no stored label for " + r.run_id() + " with these options; `circuitlab label " + r.run_id() +
-                         "` computes one");
-          return Reply(res, none);
-        }
-        CL_RETURN_IF_ERROR(out.status());
-        return Reply(res, *out);
-      });
+  Read<v1::LabelRunRequest>(R"(/api/v1/runs/([^/]+)/label)", "runs/{id}/label", {"run_id"},
+                            [analysis](const auto& r, const Caller& c) -> absl::StatusOr<v1::LabelRunResponse> {
+                              absl::StatusOr<v1::LabelRunResponse> out =
+                                  analysis->LabelRun(r, scheduler::Requester(c.principal.name, true));
+                              if (!absl::IsPermissionDenied(out.status())) return out;
+                              v1::LabelRunResponse none;
+                              none.set_error("no stored label for " + r.run_id() +
+                                             " with these options; `circuitlab label " + r.run_id() + "` computes one");
+                              return none;
+                            });
   Get(R"(/api/v1/runs/([^/]+)/events)", "runs/{id}/events", false,
       [this](const httplib::Request& req, httplib::Response& res, const Caller& c) { return Events(req, res, c); });
-  Get(R"(/api/v1/sweeps/([^/]+))", "sweeps/{id}", false,
-      [&security, sweeps](const httplib::Request& req, httplib::Response& res, const Caller& c) -> absl::Status {
-        v1::GetSweepRequest r;
-        CL_RETURN_IF_ERROR(FillRequest(req, {"sweep_id"}, &r));
-        CL_RETURN_IF_ERROR(security.Check(c, Access::kRead, r));
-        CL_ASSIGN_OR_RETURN(v1::Sweep out, sweeps->Get(r.sweep_id()));
-        return Reply(res, out);
-      });
+  Read<v1::GetSweepRequest>(R"(/api/v1/sweeps/([^/]+))", "sweeps/{id}", {"sweep_id"},
+                            [sweeps](const auto& r, const Caller&) { return sweeps->Get(r.sweep_id()); });
   // ?values=a,b&filters=...&pivot=X,Y,VALUE[,AGGREGATE] (or pivot.x=...).
-  Get(R"(/api/v1/sweeps/([^/]+)/summary)", "sweeps/{id}/summary", false,
-      [&security, sweeps](const httplib::Request& req, httplib::Response& res, const Caller& c) -> absl::Status {
-        v1::GetSweepSummaryRequest r;
-        CL_RETURN_IF_ERROR(FillRequest(req, {"sweep_id"}, &r, {"pivot"}));
-        if (req.has_param("pivot")) {
-          std::vector<std::string> p = absl::StrSplit(req.get_param_value("pivot"), ',');
-          if (p.size() < 3 || p.size() > 4) {
-            return absl::InvalidArgumentError("query parameter pivot must be X,Y,VALUE[,AGGREGATE], got " +
-                                              Quote(Clip(req.get_param_value("pivot"), 64)));
-          }
-          r.mutable_pivot()->set_x(p[0]);
-          r.mutable_pivot()->set_y(p[1]);
-          r.mutable_pivot()->set_value(p[2]);
-          if (p.size() == 4) r.mutable_pivot()->set_aggregate(p[3]);
-        }
-        CL_RETURN_IF_ERROR(security.Check(c, Access::kRead, r));
-        CL_ASSIGN_OR_RETURN(v1::GetSweepSummaryResponse out, sweeps->Summary(r));
-        return Reply(res, out);
-      });
-  Get("/api/v1/analyses", "analyses", false,
-      [&security, analysis](const httplib::Request& req, httplib::Response& res, const Caller& c) -> absl::Status {
-        v1::ListAnalysisJobsRequest r;
-        CL_RETURN_IF_ERROR(FillRequest(req, {}, &r));
-        return Reply(res, analysis->jobs().List([&](const v1::AnalysisJob& job) {
-          return MayRead(c.principal, job.owner(), security.private_runs());
-        }));
+  Read<v1::GetSweepSummaryRequest>(R"(/api/v1/sweeps/([^/]+)/summary)", "sweeps/{id}/summary", {"sweep_id"},
+                                   [sweeps](const auto& r, const Caller&) { return sweeps->Summary(r); });
+  Read<v1::ListAnalysisJobsRequest>(
+      "/api/v1/analyses", "analyses", {},
+      [&security, analysis](const auto&, const Caller& c) -> absl::StatusOr<v1::ListAnalysisJobsResponse> {
+        return analysis->jobs().List(
+            [&](const v1::AnalysisJob& job) { return MayRead(c.principal, job.owner(), security.private_runs()); });
       });
   Get(R"(/api/.*)", "api/unknown", true, [](const httplib::Request& req, httplib::Response&, const Caller&) {
     return absl::NotFoundError("no such API endpoint: " + Quote(Clip(req.path, 128)) +

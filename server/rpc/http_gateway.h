@@ -25,6 +25,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "server/rpc/security.h"
@@ -84,6 +85,9 @@ class HttpGateway {
   // Wraps a handler: authentication (unless `open`), errors as JSON, telemetry.
   using Handler = std::function<absl::Status(const httplib::Request&, httplib::Response&, const Caller&)>;
   void Get(const std::string& pattern, const std::string& route, bool open, Handler handler);
+  // A JSON read: `fn(request, caller)` answers absl::StatusOr<a message>.
+  template <typename Req, typename Fn>
+  void Read(const std::string& pattern, const std::string& route, std::vector<std::string> path_fields, Fn fn);
   absl::Status Events(const httplib::Request& req, httplib::Response& res, const Caller& caller);
 
   const HttpOptions options_;

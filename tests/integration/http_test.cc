@@ -80,19 +80,7 @@ TEST(HttpTest, JsonApiAnswersWhatGrpcAnswers) {
 
   auto run = c.SubmitRun(TinySpec(40));
   ASSERT_TRUE(run.ok());
-  v1::SweepSpec sweep;
-  sweep.set_name("http-sweep");
-  *sweep.mutable_base() = TinySpec(20);
-  v1::SweepAxis* lr = sweep.add_axes();
-  lr->set_field("training.learning_rate");
-  lr->set_name("lr");
-  lr->add_values()->set_number_value(1);
-  lr->add_values()->set_number_value(4);
-  v1::SweepAxis* seed = sweep.add_axes();
-  seed->set_field("seed");
-  seed->add_values()->set_number_value(1);
-  seed->add_values()->set_number_value(2);
-  auto sw = c.SubmitSweep(sweep);
+  auto sw = c.SubmitSweep(LrBySeedSweep("http-sweep", 20, 1, 4));
   ASSERT_TRUE(sw.ok()) << sw.status();
   ASSERT_EQ(WaitForEnd(c, run->run_id()), v1::RUN_STATE_SUCCEEDED);
   for (const std::string& id : sw->run_ids()) ASSERT_EQ(WaitForEnd(c, id), v1::RUN_STATE_SUCCEEDED);
@@ -163,6 +151,9 @@ TEST(HttpTest, JsonApiAnswersWhatGrpcAnswers) {
   EXPECT_NE(bad_number->body.find("max_points"), std::string::npos);
   auto out_of_range = http.Get("/api/v1/runs/r1/metrics?max_points=100001");
   EXPECT_EQ(out_of_range->status, 400) << "the core's own validation: " << out_of_range->body;
+  auto long_pivot = http.Get("/api/v1/sweeps/s1/summary?pivot=a,b,c,d,e");
+  EXPECT_EQ(long_pivot->status, 400);
+  EXPECT_NE(long_pivot->body.find("at most 4 comma-separated values"), std::string::npos) << long_pivot->body;
   EXPECT_EQ(http.Get("/api/v1/nothing")->status, 404);
   EXPECT_EQ(http.Post("/api/v1/runs", "{}", "application/json")->status, 404) << "writes stay on gRPC";
 

@@ -40,6 +40,23 @@ inline v1::ExperimentSpec TinySpec(uint64_t steps = 60, uint64_t seed = 3) {
   return *spec;
 }
 
+// A 2x2 sweep of TinySpec(steps): learning rate {lr_a, lr_b} (axis "lr") x seed {1, 2}.
+inline v1::SweepSpec LrBySeedSweep(const std::string& name, uint64_t steps, double lr_a, double lr_b) {
+  v1::SweepSpec sweep;
+  sweep.set_name(name);
+  *sweep.mutable_base() = TinySpec(steps);
+  v1::SweepAxis* lr = sweep.add_axes();
+  lr->set_field("training.learning_rate");
+  lr->set_name("lr");
+  lr->add_values()->set_number_value(lr_a);
+  lr->add_values()->set_number_value(lr_b);
+  v1::SweepAxis* seed = sweep.add_axes();
+  seed->set_field("seed");
+  seed->add_values()->set_number_value(1);
+  seed->add_values()->set_number_value(2);
+  return sweep;
+}
+
 class Server {
  public:
   // `auth` null: an open server (every caller the admin "local").
