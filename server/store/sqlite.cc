@@ -115,7 +115,13 @@ absl::StatusOr<std::unique_ptr<Connection>> Connection::Open(const std::string& 
     // Incremental auto-vacuum lets deleting runs return pages to the file
     // system; it takes effect on a new database only (an existing one keeps
     // its mode until a full VACUUM).
-    if (auto s = conn->Exec("PRAGMA auto_vacuum=INCREMENTAL; PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL");
+    // temp_store=MEMORY: the writer opens a savepoint per queued write (so one
+    // failing write does not take its batch down), and SQLite journals every
+    // page a savepoint touches into a temporary sub-journal, by default a
+    // file: ~4 pwrite calls per metric or coordinate row, 2/3 of the writer's
+    // time. In memory it costs a page copy (a batch is at most a few MB).
+    if (auto s = conn->Exec("PRAGMA auto_vacuum=INCREMENTAL; PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; "
+                            "PRAGMA temp_store=MEMORY");
         !s.ok()) {
       return s;
     }
