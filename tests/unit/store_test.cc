@@ -152,6 +152,12 @@ TEST(StoreTest, MetricsBatchReplaceAndDownsample) {
   ASSERT_TRUE(latest.ok());
   EXPECT_DOUBLE_EQ(latest->at("train/loss"), 1.0 / 1000);
   EXPECT_DOUBLE_EQ(latest->at("eval/acc"), 1.0);
+  EXPECT_EQ(latest->size(), 2u) << "one value per series, none from other runs";
+  NewRun other;
+  other.name = "no metrics";
+  auto empty = (*store)->LatestMetrics(*(*store)->InsertRun(other));
+  ASSERT_TRUE(empty.ok()) << empty.status();
+  EXPECT_TRUE(empty->empty());
 }
 
 TEST(StoreTest, CheckpointsAreAtomicVerifiedAndPruned) {
