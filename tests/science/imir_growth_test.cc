@@ -130,9 +130,9 @@ double RestrictedAccuracy(const v1::ExperimentSpec& spec, const EnsembleTrainer&
 // model keeps accuracy 1.000.
 // Asserted: gamma first by a factor 4 (t_gamma <= t_beta / 4 and <= t_alpha /
 // 4); alpha, beta, gamma the three largest with the next <= 0.3 of gamma;
-// restricted accuracy >= 0.9 x full. NOT reproduced, reported only: the claim
-// that beta grows before alpha -- alpha crosses 10% of its final value before
-// beta in 3/3 seeds here (and with raw scaling, lr 1: alpha 34-36, beta 43).
+// restricted accuracy >= 0.9 x full. Beta before alpha is not asserted at this
+// step size (alpha crosses 10% first here); the test below reconciles the
+// order with the reference prototype: it depends on the step size.
 TEST(ImirGrowthTest, GammaFirstAndThreeCoordinatesCarryTheInductionHead) {
   const v1::ExperimentSpec spec = MinimalIcl(8, "COORDINATE_SCALING_UNIT_NORM", 20.0, 1500, 512);
   const std::vector<uint64_t> seeds = {1, 2, 3};
@@ -170,6 +170,51 @@ TEST(ImirGrowthTest, GammaFirstAndThreeCoordinatesCarryTheInductionHead) {
     EXPECT_GT(smallest_of_three, largest_other);
     EXPECT_LE(largest_other, 0.3 * gamma_mag);
     EXPECT_GE(restricted, 0.9 * full);
+  }
+}
+
+// SCIENCE.md E.4's order gamma -> beta -> alpha, reconciled with the reference
+// prototype (../shared/proto/check_e4.py: raw coordinates, zero init, SGD lr
+// 1, batch 512, N 8, loss 0.5 * sum_v (logit_v - onehot_v)^2; with one BOS
+// token it measured t_gamma 6 < t_beta 100 < t_alpha 121, stopping at step
+// 250). This service's MSE is sum_v (logit_v - onehot_v)^2 without the 1/2,
+// so its gradient is twice the prototype's: lr 0.5 here is the prototype's
+// step, and there the order is the paper's -- the service measured 4/79/90 and
+// 6/103/124 (seeds 1, 2; the second the prototype's numbers). At twice that
+// step (lr 1 here, the prototype's lr 2) alpha catches up with beta
+// (36-38 vs 39): the order depends on the step size, i.e. on the loss's
+// normalisation, which the paper leaves implicit. Asserted, on the raw
+// 19-coordinate model (times = first step at 10% of the value at the end):
+//   both steps: t_gamma <= t_beta / 4;
+//   at the prototype's step: beta leads alpha by >= 12 steps (measured 18-21,
+//   seeds 1-3: 6/104/124, 6/103/124, 6/103/122);
+//   at twice the step: that lead is gone (<= 2; measured -1 to -3: 2/39/38,
+//   2/39/36, 2/40/37).
+TEST(ImirGrowthTest, BetaBeforeAlphaAtThePrototypesStepSize) {
+  struct Regime {
+    double lr;
+    bool beta_first;
+  };
+  for (const Regime& regime : {Regime{0.5, true}, Regime{1.0, false}}) {
+    const v1::ExperimentSpec spec = MinimalIcl(8, "COORDINATE_SCALING_RAW", regime.lr, 3000, 512);
+    const std::vector<uint64_t> seeds = {1, 2, 3};
+    const std::vector<Growth> runs = Train(spec, seeds, 0.95, 10);
+    for (size_t e = 0; e < seeds.size(); ++e) {
+      const Growth& g = runs[e];
+      ASSERT_GE(g.reached, 0) << "lr " << regime.lr << " seed " << seeds[e] << " never reached accuracy 0.95";
+      const int64_t ta = FirstReach(g.series.at("alpha"), 0.1), tb = FirstReach(g.series.at("beta"), 0.1),
+                    tg = FirstReach(g.series.at("gamma"), 0.1);
+      std::printf("lr %.1f seed %llu: acc >= 0.95 at step %lld; 10%% of final: t_gamma %lld t_beta %lld t_alpha %lld\n",
+                  regime.lr, static_cast<unsigned long long>(seeds[e]), static_cast<long long>(g.reached),
+                  static_cast<long long>(tg), static_cast<long long>(tb), static_cast<long long>(ta));
+      EXPECT_GE(tg, 0);
+      EXPECT_LE(4 * tg, tb);
+      if (regime.beta_first) {
+        EXPECT_GE(ta - tb, 12) << "beta before alpha at the prototype's step (seed " << seeds[e] << ")";
+      } else {
+        EXPECT_LE(ta - tb, 2) << "alpha catches up with beta at twice the step (seed " << seeds[e] << ")";
+      }
+    }
   }
 }
 
