@@ -47,15 +47,19 @@ int main(int argc, char** argv) {
   std::filesystem::remove_all(dir);
   auto store = cs::Store::Open(dir);
   if (!store.ok()) return 1;
-  std::vector<int64_t> run_ids;
-  auto w0 = std::chrono::steady_clock::now();
-  for (int r = 0; r < runs; ++r) {
+  // A SUCCEEDED run row (its spec does not matter here).
+  auto new_run = [&](const std::string& name) {
     cs::NewRun nr;
-    nr.name = "bench";
+    nr.name = name;
     nr.spec = "x";
     nr.spec_json = "{}";
     nr.state = 3;
-    const int64_t id = *(*store)->InsertRun(nr);
+    return *(*store)->InsertRun(nr);
+  };
+  std::vector<int64_t> run_ids;
+  auto w0 = std::chrono::steady_clock::now();
+  for (int r = 0; r < runs; ++r) {
+    const int64_t id = new_run("bench");
     run_ids.push_back(id);
     std::vector<cs::CoordinateDefRow> defs;
     for (int i = 0; i < coords; ++i) {
@@ -90,12 +94,7 @@ int main(int argc, char** argv) {
       reps, [&] { last = (*store)->LastCoordinateOfRuns(run_ids, "paper", "L2H1:[∅→(1,0)]:c42")->size(); });
 
   // Metrics: one run with 8 series of metric_steps points; the latest value of each.
-  cs::NewRun mr;
-  mr.name = "metrics";
-  mr.spec = "x";
-  mr.spec_json = "{}";
-  mr.state = 3;
-  const int64_t metric_run = *(*store)->InsertRun(mr);
+  const int64_t metric_run = new_run("metrics");
   const auto m0 = std::chrono::steady_clock::now();
   for (int s = 1; s <= metric_steps; s += 500) {
     std::vector<cs::MetricPoint> batch;
