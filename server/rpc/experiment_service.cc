@@ -8,10 +8,6 @@
 namespace circuitlab::rpc {
 namespace {
 
-bool IsFinalState(v1::RunState s) {
-  return s == v1::RUN_STATE_SUCCEEDED || s == v1::RUN_STATE_FAILED || s == v1::RUN_STATE_CANCELLED;
-}
-
 // Streams one run's events. One write in flight; the next event is pulled
 // when the previous write completes or, when none is ready, when the hub
 // notifies. The hub's notification may outlive the reactor, so it holds only
@@ -78,14 +74,14 @@ class WatchReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       scheduler::Subscriber::Item item = watch_.subscriber->Next();
       switch (item.kind) {
         case scheduler::Subscriber::Kind::kEvent: {
-          const bool last = item.event.has_state() && IsFinalState(item.event.state().state());
+          const bool last = item.event.has_state() && scheduler::IsFinal(item.event.state().state());
           return StartWriteLocked(item.event, last);
         }
         case scheduler::Subscriber::Kind::kResync: {
           absl::StatusOr<v1::RunEvent> snap = core_->Snapshot(watch_.run_id, item.sequence, /*resync=*/sent_any_);
           if (!snap.ok()) return FinishLocked(ToGrpcStatus(snap.status()));
           sent_any_ = true;
-          const bool last = IsFinalState(snap->snapshot().state());
+          const bool last = scheduler::IsFinal(snap->snapshot().state());
           return StartWriteLocked(*snap, last);
         }
         case scheduler::Subscriber::Kind::kEnd:

@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <string_view>
 #include <vector>
 
@@ -53,29 +54,11 @@ int HttpStatusOf(const absl::Status& s) {
   }
 }
 
-std::string JsonString(std::string_view s) {
-  std::string out = "\"";
-  for (unsigned char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += static_cast<char>(c);
-    } else if (c < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof(buf), "\\u%04x", c);
-      out += buf;
-    } else {
-      out += static_cast<char>(c);
-    }
-  }
-  return out + "\"";
-}
-
 void WriteError(httplib::Response& res, const absl::Status& s) {
   res.status = HttpStatusOf(s);
-  const std::string code = absl::StatusCodeToString(s.code());
-  res.set_content("{\"code\":" + JsonString(absl::AsciiStrToUpper(code)) +
-                      ",\"message\":" + JsonString(Clip(std::string(s.message()), 1000)) + "}\n",
-                  "application/json");
+  const nlohmann::json body = {{"code", absl::StatusCodeToString(s.code())},
+                               {"message", Clip(std::string(s.message()), 1000)}};
+  res.set_content(body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n", "application/json");
   if (res.status == 401) res.set_header("WWW-Authenticate", "Bearer realm=\"circuitlab\"");
   if (res.status == 503 || res.status == 429) res.set_header("Retry-After", "5");
 }
@@ -248,10 +231,6 @@ const char* EventKind(const v1::RunEvent& e) {
     default:
       return "event";
   }
-}
-
-bool IsFinalState(v1::RunState s) {
-  return s == v1::RUN_STATE_SUCCEEDED || s == v1::RUN_STATE_FAILED || s == v1::RUN_STATE_CANCELLED;
 }
 
 std::string Hostname() {
@@ -525,7 +504,7 @@ absl::Status HttpGateway::Events(const httplib::Request& req, httplib::Response&
           switch (item.kind) {
             case scheduler::Subscriber::Kind::kEvent:
               if (!send(item.event)) return false;
-              if (item.event.has_state() && IsFinalState(item.event.state().state())) {
+              if (item.event.has_state() && scheduler::IsFinal(item.event.state().state())) {
                 sink.done();
                 return true;
               }
@@ -535,7 +514,7 @@ absl::Status HttpGateway::Events(const httplib::Request& req, httplib::Response&
                   cores_.runs->Snapshot(st->watch.run_id, item.sequence, /*resync=*/st->sent_any);
               if (!snap.ok() || !send(*snap)) return false;
               st->sent_any = true;
-              if (IsFinalState(snap->snapshot().state())) {
+              if (scheduler::IsFinal(snap->snapshot().state())) {
                 sink.done();
                 return true;
               }

@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/strings/ascii.h"
 #include "circuitlab/v1/analysis_service.pb.h"
 #include "circuitlab/v1/experiment_service.pb.h"
@@ -92,15 +93,6 @@ class CountingFactory final : public grpc::experimental::ServerInterceptorFactor
   Telemetry* const telemetry_;
 };
 
-const char* CodeName(int code) {
-  static const char* const kNames[] = {
-      "OK",        "CANCELLED",      "UNKNOWN",           "INVALID_ARGUMENT",   "DEADLINE_EXCEEDED",
-      "NOT_FOUND", "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
-      "ABORTED",   "OUT_OF_RANGE",   "UNIMPLEMENTED",     "INTERNAL",           "UNAVAILABLE",
-      "DATA_LOSS", "UNAUTHENTICATED"};
-  return code >= 0 && code < 17 ? kNames[code] : "UNKNOWN";
-}
-
 }  // namespace
 
 Telemetry::Telemetry(TelemetrySources sources)
@@ -131,7 +123,11 @@ std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface> Telemetry
 
 void Telemetry::ObserveRpc(const std::string& full_method, int code, double seconds, bool unary) {
   const auto [service, method] = SplitMethod(full_method);
-  rpc_requests_->Add({{"service", service}, {"method", method}, {"code", CodeName(code)}}).Increment();
+  rpc_requests_
+      ->Add({{"service", service},
+             {"method", method},
+             {"code", absl::StatusCodeToString(static_cast<absl::StatusCode>(code))}})
+      .Increment();
   if (unary) rpc_seconds_->Add({{"service", service}, {"method", method}}, kLatencyBuckets).Observe(seconds);
 }
 

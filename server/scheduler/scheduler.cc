@@ -27,10 +27,6 @@ constexpr uint32_t kDefaultMetricPoints = 10000;
 // it every series is downsampled further.
 constexpr int64_t kMaxPointsPerResponse = 2'000'000;
 
-bool IsFinal(int state) {
-  return state == v1::RUN_STATE_SUCCEEDED || state == v1::RUN_STATE_FAILED || state == v1::RUN_STATE_CANCELLED;
-}
-
 google::protobuf::Timestamp ToTimestamp(int64_t micros) {
   return google::protobuf::util::TimeUtil::MicrosecondsToTimestamp(micros);
 }

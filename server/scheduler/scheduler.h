@@ -38,6 +38,11 @@
 
 namespace circuitlab::scheduler {
 
+// SUCCEEDED, FAILED or CANCELLED: a run in it never changes again.
+inline bool IsFinal(int state) {
+  return state == v1::RUN_STATE_SUCCEEDED || state == v1::RUN_STATE_FAILED || state == v1::RUN_STATE_CANCELLED;
+}
+
 struct SchedulerOptions {
   int cpu_slots = 1;
   // Slots whose runs train on remote workers (--executor workers|slurm):

@@ -271,10 +271,6 @@ bool ValueLess(const Value& a, const Value& b) {
   return Describe(a) < Describe(b);
 }
 
-bool IsFinal(int state) {
-  return state == v1::RUN_STATE_SUCCEEDED || state == v1::RUN_STATE_FAILED || state == v1::RUN_STATE_CANCELLED;
-}
-
 // The value columns of a summary: those asked for (all evaluation metrics
 // and the training loss when none is), plus the column a pivot pivots.
 absl::StatusOr<std::vector<Column>> SummaryColumns(const v1::GetSweepSummaryRequest& request,
