@@ -287,6 +287,18 @@ TEST(EndToEndTest, PhaseDiagramCellThroughTheCli) {
   ASSERT_EQ(std::sscanf(zeroed.out.c_str() + row, "icl_rare %lf %lf", &clean, &after), 2) << zeroed.out;
   EXPECT_GE(clean, 0.95);
   EXPECT_LE(after, 0.6 * clean) << zeroed.out;
+  // Activation patching through the CLI: two sites and all at once, as CSV.
+  CommandResult patched =
+      Cli(server, {"--timeout", "120", "intervene", "r1", "--patch", "L1.H1.out", "--positions", "0,5", "--patch-from",
+                   "icl_rare", "--eval-sets", "icl_rare", "--n-eval", "256", "--per-position", "--csv"});
+  ASSERT_EQ(patched.exit_code, 0) << patched.out;
+  EXPECT_EQ(patched.out.rfind("eval_set,kind,hook,position,metric,value\n", 0), 0u) << patched.out;
+  for (const char* row : {"icl_rare,patch,L1.H1.out,0,effect_accuracy,", "icl_rare,patch,L1.H1.out,5,loss,",
+                          "icl_rare,patch,L1.H1.out,all,effect_loss,", "icl_rare,patch_source,,,accuracy,",
+                          "icl_rare,position,,13,accuracy_clean,"}) {
+    EXPECT_NE(patched.out.find(row), std::string::npos) << row << "\n" << patched.out;
+  }
+  EXPECT_EQ(Cli(server, {"intervene", "r1", "--positions", "3"}).exit_code, 2);  // positions need --patch
   EXPECT_EQ(server.Stop(SIGTERM), 0);
 }
 

@@ -33,6 +33,20 @@ def test_metrics_and_coordinates_df(client, trained):
     assert str(c["step"].dtype) == "int64" and str(c["value"].dtype) == "float64"
 
 
+def test_patch_df(client, trained):
+    run = trained["runs"][0]
+    df = client.patch_df(run, ["L1.H1.out", "L2.attn"], reference_set="iwl", positions=[0, 5],
+                         eval_sets=["icl_rare"], n_eval=64)
+    assert list(df.columns) == ["eval_set", "hook", "position", "accuracy", "loss", "logit_diff",
+                                "effect_accuracy", "effect_loss", "effect_logit_diff"]
+    assert list(df["position"]) == [0, 5, -1, 0, 5, -1]
+    assert list(df["hook"]) == ["L1.H1.out"] * 3 + ["L2.attn"] * 3
+    base, source = df.attrs["base"]["icl_rare"], df.attrs["source"]["icl_rare"]
+    if abs(source["loss"] - base["loss"]) > 1e-9:
+        expected = (df["loss"] - base["loss"]) / (source["loss"] - base["loss"])
+        assert np.allclose(df["effect_loss"], expected, atol=1e-9)
+
+
 def test_sweep_summary_df(client, trained):
     rows = client.sweep_summary_df(trained["sweep"], values=["train/loss"])
     assert list(rows.columns) == ["run_id", "state", "lr", "seed", "train/loss"]

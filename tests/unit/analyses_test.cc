@@ -255,6 +255,26 @@ TEST_F(AnalysesTest, InterveneValidatesOpsAndLoadsSwapSources) {
             absl::string_view::npos);
 }
 
+TEST_F(AnalysesTest, InterveneTakesAPatchSweepAloneAndBoundsIt) {
+  v1::InterveneRequest req;
+  req.set_run_id("r1");
+  req.mutable_patch()->add_hooks("L1.H1.out");
+  Done(&AnalysisCore::Intervene, req);  // a sweep without interventions is a request
+  EXPECT_EQ(analyzer_.Last<v1::InterveneRequest>().patch().hooks(0), "L1.H1.out");
+  v1::InterveneRequest bad;
+  bad.set_run_id("r1");
+  EXPECT_NE(core_->Intervene(bad).status().message().find("(or give a patch sweep)"), absl::string_view::npos);
+  // 16 hooks x (1024 positions + 1) x n_eval 2048 is far beyond the bound.
+  bad = req;
+  for (int i = 0; i < 15; ++i) bad.mutable_patch()->add_hooks("L1.attn");
+  for (uint32_t p = 0; p < 1024; ++p) bad.mutable_patch()->add_positions(p % 8);
+  const absl::Status big = core_->Intervene(bad).status();
+  EXPECT_EQ(big.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(big.message().find("16 hooks x 1025 sites each x n_eval 2048"), absl::string_view::npos) << big;
+  bad.mutable_patch()->add_hooks("L2.attn");
+  EXPECT_EQ(core_->Intervene(bad).status().message(), "patch.hooks must have 1 to 16 entries, got 17");
+}
+
 TEST_F(AnalysesTest, LabelRunLabelsEveryCheckpointInOrder) {
   v1::LabelRunRequest req;
   req.set_run_id("r1");

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 
 #include "server/engine/analysis/decoder_interventions.h"
 #include "server/engine/analysis/task_vectors.h"
@@ -345,6 +346,140 @@ TEST(DecoderInterventionTest, HookOpsDoWhatTheySay) {
   Op set = Act(Op::OP_MEAN, "L0.post_mlp");
   set.set_reference_set("train");
   EXPECT_EQ(run(set).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace circuitlab::engine
+
+namespace circuitlab::engine {
+namespace {
+
+// D.6 patch_effect, per-position series and task masks on a token decoder:
+// the series average to the set's numbers, a site that predicts nothing has
+// no effect, the all-at-once site is OP_PATCH, effects follow their formula.
+TEST(DecoderInterventionTest, PatchSweepPerPositionAndMasks) {
+  const v1::ExperimentSpec spec = TinyDecoderSpec();
+  LatentTrainer trainer(spec, {9}, torch::kCPU);
+  for (int i = 0; i < 30; ++i) trainer.Step(false);
+  const DecoderModel& model = trainer.model();
+  const LatentTaskGenerator& task = trainer.task(0);
+  const int64_t T = 16;
+  auto request = [] {
+    v1::InterveneRequest r;
+    r.set_n_eval(64);
+    r.set_seed(3);
+    r.add_eval_sets("id");
+    r.add_logit_diff_tokens(0);
+    r.add_logit_diff_tokens(1);
+    return r;
+  };
+  v1::InterveneRequest sweep = request();
+  sweep.set_per_position(true);
+  v1::PatchSweep* patch = sweep.mutable_patch();
+  patch->add_hooks("L0.post_attn");
+  patch->add_hooks("L1.attn.head");
+  patch->add_positions(3);
+  patch->add_positions(15);
+  patch->set_reference_set("ood");
+  absl::StatusOr<v1::InterveneResponse> r = InterveneDecoder(model, task, sweep);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->effects_size(), 1);
+  const v1::InterventionEffect& e = r->effects(0);
+  // Per position: every predicting position, averaging to the set's numbers.
+  ASSERT_EQ(e.positions_size(), T - 1);
+  double loss = 0, acc = 0, ld = 0, kl_ref = 0;
+  for (int t = 0; t < e.positions_size(); ++t) {
+    const v1::PositionEffect& p = e.positions(t);
+    EXPECT_EQ(p.position(), static_cast<uint32_t>(t));
+    loss += p.loss_clean() / (T - 1);
+    acc += p.accuracy_clean() / (T - 1);
+    ld += p.logit_diff_clean() / (T - 1);
+    kl_ref += p.kl_ref_clean() / (T - 1);
+    EXPECT_NEAR(p.loss(), p.loss_clean(), 1e-12);  // no intervention: intervened = clean
+  }
+  EXPECT_NEAR(loss, e.loss_clean(), 1e-6);  // the set's loss is summed in float32
+  EXPECT_NEAR(acc, e.accuracy_clean(), 1e-9);
+  EXPECT_NEAR(ld, e.logit_diff_clean(), 1e-9);
+  EXPECT_NEAR(kl_ref, e.kl_ref_clean(), 1e-9);
+  // Sites: per hook, positions 3 and 15, then both at once.
+  ASSERT_EQ(e.patch_size(), 6);
+  EXPECT_EQ(e.patch(0).hook(), "L0.post_attn");
+  EXPECT_EQ(e.patch(0).position(), 3);
+  EXPECT_EQ(e.patch(1).position(), 15);
+  EXPECT_EQ(e.patch(2).position(), -1);
+  EXPECT_EQ(e.patch(3).hook(), "L1.attn.head");
+  // The source (ood sequences scored on id's next tokens) is far worse.
+  EXPECT_GT(e.patch_source_loss(), e.loss_clean());
+  for (const v1::PatchSite& site : e.patch()) {
+    EXPECT_NEAR(site.effect_loss(), (site.loss() - e.loss_clean()) / (e.patch_source_loss() - e.loss_clean()), 1e-9);
+    EXPECT_NEAR(site.effect_logit_diff(),
+                (site.logit_diff() - e.logit_diff_clean()) / (e.patch_source_logit_diff() - e.logit_diff_clean()),
+                1e-9);
+  }
+  // Position 15 predicts nothing: no effect. Position 3 moves the loss.
+  EXPECT_NEAR(e.patch(1).loss(), e.loss_clean(), 1e-9);
+  EXPECT_NEAR(e.patch(1).effect_loss(), 0.0, 1e-9);
+  EXPECT_GT(std::abs(e.patch(0).effect_loss()), 1e-4);
+  // The all-at-once site is OP_PATCH of both positions from the same source.
+  v1::InterveneRequest op = request();
+  Op patched = Act(Op::OP_PATCH, "L0.post_attn");
+  patched.add_positions(3);
+  patched.add_positions(15);
+  patched.set_reference_set("ood");
+  *op.add_interventions() = patched;
+  absl::StatusOr<v1::InterveneResponse> same = InterveneDecoder(model, task, op);
+  ASSERT_TRUE(same.ok()) << same.status();
+  EXPECT_NEAR(same->effects(0).loss(), e.patch(2).loss(), 1e-9);
+  EXPECT_NEAR(same->effects(0).accuracy(), e.patch(2).accuracy(), 1e-12);
+
+  // attention_mass with the task's answer mask: every predicting position,
+  // the same as listing queries 0..T-2; not with queries too.
+  auto mass = [&](const std::function<void(v1::AttentionMass&)>& fill) {
+    v1::InterveneRequest m = request();
+    m.mutable_patch()->add_hooks("embed");
+    m.mutable_patch()->add_positions(0);
+    v1::AttentionMass* a = m.add_attention_mass();
+    a->set_pattern("L1.attn.pattern");
+    a->add_keys(-1);
+    fill(*a);
+    return InterveneDecoder(model, task, m);
+  };
+  auto answer = mass([](v1::AttentionMass& a) { a.set_query_mask(v1::POSITION_MASK_ANSWER); });
+  auto listed = mass([&](v1::AttentionMass& a) {
+    for (int q = 0; q < T - 1; ++q) a.add_queries(q);
+  });
+  auto all = mass([](v1::AttentionMass& a) { a.set_query_mask(v1::POSITION_MASK_ALL); });
+  ASSERT_TRUE(answer.ok()) << answer.status();
+  ASSERT_TRUE(listed.ok() && all.ok());
+  EXPECT_EQ(answer->effects(0).attention_mass(0).clean(0), listed->effects(0).attention_mass(0).clean(0));
+  EXPECT_NE(answer->effects(0).attention_mass(0).clean(0), all->effects(0).attention_mass(0).clean(0));
+  auto both = mass([](v1::AttentionMass& a) {
+    a.add_queries(2);
+    a.set_query_mask(v1::POSITION_MASK_ANSWER);
+  });
+  EXPECT_EQ(both.status().code(), absl::StatusCode::kInvalidArgument);
+
+  // Refusals name the field.
+  auto refused = [&](const std::function<void(v1::PatchSweep&)>& edit, const std::string& text) {
+    v1::InterveneRequest bad = sweep;
+    edit(*bad.mutable_patch());
+    absl::StatusOr<v1::InterveneResponse> out = InterveneDecoder(model, task, bad);
+    EXPECT_EQ(out.status().code(), absl::StatusCode::kInvalidArgument) << text;
+    EXPECT_NE(std::string(out.status().message()).find(text), std::string::npos) << out.status();
+  };
+  refused([](v1::PatchSweep& p) { p.clear_hooks(); }, "patch.hooks must have 1 to 16");
+  refused([](v1::PatchSweep& p) { p.set_positions(0, 16); }, "patch.positions[0] must be in [0, 15], got 16");
+  refused([](v1::PatchSweep& p) { p.set_mask(v1::POSITION_MASK_ALL); }, "positions or mask, not both");
+  refused([](v1::PatchSweep& p) { p.set_hooks(0, "logits"); }, "patch.hooks[0]");
+  refused([](v1::PatchSweep& p) { p.set_hooks(1, "L9.post_attn"); }, "patch.hooks[1]");
+  refused([](v1::PatchSweep& p) { p.set_reference_set("train"); }, "patch.reference_set");
+  refused([](v1::PatchSweep& p) { p.set_head(1); }, "patch.head applies to points with a head axis only");
+  refused(
+      [](v1::PatchSweep& p) {
+        p.set_hooks(0, "L1.attn.head");
+        p.set_head(3);
+      },
+      "patch.head must be in [0, 2]");
 }
 
 }  // namespace

@@ -243,6 +243,41 @@ TEST(RegressionAnalysesTest, RowsAndRefusals) {
   EXPECT_GT(last->effects(0).kl_clean(), 0.0);
   add.set_positions(0, 23);  // y of the last point predicts nothing
   EXPECT_NEAR(run(add)->effects(0).kl_clean(), 0.0, 1e-12);
+
+  // Per position: the |- positions 1, 4, ..., 22 (where y_i is predicted),
+  // averaging to the set's squared error; the answer mask is those queries;
+  // a patch sweep over the answer positions, scored against this set's y.
+  v1::InterveneRequest req;
+  req.set_n_eval(64);
+  req.set_seed(1);
+  req.add_eval_sets("id");
+  req.set_per_position(true);
+  req.mutable_patch()->add_hooks("L0.post_attn");
+  req.mutable_patch()->set_mask(v1::POSITION_MASK_ANSWER);
+  v1::AttentionMass* mass = req.add_attention_mass();
+  mass->set_pattern("L1.attn.pattern");
+  mass->add_keys(-1);
+  mass->set_query_mask(v1::POSITION_MASK_ANSWER);
+  v1::AttentionMass* listed = req.add_attention_mass();
+  *listed = *mass;
+  listed->clear_query_mask();
+  for (int q = 1; q < 24; q += 3) listed->add_queries(q);
+  absl::StatusOr<v1::InterveneResponse> series = InterveneRegression(trainer.model(), trainer.task(0), req);
+  ASSERT_TRUE(series.ok()) << series.status();
+  const v1::InterventionEffect& e = series->effects(0);
+  ASSERT_EQ(e.positions_size(), 8);
+  double loss = 0;
+  for (int i = 0; i < 8; ++i) {
+    EXPECT_EQ(e.positions(i).position(), static_cast<uint32_t>(3 * i + 1));
+    loss += e.positions(i).loss_clean() / 8;
+  }
+  EXPECT_NEAR(loss, e.loss_clean(), 1e-9);
+  EXPECT_EQ(e.attention_mass(0).clean(0), e.attention_mass(1).clean(0));
+  ASSERT_EQ(e.patch_size(), 9);  // 8 answer positions, then all at once
+  EXPECT_EQ(e.patch(8).position(), -1);
+  for (const v1::PatchSite& site : e.patch()) {
+    EXPECT_NEAR(site.effect_loss(), (site.loss() - e.loss_clean()) / (e.patch_source_loss() - e.loss_clean()), 1e-9);
+  }
 }
 
 }  // namespace

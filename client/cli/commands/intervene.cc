@@ -1,4 +1,5 @@
-// circuitlab intervene RUN [--spec FILE] [--zero C,...] [--ablate-head L,...] [--eval-sets S,...] ...
+// circuitlab intervene RUN [--spec FILE] [--zero C,...] [--ablate-head L,...] [--patch HOOK,... [--patch-from SET]
+//   [--positions P,...]] [--per-position] [--eval-sets S,...] [--csv] ...
 #include <cstdio>
 #include <iostream>
 
@@ -8,12 +9,12 @@ namespace circuitlab::cli {
 namespace {
 
 struct Options {
-  std::string run_id, spec_file;
-  std::vector<std::string> zero, eval_sets;
-  std::vector<uint32_t> heads;
+  std::string run_id, spec_file, patch_from;
+  std::vector<std::string> zero, eval_sets, patch;
+  std::vector<uint32_t> heads, positions;
   uint64_t step = 0;
   uint32_t n_eval = 0;
-  bool force = false;
+  bool force = false, per_position = false, csv = false;
 };
 
 // The request from --spec and the quick flags; nullopt (usage error printed) when it holds no intervention.
@@ -39,11 +40,101 @@ std::optional<v1::InterveneRequest> BuildRequest(const Options& o) {
     op->set_op(v1::Intervention::OP_ABLATE_HEAD);
     op->set_layer(layer);
   }
-  if (req.interventions_size() == 0) {
-    std::cerr << "error: no intervention given: use --spec FILE, --zero or --ablate-head\n";
+  if (!o.patch.empty()) {
+    v1::PatchSweep* sweep = req.mutable_patch();
+    for (const auto& hook : o.patch) sweep->add_hooks(hook);
+    for (uint32_t p : o.positions) sweep->add_positions(p);
+    if (!o.patch_from.empty()) sweep->set_reference_set(o.patch_from);
+  } else if (!o.positions.empty() || !o.patch_from.empty()) {
+    std::cerr << "error: --positions and --patch-from belong to a patch sweep: add --patch HOOK,...\n";
+    return std::nullopt;
+  }
+  if (o.per_position) req.set_per_position(true);
+  if (req.interventions_size() == 0 && !req.has_patch()) {
+    std::cerr << "error: no intervention given: use --spec FILE, --zero, --ablate-head or --patch\n";
     return std::nullopt;
   }
   return req;
+}
+
+// The patch sweep's sites and the per-position series, one table each.
+void PrintSeries(const v1::InterventionEffect& e) {
+  if (e.patch_size() > 0) {
+    std::printf("%-12s patch_effect: base (this set) acc %.4f loss %.4f, source acc %.4f loss %.4f\n", "",
+                e.accuracy_clean(), e.loss_clean(), e.patch_source_accuracy(), e.patch_source_loss());
+    std::printf("%-12s %-18s %5s %9s %9s %9s %9s%s\n", "", "HOOK", "POS", "ACC", "EFF(ACC)", "LOSS", "EFF(LOSS)",
+                e.has_logit_diff() ? "  LOGIT DIFF  EFF(LD)" : "");
+    for (const auto& p : e.patch()) {
+      const std::string pos = p.position() < 0 ? "all" : std::to_string(p.position());
+      std::printf("%-12s %-18s %5s %9.4f %9.3f %9.4f %9.3f", "", p.hook().c_str(), pos.c_str(), p.accuracy(),
+                  p.effect_accuracy(), p.loss(), p.effect_loss());
+      if (e.has_logit_diff()) std::printf("  %10.3f %8.3f", p.logit_diff(), p.effect_logit_diff());
+      std::printf("\n");
+    }
+  }
+  if (e.positions_size() > 0) {
+    std::printf("%-12s %5s %9s %9s %9s %9s %9s\n", "", "POS", "ACC", "ACC'", "LOSS", "LOSS'", "KL");
+    for (const auto& p : e.positions()) {
+      std::printf("%-12s %5u %9.4f %9.4f %9.4f %9.4f %9.4f\n", "", p.position(), p.accuracy_clean(), p.accuracy(),
+                  p.loss_clean(), p.loss(), p.kl_clean());
+    }
+  }
+}
+
+// Every number of the response as CSV rows: set,kind,hook,position,metric,value.
+void PrintCsv(const v1::InterveneResponse& resp) {
+  std::printf("eval_set,kind,hook,position,metric,value\n");
+  for (const auto& e : resp.effects()) {
+    auto row = [&](const char* kind, const std::string& hook, const std::string& pos, const char* metric, double v) {
+      std::printf("%s,%s,%s,%s,%s,%.9g\n", e.eval_set().c_str(), kind, hook.c_str(), pos.c_str(), metric, v);
+    };
+    row("set", "", "", "loss_clean", e.loss_clean());
+    row("set", "", "", "loss", e.loss());
+    row("set", "", "", "accuracy_clean", e.accuracy_clean());
+    row("set", "", "", "accuracy", e.accuracy());
+    row("set", "", "", "kl_clean", e.kl_clean());
+    if (e.has_logit_diff()) {
+      row("set", "", "", "logit_diff_clean", e.logit_diff_clean());
+      row("set", "", "", "logit_diff", e.logit_diff());
+    }
+    if (e.has_kl_ref()) {
+      row("set", "", "", "kl_ref_clean", e.kl_ref_clean());
+      row("set", "", "", "kl_ref", e.kl_ref());
+    }
+    for (const auto& m : e.attention_mass()) {
+      for (int h = 0; h < m.clean_size() && h < m.intervened_size(); ++h) {
+        row("attention_mass", m.pattern(), "", ("head" + std::to_string(h + 1) + "_clean").c_str(), m.clean(h));
+        row("attention_mass", m.pattern(), "", ("head" + std::to_string(h + 1)).c_str(), m.intervened(h));
+      }
+    }
+    if (e.patch_size() > 0) {
+      row("patch_source", "", "", "loss", e.patch_source_loss());
+      row("patch_source", "", "", "accuracy", e.patch_source_accuracy());
+      if (e.has_logit_diff()) row("patch_source", "", "", "logit_diff", e.patch_source_logit_diff());
+    }
+    for (const auto& p : e.patch()) {
+      const std::string pos = p.position() < 0 ? "all" : std::to_string(p.position());
+      row("patch", p.hook(), pos, "loss", p.loss());
+      row("patch", p.hook(), pos, "accuracy", p.accuracy());
+      row("patch", p.hook(), pos, "effect_loss", p.effect_loss());
+      row("patch", p.hook(), pos, "effect_accuracy", p.effect_accuracy());
+      if (e.has_logit_diff()) {
+        row("patch", p.hook(), pos, "logit_diff", p.logit_diff());
+        row("patch", p.hook(), pos, "effect_logit_diff", p.effect_logit_diff());
+      }
+    }
+    for (const auto& p : e.positions()) {
+      const std::string pos = std::to_string(p.position());
+      for (const auto& [metric, v] :
+           {std::pair{"loss_clean", p.loss_clean()}, std::pair{"loss", p.loss()},
+            std::pair{"accuracy_clean", p.accuracy_clean()}, std::pair{"accuracy", p.accuracy()},
+            std::pair{"kl_clean", p.kl_clean()}, std::pair{"logit_diff_clean", p.logit_diff_clean()},
+            std::pair{"logit_diff", p.logit_diff()}, std::pair{"kl_ref_clean", p.kl_ref_clean()},
+            std::pair{"kl_ref", p.kl_ref()}}) {
+        row("position", "", pos, metric, v);
+      }
+    }
+  }
 }
 
 void PrintEffects(const v1::InterveneResponse& resp) {
@@ -61,6 +152,7 @@ void PrintEffects(const v1::InterveneResponse& resp) {
       }
       std::printf("\n");
     }
+    PrintSeries(e);
   }
 }
 
@@ -73,6 +165,10 @@ int Run(Context& ctx, const Options& o) {
     return ctx.client.Intervene(*req);
   };
   if (auto rc = RunAnalysis(ctx, "the intervention", o.force, call, &resp)) return *rc;
+  if (o.csv) {
+    PrintCsv(resp);
+    return 0;
+  }
   std::printf("%s step %llu%s\n", resp.run_id().c_str(), static_cast<unsigned long long>(resp.step()),
               resp.from_store() ? "  (stored answer)" : "");
   for (int i = 0; i < resp.edited_size(); ++i) {
@@ -95,7 +191,13 @@ void AddIntervene(CLI::App& app, Action* chosen) {
               "An analysis job on the server; this command waits and shows progress.\n"
               "  circuitlab intervene r3 --zero beta\n"
               "  circuitlab intervene r3 --ablate-head 2\n"
-              "  circuitlab intervene r3 --spec examples/intervene_imir_hooks.json",
+              "  circuitlab intervene r3 --spec examples/intervene_imir_hooks.json\n"
+              "Activation patching (SCIENCE.md D.6 patch_effect): --patch sweeps hook points and positions, one\n"
+              "site at a time, patching each site from the paired sequence of --patch-from (default: the same set,\n"
+              "another seed); each site's effect is (m_patched - m_base) / (m_source - m_base): 1 when the site\n"
+              "alone carries the difference between the two runs.\n"
+              "  circuitlab intervene r3 --patch L1.H1.out,L2.attn --patch-from iwl --eval-sets icl_rare\n"
+              "  circuitlab intervene r3 --patch L1.post_attn --positions 0,8,16 --per-position --csv > p.csv",
               o, Run);
   sub->add_option("RUN", o->run_id, "Run id")->required();
   sub->add_option("--spec", o->spec_file, "InterveneRequest as JSON")->check(CLI::ExistingFile);
@@ -104,6 +206,12 @@ void AddIntervene(CLI::App& app, Action* chosen) {
   sub->add_option("--eval-sets", o->eval_sets, "Evaluation sets (default: all)")->delimiter(',');
   sub->add_option("--step", o->step, "Checkpoint step (default: the newest)");
   sub->add_option("--n-eval", o->n_eval, "Sequences per set (default 2048)");
+  sub->add_option("--patch", o->patch, "Patch sweep over these hook points (patch_effect)")->delimiter(',');
+  sub->add_option("--patch-from", o->patch_from, "Evaluation set the patched activations come from")->type_name("SET");
+  sub->add_option("--positions", o->positions, "Positions the sweep patches one at a time (default: every position)")
+      ->delimiter(',');
+  sub->add_flag("--per-position", o->per_position, "Also report every metric per answer position");
+  sub->add_flag("--csv", o->csv, "CSV: eval_set,kind,hook,position,metric,value");
   sub->add_flag("--force", o->force, "Recompute even if stored");
 }
 

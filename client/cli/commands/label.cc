@@ -17,6 +17,11 @@ void PrintAblations(const v1::CheckpointLabel& last) {
   std::printf("step %llu, share of accuracy above chance removed by zeroing\n  heads:",
               static_cast<unsigned long long>(last.step()));
   for (int l = 0; l < last.head_ablation_size(); ++l) std::printf("  L%d %.2f", l + 1, last.head_ablation(l));
+  if (last.per_head_ablation_size() > last.head_ablation_size()) {  // several heads per layer
+    std::map<std::string, double> heads(last.per_head_ablation().begin(), last.per_head_ablation().end());
+    std::printf("\n  each head alone:");
+    for (const auto& [name, s] : heads) std::printf("  %s %.2f", name.c_str(), s);
+  }
   std::map<std::string, double> paths(last.pair_ablation().begin(), last.pair_ablation().end());
   std::printf("\n  pair paths (match coordinates):");
   for (const auto& [name, s] : paths) std::printf("  %s %.2f", name.c_str(), s);

@@ -367,6 +367,13 @@ class Client:
         from circuitlab import frames
         return frames.task_vectors_df(self, run_id, sweep_id, **fields)
 
+    def patch_df(self, run_id, hooks, reference_set="", positions=(), mask=None, head=0, **fields):
+        """D.6 patch_effect as a DataFrame: eval_set, hook, position (-1: all at once), the patched run's
+        accuracy, loss, logit_diff and their normalised effects (m_patched - m_base) / (m_source - m_base).
+        Other InterveneRequest fields (eval_sets, n_eval, ...) as keywords."""
+        from circuitlab import frames
+        return frames.patch_df(self, run_id, hooks, reference_set, positions, mask, head, **fields)
+
     def plot_metrics(self, runs, names, ax=None, logy=False, smooth=0.0):
         from circuitlab import plots
         return plots.plot_metrics(self, runs, names, ax=ax, logy=logy, smooth=smooth)

@@ -116,3 +116,30 @@ def task_vectors_df(client, run_id=None, sweep_id=None, **fields):
         rows.append(row)
     df = pd.DataFrame(rows, columns=None if rows else ["run_id", "step", "name", "layer", "position", "value"])
     return df.astype({"step": "int64", "layer": "int64", "position": "int64", "value": "float64"})
+
+
+_PATCH_COLUMNS = ["eval_set", "hook", "position", "accuracy", "loss", "logit_diff", "effect_accuracy", "effect_loss",
+                  "effect_logit_diff"]
+
+
+def patch_df(client, run_id, hooks, reference_set="", positions=(), mask=None, head=0, **fields):
+    """D.6 patch_effect: Intervene with a patch sweep, one row per (eval_set, hook, position); position -1 is
+    every swept position at once. Base and source metrics are in df.attrs["base"] / df.attrs["source"]."""
+    pd = _pd()
+    sweep = {"hooks": list(hooks), "positions": list(positions), "head": head, "reference_set": reference_set}
+    if mask is not None:
+        sweep["mask"] = mask
+    resp = client.intervene(run_id=run_id, patch=sweep, **fields)
+    rows, base, source = [], {}, {}
+    for e in resp.effects:
+        base[e.eval_set] = {"accuracy": e.accuracy_clean, "loss": e.loss_clean, "logit_diff": e.logit_diff_clean}
+        source[e.eval_set] = {"accuracy": e.patch_source_accuracy, "loss": e.patch_source_loss,
+                              "logit_diff": e.patch_source_logit_diff}
+        for p in e.patch:
+            rows.append({"eval_set": e.eval_set, "hook": p.hook, "position": p.position, "accuracy": p.accuracy,
+                         "loss": p.loss, "logit_diff": p.logit_diff, "effect_accuracy": p.effect_accuracy,
+                         "effect_loss": p.effect_loss, "effect_logit_diff": p.effect_logit_diff})
+    df = pd.DataFrame(rows, columns=_PATCH_COLUMNS).astype({"position": "int64"})
+    df.attrs["base"], df.attrs["source"] = base, source
+    return df
+

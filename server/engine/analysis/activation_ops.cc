@@ -68,7 +68,8 @@ torch::Tensor ApplyOne(const PreparedOp& p, const torch::Tensor& v, int64_t begi
 
 absl::StatusOr<AttentionMassMeter> PrepareAttentionMass(const v1::AttentionMass& spec, const std::string& field,
                                                         const HookGeometry& geo, int64_t T,
-                                                        const std::vector<int64_t>& default_queries) {
+                                                        const std::vector<int64_t>& default_queries,
+                                                        const std::vector<int64_t>& answer) {
   if (!geo.pattern) {
     return absl::InvalidArgumentError(field + ".pattern: '" + geo.name + "' is not an attention pattern");
   }
@@ -91,13 +92,23 @@ absl::StatusOr<AttentionMassMeter> PrepareAttentionMass(const v1::AttentionMass&
                                         std::to_string(T - 1) + "], got " + std::to_string(spec.queries(i)));
     }
   }
+  if (!spec.queries().empty() && spec.query_mask() != v1::POSITION_MASK_UNSPECIFIED) {
+    return absl::InvalidArgumentError(field + ": give queries or query_mask, not both");
+  }
+  if (!v1::PositionMask_IsValid(spec.query_mask())) {
+    return absl::InvalidArgumentError(field + ".query_mask must be POSITION_MASK_ANSWER or POSITION_MASK_ALL, got " +
+                                      std::to_string(spec.query_mask()));
+  }
   AttentionMassMeter m;
   m.geo_ = geo;
   m.mask_ = torch::zeros({T, T}, torch::kDouble);
   auto mask = m.mask_.accessor<double, 2>();
   std::vector<bool> query_rows(static_cast<size_t>(T), false);
   if (spec.queries().empty()) {
-    for (int64_t q : default_queries) query_rows[static_cast<size_t>(q)] = true;
+    const std::vector<int64_t> rows = spec.query_mask() == v1::POSITION_MASK_UNSPECIFIED
+                                          ? default_queries
+                                          : MaskPositions(spec.query_mask(), T, answer);
+    for (int64_t q : rows) query_rows[static_cast<size_t>(q)] = true;
   }
   for (int64_t q : spec.queries()) query_rows[static_cast<size_t>(q)] = true;
   // A query counts when it sees at least one of the keys (causal: later
@@ -282,6 +293,99 @@ HookFn EditHook(const std::vector<PreparedOp>& ops, int64_t begin) {
     }
     return changed ? x : torch::Tensor();
   };
+}
+
+std::vector<int64_t> MaskPositions(v1::PositionMask mask, int64_t T, const std::vector<int64_t>& answer) {
+  if (mask == v1::POSITION_MASK_ANSWER) return answer;
+  std::vector<int64_t> every(static_cast<size_t>(T));
+  for (int64_t t = 0; t < T; ++t) every[static_cast<size_t>(t)] = t;
+  return every;
+}
+
+absl::StatusOr<PatchPlan> PreparePatchSweep(
+    const v1::PatchSweep& sweep, const std::function<absl::StatusOr<HookGeometry>(const std::string&)>& geometry,
+    int64_t T, const std::vector<int64_t>& answer) {
+  if (sweep.hooks().empty() || sweep.hooks_size() > 16) {
+    return absl::InvalidArgumentError("patch.hooks must have 1 to 16 entries, got " +
+                                      std::to_string(sweep.hooks_size()));
+  }
+  if (!sweep.positions().empty() && sweep.mask() != v1::POSITION_MASK_UNSPECIFIED) {
+    return absl::InvalidArgumentError("patch: give positions or mask, not both");
+  }
+  if (!v1::PositionMask_IsValid(sweep.mask())) {
+    return absl::InvalidArgumentError("patch.mask must be POSITION_MASK_ANSWER or POSITION_MASK_ALL, got " +
+                                      std::to_string(sweep.mask()));
+  }
+  std::vector<int64_t> positions(sweep.positions().begin(), sweep.positions().end());
+  if (positions.empty()) {
+    positions =
+        MaskPositions(sweep.mask() == v1::POSITION_MASK_UNSPECIFIED ? v1::POSITION_MASK_ALL : sweep.mask(), T, answer);
+  }
+  for (size_t i = 0; i < positions.size(); ++i) {
+    if (positions[i] >= T) {
+      return absl::InvalidArgumentError("patch.positions[" + std::to_string(i) + "] must be in [0, " +
+                                        std::to_string(T - 1) + "], got " + std::to_string(positions[i]));
+    }
+  }
+  PatchPlan plan;
+  for (int h = 0; h < sweep.hooks_size(); ++h) {
+    const std::string field = "patch.hooks[" + std::to_string(h) + "]";
+    absl::StatusOr<HookGeometry> g = geometry(sweep.hooks(h));
+    if (!g.ok()) return absl::InvalidArgumentError(field + ": " + std::string(g.status().message()));
+    for (size_t k = 0; k <= positions.size(); ++k) {
+      v1::Intervention& op = plan.ops.emplace_back();
+      op.set_op(v1::Intervention::OP_PATCH);
+      op.set_hook(sweep.hooks(h));
+      op.set_head(sweep.head());
+      op.set_reference_set(sweep.reference_set());
+      if (k < positions.size()) {
+        op.add_positions(static_cast<uint32_t>(positions[k]));
+      } else {
+        for (int64_t pos : positions) op.add_positions(static_cast<uint32_t>(pos));
+      }
+      absl::StatusOr<PreparedOp> p = PrepareActivationOp(op, field, *g, T);
+      if (!p.ok()) return absl::InvalidArgumentError("patch" + std::string(p.status().message()).substr(field.size()));
+      plan.sites.push_back(std::move(*p));
+      plan.positions.push_back(k < positions.size() ? static_cast<int32_t>(positions[k]) : -1);
+    }
+  }
+  return plan;
+}
+
+absl::Status RunPatchSweep(PatchPlan& plan, int64_t n, int64_t chunk, int64_t T,
+                           const std::function<void(int64_t, int64_t, const HookFn&)>& forward, const PatchScores& base,
+                           const PatchScores& source,
+                           const std::function<PatchScores(const std::vector<PreparedOp>&)>& patched,
+                           v1::InterventionEffect& e) {
+  e.set_patch_source_loss(source.loss);
+  e.set_patch_source_accuracy(source.accuracy);
+  e.set_patch_source_logit_diff(source.logit_diff);
+  auto effect = [](double m, double b, double s) { return std::abs(s - b) < 1e-9 ? 0.0 : (m - b) / (s - b); };
+  torch::Tensor hook_ref;  // one hook's source activations at a time, shared by its sites
+  std::string hook;
+  for (size_t i = 0; i < plan.sites.size(); ++i) {
+    PreparedOp& site = plan.sites[i];
+    if (!hook_ref.defined() || hook != site.geo.name) {
+      hook_ref = torch::Tensor();
+      if (absl::Status s = CaptureReference(site, n, chunk, T, 0, forward); !s.ok()) return s;
+      hook_ref = site.ref;
+      hook = site.geo.name;
+      site.mean = site.perm = torch::Tensor();
+    }
+    site.ref = hook_ref;
+    const PatchScores m = patched({site});
+    site.ref = torch::Tensor();
+    v1::PatchSite* out = e.add_patch();
+    out->set_hook(site.geo.name);
+    out->set_position(plan.positions[i]);
+    out->set_loss(m.loss);
+    out->set_accuracy(m.accuracy);
+    out->set_logit_diff(m.logit_diff);
+    out->set_effect_loss(effect(m.loss, base.loss, source.loss));
+    out->set_effect_accuracy(effect(m.accuracy, base.accuracy, source.accuracy));
+    out->set_effect_logit_diff(effect(m.logit_diff, base.logit_diff, source.logit_diff));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace circuitlab::engine

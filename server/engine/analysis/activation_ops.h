@@ -8,6 +8,7 @@
 
 #include <torch/torch.h>
 
+#include <deque>
 #include <functional>
 #include <string>
 #include <vector>
@@ -88,6 +89,7 @@ class AttentionMassMeter {
  private:
   friend absl::StatusOr<AttentionMassMeter> PrepareAttentionMass(const v1::AttentionMass&, const std::string&,
                                                                  const HookGeometry&, int64_t,
+                                                                 const std::vector<int64_t>&,
                                                                  const std::vector<int64_t>&);
   HookGeometry geo_;
   torch::Tensor mask_;  // [T, T] double: 1 at (query, key) pairs counted
@@ -97,12 +99,14 @@ class AttentionMassMeter {
 };
 
 // Validates `spec` against the pattern point `geo` (keys: >= 0 absolute,
-// < 0 relative to the query, each in [-T, T - 1]; queries in [0, T - 1],
-// `default_queries` when empty); InvalidArgument naming `field`. Mass is
-// averaged over the queries that see at least one of the keys.
+// < 0 relative to the query, each in [-T, T - 1]; queries in [0, T - 1], or
+// the task's `answer` positions / every position by query_mask, else
+// `default_queries`); InvalidArgument naming `field`. Mass is averaged over
+// the queries that see at least one of the keys.
 absl::StatusOr<AttentionMassMeter> PrepareAttentionMass(const v1::AttentionMass& spec, const std::string& field,
                                                         const HookGeometry& geo, int64_t T,
-                                                        const std::vector<int64_t>& default_queries);
+                                                        const std::vector<int64_t>& default_queries,
+                                                        const std::vector<int64_t>& answer);
 
 // Copies of `meters` with their sums at zero (a plain copy shares them).
 std::vector<AttentionMassMeter> FreshCopies(const std::vector<AttentionMassMeter>& meters);
@@ -115,6 +119,40 @@ std::string LogitDiffName(const google::protobuf::RepeatedField<uint32_t>& token
 // Appends each meter's per-head mass, clean and intervened, to `e`.
 void ReportMass(const std::vector<AttentionMassMeter>& clean, const std::vector<AttentionMassMeter>& hit,
                 v1::InterventionEffect& e);
+
+// D.6 patch_effect (v1::PatchSweep): one OP_PATCH per site, hook-major,
+// each hook's all-at-once site (position -1) after its single positions.
+struct PatchPlan {
+  std::deque<v1::Intervention> ops;  // the sites' ops (PreparedOp::op points here)
+  std::vector<PreparedOp> sites;
+  std::vector<int32_t> positions;  // per site; -1: every swept position
+};
+
+// The sweep's sites: its hooks through `geometry` (InvalidArgument text when
+// a name is not a hook point of the model), positions in [0, T - 1] or its
+// mask (`answer`: the task's answer positions; default every position).
+// InvalidArgument naming patch.<field>.
+absl::StatusOr<PatchPlan> PreparePatchSweep(
+    const v1::PatchSweep& sweep, const std::function<absl::StatusOr<HookGeometry>(const std::string&)>& geometry,
+    int64_t T, const std::vector<int64_t>& answer);
+
+// A run's metrics scored against the evaluated sequences' answers.
+struct PatchScores {
+  double loss = 0, accuracy = 0, logit_diff = 0;
+};
+
+// Captures the source activations of every site (one forward pass over the
+// source sequences per hook, shared by its sites; `forward` as for
+// CaptureReference), then scores each site with `patched` and appends the
+// effects normalised between `base` and `source` to `e`.
+absl::Status RunPatchSweep(PatchPlan& plan, int64_t n, int64_t chunk, int64_t T,
+                           const std::function<void(int64_t, int64_t, const HookFn&)>& forward, const PatchScores& base,
+                           const PatchScores& source,
+                           const std::function<PatchScores(const std::vector<PreparedOp>&)>& patched,
+                           v1::InterventionEffect& e);
+
+// The task's position set of `mask` (ANSWER: `answer`, ALL: 0..T-1).
+std::vector<int64_t> MaskPositions(v1::PositionMask mask, int64_t T, const std::vector<int64_t>& answer);
 
 // `inner` (or no edit when null), with every meter's pattern recorded as
 // the forward sees it after the edit.

@@ -124,7 +124,8 @@ absl::StatusOr<std::vector<PreparedOp>> PrepareOps(
 // The D.6 attention_mass meters of `request` for a decoder with `cfg` on T
 // positions (queries default to every position).
 absl::StatusOr<std::vector<AttentionMassMeter>> PrepareMass(const v1::InterveneRequest& request,
-                                                            const DecoderConfig& cfg, int64_t T) {
+                                                            const DecoderConfig& cfg, int64_t T,
+                                                            const std::vector<int64_t>& answer) {
   std::vector<int64_t> every(static_cast<size_t>(T));
   std::iota(every.begin(), every.end(), 0);
   std::vector<AttentionMassMeter> meters;
@@ -134,7 +135,7 @@ absl::StatusOr<std::vector<AttentionMassMeter>> PrepareMass(const v1::InterveneR
     absl::StatusOr<HookPoint> hp = ParseHookPoint(spec.pattern(), cfg.layers, cfg.final_ln);
     if (!hp.ok()) return absl::InvalidArgumentError(field + ".pattern: " + std::string(hp.status().message()));
     absl::StatusOr<AttentionMassMeter> m =
-        PrepareAttentionMass(spec, field, GeometryOf(*hp, spec.pattern(), cfg), T, every);
+        PrepareAttentionMass(spec, field, GeometryOf(*hp, spec.pattern(), cfg), T, every, answer);
     if (!m.ok()) return m.status();
     meters.push_back(std::move(*m));
   }
@@ -161,6 +162,74 @@ absl::Status CaptureReferences(std::vector<PreparedOp>& ops, const DecoderModel&
     if (!s.ok()) return s;
   }
   return absl::OkStatus();
+}
+
+// The answer positions of a token decoder (every predicting position) and
+// of a regression run (the ⊢ positions 1, 4, 7, ...).
+std::vector<int64_t> TokenAnswers(int64_t T) {
+  std::vector<int64_t> out(static_cast<size_t>(T - 1));
+  std::iota(out.begin(), out.end(), 0);
+  return out;
+}
+std::vector<int64_t> RegressionAnswers(int64_t points) {
+  std::vector<int64_t> out;
+  for (int64_t i = 0; i < points; ++i) out.push_back(3 * i + 1);
+  return out;
+}
+
+// The request's patch sweep on a decoder (empty plan without one).
+absl::StatusOr<PatchPlan> PreparePatch(const v1::InterveneRequest& request, const DecoderConfig& cfg, int64_t T,
+                                       const std::vector<int64_t>& answer, const SetIndex& index) {
+  if (!request.has_patch()) return PatchPlan();
+  if (const std::string& r = request.patch().reference_set(); !r.empty() && index.Find(r) < 0) {
+    return absl::InvalidArgumentError("patch.reference_set must be one of " + index.names + ", got " + Quote(r));
+  }
+  return PreparePatchSweep(
+      request.patch(),
+      [&](const std::string& name) -> absl::StatusOr<HookGeometry> {
+        absl::StatusOr<HookPoint> hp = ParseHookPoint(name, cfg.layers, cfg.final_ln);
+        if (!hp.ok()) return hp.status();
+        if (hp->kind == HookPoint::Kind::kLogits) {
+          return absl::InvalidArgumentError("logits is read, not patched; patch an earlier point");
+        }
+        return GeometryOf(*hp, name, cfg);
+      },
+      T, answer);
+}
+
+// D.6 patch_effect on one evaluated set of a decoder run: `score(inputs,
+// ops)` scores the model on `inputs` (with `ops`) against the evaluated
+// sequences' answers.
+absl::Status DecoderPatch(const DecoderModel& model, PatchPlan& plan, int64_t n, int64_t T,
+                          const torch::Tensor& eval_inputs, const torch::Tensor& source_inputs, const PatchScores& base,
+                          const std::function<PatchScores(const torch::Tensor&, const std::vector<PreparedOp>&)>& score,
+                          v1::InterventionEffect& e) {
+  return RunPatchSweep(
+      plan, n, kChunk, T,
+      [&](int64_t b, int64_t count, const HookFn& hook) {
+        model.Forward(source_inputs.narrow(0, b, count).unsqueeze(0), &hook);
+      },
+      base, score(source_inputs, {}), [&](const std::vector<PreparedOp>& ops) { return score(eval_inputs, ops); }, e);
+}
+
+// A token decoder's loss, accuracy and logit difference (`pair`, when
+// given) on `inputs` [n, T] with `ops`, against the answers of `answers`.
+PatchScores TokenScores(const DecoderModel& model, const torch::Tensor& inputs, const torch::Tensor& answers,
+                        const std::vector<PreparedOp>& ops, const google::protobuf::RepeatedField<uint32_t>& pair) {
+  const int64_t n = inputs.size(0), T = inputs.size(1);
+  PatchScores m;
+  for (int64_t b = 0; b < n; b += kChunk) {
+    const int64_t count = std::min(kChunk, n - b);
+    const HookFn edit = EditHook(ops, b);
+    torch::Tensor logits = model.Forward(inputs.narrow(0, b, count).unsqueeze(0), ops.empty() ? nullptr : &edit);
+    torch::Tensor target = answers.narrow(0, b, count).unsqueeze(0);
+    m.loss += NextTokenLoss(logits, target).sum().item<double>();
+    torch::Tensor l = logits.narrow(2, 0, T - 1).to(torch::kDouble);
+    m.accuracy += (l.argmax(-1) == target.narrow(2, 1, T - 1)).to(torch::kDouble).mean(2).sum().item<double>();
+    if (!pair.empty()) m.logit_diff += (l.select(-1, pair[0]) - l.select(-1, pair[1])).mean(2).sum().item<double>();
+  }
+  const double dn = static_cast<double>(n);
+  return {m.loss / dn, m.accuracy / dn, m.logit_diff / dn};
 }
 
 // The rules OP_REPLACE_CONVEX adds on a latent run.
@@ -226,6 +295,11 @@ v1::InterventionEffect LatentEffect(const DecoderModel& model, const LatentTaskG
   const bool major = s.set->pool == LatentPool::kMajor;
   std::vector<AttentionMassMeter> clean_mass = FreshCopies(meters), hit_mass = FreshCopies(meters);
   const HookFn clean_hook = MeteredHook(nullptr, clean_mass);
+  // Per predicting position (per_position): sums over the sequences of loss,
+  // accuracy, KL, logit difference and kl_ref, clean and intervened.
+  enum { kLossClean, kLoss, kAccClean, kAcc, kKl, kLdClean, kLd, kRefClean, kRef, kSeries };
+  torch::Tensor series = torch::zeros({kSeries, T - 1}, torch::kDouble);
+  auto add = [&](int row, const torch::Tensor& per) { series[row] += per.reshape({-1, T - 1}).sum(0); };
   for (int64_t b = 0; b < n; b += kChunk) {
     const int64_t count = std::min(kChunk, n - b);
     torch::Tensor chunk = s.tokens.narrow(0, b, count).unsqueeze(0);
@@ -239,13 +313,26 @@ v1::InterventionEffect LatentEffect(const DecoderModel& model, const LatentTaskG
     torch::Tensor lc = torch::log_softmax(clean.narrow(2, 0, T - 1).to(torch::kDouble), -1);
     torch::Tensor le = torch::log_softmax(edited.narrow(2, 0, T - 1).to(torch::kDouble), -1);
     kl += (lc.exp() * (lc - le)).sum(-1).mean(2).sum().item<double>();
+    if (request.per_position()) {
+      torch::Tensor at = next.unsqueeze(-1);
+      add(kLossClean, -lc.gather(-1, at).squeeze(-1));
+      add(kLoss, -le.gather(-1, at).squeeze(-1));
+      add(kAccClean, (lc.argmax(-1) == next).to(torch::kDouble));
+      add(kAcc, (le.argmax(-1) == next).to(torch::kDouble));
+      add(kKl, (lc.exp() * (lc - le)).sum(-1));
+    }
     if (!pair.empty()) {  // per sequence: mean over the predicting positions
       auto diff = [&](const torch::Tensor& logits) {
         torch::Tensor l = logits.narrow(2, 0, T - 1).to(torch::kDouble);
-        return (l.select(-1, pair[0]) - l.select(-1, pair[1])).mean(2).sum().item<double>();
+        return l.select(-1, pair[0]) - l.select(-1, pair[1]);  // [1, count, T-1]
       };
-      ld_clean += diff(clean);
-      ld += diff(edited);
+      const torch::Tensor dc = diff(clean), de = diff(edited);
+      ld_clean += dc.mean(2).sum().item<double>();
+      ld += de.mean(2).sum().item<double>();
+      if (request.per_position()) {
+        add(kLdClean, dc);
+        add(kLd, de);
+      }
     }
     if (!task.has_bayes()) continue;
     // The reference law in chunks of kBayesChunk ([chunk, T, tasks] for the known pool).
@@ -260,13 +347,14 @@ v1::InterventionEffect LatentEffect(const DecoderModel& model, const LatentTaskG
         q = (major ? task.KnownPool(seqs).probs : task.Extrapolation(seqs)).narrow(1, 0, T - 1);
       }
       torch::Tensor logq = q.clamp_min(1e-300).log();
-      auto kl_to_q = [&](const torch::Tensor& lp) {
+      auto kl_to_q = [&](const torch::Tensor& lp, int row) {
         torch::Tensor l = lp.squeeze(0).narrow(0, q0, qn);
         torch::Tensor per = (l.exp() * (l - logq)).sum(-1);  // [qn, T-1]
+        if (request.per_position()) add(row, per);
         return per.index_select(1, ref_rows).mean(1).sum().item<double>();
       };
-      kl_ref_clean += kl_to_q(lc);
-      kl_ref += kl_to_q(le);
+      kl_ref_clean += kl_to_q(lc, kRefClean);
+      kl_ref += kl_to_q(le, kRef);
     }
   }
   v1::InterventionEffect e;
@@ -289,6 +377,23 @@ v1::InterventionEffect LatentEffect(const DecoderModel& model, const LatentTaskG
     e.set_ref_name(s.convex != nullptr ? "mixture" : major ? "bayes" : "extrapolation");
     e.set_kl_ref_clean(kl_ref_clean / dn);
     e.set_kl_ref(kl_ref / dn);
+  }
+  if (request.per_position()) {  // position t: the prediction of token t + 1
+    series /= dn;
+    for (int64_t t = 0; t < T - 1; ++t) {
+      auto v = [&](int row) { return series[row][t].item<double>(); };
+      v1::PositionEffect* p = e.add_positions();
+      p->set_position(static_cast<uint32_t>(t));
+      p->set_loss_clean(v(kLossClean));
+      p->set_loss(v(kLoss));
+      p->set_accuracy_clean(v(kAccClean));
+      p->set_accuracy(v(kAcc));
+      p->set_kl_clean(v(kKl));
+      p->set_logit_diff_clean(v(kLdClean));
+      p->set_logit_diff(v(kLd));
+      p->set_kl_ref_clean(v(kRefClean));
+      p->set_kl_ref(v(kRef));
+    }
   }
   return e;
 }
@@ -322,9 +427,11 @@ absl::StatusOr<v1::InterveneResponse> InterveneDecoder(const DecoderModel& model
   absl::StatusOr<std::vector<PreparedOp>> prepared = PrepareOps(request, cfg, T, index, check);
   if (!prepared.ok()) return prepared.status();
   std::vector<PreparedOp>& ops = *prepared;
-  absl::StatusOr<std::vector<AttentionMassMeter>> meters = PrepareMass(request, cfg, T);
+  absl::StatusOr<std::vector<AttentionMassMeter>> meters = PrepareMass(request, cfg, T, TokenAnswers(T));
   if (!meters.ok()) return meters.status();
   if (absl::Status s = CheckLogitDiffTokens(request.logit_diff_tokens(), cfg.vocab); !s.ok()) return s;
+  absl::StatusOr<PatchPlan> patch = PreparePatch(request, cfg, T, TokenAnswers(T), index);
+  if (!patch.ok()) return patch.status();
   absl::StatusOr<std::vector<int>> picked = index.Chosen(request.eval_sets());
   if (!picked.ok()) return picked.status();
   const std::vector<int>& chosen = *picked;
@@ -367,7 +474,19 @@ absl::StatusOr<v1::InterveneResponse> InterveneDecoder(const DecoderModel& model
       if (p.op->op() != v1::Intervention::OP_REPLACE_CONVEX) continue;
       PrepareConvex(p, task, &p == convex ? eval.convex_lambda : ConvexLambda(*p.op, n, K, request.seed(), si), n);
     }
-    *response.add_effects() = LatentEffect(model, task, request, ops, *meters, eval);
+    v1::InterventionEffect& e = *response.add_effects();
+    e = LatentEffect(model, task, request, ops, *meters, eval);
+    if (!request.has_patch()) continue;
+    const std::string& from = request.patch().reference_set();
+    const torch::Tensor source = draw(from.empty() ? si : index.Find(from), "intervene/reference");
+    const auto& pair = request.logit_diff_tokens();
+    s = DecoderPatch(
+        model, *patch, n, T, eval.tokens, source, {e.loss_clean(), e.accuracy_clean(), e.logit_diff_clean()},
+        [&](const torch::Tensor& inputs, const std::vector<PreparedOp>& with) {
+          return TokenScores(model, inputs, eval.tokens, with, pair);
+        },
+        e);
+    if (!s.ok()) return s;
   }
   return response;
 }
@@ -387,8 +506,11 @@ absl::StatusOr<v1::InterveneResponse> InterveneRegression(const DecoderModel& mo
   absl::StatusOr<std::vector<PreparedOp>> prepared = PrepareOps(request, model.config(), T, index, check);
   if (!prepared.ok()) return prepared.status();
   std::vector<PreparedOp>& ops = *prepared;
-  absl::StatusOr<std::vector<AttentionMassMeter>> meters = PrepareMass(request, model.config(), T);
+  const std::vector<int64_t> answers = RegressionAnswers(points);
+  absl::StatusOr<std::vector<AttentionMassMeter>> meters = PrepareMass(request, model.config(), T, answers);
   if (!meters.ok()) return meters.status();
+  absl::StatusOr<PatchPlan> patch = PreparePatch(request, model.config(), T, answers, index);
+  if (!patch.ok()) return patch.status();
   if (!request.logit_diff_tokens().empty()) {
     return absl::FailedPreconditionError("logit_diff_tokens: a regression run predicts a number, it has no logits");
   }
@@ -423,6 +545,9 @@ absl::StatusOr<v1::InterveneResponse> InterveneRegression(const DecoderModel& mo
     }
     const torch::Tensor bayes = torch::cat(refs, 0);  // [n, points]
     double loss_clean = 0, loss = 0, shift = 0, to_ref_clean = 0, to_ref = 0;
+    // Per ⊢ position (per_position): squared error, shift and distance to the reference, summed over sequences.
+    enum { kLossClean, kLoss, kShift, kRefClean, kRef, kSeries };
+    torch::Tensor series = torch::zeros({kSeries, points}, torch::kDouble);
     std::vector<AttentionMassMeter> clean_mass = FreshCopies(*meters), hit_mass = FreshCopies(*meters);
     const HookFn clean_hook = MeteredHook(nullptr, clean_mass);
     for (int64_t b = 0; b < n; b += kChunk) {
@@ -432,12 +557,16 @@ absl::StatusOr<v1::InterveneResponse> InterveneRegression(const DecoderModel& mo
       torch::Tensor clean = DecoderModel::Predictions(model.Forward(chunk, &clean_hook)).squeeze(0).to(torch::kDouble);
       torch::Tensor edited = DecoderModel::Predictions(model.Forward(chunk, &metered)).squeeze(0).to(torch::kDouble);
       torch::Tensor y = eval.y.narrow(0, b, count), q = bayes.narrow(0, b, count);
-      auto sq = [](const torch::Tensor& a, const torch::Tensor& c) { return (a - c).pow(2).mean(1).sum().item<double>(); };
-      loss_clean += sq(clean, y);
-      loss += sq(edited, y);
-      shift += sq(edited, clean);
-      to_ref_clean += sq(clean, q);
-      to_ref += sq(edited, q);
+      auto sq = [&](const torch::Tensor& a, const torch::Tensor& c, int row) {
+        const torch::Tensor per = (a - c).pow(2);  // [count, points]
+        if (request.per_position()) series[row] += per.sum(0);
+        return per.mean(1).sum().item<double>();
+      };
+      loss_clean += sq(clean, y, kLossClean);
+      loss += sq(edited, y, kLoss);
+      shift += sq(edited, clean, kShift);
+      to_ref_clean += sq(clean, q, kRefClean);
+      to_ref += sq(edited, q, kRef);
     }
     v1::InterventionEffect& e = *response.add_effects();
     ReportMass(clean_mass, hit_mass, e);
@@ -450,6 +579,36 @@ absl::StatusOr<v1::InterveneResponse> InterveneRegression(const DecoderModel& mo
     e.set_ref_name(major ? "bayes" : "ridge");
     e.set_kl_ref_clean(to_ref_clean / dn);
     e.set_kl_ref(to_ref / dn);
+    series /= dn;
+    for (int64_t i = 0; request.per_position() && i < points; ++i) {
+      auto v = [&](int row) { return series[row][i].item<double>(); };
+      v1::PositionEffect* p = e.add_positions();
+      p->set_position(static_cast<uint32_t>(answers[static_cast<size_t>(i)]));
+      p->set_loss_clean(v(kLossClean));
+      p->set_loss(v(kLoss));
+      p->set_kl_clean(v(kShift));
+      p->set_kl_ref_clean(v(kRefClean));
+      p->set_kl_ref(v(kRef));
+    }
+    if (!request.has_patch()) continue;
+    const std::string& from = request.patch().reference_set();
+    const RegressionBatch source = draw(from.empty() ? si : index.Find(from), "intervene/reference");
+    auto score = [&](const torch::Tensor& in, const std::vector<PreparedOp>& with) {
+      double sum = 0;
+      for (int64_t b = 0; b < n; b += kChunk) {
+        const int64_t count = std::min(kChunk, n - b);
+        const HookFn edit = EditHook(with, b);
+        torch::Tensor pred = DecoderModel::Predictions(
+                                 model.Forward(in.narrow(0, b, count).unsqueeze(0), with.empty() ? nullptr : &edit))
+                                 .squeeze(0)
+                                 .to(torch::kDouble);
+        sum += (pred - eval.y.narrow(0, b, count)).pow(2).mean(1).sum().item<double>();
+      }
+      return PatchScores{sum / dn, 0, 0};
+    };
+    s = DecoderPatch(model, *patch, n, T, inputs, MemberInputs(model, source.x, source.y), {e.loss_clean(), 0, 0},
+                     score, e);
+    if (!s.ok()) return s;
   }
   return response;
 }

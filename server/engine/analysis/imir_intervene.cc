@@ -128,7 +128,7 @@ absl::StatusOr<std::vector<AttentionMassMeter>> MassMeters(const Opened& o, cons
     absl::StatusOr<HookGeometry> g = ImirHookGeometry(req.attention_mass(i).pattern(), o.layers, o.heads,
                                                       o.task->vocab_size() + o.task->num_positions());
     if (!g.ok()) return absl::InvalidArgumentError(field + ".pattern: " + std::string(g.status().message()));
-    absl::StatusOr<AttentionMassMeter> m = PrepareAttentionMass(req.attention_mass(i), field, *g, T, {T - 1});
+    absl::StatusOr<AttentionMassMeter> m = PrepareAttentionMass(req.attention_mass(i), field, *g, T, {T - 1}, {T - 1});
     if (!m.ok()) return m.status();
     meters.push_back(std::move(*m));
   }
@@ -164,6 +164,21 @@ absl::Status CaptureImirReferences(const Opened& o, const ImirModel& edited, con
   return absl::OkStatus();
 }
 
+// The mean logit difference at the query: the request's token pair, else
+// the set's answer minus its second answer.
+double LogitDiffOf(const torch::Tensor& logits, const EvalData& d,
+                   const google::protobuf::RepeatedField<uint32_t>& pair) {
+  if (!pair.empty()) return (logits.select(1, pair[0]) - logits.select(1, pair[1])).mean().item<double>();
+  return (logits.gather(1, d.target.unsqueeze(1)) - logits.gather(1, d.alt_target.unsqueeze(1))).mean().item<double>();
+}
+
+// Loss, accuracy and (when `diff`) the logit difference of `logits` against
+// the answers of the sequences `d`.
+PatchScores ScoresOf(const torch::Tensor& logits, const EvalData& d,
+                     const google::protobuf::RepeatedField<uint32_t>& pair, bool diff) {
+  return {Loss(logits, d.target), Accuracy(logits, d.target), diff ? LogitDiffOf(logits, d, pair) : 0.0};
+}
+
 // The clean and intervened measures of one evaluation set.
 v1::InterventionEffect ImirEffect(const Opened& o, const ImirModel& edited, const v1::InterveneRequest& req,
                                   const EvalData& data, const std::vector<PreparedOp>& activations,
@@ -182,27 +197,49 @@ v1::InterventionEffect ImirEffect(const Opened& o, const ImirModel& edited, cons
   e.set_accuracy(Accuracy(hit, data.target));
   const torch::Tensor lp_clean = torch::log_softmax(clean, -1), lp_hit = torch::log_softmax(hit, -1);
   e.set_kl_clean((lp_clean.exp() * (lp_clean - lp_hit)).sum(-1).mean().item<double>());
-  e.set_has_logit_diff(!data.alt_name.empty() || data.name == "conflict");
   const auto& pair = req.logit_diff_tokens();
-  if (!pair.empty()) {  // the request's pair instead of the task's
-    e.set_has_logit_diff(true);
-    e.set_alt_name(LogitDiffName(pair));
-    auto ld = [&](const torch::Tensor& logits) {
-      return (logits.select(1, pair[0]) - logits.select(1, pair[1])).mean().item<double>();
-    };
-    e.set_logit_diff_clean(ld(clean));
-    e.set_logit_diff(ld(hit));
-  } else if (e.has_logit_diff()) {
-    e.set_alt_name(data.alt_name.empty() ? "in_weights" : data.alt_name);
-    auto ld = [&](const torch::Tensor& logits) {
-      return (logits.gather(1, data.target.unsqueeze(1)) - logits.gather(1, data.alt_target.unsqueeze(1)))
-          .mean()
-          .item<double>();
-    };
-    e.set_logit_diff_clean(ld(clean));
-    e.set_logit_diff(ld(hit));
+  // The request's pair instead of the task's.
+  e.set_has_logit_diff(!pair.empty() || !data.alt_name.empty() || data.name == "conflict");
+  if (e.has_logit_diff()) {
+    e.set_alt_name(!pair.empty() ? LogitDiffName(pair) : data.alt_name.empty() ? "in_weights" : data.alt_name);
+    e.set_logit_diff_clean(LogitDiffOf(clean, data, pair));
+    e.set_logit_diff(LogitDiffOf(hit, data, pair));
+  }
+  if (req.per_position()) {  // the block model reads out at the query only
+    v1::PositionEffect* p = e.add_positions();
+    p->set_position(static_cast<uint32_t>(o.task->seq_len() - 1));
+    p->set_loss_clean(e.loss_clean());
+    p->set_loss(e.loss());
+    p->set_accuracy_clean(e.accuracy_clean());
+    p->set_accuracy(e.accuracy());
+    p->set_kl_clean(e.kl_clean());
+    p->set_logit_diff_clean(e.logit_diff_clean());
+    p->set_logit_diff(e.logit_diff());
   }
   return e;
+}
+
+// D.6 patch_effect on one evaluated set (the unedited model): the sweep's
+// sites patched one at a time from the paired source sequences.
+absl::Status ImirPatch(const Opened& o, const v1::InterveneRequest& req, const EvalData& data, PatchPlan& plan,
+                       v1::InterventionEffect& e) {
+  const std::string source_set = req.patch().reference_set().empty() ? data.name : req.patch().reference_set();
+  absl::StatusOr<EvalData> source =
+      MakeEval(*o.task, source_set, req.n_eval(), DeriveSeed63(req.seed(), "intervene/reference"));
+  if (!source.ok()) return absl::InvalidArgumentError("patch.reference_set: " + std::string(source.status().message()));
+  const auto& pair = req.logit_diff_tokens();
+  const bool diff = e.has_logit_diff();
+  const PatchScores base{e.loss_clean(), e.accuracy_clean(), e.logit_diff_clean()};
+  const PatchScores from = ScoresOf(Logits(*o.dense, *source), data, pair, diff);
+  return RunPatchSweep(
+      plan, req.n_eval(), kImirChunk, o.task->seq_len(),
+      [&](int64_t b, int64_t count, const HookFn& hook) {
+        torch::NoGradGuard no_grad;
+        o.dense->Forward(source->tokens.narrow(1, b, count), source->pids.narrow(1, b, count), false, nullptr, &hook);
+      },
+      base, from,
+      [&](const std::vector<PreparedOp>& ops) { return ScoresOf(EditedLogits(*o.dense, data, ops), data, pair, diff); },
+      e);
 }
 
 }  // namespace
@@ -240,6 +277,23 @@ absl::StatusOr<v1::InterveneResponse> ImirIntervene(const v1::ExperimentSpec& sp
   if (sets.empty()) {
     for (const EvalSetInfo& info : o.task->EvalSets()) sets.push_back(info.name);
   }
+  const int64_t T = o.task->seq_len();
+  PatchPlan plan;
+  if (req.has_patch()) {
+    absl::StatusOr<PatchPlan> prepared = PreparePatchSweep(
+        req.patch(),
+        [&](const std::string& hook) {
+          return ImirHookGeometry(hook, o.layers, o.heads, o.task->vocab_size() + o.task->num_positions());
+        },
+        T, {T - 1});
+    if (!prepared.ok()) return prepared.status();
+    plan = std::move(*prepared);
+    if (const std::string& r = req.patch().reference_set(); !r.empty()) {
+      if (absl::StatusOr<EvalData> probe = MakeEval(*o.task, r, 1, req.seed()); !probe.ok()) {
+        return absl::InvalidArgumentError("patch.reference_set: " + std::string(probe.status().message()));
+      }
+    }
+  }
   for (const PreparedOp& p : edits.activations) {
     if (p.op->reference_set().empty()) continue;
     if (absl::StatusOr<EvalData> probe = MakeEval(*o.task, p.op->reference_set(), 1, req.seed()); !probe.ok()) {
@@ -253,7 +307,11 @@ absl::StatusOr<v1::InterveneResponse> ImirIntervene(const v1::ExperimentSpec& sp
                                         "]: " + std::string(data.status().message()));
     }
     if (absl::Status s = CaptureImirReferences(o, *edited, req, *data, i, edits.activations); !s.ok()) return s;
-    *response.add_effects() = ImirEffect(o, *edited, req, *data, edits.activations, *meters);
+    v1::InterventionEffect& e = *response.add_effects();
+    e = ImirEffect(o, *edited, req, *data, edits.activations, *meters);
+    if (req.has_patch()) {
+      if (absl::Status s = ImirPatch(o, req, *data, plan, e); !s.ok()) return s;
+    }
   }
   return response;
 }

@@ -1,6 +1,6 @@
 // Run labels (SCIENCE.md D.2, D.3) of an IMIR run: at every checkpoint ICL
-// vs IWL by behaviour and by coordinates, the head-ablation profile and the
-// layer pair that carries the induction path; the run's label, its final
+// vs IWL by behaviour and by coordinates, the head-ablation profile (per
+// layer and per head) and the head pair that carries the induction path; the run's label, its final
 // pair and the pair its initial weights predict.
 #include <algorithm>
 #include <array>
@@ -16,22 +16,33 @@
 namespace circuitlab::engine {
 namespace {
 
-// A candidate layer pair of D.3 (head 1): previous-token head at layer i,
-// induction head at j > i, named "i-j", with the labels of its three
-// coordinates prev_i, match_ij, out_j.
+// A candidate pair of D.3: previous-token head h at layer i, induction head
+// g at layer j > i, named "i-j" on one-head models and "LiHh-LjHg" on
+// others, with the labels of its three coordinates prev, match, out.
 struct LayerPair {
   std::string name, prev, match, out;
 };
 
 std::vector<LayerPair> LayerPairs(int64_t L, int64_t H) {
   std::vector<LayerPair> pairs;
+  auto head = [](int64_t l, int64_t h) { return "L" + std::to_string(l) + "H" + std::to_string(h); };
   for (int64_t i = 1; i <= L; ++i) {
     for (int64_t j = i + 1; j <= L; ++j) {
-      pairs.push_back({std::to_string(i) + "-" + std::to_string(j), KqLabel(i, 1, "∅", "∅", "S_1"),
-                       KqLabel(j, 1, "∅", HeadBlock(i, 1, L, H), "I_t"), OutLabel(HeadBlock(j, 1, L, H), "I")});
+      for (int64_t h = 1; h <= H; ++h) {
+        for (int64_t g = 1; g <= H; ++g) {
+          pairs.push_back({H == 1 ? std::to_string(i) + "-" + std::to_string(j) : head(i, h) + "-" + head(j, g),
+                           KqLabel(i, h, "∅", "∅", "S_1"), KqLabel(j, g, "∅", HeadBlock(i, h, L, H), "I_t"),
+                           OutLabel(HeadBlock(j, g, L, H), "I")});
+        }
+      }
     }
   }
   return pairs;
+}
+
+// The share of the accuracy above chance that `after` has lost.
+double Removed(double acc, double after, double chance) {
+  return acc - chance > 1e-9 ? std::clamp((acc - after) / (acc - chance), 0.0, 1.0) : 0.0;
 }
 
 // D.3's winning pair, refined for redundant circuits [P]. Candidate pair
@@ -82,7 +93,7 @@ std::string PathLabel(const Opened& o, const Projector& projector, const Basis& 
       }
       const std::unique_ptr<ImirModel> model = MovedCoords(o, projector, c, cut);
       const double after = Accuracy(Logits(*model, d), d.target);
-      const double removed = acc - chance > 1e-9 ? std::clamp((acc - after) / (acc - chance), 0.0, 1.0) : 0.0;
+      const double removed = Removed(acc, after, chance);
       ablation.emplace_back(name, removed);
       if (removed >= 0.5) qualified.emplace_back(removed, name);
     }
@@ -106,7 +117,7 @@ struct LabelContext {
   std::vector<LayerPair> pairs;
   double chance = 0;
 
-  // Pair scores |prev_i| |match_ij| |out_j| for every layer pair (head 1).
+  // Pair scores |prev| |match| |out| for every candidate pair.
   std::vector<std::pair<std::string, double>> PairScores(const std::vector<double>& c) const {
     std::vector<std::pair<std::string, double>> out;
     for (const LayerPair& p : pairs) {
@@ -179,12 +190,19 @@ absl::StatusOr<v1::CheckpointLabel> LabelCheckpoint(const LabelContext& x, int64
   if (x.L < 2) return r;
   const EvalData& d = x.data.at(x.primary);
   const double acc = Accuracy(Logits(*o->dense, d), d.target);
-  for (int64_t l = 1; l <= x.L; ++l) {
+  auto ablated_accuracy = [&](int64_t l, int64_t first, int64_t last) {  // heads first..last of layer l
     std::unique_ptr<ImirModel> ablated = DenseLike(*x.task, x.L, x.H);
     CopyDense(*o->dense, *ablated);
-    for (int64_t h = 1; h <= x.H; ++h) AblateHead(*ablated, l, h);
-    const double after = Accuracy(Logits(*ablated, d), d.target);
-    r.add_head_ablation(acc - x.chance > 1e-9 ? std::clamp((acc - after) / (acc - x.chance), 0.0, 1.0) : 0.0);
+    for (int64_t h = first; h <= last; ++h) AblateHead(*ablated, l, h);
+    return Accuracy(Logits(*ablated, d), d.target);
+  };
+  for (int64_t l = 1; l <= x.L; ++l) {
+    r.add_head_ablation(Removed(acc, ablated_accuracy(l, 1, x.H), x.chance));
+    for (int64_t h = 1; h <= x.H; ++h) {
+      const double alone =
+          x.H == 1 ? r.head_ablation(static_cast<int>(l) - 1) : Removed(acc, ablated_accuracy(l, h, h), x.chance);
+      (*r.mutable_per_head_ablation())["L" + std::to_string(l) + "H" + std::to_string(h)] = alone;
+    }
   }
   const std::vector<std::pair<std::string, double>> scores = x.PairScores(c);
   for (const auto& [name, s] : scores) (*r.mutable_pair_scores())[name] = s;

@@ -67,6 +67,31 @@ absl::Status CheckOp(const v1::Intervention& in, const std::string& field, bool 
   return IsActivationOp(in.op()) ? CheckActivationFields(in, field) : absl::OkStatus();
 }
 
+// A patch sweep's size (the engine checks hooks and positions against the
+// model): each site is one forward pass over n_eval sequences per evaluated set.
+absl::Status CheckPatch(const v1::PatchSweep& patch, const v1::ExperimentSpec& spec, uint64_t n_eval) {
+  constexpr uint64_t kMaxSequences = 4194304;
+  if (patch.hooks().empty() || patch.hooks_size() > 16) {
+    return absl::InvalidArgumentError("patch.hooks must have 1 to 16 entries, got " +
+                                      std::to_string(patch.hooks_size()));
+  }
+  if (patch.positions_size() > 1024) {
+    return absl::InvalidArgumentError("patch.positions must have at most 1024 entries, got " +
+                                      std::to_string(patch.positions_size()));
+  }
+  const uint64_t T = engine::ShapeOf(spec).seq_len;
+  const uint64_t positions = patch.positions().empty() ? T : static_cast<uint64_t>(patch.positions_size());
+  const uint64_t sequences = static_cast<uint64_t>(patch.hooks_size()) * (positions + 1) * n_eval;
+  if (sequences > kMaxSequences) {
+    return absl::ResourceExhaustedError("patch: " + std::to_string(patch.hooks_size()) + " hooks x " +
+                                        std::to_string(positions + 1) + " sites each x n_eval " +
+                                        std::to_string(n_eval) + " = " + std::to_string(sequences) +
+                                        " sequences per evaluated set, more than " + std::to_string(kMaxSequences) +
+                                        "; fewer hooks or positions, or a smaller n_eval");
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<v1::InterveneResponse> AnalysisCore::Intervene(const v1::InterveneRequest& request,
@@ -74,9 +99,13 @@ absl::StatusOr<v1::InterveneResponse> AnalysisCore::Intervene(const v1::Interven
   CL_ASSIGN_OR_RETURN(int64_t id, ParseRunId(request.run_id()));
   CL_RETURN_IF_ERROR(CheckSelection(request.selection()));
   CL_RETURN_IF_ERROR(CheckEvalSize(request.n_eval(), 16, "n_eval"));
-  if (request.interventions_size() == 0 || request.interventions_size() > kMaxInterventions) {
-    return absl::InvalidArgumentError("interventions must have 1 to " + std::to_string(kMaxInterventions) +
+  if (request.interventions_size() > kMaxInterventions) {
+    return absl::InvalidArgumentError("interventions must have at most " + std::to_string(kMaxInterventions) +
                                       " entries, got " + std::to_string(request.interventions_size()));
+  }
+  if (request.interventions().empty() && !request.has_patch()) {
+    return absl::InvalidArgumentError("interventions must have 1 to " + std::to_string(kMaxInterventions) +
+                                      " entries (or give a patch sweep), got 0");
   }
   if (request.eval_sets_size() > 16) {
     return absl::InvalidArgumentError("eval_sets must have at most 16 entries, got " +
@@ -126,6 +155,10 @@ absl::StatusOr<v1::InterveneResponse> AnalysisCore::Intervene(const v1::Interven
     if (a.keys_size() > 4096 || a.queries_size() > 4096) {
       return absl::InvalidArgumentError("attention_mass: at most 4096 keys and queries each");
     }
+  }
+  if (request.has_patch()) {
+    CL_RETURN_IF_ERROR(CheckPatch(request.patch(), spec, canonical.n_eval()));
+    reference_bytes += ReferenceBytes(spec, canonical.n_eval());  // one hook's source activations at a time
   }
   if (request.logit_diff_tokens_size() > 2) {  // bounded before copying; the engine checks the pair
     return absl::InvalidArgumentError("logit_diff_tokens must be empty or two token ids (t1, t2), got " +

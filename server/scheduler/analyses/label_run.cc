@@ -28,7 +28,7 @@ absl::StatusOr<v1::LabelRunResponse> AnalysisCore::LabelRun(const v1::LabelRunRe
   canonical.set_n_eval(request.n_eval() == 0 ? 1024 : request.n_eval());
   // The labelling rule's version: labels stored by an earlier rule are
   // recomputed, not served.
-  std::string key = canonical.SerializeAsString() + "/pair-paths-1";
+  std::string key = canonical.SerializeAsString() + "/pair-paths-2";
   for (int64_t s : steps) absl::StrAppend(&key, "/", s);
   AnalysisWork work = [this, spec, id, steps, canonical](const std::function<void(double)>& progress,
                                                          const CancelToken* cancel) -> absl::StatusOr<std::string> {
