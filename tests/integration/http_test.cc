@@ -252,21 +252,35 @@ TEST(HttpTest, EventStreamsResumeWithLastEventIdAndAreCapped) {
   // The cap: while one stream is open, a second is answered 503 with Retry-After.
   std::atomic<bool> hold{true};
   std::atomic<int> got{0};
+  // The slot of the stream above is freed when the server notices the hang-up
+  // (its next write), so the holder retries until its own stream is open.
   std::thread holder([&] {
     httplib::Client h("127.0.0.1", server.http_port());
     h.set_read_timeout(std::chrono::seconds(30));
-    h.Get("/api/v1/runs/r1/events", [&](const char*, size_t) {
-      ++got;
-      return hold.load();
-    });
+    while (hold.load()) {
+      h.Get(
+          "/api/v1/runs/r1/events", [](const httplib::Response& r) { return r.status == 200; },
+          [&](const char*, size_t) {
+            ++got;
+            return hold.load();
+          });
+      if (got == 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
   });
   WaitFor([&] { return got > 0; }, std::chrono::seconds(10));
   httplib::Client probe("127.0.0.1", server.http_port());
-  auto refused = probe.Get("/api/v1/runs/r1/events");
-  ASSERT_TRUE(refused);
-  EXPECT_EQ(refused->status, 503) << refused->body;
-  EXPECT_EQ(refused->get_header_value("Retry-After"), "5");
-  EXPECT_NE(refused->body.find("--http-max-streams=1"), std::string::npos) << refused->body;
+  std::string refused_body;  // an open stream would end after its first chunk, not hang the test
+  auto refused = probe.Get("/api/v1/runs/r1/events", [&](const char* data, size_t n) {
+    refused_body.append(data, n);
+    return refused_body.find("event:") == std::string::npos;
+  });
+  EXPECT_TRUE(refused) << "a second stream was opened: " << refused_body;
+  if (refused) {
+    refused_body += refused->body;
+    EXPECT_EQ(refused->status, 503) << refused_body;
+    EXPECT_EQ(refused->get_header_value("Retry-After"), "5");
+    EXPECT_NE(refused_body.find("--http-max-streams=1"), std::string::npos) << refused_body;
+  }
   auto bad_id = probe.Get("/api/v1/runs/r1/events", {{"Last-Event-ID", "x/yz"}});
   EXPECT_EQ(bad_id->status, 400);
   hold = false;

@@ -453,6 +453,26 @@ TEST(DecoderInterventionTest, PatchSweepPerPositionAndMasks) {
   ASSERT_TRUE(listed.ok() && all.ok());
   EXPECT_EQ(answer->effects(0).attention_mass(0).clean(0), listed->effects(0).attention_mass(0).clean(0));
   EXPECT_NE(answer->effects(0).attention_mass(0).clean(0), all->effects(0).attention_mass(0).clean(0));
+  // Per query (per_position): the counted queries' series averages to the per-head mass.
+  v1::InterveneRequest series = request();
+  series.set_per_position(true);
+  series.mutable_patch()->add_hooks("embed");
+  series.mutable_patch()->add_positions(0);
+  v1::AttentionMass* per = series.add_attention_mass();
+  per->set_pattern("L1.attn.pattern");
+  per->add_keys(-1);
+  per->set_query_mask(v1::POSITION_MASK_ANSWER);
+  absl::StatusOr<v1::InterveneResponse> by_query = InterveneDecoder(model, task, series);
+  ASSERT_TRUE(by_query.ok()) << by_query.status();
+  const v1::AttentionMassEffect& m = by_query->effects(0).attention_mass(0);
+  ASSERT_EQ(m.queries_size(), T - 2);  // queries 1..T-2 see a previous position; query 0 has none
+  EXPECT_EQ(m.queries(0), 1u);
+  ASSERT_EQ(m.clean_by_query_size(), 2 * (T - 2));  // two heads
+  for (int h = 0; h < 2; ++h) {
+    double mean = 0;
+    for (int i = 0; i < m.queries_size(); ++i) mean += m.clean_by_query(i * 2 + h) / m.queries_size();
+    EXPECT_NEAR(mean, m.clean(h), 1e-12);
+  }
   auto both = mass([](v1::AttentionMass& a) {
     a.add_queries(2);
     a.set_query_mask(v1::POSITION_MASK_ANSWER);

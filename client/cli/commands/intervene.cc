@@ -102,9 +102,19 @@ void PrintCsv(const v1::InterveneResponse& resp) {
       row("set", "", "", "kl_ref", e.kl_ref());
     }
     for (const auto& m : e.attention_mass()) {
-      for (int h = 0; h < m.clean_size() && h < m.intervened_size(); ++h) {
+      const int heads = m.clean_size();
+      for (int h = 0; h < heads && h < m.intervened_size(); ++h) {
         row("attention_mass", m.pattern(), "", ("head" + std::to_string(h + 1) + "_clean").c_str(), m.clean(h));
         row("attention_mass", m.pattern(), "", ("head" + std::to_string(h + 1)).c_str(), m.intervened(h));
+      }
+      for (int i = 0; i < m.queries_size(); ++i) {  // per query (--per-position)
+        for (int h = 0; h < heads; ++h) {
+          const int k = i * heads + h;
+          if (k >= m.clean_by_query_size() || k >= m.intervened_by_query_size()) break;
+          const std::string q = std::to_string(m.queries(i)), head = "head" + std::to_string(h + 1);
+          row("attention_mass", m.pattern(), q, (head + "_clean").c_str(), m.clean_by_query(k));
+          row("attention_mass", m.pattern(), q, head.c_str(), m.intervened_by_query(k));
+        }
       }
     }
     if (e.patch_size() > 0) {

@@ -131,23 +131,45 @@ absl::StatusOr<AttentionMassMeter> PrepareAttentionMass(const v1::AttentionMass&
 }
 
 void AttentionMassMeter::Reset() {
-  sums_ = torch::zeros({geo_.heads}, torch::kDouble);
+  sums_ = torch::zeros({mask_.size(0), geo_.heads}, torch::kDouble);
   rows_ = 0;
 }
 
 void AttentionMassMeter::Add(const torch::Tensor& pattern) {
   torch::NoGradGuard no_grad;
-  torch::Tensor mass = (pattern.to(torch::kDouble) * mask_.to(pattern.device())).sum({-1, -2});  // heads + batch axes
-  mass = mass.movedim(geo_.head_axis, 0).reshape({geo_.heads, -1}).cpu();
-  sums_ += mass.sum(1);
+  const int64_t T = mask_.size(0);
+  // Keys summed: the head and batch axes, then the query axis last.
+  torch::Tensor mass = (pattern.to(torch::kDouble) * mask_.to(pattern.device())).sum(-1);
+  mass = mass.movedim(geo_.head_axis, 0).reshape({geo_.heads, -1, T}).cpu();  // [heads, rows, T]
+  sums_ += mass.sum(1).t();
   rows_ += mass.size(1);
 }
 
 std::vector<double> AttentionMassMeter::PerHead() const {
   std::vector<double> out(static_cast<size_t>(geo_.heads), 0.0);
   if (rows_ == 0 || queries_ == 0) return out;
+  const torch::Tensor total = sums_.sum(0);
   for (int64_t h = 0; h < geo_.heads; ++h) {
-    out[static_cast<size_t>(h)] = sums_[h].item<double>() / static_cast<double>(rows_ * queries_);
+    out[static_cast<size_t>(h)] = total[h].item<double>() / static_cast<double>(rows_ * queries_);
+  }
+  return out;
+}
+
+std::vector<int64_t> AttentionMassMeter::Queries() const {
+  std::vector<int64_t> out;
+  const torch::Tensor counted = mask_.sum(1) > 0;
+  for (int64_t q = 0; q < mask_.size(0); ++q) {
+    if (counted[q].item<bool>()) out.push_back(q);
+  }
+  return out;
+}
+
+std::vector<double> AttentionMassMeter::PerQuery() const {
+  std::vector<double> out;
+  for (int64_t q : Queries()) {
+    for (int64_t h = 0; h < geo_.heads; ++h) {
+      out.push_back(rows_ == 0 ? 0.0 : sums_[q][h].item<double>() / static_cast<double>(rows_));
+    }
   }
   return out;
 }
@@ -177,13 +199,18 @@ std::string LogitDiffName(const google::protobuf::RepeatedField<uint32_t>& token
 }
 
 void ReportMass(const std::vector<AttentionMassMeter>& clean, const std::vector<AttentionMassMeter>& hit,
-                v1::InterventionEffect& e) {
+                bool per_query, v1::InterventionEffect& e) {
   for (size_t k = 0; k < clean.size(); ++k) {
     v1::AttentionMassEffect* a = e.add_attention_mass();
     a->set_pattern(clean[k].pattern());
     const std::vector<double> c = clean[k].PerHead(), h = hit[k].PerHead();
     a->mutable_clean()->Add(c.begin(), c.end());
     a->mutable_intervened()->Add(h.begin(), h.end());
+    if (!per_query) continue;
+    for (int64_t q : clean[k].Queries()) a->add_queries(static_cast<uint32_t>(q));
+    const std::vector<double> cq = clean[k].PerQuery(), hq = hit[k].PerQuery();
+    a->mutable_clean_by_query()->Add(cq.begin(), cq.end());
+    a->mutable_intervened_by_query()->Add(hq.begin(), hq.end());
   }
 }
 

@@ -84,6 +84,9 @@ class AttentionMassMeter {
   // Adds a chunk's pattern (the tensor at the point, geometry `geo`).
   void Add(const torch::Tensor& pattern);
   std::vector<double> PerHead() const;
+  // The counted queries, and per query the mass per head (query-major).
+  std::vector<int64_t> Queries() const;
+  std::vector<double> PerQuery() const;
   void Reset();
 
  private:
@@ -94,7 +97,7 @@ class AttentionMassMeter {
   HookGeometry geo_;
   torch::Tensor mask_;  // [T, T] double: 1 at (query, key) pairs counted
   int64_t queries_ = 0;
-  torch::Tensor sums_;  // [heads] double
+  torch::Tensor sums_;  // [T, heads] double: mass per query row and head
   int64_t rows_ = 0;    // sequences (times ensemble members) added
 };
 
@@ -116,9 +119,10 @@ std::vector<AttentionMassMeter> FreshCopies(const std::vector<AttentionMassMeter
 absl::Status CheckLogitDiffTokens(const google::protobuf::RepeatedField<uint32_t>& tokens, int64_t vocab);
 std::string LogitDiffName(const google::protobuf::RepeatedField<uint32_t>& tokens);
 
-// Appends each meter's per-head mass, clean and intervened, to `e`.
+// Appends each meter's per-head mass, clean and intervened, to `e`; with
+// `per_query`, its series over the counted queries too.
 void ReportMass(const std::vector<AttentionMassMeter>& clean, const std::vector<AttentionMassMeter>& hit,
-                v1::InterventionEffect& e);
+                bool per_query, v1::InterventionEffect& e);
 
 // D.6 patch_effect (v1::PatchSweep): one OP_PATCH per site, hook-major,
 // each hook's all-at-once site (position -1) after its single positions.

@@ -358,7 +358,7 @@ v1::InterventionEffect LatentEffect(const DecoderModel& model, const LatentTaskG
     }
   }
   v1::InterventionEffect e;
-  ReportMass(clean_mass, hit_mass, e);
+  ReportMass(clean_mass, hit_mass, request.per_position(), e);
   e.set_eval_set(s.set->name);
   const double dn = static_cast<double>(n);
   e.set_loss_clean(loss_clean / dn);
@@ -569,7 +569,7 @@ absl::StatusOr<v1::InterveneResponse> InterveneRegression(const DecoderModel& mo
       to_ref += sq(edited, q, kRef);
     }
     v1::InterventionEffect& e = *response.add_effects();
-    ReportMass(clean_mass, hit_mass, e);
+    ReportMass(clean_mass, hit_mass, request.per_position(), e);
     const double dn = static_cast<double>(n);
     e.set_eval_set(index.sets[static_cast<size_t>(si)].name);
     e.set_loss_clean(loss_clean / dn);

@@ -189,7 +189,7 @@ v1::InterventionEffect ImirEffect(const Opened& o, const ImirModel& edited, cons
                                 ? Logits(edited, data)
                                 : EditedLogits(edited, data, activations, meters.empty() ? nullptr : &hit_mass);
   v1::InterventionEffect e;
-  ReportMass(clean_mass, hit_mass, e);
+  ReportMass(clean_mass, hit_mass, req.per_position(), e);
   e.set_eval_set(data.name);
   e.set_loss_clean(Loss(clean, data.target));
   e.set_loss(Loss(hit, data.target));
