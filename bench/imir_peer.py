@@ -48,13 +48,16 @@ class Imir(torch.nn.Module):
         x.scatter_(-1, (pid + self.vocab).unsqueeze(-1), 1.0)
         causal = torch.ones(t, t, dtype=torch.bool).triu(1)
         for w in self.kq[:-1]:
-            q = torch.matmul(x.unsqueeze(1), w.unsqueeze(1))            # [B, H, T, d]
+            d = x.shape[-1]
+            # One GEMM over every (sequence, position) row, as the C++ side does (a
+            # broadcast [B, 1, T, d] @ [H, 1, d, d] copies w per sequence).
+            q = torch.matmul(x.reshape(1, b * t, d), w).view(-1, b, t, d).transpose(0, 1)  # [B, H, T, d]
             scores = torch.matmul(q, x.unsqueeze(1).transpose(-1, -2))  # [B, H, T, T]
             a = torch.softmax(scores.masked_fill(causal, float("-inf")), -1)
             y = torch.matmul(a, x.unsqueeze(1))                         # [B, H, T, d]
             x = torch.cat([x, y.permute(0, 2, 1, 3).reshape(b, t, -1)], -1)
         xq = x[:, -1]                                                   # [B, d]
-        q = torch.matmul(xq.unsqueeze(1), self.kq[-1])                  # [B, H, d]
+        q = torch.matmul(xq, self.kq[-1]).transpose(0, 1)               # [H, B, d] -> [B, H, d] (one GEMM per head)
         scores = torch.einsum("bhd,btd->bht", q, x)
         y = torch.einsum("bht,btd->bhd", torch.softmax(scores, -1), x)
         xl = torch.cat([xq, y.reshape(b, -1)], -1)

@@ -46,9 +46,15 @@ torch::Tensor NextTokenLoss(const torch::Tensor& logits, const torch::Tensor& to
   return -logp.gather(-1, next).squeeze(-1).mean(-1);
 }
 
-LatentTrainer::LatentTrainer(const v1::ExperimentSpec& spec, std::vector<uint64_t> member_seeds,
-                             torch::Device device)
-    : TrainerBase(spec, std::move(member_seeds), device) {
+LatentTrainer::LatentTrainer(const v1::ExperimentSpec& spec, std::vector<uint64_t> member_seeds, torch::Device device)
+    : TrainerBase(spec, std::move(member_seeds), device), batches_([this](int64_t step) {
+        std::vector<torch::Tensor> toks;
+        for (size_t e = 0; e < seeds_.size(); ++e) {
+          torch::Generator gen = MakeGenerator(BatchSeedOf(seeds_[e], step));
+          toks.push_back(tasks_[e]->SampleTrain(spec_.training().batch_size(), gen).tokens);
+        }
+        return torch::stack(toks);
+      }) {
   for (uint64_t seed : seeds_) {
     tasks_.push_back(std::make_unique<LatentTaskGenerator>(spec_.task().latent(), PoolSeedOf(seed)));
   }
@@ -85,14 +91,8 @@ LatentTrainer::LatentTrainer(const v1::ExperimentSpec& spec, std::vector<uint64_
 }
 
 std::vector<std::vector<Metric>> LatentTrainer::Step(bool record) {
-  const int64_t batch = spec_.training().batch_size();
   const int64_t next = step_ + 1;
-  std::vector<torch::Tensor> toks;
-  for (size_t e = 0; e < seeds_.size(); ++e) {
-    torch::Generator gen = MakeGenerator(BatchSeedOf(seeds_[e], next));
-    toks.push_back(tasks_[e]->SampleTrain(batch, gen).tokens);
-  }
-  torch::Tensor tokens = torch::stack(toks).to(device_);  // [E, B, T]
+  torch::Tensor tokens = batches_.Take(next, total_steps()).to(device_);  // [E, B, T]
   torch::Tensor logits = model_->Forward(tokens);          // [E, B, T, V]
   torch::Tensor member_loss = NextTokenLoss(logits, tokens).mean(1);  // [E]
   ZeroGrad();

@@ -63,6 +63,7 @@ class LatentTrainer : public TrainerBase {
   std::vector<std::unique_ptr<LatentTaskGenerator>> tasks_;
   std::unique_ptr<DecoderModel> model_;
   std::vector<EvalSet> eval_sets_;
+  BatchPrefetcher<torch::Tensor> batches_;  // [E, B, T] tokens on the CPU; last: stops before tasks_ go
 };
 
 }  // namespace circuitlab::engine

@@ -22,7 +22,16 @@ torch::Tensor MemberInputs(const DecoderModel& model, const torch::Tensor& x, co
 
 RegressionTrainer::RegressionTrainer(const v1::ExperimentSpec& spec, std::vector<uint64_t> member_seeds,
                                      torch::Device device)
-    : TrainerBase(spec, std::move(member_seeds), device) {
+    : TrainerBase(spec, std::move(member_seeds), device), batches_([this](int64_t step) {
+        std::vector<torch::Tensor> xs, ys;
+        for (size_t e = 0; e < seeds_.size(); ++e) {
+          torch::Generator gen = MakeGenerator(BatchSeedOf(seeds_[e], step));
+          RegressionBatch b = tasks_[e]->SampleTrain(spec_.training().batch_size(), gen);
+          xs.push_back(b.x);
+          ys.push_back(b.y);
+        }
+        return std::pair{torch::stack(xs).to(torch::kFloat), torch::stack(ys).to(torch::kFloat)};
+      }) {
   for (uint64_t seed : seeds_) {
     tasks_.push_back(std::make_unique<RegressionTaskGenerator>(spec_.task().latent(), PoolSeedOf(seed)));
   }
@@ -61,17 +70,10 @@ RegressionTrainer::RegressionTrainer(const v1::ExperimentSpec& spec, std::vector
 }
 
 std::vector<std::vector<Metric>> RegressionTrainer::Step(bool record) {
-  const int64_t batch = spec_.training().batch_size();
   const int64_t next = step_ + 1;
-  std::vector<torch::Tensor> xs, ys;
-  for (size_t e = 0; e < seeds_.size(); ++e) {
-    torch::Generator gen = MakeGenerator(BatchSeedOf(seeds_[e], next));
-    RegressionBatch b = tasks_[e]->SampleTrain(batch, gen);
-    xs.push_back(b.x);
-    ys.push_back(b.y);
-  }
-  torch::Tensor x = torch::stack(xs).to(torch::kFloat).to(device_);  // [E, B, n, d]
-  torch::Tensor y = torch::stack(ys).to(torch::kFloat).to(device_);  // [E, B, n]
+  const auto [xs, ys] = batches_.Take(next, total_steps());
+  torch::Tensor x = xs.to(device_);  // [E, B, n, d]
+  torch::Tensor y = ys.to(device_);  // [E, B, n]
   torch::Tensor pred = PredictRegression(*model_, x, y);
   torch::Tensor member_loss = (pred - y).pow(2).mean(at::IntArrayRef{1, 2});  // [E]
   ZeroGrad();

@@ -58,6 +58,7 @@ class RegressionTrainer : public TrainerBase {
   std::vector<std::unique_ptr<RegressionTaskGenerator>> tasks_;
   std::unique_ptr<DecoderModel> model_;
   std::vector<EvalSet> eval_sets_;
+  BatchPrefetcher<std::pair<torch::Tensor, torch::Tensor>> batches_;  // x, y [E, B, ...]; last: stops before tasks_
 };
 
 }  // namespace circuitlab::engine

@@ -92,7 +92,14 @@ void InitializeModel(const v1::ExperimentSpec& spec, const std::vector<uint64_t>
 
 EnsembleTrainer::EnsembleTrainer(const v1::ExperimentSpec& spec, std::vector<uint64_t> member_seeds,
                                  torch::Device device)
-    : TrainerBase(spec, std::move(member_seeds), device) {
+    : TrainerBase(spec, std::move(member_seeds), device), batches_([this](int64_t step) {
+        std::vector<Batch> out;
+        for (size_t e = 0; e < seeds_.size(); ++e) {
+          torch::Generator gen = MakeGenerator(BatchSeedOf(seeds_[e], step));
+          out.push_back(tasks_[e]->Sample(spec_.training().batch_size(), SampleMode::kTrain, gen));
+        }
+        return out;
+      }) {
   for (uint64_t seed : seeds_) tasks_.push_back(MakeBlockTask(spec_, PoolSeedOf(seed)));
   model_ = MakeModel(spec_, *tasks_[0], ensemble(), device_);
   InitializeModel(spec_, seeds_, *model_);
@@ -141,12 +148,8 @@ EnsembleTrainer::Stacked EnsembleTrainer::Stack(const std::vector<const Batch*>&
 std::vector<std::vector<Metric>> EnsembleTrainer::Step(bool record) {
   const int64_t batch = spec_.training().batch_size();
   const int64_t next = step_ + 1;
-  std::vector<Batch> batches;
+  const std::vector<Batch> batches = batches_.Take(next, total_steps());
   std::vector<const Batch*> ptrs;
-  for (size_t e = 0; e < seeds_.size(); ++e) {
-    torch::Generator gen = MakeGenerator(BatchSeedOf(seeds_[e], next));
-    batches.push_back(tasks_[e]->Sample(batch, SampleMode::kTrain, gen));
-  }
   for (const Batch& b : batches) ptrs.push_back(&b);
   Stacked s = Stack(ptrs, 0, batch);
 

@@ -71,6 +71,7 @@ class EnsembleTrainer : public TrainerBase {
   std::vector<std::unique_ptr<BlockTask>> tasks_;
   std::unique_ptr<ImirModel> model_;
   std::vector<EvalSet> eval_sets_;
+  BatchPrefetcher<std::vector<Batch>> batches_;  // last: stops before tasks_ go
 };
 
 }  // namespace circuitlab::engine

@@ -11,6 +11,8 @@
 
 #include <torch/torch.h>
 
+#include <functional>
+#include <future>
 #include <memory>
 #include <string>
 #include <vector>
@@ -37,6 +39,46 @@ double ScheduledLearningRate(const v1::TrainingSpec& training, int64_t step);
 // not match.
 absl::Status LoadWeights(const std::string& checkpoint, const std::vector<std::string>& names,
                          const std::vector<torch::Tensor>& params);
+
+// Draws the training batch of step s + 1 on a background thread while step
+// s trains. A batch is a pure function of (member seeds, step) (counter-based
+// randomness, above), so prefetching changes the wall time only: the same
+// batches in the same order, resume untouched. `make(step)` must not touch
+// the trainer's mutable state.
+template <typename Batch>
+class BatchPrefetcher {
+ public:
+  explicit BatchPrefetcher(std::function<Batch(int64_t)> make) : make_(std::move(make)) {}
+  ~BatchPrefetcher() { Drop(); }
+  BatchPrefetcher(const BatchPrefetcher&) = delete;
+  BatchPrefetcher& operator=(const BatchPrefetcher&) = delete;
+
+  // The batch of `step` (the prefetched one when it is that step's), then
+  // starts drawing step + 1's unless `step` is the last.
+  Batch Take(int64_t step, int64_t last) {
+    Batch b;
+    if (next_.valid() && next_step_ == step) {
+      b = next_.get();
+    } else {
+      Drop();
+      b = make_(step);
+    }
+    if (step < last) {
+      next_step_ = step + 1;
+      next_ = std::async(std::launch::async, make_, step + 1);
+    }
+    return b;
+  }
+
+ private:
+  void Drop() {
+    if (next_.valid()) next_.wait();
+    next_ = std::future<Batch>();
+  }
+  std::function<Batch(int64_t)> make_;
+  std::future<Batch> next_;
+  int64_t next_step_ = -1;
+};
 
 class TrainerBase {
  public:

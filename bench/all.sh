@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# Every performance figure of issue 20 in one table, each against its target:
+# the IMIR and decoder model steps against the Python peer (side by side, one
+# thread each, OpenBLAS), data generation's share of the full step, the
+# 64-run phase diagram through the server, store ingest, scheduler overhead.
+# Run it on a quiet machine; the table is what bench/RESULTS.md records.
+#   bench/all.sh [--quick | --models]   (--quick: fewer steps, no phase diagram;
+#                                        --models: the model-step rows 1-3 only)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${BUILD_DIR:-build}
+quick=0
+models=0
+[ "${1:-}" = --quick ] && quick=1
+[ "${1:-}" = --models ] && models=1
+steps=$([ $quick = 1 ] && echo 40 || echo 200)
+. bench/peer_env.sh
+ensure_bench_env "$build/bench/imir_train_bench"
+cmake --build "$build" --target imir_train_bench decoder_train_bench coordinate_query_bench \
+  scheduler_overhead_bench circuitlab-server circuitlab >/dev/null
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
+rows="$tmp/rows.jsonl"
+for spec in examples/induction.json bench/specs/imir_medium.json; do
+  echo "== IMIR $spec" >&2
+  "$build/bench/imir_train_bench" --spec "$spec" --steps "$steps" --warmup 5 --dump "$tmp/b.bin" >"$tmp/c.json"
+  /usr/bin/python3 bench/imir_peer.py "$tmp/b.bin" --steps "$steps" --warmup 5 >"$tmp/p.json"
+  /usr/bin/python3 -c "import json,sys; c=json.load(open('$tmp/c.json')); p=json.load(open('$tmp/p.json'))
+print(json.dumps({'kind': 'imir', 'spec': '$spec', 'cpp': c, 'py': p}))" >>"$rows"
+done
+for spec in examples/dice_task_vectors.json bench/specs/dice_tv_small.json bench/specs/regression_tv_small_e2.json; do
+  echo "== decoder $spec" >&2
+  n=$([ $quick = 1 ] && echo 20 || echo 100)
+  "$build/bench/decoder_train_bench" --spec "$spec" --steps "$n" --dump "$tmp/d.bin" >"$tmp/c.json"
+  /usr/bin/python3 bench/decoder_peer.py "$tmp/d.bin" --steps "$n" >"$tmp/p.json"
+  /usr/bin/python3 -c "import json,sys; c=json.load(open('$tmp/c.json')); p=json.load(open('$tmp/p.json'))
+print(json.dumps({'kind': 'decoder', 'spec': '$spec', 'cpp': c, 'py': p}))" >>"$rows"
+done
+if [ $models = 0 ]; then
+  echo "== store ingest" >&2
+  "$build/bench/coordinate_query_bench" $([ $quick = 1 ] && echo "--steps 200") 2>/dev/null | tail -1 |
+    /usr/bin/python3 -c "import json,sys; print(json.dumps({'kind': 'ingest', 'r': json.load(sys.stdin)}))" >>"$rows"
+  echo "== scheduler overhead" >&2
+  bench/scheduler_overhead.sh $([ $quick = 1 ] && echo 10 || echo 30) | grep "(total)" |
+    /usr/bin/python3 -c "import json,sys; print(json.dumps({'kind': 'sched', 'median_ms': float(sys.stdin.read().split('median')[1].split()[0])}))" >>"$rows"
+fi
+if [ $quick = 0 ] && [ $models = 0 ]; then
+  echo "== phase diagram (64 runs)" >&2
+  bench/phase_diagram.sh 2>/dev/null | tail -1 |
+    /usr/bin/python3 -c "import json,sys; print(json.dumps({'kind': 'phase', 'r': json.load(sys.stdin)}))" >>"$rows"
+fi
+/usr/bin/python3 - "$rows" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+print("| # | figure | measured | target | met |")
+print("|---|---|---|---|---|")
+def line(n, what, value, target, ok):
+    print(f"| {n} | {what} | {value} | {target} | {'yes' if ok else '**no**'} |")
+for r in rows:
+    if r["kind"] == "imir":
+        c, p = r["cpp"], r["py"]
+        ratio = c["model_steps_per_s"] / p["model_steps_per_s"]
+        line(1, f"IMIR model step C++/Python, `{r['spec']}`",
+             f"{ratio:.2f} ({c['model_steps_per_s']:.1f} / {p['model_steps_per_s']:.1f} steps/s)", ">= 3", ratio >= 3)
+for r in rows:
+    if r["kind"] == "decoder":
+        c, p = r["cpp"], r["py"]
+        ratio = c["model_steps_per_s"] / p["model_steps_per_s"]
+        line(2, f"decoder model step C++/Python, `{r['spec']}`",
+             f"{ratio:.2f} ({c['model_steps_per_s']:.1f} / {p['model_steps_per_s']:.1f} steps/s)", ">= 1.2", ratio >= 1.2)
+for r in rows:
+    if r["kind"] in ("imir", "decoder"):
+        c = r["cpp"]
+        share = max(0.0, 1 - c["full_steps_per_s"] / c["model_steps_per_s"])
+        line(3, f"data generation share of the full step, `{r['spec']}`",
+             f"{100 * share:.1f}% (full {c['full_steps_per_s']:.1f} steps/s)", "<= 5%", share <= 0.05)
+for r in rows:
+    if r["kind"] == "phase":
+        t = r["r"]["total_s"]
+        line(4, "64-run phase diagram, submit to last label",
+             f"{t:.1f} s (train {r['r']['train_s']:.1f} + labels {r['r']['labels_s']:.1f})", "<= 60 s", t <= 60)
+    if r["kind"] == "ingest":
+        i = r["r"]
+        line(5, "coordinate ingest through the store writer", f"{i['rows_per_s'] / 1000:.0f}k rows/s "
+             f"(queries {i['series_ms']:.2f} / {i['at_step_ms']:.2f} / {i['last_of_runs_ms']:.2f} ms)",
+             ">= 200k rows/s", i["rows_per_s"] >= 200000)
+    if r["kind"] == "sched":
+        line(6, "scheduler overhead, 1-step run submit -> SUCCEEDED (median)", f"{r['median_ms']:.1f} ms",
+             "< 20 ms", r["median_ms"] < 20)
+PY
