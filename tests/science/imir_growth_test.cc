@@ -22,10 +22,6 @@
 namespace circuitlab::engine {
 namespace {
 
-v1::ExperimentSpec Spec(const std::string& json) { return testing::ResolvedSpec(json); }
-
-double ValueOf(const std::vector<Metric>& ms, const std::string& name) { return testing::MetricValue(ms, name); }
-
 // The E.4 configuration: N pairs, 19-coordinate paper model, zero init, plain
 // SGD, MSE on the one-hot label.
 v1::ExperimentSpec MinimalIcl(int pairs, const char* scaling, double lr, int steps, int batch) {
@@ -38,7 +34,7 @@ v1::ExperimentSpec MinimalIcl(int pairs, const char* scaling, double lr, int ste
                  "loss": "LOSS_KIND_MSE"},
     "recording": {"eval_size": 4096}
   })", pairs, scaling, lr, batch, steps);
-  return Spec(json);
+  return testing::ResolvedSpec(json);
 }
 
 struct Growth {
@@ -50,8 +46,8 @@ struct Growth {
 
 // Trains member `member`'s ensemble until every member reached `target`
 // accuracy (evaluated every `eval_every` steps) or the spec's steps run out.
-std::vector<Growth> Train(const v1::ExperimentSpec& spec, const std::vector<uint64_t>& seeds, double target,
-                          int eval_every, EnsembleTrainer** out_trainer = nullptr) {
+std::vector<Growth> TrainToTarget(const v1::ExperimentSpec& spec, const std::vector<uint64_t>& seeds, double target,
+                                  int eval_every, EnsembleTrainer** out_trainer = nullptr) {
   static std::unique_ptr<EnsembleTrainer> keep;
   keep = std::make_unique<EnsembleTrainer>(spec, seeds, torch::kCPU);
   EnsembleTrainer& trainer = *keep;
@@ -76,7 +72,7 @@ std::vector<Growth> Train(const v1::ExperimentSpec& spec, const std::vector<uint
     const auto metrics = trainer.Evaluate();
     bool all = true;
     for (size_t e = 0; e < seeds.size(); ++e) {
-      const double acc = ValueOf(metrics[e], "eval/test/accuracy");
+      const double acc = testing::MetricValue(metrics[e], "eval/test/accuracy");
       out[e].accuracy.push_back(acc);
       if (std::getenv("CIRCUITLAB_VERBOSE") != nullptr) {
         std::printf("  step %lld member %zu acc %.4f alpha %.3f beta %.3f gamma %.3f\n",
@@ -137,7 +133,7 @@ TEST(ImirGrowthTest, GammaFirstAndThreeCoordinatesCarryTheInductionHead) {
   const v1::ExperimentSpec spec = MinimalIcl(8, "COORDINATE_SCALING_UNIT_NORM", 20.0, 1500, 512);
   const std::vector<uint64_t> seeds = {1, 2, 3};
   EnsembleTrainer* trainer = nullptr;
-  const std::vector<Growth> runs = Train(spec, seeds, 0.95, 25, &trainer);
+  const std::vector<Growth> runs = TrainToTarget(spec, seeds, 0.95, 25, &trainer);
   const Basis& basis = trainer->model().config().coordinates->basis;
   for (size_t e = 0; e < seeds.size(); ++e) {
     const Growth& g = runs[e];
@@ -198,7 +194,7 @@ TEST(ImirGrowthTest, BetaBeforeAlphaAtThePrototypesStepSize) {
   for (const Regime& regime : {Regime{0.5, true}, Regime{1.0, false}}) {
     const v1::ExperimentSpec spec = MinimalIcl(8, "COORDINATE_SCALING_RAW", regime.lr, 3000, 512);
     const std::vector<uint64_t> seeds = {1, 2, 3};
-    const std::vector<Growth> runs = Train(spec, seeds, 0.95, 10);
+    const std::vector<Growth> runs = TrainToTarget(spec, seeds, 0.95, 10);
     for (size_t e = 0; e < seeds.size(); ++e) {
       const Growth& g = runs[e];
       ASSERT_GE(g.reached, 0) << "lr " << regime.lr << " seed " << seeds[e] << " never reached accuracy 0.95";
@@ -227,7 +223,7 @@ TEST(ImirGrowthLongTest, EmergenceTimeGrowsLikeNSquared) {
   std::vector<double> log_n, log_t;
   for (int n : ns) {
     const v1::ExperimentSpec spec = MinimalIcl(n, "COORDINATE_SCALING_UNIT_NORM", 20.0, 6000, 512);
-    const std::vector<Growth> runs = Train(spec, seeds, 0.5, 5);
+    const std::vector<Growth> runs = TrainToTarget(spec, seeds, 0.5, 5);
     for (size_t e = 0; e < seeds.size(); ++e) {
       std::printf("N %d seed %llu: t* %lld\n", n, static_cast<unsigned long long>(seeds[e]),
                   static_cast<long long>(runs[e].reached));

@@ -20,7 +20,7 @@ struct Measured {
   double id_to_retrieval = 0, id_to_ridge = 0, mix_log_ratio = 0;
 };
 
-double Row(const v1::AnalyzeTaskVectorsResponse& r, const std::string& name) {
+double ResponseRow(const v1::AnalyzeTaskVectorsResponse& r, const std::string& name) {
   for (const v1::TaskVectorValue& row : r.values()) {
     if (row.name() == name) return row.value();
   }
@@ -28,7 +28,7 @@ double Row(const v1::AnalyzeTaskVectorsResponse& r, const std::string& name) {
   return std::nan("");
 }
 
-Measured Train(int diversity, uint64_t seed) {
+Measured TrainAtDiversity(int diversity, uint64_t seed) {
   at::set_num_threads(1);
   const v1::ExperimentSpec spec = testing::ResolvedSpec(
       R"({"seed": )" + std::to_string(seed) + R"(, "task": {"latent": {"kind": "LATENT_KIND_REGRESSION", "dim": 3,
@@ -49,10 +49,10 @@ Measured Train(int diversity, uint64_t seed) {
   EXPECT_TRUE(rep.ok()) << rep.status();
   Measured m;
   if (rep.ok()) {
-    m.ood_log_ratio = Row(*rep, "kl/ood_log10_ratio");
-    m.ood_to_known = Row(*rep, "kl/ood_exact");
-    m.ood_to_ridge = Row(*rep, "kl/ood_ridge");
-    m.mix_log_ratio = Row(*rep, "kl/log10_ratio");
+    m.ood_log_ratio = ResponseRow(*rep, "kl/ood_log10_ratio");
+    m.ood_to_known = ResponseRow(*rep, "kl/ood_exact");
+    m.ood_to_ridge = ResponseRow(*rep, "kl/ood_ridge");
+    m.mix_log_ratio = ResponseRow(*rep, "kl/log10_ratio");
   }
   m.ood_loss = testing::MetricValue(eval, "eval/ood/loss");
   m.ood_ridge_loss = testing::MetricValue(eval, "eval/ood/ridge_loss");
@@ -72,7 +72,7 @@ TEST(RegressionScienceTest, DiversityMovesTheModelFromRetrievalTowardsRidge) {
   // 3.42 -> 2.11, OOD loss 4.09 -> 3.00 (ridge 0.99). Seeds 32 and 33 on the
   // run's OOD pool: ratio -0.63 -> -0.02 and -0.30 -> -0.04, distance to
   // ridge x0.82 and x0.65, OOD loss x0.85 and x0.80.
-  const Measured low = Train(-1, 31), high = Train(8, 31);
+  const Measured low = TrainAtDiversity(-1, 31), high = TrainAtDiversity(8, 31);
   // Three majors only: on fresh tasks the model stays with the known
   // weight vectors (the known-pool predictor), far from ridge.
   EXPECT_LT(low.ood_log_ratio, -0.3);

@@ -5,12 +5,12 @@
 
 #include <map>
 
+#include "server/engine/torch_util.h"
+
 namespace circuitlab::engine {
 namespace {
 
-torch::Generator Gen(uint64_t seed) { return at::make_generator<at::CPUGeneratorImpl>(seed); }
-
-AssocRecallConfig Config() {
+AssocRecallConfig RecallConfig() {
   AssocRecallConfig c;
   c.num_common = 16;
   c.num_rare = 40;
@@ -63,8 +63,8 @@ void CheckStructure(const AssocRecallTask& task, const Batch& b, int64_t copies)
 }
 
 TEST(AssocRecallTest, QueryKindFrequenciesMatchRareFractionAndVariability) {
-  AssocRecallTask task(Config(), 11);
-  auto gen = Gen(1);
+  AssocRecallTask task(RecallConfig(), 11);
+  auto gen = MakeGenerator(1);
   Batch b = task.Sample(40000, SampleMode::kTrain, gen);
   const double rare = (b.query_kind == kQueryRare).to(torch::kDouble).mean().item<double>();
   const double varied = (b.query_kind == kQueryCommonVaried).to(torch::kDouble).mean().item<double>();
@@ -76,8 +76,8 @@ TEST(AssocRecallTest, QueryKindFrequenciesMatchRareFractionAndVariability) {
 }
 
 TEST(AssocRecallTest, RepairModeRepairsWithARareAnswer) {
-  AssocRecallTask task(Config(), 11);
-  auto gen = Gen(2);
+  AssocRecallTask task(RecallConfig(), 11);
+  auto gen = MakeGenerator(2);
   Batch b = task.Sample(4000, SampleMode::kTrain, gen);
   const int64_t T = b.tokens.size(1);
   torch::Tensor key = b.tokens.select(1, T - 1);
@@ -91,10 +91,10 @@ TEST(AssocRecallTest, RepairModeRepairsWithARareAnswer) {
 }
 
 TEST(AssocRecallTest, VariantModeShowsTheClassThroughARareToken) {
-  AssocRecallConfig cfg = Config();
+  AssocRecallConfig cfg = RecallConfig();
   cfg.variant_mode = true;
   AssocRecallTask task(cfg, 11);
-  auto gen = Gen(3);
+  auto gen = MakeGenerator(3);
   Batch b = task.Sample(4000, SampleMode::kTrain, gen);
   const int64_t T = b.tokens.size(1);
   torch::Tensor key = b.tokens.select(1, T - 1);
@@ -108,19 +108,19 @@ TEST(AssocRecallTest, VariantModeShowsTheClassThroughARareToken) {
 
 TEST(AssocRecallTest, BurstinessPlacesExactlyBCopies) {
   for (int64_t burst : {1, 3, 6}) {
-    AssocRecallConfig cfg = Config();
+    AssocRecallConfig cfg = RecallConfig();
     cfg.burstiness = burst;
     cfg.max_gap = 2;
     AssocRecallTask task(cfg, 5);
-    auto gen = Gen(4);
+    auto gen = MakeGenerator(4);
     Batch b = task.Sample(2000, SampleMode::kTrain, gen);
     CheckStructure(task, b, burst);
   }
 }
 
 TEST(AssocRecallTest, EvaluationSetsHaveTheirDefiningProperties) {
-  AssocRecallTask task(Config(), 11);
-  auto gen = Gen(5);
+  AssocRecallTask task(RecallConfig(), 11);
+  auto gen = MakeGenerator(5);
   const int64_t T = task.seq_len();
 
   Batch rare = task.Sample(1000, SampleMode::kIclRare, gen);
@@ -155,11 +155,11 @@ TEST(AssocRecallTest, EvaluationSetsHaveTheirDefiningProperties) {
 }
 
 TEST(AssocRecallTest, PositionIdsFollowTheBlockOffsetRule) {
-  AssocRecallConfig cfg = Config();
+  AssocRecallConfig cfg = RecallConfig();
   cfg.block_length = 3;
   cfg.max_gap = 1;
   AssocRecallTask task(cfg, 9);
-  auto gen = Gen(6);
+  auto gen = MakeGenerator(6);
   Batch b = task.Sample(500, SampleMode::kTrain, gen);
   auto blk = b.block_of_token.accessor<int64_t, 2>();
   auto pid = b.pids.accessor<int64_t, 2>();
@@ -188,12 +188,12 @@ TEST(AssocRecallTest, PositionIdsFollowTheBlockOffsetRule) {
 }
 
 TEST(AssocRecallTest, ZipfExponentShapesPairFrequencies) {
-  AssocRecallConfig cfg = Config();
+  AssocRecallConfig cfg = RecallConfig();
   cfg.rare_fraction = 0.0;
   cfg.variability = 0.0;
   cfg.zipf_exponent = 1.0;
   AssocRecallTask task(cfg, 3);
-  auto gen = Gen(7);
+  auto gen = MakeGenerator(7);
   Batch b = task.Sample(60000, SampleMode::kTrain, gen);
   torch::Tensor key = b.tokens.select(1, task.seq_len() - 1);
   // Pair index of each query, counted.
@@ -212,10 +212,10 @@ TEST(AssocRecallTest, ZipfExponentShapesPairFrequencies) {
 }
 
 TEST(AssocRecallTest, DeterministicGivenTheGeneratorSeed) {
-  AssocRecallTask a(Config(), 42), b(Config(), 42), other_pool(Config(), 43);
+  AssocRecallTask a(RecallConfig(), 42), b(RecallConfig(), 42), other_pool(RecallConfig(), 43);
   EXPECT_TRUE(torch::equal(a.pairs(), b.pairs()));
   EXPECT_FALSE(torch::equal(a.pairs(), other_pool.pairs()));
-  auto g1 = Gen(9), g2 = Gen(9), g3 = Gen(10);
+  auto g1 = MakeGenerator(9), g2 = MakeGenerator(9), g3 = MakeGenerator(10);
   Batch x = a.Sample(64, SampleMode::kTrain, g1);
   Batch y = b.Sample(64, SampleMode::kTrain, g2);
   Batch z = a.Sample(64, SampleMode::kTrain, g3);
@@ -226,11 +226,11 @@ TEST(AssocRecallTest, DeterministicGivenTheGeneratorSeed) {
 }
 
 TEST(AssocRecallTest, TooFewUnusedCommonPairsFallBackToRareDistractors) {
-  AssocRecallConfig cfg = Config();
+  AssocRecallConfig cfg = RecallConfig();
   cfg.num_common = 4;  // two pairs: at most one can be a distractor
   cfg.rare_fraction = 0.0;
   AssocRecallTask task(cfg, 1);
-  auto gen = Gen(11);
+  auto gen = MakeGenerator(11);
   Batch b = task.Sample(500, SampleMode::kTrain, gen);
   CheckStructure(task, b, 1);
 }

@@ -15,14 +15,13 @@
 namespace circuitlab::engine {
 namespace {
 
-v1::ExperimentSpec Spec(const std::string& json) { return testing::ResolvedSpec(json); }
-
 v1::ExperimentSpec Recall(int layers, int heads, const std::string& model_extra) {
-  return Spec(R"({"task": {"associative_recall": {"num_common": 8, "num_rare": 24, "num_heldout": 4,
+  return testing::ResolvedSpec(R"({"task": {"associative_recall": {"num_common": 8, "num_rare": 24, "num_heldout": 4,
                   "num_blocks": 4, "num_positions": 12}},
-                  "model": {"imir": {"num_layers": )" + std::to_string(layers) + R"(, "num_heads": )" +
-              std::to_string(heads) + R"(, "parameterisation": "PARAMETERISATION_COORDINATES", "init_std": 0.5)" +
-              model_extra + R"(}},
+                  "model": {"imir": {"num_layers": )" +
+                               std::to_string(layers) + R"(, "num_heads": )" + std::to_string(heads) +
+                               R"(, "parameterisation": "PARAMETERISATION_COORDINATES", "init_std": 0.5)" +
+                               model_extra + R"(}},
                   "training": {"batch_size": 16, "steps": 10, "learning_rate": 0.5},
                   "recording": {"eval_size": 16}})");
 }

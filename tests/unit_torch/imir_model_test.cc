@@ -6,11 +6,10 @@
 #include <map>
 
 #include "server/engine/tasks/assoc_recall.h"
+#include "server/engine/torch_util.h"
 
 namespace circuitlab::engine {
 namespace {
-
-torch::Generator Gen(uint64_t seed) { return at::make_generator<at::CPUGeneratorImpl>(seed); }
 
 AssocRecallConfig RareOnly() {
   AssocRecallConfig c;
@@ -38,7 +37,7 @@ TEST(ImirModelTest, CausalChangingALaterTokenNeverChangesAnEarlierOutput) {
   ImirModelConfig cfg = DenseConfig(task.vocab_size(), task.num_positions(), 2, 2, false, 0.5);
   ImirModel model(cfg, 1, torch::kCPU);
   model.Initialize({3});
-  auto gen = Gen(2);
+  auto gen = MakeGenerator(2);
   Batch b = task.Sample(8, SampleMode::kTrain, gen);
   torch::NoGradGuard no_grad;
   torch::Tensor tok = b.tokens.unsqueeze(0), pid = b.pids.unsqueeze(0);
@@ -61,7 +60,7 @@ TEST(ImirModelTest, HookPointsInOrderAndEditsTakeEffect) {
   AssocRecallTask task(RareOnly(), 1);
   ImirModel model(DenseConfig(task.vocab_size(), task.num_positions(), 2, 2, false, 0.5), 1, torch::kCPU);
   model.Initialize({4});
-  auto gen = Gen(5);
+  auto gen = MakeGenerator(5);
   Batch b = task.Sample(6, SampleMode::kTrain, gen);
   torch::NoGradGuard no_grad;
   torch::Tensor tok = b.tokens.unsqueeze(0), pid = b.pids.unsqueeze(0);
@@ -121,7 +120,7 @@ TEST(ImirModelTest, HandBuiltInductionHeadSolvesRecall) {
     auto out = model.readout()[0];
     for (int64_t v = 0; v < V; ++v) out[v][2 * d0 + v] = gamma;
   }
-  auto gen = Gen(5);
+  auto gen = MakeGenerator(5);
   for (SampleMode mode : {SampleMode::kIclRare, SampleMode::kIclHoldout}) {
     Batch b = task.Sample(512, mode, gen);
     torch::NoGradGuard no_grad;
@@ -135,7 +134,7 @@ TEST(ImirModelTest, ZeroInitGivesUniformPredictions) {
   AssocRecallTask task(RareOnly(), 1);
   ImirModel model(DenseConfig(task.vocab_size(), task.num_positions(), 2, 1, true), 2, torch::kCPU);
   model.Initialize({1, 2});
-  auto gen = Gen(1);
+  auto gen = MakeGenerator(1);
   Batch b = task.Sample(4, SampleMode::kTrain, gen);
   torch::Tensor tok = torch::stack({b.tokens, b.tokens}), pid = torch::stack({b.pids, b.pids});
   torch::NoGradGuard no_grad;

@@ -2,6 +2,11 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <mutex>
+#include <stdexcept>
+#include <vector>
+
 #include "server/engine/spec.h"
 #include "tests/test_util/engine_util.h"
 
@@ -121,6 +126,33 @@ INSTANTIATE_TEST_SUITE_P(Optimizers, ResumeTest, ::testing::Values(v1::OPTIMIZER
 
 // What SubmitRun checks training.stop_metric against covers what the trainer
 // records, on tasks with conflict sets, alternative answers and Bayes floors.
+// The prefetcher hands out make(step) whatever the order of the steps asked
+// (in order: the drawn-ahead batch; a rewind or jump: drawn anew), draws each
+// in-order step once, stops drawing after `last`, and an exception of make()
+// reaches the Take that wanted that batch, not an earlier one.
+TEST(BatchPrefetcherTest, HandsOutEachStepsBatchAndRethrowsItsFailure) {
+  std::mutex mu;
+  std::vector<int64_t> drawn;
+  BatchPrefetcher<int64_t> batches([&](int64_t step) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      drawn.push_back(step);
+    }
+    if (step == 7) throw std::runtime_error("no batch 7");
+    return step * 10;
+  });
+  for (int64_t s = 1; s <= 4; ++s) EXPECT_EQ(batches.Take(s, 4), s * 10);
+  EXPECT_EQ(batches.Take(2, 6), 20);  // a rewind (resume from a checkpoint)
+  EXPECT_EQ(batches.Take(5, 6), 50);  // a jump: 3 was drawn ahead, then thrown away
+  EXPECT_EQ(batches.Take(6, 6), 60);  // the last: nothing drawn after it
+  EXPECT_EQ(batches.Take(6, 8), 60);  // draws 7 ahead, which fails
+  EXPECT_THROW(batches.Take(7, 8), std::runtime_error);
+  EXPECT_EQ(batches.Take(8, 8), 80);
+  std::lock_guard<std::mutex> lock(mu);
+  std::sort(drawn.begin(), drawn.end());  // 5 (asked) and 6 (ahead) are drawn at once
+  EXPECT_EQ(drawn, (std::vector<int64_t>{1, 2, 2, 3, 3, 4, 5, 6, 6, 7, 8}));
+}
+
 TEST(EvalMetricNamesTest, CoverWhatTheTrainerRecords) {
   for (const v1::ExperimentSpec& spec :
        {SmallSpec(v1::OPTIMIZER_KIND_SGD), testing::ResolvedSpec(R"({"task": {"ngram": {}},

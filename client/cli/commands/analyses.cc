@@ -7,6 +7,7 @@
 
 namespace circuitlab::cli {
 namespace {
+namespace analyses_cmd {
 
 struct Options {};
 
@@ -31,6 +32,7 @@ int Run(Context& ctx, const Options&) {
   return 0;
 }
 
+}  // namespace analyses_cmd
 }  // namespace
 
 void AddAnalyses(CLI::App& app, Action* chosen) {
@@ -38,7 +40,7 @@ void AddAnalyses(CLI::App& app, Action* chosen) {
           "List the analysis jobs queued and running on the server (every analysis is a job on its bounded\n"
           "executor: --analysis-workers), oldest first, with the executor's memory in use.\n"
           "  circuitlab analyses",
-          std::make_shared<Options>(), Run);
+          std::make_shared<analyses_cmd::Options>(), analyses_cmd::Run);
 }
 
 }  // namespace circuitlab::cli

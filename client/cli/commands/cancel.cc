@@ -7,6 +7,7 @@
 
 namespace circuitlab::cli {
 namespace {
+namespace cancel_cmd {
 
 struct Options {
   std::string run_id;
@@ -33,12 +34,13 @@ int Run(Context& ctx, const Options& o) {
   return 0;
 }
 
+}  // namespace cancel_cmd
 }  // namespace
 
 void AddCancel(CLI::App& app, Action* chosen) {
-  auto o = std::make_shared<Options>();
-  CLI::App* sub =
-      AddVerb(app, chosen, "cancel", "Cancel a queued or running run.\n  circuitlab cancel r3 --wait", o, Run);
+  auto o = std::make_shared<cancel_cmd::Options>();
+  CLI::App* sub = AddVerb(app, chosen, "cancel", "Cancel a queued or running run.\n  circuitlab cancel r3 --wait", o,
+                          cancel_cmd::Run);
   sub->add_option("RUN", o->run_id, "Run id")->required();
   sub->add_flag("--wait", o->wait, "Wait (up to --timeout) until the run has stopped");
 }

@@ -5,6 +5,7 @@
 
 namespace circuitlab::cli {
 namespace {
+namespace cancel_analysis_cmd {
 
 struct Options {
   std::string job_id;
@@ -24,16 +25,17 @@ int Run(Context& ctx, const Options& o) {
   return 0;
 }
 
+}  // namespace cancel_analysis_cmd
 }  // namespace
 
 void AddCancelAnalysis(CLI::App& app, Action* chosen) {
-  auto o = std::make_shared<Options>();
+  auto o = std::make_shared<cancel_analysis_cmd::Options>();
   CLI::App* sub =
       AddVerb(app, chosen, "cancel-analysis",
               "Stop a queued or running analysis job (its id is shown while an analysis command waits, and by\n"
               "`circuitlab analyses`). A running job stops at its next forward pass.\n"
               "  circuitlab cancel-analysis a7",
-              o, Run);
+              o, cancel_analysis_cmd::Run);
   sub->add_option("JOB", o->job_id, "Analysis job id, e.g. a7")->required();
 }
 

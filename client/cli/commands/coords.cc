@@ -9,6 +9,7 @@
 
 namespace circuitlab::cli {
 namespace {
+namespace coords_cmd {
 
 struct Options {
   std::string run_id;
@@ -87,15 +88,16 @@ int Run(Context& ctx, const Options& o) {
   return 0;
 }
 
+}  // namespace coords_cmd
 }  // namespace
 
 void AddCoords(CLI::App& app, Action* chosen) {
-  auto o = std::make_shared<Options>();
+  auto o = std::make_shared<coords_cmd::Options>();
   CLI::App* sub = AddVerb(app, chosen, "coords",
                           "IMIR coordinates over training (recorded every recording.coordinates_every steps).\n"
                           "Names are labels (L2H1:[∅→(1,0)]:I_t) or canonical names (alpha, beta, gamma, delta).\n"
                           "  circuitlab coords r3 --name alpha --name beta --name gamma --csv > abc.csv",
-                          o, Run);
+                          o, coords_cmd::Run);
   sub->add_option("RUN", o->run_id, "Run id")->required();
   sub->add_option("--name,--names", o->names, "Only these coordinates (repeatable, or comma-separated)");
   sub->add_flag("--complete", o->complete, "The complete set (needs recording.complete_coordinates)");

@@ -5,6 +5,7 @@
 
 namespace circuitlab::cli {
 namespace {
+namespace data_dependence_cmd {
 
 struct Options {
   std::string target;
@@ -36,17 +37,18 @@ int Run(Context& ctx, const Options& o) {
   return 0;
 }
 
+}  // namespace data_dependence_cmd
 }  // namespace
 
 void AddDataDependence(CLI::App& app, Action* chosen) {
-  auto o = std::make_shared<Options>();
+  auto o = std::make_shared<data_dependence_cmd::Options>();
   CLI::App* sub = AddVerb(
       app, chosen, "data-dependence",
       "Theorems 2 and 3 numerically (SCIENCE.md D.4): the gradient along alpha, beta, gamma, delta at the zero\n"
       "point over E.6's grid (common tokens suppress the ICL gradient by phi = f_r + (1 - f_r) f_v) and E.7's\n"
       "burstiness (dL/dgamma = 1/V - b/T), with the count identity. An analysis job; this command waits.\n"
       "  circuitlab data-dependence r3\n  circuitlab data-dependence examples/induction.json --samples 16384",
-      o, Run);
+      o, data_dependence_cmd::Run);
   sub->add_option("TARGET", o->target, "Run id, or a spec file (associative recall with common pairs)")->required();
   sub->add_option("--samples", o->samples, "Sequences per grid point (default 65536)");
   sub->add_flag("--force", o->force, "Recompute even if stored");

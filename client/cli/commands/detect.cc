@@ -6,6 +6,7 @@
 
 namespace circuitlab::cli {
 namespace {
+namespace detect_cmd {
 
 struct Options {
   std::string run_id, eval_set, metric, order;
@@ -76,10 +77,11 @@ int Run(Context& ctx, const Options& o) {
   return 0;
 }
 
+}  // namespace detect_cmd
 }  // namespace
 
 void AddDetect(CLI::App& app, Action* chosen) {
-  auto o = std::make_shared<Options>();
+  auto o = std::make_shared<detect_cmd::Options>();
   CLI::App* sub =
       AddVerb(app, chosen, "detect",
               "Automatic circuit detection (SCIENCE.md D.1): project the checkpoint onto the IMIR basis, ablate\n"
@@ -87,7 +89,7 @@ void AddDetect(CLI::App& app, Action* chosen) {
               "its coordinates, their roles (canonical / aiding / shortcut), the template recognised.\n"
               "An analysis job on the server; this command waits and shows progress.\n"
               "  circuitlab detect r3\n  circuitlab detect r3 --metric loss --tolerance 0.05",
-              o, Run);
+              o, detect_cmd::Run);
   sub->add_option("RUN", o->run_id, "Run id")->required();
   sub->add_option("--step", o->step, "Checkpoint step (default: the newest)");
   sub->add_option("--eval-set", o->eval_set, "Evaluation set (default: icl_rare for recall, else test)");

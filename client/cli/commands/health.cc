@@ -5,6 +5,7 @@
 
 namespace circuitlab::cli {
 namespace {
+namespace health_cmd {
 
 struct Options {};
 
@@ -20,11 +21,12 @@ int Run(Context& ctx, const Options&) {
   return 0;
 }
 
+}  // namespace health_cmd
 }  // namespace
 
 void AddHealth(CLI::App& app, Action* chosen) {
   AddVerb(app, chosen, "health", "Check that the server is up and serving.\n  circuitlab health",
-          std::make_shared<Options>(), Run);
+          std::make_shared<health_cmd::Options>(), health_cmd::Run);
 }
 
 }  // namespace circuitlab::cli

@@ -7,6 +7,7 @@
 
 namespace circuitlab::cli {
 namespace {
+namespace intervene_cmd {
 
 struct Options {
   std::string run_id, spec_file, patch_from;
@@ -189,10 +190,11 @@ int Run(Context& ctx, const Options& o) {
   return 0;
 }
 
+}  // namespace intervene_cmd
 }  // namespace
 
 void AddIntervene(CLI::App& app, Action* chosen) {
-  auto o = std::make_shared<Options>();
+  auto o = std::make_shared<intervene_cmd::Options>();
   CLI::App* sub =
       AddVerb(app, chosen, "intervene",
               "Apply interventions to a checkpoint and compare with the clean model on the same sequences: loss,\n"
@@ -208,7 +210,7 @@ void AddIntervene(CLI::App& app, Action* chosen) {
               "alone carries the difference between the two runs.\n"
               "  circuitlab intervene r3 --patch L1.H1.out,L2.attn --patch-from iwl --eval-sets icl_rare\n"
               "  circuitlab intervene r3 --patch L1.post_attn --positions 0,8,16 --per-position --csv > p.csv",
-              o, Run);
+              o, intervene_cmd::Run);
   sub->add_option("RUN", o->run_id, "Run id")->required();
   sub->add_option("--spec", o->spec_file, "InterveneRequest as JSON")->check(CLI::ExistingFile);
   sub->add_option("--zero", o->zero, "Zero these coordinates (labels or alpha/beta/gamma/delta)");

@@ -5,6 +5,7 @@
 
 namespace circuitlab::cli {
 namespace {
+namespace invariance_cmd {
 
 struct Options {
   std::string target;
@@ -56,18 +57,19 @@ int Run(Context& ctx, const Options& o) {
   return 0;
 }
 
+}  // namespace invariance_cmd
 }  // namespace
 
 void AddInvariance(CLI::App& app, Action* chosen) {
-  auto o = std::make_shared<Options>();
-  CLI::App* sub = AddVerb(
-      app, chosen, "invariance",
-      "Theorem 1 numerically (SCIENCE.md C.6): at a random point of the span, does the expected gradient stay\n"
-      "in it? Off-span fraction 1-f_N over a ladder of sample sizes, per matrix, with plateau and slope.\n"
-      "An analysis job on the server; this command waits and shows progress.\n"
-      "  circuitlab invariance r3 --controls\n"
-      "  circuitlab invariance examples/induction.json",
-      o, Run);
+  auto o = std::make_shared<invariance_cmd::Options>();
+  CLI::App* sub =
+      AddVerb(app, chosen, "invariance",
+              "Theorem 1 numerically (SCIENCE.md C.6): at a random point of the span, does the expected gradient stay\n"
+              "in it? Off-span fraction 1-f_N over a ladder of sample sizes, per matrix, with plateau and slope.\n"
+              "An analysis job on the server; this command waits and shows progress.\n"
+              "  circuitlab invariance r3 --controls\n"
+              "  circuitlab invariance examples/induction.json",
+              o, invariance_cmd::Run);
   sub->add_option("TARGET", o->target,
                   "Run whose spec gives the task and model (r3), or a spec file (JSON) to check without a run")
       ->required();

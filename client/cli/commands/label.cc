@@ -6,6 +6,7 @@
 
 namespace circuitlab::cli {
 namespace {
+namespace label_cmd {
 
 struct Options {
   std::string run_id;
@@ -58,16 +59,17 @@ int Run(Context& ctx, const Options& o) {
   return 0;
 }
 
+}  // namespace label_cmd
 }  // namespace
 
 void AddLabel(CLI::App& app, Action* chosen) {
-  auto o = std::make_shared<Options>();
+  auto o = std::make_shared<label_cmd::Options>();
   CLI::App* sub =
       AddVerb(app, chosen, "label",
               "ICL vs IWL (SCIENCE.md D.2) and the winning layer pair (D.3) at every stored checkpoint, and the\n"
               "run's label (ICL_ONLY, IWL_ONLY, BOTH_*, NEITHER, TRANSIENT_ICL). An analysis job; this waits.\n"
               "  circuitlab label r3",
-              o, Run);
+              o, label_cmd::Run);
   sub->add_option("RUN", o->run_id, "Run id")->required();
   sub->add_flag("--force", o->force, "Recompute even if stored");
 }

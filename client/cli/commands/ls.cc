@@ -7,6 +7,7 @@
 
 namespace circuitlab::cli {
 namespace {
+namespace ls_cmd {
 
 struct Options {
   std::vector<std::string> states, tags;
@@ -47,12 +48,13 @@ int Run(Context& ctx, const Options& o) {
   return 0;
 }
 
+}  // namespace ls_cmd
 }  // namespace
 
 void AddLs(CLI::App& app, Action* chosen) {
-  auto o = std::make_shared<Options>();
-  CLI::App* sub = AddVerb(app, chosen, "ls", "List runs, newest first.\n  circuitlab ls --state running --tag demo",
-                          o, Run);
+  auto o = std::make_shared<ls_cmd::Options>();
+  CLI::App* sub = AddVerb(app, chosen, "ls", "List runs, newest first.\n  circuitlab ls --state running --tag demo", o,
+                          ls_cmd::Run);
   sub->add_option("--state", o->states,
                   "Only runs in this state (repeatable): queued|running|succeeded|failed|cancelled");
   sub->add_option("--tag", o->tags, "Only runs with this tag (repeatable; all must match)");

@@ -7,6 +7,7 @@
 
 namespace circuitlab::cli {
 namespace {
+namespace metrics_cmd {
 
 struct Options {
   std::string run_id;
@@ -48,14 +49,15 @@ int Run(Context& ctx, const Options& o) {
   return 0;
 }
 
+}  // namespace metrics_cmd
 }  // namespace
 
 void AddMetrics(CLI::App& app, Action* chosen) {
-  auto o = std::make_shared<Options>();
+  auto o = std::make_shared<metrics_cmd::Options>();
   CLI::App* sub = AddVerb(app, chosen, "metrics",
                           "Metric series of a run (train/loss, eval/<set>/accuracy, ...).\n"
                           "  circuitlab metrics r3 --name eval/icl_rare/accuracy --csv > icl.csv",
-                          o, Run);
+                          o, metrics_cmd::Run);
   sub->add_option("RUN", o->run_id, "Run id")->required();
   sub->add_option("--name,--names", o->names, "Only these series (repeatable, or comma-separated)")->delimiter(',');
   sub->add_option("--min-step", o->min_step, "First step (inclusive)");

@@ -5,6 +5,7 @@
 
 namespace circuitlab::cli {
 namespace {
+namespace open_cmd {
 
 struct Options {
   std::string target;
@@ -46,16 +47,17 @@ int Run(Context& ctx, const Options& o) {
   return 0;
 }
 
+}  // namespace open_cmd
 }  // namespace
 
 void AddOpen(CLI::App& app, Action* chosen) {
-  auto opts = std::make_shared<Options>();
+  auto opts = std::make_shared<open_cmd::Options>();
   CLI::App* sub = AddVerb(app, chosen, "open",
                           "Print the dashboard URL of a run (r3), a sweep (s2), or, with no argument, the runs table.\n"
                           "The run or sweep is looked up first, so a typo is an error, not a dead link.\n"
                           "  circuitlab open r3\n"
                           "  xdg-open $(circuitlab open s2)",
-                          opts, Run);
+                          opts, open_cmd::Run);
   sub->add_option("target", opts->target, "Run (r3) or sweep (s2) id");
   sub->add_option("--dashboard", opts->dashboard,
                   "The server's dashboard URL (its --http address; the server logs it at start). Default: the "

@@ -9,6 +9,7 @@
 
 namespace circuitlab::cli {
 namespace {
+namespace project_cmd {
 
 struct Options {
   std::string run_id;
@@ -48,16 +49,17 @@ int Run(Context& ctx, const Options& o) {
   return 0;
 }
 
+}  // namespace project_cmd
 }  // namespace
 
 void AddProject(CLI::App& app, Action* chosen) {
-  auto o = std::make_shared<Options>();
+  auto o = std::make_shared<project_cmd::Options>();
   CLI::App* sub =
       AddVerb(app, chosen, "project",
               "Project a stored checkpoint onto the IMIR basis: coordinates and off-manifold residual rho.\n"
               "An analysis job on the server; this command waits and shows progress.\n"
               "  circuitlab project r3 --step 500 --complete",
-              o, Run);
+              o, project_cmd::Run);
   sub->add_option("RUN", o->run_id, "Run id")->required();
   sub->add_option("--step", o->step, "Checkpoint step (default: the newest)");
   sub->add_flag("--complete", o->complete, "Project onto the complete set (the commutant)");

@@ -6,6 +6,7 @@
 
 namespace circuitlab::cli {
 namespace {
+namespace rm_cmd {
 
 struct Options {
   std::vector<std::string> ids;
@@ -39,16 +40,17 @@ int Run(Context& ctx, const Options& o) {
   return 0;
 }
 
+}  // namespace rm_cmd
 }  // namespace
 
 void AddRm(CLI::App& app, Action* chosen) {
-  auto o = std::make_shared<Options>();
+  auto o = std::make_shared<rm_cmd::Options>();
   CLI::App* sub = AddVerb(app, chosen, "rm",
                           "Delete ended runs and sweeps: rows, metrics, coordinates, stored analyses and checkpoint "
                           "files. A queued or running run is refused (cancel it first); a sweep's member is deleted "
                           "with its sweep. Run ids are never reused.\n"
                           "  circuitlab rm r3 r4\n  circuitlab rm s2",
-                          o, Run);
+                          o, rm_cmd::Run);
   sub->add_option("ID", o->ids, "Run ids (r3) and sweep ids (s2)")->required();
 }
 

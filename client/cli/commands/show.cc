@@ -6,6 +6,7 @@
 
 namespace circuitlab::cli {
 namespace {
+namespace show_cmd {
 
 struct Options {
   std::string run_id;
@@ -18,12 +19,13 @@ int Run(Context& ctx, const Options& o) {
   return 0;
 }
 
+}  // namespace show_cmd
 }  // namespace
 
 void AddShow(CLI::App& app, Action* chosen) {
-  auto o = std::make_shared<Options>();
-  CLI::App* sub =
-      AddVerb(app, chosen, "show", "Show one run: state, progress, latest metrics.\n  circuitlab show r3", o, Run);
+  auto o = std::make_shared<show_cmd::Options>();
+  CLI::App* sub = AddVerb(app, chosen, "show", "Show one run: state, progress, latest metrics.\n  circuitlab show r3",
+                          o, show_cmd::Run);
   sub->add_option("RUN", o->run_id, "Run id, e.g. r3")->required();
 }
 

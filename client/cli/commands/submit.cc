@@ -5,6 +5,7 @@
 
 namespace circuitlab::cli {
 namespace {
+namespace submit_cmd {
 
 struct Options {
   std::string spec_file;
@@ -29,14 +30,15 @@ int Run(Context& ctx, const Options& o) {
   return o.watch ? DoWatch(ctx.client, run->run_id(), ctx.g.json) : 0;
 }
 
+}  // namespace submit_cmd
 }  // namespace
 
 void AddSubmit(CLI::App& app, Action* chosen) {
-  auto o = std::make_shared<Options>();
+  auto o = std::make_shared<submit_cmd::Options>();
   CLI::App* sub = AddVerb(app, chosen, "submit",
                           "Submit an experiment spec (protobuf JSON) as a new run.\n"
                           "  circuitlab submit examples/induction.json --watch",
-                          o, Run);
+                          o, submit_cmd::Run);
   sub->add_option("FILE", o->spec_file, "ExperimentSpec JSON file")->required()->check(CLI::ExistingFile);
   sub->add_flag("--watch,-w", o->watch, "Watch the run until it ends");
 }

@@ -11,6 +11,7 @@
 
 namespace circuitlab::cli {
 namespace {
+namespace sweep_cmd {
 
 struct Options {
   std::string file;
@@ -62,16 +63,17 @@ int Run(Context& ctx, const Options& o) {
   return WatchSweep(ctx, std::move(*sw));
 }
 
+}  // namespace sweep_cmd
 }  // namespace
 
 void AddSweep(CLI::App& app, Action* chosen) {
-  auto o = std::make_shared<Options>();
+  auto o = std::make_shared<sweep_cmd::Options>();
   CLI::App* sub =
       AddVerb(app, chosen, "sweep",
               "Submit a sweep: a base spec and axes (grid values, random ranges, seeds) expanded into runs under one\n"
               "sweep id. All members are validated first; none is queued if one is invalid.\n"
               "  circuitlab sweep examples/phase_diagram.json --watch",
-              o, Run);
+              o, sweep_cmd::Run);
   sub->add_option("FILE", o->file, "Sweep spec (circuitlab.v1.SweepSpec as JSON)")
       ->required()
       ->check(CLI::ExistingFile);

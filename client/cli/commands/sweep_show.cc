@@ -7,6 +7,7 @@
 
 namespace circuitlab::cli {
 namespace {
+namespace sweep_show_cmd {
 
 struct Options {
   std::string sweep_id;
@@ -29,19 +30,21 @@ int Print(Context& ctx, const absl::StatusOr<v1::Sweep>& sw) {
 int Show(Context& ctx, const Options& o) { return Print(ctx, ctx.client.GetSweep(o.sweep_id)); }
 int Cancel(Context& ctx, const Options& o) { return Print(ctx, ctx.client.CancelSweep(o.sweep_id)); }
 
+}  // namespace sweep_show_cmd
 }  // namespace
 
 void AddSweepShow(CLI::App& app, Action* chosen) {
-  auto o = std::make_shared<Options>();
-  CLI::App* sub =
-      AddVerb(app, chosen, "sweep-show", "Show a sweep: its members' states.\n  circuitlab sweep-show s1", o, Show);
+  auto o = std::make_shared<sweep_show_cmd::Options>();
+  CLI::App* sub = AddVerb(app, chosen, "sweep-show", "Show a sweep: its members' states.\n  circuitlab sweep-show s1",
+                          o, sweep_show_cmd::Show);
   sub->add_option("SWEEP", o->sweep_id, "Sweep id, e.g. s1")->required();
 }
 
 void AddSweepCancel(CLI::App& app, Action* chosen) {
-  auto o = std::make_shared<Options>();
+  auto o = std::make_shared<sweep_show_cmd::Options>();
   CLI::App* sub = AddVerb(app, chosen, "sweep-cancel",
-                          "Cancel every member of a sweep that has not ended.\n  circuitlab sweep-cancel s1", o, Cancel);
+                          "Cancel every member of a sweep that has not ended.\n  circuitlab sweep-cancel s1", o,
+                          sweep_show_cmd::Cancel);
   sub->add_option("SWEEP", o->sweep_id, "Sweep id")->required();
 }
 

@@ -10,6 +10,7 @@
 
 namespace circuitlab::cli {
 namespace {
+namespace sweep_summary_cmd {
 
 struct Options {
   std::string sweep_id;
@@ -72,10 +73,11 @@ int Run(Context& ctx, const Options& o) {
   return 0;
 }
 
+}  // namespace sweep_summary_cmd
 }  // namespace
 
 void AddSweepSummary(CLI::App& app, Action* chosen) {
-  auto o = std::make_shared<Options>();
+  auto o = std::make_shared<sweep_summary_cmd::Options>();
   CLI::App* sub =
       AddVerb(app, chosen, "sweep-summary",
               "One row per member: swept values and summary values; filter, export, pivot into a 2-D map.\n"
@@ -83,7 +85,7 @@ void AddSweepSummary(CLI::App& app, Action* chosen) {
               "step reaching x), circuit / pair / pair_predicted (the run's circuit label, computed on demand).\n"
               "  circuitlab sweep-summary s1 --values eval/icl_rare/accuracy,pair --csv > s1.csv\n"
               "  circuitlab sweep-summary s1 --pivot a b --value pair --svg map.svg --wait",
-              o, Run);
+              o, sweep_summary_cmd::Run);
   sub->add_option("SWEEP", o->sweep_id, "Sweep id")->required();
   sub->add_option("--values", o->values, "Value columns (comma-separated)");
   sub->add_option("--filter", o->filters, "Row filter column<op>value, op in = != < <= > >= (repeatable)");

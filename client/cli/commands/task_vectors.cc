@@ -6,6 +6,7 @@
 
 namespace circuitlab::cli {
 namespace {
+namespace task_vectors_cmd {
 
 struct Options {
   std::string run_id, sweep, spec_file, hook, subtract;
@@ -66,10 +67,11 @@ int Run(Context& ctx, const Options& o) {
   return 0;
 }
 
+}  // namespace task_vectors_cmd
 }  // namespace
 
 void AddTaskVectors(CLI::App& app, Action* chosen) {
-  auto o = std::make_shared<Options>();
+  auto o = std::make_shared<task_vectors_cmd::Options>();
   CLI::App* sub = AddVerb(
       app, chosen, "task-vectors",
       "Task-vector geometry (SCIENCE.md D.5) of a latent-task run: P0 residual ratio, P1 ANOVA, P2 simplex\n"
@@ -81,7 +83,7 @@ void AddTaskVectors(CLI::App& app, Action* chosen) {
       "  circuitlab task-vectors r3\n"
       "  circuitlab task-vectors r3 --analysis ood_r2 --all-checkpoints --csv > ood_over_training.csv\n"
       "  circuitlab task-vectors --sweep s2 --analysis ood_r2,kl --layer 1",
-      o, Run);
+      o, task_vectors_cmd::Run);
   sub->add_option("RUN", o->run_id, "Run id (or give --sweep)");
   sub->add_option("--sweep", o->sweep, "Sweep id: analyse every run at its newest checkpoint");
   sub->add_option("--analysis", o->analyses, "p0, p1, p2, p3, steering, ood_r2, kl, dissociation (default all)")

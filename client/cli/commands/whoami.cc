@@ -6,6 +6,7 @@
 
 namespace circuitlab::cli {
 namespace {
+namespace whoami_cmd {
 
 struct Options {};
 
@@ -29,6 +30,7 @@ int Run(Context& ctx, const Options&) {
   return 0;
 }
 
+}  // namespace whoami_cmd
 }  // namespace
 
 void AddWhoAmI(CLI::App& app, Action* chosen) {
@@ -36,7 +38,7 @@ void AddWhoAmI(CLI::App& app, Action* chosen) {
           "Print who the server takes you for: your principal (from your token), role and limits.\n"
           "  circuitlab whoami\n"
           "  circuitlab --token-file ~/.circuitlab/alice.token --ca-cert certs/ca.pem whoami",
-          std::make_shared<Options>(), Run);
+          std::make_shared<whoami_cmd::Options>(), whoami_cmd::Run);
 }
 
 }  // namespace circuitlab::cli

@@ -9,6 +9,7 @@
 
 namespace circuitlab::cli {
 namespace {
+namespace workers_cmd {
 
 struct Options {};
 
@@ -45,6 +46,7 @@ int Run(Context& ctx, const Options&) {
   return 0;
 }
 
+}  // namespace workers_cmd
 }  // namespace
 
 void AddWorkers(CLI::App& app, Action* chosen) {
@@ -53,7 +55,7 @@ void AddWorkers(CLI::App& app, Action* chosen) {
           "Kubernetes Job, by hand) and the runs each trains; the server's executor (local, workers, slurm).\n"
           "  circuitlab workers\n"
           "  circuitlab --json workers",
-          std::make_shared<Options>(), Run);
+          std::make_shared<workers_cmd::Options>(), workers_cmd::Run);
 }
 
 }  // namespace circuitlab::cli

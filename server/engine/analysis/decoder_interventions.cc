@@ -14,9 +14,9 @@
 namespace circuitlab::engine {
 namespace {
 
-constexpr int64_t kChunk = 256;
+constexpr int64_t kInterveneChunk = 256;
 // Sequences per chunk of the reference law (the known-pool posterior is [chunk, T, tasks]).
-constexpr int64_t kBayesChunk = 64;
+constexpr int64_t kInterveneBayesChunk = 64;
 
 // The tensor at a decoder hook point (see decoder_model.h).
 HookGeometry GeometryOf(const HookPoint& hp, const std::string& name, const DecoderConfig& cfg) {
@@ -156,9 +156,11 @@ absl::Status CaptureReferences(std::vector<PreparedOp>& ops, const DecoderModel&
     auto it = drawn.find(ri);
     if (it == drawn.end()) it = drawn.emplace(ri, inputs(ri)).first;
     const torch::Tensor& ref = it->second;
-    absl::Status s = CaptureReference(
-        p, n, kChunk, T, DeriveSeed63(seed, "intervene/resample", static_cast<uint64_t>(si)),
-        [&](int64_t b, int64_t count, const HookFn& hook) { model.Forward(ref.narrow(0, b, count).unsqueeze(0), &hook); });
+    absl::Status s =
+        CaptureReference(p, n, kInterveneChunk, T, DeriveSeed63(seed, "intervene/resample", static_cast<uint64_t>(si)),
+                         [&](int64_t b, int64_t count, const HookFn& hook) {
+                           model.Forward(ref.narrow(0, b, count).unsqueeze(0), &hook);
+                         });
     if (!s.ok()) return s;
   }
   return absl::OkStatus();
@@ -205,28 +207,42 @@ absl::Status DecoderPatch(const DecoderModel& model, PatchPlan& plan, int64_t n,
                           const std::function<PatchScores(const torch::Tensor&, const std::vector<PreparedOp>&)>& score,
                           v1::InterventionEffect& e) {
   return RunPatchSweep(
-      plan, n, kChunk, T,
+      plan, n, kInterveneChunk, T,
       [&](int64_t b, int64_t count, const HookFn& hook) {
         model.Forward(source_inputs.narrow(0, b, count).unsqueeze(0), &hook);
       },
       base, score(source_inputs, {}), [&](const std::vector<PreparedOp>& ops) { return score(eval_inputs, ops); }, e);
 }
 
+// Sums over a chunk's sequences ([1, count, T, V] logits, [1, count, T]
+// tokens whose next token is the answer) of the next-token loss, the accuracy
+// and the logit difference of `pair` (when given), each a mean over the
+// predicting positions of a sequence.
+PatchScores ChunkSums(const torch::Tensor& logits, const torch::Tensor& target,
+                      const google::protobuf::RepeatedField<uint32_t>& pair) {
+  const int64_t T = logits.size(2);
+  PatchScores m;
+  m.loss = NextTokenLoss(logits, target).sum().item<double>();
+  torch::Tensor l = logits.narrow(2, 0, T - 1).to(torch::kDouble);
+  m.accuracy = (l.argmax(-1) == target.narrow(2, 1, T - 1)).to(torch::kDouble).mean(2).sum().item<double>();
+  if (!pair.empty()) m.logit_diff = (l.select(-1, pair[0]) - l.select(-1, pair[1])).mean(2).sum().item<double>();
+  return m;
+}
+
 // A token decoder's loss, accuracy and logit difference (`pair`, when
 // given) on `inputs` [n, T] with `ops`, against the answers of `answers`.
 PatchScores TokenScores(const DecoderModel& model, const torch::Tensor& inputs, const torch::Tensor& answers,
                         const std::vector<PreparedOp>& ops, const google::protobuf::RepeatedField<uint32_t>& pair) {
-  const int64_t n = inputs.size(0), T = inputs.size(1);
+  const int64_t n = inputs.size(0);
   PatchScores m;
-  for (int64_t b = 0; b < n; b += kChunk) {
-    const int64_t count = std::min(kChunk, n - b);
+  for (int64_t b = 0; b < n; b += kInterveneChunk) {
+    const int64_t count = std::min(kInterveneChunk, n - b);
     const HookFn edit = EditHook(ops, b);
     torch::Tensor logits = model.Forward(inputs.narrow(0, b, count).unsqueeze(0), ops.empty() ? nullptr : &edit);
-    torch::Tensor target = answers.narrow(0, b, count).unsqueeze(0);
-    m.loss += NextTokenLoss(logits, target).sum().item<double>();
-    torch::Tensor l = logits.narrow(2, 0, T - 1).to(torch::kDouble);
-    m.accuracy += (l.argmax(-1) == target.narrow(2, 1, T - 1)).to(torch::kDouble).mean(2).sum().item<double>();
-    if (!pair.empty()) m.logit_diff += (l.select(-1, pair[0]) - l.select(-1, pair[1])).mean(2).sum().item<double>();
+    const PatchScores c = ChunkSums(logits, answers.narrow(0, b, count).unsqueeze(0), pair);
+    m.loss += c.loss;
+    m.accuracy += c.accuracy;
+    m.logit_diff += c.logit_diff;
   }
   const double dn = static_cast<double>(n);
   return {m.loss / dn, m.accuracy / dn, m.logit_diff / dn};
@@ -300,16 +316,21 @@ v1::InterventionEffect LatentEffect(const DecoderModel& model, const LatentTaskG
   enum { kLossClean, kLoss, kAccClean, kAcc, kKl, kLdClean, kLd, kRefClean, kRef, kSeries };
   torch::Tensor series = torch::zeros({kSeries, T - 1}, torch::kDouble);
   auto add = [&](int row, const torch::Tensor& per) { series[row] += per.reshape({-1, T - 1}).sum(0); };
-  for (int64_t b = 0; b < n; b += kChunk) {
-    const int64_t count = std::min(kChunk, n - b);
+  for (int64_t b = 0; b < n; b += kInterveneChunk) {
+    const int64_t count = std::min(kInterveneChunk, n - b);
     torch::Tensor chunk = s.tokens.narrow(0, b, count).unsqueeze(0);
     const HookFn edit = EditHook(ops, b), metered = MeteredHook(&edit, hit_mass);
-    torch::Tensor clean = model.Forward(chunk, &clean_hook), edited = model.Forward(chunk, &metered);
-    loss_clean += NextTokenLoss(clean, chunk).sum().item<double>();
-    loss += NextTokenLoss(edited, chunk).sum().item<double>();
+    // No ops (a patch sweep, a read-out of attention mass): one forward.
+    torch::Tensor clean = model.Forward(chunk, &clean_hook);
+    torch::Tensor edited = ops.empty() ? clean : model.Forward(chunk, &metered);
+    const PatchScores sc = ChunkSums(clean, chunk, pair), se = ChunkSums(edited, chunk, pair);
+    loss_clean += sc.loss;
+    loss += se.loss;
+    acc_clean += sc.accuracy;
+    acc += se.accuracy;
+    ld_clean += sc.logit_diff;
+    ld += se.logit_diff;
     torch::Tensor next = chunk.narrow(2, 1, T - 1);
-    acc_clean += (clean.narrow(2, 0, T - 1).argmax(-1) == next).to(torch::kDouble).mean(2).sum().item<double>();
-    acc += (edited.narrow(2, 0, T - 1).argmax(-1) == next).to(torch::kDouble).mean(2).sum().item<double>();
     torch::Tensor lc = torch::log_softmax(clean.narrow(2, 0, T - 1).to(torch::kDouble), -1);
     torch::Tensor le = torch::log_softmax(edited.narrow(2, 0, T - 1).to(torch::kDouble), -1);
     kl += (lc.exp() * (lc - le)).sum(-1).mean(2).sum().item<double>();
@@ -321,23 +342,14 @@ v1::InterventionEffect LatentEffect(const DecoderModel& model, const LatentTaskG
       add(kAcc, (le.argmax(-1) == next).to(torch::kDouble));
       add(kKl, (lc.exp() * (lc - le)).sum(-1));
     }
-    if (!pair.empty()) {  // per sequence: mean over the predicting positions
-      auto diff = [&](const torch::Tensor& logits) {
-        torch::Tensor l = logits.narrow(2, 0, T - 1).to(torch::kDouble);
-        return l.select(-1, pair[0]) - l.select(-1, pair[1]);  // [1, count, T-1]
-      };
-      const torch::Tensor dc = diff(clean), de = diff(edited);
-      ld_clean += dc.mean(2).sum().item<double>();
-      ld += de.mean(2).sum().item<double>();
-      if (request.per_position()) {
-        add(kLdClean, dc);
-        add(kLd, de);
-      }
+    if (!pair.empty() && request.per_position()) {
+      add(kLdClean, lc.select(-1, pair[0]) - lc.select(-1, pair[1]));  // log-softmax differences = logit ones
+      add(kLd, le.select(-1, pair[0]) - le.select(-1, pair[1]));
     }
     if (!task.has_bayes()) continue;
-    // The reference law in chunks of kBayesChunk ([chunk, T, tasks] for the known pool).
-    for (int64_t q0 = 0; q0 < count; q0 += kBayesChunk) {
-      const int64_t qn = std::min(kBayesChunk, count - q0);
+    // The reference law in chunks of kInterveneBayesChunk ([chunk, T, tasks] for the known pool).
+    for (int64_t q0 = 0; q0 < count; q0 += kInterveneBayesChunk) {
+      const int64_t qn = std::min(kInterveneBayesChunk, count - q0);
       torch::Tensor seqs = s.tokens.narrow(0, b + q0, qn);
       torch::Tensor q;
       if (s.convex != nullptr) {  // the mixture law the steering aims at
@@ -357,6 +369,7 @@ v1::InterventionEffect LatentEffect(const DecoderModel& model, const LatentTaskG
       kl_ref += kl_to_q(le, kRef);
     }
   }
+  if (ops.empty()) hit_mass = clean_mass;
   v1::InterventionEffect e;
   ReportMass(clean_mass, hit_mass, request.per_position(), e);
   e.set_eval_set(s.set->name);
@@ -538,8 +551,8 @@ absl::StatusOr<v1::InterveneResponse> InterveneRegression(const DecoderModel& mo
     // The set's Bayes predictor: retrieval over the known tasks on id, ridge elsewhere.
     const bool major = index.sets[static_cast<size_t>(si)].pool == LatentPool::kMajor;
     std::vector<torch::Tensor> refs;
-    for (int64_t b = 0; b < n; b += kBayesChunk) {
-      const int64_t c = std::min(kBayesChunk, n - b);
+    for (int64_t b = 0; b < n; b += kInterveneBayesChunk) {
+      const int64_t c = std::min(kInterveneBayesChunk, n - b);
       torch::Tensor x = eval.x.narrow(0, b, c), y = eval.y.narrow(0, b, c);
       refs.push_back(major ? task.KnownPool(x, y).mean : task.Ridge(x, y));
     }
@@ -550,8 +563,8 @@ absl::StatusOr<v1::InterveneResponse> InterveneRegression(const DecoderModel& mo
     torch::Tensor series = torch::zeros({kSeries, points}, torch::kDouble);
     std::vector<AttentionMassMeter> clean_mass = FreshCopies(*meters), hit_mass = FreshCopies(*meters);
     const HookFn clean_hook = MeteredHook(nullptr, clean_mass);
-    for (int64_t b = 0; b < n; b += kChunk) {
-      const int64_t count = std::min(kChunk, n - b);
+    for (int64_t b = 0; b < n; b += kInterveneChunk) {
+      const int64_t count = std::min(kInterveneChunk, n - b);
       torch::Tensor chunk = inputs.narrow(0, b, count).unsqueeze(0);
       const HookFn edit = EditHook(ops, b), metered = MeteredHook(&edit, hit_mass);
       torch::Tensor clean = DecoderModel::Predictions(model.Forward(chunk, &clean_hook)).squeeze(0).to(torch::kDouble);
@@ -595,8 +608,8 @@ absl::StatusOr<v1::InterveneResponse> InterveneRegression(const DecoderModel& mo
     const RegressionBatch source = draw(from.empty() ? si : index.Find(from), "intervene/reference");
     auto score = [&](const torch::Tensor& in, const std::vector<PreparedOp>& with) {
       double sum = 0;
-      for (int64_t b = 0; b < n; b += kChunk) {
-        const int64_t count = std::min(kChunk, n - b);
+      for (int64_t b = 0; b < n; b += kInterveneChunk) {
+        const int64_t count = std::min(kInterveneChunk, n - b);
         const HookFn edit = EditHook(with, b);
         torch::Tensor pred = DecoderModel::Predictions(
                                  model.Forward(in.narrow(0, b, count).unsqueeze(0), with.empty() ? nullptr : &edit))

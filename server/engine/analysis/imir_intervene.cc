@@ -185,7 +185,12 @@ v1::InterventionEffect ImirEffect(const Opened& o, const ImirModel& edited, cons
                                   const std::vector<AttentionMassMeter>& meters) {
   std::vector<AttentionMassMeter> clean_mass = FreshCopies(meters), hit_mass = FreshCopies(meters);
   const torch::Tensor clean = meters.empty() ? Logits(*o.dense, data) : EditedLogits(*o.dense, data, {}, &clean_mass);
-  const torch::Tensor hit = activations.empty() && meters.empty()
+  // A request without interventions (a patch sweep, a read-out of attention
+  // mass) runs the unedited model once: the "intervened" run is the clean one.
+  const bool unedited = req.interventions_size() == 0;
+  if (unedited) hit_mass = clean_mass;
+  const torch::Tensor hit = unedited ? clean
+                            : activations.empty() && meters.empty()
                                 ? Logits(edited, data)
                                 : EditedLogits(edited, data, activations, meters.empty() ? nullptr : &hit_mass);
   v1::InterventionEffect e;

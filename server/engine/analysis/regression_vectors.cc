@@ -5,6 +5,7 @@
 
 #include "server/common/seeds.h"
 #include "server/engine/analysis/task_vectors.h"
+#include "server/engine/torch_util.h"
 #include "server/engine/train/regression_trainer.h"
 #include "server/engine/train/trainer_base.h"
 
@@ -12,18 +13,16 @@ namespace circuitlab::engine {
 namespace {
 
 // Sequences per forward pass (bounds activation memory).
-constexpr int64_t kChunk = 1024;
+constexpr int64_t kRgChunk = 1024;
 // Sequences per chunk of the mixture predictors ([chunk, n, tasks]).
-constexpr int64_t kBayesChunk = 256;
-
-const auto kF64 = torch::TensorOptions().dtype(torch::kDouble);
+constexpr int64_t kRgBayesChunk = 256;
 
 // The model's predictions [N, n] (float64), in chunks.
 torch::Tensor Predict(const DecoderModel& model, const torch::Tensor& x, const torch::Tensor& y) {
   std::vector<torch::Tensor> parts;
   const int64_t N = x.size(0);
-  for (int64_t b = 0; b < N; b += kChunk) {
-    const int64_t n = std::min(kChunk, N - b);
+  for (int64_t b = 0; b < N; b += kRgChunk) {
+    const int64_t n = std::min(kRgChunk, N - b);
     parts.push_back(PredictRegression(model, x.narrow(0, b, n).to(torch::kFloat).unsqueeze(0),
                                       y.narrow(0, b, n).to(torch::kFloat).unsqueeze(0))
                         .squeeze(0)
@@ -210,8 +209,8 @@ absl::Status RegressionSteering(RgRun& run) {
     torch::Tensor goal = torch::matmul(alpha, theta_bar).to(torch::kFloat);
     const torch::Tensor mup = mu.select(0, p).to(torch::kFloat);
     std::vector<torch::Tensor> preds;
-    for (int64_t b = 0; b < N; b += kChunk) {
-      const int64_t c = std::min(kChunk, N - b);
+    for (int64_t b = 0; b < N; b += kRgChunk) {
+      const int64_t c = std::min(kRgChunk, N - b);
       torch::Tensor dl = delta.narrow(0, b, c), gl = goal.narrow(0, b, c);
       HookFn inject = [&](const std::string& name, const torch::Tensor& v) -> torch::Tensor {
         if (name != point) return {};
@@ -274,8 +273,8 @@ absl::Status RegressionModes(RgRun& run) {
     torch::Tensor pred = Predict(model, b.x, b.y);
     double exact = 0, other = 0;
     const int64_t N = b.x.size(0);
-    for (int64_t s = 0; s < N; s += kBayesChunk) {
-      const int64_t c = std::min(kBayesChunk, N - s);
+    for (int64_t s = 0; s < N; s += kRgBayesChunk) {
+      const int64_t c = std::min(kRgBayesChunk, N - s);
       torch::Tensor x = b.x.narrow(0, s, c), y = b.y.narrow(0, s, c), pr = pred.narrow(0, s, c);
       exact += (pr - task.KnownPool(x, y).mean).pow(2).sum().item<double>();
       torch::Tensor ref = hybrid ? task.Hybrid(x, y, r.p_common()).mean : task.Ridge(x, y);

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/common/seeds.h"
+#include "server/engine/torch_util.h"
 #include "server/engine/train/latent_trainer.h"
 #include "server/engine/train/trainer_base.h"
 
@@ -12,12 +13,9 @@ namespace circuitlab::engine {
 namespace {
 
 // Sequences per forward pass of the analyses (bounds activation memory).
-constexpr int64_t kChunk = 1024;
+constexpr int64_t kTvChunk = 1024;
 // Sequences per chunk of the known-pool Bayes predictor ([chunk, T, tasks]).
-constexpr int64_t kBayesChunk = 64;
-
-const auto kF64 = torch::TensorOptions().dtype(torch::kDouble);
-const auto kI64 = torch::TensorOptions().dtype(torch::kLong);
+constexpr int64_t kTvBayesChunk = 64;
 
 double Pearson(const torch::Tensor& a, const torch::Tensor& b) {
   torch::Tensor x = a - a.mean(), y = b - b.mean();
@@ -123,8 +121,8 @@ torch::Tensor MeanCe(const DecoderModel& model, const torch::Tensor& tokens, con
                      const std::function<torch::Tensor(const torch::Tensor&)>& edit) {
   torch::Tensor total;
   const int64_t N = tokens.size(0);
-  for (int64_t b = 0; b < N; b += kChunk) {
-    torch::Tensor chunk = tokens.narrow(0, b, std::min(kChunk, N - b)).unsqueeze(0);
+  for (int64_t b = 0; b < N; b += kTvChunk) {
+    torch::Tensor chunk = tokens.narrow(0, b, std::min(kTvChunk, N - b)).unsqueeze(0);
     HookFn hook = [&](const std::string& name, const torch::Tensor& v) -> torch::Tensor {
       return edit && name == point ? edit(v) : torch::Tensor();
     };
@@ -360,8 +358,8 @@ std::vector<torch::Tensor> HiddenStates(const DecoderModel& model, const torch::
   const int upto = *std::max_element(layers.begin(), layers.end());
   std::vector<std::vector<torch::Tensor>> parts(layers.size());
   const int64_t N = tokens.size(0);
-  for (int64_t b = 0; b < N; b += kChunk) {
-    torch::Tensor chunk = tokens.narrow(0, b, std::min(kChunk, N - b)).unsqueeze(0);
+  for (int64_t b = 0; b < N; b += kTvChunk) {
+    torch::Tensor chunk = tokens.narrow(0, b, std::min(kTvChunk, N - b)).unsqueeze(0);
     HookFn capture = [&](const std::string& point, const torch::Tensor& v) -> torch::Tensor {
       auto it = want.find(point);
       if (it != want.end()) {
@@ -575,8 +573,8 @@ absl::Status Steering(TvRun& run) {
   torch::Tensor corner = torch::one_hot(alpha.argmax(-1), K).to(torch::kDouble);
   torch::Tensor mode = task.MixLaws(tokens, corner.unsqueeze(1).expand({N, T, K}), majors);
   std::vector<torch::Tensor> clean_parts;
-  for (int64_t b = 0; b < N; b += kChunk) {
-    clean_parts.push_back(model.Forward(tokens.narrow(0, b, std::min(kChunk, N - b)).unsqueeze(0)).squeeze(0));
+  for (int64_t b = 0; b < N; b += kTvChunk) {
+    clean_parts.push_back(model.Forward(tokens.narrow(0, b, std::min(kTvChunk, N - b)).unsqueeze(0)).squeeze(0));
   }
   torch::Tensor clean = torch::log_softmax(torch::cat(clean_parts, 0).to(torch::kDouble), -1);
   torch::Tensor kl_base = torch::zeros({N}, kF64), kl_inj = torch::zeros({N}, kF64), kl_mode = torch::zeros({N}, kF64);
@@ -597,8 +595,8 @@ absl::Status Steering(TvRun& run) {
     torch::Tensor target = torch::matmul(alpha, theta_bar).to(torch::kFloat);                            // [N, D]
     const torch::Tensor Pf = P.to(torch::kFloat), mup = mu.select(0, p).to(torch::kFloat);
     std::vector<torch::Tensor> logits;
-    for (int64_t b = 0; b < N; b += kChunk) {
-      const int64_t n = std::min(kChunk, N - b);
+    for (int64_t b = 0; b < N; b += kTvChunk) {
+      const int64_t n = std::min(kTvChunk, N - b);
       torch::Tensor d = delta.narrow(0, b, n), tgt = target.narrow(0, b, n);
       HookFn inject = [&](const std::string& name, const torch::Tensor& v) -> torch::Tensor {
         if (name != point) return {};
@@ -660,8 +658,8 @@ absl::Status ModeKl(TvRun& run) {
   torch::Tensor tokens = task.SampleTrain(r.kl_samples(), gen).tokens;
   double exact = 0, extrap = 0;
   const int64_t N = tokens.size(0);
-  for (int64_t b = 0; b < N; b += kBayesChunk) {
-    torch::Tensor chunk = tokens.narrow(0, b, std::min(kBayesChunk, N - b));
+  for (int64_t b = 0; b < N; b += kTvBayesChunk) {
+    torch::Tensor chunk = tokens.narrow(0, b, std::min(kTvBayesChunk, N - b));
     torch::Tensor logp =
         torch::log_softmax(model.Forward(chunk.unsqueeze(0)).squeeze(0).to(torch::kDouble), -1).narrow(1, 0, last + 1);
     exact += KlFromLogP(logp, task.KnownPool(chunk).probs.narrow(1, 0, last + 1)).sum().item<double>();

@@ -3,11 +3,10 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "server/engine/torch_util.h"
 
 namespace circuitlab::engine {
 namespace {
-
-const auto kF64 = torch::TensorOptions().dtype(torch::kDouble);
 
 // Part ids of one block as an index tensor; entries in no part go to an extra
 // "dump" bin at index n.

@@ -3,16 +3,12 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <cmath>
-#include <stdexcept>
 #include <limits>
+#include <stdexcept>
+
+#include "server/engine/torch_util.h"
 
 namespace circuitlab::engine {
-namespace {
-
-const auto kLong = torch::TensorOptions().dtype(torch::kLong);
-const auto kDouble = torch::TensorOptions().dtype(torch::kDouble);
-
-}  // namespace
 
 AssocRecallConfig AssocRecallConfig::FromSpec(const v1::ExperimentSpec& spec) {
   const auto& t = spec.task().associative_recall();
@@ -39,17 +35,17 @@ AssocRecallTask::AssocRecallTask(const AssocRecallConfig& config, uint64_t pool_
   seq_len_ = 1 + cfg_.num_blocks * (cfg_.block_length + cfg_.max_gap) + (cfg_.block_length - 1);
   torch::Generator gen = at::make_generator<at::CPUGeneratorImpl>(pool_seed);
   const int64_t npairs = cfg_.num_common / 2;
-  pairs_ = (torch::randperm(cfg_.num_common, gen, kLong) + kNumSpecials).view({npairs, 2});
+  pairs_ = (torch::randperm(cfg_.num_common, gen, kI64) + kNumSpecials).view({npairs, 2});
   // rank[p] = Zipf rank (0-based) of pair p; P(rank r) ~ (r+1)^-zeta.
-  torch::Tensor rank = torch::randperm(npairs, gen, kLong).to(torch::kDouble);
+  torch::Tensor rank = torch::randperm(npairs, gen, kI64).to(torch::kDouble);
   pair_log_w_ = -cfg_.zipf_exponent * torch::log(rank + 1.0);
-  partner_ = torch::full({vocab_}, -1, kLong);
-  pair_of_tok_ = torch::full({vocab_}, -1, kLong);
+  partner_ = torch::full({vocab_}, -1, kI64);
+  pair_of_tok_ = torch::full({vocab_}, -1, kI64);
   if (npairs > 0) {
     torch::Tensor left = pairs_.select(1, 0), right = pairs_.select(1, 1);
     partner_.index_put_({left}, right);
     partner_.index_put_({right}, left);
-    torch::Tensor ids = torch::arange(npairs, kLong);
+    torch::Tensor ids = torch::arange(npairs, kI64);
     pair_of_tok_.index_put_({left}, ids);
     pair_of_tok_.index_put_({right}, ids);
   }
@@ -85,29 +81,29 @@ Batch Layout(const AssocRecallConfig& cfg, int64_t T, const torch::Tensor& bkey,
   using torch::indexing::Slice;
   const int64_t B = bkey.size(0), n = cfg.num_blocks, k = cfg.block_length;
   torch::Tensor gaps =
-      cfg.max_gap > 0 ? torch::randint(0, cfg.max_gap + 1, {B, n}, gen, kLong) : torch::zeros({B, n}, kLong);
+      cfg.max_gap > 0 ? torch::randint(0, cfg.max_gap + 1, {B, n}, gen, kI64) : torch::zeros({B, n}, kI64);
   torch::Tensor gsum = gaps.cumsum(1);
   torch::Tensor lead = n * cfg.max_gap - gsum.select(1, n - 1);
-  torch::Tensor start = 1 + lead.unsqueeze(1) + gsum + torch::arange(n, kLong).unsqueeze(0) * k;
+  torch::Tensor start = 1 + lead.unsqueeze(1) + gsum + torch::arange(n, kI64).unsqueeze(0) * k;
   const int64_t qstart = T - (k - 1);
 
-  torch::Tensor tokens = torch::full({B, T}, kFill, kLong);
+  torch::Tensor tokens = torch::full({B, T}, kFill, kI64);
   tokens.scatter_(1, start, bkey);
   tokens.scatter_(1, start + (k - 1), bval);
   tokens.index_put_({Slice(), qstart}, key);
 
-  torch::Tensor block_of = torch::full({B, T}, -1, kLong);
-  torch::Tensor block_ids = torch::arange(n, kLong).unsqueeze(0).expand({B, n});
+  torch::Tensor block_of = torch::full({B, T}, -1, kI64);
+  torch::Tensor block_ids = torch::arange(n, kI64).unsqueeze(0).expand({B, n});
   for (int64_t j = 0; j < k; ++j) block_of.scatter_(1, start + j, block_ids);
   block_of.index_put_({Slice(), Slice(qstart, T)}, n);
 
   torch::Tensor pids;
   if (cfg.absolute_positions) {
-    pids = torch::arange(T, kLong).unsqueeze(0).expand({B, T}).contiguous();
+    pids = torch::arange(T, kI64).unsqueeze(0).expand({B, T}).contiguous();
   } else {
     const int64_t P = cfg.num_positions;
-    pids = torch::randint(0, P, {B, T}, gen, kLong);  // fillers and BOS: independent uniform
-    torch::Tensor phi = torch::randint(0, P, {B, n + 1}, gen, kLong);
+    pids = torch::randint(0, P, {B, T}, gen, kI64);  // fillers and BOS: independent uniform
+    torch::Tensor phi = torch::randint(0, P, {B, n + 1}, gen, kI64);
     torch::Tensor bphi = phi.narrow(1, 0, n);
     for (int64_t j = 0; j < k; ++j) pids.scatter_(1, start + j, (bphi + j).remainder(P));
     for (int64_t j = 0; j < k - 1; ++j) pids.index_put_({Slice(), qstart + j}, (phi.select(1, n) + j).remainder(P));
@@ -158,8 +154,8 @@ Batch AssocRecallTask::Sample(int64_t B, SampleMode mode, torch::Generator& gen)
   torch::Tensor rslots = RowPermutations(B, cfg_.num_rare, 2 * n + 2, gen) + rare_begin();
 
   // --- common query pair, orientation ---
-  torch::Tensor qpair = torch::zeros({B}, kLong);
-  torch::Tensor a_common = torch::zeros({B}, kLong), partner = torch::zeros({B}, kLong);
+  torch::Tensor qpair = torch::zeros({B}, kI64);
+  torch::Tensor a_common = torch::zeros({B}, kI64), partner = torch::zeros({B}, kI64);
   if (npairs > 0) {
     qpair = torch::multinomial(torch::softmax(pair_log_w_, 0), B, /*replacement=*/true, gen);
     torch::Tensor orient = Coin({B}, 0.5, gen).to(torch::kLong);
@@ -180,9 +176,9 @@ Batch AssocRecallTask::Sample(int64_t B, SampleMode mode, torch::Generator& gen)
   }
   key = torch::where(rare_query, rkey, key);
   value = torch::where(rare_query, rval, value);
-  kind = torch::where(rare_query, torch::full({B}, int64_t{kQueryRare}, kLong),
-                      torch::where(varied, torch::full({B}, int64_t{kQueryCommonVaried}, kLong),
-                                   torch::full({B}, int64_t{kQueryCommonCanon}, kLong)));
+  kind = torch::where(rare_query, torch::full({B}, int64_t{kQueryRare}, kI64),
+                      torch::where(varied, torch::full({B}, int64_t{kQueryCommonVaried}, kI64),
+                                   torch::full({B}, int64_t{kQueryCommonCanon}, kI64)));
   torch::Tensor alt = value;
 
   // Pairs a common distractor must not use.
@@ -197,7 +193,7 @@ Batch AssocRecallTask::Sample(int64_t B, SampleMode mode, torch::Generator& gen)
     key = h.select(1, 0);
     value = h.select(1, 1);
     alt = value;
-    kind = torch::full({B}, int64_t{kQueryHoldout}, kLong);
+    kind = torch::full({B}, int64_t{kQueryHoldout}, kI64);
   } else if (mode == SampleMode::kConflict) {
     // x: a member of another common pair (Zipf-weighted), in context as [a x].
     torch::Tensor logits = pair_log_w_.unsqueeze(0).expand({B, npairs}).clone();
@@ -212,14 +208,14 @@ Batch AssocRecallTask::Sample(int64_t B, SampleMode mode, torch::Generator& gen)
   // --- distractors: rare w.p. dist_rare, else an unused common pair drawn by
   // Zipf weight without replacement (Gumbel top-k); a common distractor that
   // finds no unused pair becomes rare ---
-  torch::Tensor slot = torch::arange(n, kLong).unsqueeze(0).expand({B, n});
+  torch::Tensor slot = torch::arange(n, kI64).unsqueeze(0).expand({B, n});
   torch::Tensor is_distractor = slot >= copies;
   torch::Tensor rare_pairs = rslots.narrow(1, 2, 2 * n).view({B, n, 2});
   torch::Tensor dkey = rare_pairs.select(2, 0), dval = rare_pairs.select(2, 1);
   torch::Tensor want_common = Coin({B, n}, 1.0 - dist_rare, gen).logical_and(is_distractor);
   if (npairs > 0) {
     const int64_t m = std::min(n, npairs);
-    torch::Tensor u = torch::rand({B, npairs}, gen, kDouble).clamp_min(1e-300);
+    torch::Tensor u = torch::rand({B, npairs}, gen, kF64).clamp_min(1e-300);
     torch::Tensor gumbel_keys = pair_log_w_.unsqueeze(0) - torch::log(-torch::log(u));
     gumbel_keys.masked_fill_(excluded, -std::numeric_limits<double>::infinity());
     auto [cand_val, cand_idx] = gumbel_keys.topk(m, 1);
@@ -237,7 +233,7 @@ Batch AssocRecallTask::Sample(int64_t B, SampleMode mode, torch::Generator& gen)
   torch::Tensor bval = torch::where(is_distractor, dval, value.unsqueeze(1));
 
   // --- shuffle the blocks ---
-  torch::Tensor perm = torch::rand({B, n}, gen, kDouble).argsort(/*dim=*/1, /*descending=*/false);
+  torch::Tensor perm = torch::rand({B, n}, gen, kF64).argsort(/*dim=*/1, /*descending=*/false);
   bkey = bkey.gather(1, perm);
   bval = bval.gather(1, perm);
 

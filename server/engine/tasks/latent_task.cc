@@ -5,14 +5,10 @@
 #include <cmath>
 
 #include "server/common/seeds.h"
+#include "server/engine/torch_util.h"
 
 namespace circuitlab::engine {
 namespace {
-
-const auto kF64 = torch::TensorOptions().dtype(torch::kDouble);
-const auto kI64 = torch::TensorOptions().dtype(torch::kLong);
-
-torch::Generator Gen(uint64_t seed) { return at::make_generator<at::CPUGeneratorImpl>(seed); }
 
 // Rows ~ Dirichlet(alpha 1_S) for every leading index of `shape` (last dim S).
 torch::Tensor Dirichlet(std::vector<int64_t> shape, double alpha, torch::Generator& gen) {
@@ -54,12 +50,12 @@ LatentTaskGenerator::LatentTaskGenerator(const v1::LatentTask& spec, uint64_t po
       vocab_(spec.num_states() + (spec.kind() == v1::LATENT_KIND_DYCK ? 2 : 0)),
       seq_len_(spec.seq_len()),
       has_minors_(spec.diversity() >= 0) {
-  torch::Generator gen = Gen(pool_seed);
+  torch::Generator gen = MakeGenerator(pool_seed);
   if (kind_ == v1::LATENT_KIND_DYCK) background_ = Dirichlet({states_}, 1.0, gen);
   majors_ = DrawTasks(spec.num_majors(), gen);
   // kappa = -1: the pool holds one minor task that is never sampled (p_minor 0).
   minors_ = DrawTasks(has_minors_ ? int64_t{1} << spec.diversity() : 1, gen);
-  torch::Generator ood = Gen(DeriveSeed63(pool_seed, "ood"));
+  torch::Generator ood = MakeGenerator(DeriveSeed63(pool_seed, "ood"));
   ood_ = DrawTasks(spec.num_ood(), ood);
 }
 

@@ -5,14 +5,10 @@
 #include <cmath>
 
 #include "server/common/seeds.h"
+#include "server/engine/torch_util.h"
 
 namespace circuitlab::engine {
 namespace {
-
-const auto kF64 = torch::TensorOptions().dtype(torch::kDouble);
-const auto kI64 = torch::TensorOptions().dtype(torch::kLong);
-
-torch::Generator Gen(uint64_t seed) { return at::make_generator<at::CPUGeneratorImpl>(seed); }
 
 // log N(y | mean, var), elementwise.
 torch::Tensor LogNormal(const torch::Tensor& y, const torch::Tensor& mean, const torch::Tensor& var) {
@@ -32,11 +28,11 @@ RegressionTaskGenerator::RegressionTaskGenerator(const v1::LatentTask& spec, uin
       points_(spec.num_points()),
       sigma_(spec.noise_std()),
       has_minors_(spec.diversity() >= 0) {
-  torch::Generator gen = Gen(pool_seed);
+  torch::Generator gen = MakeGenerator(pool_seed);
   majors_ = DrawTasks(spec.num_majors(), gen);
   // kappa = -1: one minor task that is never sampled (p_minor 0).
   minors_ = DrawTasks(has_minors_ ? int64_t{1} << spec.diversity() : 1, gen);
-  torch::Generator ood = Gen(DeriveSeed63(pool_seed, "ood"));
+  torch::Generator ood = MakeGenerator(DeriveSeed63(pool_seed, "ood"));
   ood_ = DrawTasks(spec.num_ood(), ood);
 }
 

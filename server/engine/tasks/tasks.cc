@@ -9,15 +9,14 @@
 
 #include "server/engine/tasks/assoc_recall.h"
 #include "server/engine/tasks/block_task.h"
+#include "server/engine/torch_util.h"
 
 namespace circuitlab::engine {
 namespace {
 
 using torch::indexing::Slice;
-const auto kLong = torch::TensorOptions().dtype(torch::kLong);
-const auto kDouble = torch::TensorOptions().dtype(torch::kDouble);
 
-torch::Tensor Arange(int64_t b, int64_t t) { return torch::arange(t, kLong).unsqueeze(0).expand({b, t}).contiguous(); }
+torch::Tensor Arange(int64_t b, int64_t t) { return torch::arange(t, kI64).unsqueeze(0).expand({b, t}).contiguous(); }
 
 // The common part of every task here: spec-derived shape and symmetry, one
 // evaluation set "test" of fresh training-distribution draws.
@@ -42,17 +41,17 @@ class CatalogTask : public BlockTask {
   torch::Tensor BlockPids(int64_t B, int64_t n, int64_t k, int64_t kq, torch::Generator& gen) const {
     const int64_t T = shape_.seq_len, P = shape_.positions;
     if (!symmetry_.cyclic_positions) return Arange(B, T);
-    torch::Tensor phi = torch::randint(0, P, {B, n + 1}, gen, kLong);
-    torch::Tensor within = torch::arange(k, kLong);
+    torch::Tensor phi = torch::randint(0, P, {B, n + 1}, gen, kI64);
+    torch::Tensor within = torch::arange(k, kI64);
     torch::Tensor blocks = (phi.narrow(1, 0, n).unsqueeze(2) + within).remainder(P).view({B, n * k});
-    torch::Tensor query = (phi.narrow(1, n, 1) + torch::arange(kq, kLong)).remainder(P);
-    torch::Tensor bos = torch::randint(0, P, {B, 1}, gen, kLong);
+    torch::Tensor query = (phi.narrow(1, n, 1) + torch::arange(kq, kI64)).remainder(P);
+    torch::Tensor bos = torch::randint(0, P, {B, 1}, gen, kI64);
     return torch::cat({bos, blocks, query}, 1);
   }
   // Block index per position for that layout.
   torch::Tensor BlockOf(int64_t B, int64_t n, int64_t k, int64_t kq) const {
-    torch::Tensor blocks = torch::arange(n, kLong).repeat_interleave(k);
-    torch::Tensor row = torch::cat({torch::full({1}, -1, kLong), blocks, torch::full({kq}, n, kLong)});
+    torch::Tensor blocks = torch::arange(n, kI64).repeat_interleave(k);
+    torch::Tensor row = torch::cat({torch::full({1}, -1, kI64), blocks, torch::full({kq}, n, kI64)});
     return row.unsqueeze(0).expand({B, row.size(0)}).contiguous();
   }
   static Batch Make(torch::Tensor tokens, torch::Tensor pids, torch::Tensor target, torch::Tensor block_of) {
@@ -62,7 +61,7 @@ class CatalogTask : public BlockTask {
     b.pids = std::move(pids);
     b.alt_target = target;
     b.target = std::move(target);
-    b.query_kind = torch::zeros({B}, kLong);
+    b.query_kind = torch::zeros({B}, kI64);
     b.block_of_token = std::move(block_of);
     return b;
   }
@@ -90,7 +89,7 @@ class KHopTask : public CatalogTask {
     }
     torch::Tensor order = RowPermutations(B, n, n, gen);
     torch::Tensor blocks = torch::stack({firsts.gather(1, order), seconds.gather(1, order)}, 2).view({B, 2 * n});
-    torch::Tensor tokens = torch::cat({torch::full({B, 1}, kFill, kLong), blocks, chain.narrow(1, 0, 1)}, 1);
+    torch::Tensor tokens = torch::cat({torch::full({B, 1}, kFill, kI64), blocks, chain.narrow(1, 0, 1)}, 1);
     Batch b = Make(tokens, BlockPids(B, n, 2, 1, gen), chain.select(1, k), BlockOf(B, n, 2, 1));
     b.alt_target = chain.select(1, 1);
     return b;
@@ -112,32 +111,32 @@ class NGramTask : public CatalogTask {
     int64_t rows = 1;
     for (int64_t i = 0; i < ctx; ++i) rows *= S;
     // Dirichlet(1) rows: normalised Exp(1) draws.
-    torch::Tensor table = -torch::log(torch::rand({B, rows, S}, gen, kDouble).clamp_min(1e-300));
+    torch::Tensor table = -torch::log(torch::rand({B, rows, S}, gen, kF64).clamp_min(1e-300));
     table = table / table.sum(-1, true);
-    torch::Tensor seq = torch::empty({B, L + 1}, kLong);  // letters 0..S-1; the last one is the target
-    seq.narrow(1, 0, ctx).copy_(torch::randint(0, S, {B, ctx}, gen, kLong));
-    torch::Tensor counts = torch::zeros({B, rows, S}, kDouble);
-    torch::Tensor batch_idx = torch::arange(B, kLong);
+    torch::Tensor seq = torch::empty({B, L + 1}, kI64);  // letters 0..S-1; the last one is the target
+    seq.narrow(1, 0, ctx).copy_(torch::randint(0, S, {B, ctx}, gen, kI64));
+    torch::Tensor counts = torch::zeros({B, rows, S}, kF64);
+    torch::Tensor batch_idx = torch::arange(B, kI64);
     torch::Tensor bayes;
     for (int64_t i = ctx; i <= L; ++i) {
-      torch::Tensor state = torch::zeros({B}, kLong);
+      torch::Tensor state = torch::zeros({B}, kI64);
       for (int64_t j = i - ctx; j < i; ++j) state = state * S + seq.select(1, j);
       torch::Tensor probs = table.index({batch_idx, state});                        // [B, S]
       torch::Tensor next = torch::multinomial(probs, 1, /*replacement=*/true, gen).squeeze(1);
       seq.select(1, i).copy_(next);
-      if (i < L) counts.index_put_({batch_idx, state, next}, torch::ones({B}, kDouble), /*accumulate=*/true);
+      if (i < L) counts.index_put_({batch_idx, state, next}, torch::ones({B}, kF64), /*accumulate=*/true);
       if (i == L) {
         // Posterior predictive for the final context, from the transitions
         // seen inside the sequence.
         torch::Tensor c = counts.index({batch_idx, state});                       // [B, S]
         torch::Tensor pred = (c + 1.0) / (c.sum(-1, true) + static_cast<double>(S));
-        bayes = torch::full({B, shape_.vocab}, -std::numeric_limits<double>::infinity(), kDouble);
+        bayes = torch::full({B, shape_.vocab}, -std::numeric_limits<double>::infinity(), kF64);
         bayes.narrow(1, kNumSpecials, S).copy_(pred.log());
       }
     }
     torch::Tensor letters = seq.narrow(1, 0, L) + kNumSpecials;
-    torch::Tensor tokens = torch::cat({torch::full({B, 1}, kFill, kLong), letters}, 1);
-    torch::Tensor block_of = torch::cat({torch::full({B, 1}, -1, kLong), Arange(B, L)}, 1);
+    torch::Tensor tokens = torch::cat({torch::full({B, 1}, kFill, kI64), letters}, 1);
+    torch::Tensor block_of = torch::cat({torch::full({B, 1}, -1, kI64), Arange(B, L)}, 1);
     Batch b = Make(tokens, Arange(B, L + 1), seq.select(1, L) + kNumSpecials, block_of);
     b.bayes_logp = bayes;
     return b;
@@ -158,15 +157,15 @@ class IoiTask : public CatalogTask {
     torch::Tensor s_is_a = Coin({B}, 0.5, gen);
     torch::Tensor a = names.select(1, 0), bname = names.select(1, 1);
     torch::Tensor subject = torch::where(s_is_a, a, bname), target = torch::where(s_is_a, bname, a);
-    torch::Tensor fill = F > 0 ? torch::randint(0, F + 1, {B}, gen, kLong) : torch::zeros({B}, kLong);
+    torch::Tensor fill = F > 0 ? torch::randint(0, F + 1, {B}, gen, kI64) : torch::zeros({B}, kI64);
     torch::Tensor start = 1 + (F - fill);  // position of A
-    torch::Tensor tokens = torch::full({B, T}, kFill, kLong);
+    torch::Tensor tokens = torch::full({B, T}, kFill, kI64);
     tokens.scatter_(1, start.unsqueeze(1), a.unsqueeze(1));
     tokens.scatter_(1, (start + 1).unsqueeze(1), bname.unsqueeze(1));
     tokens.index_put_({Slice(), T - 3}, kSep);
     tokens.index_put_({Slice(), T - 2}, subject);
     tokens.index_put_({Slice(), T - 1}, kGive);
-    torch::Tensor block_of = torch::full({B, T}, -1, kLong);
+    torch::Tensor block_of = torch::full({B, T}, -1, kI64);
     block_of.scatter_(1, start.unsqueeze(1), 0);
     block_of.scatter_(1, (start + 1).unsqueeze(1), 0);
     block_of.index_put_({Slice(), Slice(T - 3, T)}, 1);
@@ -195,9 +194,10 @@ class ConditionalRetrievalTask : public CatalogTask {
     tag = tag.gather(1, order);
     key = key.gather(1, order);
     value = value.gather(1, order);
-    torch::Tensor q = torch::randint(0, n, {B, 1}, gen, kLong);
+    torch::Tensor q = torch::randint(0, n, {B, 1}, gen, kI64);
     torch::Tensor blocks = torch::stack({tag, key, value}, 2).view({B, 3 * n});
-    torch::Tensor tokens = torch::cat({torch::full({B, 1}, kFill, kLong), blocks, tag.gather(1, q), key.gather(1, q)}, 1);
+    torch::Tensor tokens =
+        torch::cat({torch::full({B, 1}, kFill, kI64), blocks, tag.gather(1, q), key.gather(1, q)}, 1);
     return Make(tokens, BlockPids(B, n, 3, 2, gen), value.gather(1, q).squeeze(1), BlockOf(B, n, 3, 2));
   }
 
@@ -216,9 +216,9 @@ class PermutationInversionTask : public CatalogTask {
     torch::Tensor pi = RowPermutations(B, V, V, gen);                    // pi[b, a]
     torch::Tensor a = RowPermutations(B, V, n, gen);                     // distinct a per sequence
     torch::Tensor pa = pi.gather(1, a);
-    torch::Tensor q = torch::randint(0, n, {B, 1}, gen, kLong);
+    torch::Tensor q = torch::randint(0, n, {B, 1}, gen, kI64);
     torch::Tensor blocks = torch::stack({a, pa}, 2).view({B, 2 * n}) + kNumSpecials;
-    torch::Tensor tokens = torch::cat({torch::full({B, 1}, kFill, kLong), blocks, pa.gather(1, q) + kNumSpecials}, 1);
+    torch::Tensor tokens = torch::cat({torch::full({B, 1}, kFill, kI64), blocks, pa.gather(1, q) + kNumSpecials}, 1);
     return Make(tokens, BlockPids(B, n, 2, 1, gen), a.gather(1, q).squeeze(1) + kNumSpecials, BlockOf(B, n, 2, 1));
   }
 
@@ -235,9 +235,9 @@ class MinimalIclTask : public CatalogTask {
     const int64_t N = t_.num_pairs();
     torch::Tensor x = RowPermutations(B, t_.num_items(), N, gen) + kNumSpecials;
     torch::Tensor y = RowPermutations(B, t_.num_labels(), N, gen) + (kNumSpecials + int64_t{t_.num_items()});
-    torch::Tensor j = torch::randint(0, N, {B, 1}, gen, kLong);
+    torch::Tensor j = torch::randint(0, N, {B, 1}, gen, kI64);
     torch::Tensor pairs = torch::stack({x, y}, 2).view({B, 2 * N});
-    torch::Tensor tokens = torch::cat({torch::full({B, 1}, kFill, kLong), pairs, x.gather(1, j)}, 1);
+    torch::Tensor tokens = torch::cat({torch::full({B, 1}, kFill, kI64), pairs, x.gather(1, j)}, 1);
     return Make(tokens, Arange(B, 2 * N + 2), y.gather(1, j).squeeze(1), BlockOf(B, N, 2, 1));
   }
 
@@ -248,13 +248,13 @@ class MinimalIclTask : public CatalogTask {
 }  // namespace
 
 torch::Tensor RowPermutations(int64_t batch, int64_t n, int64_t take, torch::Generator& gen) {
-  return torch::rand({batch, n}, gen, kDouble).argsort(/*dim=*/1, /*descending=*/false).narrow(1, 0, take);
+  return torch::rand({batch, n}, gen, kF64).argsort(/*dim=*/1, /*descending=*/false).narrow(1, 0, take);
 }
 
 torch::Tensor Coin(torch::IntArrayRef shape, double p, torch::Generator& gen) {
   if (p <= 0.0) return torch::zeros(shape, torch::kBool);
   if (p >= 1.0) return torch::ones(shape, torch::kBool);
-  return torch::rand(shape, gen, kDouble) < p;
+  return torch::rand(shape, gen, kF64) < p;
 }
 
 std::unique_ptr<BlockTask> MakeBlockTask(const v1::ExperimentSpec& spec, uint64_t pool_seed) {

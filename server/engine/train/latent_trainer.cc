@@ -8,7 +8,7 @@ namespace {
 
 // Sequences per chunk when the Bayes predictors of an evaluation set are
 // computed (the known-pool posterior is [chunk, T, tasks]).
-constexpr int64_t kBayesChunk = 64;
+constexpr int64_t kLatentEvalBayesChunk = 64;
 
 // log q(x_{t+1}) of a predictor's laws [N, T, V] at the realised tokens, [N, T-1].
 torch::Tensor NextLogProb(const torch::Tensor& probs, const torch::Tensor& tokens) {
@@ -78,8 +78,8 @@ LatentTrainer::LatentTrainer(const v1::ExperimentSpec& spec, std::vector<uint64_
         continue;
       }
       std::vector<torch::Tensor> parts;
-      for (int64_t b = 0; b < n; b += kBayesChunk) {
-        torch::Tensor chunk = tokens.narrow(0, b, std::min(kBayesChunk, n - b));
+      for (int64_t b = 0; b < n; b += kLatentEvalBayesChunk) {
+        torch::Tensor chunk = tokens.narrow(0, b, std::min(kLatentEvalBayesChunk, n - b));
         torch::Tensor probs = defs[i].pool == LatentPool::kMajor ? task.KnownPool(chunk).probs
                                                                  : task.Extrapolation(chunk);
         parts.push_back(NextLogProb(probs, chunk));

@@ -7,7 +7,7 @@ namespace circuitlab::engine {
 namespace {
 
 // Sequences per chunk of the known-pool predictor of an evaluation set.
-constexpr int64_t kBayesChunk = 64;
+constexpr int64_t kRegressionEvalBayesChunk = 64;
 
 }  // namespace
 
@@ -54,8 +54,8 @@ RegressionTrainer::RegressionTrainer(const v1::ExperimentSpec& spec, std::vector
       xs.push_back(b.x);
       ys.push_back(b.y);
       std::vector<torch::Tensor> parts;  // the known-pool posterior is [chunk, n, tasks]
-      for (int64_t s = 0; s < n; s += kBayesChunk) {
-        const int64_t c = std::min(kBayesChunk, n - s);
+      for (int64_t s = 0; s < n; s += kRegressionEvalBayesChunk) {
+        const int64_t c = std::min(kRegressionEvalBayesChunk, n - s);
         parts.push_back(task.KnownPool(b.x.narrow(0, s, c), b.y.narrow(0, s, c)).mean);
       }
       retrieval.push_back(torch::cat(parts, 0));

@@ -47,7 +47,6 @@ std::unique_ptr<State> SliceAdamState(const State& full, const Slice& slice) {
 
 }  // namespace
 
-torch::Generator MakeGenerator(uint64_t seed) { return at::make_generator<at::CPUGeneratorImpl>(seed); }
 uint64_t InitSeedOf(uint64_t seed) { return DeriveSeed63(seed, "init"); }
 uint64_t BatchSeedOf(uint64_t seed, int64_t step) { return DeriveSeed63(seed, "batch", static_cast<uint64_t>(step)); }
 uint64_t PoolSeedOf(uint64_t member_seed) { return DeriveSeed63(member_seed, "pool"); }

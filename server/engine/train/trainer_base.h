@@ -11,20 +11,23 @@
 
 #include <torch/torch.h>
 
+#include <condition_variable>
+#include <exception>
 #include <functional>
-#include <future>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "circuitlab/v1/spec.pb.h"
 #include "server/engine/engine.h"
+#include "server/engine/torch_util.h"
 
 namespace circuitlab::engine {
 
-// A CPU generator seeded with `seed`.
-torch::Generator MakeGenerator(uint64_t seed);
 // Seeds of one member, by purpose (SCIENCE.md 0.3).
 uint64_t InitSeedOf(uint64_t member_seed);
 uint64_t BatchSeedOf(uint64_t member_seed, int64_t step);
@@ -44,40 +47,86 @@ absl::Status LoadWeights(const std::string& checkpoint, const std::vector<std::s
 // s trains. A batch is a pure function of (member seeds, step) (counter-based
 // randomness, above), so prefetching changes the wall time only: the same
 // batches in the same order, resume untouched. `make(step)` must not touch
-// the trainer's mutable state.
+// the trainer's mutable state. One sampler thread lives as long as the
+// prefetcher (a thread per step cost ~50 us, 0.5% of a 10 ms IMIR step); a
+// one-slot hand-off, so at most one batch is drawn ahead. An exception
+// thrown by `make` reaches the caller of the Take that wanted the batch.
 template <typename Batch>
 class BatchPrefetcher {
  public:
   explicit BatchPrefetcher(std::function<Batch(int64_t)> make) : make_(std::move(make)) {}
-  ~BatchPrefetcher() { Drop(); }
+  ~BatchPrefetcher() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    if (sampler_.joinable()) sampler_.join();
+  }
   BatchPrefetcher(const BatchPrefetcher&) = delete;
   BatchPrefetcher& operator=(const BatchPrefetcher&) = delete;
 
   // The batch of `step` (the prefetched one when it is that step's), then
   // starts drawing step + 1's unless `step` is the last.
   Batch Take(int64_t step, int64_t last) {
-    Batch b;
-    if (next_.valid() && next_step_ == step) {
-      b = next_.get();
-    } else {
-      Drop();
-      b = make_(step);
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return !busy_; });  // a batch in flight finishes first
+    std::optional<Batch> b;
+    std::exception_ptr error;
+    if (ready_ && drawn_step_ == step) {
+      b = std::move(slot_);
+      error = error_;
     }
+    ready_ = false;
+    slot_.reset();
+    error_ = nullptr;
     if (step < last) {
-      next_step_ = step + 1;
-      next_ = std::async(std::launch::async, make_, step + 1);
+      if (!sampler_.joinable()) sampler_ = std::thread([this] { Loop(); });
+      wanted_step_ = step + 1;
+      busy_ = true;
+      cv_.notify_all();
     }
-    return b;
+    lock.unlock();
+    if (error) std::rethrow_exception(error);
+    return b ? std::move(*b) : make_(step);
   }
 
  private:
-  void Drop() {
-    if (next_.valid()) next_.wait();
-    next_ = std::future<Batch>();
+  void Loop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (true) {
+      cv_.wait(lock, [&] { return stop_ || (busy_ && !ready_); });
+      if (stop_) return;
+      const int64_t step = wanted_step_;
+      lock.unlock();
+      std::optional<Batch> b;
+      std::exception_ptr error;
+      try {
+        b = make_(step);
+      } catch (...) {
+        error = std::current_exception();
+      }
+      lock.lock();
+      slot_ = std::move(b);
+      error_ = error;
+      drawn_step_ = step;
+      ready_ = true;
+      busy_ = false;
+      cv_.notify_all();
+    }
   }
+
   std::function<Batch(int64_t)> make_;
-  std::future<Batch> next_;
-  int64_t next_step_ = -1;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  bool busy_ = false;   // the sampler is drawing wanted_step_
+  bool ready_ = false;  // slot_ (or error_) holds drawn_step_'s batch
+  int64_t wanted_step_ = -1;
+  int64_t drawn_step_ = -1;
+  std::optional<Batch> slot_;
+  std::exception_ptr error_;
+  std::thread sampler_;  // last: joined before the state above goes
 };
 
 class TrainerBase {
