@@ -568,7 +568,9 @@ absl::StatusOr<v1::InterveneResponse> InterveneRegression(const DecoderModel& mo
       torch::Tensor chunk = inputs.narrow(0, b, count).unsqueeze(0);
       const HookFn edit = EditHook(ops, b), metered = MeteredHook(&edit, hit_mass);
       torch::Tensor clean = DecoderModel::Predictions(model.Forward(chunk, &clean_hook)).squeeze(0).to(torch::kDouble);
-      torch::Tensor edited = DecoderModel::Predictions(model.Forward(chunk, &metered)).squeeze(0).to(torch::kDouble);
+      // No ops (a patch sweep, a read-out of attention mass): one forward.
+      torch::Tensor edited =
+          ops.empty() ? clean : DecoderModel::Predictions(model.Forward(chunk, &metered)).squeeze(0).to(torch::kDouble);
       torch::Tensor y = eval.y.narrow(0, b, count), q = bayes.narrow(0, b, count);
       auto sq = [&](const torch::Tensor& a, const torch::Tensor& c, int row) {
         const torch::Tensor per = (a - c).pow(2);  // [count, points]
@@ -581,6 +583,7 @@ absl::StatusOr<v1::InterveneResponse> InterveneRegression(const DecoderModel& mo
       to_ref_clean += sq(clean, q, kRefClean);
       to_ref += sq(edited, q, kRef);
     }
+    if (ops.empty()) hit_mass = clean_mass;
     v1::InterventionEffect& e = *response.add_effects();
     ReportMass(clean_mass, hit_mass, request.per_position(), e);
     const double dn = static_cast<double>(n);

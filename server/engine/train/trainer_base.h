@@ -73,11 +73,11 @@ class BatchPrefetcher {
     cv_.wait(lock, [&] { return !busy_; });  // a batch in flight finishes first
     std::optional<Batch> b;
     std::exception_ptr error;
-    if (ready_ && drawn_step_ == step) {
+    if (drawn_step_ == step) {
       b = std::move(slot_);
       error = error_;
     }
-    ready_ = false;
+    drawn_step_ = -1;
     slot_.reset();
     error_ = nullptr;
     if (step < last) {
@@ -95,7 +95,7 @@ class BatchPrefetcher {
   void Loop() {
     std::unique_lock<std::mutex> lock(mu_);
     while (true) {
-      cv_.wait(lock, [&] { return stop_ || (busy_ && !ready_); });
+      cv_.wait(lock, [&] { return stop_ || busy_; });
       if (stop_) return;
       const int64_t step = wanted_step_;
       lock.unlock();
@@ -110,7 +110,6 @@ class BatchPrefetcher {
       slot_ = std::move(b);
       error_ = error;
       drawn_step_ = step;
-      ready_ = true;
       busy_ = false;
       cv_.notify_all();
     }
@@ -120,10 +119,9 @@ class BatchPrefetcher {
   std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;
-  bool busy_ = false;   // the sampler is drawing wanted_step_
-  bool ready_ = false;  // slot_ (or error_) holds drawn_step_'s batch
+  bool busy_ = false;  // the sampler is drawing wanted_step_
   int64_t wanted_step_ = -1;
-  int64_t drawn_step_ = -1;
+  int64_t drawn_step_ = -1;  // slot_ (or error_) holds this step's batch; -1: empty
   std::optional<Batch> slot_;
   std::exception_ptr error_;
   std::thread sampler_;  // last: joined before the state above goes
