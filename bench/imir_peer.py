@@ -31,9 +31,9 @@ def load(path):
 
 
 class Imir(torch.nn.Module):
-    def __init__(self, vocab, positions, layers, heads, std=0.01):
+    def __init__(self, vocab, positions, layers, heads, std=0.01, first_layer="gather"):
         super().__init__()
-        self.vocab, self.heads = vocab, heads
+        self.vocab, self.heads, self.first_layer = vocab, heads, first_layer
         d = vocab + positions
         self.kq = torch.nn.ParameterList()
         for _ in range(layers):
@@ -41,13 +41,36 @@ class Imir(torch.nn.Module):
             d *= heads + 1
         self.readout = torch.nn.Parameter(torch.randn(vocab, d) * std)
 
+    def one_hot_layer(self, w, tok, pid, causal):
+        """Layer 1 on the one-hot input without a matmul: X0 W is the sum of two
+        gathered rows, the scores gather two columns of it, the heads' outputs
+        scatter the attention rows into the token and position columns."""
+        h, d0 = w.shape[0], w.shape[-1]
+        b, t = tok.shape
+        pos = pid + self.vocab
+        q = w[:, tok] + w[:, pos]                                       # [H, B, T, d0]
+        ka = tok[None, :, None, :].expand(h, b, t, t)
+        kp = pos[None, :, None, :].expand(h, b, t, t)
+        scores = q.gather(-1, ka) + q.gather(-1, kp)                    # [H, B, T, T]
+        a = torch.softmax(scores.masked_fill(causal, float("-inf")), -1)
+        y = torch.zeros(h, b, t, d0).scatter_add(-1, ka, a).scatter_add(-1, kp, a)
+        x = torch.zeros(b, t, d0)
+        x.scatter_(-1, tok.unsqueeze(-1), 1.0)
+        x.scatter_(-1, pos.unsqueeze(-1), 1.0)
+        return torch.cat([x, y.permute(1, 2, 0, 3).reshape(b, t, -1)], -1)
+
     def forward(self, tok, pid):
         b, t = tok.shape
-        x = torch.zeros(b, t, self.kq[0].shape[-1])                      # d0 = V + P
-        x.scatter_(-1, tok.unsqueeze(-1), 1.0)
-        x.scatter_(-1, (pid + self.vocab).unsqueeze(-1), 1.0)
         causal = torch.ones(t, t, dtype=torch.bool).triu(1)
-        for w in self.kq[:-1]:
+        layers = self.kq[:-1]
+        if self.first_layer == "gather" and len(self.kq) > 1:
+            x = self.one_hot_layer(self.kq[0], tok, pid, causal)
+            layers = self.kq[1:-1]
+        else:
+            x = torch.zeros(b, t, self.kq[0].shape[-1])                  # d0 = V + P
+            x.scatter_(-1, tok.unsqueeze(-1), 1.0)
+            x.scatter_(-1, (pid + self.vocab).unsqueeze(-1), 1.0)
+        for w in layers:
             d = x.shape[-1]
             # One GEMM over every (sequence, position) row, as the C++ side does (a
             # broadcast [B, 1, T, d] @ [H, 1, d, d] copies w per sequence).
@@ -70,11 +93,13 @@ def main():
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--first-layer", choices=["gather", "matmul"], default="gather",
+                    help="layer 1 on the one-hot input by gathers (default) or as the dense matmuls")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(1)
     batches, vocab, positions, layers, heads, lr = load(args.batches)
-    model = Imir(vocab, positions, layers, heads)
+    model = Imir(vocab, positions, layers, heads, first_layer=args.first_layer)
     opt = torch.optim.SGD(model.parameters(), lr=lr)
 
     def step(i):
@@ -91,6 +116,7 @@ def main():
         step(i)
     dt = time.perf_counter() - t0
     print(json.dumps({"impl": "python", "torch": torch.__version__, "threads": args.threads,
+                      "first_layer": args.first_layer,
                       "model_steps_per_s": round(args.steps / dt, 2)}))
 
 

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "server/common/thread_cancel.h"
 #include "server/engine/manifold/projection.h"
+#include "server/engine/models/imir_block.h"
 
 namespace circuitlab::engine {
 
@@ -230,7 +231,12 @@ torch::Tensor ImirModel::Forward(const torch::Tensor& tokens, const torch::Tenso
                                 std::vector<torch::Tensor>* attention, const HookFn* hook) const {
   ThrowIfThreadCancelled();  // a cancelled analysis stops here (server/common/thread_cancel.h)
   TORCH_CHECK(tokens.size(0) == ensemble_, "batch has ", tokens.size(0), " ensemble members, the model ", ensemble_);
-  if (!coordinate_model()) return DenseForward(tokens, pids, all_positions, kq_, readout_, attention, hook);
+  const bool block =
+      !all_positions && attention == nullptr && hook == nullptr && device_.is_cpu() && !cfg_.reference_forward;
+  if (!coordinate_model()) {
+    return block ? BlockQueryLogits(tokens, pids, cfg_.vocab, kq_, readout_)
+                 : DenseForward(tokens, pids, all_positions, kq_, readout_, attention, hook);
+  }
   if (sparse_ && attention == nullptr && hook == nullptr) return SparseForward(tokens, pids, all_positions);
   // Most block pairs carry a coordinate: a few large matmuls on the
   // materialised matrices beat many small ones.
@@ -242,6 +248,7 @@ torch::Tensor ImirModel::Forward(const torch::Tensor& tokens, const torch::Tenso
   }
   const torch::Tensor readout =
       values.index_select(1, readout_gather_).view({ensemble_, cfg_.vocab, width(cfg_.layers)});
+  if (block) return BlockQueryLogits(tokens, pids, cfg_.vocab, kq, readout);
   return DenseForward(tokens, pids, all_positions, kq, readout, attention, hook);
 }
 

@@ -55,6 +55,9 @@ struct ImirModelConfig {
   bool zero_init = false;
   double init_std = 0.01;
   bool float64 = false;  // float32 for training; float64 for invariance checks (SCIENCE.md 0.3)
+  // The ATen reference forward even where the hand-written block kernel
+  // (imir_block.h) applies: tests compare the two.
+  bool reference_forward = false;
   std::shared_ptr<const CoordinateConfig> coordinates;  // null = FULL
 };
 
@@ -83,6 +86,8 @@ class ImirModel {
 
   // tokens, pids: [E, B, T] int64. Returns logits [E, B, V] at the last
   // position, or [E, B, T, V] at every position when all_positions is set.
+  // On the CPU, the last position alone without hooks or attention rows runs
+  // the hand-written block kernel (imir_block.h) on the dense matrices.
   // With `attention`, also the last position's attention row of every layer
   // (the hook L{l}.attn at the query): attention[l] is [E, H, B, T] (the
   // dense forward runs). `hook`, when given, is called at every hook point

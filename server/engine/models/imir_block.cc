@@ -1,0 +1,338 @@
+#include "server/engine/models/imir_block.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+namespace circuitlab::engine {
+namespace {
+
+// The two vector primitives the per-sequence products run on. Compiled twice
+// (AVX2+FMA and the baseline) and picked at load time by the CPU, as ATen
+// picks its own kernels.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define CIRCUITLAB_CPU_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define CIRCUITLAB_CPU_CLONES
+#endif
+
+// Eight independent partial sums: the compiler vectorises this without
+// reassociating a single sum.
+template <typename S>
+[[gnu::always_inline]] inline S DotBody(const S* a, const S* b, int64_t n) {
+  S acc[8] = {};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (int k = 0; k < 8; ++k) acc[k] += a[i + k] * b[i + k];
+  }
+  S s = 0;
+  for (; i < n; ++i) s += a[i] * b[i];
+  for (int k = 0; k < 8; ++k) s += acc[k];
+  return s;
+}
+
+template <typename S>
+[[gnu::always_inline]] inline void AxpyBody(S alpha, const S* x, S* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
+}
+
+CIRCUITLAB_CPU_CLONES float Dot(const float* a, const float* b, int64_t n) { return DotBody(a, b, n); }
+CIRCUITLAB_CPU_CLONES double Dot(const double* a, const double* b, int64_t n) { return DotBody(a, b, n); }
+CIRCUITLAB_CPU_CLONES void Axpy(float alpha, const float* x, float* y, int64_t n) { AxpyBody(alpha, x, y, n); }
+CIRCUITLAB_CPU_CLONES void Axpy(double alpha, const double* x, double* y, int64_t n) { AxpyBody(alpha, x, y, n); }
+
+// p[0..n) <- softmax(p[0..n)).
+template <typename S>
+void Softmax(S* p, int64_t n) {
+  const S m = *std::max_element(p, p + n);
+  S sum = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    p[i] = std::exp(p[i] - m);
+    sum += p[i];
+  }
+  const S inv = S(1) / sum;
+  for (int64_t i = 0; i < n; ++i) p[i] *= inv;
+}
+
+// g[0..n) <- the score gradient, given the probabilities a and the gradient
+// g with respect to them.
+template <typename S>
+void SoftmaxBackward(const S* a, S* g, int64_t n) {
+  S dot = 0;
+  for (int64_t i = 0; i < n; ++i) dot += a[i] * g[i];
+  for (int64_t i = 0; i < n; ++i) g[i] = a[i] * (g[i] - dot);
+}
+
+// Sizes, and what the forward keeps for the backward. Layer l (0-based)
+// reads x[l] ([E, B, T, d_l]; x[0] is the one-hot input, never stored) and
+// computes `rows(l)` query rows from position first(l): every position below
+// the last layer, the query alone at it. Its output rows are x[l+1], or xq
+// ([E, B, d_L]) after the last layer.
+struct Pass {
+  int64_t E = 0, B = 0, T = 0, V = 0, H = 0, L = 0;
+  std::vector<int64_t> d;
+  torch::Tensor tokens, pids;      // [E, B, T]
+  std::vector<torch::Tensor> x;    // x[0] empty
+  std::vector<torch::Tensor> q;    // q[l], l >= 1: [E, B, rows, H * d_l]
+  std::vector<torch::Tensor> att;  // [E, B, H, rows, T]
+  torch::Tensor xq;                // [E, B, d_L]
+
+  // Zeroed activations (x[0] and q[0] stay empty: the first layer reads the
+  // one-hot input and needs no query matrix).
+  void Allocate(const torch::TensorOptions& opts) {
+    x.assign(static_cast<size_t>(L), torch::empty({0}, opts));
+    q.assign(static_cast<size_t>(L), torch::empty({0}, opts));
+    for (int64_t l = 0; l < L; ++l) {
+      if (l >= 1) x[l] = torch::zeros({E, B, T, d[l]}, opts);
+      att.push_back(torch::zeros({E, B, H, rows(l), T}, opts));
+    }
+    xq = torch::zeros({E, B, d[L]}, opts);
+  }
+
+  int64_t rows(int64_t l) const { return l == L - 1 ? 1 : T; }
+  int64_t first(int64_t l) const { return l == L - 1 ? T - 1 : 0; }
+  int64_t seq(int64_t e, int64_t b) const { return e * B + b; }
+
+  // The one-hot columns of sequence (e, b): a[t] = token, c[t] = V + position.
+  void Columns(int64_t e, int64_t b, std::vector<int64_t>* a, std::vector<int64_t>* c) const {
+    const int64_t* tk = tokens.data_ptr<int64_t>() + seq(e, b) * T;
+    const int64_t* pd = pids.data_ptr<int64_t>() + seq(e, b) * T;
+    for (int64_t t = 0; t < T; ++t) {
+      (*a)[t] = tk[t];
+      (*c)[t] = V + pd[t];
+    }
+  }
+
+  template <typename S>
+  S* OutRow(int64_t l, int64_t e, int64_t b, int64_t r) const {
+    if (l == L - 1) return xq.data_ptr<S>() + seq(e, b) * d[L];
+    return x[l + 1].data_ptr<S>() + (seq(e, b) * T + r) * d[l + 1];
+  }
+  template <typename S>
+  S* AttRow(int64_t l, int64_t e, int64_t b, int64_t h, int64_t r) const {
+    return att[l].data_ptr<S>() + ((seq(e, b) * H + h) * rows(l) + r) * T;
+  }
+};
+
+// [E, H, d, d] -> [E, d, H * d]: the heads' matrices side by side, so that
+// one GEMM gives every head's queries.
+torch::Tensor SideBySide(const torch::Tensor& w) {
+  const int64_t E = w.size(0), H = w.size(1), d = w.size(2);
+  return H == 1 ? w.view({E, d, d}) : w.permute({0, 2, 1, 3}).reshape({E, d, H * d});
+}
+
+// The query rows of x[l] as one matrix per member: [E, B * rows, d].
+torch::Tensor QueryRows(const Pass& p, int64_t l) {
+  return p.x[l].narrow(2, p.first(l), p.rows(l)).reshape({p.E, p.B * p.rows(l), p.d[l]});
+}
+
+template <typename S>
+void FirstLayerForward(Pass& p, const torch::Tensor& w) {
+  const int64_t d0 = p.d[0], R = p.rows(0), t0 = p.first(0);
+  const S* W = w.data_ptr<S>();
+  std::vector<int64_t> a(p.T), c(p.T);
+  for (int64_t e = 0; e < p.E; ++e) {
+    for (int64_t b = 0; b < p.B; ++b) {
+      p.Columns(e, b, &a, &c);
+      for (int64_t r = 0; r < R; ++r) {
+        const int64_t t = t0 + r;
+        S* out = p.OutRow<S>(0, e, b, r);
+        out[a[t]] = 1;
+        out[c[t]] = 1;
+        for (int64_t h = 0; h < p.H; ++h) {
+          const S* wa = W + ((e * p.H + h) * d0 + a[t]) * d0;
+          const S* wc = W + ((e * p.H + h) * d0 + c[t]) * d0;
+          S* s = p.AttRow<S>(0, e, b, h, r);
+          for (int64_t j = 0; j <= t; ++j) s[j] = wa[a[j]] + wa[c[j]] + wc[a[j]] + wc[c[j]];
+          Softmax(s, t + 1);
+          S* y = out + (h + 1) * d0;
+          for (int64_t j = 0; j <= t; ++j) {
+            y[a[j]] += s[j];
+            y[c[j]] += s[j];
+          }
+        }
+      }
+    }
+  }
+}
+
+template <typename S>
+void DenseLayerForward(Pass& p, int64_t l, const torch::Tensor& w) {
+  const int64_t d = p.d[l], R = p.rows(l), t0 = p.first(l), H = p.H;
+  p.q[l] = at::bmm(QueryRows(p, l), SideBySide(w)).view({p.E, p.B, R, H * d});
+  for (int64_t e = 0; e < p.E; ++e) {
+    for (int64_t b = 0; b < p.B; ++b) {
+      const S* X = p.x[l].data_ptr<S>() + p.seq(e, b) * p.T * d;
+      for (int64_t r = 0; r < R; ++r) {
+        const int64_t t = t0 + r;
+        S* out = p.OutRow<S>(l, e, b, r);
+        std::memcpy(out, X + t * d, sizeof(S) * d);
+        for (int64_t h = 0; h < H; ++h) {
+          const S* qv = p.q[l].data_ptr<S>() + (p.seq(e, b) * R + r) * H * d + h * d;
+          S* s = p.AttRow<S>(l, e, b, h, r);
+          for (int64_t j = 0; j <= t; ++j) s[j] = Dot(qv, X + j * d, d);
+          Softmax(s, t + 1);
+          S* y = out + (h + 1) * d;
+          for (int64_t j = 0; j <= t; ++j) Axpy(s[j], X + j * d, y, d);
+        }
+      }
+    }
+  }
+}
+
+// dnext: the gradient of layer l's output rows, [E, B, rows, (H+1) d_l].
+// Returns the gradient of x[l] ([E, B, T, d_l]); sets *dw.
+template <typename S>
+torch::Tensor DenseLayerBackward(const Pass& p, int64_t l, const torch::Tensor& w, const torch::Tensor& dnext,
+                                 torch::Tensor* dw) {
+  const int64_t d = p.d[l], R = p.rows(l), t0 = p.first(l), H = p.H;
+  torch::Tensor dx = torch::zeros({p.E, p.B, p.T, d}, w.options());
+  torch::Tensor dq = torch::zeros({p.E, p.B, R, H * d}, w.options());
+  std::vector<S> g(p.T);
+  for (int64_t e = 0; e < p.E; ++e) {
+    for (int64_t b = 0; b < p.B; ++b) {
+      const S* X = p.x[l].data_ptr<S>() + p.seq(e, b) * p.T * d;
+      S* dX = dx.data_ptr<S>() + p.seq(e, b) * p.T * d;
+      for (int64_t r = 0; r < R; ++r) {
+        const int64_t t = t0 + r;
+        const S* dout = dnext.data_ptr<S>() + (p.seq(e, b) * R + r) * (H + 1) * d;
+        Axpy(S(1), dout, dX + t * d, d);  // the row's own copy
+        for (int64_t h = 0; h < H; ++h) {
+          const int64_t qoff = (p.seq(e, b) * R + r) * H * d + h * d;
+          const S* qv = p.q[l].data_ptr<S>() + qoff;
+          S* dqv = dq.data_ptr<S>() + qoff;
+          const S* a = p.AttRow<S>(l, e, b, h, r);
+          const S* dy = dout + (h + 1) * d;
+          for (int64_t j = 0; j <= t; ++j) {
+            g[j] = Dot(dy, X + j * d, d);
+            Axpy(a[j], dy, dX + j * d, d);
+          }
+          SoftmaxBackward(a, g.data(), t + 1);
+          for (int64_t j = 0; j <= t; ++j) {
+            Axpy(g[j], X + j * d, dqv, d);
+            Axpy(g[j], qv, dX + j * d, d);
+          }
+        }
+      }
+    }
+  }
+  const torch::Tensor dqm = dq.view({p.E, p.B * R, H * d});
+  const torch::Tensor side = SideBySide(w);
+  *dw = at::bmm(QueryRows(p, l).transpose(1, 2), dqm).view({p.E, d, H, d}).permute({0, 2, 1, 3}).contiguous();
+  dx.narrow(2, t0, R).add_(at::bmm(dqm, side.transpose(1, 2)).view({p.E, p.B, R, d}));
+  return dx;
+}
+
+// The first layer's keys are the fixed one-hot input: only its weights get a
+// gradient.
+template <typename S>
+torch::Tensor FirstLayerBackward(const Pass& p, const torch::Tensor& w, const torch::Tensor& dnext) {
+  const int64_t d0 = p.d[0], R = p.rows(0), t0 = p.first(0), H = p.H;
+  torch::Tensor dw = torch::zeros_like(w);
+  S* dW = dw.data_ptr<S>();
+  std::vector<int64_t> a(p.T), c(p.T);
+  std::vector<S> g(p.T);
+  for (int64_t e = 0; e < p.E; ++e) {
+    for (int64_t b = 0; b < p.B; ++b) {
+      p.Columns(e, b, &a, &c);
+      for (int64_t r = 0; r < R; ++r) {
+        const int64_t t = t0 + r;
+        const S* dout = dnext.data_ptr<S>() + (p.seq(e, b) * R + r) * (H + 1) * d0;
+        for (int64_t h = 0; h < H; ++h) {
+          const S* dy = dout + (h + 1) * d0;
+          const S* att = p.AttRow<S>(0, e, b, h, r);
+          for (int64_t j = 0; j <= t; ++j) g[j] = dy[a[j]] + dy[c[j]];
+          SoftmaxBackward(att, g.data(), t + 1);
+          S* wa = dW + ((e * H + h) * d0 + a[t]) * d0;
+          S* wc = dW + ((e * H + h) * d0 + c[t]) * d0;
+          for (int64_t j = 0; j <= t; ++j) {
+            wa[a[j]] += g[j];
+            wa[c[j]] += g[j];
+            wc[a[j]] += g[j];
+            wc[c[j]] += g[j];
+          }
+        }
+      }
+    }
+  }
+  return dw;
+}
+
+class BlockQueryFn : public torch::autograd::Function<BlockQueryFn> {
+ public:
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& tokens,
+                               const torch::Tensor& pids, int64_t vocab, const torch::Tensor& readout,
+                               at::TensorList kq_list) {
+    Pass p = Plan(tokens, pids, vocab, readout, kq_list);
+    p.Allocate(readout.options().requires_grad(false));
+    const std::vector<torch::Tensor> kq(kq_list.begin(), kq_list.end());
+    AT_DISPATCH_FLOATING_TYPES(readout.scalar_type(), "BlockQueryLogits", [&] {
+      FirstLayerForward<scalar_t>(p, kq[0]);
+      for (int64_t l = 1; l < p.L; ++l) DenseLayerForward<scalar_t>(p, l, kq[l]);
+    });
+    torch::Tensor logits = at::bmm(p.xq, readout.transpose(1, 2));  // [E, B, V]
+    std::vector<torch::Tensor> saved = {tokens, pids, readout};
+    saved.insert(saved.end(), kq.begin(), kq.end());
+    ctx->save_for_backward(saved);
+    ctx->saved_data["vocab"] = vocab;
+    ctx->saved_data["x"] = p.x;
+    ctx->saved_data["q"] = p.q;
+    ctx->saved_data["att"] = p.att;
+    ctx->saved_data["xq"] = p.xq;
+    return logits;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const std::vector<torch::Tensor> saved = ctx->get_saved_variables();
+    const std::vector<torch::Tensor> kq(saved.begin() + 3, saved.end());
+    const torch::Tensor& readout = saved[2];
+    Pass p = Plan(saved[0], saved[1], ctx->saved_data["vocab"].toInt(), readout, kq);
+    p.x = ctx->saved_data["x"].toTensorVector();
+    p.q = ctx->saved_data["q"].toTensorVector();
+    p.att = ctx->saved_data["att"].toTensorVector();
+    p.xq = ctx->saved_data["xq"].toTensor();
+
+    const torch::Tensor g = grads[0].contiguous();  // [E, B, V]
+    torch::autograd::variable_list out(4 + static_cast<size_t>(p.L));
+    out[3] = at::bmm(g.transpose(1, 2), p.xq);  // d readout: [E, V, d_L]
+    torch::Tensor dnext = at::bmm(g, readout).view({p.E, p.B, 1, p.d[p.L]});
+    AT_DISPATCH_FLOATING_TYPES(readout.scalar_type(), "BlockQueryLogitsBackward", [&] {
+      for (int64_t l = p.L - 1; l >= 1; --l) {
+        dnext = DenseLayerBackward<scalar_t>(p, l, kq[l], dnext, &out[4 + l]);
+      }
+      out[4] = FirstLayerBackward<scalar_t>(p, kq[0], dnext);
+    });
+    return out;
+  }
+
+ private:
+  static Pass Plan(const torch::Tensor& tokens, const torch::Tensor& pids, int64_t vocab, const torch::Tensor& readout,
+                   at::TensorList kq) {
+    Pass p;
+    p.tokens = tokens.contiguous();
+    p.pids = pids.contiguous();
+    p.E = tokens.size(0);
+    p.B = tokens.size(1);
+    p.T = tokens.size(2);
+    p.V = vocab;
+    p.L = static_cast<int64_t>(kq.size());
+    p.H = kq[0].size(1);
+    for (const torch::Tensor& w : kq) p.d.push_back(w.size(2));
+    p.d.push_back(readout.size(2));
+    return p;
+  }
+};
+
+}  // namespace
+
+torch::Tensor BlockQueryLogits(const torch::Tensor& tokens, const torch::Tensor& pids, int64_t vocab,
+                               const std::vector<torch::Tensor>& kq, const torch::Tensor& readout) {
+  TORCH_CHECK(!kq.empty() && tokens.dim() == 3 && tokens.sizes() == pids.sizes(), "BlockQueryLogits: bad shapes");
+  TORCH_CHECK(readout.device().is_cpu(), "BlockQueryLogits runs on the CPU");
+  std::vector<torch::Tensor> weights;
+  for (const torch::Tensor& w : kq) weights.push_back(w.contiguous());
+  return BlockQueryFn::apply(tokens, pids, vocab, readout.contiguous(), at::TensorList(weights));
+}
+
+}  // namespace circuitlab::engine
