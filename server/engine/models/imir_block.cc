@@ -68,11 +68,19 @@ void SoftmaxBackward(const S* a, S* g, int64_t n) {
 // computes `rows(l)` query rows from position first(l): every position below
 // the last layer, the query alone at it. Its output rows are x[l+1], or xq
 // ([E, B, d_L]) after the last layer.
+//
+// Two layers (`fused`): x[1] is not stored but for its query row
+// ([E, B, 1, d_1]); the last layer rebuilds each sequence's rows from the
+// first layer's attention into a buffer that stays in the cache, and the
+// backward runs both layers per sequence there. (Storing x[1] and its
+// gradient streams T x d_1 floats per sequence through memory four times a
+// step, which cost more than the arithmetic at the bench's medium sizes.)
 struct Pass {
   int64_t E = 0, B = 0, T = 0, V = 0, H = 0, L = 0;
+  bool fused = false;
   std::vector<int64_t> d;
   torch::Tensor tokens, pids;      // [E, B, T]
-  std::vector<torch::Tensor> x;    // x[0] empty
+  std::vector<torch::Tensor> x;    // x[0] empty; x[1] holds only the query row when fused
   std::vector<torch::Tensor> q;    // q[l], l >= 1: [E, B, rows, H * d_l]
   std::vector<torch::Tensor> att;  // [E, B, H, rows, T]
   torch::Tensor xq;                // [E, B, d_L]
@@ -83,7 +91,7 @@ struct Pass {
     x.assign(static_cast<size_t>(L), torch::empty({0}, opts));
     q.assign(static_cast<size_t>(L), torch::empty({0}, opts));
     for (int64_t l = 0; l < L; ++l) {
-      if (l >= 1) x[l] = torch::zeros({E, B, T, d[l]}, opts);
+      if (l >= 1) x[l] = torch::zeros({E, B, stored_rows(l), d[l]}, opts);
       att.push_back(torch::zeros({E, B, H, rows(l), T}, opts));
     }
     xq = torch::zeros({E, B, d[L]}, opts);
@@ -91,6 +99,7 @@ struct Pass {
 
   int64_t rows(int64_t l) const { return l == L - 1 ? 1 : T; }
   int64_t first(int64_t l) const { return l == L - 1 ? T - 1 : 0; }
+  int64_t stored_rows(int64_t l) const { return fused && l == 1 ? 1 : T; }
   int64_t seq(int64_t e, int64_t b) const { return e * B + b; }
 
   // The one-hot columns of sequence (e, b): a[t] = token, c[t] = V + position.
@@ -104,13 +113,13 @@ struct Pass {
   }
 
   template <typename S>
-  S* OutRow(int64_t l, int64_t e, int64_t b, int64_t r) const {
-    if (l == L - 1) return xq.data_ptr<S>() + seq(e, b) * d[L];
-    return x[l + 1].data_ptr<S>() + (seq(e, b) * T + r) * d[l + 1];
-  }
-  template <typename S>
   S* AttRow(int64_t l, int64_t e, int64_t b, int64_t h, int64_t r) const {
     return att[l].data_ptr<S>() + ((seq(e, b) * H + h) * rows(l) + r) * T;
+  }
+  // Query row r of layer l's input for sequence (e, b) (stored rows only).
+  template <typename S>
+  S* InputRows(int64_t l, int64_t e, int64_t b) const {
+    return x[l].data_ptr<S>() + seq(e, b) * stored_rows(l) * d[l];
   }
 };
 
@@ -123,7 +132,34 @@ torch::Tensor SideBySide(const torch::Tensor& w) {
 
 // The query rows of x[l] as one matrix per member: [E, B * rows, d].
 torch::Tensor QueryRows(const Pass& p, int64_t l) {
-  return p.x[l].narrow(2, p.first(l), p.rows(l)).reshape({p.E, p.B * p.rows(l), p.d[l]});
+  const int64_t from = p.stored_rows(l) == p.T ? p.first(l) : 0;
+  return p.x[l].narrow(2, from, p.rows(l)).reshape({p.E, p.B * p.rows(l), p.d[l]});
+}
+
+// Row r (position t) of the first layer's output for one sequence, from its
+// attention rows: [onehot | head 1 | ... | head H]. `out` is zeroed.
+template <typename S>
+void OneHotRow(const Pass& p, int64_t e, int64_t b, int64_t r, int64_t t, const std::vector<int64_t>& a,
+               const std::vector<int64_t>& c, S* out) {
+  const int64_t d0 = p.d[0];
+  out[a[t]] = 1;
+  out[c[t]] = 1;
+  for (int64_t h = 0; h < p.H; ++h) {
+    const S* s = p.AttRow<S>(0, e, b, h, r);
+    S* y = out + (h + 1) * d0;
+    for (int64_t j = 0; j <= t; ++j) {
+      y[a[j]] += s[j];
+      y[c[j]] += s[j];
+    }
+  }
+}
+
+// Every row of x[1] for one sequence into `X` (T x d_1, overwritten).
+template <typename S>
+void RebuildFirstRows(const Pass& p, int64_t e, int64_t b, const std::vector<int64_t>& a, const std::vector<int64_t>& c,
+                      S* X) {
+  std::memset(X, 0, sizeof(S) * p.T * p.d[1]);
+  for (int64_t t = 0; t < p.T; ++t) OneHotRow(p, e, b, t, t, a, c, X + t * p.d[1]);
 }
 
 template <typename S>
@@ -136,126 +172,196 @@ void FirstLayerForward(Pass& p, const torch::Tensor& w) {
       p.Columns(e, b, &a, &c);
       for (int64_t r = 0; r < R; ++r) {
         const int64_t t = t0 + r;
-        S* out = p.OutRow<S>(0, e, b, r);
-        out[a[t]] = 1;
-        out[c[t]] = 1;
         for (int64_t h = 0; h < p.H; ++h) {
           const S* wa = W + ((e * p.H + h) * d0 + a[t]) * d0;
           const S* wc = W + ((e * p.H + h) * d0 + c[t]) * d0;
           S* s = p.AttRow<S>(0, e, b, h, r);
           for (int64_t j = 0; j <= t; ++j) s[j] = wa[a[j]] + wa[c[j]] + wc[a[j]] + wc[c[j]];
           Softmax(s, t + 1);
-          S* y = out + (h + 1) * d0;
-          for (int64_t j = 0; j <= t; ++j) {
-            y[a[j]] += s[j];
-            y[c[j]] += s[j];
-          }
+        }
+        if (p.L == 1) {
+          OneHotRow(p, e, b, r, t, a, c, p.xq.data_ptr<S>() + p.seq(e, b) * p.d[1]);
+        } else if (!p.fused) {
+          OneHotRow(p, e, b, r, t, a, c, p.InputRows<S>(1, e, b) + t * p.d[1]);
+        } else if (t == p.T - 1) {
+          OneHotRow(p, e, b, r, t, a, c, p.InputRows<S>(1, e, b));  // the query row alone
         }
       }
+    }
+  }
+}
+
+// Layer l >= 1 for one sequence whose input rows are X (T x d): its
+// attention rows and its output rows `out` (rows x (H+1) d, zeroed).
+template <typename S>
+void DenseSequenceForward(const Pass& p, int64_t l, int64_t e, int64_t b, const S* X, S* out) {
+  const int64_t d = p.d[l], R = p.rows(l), t0 = p.first(l), H = p.H;
+  for (int64_t r = 0; r < R; ++r) {
+    const int64_t t = t0 + r;
+    S* o = out + r * (H + 1) * d;
+    std::memcpy(o, X + t * d, sizeof(S) * d);
+    for (int64_t h = 0; h < H; ++h) {
+      const S* qv = p.q[l].data_ptr<S>() + (p.seq(e, b) * R + r) * H * d + h * d;
+      S* s = p.AttRow<S>(l, e, b, h, r);
+      for (int64_t j = 0; j <= t; ++j) s[j] = Dot(qv, X + j * d, d);
+      Softmax(s, t + 1);
+      S* y = o + (h + 1) * d;
+      for (int64_t j = 0; j <= t; ++j) Axpy(s[j], X + j * d, y, d);
     }
   }
 }
 
 template <typename S>
 void DenseLayerForward(Pass& p, int64_t l, const torch::Tensor& w) {
-  const int64_t d = p.d[l], R = p.rows(l), t0 = p.first(l), H = p.H;
+  const int64_t d = p.d[l], R = p.rows(l), H = p.H;
   p.q[l] = at::bmm(QueryRows(p, l), SideBySide(w)).view({p.E, p.B, R, H * d});
-  for (int64_t e = 0; e < p.E; ++e) {
-    for (int64_t b = 0; b < p.B; ++b) {
-      const S* X = p.x[l].data_ptr<S>() + p.seq(e, b) * p.T * d;
-      for (int64_t r = 0; r < R; ++r) {
-        const int64_t t = t0 + r;
-        S* out = p.OutRow<S>(l, e, b, r);
-        std::memcpy(out, X + t * d, sizeof(S) * d);
-        for (int64_t h = 0; h < H; ++h) {
-          const S* qv = p.q[l].data_ptr<S>() + (p.seq(e, b) * R + r) * H * d + h * d;
-          S* s = p.AttRow<S>(l, e, b, h, r);
-          for (int64_t j = 0; j <= t; ++j) s[j] = Dot(qv, X + j * d, d);
-          Softmax(s, t + 1);
-          S* y = out + (h + 1) * d;
-          for (int64_t j = 0; j <= t; ++j) Axpy(s[j], X + j * d, y, d);
-        }
-      }
-    }
-  }
-}
-
-// dnext: the gradient of layer l's output rows, [E, B, rows, (H+1) d_l].
-// Returns the gradient of x[l] ([E, B, T, d_l]); sets *dw.
-template <typename S>
-torch::Tensor DenseLayerBackward(const Pass& p, int64_t l, const torch::Tensor& w, const torch::Tensor& dnext,
-                                 torch::Tensor* dw) {
-  const int64_t d = p.d[l], R = p.rows(l), t0 = p.first(l), H = p.H;
-  torch::Tensor dx = torch::zeros({p.E, p.B, p.T, d}, w.options());
-  torch::Tensor dq = torch::zeros({p.E, p.B, R, H * d}, w.options());
-  std::vector<S> g(p.T);
-  for (int64_t e = 0; e < p.E; ++e) {
-    for (int64_t b = 0; b < p.B; ++b) {
-      const S* X = p.x[l].data_ptr<S>() + p.seq(e, b) * p.T * d;
-      S* dX = dx.data_ptr<S>() + p.seq(e, b) * p.T * d;
-      for (int64_t r = 0; r < R; ++r) {
-        const int64_t t = t0 + r;
-        const S* dout = dnext.data_ptr<S>() + (p.seq(e, b) * R + r) * (H + 1) * d;
-        Axpy(S(1), dout, dX + t * d, d);  // the row's own copy
-        for (int64_t h = 0; h < H; ++h) {
-          const int64_t qoff = (p.seq(e, b) * R + r) * H * d + h * d;
-          const S* qv = p.q[l].data_ptr<S>() + qoff;
-          S* dqv = dq.data_ptr<S>() + qoff;
-          const S* a = p.AttRow<S>(l, e, b, h, r);
-          const S* dy = dout + (h + 1) * d;
-          for (int64_t j = 0; j <= t; ++j) {
-            g[j] = Dot(dy, X + j * d, d);
-            Axpy(a[j], dy, dX + j * d, d);
-          }
-          SoftmaxBackward(a, g.data(), t + 1);
-          for (int64_t j = 0; j <= t; ++j) {
-            Axpy(g[j], X + j * d, dqv, d);
-            Axpy(g[j], qv, dX + j * d, d);
-          }
-        }
-      }
-    }
-  }
-  const torch::Tensor dqm = dq.view({p.E, p.B * R, H * d});
-  const torch::Tensor side = SideBySide(w);
-  *dw = at::bmm(QueryRows(p, l).transpose(1, 2), dqm).view({p.E, d, H, d}).permute({0, 2, 1, 3}).contiguous();
-  dx.narrow(2, t0, R).add_(at::bmm(dqm, side.transpose(1, 2)).view({p.E, p.B, R, d}));
-  return dx;
-}
-
-// The first layer's keys are the fixed one-hot input: only its weights get a
-// gradient.
-template <typename S>
-torch::Tensor FirstLayerBackward(const Pass& p, const torch::Tensor& w, const torch::Tensor& dnext) {
-  const int64_t d0 = p.d[0], R = p.rows(0), t0 = p.first(0), H = p.H;
-  torch::Tensor dw = torch::zeros_like(w);
-  S* dW = dw.data_ptr<S>();
   std::vector<int64_t> a(p.T), c(p.T);
-  std::vector<S> g(p.T);
+  std::vector<S> rebuilt(p.fused ? static_cast<size_t>(p.T * d) : 0);
+  for (int64_t e = 0; e < p.E; ++e) {
+    for (int64_t b = 0; b < p.B; ++b) {
+      const S* X = p.InputRows<S>(l, e, b);
+      if (p.fused) {
+        p.Columns(e, b, &a, &c);
+        RebuildFirstRows(p, e, b, a, c, rebuilt.data());
+        X = rebuilt.data();
+      }
+      S* out = l == p.L - 1 ? p.xq.data_ptr<S>() + p.seq(e, b) * p.d[l + 1] : p.InputRows<S>(l + 1, e, b);
+      DenseSequenceForward(p, l, e, b, X, out);
+    }
+  }
+}
+
+// The backward of DenseSequenceForward: dout (rows x (H+1) d) is the
+// gradient of its output rows; adds the input rows' gradient to dX (T x d)
+// and sets the query rows' gradient dq (rows x H d, zeroed).
+template <typename S>
+void DenseSequenceBackward(const Pass& p, int64_t l, int64_t e, int64_t b, const S* X, const S* dout, S* dX, S* dq,
+                           std::vector<S>* scratch) {
+  const int64_t d = p.d[l], R = p.rows(l), t0 = p.first(l), H = p.H;
+  S* g = scratch->data();
+  for (int64_t r = 0; r < R; ++r) {
+    const int64_t t = t0 + r;
+    const S* dr = dout + r * (H + 1) * d;
+    Axpy(S(1), dr, dX + t * d, d);  // the row's own copy
+    for (int64_t h = 0; h < H; ++h) {
+      const S* qv = p.q[l].data_ptr<S>() + (p.seq(e, b) * R + r) * H * d + h * d;
+      S* dqv = dq + r * H * d + h * d;
+      const S* att = p.AttRow<S>(l, e, b, h, r);
+      const S* dy = dr + (h + 1) * d;
+      for (int64_t j = 0; j <= t; ++j) {
+        g[j] = Dot(dy, X + j * d, d);
+        Axpy(att[j], dy, dX + j * d, d);
+      }
+      SoftmaxBackward(att, g, t + 1);
+      for (int64_t j = 0; j <= t; ++j) {
+        Axpy(g[j], X + j * d, dqv, d);
+        Axpy(g[j], qv, dX + j * d, d);
+      }
+    }
+  }
+}
+
+// The weight gradient of layer l from its query rows' gradient dq
+// ([E, B, rows, H d]), and the query rows' share of the input gradient added
+// to dx_rows ([E, B, rows, d]).
+torch::Tensor DenseWeightsBackward(const Pass& p, int64_t l, const torch::Tensor& w, const torch::Tensor& dq,
+                                   torch::Tensor dx_rows) {
+  const int64_t d = p.d[l], R = p.rows(l), H = p.H;
+  const torch::Tensor dqm = dq.view({p.E, p.B * R, H * d});
+  dx_rows.add_(at::bmm(dqm, SideBySide(w).transpose(1, 2)).view({p.E, p.B, R, d}));
+  return at::bmm(QueryRows(p, l).transpose(1, 2), dqm).view({p.E, d, H, d}).permute({0, 2, 1, 3}).contiguous();
+}
+
+// The first layer's backward for one output row (position t): dout is the
+// row's gradient ((H+1) d0; the one-hot part is ignored: the input is
+// fixed). Scatters the score gradient into dW's four entries per key.
+template <typename S>
+void FirstRowBackward(const Pass& p, int64_t e, int64_t b, int64_t r, int64_t t, const std::vector<int64_t>& a,
+                      const std::vector<int64_t>& c, const S* dout, S* dW, std::vector<S>* scratch) {
+  const int64_t d0 = p.d[0];
+  S* g = scratch->data();
+  for (int64_t h = 0; h < p.H; ++h) {
+    const S* dy = dout + (h + 1) * d0;
+    const S* att = p.AttRow<S>(0, e, b, h, r);
+    for (int64_t j = 0; j <= t; ++j) g[j] = dy[a[j]] + dy[c[j]];
+    SoftmaxBackward(att, g, t + 1);
+    S* wa = dW + ((e * p.H + h) * d0 + a[t]) * d0;
+    S* wc = dW + ((e * p.H + h) * d0 + c[t]) * d0;
+    for (int64_t j = 0; j <= t; ++j) {
+      wa[a[j]] += g[j];
+      wa[c[j]] += g[j];
+      wc[a[j]] += g[j];
+      wc[c[j]] += g[j];
+    }
+  }
+}
+
+// dnext: the gradient of the last layer's output rows, [E, B, 1, d_L].
+// Fills the weight gradients dkq[l].
+template <typename S>
+void Backward(const Pass& p, const std::vector<torch::Tensor>& kq, torch::Tensor dnext,
+              std::vector<torch::Tensor>* dkq) {
+  const auto opts = kq[0].options();
+  std::vector<int64_t> a(p.T), c(p.T);
+  std::vector<S> scratch(p.T);
+  torch::Tensor dw0 = torch::zeros_like(kq[0]);
+  S* dW0 = dw0.data_ptr<S>();
+  if (p.fused) {
+    // Per sequence: rebuild x[1], run the last layer's backward into a
+    // cache-resident dX, then the first layer's backward for every row but
+    // the query, whose gradient still lacks the query GEMM's share.
+    const int64_t d = p.d[1];
+    torch::Tensor dq = torch::zeros({p.E, p.B, 1, p.H * d}, opts);
+    torch::Tensor dquery = torch::zeros({p.E, p.B, 1, d}, opts);
+    std::vector<S> X(static_cast<size_t>(p.T * d)), dX(X.size());
+    for (int64_t e = 0; e < p.E; ++e) {
+      for (int64_t b = 0; b < p.B; ++b) {
+        p.Columns(e, b, &a, &c);
+        RebuildFirstRows(p, e, b, a, c, X.data());
+        std::fill(dX.begin(), dX.end(), S(0));
+        DenseSequenceBackward(p, 1, e, b, X.data(), dnext.data_ptr<S>() + p.seq(e, b) * p.d[2], dX.data(),
+                              dq.data_ptr<S>() + p.seq(e, b) * p.H * d, &scratch);
+        for (int64_t t = 0; t + 1 < p.T; ++t) FirstRowBackward(p, e, b, t, t, a, c, dX.data() + t * d, dW0, &scratch);
+        std::memcpy(dquery.data_ptr<S>() + p.seq(e, b) * d, dX.data() + (p.T - 1) * d, sizeof(S) * d);
+      }
+    }
+    (*dkq)[1] = DenseWeightsBackward(p, 1, kq[1], dq, dquery);
+    for (int64_t e = 0; e < p.E; ++e) {
+      for (int64_t b = 0; b < p.B; ++b) {
+        p.Columns(e, b, &a, &c);
+        FirstRowBackward(p, e, b, p.T - 1, p.T - 1, a, c, dquery.data_ptr<S>() + p.seq(e, b) * d, dW0, &scratch);
+      }
+    }
+    (*dkq)[0] = dw0;
+    return;
+  }
+  for (int64_t l = p.L - 1; l >= 1; --l) {
+    const int64_t d = p.d[l], R = p.rows(l);
+    torch::Tensor dx = torch::zeros({p.E, p.B, p.T, d}, opts);
+    torch::Tensor dq = torch::zeros({p.E, p.B, R, p.H * d}, opts);
+    for (int64_t e = 0; e < p.E; ++e) {
+      for (int64_t b = 0; b < p.B; ++b) {
+        DenseSequenceBackward(
+            p, l, e, b, p.InputRows<S>(l, e, b), dnext.data_ptr<S>() + p.seq(e, b) * R * (p.H + 1) * d,
+            dx.data_ptr<S>() + p.seq(e, b) * p.T * d, dq.data_ptr<S>() + p.seq(e, b) * R * p.H * d, &scratch);
+      }
+    }
+    (*dkq)[l] = DenseWeightsBackward(p, l, kq[l], dq, dx.narrow(2, p.first(l), R));
+    dnext = dx;
+  }
+  const int64_t R = p.rows(0), t0 = p.first(0), width = (p.H + 1) * p.d[0];
+  std::vector<S> row(static_cast<size_t>(width));
   for (int64_t e = 0; e < p.E; ++e) {
     for (int64_t b = 0; b < p.B; ++b) {
       p.Columns(e, b, &a, &c);
       for (int64_t r = 0; r < R; ++r) {
-        const int64_t t = t0 + r;
-        const S* dout = dnext.data_ptr<S>() + (p.seq(e, b) * R + r) * (H + 1) * d0;
-        for (int64_t h = 0; h < H; ++h) {
-          const S* dy = dout + (h + 1) * d0;
-          const S* att = p.AttRow<S>(0, e, b, h, r);
-          for (int64_t j = 0; j <= t; ++j) g[j] = dy[a[j]] + dy[c[j]];
-          SoftmaxBackward(att, g.data(), t + 1);
-          S* wa = dW + ((e * H + h) * d0 + a[t]) * d0;
-          S* wc = dW + ((e * H + h) * d0 + c[t]) * d0;
-          for (int64_t j = 0; j <= t; ++j) {
-            wa[a[j]] += g[j];
-            wa[c[j]] += g[j];
-            wc[a[j]] += g[j];
-            wc[c[j]] += g[j];
-          }
-        }
+        // One sequential read of the row, then the gathers from L1.
+        std::memcpy(row.data(), dnext.data_ptr<S>() + (p.seq(e, b) * R + r) * width, sizeof(S) * width);
+        FirstRowBackward(p, e, b, r, t0 + r, a, c, row.data(), dW0, &scratch);
       }
     }
   }
-  return dw;
+  (*dkq)[0] = dw0;
 }
 
 class BlockQueryFn : public torch::autograd::Function<BlockQueryFn> {
@@ -297,12 +403,10 @@ class BlockQueryFn : public torch::autograd::Function<BlockQueryFn> {
     torch::autograd::variable_list out(4 + static_cast<size_t>(p.L));
     out[3] = at::bmm(g.transpose(1, 2), p.xq);  // d readout: [E, V, d_L]
     torch::Tensor dnext = at::bmm(g, readout).view({p.E, p.B, 1, p.d[p.L]});
-    AT_DISPATCH_FLOATING_TYPES(readout.scalar_type(), "BlockQueryLogitsBackward", [&] {
-      for (int64_t l = p.L - 1; l >= 1; --l) {
-        dnext = DenseLayerBackward<scalar_t>(p, l, kq[l], dnext, &out[4 + l]);
-      }
-      out[4] = FirstLayerBackward<scalar_t>(p, kq[0], dnext);
-    });
+    std::vector<torch::Tensor> dkq(static_cast<size_t>(p.L));
+    AT_DISPATCH_FLOATING_TYPES(readout.scalar_type(), "BlockQueryLogitsBackward",
+                               [&] { Backward<scalar_t>(p, kq, dnext, &dkq); });
+    for (int64_t l = 0; l < p.L; ++l) out[4 + l] = dkq[l];
     return out;
   }
 
@@ -317,6 +421,7 @@ class BlockQueryFn : public torch::autograd::Function<BlockQueryFn> {
     p.T = tokens.size(2);
     p.V = vocab;
     p.L = static_cast<int64_t>(kq.size());
+    p.fused = p.L == 2;
     p.H = kq[0].size(1);
     for (const torch::Tensor& w : kq) p.d.push_back(w.size(2));
     p.d.push_back(readout.size(2));
