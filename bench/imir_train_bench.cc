@@ -8,6 +8,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -40,6 +41,31 @@ void WriteBatches(const std::string& path, const std::vector<ce::Batch>& batches
       out.write(reinterpret_cast<const char*>(c.data_ptr<int64_t>()), c.numel() * sizeof(int64_t));
     }
   }
+}
+
+// Multiply-adds of one forward of the dense reference model (SCIENCE.md
+// B.1) on a batch: every layer but the last at every position, the last at
+// the query, the readout. A training step is ~3 forwards (the backward two).
+double DenseForwardMacs(int64_t batch, int64_t T, int64_t d0, int64_t V, int64_t layers, int64_t heads) {
+  double macs = 0, d = static_cast<double>(d0);
+  for (int64_t l = 0; l < layers; ++l) {
+    const double rows = l + 1 < layers ? static_cast<double>(T) : 1.0;
+    macs += batch * rows * heads * (d * d + 2.0 * T * d);  // queries, scores, head outputs
+    d *= heads + 1;
+  }
+  return macs + batch * d * V;
+}
+
+// One core's float32 GEMM rate (512^3, best of five), the roofline.
+double GemmGflops() {
+  const torch::Tensor a = torch::randn({512, 512}), b = torch::randn({512, 512});
+  double best = 0;
+  for (int i = 0; i < 5; ++i) {
+    auto t0 = std::chrono::steady_clock::now();
+    torch::Tensor c = torch::mm(a, b);
+    best = std::max(best, 2.0 * 512 * 512 * 512 / Seconds(t0, std::chrono::steady_clock::now()) / 1e9);
+  }
+  return best;
 }
 
 }  // namespace
@@ -139,17 +165,29 @@ int main(int argc, char** argv) {
   auto m1 = std::chrono::steady_clock::now();
   const double model_only = steps / Seconds(m0, m1);
 
+  // The dense step's FLOPs at the achieved rate against one core's GEMM rate:
+  // above 1 means the step skips work the dense formulation does (the block
+  // kernel's gathers), not that it beats the GEMM.
+  const double dense_mflop =
+      6 *
+      DenseForwardMacs(spec->training().batch_size(), task.seq_len(), task.vocab_size() + task.num_positions(),
+                       task.vocab_size(), m.num_layers(), m.num_heads()) /
+      1e6;
+  const double gemm = GemmGflops();
   int64_t trained = 0;
   for (const auto& p : model.parameters()) trained += p.numel();
   std::printf(
       "{\"impl\": \"cpp\", \"threads\": %d, \"batch\": %u, \"seq_len\": %lld, \"d0\": %lld, \"layers\": %u, "
       "\"full_steps_per_s\": %.2f, \"model_steps_per_s\": %.2f, \"eval_pass_s\": %.3f, "
       "\"step_ms\": %.3f, \"projection_ms\": %.3f, \"projection_overhead_every\": {%s}, "
-      "\"forward\": \"%s\", \"parameters\": %lld}\n",
+      "\"forward\": \"%s\", \"parameters\": %lld, \"dense_mflop_per_step\": %.1f, \"gemm_gflops\": %.1f, "
+      "\"dense_roofline_fraction\": %.2f}\n",
       threads, spec->training().batch_size(), static_cast<long long>(task.seq_len()),
       static_cast<long long>(task.vocab_size() + task.num_positions()), m.num_layers(), full, model_only,
       Seconds(e0, e1), 1000 * step_s / steps, 1000 * project_s / steps, projected.c_str(),
-      !model.coordinate_model() ? "full-dense" : model.sparse_forward() ? "block-sparse" : "dense-materialised",
-      static_cast<long long>(trained));
+      !model.coordinate_model() ? "block-kernel"
+      : model.sparse_forward()  ? "block-sparse"
+                                : "materialised-block-kernel",
+      static_cast<long long>(trained), dense_mflop, gemm, model_only * dense_mflop / 1e3 / gemm);
   return 0;
 }
