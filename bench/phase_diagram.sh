@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
 # The 64-run phase diagram (examples/phase_diagram.json) through the real
 # server and CLI, submit to the last label (issue 20, target 4: <= 60 s on
-# the 2-core machine): the sweep trained on the server's default CPU slots,
-# then `sweep-summary --pivot a b --value pair --wait` (every member's
-# LabelRun). Prints one JSON line: train_s, labels_s, total_s, labelled.
-#   bench/phase_diagram.sh [SWEEP.json] [extra server flags...]   (BUILD_DIR default build/)
+# the 2-core machine, both cores busy): the sweep trained on one CPU slot per
+# core, then `sweep-summary --pivot a b --value pair --wait` (every member's
+# LabelRun, one analysis worker per core). Prints one JSON line: train_s,
+# labels_s, total_s, labelled.
+#   bench/phase_diagram.sh [SWEEP.json] [server flags...]   (BUILD_DIR default build/;
+#     server flags replace the default --cpu-slots N --analysis-workers N, N = nproc)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${BUILD_DIR:-build}
 sweep="${1:-examples/phase_diagram.json}"
 shift || true
+[ $# -gt 0 ] || set -- --cpu-slots "$(nproc)" --analysis-workers "$(nproc)"
 [ -x "$build/server/circuitlab-server" ] && [ -x "$build/client/circuitlab" ] ||
   cmake --build "$build" --target circuitlab-server circuitlab
 tmp=$(mktemp -d)
