@@ -6,13 +6,14 @@
 # LabelRun, one analysis worker per core). Prints one JSON line: train_s,
 # labels_s, total_s, labelled.
 #   bench/phase_diagram.sh [SWEEP.json] [server flags...]   (BUILD_DIR default build/;
-#     server flags replace the default --cpu-slots N --analysis-workers N, N = nproc)
+#     server flags replace the default --cpu-slots N --analysis-workers N, N = the online cores)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${BUILD_DIR:-build}
 sweep="${1:-examples/phase_diagram.json}"
 shift || true
-[ $# -gt 0 ] || set -- --cpu-slots "$(nproc)" --analysis-workers "$(nproc)"
+cores=$(getconf _NPROCESSORS_ONLN)  # not nproc: it follows OMP_NUM_THREADS, which bench/all.sh sets to 1
+[ $# -gt 0 ] || set -- --cpu-slots "$cores" --analysis-workers "$cores"
 [ -x "$build/server/circuitlab-server" ] && [ -x "$build/client/circuitlab" ] ||
   cmake --build "$build" --target circuitlab-server circuitlab
 tmp=$(mktemp -d)

@@ -110,5 +110,17 @@ TEST(BlockKernelCoordinatesTest, CoefficientGradientsMatchTheReferenceForward) {
   ExpectSameLogitsAndGradients(fast, ref, trainer.task(0), 2e-5);
 }
 
+// Ids outside the one-hot range are refused, not read past W.
+TEST(BlockKernelIdsTest, RefusesIdsOutsideTheOneHotRange) {
+  ImirModel model(DenseConfig(/*vocab=*/6, /*positions=*/4, 2, 1), 1, torch::kCPU);
+  model.Initialize({1});
+  const torch::Tensor ok = torch::zeros({1, 2, 3}, torch::kLong);
+  torch::NoGradGuard no_grad;
+  EXPECT_NO_THROW(model.Forward(ok, ok));
+  EXPECT_THROW(model.Forward(ok + 6, ok), c10::Error);
+  EXPECT_THROW(model.Forward(ok, ok + 4), c10::Error);
+  EXPECT_THROW(model.Forward(ok - 1, ok), c10::Error);
+}
+
 }  // namespace
 }  // namespace circuitlab::engine

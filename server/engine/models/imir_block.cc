@@ -435,6 +435,15 @@ torch::Tensor BlockQueryLogits(const torch::Tensor& tokens, const torch::Tensor&
                                const std::vector<torch::Tensor>& kq, const torch::Tensor& readout) {
   TORCH_CHECK(!kq.empty() && tokens.dim() == 3 && tokens.sizes() == pids.sizes(), "BlockQueryLogits: bad shapes");
   TORCH_CHECK(readout.device().is_cpu(), "BlockQueryLogits runs on the CPU");
+  // The loops index W by token and position: ids out of range would read
+  // and write outside it (the reference forward's scatter throws instead).
+  const int64_t positions = kq[0].size(2) - vocab;
+  if (tokens.numel() > 0) {
+    TORCH_CHECK(tokens.min().item<int64_t>() >= 0 && tokens.max().item<int64_t>() < vocab,
+                "BlockQueryLogits: a token id outside [0, ", vocab, ")");
+    TORCH_CHECK(pids.min().item<int64_t>() >= 0 && pids.max().item<int64_t>() < positions,
+                "BlockQueryLogits: a position id outside [0, ", positions, ")");
+  }
   std::vector<torch::Tensor> weights;
   for (const torch::Tensor& w : kq) weights.push_back(w.contiguous());
   return BlockQueryFn::apply(tokens, pids, vocab, readout.contiguous(), at::TensorList(weights));
