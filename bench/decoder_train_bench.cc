@@ -61,9 +61,13 @@ int main(int argc, char** argv) {
     trainer = std::make_unique<ce::LatentTrainer>(*spec, std::vector<uint64_t>{spec->seed()}, torch::kCPU);
   }
   for (int i = 0; i < warmup; ++i) trainer->Step(false);
+  const double waited0 = trainer->data_wait_seconds();
   auto t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < steps; ++i) trainer->Step(false);
-  const double full = steps / Seconds(t0, std::chrono::steady_clock::now());
+  const double full_s = Seconds(t0, std::chrono::steady_clock::now());
+  const double full = steps / full_s;
+  // Data generation's share of the full step: the time the step waited for its batch.
+  const double data_wait_share = (trainer->data_wait_seconds() - waited0) / full_s;
 
   // (b) the model step alone: forward, next-token CE, backward, AdamW.
   auto model = ce::MakeDecoder(*spec, 1, torch::kCPU);
@@ -123,8 +127,10 @@ int main(int argc, char** argv) {
   t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < steps; ++i) step(i);
   const double model_rate = steps / Seconds(t0, std::chrono::steady_clock::now());
-  std::printf("{\"side\": \"cpp\", \"full_steps_per_s\": %.3f, \"model_steps_per_s\": %.3f, \"first_losses\": [",
-              full, model_rate);
+  std::printf(
+      "{\"side\": \"cpp\", \"full_steps_per_s\": %.3f, \"model_steps_per_s\": %.3f, \"data_wait_share\": %.4f, "
+      "\"first_losses\": [",
+      full, model_rate, data_wait_share);
   for (size_t i = 0; i < first_losses.size(); ++i) std::printf("%s%.6f", i ? ", " : "", first_losses[i]);
   std::printf("]}\n");
   return 0;

@@ -98,10 +98,14 @@ int main(int argc, char** argv) {
   // (a) full step, as the server runs it.
   ce::EnsembleTrainer trainer(*spec, {spec->seed()}, torch::kCPU);
   for (int i = 0; i < warmup; ++i) trainer.Step(false);
+  const double waited0 = trainer.data_wait_seconds();
   auto t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < steps; ++i) trainer.Step(false);
   auto t1 = std::chrono::steady_clock::now();
   const double full = steps / Seconds(t0, t1);
+  // Data generation's share of the full step: the time the step waited for
+  // its batch (the prefetch thread draws it while the previous step runs).
+  const double data_wait_share = (trainer.data_wait_seconds() - waited0) / Seconds(t0, t1);
 
   // (d) the IMIR projection onto the paper and complete bases, as the server
   // records it.
@@ -181,13 +185,13 @@ int main(int argc, char** argv) {
       "\"full_steps_per_s\": %.2f, \"model_steps_per_s\": %.2f, \"eval_pass_s\": %.3f, "
       "\"step_ms\": %.3f, \"projection_ms\": %.3f, \"projection_overhead_every\": {%s}, "
       "\"forward\": \"%s\", \"parameters\": %lld, \"dense_mflop_per_step\": %.1f, \"gemm_gflops\": %.1f, "
-      "\"dense_roofline_fraction\": %.2f}\n",
+      "\"dense_roofline_fraction\": %.2f, \"data_wait_share\": %.4f}\n",
       threads, spec->training().batch_size(), static_cast<long long>(task.seq_len()),
       static_cast<long long>(task.vocab_size() + task.num_positions()), m.num_layers(), full, model_only,
       Seconds(e0, e1), 1000 * step_s / steps, 1000 * project_s / steps, projected.c_str(),
       !model.coordinate_model() ? "block-kernel"
       : model.sparse_forward()  ? "block-sparse"
                                 : "materialised-block-kernel",
-      static_cast<long long>(trained), dense_mflop, gemm, model_only * dense_mflop / 1e3 / gemm);
+      static_cast<long long>(trained), dense_mflop, gemm, model_only * dense_mflop / 1e3 / gemm, data_wait_share);
   return 0;
 }

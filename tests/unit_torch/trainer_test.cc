@@ -3,8 +3,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <mutex>
 #include <stdexcept>
+#include <thread>
 #include <vector>
 
 #include "server/engine/spec.h"
@@ -151,6 +153,21 @@ TEST(BatchPrefetcherTest, HandsOutEachStepsBatchAndRethrowsItsFailure) {
   std::lock_guard<std::mutex> lock(mu);
   std::sort(drawn.begin(), drawn.end());  // 5 (asked) and 6 (ahead) are drawn at once
   EXPECT_EQ(drawn, (std::vector<int64_t>{1, 2, 2, 3, 3, 4, 5, 6, 6, 7, 8}));
+}
+
+// waited_seconds counts what the step waits for: an inline draw fully, a
+// draw finished while the caller was busy not at all.
+TEST(BatchPrefetcherTest, CountsOnlyTheTimeTheCallerWaits) {
+  BatchPrefetcher<int64_t> batches([](int64_t step) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    return step;
+  });
+  EXPECT_EQ(batches.Take(1, 3), 1);  // drawn inline: the caller waits the whole draw
+  const double inline_wait = batches.waited_seconds();
+  EXPECT_GE(inline_wait, 0.025);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // "the step": step 2 is drawn meanwhile
+  EXPECT_EQ(batches.Take(2, 3), 2);
+  EXPECT_LT(batches.waited_seconds() - inline_wait, 0.02);
 }
 
 TEST(EvalMetricNamesTest, CoverWhatTheTrainerRecords) {

@@ -49,6 +49,7 @@ class LatentTrainer : public TrainerBase {
   LatentTrainer(const v1::ExperimentSpec& spec, std::vector<uint64_t> member_seeds, torch::Device device);
 
   std::vector<std::vector<Metric>> Step(bool record) override;
+  double data_wait_seconds() const override { return batches_.waited_seconds(); }
   std::vector<std::vector<Metric>> Evaluate() const override;
 
   const DecoderModel& model() const { return *model_; }

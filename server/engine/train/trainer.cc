@@ -139,9 +139,12 @@ EnsembleTrainer::Stacked EnsembleTrainer::Stack(const std::vector<const Batch*>&
     alt.push_back(b->alt_target.narrow(0, begin, count));
     if (b->bayes_logp.defined()) bayes.push_back(b->bayes_logp.narrow(0, begin, count));
   }
-  Stacked s{torch::stack(tok).to(device_), torch::stack(pid).to(device_), torch::stack(tgt).to(device_),
-            torch::stack(alt).to(device_), {}};
-  if (!bayes.empty()) s.bayes_logp = torch::stack(bayes).to(device_);
+  // One member: a view with the ensemble dimension, no copy.
+  auto join = [&](const std::vector<torch::Tensor>& parts) {
+    return (parts.size() == 1 ? parts[0].unsqueeze(0) : torch::stack(parts)).to(device_);
+  };
+  Stacked s{join(tok), join(pid), join(tgt), join(alt), {}};
+  if (!bayes.empty()) s.bayes_logp = join(bayes);
   return s;
 }
 

@@ -11,6 +11,7 @@
 
 #include <torch/torch.h>
 
+#include <chrono>
 #include <condition_variable>
 #include <exception>
 #include <functional>
@@ -69,6 +70,7 @@ class BatchPrefetcher {
   // The batch of `step` (the prefetched one when it is that step's), then
   // starts drawing step + 1's unless `step` is the last.
   Batch Take(int64_t step, int64_t last) {
+    const auto start = std::chrono::steady_clock::now();
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait(lock, [&] { return !busy_; });  // a batch in flight finishes first
     std::optional<Batch> b;
@@ -88,8 +90,15 @@ class BatchPrefetcher {
     }
     lock.unlock();
     if (error) std::rethrow_exception(error);
-    return b ? std::move(*b) : make_(step);
+    Batch out = b ? std::move(*b) : make_(step);
+    waited_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    return out;
   }
+
+  // Seconds the callers of Take spent waiting for a batch (a draw still in
+  // flight, or one drawn inline): what data generation costs the step.
+  // Read it on the thread that calls Take.
+  double waited_seconds() const { return waited_; }
 
  private:
   void Loop() {
@@ -116,6 +125,7 @@ class BatchPrefetcher {
   }
 
   std::function<Batch(int64_t)> make_;
+  double waited_ = 0;  // Take's caller's thread only
   std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;
@@ -135,6 +145,9 @@ class TrainerBase {
   // metrics of this step (loss, accuracy, gradient norm, learning rate); else
   // an empty vector.
   virtual std::vector<std::vector<Metric>> Step(bool record) = 0;
+  // Seconds Step has waited for its training batches so far (data
+  // generation not hidden behind the previous step). The training thread's.
+  virtual double data_wait_seconds() const = 0;
   // Evaluation metrics of every member on its fixed evaluation sets.
   virtual std::vector<std::vector<Metric>> Evaluate() const = 0;
 
