@@ -84,6 +84,21 @@ struct Pass {
   std::vector<torch::Tensor> q;    // q[l], l >= 1: [E, B, rows, H * d_l]
   std::vector<torch::Tensor> att;  // [E, B, H, rows, T]
   torch::Tensor xq;                // [E, B, d_L]
+  // The tensors' data, read once (data_ptr's checks cost ~2% of a step when
+  // called per row): Bind() after any of the tensors above is (re)assigned.
+  const int64_t *tok_data = nullptr, *pid_data = nullptr;
+  std::vector<void*> x_data, q_data, att_data;
+
+  void Bind() {
+    tok_data = tokens.data_ptr<int64_t>();
+    pid_data = pids.data_ptr<int64_t>();
+    x_data.clear();
+    q_data.clear();
+    att_data.clear();
+    for (const torch::Tensor& t : x) x_data.push_back(t.data_ptr());
+    for (const torch::Tensor& t : q) q_data.push_back(t.data_ptr());
+    for (const torch::Tensor& t : att) att_data.push_back(t.data_ptr());
+  }
 
   // Zeroed activations (x[0] and q[0] stay empty: the first layer reads the
   // one-hot input and needs no query matrix).
@@ -104,8 +119,8 @@ struct Pass {
 
   // The one-hot columns of sequence (e, b): a[t] = token, c[t] = V + position.
   void Columns(int64_t e, int64_t b, std::vector<int64_t>* a, std::vector<int64_t>* c) const {
-    const int64_t* tk = tokens.data_ptr<int64_t>() + seq(e, b) * T;
-    const int64_t* pd = pids.data_ptr<int64_t>() + seq(e, b) * T;
+    const int64_t* tk = tok_data + seq(e, b) * T;
+    const int64_t* pd = pid_data + seq(e, b) * T;
     for (int64_t t = 0; t < T; ++t) {
       (*a)[t] = tk[t];
       (*c)[t] = V + pd[t];
@@ -114,12 +129,17 @@ struct Pass {
 
   template <typename S>
   S* AttRow(int64_t l, int64_t e, int64_t b, int64_t h, int64_t r) const {
-    return att[l].data_ptr<S>() + ((seq(e, b) * H + h) * rows(l) + r) * T;
+    return static_cast<S*>(att_data[l]) + ((seq(e, b) * H + h) * rows(l) + r) * T;
   }
-  // Query row r of layer l's input for sequence (e, b) (stored rows only).
+  // Layer l's query rows' queries for sequence (e, b): rows x H d.
+  template <typename S>
+  const S* QueryOf(int64_t l, int64_t e, int64_t b) const {
+    return static_cast<const S*>(q_data[l]) + seq(e, b) * rows(l) * H * d[l];
+  }
+  // Layer l's stored input rows for sequence (e, b).
   template <typename S>
   S* InputRows(int64_t l, int64_t e, int64_t b) const {
-    return x[l].data_ptr<S>() + seq(e, b) * stored_rows(l) * d[l];
+    return static_cast<S*>(x_data[l]) + seq(e, b) * stored_rows(l) * d[l];
   }
 };
 
@@ -201,7 +221,7 @@ void DenseSequenceForward(const Pass& p, int64_t l, int64_t e, int64_t b, const 
     S* o = out + r * (H + 1) * d;
     std::memcpy(o, X + t * d, sizeof(S) * d);
     for (int64_t h = 0; h < H; ++h) {
-      const S* qv = p.q[l].data_ptr<S>() + (p.seq(e, b) * R + r) * H * d + h * d;
+      const S* qv = p.QueryOf<S>(l, e, b) + r * H * d + h * d;
       S* s = p.AttRow<S>(l, e, b, h, r);
       for (int64_t j = 0; j <= t; ++j) s[j] = Dot(qv, X + j * d, d);
       Softmax(s, t + 1);
@@ -215,6 +235,7 @@ template <typename S>
 void DenseLayerForward(Pass& p, int64_t l, const torch::Tensor& w) {
   const int64_t d = p.d[l], R = p.rows(l), H = p.H;
   p.q[l] = at::bmm(QueryRows(p, l), SideBySide(w)).view({p.E, p.B, R, H * d});
+  p.Bind();
   std::vector<int64_t> a(p.T), c(p.T);
   std::vector<S> rebuilt(p.fused ? static_cast<size_t>(p.T * d) : 0);
   for (int64_t e = 0; e < p.E; ++e) {
@@ -244,7 +265,7 @@ void DenseSequenceBackward(const Pass& p, int64_t l, int64_t e, int64_t b, const
     const S* dr = dout + r * (H + 1) * d;
     Axpy(S(1), dr, dX + t * d, d);  // the row's own copy
     for (int64_t h = 0; h < H; ++h) {
-      const S* qv = p.q[l].data_ptr<S>() + (p.seq(e, b) * R + r) * H * d + h * d;
+      const S* qv = p.QueryOf<S>(l, e, b) + r * H * d + h * d;
       S* dqv = dq + r * H * d + h * d;
       const S* att = p.AttRow<S>(l, e, b, h, r);
       const S* dy = dr + (h + 1) * d;
@@ -371,6 +392,7 @@ class BlockQueryFn : public torch::autograd::Function<BlockQueryFn> {
                                at::TensorList kq_list) {
     Pass p = Plan(tokens, pids, vocab, readout, kq_list);
     p.Allocate(readout.options().requires_grad(false));
+    p.Bind();
     const std::vector<torch::Tensor> kq(kq_list.begin(), kq_list.end());
     AT_DISPATCH_FLOATING_TYPES(readout.scalar_type(), "BlockQueryLogits", [&] {
       FirstLayerForward<scalar_t>(p, kq[0]);
@@ -398,6 +420,7 @@ class BlockQueryFn : public torch::autograd::Function<BlockQueryFn> {
     p.q = ctx->saved_data["q"].toTensorVector();
     p.att = ctx->saved_data["att"].toTensorVector();
     p.xq = ctx->saved_data["xq"].toTensor();
+    p.Bind();
 
     const torch::Tensor g = grads[0].contiguous();  // [E, B, V]
     torch::autograd::variable_list out(4 + static_cast<size_t>(p.L));
