@@ -171,15 +171,25 @@ torch::Tensor ImirModel::ScaledValues() const {
   return torch::cat({coef_ * scale_, torch::zeros({ensemble_, 1}, coef_.options().requires_grad(false))}, 1);
 }
 
+torch::Tensor ImirModel::GatherMembers(const torch::Tensor& values, const torch::Tensor& index) const {
+  // One gather on the flattened values: the backward of a gather along
+  // dimension 1 adds slice by slice (an op per index: most of a paper-basis
+  // step), a 1-D one in one loop.
+  const int64_t E = values.size(0), width = values.size(1);
+  torch::Tensor flat = index;
+  if (E > 1) flat = (index.unsqueeze(0) + torch::arange(E, index.options()).unsqueeze(1) * width).reshape({-1});
+  return values.reshape({-1}).index_select(0, flat).view({E, index.numel()});
+}
+
 torch::Tensor ImirModel::kq(int64_t layer) const {
   if (!coordinate_model()) return kq_[layer];
   const int64_t d = width(layer);
-  return ScaledValues().index_select(1, kq_gather_[layer]).view({ensemble_, cfg_.heads, d, d});
+  return GatherMembers(ScaledValues(), kq_gather_[layer]).view({ensemble_, cfg_.heads, d, d});
 }
 
 torch::Tensor ImirModel::readout() const {
   if (!coordinate_model()) return readout_;
-  return ScaledValues().index_select(1, readout_gather_).view({ensemble_, cfg_.vocab, width(cfg_.layers)});
+  return GatherMembers(ScaledValues(), readout_gather_).view({ensemble_, cfg_.vocab, width(cfg_.layers)});
 }
 
 void ImirModel::AssignDense(int64_t member, const std::vector<torch::Tensor>& kq, const torch::Tensor& readout) {
@@ -244,10 +254,10 @@ torch::Tensor ImirModel::Forward(const torch::Tensor& tokens, const torch::Tenso
   std::vector<torch::Tensor> kq;
   for (int64_t l = 0; l < cfg_.layers; ++l) {
     const int64_t d = width(l);
-    kq.push_back(values.index_select(1, kq_gather_[l]).view({ensemble_, cfg_.heads, d, d}));
+    kq.push_back(GatherMembers(values, kq_gather_[l]).view({ensemble_, cfg_.heads, d, d}));
   }
   const torch::Tensor readout =
-      values.index_select(1, readout_gather_).view({ensemble_, cfg_.vocab, width(cfg_.layers)});
+      GatherMembers(values, readout_gather_).view({ensemble_, cfg_.vocab, width(cfg_.layers)});
   if (block) return BlockQueryLogits(tokens, pids, cfg_.vocab, kq, readout);
   return DenseForward(tokens, pids, all_positions, kq, readout, attention, hook);
 }
@@ -338,7 +348,7 @@ torch::Tensor ImirModel::SparseForward(const torch::Tensor& tokens, const torch:
       std::map<int64_t, torch::Tensor> queries;
       for (size_t i = 0; i < active_pairs_[l][h].size(); ++i) {
         const auto [qb, kb] = active_pairs_[l][h][i];
-        const torch::Tensor w = values.index_select(1, pair_gather_[l][h][i]).view({E, d0, d0});
+        const torch::Tensor w = GatherMembers(values, pair_gather_[l][h][i]).view({E, d0, d0});
         torch::Tensor q = times(rows(x[qb]), w);
         auto it = queries.find(kb);
         if (it == queries.end()) {
@@ -367,7 +377,7 @@ torch::Tensor ImirModel::SparseForward(const torch::Tensor& tokens, const torch:
   torch::Tensor logits;
   for (size_t i = 0; i < readout_blocks_.size(); ++i) {
     const int64_t b = readout_blocks_[i];
-    const torch::Tensor r = values.index_select(1, readout_block_gather_[i]).view({E, cfg_.vocab, d0});
+    const torch::Tensor r = GatherMembers(values, readout_block_gather_[i]).view({E, cfg_.vocab, d0});
     torch::Tensor part = times(x[b], r.transpose(1, 2));  // [E, B, Tq, V]
     logits = logits.defined() ? logits + part : part;
   }
