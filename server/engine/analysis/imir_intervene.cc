@@ -263,9 +263,15 @@ absl::StatusOr<v1::InterveneResponse> ImirIntervene(const v1::ExperimentSpec& sp
                              source == swap_sources.end() ? nullptr : &source->second, edits);
     if (!s.ok()) return s;
   }
-  // W' = W + W_S(c') - W_S(c), then the head ablations.
-  std::unique_ptr<ImirModel> edited = MovedCoords(o, *o.projector, o.values, edits.c);
-  for (const auto& [layer, head] : edits.ablated) AblateHead(*edited, layer, head);
+  // W' = W + W_S(c') - W_S(c), then the head ablations; without weight
+  // edits (activation ops only, or none) the opened model itself.
+  std::unique_ptr<ImirModel> moved;
+  const ImirModel* edited = o.dense.get();
+  if (edits.c != o.values || !edits.ablated.empty()) {
+    moved = MovedCoords(o, *o.projector, o.values, edits.c);
+    for (const auto& [layer, head] : edits.ablated) AblateHead(*moved, layer, head);
+    edited = moved.get();
+  }
 
   if (absl::Status s = CheckLogitDiffTokens(req.logit_diff_tokens(), o.task->vocab_size()); !s.ok()) return s;
   absl::StatusOr<std::vector<AttentionMassMeter>> meters = MassMeters(o, req);
