@@ -41,8 +41,15 @@ class Imir(torch.nn.Module):
             d *= heads + 1
         self.readout = torch.nn.Parameter(torch.randn(vocab, d) * std)
 
-    def one_hot_layer(self, w, tok, pid, causal):
-        """Layer 1 on the one-hot input without a matmul: X0 W is the sum of two
+    def embed(self, tok, pid):
+        """X0: one-hot token and position (offset by V) columns, d0 = V + P."""
+        x = torch.zeros(*tok.shape, self.kq[0].shape[-1])
+        x.scatter_(-1, tok.unsqueeze(-1), 1.0)
+        x.scatter_(-1, (pid + self.vocab).unsqueeze(-1), 1.0)
+        return x
+
+    def one_hot_layer(self, w, x, tok, pid, causal):
+        """Layer 1 on the one-hot input x (= X0) without a matmul: X0 W is the sum of two
         gathered rows, the scores gather two columns of it, the heads' outputs
         scatter the attention rows into the token and position columns."""
         h, d0 = w.shape[0], w.shape[-1]
@@ -54,22 +61,14 @@ class Imir(torch.nn.Module):
         scores = q.gather(-1, ka) + q.gather(-1, kp)                    # [H, B, T, T]
         a = torch.softmax(scores.masked_fill(causal, float("-inf")), -1)
         y = torch.zeros(h, b, t, d0).scatter_add(-1, ka, a).scatter_add(-1, kp, a)
-        x = torch.zeros(b, t, d0)
-        x.scatter_(-1, tok.unsqueeze(-1), 1.0)
-        x.scatter_(-1, pos.unsqueeze(-1), 1.0)
         return torch.cat([x, y.permute(1, 2, 0, 3).reshape(b, t, -1)], -1)
 
     def forward(self, tok, pid):
         b, t = tok.shape
         causal = torch.ones(t, t, dtype=torch.bool).triu(1)
-        layers = self.kq[:-1]
+        x, layers = self.embed(tok, pid), self.kq[:-1]
         if self.first_layer == "gather" and len(self.kq) > 1:
-            x = self.one_hot_layer(self.kq[0], tok, pid, causal)
-            layers = self.kq[1:-1]
-        else:
-            x = torch.zeros(b, t, self.kq[0].shape[-1])                  # d0 = V + P
-            x.scatter_(-1, tok.unsqueeze(-1), 1.0)
-            x.scatter_(-1, (pid + self.vocab).unsqueeze(-1), 1.0)
+            x, layers = self.one_hot_layer(self.kq[0], x, tok, pid, causal), self.kq[1:-1]
         for w in layers:
             d = x.shape[-1]
             # One GEMM over every (sequence, position) row, as the C++ side does (a

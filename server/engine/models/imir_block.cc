@@ -69,7 +69,7 @@ void SoftmaxBackward(const S* a, S* g, int64_t n) {
 // the last layer, the query alone at it. Its output rows are x[l+1], or xq
 // ([E, B, d_L]) after the last layer.
 //
-// Two layers (`fused`): x[1] is not stored but for its query row
+// Two layers (`fused()`): x[1] is not stored but for its query row
 // ([E, B, 1, d_1]); the last layer rebuilds each sequence's rows from the
 // first layer's attention into a buffer that stays in the cache, and the
 // backward runs both layers per sequence there. (Storing x[1] and its
@@ -77,7 +77,6 @@ void SoftmaxBackward(const S* a, S* g, int64_t n) {
 // step, which cost more than the arithmetic at the bench's medium sizes.)
 struct Pass {
   int64_t E = 0, B = 0, T = 0, V = 0, H = 0, L = 0;
-  bool fused = false;
   std::vector<int64_t> d;
   torch::Tensor tokens, pids;      // [E, B, T]
   std::vector<torch::Tensor> x;    // x[0] empty; x[1] holds only the query row when fused
@@ -88,6 +87,7 @@ struct Pass {
   // called per row): Bind() after any of the tensors above is (re)assigned.
   const int64_t *tok_data = nullptr, *pid_data = nullptr;
   std::vector<void*> x_data, q_data, att_data;
+  void* xq_data = nullptr;
 
   void Bind() {
     tok_data = tokens.data_ptr<int64_t>();
@@ -98,6 +98,7 @@ struct Pass {
     for (const torch::Tensor& t : x) x_data.push_back(t.data_ptr());
     for (const torch::Tensor& t : q) q_data.push_back(t.data_ptr());
     for (const torch::Tensor& t : att) att_data.push_back(t.data_ptr());
+    xq_data = xq.data_ptr();
   }
 
   // Zeroed activations (x[0] and q[0] stay empty: the first layer reads the
@@ -114,16 +115,23 @@ struct Pass {
 
   int64_t rows(int64_t l) const { return l == L - 1 ? 1 : T; }
   int64_t first(int64_t l) const { return l == L - 1 ? T - 1 : 0; }
-  int64_t stored_rows(int64_t l) const { return fused && l == 1 ? 1 : T; }
+  bool fused() const { return L == 2; }
+  int64_t stored_rows(int64_t l) const { return fused() && l == 1 ? 1 : T; }
   int64_t seq(int64_t e, int64_t b) const { return e * B + b; }
 
   // The one-hot columns of sequence (e, b): a[t] = token, c[t] = V + position.
+  // The loops index W by them, so ids out of range are refused here (the
+  // forward reads every sequence's columns before it writes anything; the
+  // reference forward's scatter throws likewise).
   void Columns(int64_t e, int64_t b, std::vector<int64_t>* a, std::vector<int64_t>* c) const {
     const int64_t* tk = tok_data + seq(e, b) * T;
     const int64_t* pd = pid_data + seq(e, b) * T;
+    const int64_t d0 = d[0];
     for (int64_t t = 0; t < T; ++t) {
       (*a)[t] = tk[t];
       (*c)[t] = V + pd[t];
+      TORCH_CHECK(tk[t] >= 0 && tk[t] < V && pd[t] >= 0 && V + pd[t] < d0, "BlockQueryLogits: token ", tk[t],
+                  " or position ", pd[t], " outside the one-hot input (", V, " tokens, ", d0 - V, " positions)");
     }
   }
 
@@ -135,6 +143,11 @@ struct Pass {
   template <typename S>
   const S* QueryOf(int64_t l, int64_t e, int64_t b) const {
     return static_cast<const S*>(q_data[l]) + seq(e, b) * rows(l) * H * d[l];
+  }
+  // The readout row of sequence (e, b): d_L.
+  template <typename S>
+  S* QueryOut(int64_t e, int64_t b) const {
+    return static_cast<S*>(xq_data) + seq(e, b) * d[L];
   }
   // Layer l's stored input rows for sequence (e, b).
   template <typename S>
@@ -200,8 +213,8 @@ void FirstLayerForward(Pass& p, const torch::Tensor& w) {
           Softmax(s, t + 1);
         }
         if (p.L == 1) {
-          OneHotRow(p, e, b, r, t, a, c, p.xq.data_ptr<S>() + p.seq(e, b) * p.d[1]);
-        } else if (!p.fused) {
+          OneHotRow(p, e, b, r, t, a, c, p.QueryOut<S>(e, b));
+        } else if (!p.fused()) {
           OneHotRow(p, e, b, r, t, a, c, p.InputRows<S>(1, e, b) + t * p.d[1]);
         } else if (t == p.T - 1) {
           OneHotRow(p, e, b, r, t, a, c, p.InputRows<S>(1, e, b));  // the query row alone
@@ -237,16 +250,16 @@ void DenseLayerForward(Pass& p, int64_t l, const torch::Tensor& w) {
   p.q[l] = at::bmm(QueryRows(p, l), SideBySide(w)).view({p.E, p.B, R, H * d});
   p.Bind();
   std::vector<int64_t> a(p.T), c(p.T);
-  std::vector<S> rebuilt(p.fused ? static_cast<size_t>(p.T * d) : 0);
+  std::vector<S> rebuilt(p.fused() ? static_cast<size_t>(p.T * d) : 0);
   for (int64_t e = 0; e < p.E; ++e) {
     for (int64_t b = 0; b < p.B; ++b) {
       const S* X = p.InputRows<S>(l, e, b);
-      if (p.fused) {
+      if (p.fused()) {
         p.Columns(e, b, &a, &c);
         RebuildFirstRows(p, e, b, a, c, rebuilt.data());
         X = rebuilt.data();
       }
-      S* out = l == p.L - 1 ? p.xq.data_ptr<S>() + p.seq(e, b) * p.d[l + 1] : p.InputRows<S>(l + 1, e, b);
+      S* out = l == p.L - 1 ? p.QueryOut<S>(e, b) : p.InputRows<S>(l + 1, e, b);
       DenseSequenceForward(p, l, e, b, X, out);
     }
   }
@@ -327,7 +340,7 @@ void Backward(const Pass& p, const std::vector<torch::Tensor>& kq, torch::Tensor
   std::vector<S> scratch(p.T);
   torch::Tensor dw0 = torch::zeros_like(kq[0]);
   S* dW0 = dw0.data_ptr<S>();
-  if (p.fused) {
+  if (p.fused()) {
     // Per sequence: rebuild x[1], run the last layer's backward into a
     // cache-resident dX, then the first layer's backward for every row but
     // the query, whose gradient still lacks the query GEMM's share.
@@ -371,14 +384,11 @@ void Backward(const Pass& p, const std::vector<torch::Tensor>& kq, torch::Tensor
     dnext = dx;
   }
   const int64_t R = p.rows(0), t0 = p.first(0), width = (p.H + 1) * p.d[0];
-  std::vector<S> row(static_cast<size_t>(width));
   for (int64_t e = 0; e < p.E; ++e) {
     for (int64_t b = 0; b < p.B; ++b) {
       p.Columns(e, b, &a, &c);
       for (int64_t r = 0; r < R; ++r) {
-        // One sequential read of the row, then the gathers from L1.
-        std::memcpy(row.data(), dnext.data_ptr<S>() + (p.seq(e, b) * R + r) * width, sizeof(S) * width);
-        FirstRowBackward(p, e, b, r, t0 + r, a, c, row.data(), dW0, &scratch);
+        FirstRowBackward(p, e, b, r, t0 + r, a, c, dnext.data_ptr<S>() + (p.seq(e, b) * R + r) * width, dW0, &scratch);
       }
     }
   }
@@ -444,7 +454,6 @@ class BlockQueryFn : public torch::autograd::Function<BlockQueryFn> {
     p.T = tokens.size(2);
     p.V = vocab;
     p.L = static_cast<int64_t>(kq.size());
-    p.fused = p.L == 2;
     p.H = kq[0].size(1);
     for (const torch::Tensor& w : kq) p.d.push_back(w.size(2));
     p.d.push_back(readout.size(2));
@@ -458,15 +467,6 @@ torch::Tensor BlockQueryLogits(const torch::Tensor& tokens, const torch::Tensor&
                                const std::vector<torch::Tensor>& kq, const torch::Tensor& readout) {
   TORCH_CHECK(!kq.empty() && tokens.dim() == 3 && tokens.sizes() == pids.sizes(), "BlockQueryLogits: bad shapes");
   TORCH_CHECK(readout.device().is_cpu(), "BlockQueryLogits runs on the CPU");
-  // The loops index W by token and position: ids out of range would read
-  // and write outside it (the reference forward's scatter throws instead).
-  const int64_t positions = kq[0].size(2) - vocab;
-  if (tokens.numel() > 0) {
-    TORCH_CHECK(tokens.min().item<int64_t>() >= 0 && tokens.max().item<int64_t>() < vocab,
-                "BlockQueryLogits: a token id outside [0, ", vocab, ")");
-    TORCH_CHECK(pids.min().item<int64_t>() >= 0 && pids.max().item<int64_t>() < positions,
-                "BlockQueryLogits: a position id outside [0, ", positions, ")");
-  }
   std::vector<torch::Tensor> weights;
   for (const torch::Tensor& w : kq) weights.push_back(w.contiguous());
   return BlockQueryFn::apply(tokens, pids, vocab, readout.contiguous(), at::TensorList(weights));

@@ -12,6 +12,20 @@
 #include "server/engine/models/imir_block.h"
 
 namespace circuitlab::engine {
+namespace {
+
+// values [E, K + 1] at `index` ([n] into K + 1) for every member: [E, n].
+// One gather on the flattened values: the backward of a gather along
+// dimension 1 adds slice by slice (an op per index: most of a paper-basis
+// step), a 1-D one in one loop.
+torch::Tensor GatherMembers(const torch::Tensor& values, const torch::Tensor& index) {
+  const int64_t E = values.size(0), width = values.size(1);
+  torch::Tensor flat = index;
+  if (E > 1) flat = (index.unsqueeze(0) + torch::arange(E, index.options()).unsqueeze(1) * width).reshape({-1});
+  return values.reshape({-1}).index_select(0, flat).view({E, index.numel()});
+}
+
+}  // namespace
 
 ImirModel::ImirModel(const ImirModelConfig& config, int64_t ensemble, torch::Device device)
     : cfg_(config), ensemble_(ensemble), device_(device) {
@@ -169,16 +183,6 @@ void ImirModel::Initialize(const std::vector<uint64_t>& init_seeds) {
 
 torch::Tensor ImirModel::ScaledValues() const {
   return torch::cat({coef_ * scale_, torch::zeros({ensemble_, 1}, coef_.options().requires_grad(false))}, 1);
-}
-
-torch::Tensor ImirModel::GatherMembers(const torch::Tensor& values, const torch::Tensor& index) const {
-  // One gather on the flattened values: the backward of a gather along
-  // dimension 1 adds slice by slice (an op per index: most of a paper-basis
-  // step), a 1-D one in one loop.
-  const int64_t E = values.size(0), width = values.size(1);
-  torch::Tensor flat = index;
-  if (E > 1) flat = (index.unsqueeze(0) + torch::arange(E, index.options()).unsqueeze(1) * width).reshape({-1});
-  return values.reshape({-1}).index_select(0, flat).view({E, index.numel()});
 }
 
 torch::Tensor ImirModel::kq(int64_t layer) const {

@@ -135,8 +135,6 @@ class ImirModel {
                              std::vector<torch::Tensor>* attention = nullptr, const HookFn* hook = nullptr) const;
   torch::Tensor SparseForward(const torch::Tensor& tokens, const torch::Tensor& pids, bool all_positions) const;
   torch::Tensor ScaledValues() const;  // [E, K + 1]: s_i c_i, then a zero
-  // values [E, K + 1] at `index` ([n] into K + 1) for every member: [E, n].
-  torch::Tensor GatherMembers(const torch::Tensor& values, const torch::Tensor& index) const;
   void PlanCoordinates();
 
   ImirModelConfig cfg_;
