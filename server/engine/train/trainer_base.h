@@ -162,6 +162,11 @@ class TrainerBase {
   int64_t step() const { return step_; }
   int64_t total_steps() const { return static_cast<int64_t>(spec_.training().steps()); }
   int64_t ensemble() const { return static_cast<int64_t>(seeds_.size()); }
+  // What a checkpoint holds, for tests that compare a loaded trainer with the
+  // one that wrote it.
+  const std::vector<torch::Tensor>& parameters() const { return params_; }
+  const std::vector<std::string>& parameter_names() const { return names_; }
+  const torch::optim::Optimizer& optimizer() const { return *optimizer_; }
 
  protected:
   TrainerBase(const v1::ExperimentSpec& spec, std::vector<uint64_t> member_seeds, torch::Device device);
