@@ -182,12 +182,12 @@ TEST(CheckpointCompatTest, EveryReleasesCheckpointsLoadHere) {
     const std::vector<std::vector<Metric>> next = trainer->Step(true);
     EXPECT_EQ(trainer->step(), at + 1);
     EXPECT_TRUE(std::isfinite(testing::MetricValue(next[0], "train/loss")));
-    releases.insert(sidecar["torch"].get<std::string>());
+    releases.insert(sidecar["torch"].get<std::string>().substr(0, 2));  // "1." or "2."
     ++loaded;
   }
   // The test means something only with both releases' checkpoints there.
-  EXPECT_GE(loaded, 6);
-  EXPECT_TRUE(releases.count("1.13.1") && releases.count("2.6.0")) << "fixtures from 1.13.1 and 2.6.0 expected";
+  EXPECT_GE(loaded, 9);
+  EXPECT_EQ(releases, (std::set<std::string>{"1.", "2."})) << "fixtures from LibTorch 1.x and 2.x expected";
 }
 
 // A checkpoint this build cannot parse is refused with both releases named,

@@ -6,11 +6,19 @@
 #include <sstream>
 
 #include "server/common/seeds.h"
+#include "server/engine/torch_compat.h"
 
 namespace circuitlab::engine {
 namespace {
 
-constexpr int64_t kCheckpointFormat = 1;
+// Format 2 stores each parameter's optimiser state under the parameter's
+// name ("optim/<name>", the fields the state's own serialize() writes) and
+// the LibTorch release that wrote it. Format 1 (until issue 35) stored the
+// optimiser as LibTorch saves it, each state keyed by its parameter's
+// TensorImpl address printed as text: hex in 1.13, decimal in 2.x, whose own
+// loader parses the key as a decimal number and so mixes up 1.13's states.
+// Both are read here by matching keys as text, whichever release wrote them.
+constexpr int64_t kCheckpointFormat = 2;
 
 std::unique_ptr<torch::optim::Optimizer> NewOptimizer(const v1::TrainingSpec& t,
                                                       const std::vector<torch::Tensor>& params) {
@@ -32,7 +40,17 @@ std::unique_ptr<torch::optim::Optimizer> NewOptimizer(const v1::TrainingSpec& t,
   }
 }
 
-std::string StateKey(const torch::Tensor& t) { return c10::guts::to_string(t.unsafeGetTensorImpl()); }
+// An empty per-parameter state of the spec's optimiser, to deserialize into.
+std::unique_ptr<torch::optim::OptimizerParamState> NewParamState(const v1::TrainingSpec& t) {
+  switch (t.optimizer()) {
+    case v1::OPTIMIZER_KIND_ADAM:
+      return std::make_unique<torch::optim::AdamParamState>();
+    case v1::OPTIMIZER_KIND_ADAMW:
+      return std::make_unique<torch::optim::AdamWParamState>();
+    default:
+      return std::make_unique<torch::optim::SGDParamState>();
+  }
+}
 
 // One member's slice of an Adam or AdamW parameter state (same fields).
 template <typename State, typename Slice>
@@ -43,6 +61,46 @@ std::unique_ptr<State> SliceAdamState(const State& full, const Slice& slice) {
   st->exp_avg_sq(slice(full.exp_avg_sq()));
   st->max_exp_avg_sq(slice(full.max_exp_avg_sq()));
   return st;
+}
+
+// Opens a checkpoint and checks its format; LibTorch's parse errors become
+// DataLoss naming this build's release and the writer's (when recorded).
+absl::Status OpenArchive(const std::string& bytes, torch::Device device, torch::serialize::InputArchive& archive,
+                         int64_t& format) {
+  try {
+    std::istringstream in(bytes);
+    archive.load_from(in, device);
+    torch::Tensor f;
+    archive.read("format", f);
+    format = f.item<int64_t>();
+  } catch (const c10::Error& e) {
+    return absl::DataLossError("checkpoint could not be read by LibTorch " + TorchVersion() + ": " +
+                               e.what_without_backtrace());
+  }
+  if (format < 1 || format > kCheckpointFormat) {
+    return absl::InvalidArgumentError("checkpoint format " + std::to_string(format) + " is not supported (LibTorch " +
+                                      TorchVersion() + " build reads formats 1 to " +
+                                      std::to_string(kCheckpointFormat) + ")");
+  }
+  return absl::OkStatus();
+}
+
+// "LibTorch 1.13.0" for format 2, "an earlier release" for format 1.
+std::string WriterOf(torch::serialize::InputArchive& archive) {
+  c10::IValue v;
+  return archive.try_read("torch_version", v) && v.isString() ? "LibTorch " + v.toStringRef() : "an earlier release";
+}
+
+// Runs `read` (which may throw LibTorch errors on a damaged or foreign
+// archive) and turns such errors into DataLoss naming both releases.
+template <typename Read>
+absl::Status ReadGuarded(torch::serialize::InputArchive& archive, Read read) {
+  try {
+    return read();
+  } catch (const c10::Error& e) {
+    return absl::DataLossError("checkpoint written by " + WriterOf(archive) + " could not be read by LibTorch " +
+                               TorchVersion() + ": " + e.what_without_backtrace());
+  }
 }
 
 }  // namespace
@@ -117,106 +175,142 @@ uint64_t TrainerBase::Fingerprint(const std::vector<uint64_t>& seeds) const {
 }
 
 std::string TrainerBase::Archive(const std::vector<uint64_t>& seeds, const std::vector<torch::Tensor>& params,
-                                 const torch::optim::Optimizer& optimizer) const {
+                                 const std::vector<const torch::optim::OptimizerParamState*>& states) const {
   torch::serialize::OutputArchive archive;
   archive.write("format", torch::tensor(kCheckpointFormat));
+  archive.write("torch_version", c10::IValue(TorchVersion()));
   archive.write("fingerprint", torch::tensor(static_cast<int64_t>(Fingerprint(seeds))));
   archive.write("step", torch::tensor(step_));
   std::vector<int64_t> s(seeds.begin(), seeds.end());
   archive.write("rng/member_seeds", torch::tensor(s));
-  for (size_t i = 0; i < params.size(); ++i) archive.write("param/" + names_[i], params[i].detach().cpu());
-  torch::serialize::OutputArchive opt;
-  optimizer.save(opt);
-  archive.write("optimizer", opt);
+  for (size_t i = 0; i < params.size(); ++i) {
+    archive.write("param/" + names_[i], params[i].detach().cpu());
+    if (states[i] == nullptr) continue;  // no step yet, or plain SGD
+    torch::serialize::OutputArchive state(archive.compilation_unit());
+    states[i]->serialize(state);
+    archive.write("optim/" + names_[i], state);
+  }
   std::ostringstream out;
   archive.save_to(out);
   return out.str();
 }
 
-std::string TrainerBase::SaveCheckpoint() const { return Archive(seeds_, params_, *optimizer_); }
+const torch::optim::OptimizerParamState* TrainerBase::StateOf(size_t i) const {
+  auto it = optimizer_->state().find(StateKeyOf(params_[i]));
+  return it == optimizer_->state().end() ? nullptr : it->second.get();
+}
+
+std::string TrainerBase::SaveCheckpoint() const {
+  std::vector<const torch::optim::OptimizerParamState*> states;
+  for (size_t i = 0; i < params_.size(); ++i) states.push_back(StateOf(i));
+  return Archive(seeds_, params_, states);
+}
 
 std::string TrainerBase::SaveMemberCheckpoint(int64_t member) const {
   if (ensemble() == 1) return SaveCheckpoint();
-  // A one-member optimizer over slices of the parameters, its state sliced
-  // from the ensemble's: the checkpoint a one-member run would have written.
+  // Slices of the parameters and of their optimiser state: the checkpoint a
+  // one-member run would have written.
   torch::NoGradGuard no_grad;
-  std::vector<torch::Tensor> params;
-  for (const torch::Tensor& p : params_) params.push_back(p.narrow(0, member, 1).detach().clone().requires_grad_(true));
-  std::unique_ptr<torch::optim::Optimizer> single = NewOptimizer(spec_.training(), params);
   const auto slice = [&](const torch::Tensor& t) { return t.defined() ? t.narrow(0, member, 1).clone() : t; };
+  std::vector<torch::Tensor> params;
+  std::vector<std::unique_ptr<torch::optim::OptimizerParamState>> owned;
+  std::vector<const torch::optim::OptimizerParamState*> states;
   for (size_t i = 0; i < params_.size(); ++i) {
-    auto it = optimizer_->state().find(StateKey(params_[i]));
-    if (it == optimizer_->state().end()) continue;
-    if (auto* adamw = dynamic_cast<torch::optim::AdamWParamState*>(it->second.get())) {
-      single->state()[StateKey(params[i])] = SliceAdamState(*adamw, slice);
-    } else if (auto* adam = dynamic_cast<torch::optim::AdamParamState*>(it->second.get())) {
-      single->state()[StateKey(params[i])] = SliceAdamState(*adam, slice);
-    } else if (auto* sgd = dynamic_cast<torch::optim::SGDParamState*>(it->second.get())) {
+    params.push_back(slice(params_[i].detach()));
+    const torch::optim::OptimizerParamState* full = StateOf(i);
+    if (const auto* adamw = dynamic_cast<const torch::optim::AdamWParamState*>(full)) {
+      owned.push_back(SliceAdamState(*adamw, slice));
+    } else if (const auto* adam = dynamic_cast<const torch::optim::AdamParamState*>(full)) {
+      owned.push_back(SliceAdamState(*adam, slice));
+    } else if (const auto* sgd = dynamic_cast<const torch::optim::SGDParamState*>(full)) {
       auto st = std::make_unique<torch::optim::SGDParamState>();
       st->momentum_buffer(slice(sgd->momentum_buffer()));
-      single->state()[StateKey(params[i])] = std::move(st);
+      owned.push_back(std::move(st));
+    } else {
+      owned.push_back(nullptr);
     }
+    states.push_back(owned.back().get());
   }
-  if (spec_.training().schedule() == v1::LR_SCHEDULE_TRIANGLE) {
-    for (auto& group : single->param_groups()) group.options().set_lr(optimizer_->param_groups()[0].options().get_lr());
-  }
-  return Archive({seeds_[static_cast<size_t>(member)]}, params, *single);
+  return Archive({seeds_[static_cast<size_t>(member)]}, params, states);
 }
 
 absl::Status LoadWeights(const std::string& checkpoint, const std::vector<std::string>& names,
                          const std::vector<torch::Tensor>& params) {
   torch::serialize::InputArchive archive;
-  std::istringstream in(checkpoint);
-  archive.load_from(in, torch::kCPU);
-  torch::Tensor format;
-  archive.read("format", format);
-  if (format.item<int64_t>() != kCheckpointFormat) {
-    return absl::InvalidArgumentError("checkpoint format " + std::to_string(format.item<int64_t>()) +
-                                      " is not supported");
-  }
-  torch::NoGradGuard no_grad;
-  for (size_t i = 0; i < params.size(); ++i) {
-    torch::Tensor t;
-    if (!archive.try_read("param/" + names[i], t)) {
-      return absl::InvalidArgumentError("checkpoint has no parameter " + names[i] + " (it belongs to another model)");
+  int64_t format = 0;
+  if (absl::Status s = OpenArchive(checkpoint, torch::kCPU, archive, format); !s.ok()) return s;
+  return ReadGuarded(archive, [&]() -> absl::Status {
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < params.size(); ++i) {
+      torch::Tensor t;
+      if (!archive.try_read("param/" + names[i], t)) {
+        return absl::InvalidArgumentError("checkpoint has no parameter " + names[i] + " (it belongs to another model)");
+      }
+      if (!t.sizes().equals(params[i].sizes())) {
+        return absl::InvalidArgumentError("checkpoint parameter " + names[i] + " has shape " + c10::str(t.sizes()) +
+                                          ", the spec's model " + c10::str(params[i].sizes()));
+      }
+      params[i].copy_(t);
     }
-    if (!t.sizes().equals(params[i].sizes())) {
-      return absl::InvalidArgumentError("checkpoint parameter " + names[i] + " has shape " + c10::str(t.sizes()) +
-                                        ", the spec's model " + c10::str(params[i].sizes()));
-    }
-    params[i].copy_(t);
-  }
-  return absl::OkStatus();
+    return absl::OkStatus();
+  });
 }
 
 absl::Status TrainerBase::LoadCheckpoint(const std::string& bytes) {
   torch::serialize::InputArchive archive;
-  std::istringstream in(bytes);
-  archive.load_from(in, device_);
-  torch::Tensor format, fingerprint, step;
-  archive.read("format", format);
-  if (format.item<int64_t>() != kCheckpointFormat) {
-    return absl::InvalidArgumentError("checkpoint format " + std::to_string(format.item<int64_t>()) +
-                                      " is not supported (expected " + std::to_string(kCheckpointFormat) + ")");
-  }
-  archive.read("fingerprint", fingerprint);
-  if (static_cast<uint64_t>(fingerprint.item<int64_t>()) != Fingerprint(seeds_)) {
-    return absl::InvalidArgumentError("checkpoint belongs to a different spec, seed or ensemble");
-  }
-  archive.read("step", step);
-  {
-    torch::NoGradGuard no_grad;
-    for (size_t i = 0; i < params_.size(); ++i) {
-      torch::Tensor t;
-      archive.read("param/" + names_[i], t);
-      params_[i].copy_(t);
+  int64_t format = 0;
+  if (absl::Status s = OpenArchive(bytes, device_, archive, format); !s.ok()) return s;
+  return ReadGuarded(archive, [&]() -> absl::Status {
+    torch::Tensor fingerprint, step;
+    archive.read("fingerprint", fingerprint);
+    if (static_cast<uint64_t>(fingerprint.item<int64_t>()) != Fingerprint(seeds_)) {
+      return absl::InvalidArgumentError("checkpoint belongs to a different spec, seed or ensemble");
     }
+    archive.read("step", step);
+    {
+      torch::NoGradGuard no_grad;
+      for (size_t i = 0; i < params_.size(); ++i) {
+        torch::Tensor t;
+        archive.read("param/" + names_[i], t);
+        params_[i].copy_(t);
+      }
+    }
+    LoadOptimizerState(archive, format);
+    step_ = step.item<int64_t>();
+    return absl::OkStatus();
+  });
+}
+
+void TrainerBase::LoadOptimizerState(torch::serialize::InputArchive& archive, int64_t format) {
+  // Format 1 ("optimizer" as LibTorch saves it): the "state" sub-archive's
+  // keys are the ones the parameter group lists ("param_groups" >
+  // "param_groups/0" > "params/i"), in the order of params_ (one group, made
+  // from params_).
+  torch::serialize::InputArchive v1_states, v1_group;
+  if (format == 1) {
+    torch::serialize::InputArchive opt, groups;
+    archive.read("optimizer", opt);
+    opt.read("state", v1_states);
+    opt.read("param_groups", groups);
+    groups.read("param_groups/0", v1_group);
   }
-  torch::serialize::InputArchive opt;
-  archive.read("optimizer", opt);
-  optimizer_->load(opt);
-  step_ = step.item<int64_t>();
-  return absl::OkStatus();
+  auto& states = optimizer_->state();
+  states.clear();
+  for (size_t i = 0; i < params_.size(); ++i) {
+    torch::serialize::InputArchive saved;
+    bool found;
+    if (format == 1) {
+      c10::IValue key;
+      v1_group.read("params/" + std::to_string(i), key);
+      found = v1_states.try_read(key.toStringRef(), saved);
+    } else {
+      found = archive.try_read("optim/" + names_[i], saved);
+    }
+    if (!found) continue;
+    std::unique_ptr<torch::optim::OptimizerParamState> state = NewParamState(spec_.training());
+    state->serialize(saved);
+    states[StateKeyOf(params_[i])] = std::move(state);
+  }
 }
 
 }  // namespace circuitlab::engine

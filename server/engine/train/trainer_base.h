@@ -156,7 +156,10 @@ class TrainerBase {
   // Member `member` alone: the checkpoint a one-member trainer with its seed
   // would have written at this step (so a packed run resumes on its own).
   std::string SaveMemberCheckpoint(int64_t member) const;
-  // InvalidArgument when the checkpoint belongs to another spec or ensemble.
+  // Reads checkpoints of every format and LibTorch release this build
+  // supports (torch_compat.h). InvalidArgument when the checkpoint belongs to
+  // another spec or ensemble or has an unknown format; DataLoss when LibTorch
+  // cannot parse it (the message names both releases).
   absl::Status LoadCheckpoint(const std::string& bytes);
 
   int64_t step() const { return step_; }
@@ -188,8 +191,15 @@ class TrainerBase {
 
  private:
   uint64_t Fingerprint(const std::vector<uint64_t>& seeds) const;
+  // The checkpoint of `params` (named names_) with their optimiser states
+  // (null: none yet) at step_.
   std::string Archive(const std::vector<uint64_t>& seeds, const std::vector<torch::Tensor>& params,
-                      const torch::optim::Optimizer& optimizer) const;
+                      const std::vector<const torch::optim::OptimizerParamState*>& states) const;
+  // The optimiser's state of params_[i], or null.
+  const torch::optim::OptimizerParamState* StateOf(size_t i) const;
+  // Replaces the optimiser's state with the checkpoint's (format 1 or 2).
+  // Throws LibTorch's errors on a damaged archive.
+  void LoadOptimizerState(torch::serialize::InputArchive& archive, int64_t format);
 
   std::vector<torch::Tensor> params_;
   std::vector<std::string> names_;
