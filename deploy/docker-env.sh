@@ -2,18 +2,18 @@
 # A Docker engine for the deploy tier and for trying the image on a machine
 # without one running (no systemd here; ../shared/RECIPES.md). Idempotent.
 #
-#   deploy/docker-env.sh start   # prints `export DOCKER_HOST=...`; eval it
-#   deploy/docker-env.sh stop    # stops the engine this script started (by pid)
+#   deploy/docker-env.sh start [SUITE...]  # prints `export DOCKER_HOST=...`; eval it
+#   deploy/docker-env.sh stop              # stops the engine this script started (by pid)
 #
 # start: installs Debian's docker.io and debootstrap if missing, starts dockerd
 # on a private socket (state under $CIRCUITLAB_DOCKER_DIR, default
-# /tmp/circuitlab-docker) unless one already answers there, and makes the
-# `debian:bookworm` base image locally (no registry is reachable) from a
-# debootstrap --variant=minbase root filesystem, cached as a tarball under
-# $CIRCUITLAB_DEPLOY_CACHE (default ~/.cache/circuitlab) and reused when present.
+# /tmp/circuitlab-docker) unless one already answers there, and makes the base
+# images debian:SUITE (default bookworm; trixie for the Debian 13 and CUDA
+# images) locally, since no registry is reachable: deploy/minbase.sh's
+# debootstrap tarballs, cached under $CIRCUITLAB_DEPLOY_CACHE.
 set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
 dir=${CIRCUITLAB_DOCKER_DIR:-/tmp/circuitlab-docker}
-cache=${CIRCUITLAB_DEPLOY_CACHE:-$HOME/.cache/circuitlab}
 sock=unix://$dir/docker.sock
 export DOCKER_HOST=$sock
 
@@ -24,7 +24,7 @@ start() {
     log "installing docker.io and debootstrap"
     DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends docker.io debootstrap >&2
   fi
-  mkdir -p "$dir/data" "$dir/exec" "$cache"
+  mkdir -p "$dir/data" "$dir/exec"
   if ! docker version >/dev/null 2>&1; then
     log "starting dockerd ($dir)"
     dockerd --storage-driver overlay2 --iptables=false --bridge=none --data-root "$dir/data" \
@@ -32,25 +32,11 @@ start() {
     for _ in $(seq 100); do docker version >/dev/null 2>&1 && break; sleep 0.2; done
     docker version >/dev/null || { log "dockerd did not start; see $dir/dockerd.log"; exit 1; }
   fi
-  if ! docker image inspect debian:bookworm >/dev/null 2>&1; then
-    local rootfs=$cache/bookworm-minbase.tar
-    if [ ! -s "$rootfs" ]; then
-      local mirror
-      mirror=$(awk '/^URIs:/{print $2; exit}' /etc/apt/sources.list.d/debian.sources 2>/dev/null || true)
-      mirror=${mirror:-http://deb.debian.org/debian}
-      log "debootstrap bookworm from $mirror (about 75 s, cached in $rootfs)"
-      rm -rf "$dir/rootfs"
-      debootstrap --variant=minbase bookworm "$dir/rootfs" "$mirror" >"$dir/debootstrap.log" 2>&1 ||
-        { log "debootstrap failed; see $dir/debootstrap.log"; exit 1; }
-      # The image's apt reaches the same mirror.
-      [ -f /etc/apt/sources.list.d/debian.sources ] &&
-        cp /etc/apt/sources.list.d/debian.sources "$dir/rootfs/etc/apt/sources.list.d/" &&
-        rm -f "$dir/rootfs/etc/apt/sources.list"
-      tar -C "$dir/rootfs" -cf "$rootfs.tmp" . && mv "$rootfs.tmp" "$rootfs"
-      rm -rf "$dir/rootfs"
-    fi
-    docker import "$rootfs" debian:bookworm >/dev/null
-  fi
+  local suite
+  for suite in "${@:-bookworm}"; do
+    docker image inspect "debian:$suite" >/dev/null 2>&1 && continue
+    docker import "$("$here/minbase.sh" "$suite")" "debian:$suite" >/dev/null
+  done
   echo "export DOCKER_HOST=$sock"
 }
 
@@ -68,7 +54,7 @@ stop() {
 }
 
 case "${1:-}" in
-  start) start ;;
+  start) shift; start "$@" ;;
   stop) stop ;;
   *) echo "usage: $0 start|stop" >&2; exit 2 ;;
 esac

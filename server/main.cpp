@@ -428,7 +428,8 @@ int main(int argc, char** argv) {
 
   circuitlab::scheduler::SchedulerOptions opts;
   opts.cpu_slots = flags.cpu_slots;
-  opts.cuda_devices = flags.use_cuda ? circuitlab::engine::CudaDeviceCount() : 0;
+  const circuitlab::engine::TorchRuntime torch = circuitlab::engine::DescribeTorchRuntime();
+  opts.cuda_devices = flags.use_cuda ? torch.cuda_devices : 0;
   opts.intra_op_threads = flags.threads_per_run;
   opts.max_queued_runs = flags.max_queued;
   opts.max_queued_per_client = flags.max_queued_per_client;
@@ -478,6 +479,8 @@ int main(int argc, char** argv) {
   server_opts.executor = flags.executor;
   server_opts.http = flags.http;
   server_opts.http.required = flags.http_given;
+  server_opts.runtime = {CIRCUITLAB_VERSION, torch.version, torch.cuda_runtime, opts.cuda_devices,
+                         scheduler.device_slots()};
   circuitlab::rpc::Telemetry telemetry(
       {&scheduler, &analysis.jobs(), store->get(), broker.get(), CIRCUITLAB_VERSION, flags.executor});
   auto server = circuitlab::rpc::GrpcServer::Start(server_opts, auth->get(), audit.get(), &scheduler, &analysis,
@@ -486,6 +489,12 @@ int main(int argc, char** argv) {
     scheduler.Drain();
     return Fail("cannot serve", server.status());
   }
+  spdlog::info("{}{}", torch.Describe(),
+               torch.cuda_devices > 0 && !flags.use_cuda ? ": not used (--no-cuda)"
+               : torch.cuda_devices > 0 && broker       ? ": not used (runs train on remote workers)"
+               : !torch.cuda_runtime.empty() && torch.cuda_devices == 0
+                   ? ": no CUDA device or driver found, runs train on the CPU slots"
+                   : "");
   AnnounceServing(flags, scheduler, **auth, **server);
 
   int sig = 0;

@@ -6,9 +6,11 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <charconv>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
+#include <string_view>
 #include <thread>
 
 #include "server/common/logging.h"
@@ -102,6 +104,19 @@ int main(int argc, char** argv) {
   if (o.device != "cpu" && o.device.rfind("cuda:", 0) != 0) {
     std::fprintf(stderr, "circuitlab-worker: --device must be cpu or cuda:N, got '%s'\n", o.device.c_str());
     return 2;
+  }
+  if (o.device != "cpu") {
+    // Refused here, not at the first lease: a pilot on a node without the
+    // GPU it was meant for should fail its job at once, saying why.
+    const circuitlab::engine::TorchRuntime torch = circuitlab::engine::DescribeTorchRuntime();
+    int index = -1;
+    const std::string_view n = std::string_view(o.device).substr(5);
+    const auto [end, ec] = std::from_chars(n.data(), n.data() + n.size(), index);
+    if (ec != std::errc() || end != n.data() + n.size() || index < 0 || index >= torch.cuda_devices) {
+      std::fprintf(stderr, "circuitlab-worker: --device %s is not available: %s\n", o.device.c_str(),
+                   torch.Describe().c_str());
+      return 2;
+    }
   }
   char host[256] = {};
   gethostname(host, sizeof host - 1);

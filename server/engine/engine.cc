@@ -11,6 +11,7 @@
 #include "server/common/thread_cancel.h"
 #include "server/engine/analysis/family.h"
 #include "server/engine/manifold/projection.h"
+#include "server/engine/torch_compat.h"
 #include "server/engine/train/latent_trainer.h"
 #include "server/engine/train/regression_trainer.h"
 #include "server/engine/train/trainer.h"
@@ -327,6 +328,25 @@ std::vector<std::string> EvalMetricNames(const v1::ExperimentSpec& resolved) {
 std::unique_ptr<Analyzer> MakeTorchAnalyzer() { return std::make_unique<TorchAnalyzer>(); }
 
 int CudaDeviceCount() { return static_cast<int>(torch::cuda::device_count()); }
+
+std::string TorchRuntime::Describe() const {
+  if (cuda_runtime.empty()) return "LibTorch " + version + " (CPU only)";
+  return "LibTorch " + version + " (CUDA " + cuda_runtime + "), " + std::to_string(cuda_devices) + " CUDA device" +
+         (cuda_devices == 1 ? "" : "s");
+}
+
+TorchRuntime DescribeTorchRuntime() {
+  TorchRuntime r;
+  r.version = TorchVersion();
+  // hasCUDART: LibTorch's CUDA half is loaded (a CUDA build), whether or not
+  // a driver or device is there; versionCUDART is the compile-time 12040.
+  if (at::globalContext().hasCUDART()) {
+    const long v = at::globalContext().versionCUDART();
+    r.cuda_runtime = std::to_string(v / 1000) + "." + std::to_string(v % 1000 / 10);
+  }
+  r.cuda_devices = CudaDeviceCount();
+  return r;
+}
 
 void ConfigureRuntime(int blas_threads) {
   // OpenBLAS reads OPENBLAS_NUM_THREADS when it loads, before main(); pin its

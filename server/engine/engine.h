@@ -156,8 +156,20 @@ class Analyzer {
 
 std::unique_ptr<Analyzer> MakeTorchAnalyzer();
 
-// CUDA devices LibTorch can use (0 on CPU-only builds).
+// CUDA devices LibTorch can use (0 on CPU-only builds, and in CUDA builds on
+// a machine without a GPU or driver).
 int CudaDeviceCount();
+
+// The LibTorch this binary runs on, for start-up logs, `circuitlab health`
+// and the worker's refusal of a device it does not have.
+struct TorchRuntime {
+  std::string version;       // LibTorch's, e.g. "2.6.0"
+  std::string cuda_runtime;  // the CUDA runtime it was built with, e.g. "12.4"; empty: a CPU-only LibTorch
+  int cuda_devices = 0;      // CudaDeviceCount()
+  // "LibTorch 2.6.0 (CUDA 12.4), 1 CUDA device" / "LibTorch 1.13.0 (CPU only)".
+  std::string Describe() const;
+};
+TorchRuntime DescribeTorchRuntime();
 
 // Process-wide runtime settings; call once at start-up before any training:
 // BLAS threads (OpenBLAS) pinned to `blas_threads`, and glibc malloc

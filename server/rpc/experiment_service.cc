@@ -259,6 +259,7 @@ grpc::ServerUnaryReactor* ExperimentServiceImpl::WhoAmI(grpc::CallbackServerCont
         resp->set_max_analysis_jobs(limits.max_analyses);
         resp->set_max_watches(limits.max_watches);
         resp->set_max_sweep_runs(limits.max_sweep_runs);
+        *resp->mutable_server() = info_;
         return absl::OkStatus();
       });
 }

@@ -130,7 +130,13 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const ServerOption
 
   std::unique_ptr<GrpcServer> server(new GrpcServer());
   server->security_ = std::make_unique<Security>(auth, audit, experiments, sweeps, &analysis->jobs(), security);
-  server->experiments_ = std::make_unique<ExperimentServiceImpl>(experiments, sweeps, server->security_.get());
+  v1::ServerInfo info;
+  info.set_version(options.runtime.version);
+  info.set_torch_version(options.runtime.torch_version);
+  info.set_cuda_runtime(options.runtime.cuda_runtime);
+  info.set_cuda_devices(static_cast<uint32_t>(options.runtime.cuda_devices));
+  for (const std::string& slot : options.runtime.device_slots) info.add_device_slots(slot);
+  server->experiments_ = std::make_unique<ExperimentServiceImpl>(experiments, sweeps, server->security_.get(), info);
   server->analysis_ = std::make_unique<AnalysisServiceImpl>(analysis, server->security_.get());
   server->workers_ =
       std::make_unique<WorkerServiceImpl>(workers, experiments, options.executor, server->security_.get());

@@ -17,6 +17,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -52,6 +53,12 @@ struct ServerOptions {
   std::string health_listen;
   std::string executor = "local";  // where runs train (ListWorkers says so)
   HttpOptions http;                // http.listen empty = no HTTP port
+  // What WhoAmI reports the server runs on (v1::ServerInfo's fields).
+  struct Runtime {
+    std::string version, torch_version, cuda_runtime;
+    int cuda_devices = 0;
+    std::vector<std::string> device_slots;
+  } runtime;
 };
 
 // True for 127.0.0.0/8, ::1 and "localhost" listen addresses.

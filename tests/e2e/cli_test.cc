@@ -23,6 +23,7 @@ using testing::WaitFor;
 
 const std::string kServer = CIRCUITLAB_SERVER_BIN;
 const std::string kCli = CIRCUITLAB_CLI_BIN;
+const std::string kWorker = CIRCUITLAB_WORKER_BIN;
 const std::string kExamples = CIRCUITLAB_EXAMPLES_DIR;
 
 CommandResult Cli(const ServerProcess& server, std::vector<std::string> args) {
@@ -56,7 +57,13 @@ TEST(EndToEndTest, UserSessionThroughTheCli) {
   ServerProcess server(kServer, dir.path() + "/data");
   ASSERT_TRUE(server.ok());
 
-  EXPECT_EQ(Cli(server, {"health"}).exit_code, 0);
+  // Health, then what the server runs on (LibTorch, CUDA devices, slots).
+  CommandResult health = Cli(server, {"health"});
+  EXPECT_EQ(health.exit_code, 0) << health.out;
+  EXPECT_NE(health.out.find("SERVING " + server.address() + "\ncircuitlab "), std::string::npos) << health.out;
+  EXPECT_NE(health.out.find(", LibTorch "), std::string::npos) << health.out;
+  EXPECT_NE(health.out.find(" CUDA device"), std::string::npos) << health.out;
+  EXPECT_NE(health.out.find(", slots cpu:0"), std::string::npos) << health.out;
   const std::string spec = WriteSpec(dir, "tiny.json", Tiny(100));
   CommandResult submit = Cli(server, {"submit", spec, "--watch"});
   EXPECT_EQ(submit.exit_code, 0) << submit.out;
@@ -162,6 +169,16 @@ TEST(EndToEndTest, ErrorsAreClearAndExitCodesMapStatuses) {
   server.Stop(SIGTERM);
   CommandResult down = RunCommand({kCli, "--server", server.address(), "--timeout", "2", "health"});
   EXPECT_EQ(down.exit_code, 24) << down.out;  // UNAVAILABLE
+}
+
+// A worker asked for a GPU this machine does not have refuses to start,
+// naming the LibTorch and the devices it sees (issue 35).
+TEST(EndToEndTest, WorkerRefusesADeviceItDoesNotHave) {
+  for (const std::string device : {"cuda:99", "cuda:x", "cuda:-1"}) {
+    CommandResult r = RunCommand({kWorker, "--server", "127.0.0.1:1", "--device", device});
+    EXPECT_EQ(r.exit_code, 2) << device << ": " << r.out;
+    EXPECT_NE(r.out.find("--device " + device + " is not available: LibTorch "), std::string::npos) << r.out;
+  }
 }
 
 // Every command's --help shows an example; every example file it names exists.

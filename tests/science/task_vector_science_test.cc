@@ -36,7 +36,10 @@ struct Fixture {
 };
 
 // Trained once per (diversity, d_model, steps) and kept for the binary.
-const Fixture& GetFixture(int diversity, int d_model, int steps, const std::string& kind = "LATENT_KIND_DICE") {
+// `kind` is a C string: with a std::string parameter, every call with a
+// literal passes a temporary, and GCC 14's -Wdangling-reference then assumes
+// the returned reference may point into it.
+const Fixture& GetFixture(int diversity, int d_model, int steps, const char* kind = "LATENT_KIND_DICE") {
   static std::map<std::tuple<int, int, int, std::string>, std::unique_ptr<Fixture>> cache;
   auto& slot = cache[{diversity, d_model, steps, kind}];
   if (!slot) {

@@ -272,7 +272,8 @@ TEST(ExecutorTest, LibTorchFailuresBecomeStatuses) {
   req.resume_from = "definitely not a checkpoint";
   Recorder rec;
   auto out = exec->Train(req, rec);
-  EXPECT_EQ(out.status().code(), absl::StatusCode::kInternal);
+  EXPECT_EQ(out.status().code(), absl::StatusCode::kDataLoss) << out.status();
+  EXPECT_NE(out.status().message().find("could not be read by LibTorch"), std::string::npos) << out.status();
   req.resume_from.reset();
   req.device = "cuda:3";
   out = exec->Train(req, rec);

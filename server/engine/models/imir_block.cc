@@ -463,6 +463,15 @@ class BlockQueryFn : public torch::autograd::Function<BlockQueryFn> {
 
 }  // namespace
 
+// GCC 14 at -O3 inlines LibTorch's Function<>::apply here, with the
+// std::vector<bool>::reserve it calls, and then reports -Warray-bounds and
+// -Wstringop-overflow on a memmove inside libstdc++'s vector<bool>
+// reallocation that cannot run (reserve on an empty vector). False
+// positives; silenced for this one function on every compiler rather than
+// switched off for the engine.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Warray-bounds"
+#pragma GCC diagnostic ignored "-Wstringop-overflow"
 torch::Tensor BlockQueryLogits(const torch::Tensor& tokens, const torch::Tensor& pids, int64_t vocab,
                                const std::vector<torch::Tensor>& kq, const torch::Tensor& readout) {
   TORCH_CHECK(!kq.empty() && tokens.dim() == 3 && tokens.sizes() == pids.sizes(), "BlockQueryLogits: bad shapes");
@@ -471,5 +480,6 @@ torch::Tensor BlockQueryLogits(const torch::Tensor& tokens, const torch::Tensor&
   for (const torch::Tensor& w : kq) weights.push_back(w.contiguous());
   return BlockQueryFn::apply(tokens, pids, vocab, readout.contiguous(), at::TensorList(weights));
 }
+#pragma GCC diagnostic pop
 
 }  // namespace circuitlab::engine
