@@ -1,5 +1,5 @@
-# circuitlab: multi-stage image on Debian bookworm, packages from the same
-# list the set-up scripts and CI use (deploy/packages.txt).
+# circuitlab: multi-stage image on Debian 12 or 13, CPU or CUDA LibTorch,
+# packages from the same list the set-up scripts and CI use (deploy/packages.txt).
 #
 #   docker build --network host -t circuitlab .                 # full build from source (~20 min on 2 cores)
 #   scripts/dev-certs.sh secrets circuitlab && scripts/add-principal.sh me admin secrets/tokens.txt .
@@ -17,19 +17,28 @@
 # stage: what the `deploy` test tier builds, since a full source build does not
 # fit CI's budget. The default target is the full build.
 
-# A base with CUDA (and a CUDA LibTorch under TORCH_PREFIX) for a GPU image:
-#   docker build --build-arg BASE_IMAGE=<a bookworm-based CUDA image> --build-arg TORCH_PREFIX=/opt/libtorch .
-# Untested here: Debian's LibTorch is CPU-only and none with CUDA can be
-# installed on these machines (README "Deploy").
-ARG BASE_IMAGE=debian:bookworm
-ARG TORCH_PREFIX=
+# The Debian release and LibTorch (deploy/packages.txt has both):
+#   --build-arg BASE=bookworm|trixie   Debian 12 (LibTorch 1.13, the default) or 13 (LibTorch 2.6)
+#   --build-arg TORCH=cpu|cuda         cuda: trixie only, contrib's libtorch-cuda 2.6 (CUDA 12.4)
+#   docker build --network host --build-arg BASE=trixie --build-arg TORCH=cuda -t circuitlab:cuda .
+# A CUDA image needs cuDNN and, at run time, the host's driver: Debian's
+# nvidia-cudnn downloads cuDNN from NVIDIA while it installs, and its
+# libcuda1 is the driver's own library, which `docker run --gpus all`
+# (nvidia-container-toolkit) mounts from the host instead. Local stand-ins
+# for either (deploy/cuda-placeholders.sh; README "GPUs") are installed
+# first when they are in deploy/.cuda-debs/: the deploy tier builds the CUDA
+# image here, with no GPU and no route to NVIDIA, with both.
+ARG BASE=bookworm
+ARG BASE_IMAGE=debian:${BASE}
+ARG TORCH=cpu
 
 FROM ${BASE_IMAGE} AS runtime-base
-COPY deploy/packages.txt scripts/packages.sh /tmp/
-RUN apt-get update \
- && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
-      $(PACKAGES_FILE=/tmp/packages.txt /tmp/packages.sh runtime) \
- && rm -rf /var/lib/apt/lists/* /tmp/packages.*
+ARG TORCH
+COPY deploy/packages.txt scripts/packages.sh deploy/install-packages.sh /tmp/install/
+# A pattern, so that the build works without the folder (packages.txt makes
+# the list non-empty).
+COPY deploy/packages.txt deploy/.cuda-deb[s] /tmp/cuda-debs/
+RUN /tmp/install/install-packages.sh "$TORCH" runtime && rm -rf /tmp/install
 COPY examples/ /usr/share/circuitlab/examples/
 RUN useradd --system --uid 999 --home /data circuitlab && mkdir -p /data && chown circuitlab /data
 # Where the HEALTHCHECK (and any `docker exec circuitlab ...`) finds the server
@@ -47,25 +56,24 @@ CMD ["--data", "/data", "--listen", "0.0.0.0:50051", "--http", "0.0.0.0:8080", \
      "--auth-tokens-file", "/run/secrets/tokens.txt", "--audit-log", "/data/audit.jsonl"]
 
 FROM runtime-base AS prebuilt
+# PREBUILT: the `cmake --install` prefix whose bin/ this stage packs.
+ARG PREBUILT=deploy/.prebuilt
 # A pattern, not the directory: Docker's classic builder builds every stage
 # before the target, this one too when the target is the full build, and must
 # not fail when nothing was prebuilt (packages.txt is there so the list is
 # never empty).
-COPY deploy/packages.txt deploy/.prebuilt/bi[n] /tmp/prebuilt/
+COPY deploy/packages.txt ${PREBUILT}/bi[n] /tmp/prebuilt/
 RUN find /tmp/prebuilt -maxdepth 1 -name 'circuitlab*' -exec mv -t /usr/local/bin {} + && rm -rf /tmp/prebuilt
 USER circuitlab
 
 FROM ${BASE_IMAGE} AS build
-ARG TORCH_PREFIX
+ARG TORCH
 WORKDIR /src
-COPY deploy/packages.txt deploy/packages.txt
-COPY scripts/packages.sh scripts/packages.sh
-RUN apt-get update \
- && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $(scripts/packages.sh build) \
- && rm -rf /var/lib/apt/lists/*
+COPY deploy/packages.txt scripts/packages.sh deploy/install-packages.sh /tmp/install/
+COPY deploy/packages.txt deploy/.cuda-deb[s] /tmp/cuda-debs/
+RUN /tmp/install/install-packages.sh "$TORCH" build && rm -rf /tmp/install
 COPY . .
 RUN cmake -S . -B /build -G Ninja -DCMAKE_BUILD_TYPE=Release -DCIRCUITLAB_TESTS=OFF -DCIRCUITLAB_BENCH=OFF \
-      ${TORCH_PREFIX:+-DCMAKE_PREFIX_PATH=$TORCH_PREFIX} \
  && cmake --build /build \
  && cmake --install /build --prefix /opt/circuitlab
 

@@ -17,6 +17,10 @@ cache=${CIRCUITLAB_DEPLOY_CACHE:-$HOME/.cache/circuitlab}
 tar=$cache/$suite-minbase.tar
 log() { echo "minbase: $*" >&2; }
 
+mkdir -p "$cache"
+# Tiers that start together (debian13, cuda-build) make it once.
+exec 9>"$tar.lock"
+flock 9
 if [ ! -s "$tar" ]; then
   command -v debootstrap >/dev/null ||
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends debootstrap >/dev/null
@@ -25,8 +29,8 @@ if [ ! -s "$tar" ]; then
   mirror=${mirror:-http://deb.debian.org/debian}
   security=$(awk '/^URIs:/ && /security/ {print $2; exit}' "$sources" 2>/dev/null || true)
   security=${security:-http://deb.debian.org/debian-security}
-  mkdir -p "$cache"
   root=$(mktemp -d "$cache/$suite-root.XXXXXX")
+  chmod 755 "$root"  # the image's / (mktemp made it 0700: no other user could enter it)
   trap 'rm -rf --one-file-system "$root" "$root.log"' EXIT
   log "debootstrap $suite from $mirror (about a minute, cached in $tar)"
   debootstrap --variant=minbase "$suite" "$root" "$mirror" >"$root.log" 2>&1 ||

@@ -65,6 +65,7 @@ struct Flags {
   circuitlab::scheduler::AnalysisJobOptions jobs;
   uint64_t analysis_memory_mb = circuitlab::scheduler::AnalysisJobOptions().memory_budget_bytes >> 20;
   bool use_cuda = true;
+  bool cuda_deterministic = true;
   // Remote workers (README "Scaling out").
   std::string executor = "local";
   int remote_slots = 0;  // 0: workers 64, slurm max-workers x worker-slots
@@ -283,6 +284,9 @@ void DefineFlags(CLI::App& app, Flags& f) {
       ->capture_default_str()
       ->check(CLI::Range(1, 256));
   app.add_flag("--cuda,!--no-cuda", f.use_cuda, "Use the CUDA devices LibTorch reports (default on)");
+  app.add_flag("--cuda-deterministic,!--no-cuda-deterministic", f.cuda_deterministic,
+               "Deterministic CUDA kernels: a run repeats bit-for-bit on the same GPU and software (default on;\n"
+               "off is somewhat faster)");
   app.add_option("--max-queued-runs", f.max_queued, "Queued runs accepted before RESOURCE_EXHAUSTED")
       ->capture_default_str()
       ->check(CLI::Range(1, 1000000));
@@ -430,6 +434,8 @@ int main(int argc, char** argv) {
   opts.cpu_slots = flags.cpu_slots;
   const circuitlab::engine::TorchRuntime torch = circuitlab::engine::DescribeTorchRuntime();
   opts.cuda_devices = flags.use_cuda ? torch.cuda_devices : 0;
+  if (opts.cuda_devices > 0) circuitlab::engine::ConfigureCuda(flags.cuda_deterministic);
+  opts.cuda_memory_bytes = torch.cuda_memory_bytes;
   opts.intra_op_threads = flags.threads_per_run;
   opts.max_queued_runs = flags.max_queued;
   opts.max_queued_per_client = flags.max_queued_per_client;

@@ -66,6 +66,10 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::Range(1, 64));
   app.add_option("--device", o.device, "Torch device: cpu or cuda:N")->capture_default_str();
+  bool cuda_deterministic = true;
+  app.add_flag("--cuda-deterministic,!--no-cuda-deterministic", cuda_deterministic,
+               "With --device cuda:N: deterministic CUDA kernels, a run repeats bit-for-bit on the same GPU\n"
+               "and software (default on; off is somewhat faster)");
   app.add_option("--intra-op-threads", o.intra_op_threads, "LibTorch/BLAS threads per run")
       ->capture_default_str()
       ->check(CLI::Range(1, 256));
@@ -133,6 +137,7 @@ int main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   circuitlab::engine::ConfigureRuntime(o.intra_op_threads);
+  if (o.device != "cpu") circuitlab::engine::ConfigureCuda(cuda_deterministic);
   std::unique_ptr<circuitlab::engine::Executor> executor = circuitlab::engine::MakeTorchExecutor();
   circuitlab::worker::Worker worker(o, executor.get());
   int rc = 0;

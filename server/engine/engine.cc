@@ -335,6 +335,29 @@ std::string TorchRuntime::Describe() const {
          (cuda_devices == 1 ? "" : "s");
 }
 
+namespace {
+
+// Total memory of each CUDA device, read through the CUDA runtime that a CUDA
+// LibTorch has loaded (looked up by name: this file compiles against CPU and
+// CUDA LibTorch alike, without CUDA headers). Empty when there is none.
+std::vector<uint64_t> CudaMemoryBytes(int devices) {
+  using SetDevice = int (*)(int);
+  using MemGetInfo = int (*)(size_t*, size_t*);
+  auto* set = reinterpret_cast<SetDevice>(dlsym(RTLD_DEFAULT, "cudaSetDevice"));
+  auto* info = reinterpret_cast<MemGetInfo>(dlsym(RTLD_DEFAULT, "cudaMemGetInfo"));
+  std::vector<uint64_t> out;
+  if (set == nullptr || info == nullptr) return out;
+  for (int i = 0; i < devices; ++i) {
+    size_t free = 0, total = 0;
+    if (set(i) != 0 || info(&free, &total) != 0) return {};
+    out.push_back(total);
+  }
+  if (devices > 0) set(0);
+  return out;
+}
+
+}  // namespace
+
 TorchRuntime DescribeTorchRuntime() {
   TorchRuntime r;
   r.version = TorchVersion();
@@ -345,7 +368,18 @@ TorchRuntime DescribeTorchRuntime() {
     r.cuda_runtime = std::to_string(v / 1000) + "." + std::to_string(v % 1000 / 10);
   }
   r.cuda_devices = CudaDeviceCount();
+  r.cuda_memory_bytes = CudaMemoryBytes(r.cuda_devices);
   return r;
+}
+
+void ConfigureCuda(bool deterministic) {
+  at::globalContext().setBenchmarkCuDNN(false);
+  at::globalContext().setDeterministicCuDNN(deterministic);
+  at::globalContext().setDeterministicAlgorithms(deterministic, /*warn_only=*/true);
+  if (deterministic) {
+    setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
+    KeepUninitializedMemoryUnfilled();
+  }
 }
 
 void ConfigureRuntime(int blas_threads) {

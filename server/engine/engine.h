@@ -166,6 +166,7 @@ struct TorchRuntime {
   std::string version;       // LibTorch's, e.g. "2.6.0"
   std::string cuda_runtime;  // the CUDA runtime it was built with, e.g. "12.4"; empty: a CPU-only LibTorch
   int cuda_devices = 0;      // CudaDeviceCount()
+  std::vector<uint64_t> cuda_memory_bytes;  // each device's memory; empty when it cannot be read
   // "LibTorch 2.6.0 (CUDA 12.4), 1 CUDA device" / "LibTorch 1.13.0 (CPU only)".
   std::string Describe() const;
 };
@@ -176,5 +177,13 @@ TorchRuntime DescribeTorchRuntime();
 // thresholds raised so freed activation buffers are reused rather than
 // returned to the OS every step.
 void ConfigureRuntime(int blas_threads);
+
+// Settings for training on CUDA devices; call once at start-up, before any
+// CUDA work, when CUDA devices will be used. `deterministic`: cuBLAS with a
+// fixed workspace (CUBLAS_WORKSPACE_CONFIG=:4096:8 unless set), no cuDNN
+// autotuning, LibTorch's deterministic algorithms (the gathers' backward, a
+// scatter-add, among them; an op without one warns), so a run repeats
+// bit-for-bit on the same GPU and software; off: somewhat faster.
+void ConfigureCuda(bool deterministic);
 
 }  // namespace circuitlab::engine

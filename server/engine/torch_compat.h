@@ -28,4 +28,13 @@ inline OptimizerStateKey StateKeyOf(const torch::Tensor& param) {
 }
 #endif
 
+// Deterministic mode in 2.1+ also fills every new tensor with NaN (to expose
+// reads of uninitialised memory); the engine never reads such memory, so the
+// fill would only cost time. 1.13 has no such fill.
+inline void KeepUninitializedMemoryUnfilled() {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
+  at::globalContext().setDeterministicFillUninitializedMemory(false);
+#endif
+}
+
 }  // namespace circuitlab::engine

@@ -8,6 +8,7 @@
 #include <thread>
 #include <cctype>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "server/common/status_macros.h"
 #include "server/common/text.h"
@@ -66,13 +67,13 @@ absl::StatusOr<int64_t> ParseRunId(const std::string& text, const std::string& f
   return ParseId(text, field, 'r');
 }
 
-std::string FormatRunId(int64_t id) { return "r" + std::to_string(id); }
+std::string FormatRunId(int64_t id) { return absl::StrCat("r", id); }
 
 absl::StatusOr<int64_t> ParseSweepId(const std::string& text, const std::string& field) {
   return ParseId(text, field, 's');
 }
 
-std::string FormatSweepId(int64_t id) { return "s" + std::to_string(id); }
+std::string FormatSweepId(int64_t id) { return absl::StrCat("s", id); }
 
 store::CoordinateDefRow ToCoordinateRow(const engine::CoordinateDef& d) {
   return {0, d.index, d.label, d.canonical, d.matrix, d.layer, d.head, d.block_q, d.block_k, d.element, d.norm, d.gauge};
@@ -224,7 +225,10 @@ Scheduler::Scheduler(SchedulerOptions options, store::Store* store, engine::Exec
       clock_(clock),
       hub_(options_.epoch, 1024, options_.heartbeat, static_cast<size_t>(std::max(1, options_.max_watchers))) {
   for (int i = 0; i < options_.cuda_devices; ++i) {
-    slots_.push_back({"cuda:" + std::to_string(i), true, "cuda:" + std::to_string(i)});
+    const uint64_t memory = static_cast<size_t>(i) < options_.cuda_memory_bytes.size()
+                                ? options_.cuda_memory_bytes[static_cast<size_t>(i)]
+                                : 0;
+    slots_.push_back({"cuda:" + std::to_string(i), true, "cuda:" + std::to_string(i), false, false, memory});
   }
   for (int i = 0; i < options_.cpu_slots; ++i) slots_.push_back({"cpu:" + std::to_string(i), false, "cpu"});
   for (int i = 0; options_.remote != nullptr && i < options_.remote_slots; ++i) {
@@ -235,12 +239,20 @@ Scheduler::Scheduler(SchedulerOptions options, store::Store* store, engine::Exec
 
 Scheduler::~Scheduler() { Drain(); }
 
-std::string Scheduler::PackOf(const store::RunRow& row) const {
+Scheduler::Pack Scheduler::PackOf(const store::RunRow& row) const {
   // Only members of one sweep that never started (so have no checkpoint).
-  if (options_.max_pack <= 1 || row.sweep_id <= 0 || row.attempts > 0) return "";
+  if (options_.max_pack <= 1 || row.sweep_id <= 0 || row.attempts > 0) return {};
   v1::ExperimentSpec spec;
-  if (!spec.ParseFromString(row.spec)) return "";
-  return std::to_string(row.sweep_id) + "/" + std::to_string(row.device_request) + "/" + engine::PackKey(spec);
+  if (!spec.ParseFromString(row.spec)) return {};
+  return {std::to_string(row.sweep_id) + "/" + std::to_string(row.device_request) + "/" + engine::PackKey(spec),
+          engine::EstimateRunMemoryBytes(spec)};
+}
+
+int Scheduler::PackRoomLocked(size_t slot, uint64_t memory) const {
+  const Slot& me = slots_[slot];
+  if (!me.cuda || me.memory == 0 || memory == 0) return options_.max_pack;
+  const double fits = 0.9 * static_cast<double>(me.memory) / static_cast<double>(memory);
+  return static_cast<int>(std::clamp(fits, 1.0, static_cast<double>(options_.max_pack)));
 }
 
 absl::Status Scheduler::Start() {
@@ -259,7 +271,8 @@ absl::Status Scheduler::Start() {
     std::lock_guard<std::mutex> lock(mu_);
     for (int64_t id : queued) {
       CL_ASSIGN_OR_RETURN(store::RunRow row, store_->GetRun(id));
-      queue_[{row.priority, id}] = {row.device_request, row.owner, PackOf(row)};
+      const Pack pack = PackOf(row);
+      queue_[{row.priority, id}] = {row.device_request, row.owner, pack.key, pack.memory};
       ++queued_per_owner_[row.owner];
     }
     started_ = true;
@@ -412,7 +425,8 @@ absl::StatusOr<std::pair<int64_t, std::vector<int64_t>>> Scheduler::SubmitSweep(
         as_row.spec = rows[i].spec;
         as_row.sweep_id = inserted->first;
         as_row.device_request = rows[i].device_request;
-        queue_[{rows[i].priority, inserted->second[i]}] = {rows[i].device_request, owner, PackOf(as_row)};
+        const Pack pack = PackOf(as_row);
+        queue_[{rows[i].priority, inserted->second[i]}] = {rows[i].device_request, owner, pack.key, pack.memory};
       }
     } else {
       queued_per_owner_[owner] -= count;
@@ -724,12 +738,13 @@ void Scheduler::WorkerLoop(size_t slot) {
     if (draining_) return;
     auto it = std::find_if(queue_.begin(), queue_.end(), [&](const auto& e) { return e.first.id == id; });
     const std::string pack = it->second.pack;
+    const int room = PackRoomLocked(slot, it->second.memory);
     std::vector<int64_t> ids = {id};
     --queued_per_owner_[it->second.owner];
     queue_.erase(it);
     // Queued members of the same sweep that differ only in their seed train
-    // with it as one ensemble.
-    for (auto q = queue_.begin(); !pack.empty() && q != queue_.end() && static_cast<int>(ids.size()) < options_.max_pack;) {
+    // with it as one ensemble (as many as the slot's device memory holds).
+    for (auto q = queue_.begin(); !pack.empty() && q != queue_.end() && static_cast<int>(ids.size()) < room;) {
       if (q->second.pack != pack) {
         ++q;
         continue;

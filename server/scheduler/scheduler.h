@@ -55,6 +55,10 @@ struct SchedulerOptions {
   // workers must not cycle through the cluster forever.
   int max_lost_leases = 5;
   int cuda_devices = 0;        // from engine::CudaDeviceCount()
+  // Memory of each CUDA device (engine::TorchRuntime), or empty when
+  // unknown. A pack of seeds on a CUDA slot holds at most as many members as
+  // 90% of its device's memory fits (engine::EstimateRunMemoryBytes each).
+  std::vector<uint64_t> cuda_memory_bytes;
   int intra_op_threads = 1;    // LibTorch threads per worker
   int max_queued_runs = 1000;  // RESOURCE_EXHAUSTED beyond
   int max_queued_per_client = 200;  // queued runs of one owner (principal)
@@ -171,6 +175,11 @@ class Scheduler {
     int device_request;
     std::string owner;
     std::string pack;  // runs with the same non-empty key may train as one ensemble
+    uint64_t memory = 0;  // with a pack key: one member's estimated memory
+  };
+  struct Pack {
+    std::string key;
+    uint64_t memory = 0;
   };
   struct Active {
     CancelToken cancel;
@@ -185,6 +194,7 @@ class Scheduler {
     std::string torch_device;
     bool busy = false;
     bool remote = false;  // trains on a remote worker (options_.remote)
+    uint64_t memory = 0;  // CUDA slots: the device's memory (0: unknown)
   };
   class RunObserver;
 
@@ -210,8 +220,10 @@ class Scheduler {
   void Finish(int64_t run_id, const absl::StatusOr<engine::TrainOutcome>& outcome);
   void Requeue(int64_t run_id);
   void FailRun(int64_t run_id, const absl::Status& why);
-  // The pack key of a queued run ("" = trains alone).
-  std::string PackOf(const store::RunRow& row) const;
+  // The pack key of a queued run ("" = trains alone) and its memory estimate.
+  Pack PackOf(const store::RunRow& row) const;
+  // Most members of a pack with members of `memory` bytes the slot takes.
+  int PackRoomLocked(size_t slot, uint64_t memory) const;
   absl::Status Transition(int64_t run_id, const store::RunTransition& t);
   absl::StatusOr<v1::Run> ToRun(const store::RunRow& row);
 

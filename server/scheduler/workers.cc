@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <set>
 
+#include "absl/strings/str_cat.h"
 #include "server/common/text.h"
 
 namespace circuitlab::scheduler {
@@ -350,7 +351,7 @@ void WorkerBroker::SendLease(Session& session, const Lease& lease, const std::ve
   l->set_lease_id(lease.id);
   for (size_t i = 0; i < requests.size(); ++i) {
     v1::LeaseMember* member = l->add_members();
-    member->set_run_id("r" + std::to_string(lease.run_ids[i]));
+    member->set_run_id(absl::StrCat("r", lease.run_ids[i]));
     *member->mutable_spec() = requests[i].spec;
     member->set_resume_bytes(requests[i].resume_from ? requests[i].resume_from->size() : 0);
     member->set_resume_step(static_cast<uint64_t>(std::max<int64_t>(0, observers[i]->start_step())));
@@ -589,7 +590,7 @@ std::vector<WorkerInfo> WorkerBroker::Workers() const {
     info.last_seen_us = clock_->NowMicros() - static_cast<int64_t>((clock_->MonotonicSeconds() - s->last_seen) * 1e6);
     for (uint64_t l : s->leases) {
       if (auto it = leases_.find(l); it != leases_.end()) {
-        for (int64_t r : it->second->run_ids) info.runs.push_back("r" + std::to_string(r));
+        for (int64_t r : it->second->run_ids) info.runs.push_back(absl::StrCat("r", r));
       }
     }
     out.push_back(std::move(info));

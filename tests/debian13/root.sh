@@ -78,9 +78,11 @@ prepare() {
   if [ ! -x "$root/usr/bin/apt-get" ]; then
     local tar
     tar=$("$repo/deploy/minbase.sh" trixie)
+    [ -z "$(mounted_inside)" ] || die "something is still mounted inside $root"
     rm -rf --one-file-system "$root"
     mkdir -p "$root"
     tar -C "$root" -xf "$tar"
+    chmod 755 "$root"
   fi
   local components=main
   [ "$flavour" = cuda ] && components="main contrib non-free non-free-firmware"
@@ -111,7 +113,9 @@ prepare() {
       in_root /tmp/cuda-placeholders.sh stub /tmp/cuda-debs /usr/lib/x86_64-linux-gnu/libtorch_cuda.so >/dev/null
       in_root sh -c 'dpkg -i /tmp/cuda-debs/nvidia-cudnn_*2_amd64.deb' >/dev/null
       # The stand-ins, for the CUDA image (tests/deploy/cuda_image_test.sh).
-      mkdir -p "$cache/cuda-debs" && cp "$root"/tmp/cuda-debs/*.deb "$cache/cuda-debs/"
+      rm -rf "$cache/cuda-debs" && mkdir -p "$cache/cuda-debs" &&
+        cp "$root"/tmp/cuda-debs/nvidia-cudnn_*2_amd64.deb "$root"/tmp/cuda-debs/circuitlab-host-libcuda_*.deb \
+          "$cache/cuda-debs/"
     fi
     in_root apt-get clean
     log "packages installed in $((SECONDS - t0)) s"

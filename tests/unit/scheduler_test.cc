@@ -36,7 +36,7 @@ class SchedulerTest : public ::testing::Test {
     store_ = std::move(*store);
     opts.epoch = "test";
     opts.heartbeat = std::chrono::milliseconds(0);
-    scheduler_ = std::make_unique<Scheduler>(opts, store_.get(), &executor_, &clock_);
+    scheduler_ = std::make_unique<Scheduler>(std::move(opts), store_.get(), &executor_, &clock_);
   }
 
   v1::RunState StateOf(const std::string& id) {
@@ -416,6 +416,26 @@ TEST_F(SchedulerTest, SeedMembersOfASweepArePackedIntoOneEnsemble) {
   executor_.Open();
   ASSERT_TRUE(WaitFor([&] { return sweeps.Get("s2")->done() && StateOf("r6") == v1::RUN_STATE_SUCCEEDED; }));
   EXPECT_EQ(executor_.pack_sizes().size(), 1u);
+}
+
+// On a CUDA slot a pack holds as many members as 90% of the device's memory
+// fits (issue 35); CPU slots are bounded by max_pack alone.
+TEST_F(SchedulerTest, PacksOnAGpuFitItsMemory) {
+  v1::ExperimentSpec resolved = SmallSpec(5);
+  ASSERT_TRUE(engine::ResolveSpec({}, &resolved).ok());  // as the scheduler stores it
+  const uint64_t member = engine::EstimateRunMemoryBytes(resolved);
+  SchedulerOptions opts;
+  opts.cpu_slots = 0;
+  opts.cuda_devices = 1;
+  opts.cuda_memory_bytes = {static_cast<uint64_t>(2.5 * static_cast<double>(member) / 0.9)};
+  Open(std::move(opts));  // moved: a copy of the one-element vector trips GCC 14's -Warray-bounds (false positive)
+  SweepCore sweeps(scheduler_.get(), store_.get(), nullptr);
+  ASSERT_TRUE(sweeps.Submit(SeedSweep(SmallSpec(5), 5), "alice").ok());
+  ASSERT_TRUE(scheduler_->Start().ok());
+  ASSERT_TRUE(WaitFor([&] { return sweeps.Get("s1")->done(); }));
+  EXPECT_EQ(executor_.pack_sizes(), (std::vector<size_t>{2, 2})) << "two members fit, the fifth trains alone";
+  EXPECT_EQ(executor_.started(), 5);
+  EXPECT_EQ(scheduler_->GetRun("r5")->device(), "cuda:0");
 }
 
 TEST_F(SchedulerTest, PackingCanBeTurnedOff) {

@@ -3,6 +3,7 @@
 #include <google/protobuf/util/json_util.h>
 #include <gtest/gtest.h>
 
+#include "absl/strings/str_cat.h"
 #include "client/lib/sweep_render.h"
 #include "server/scheduler/sweeps.h"
 
@@ -139,7 +140,7 @@ TEST(SweepRenderTest, CsvTableAndPivot) {
   s.add_columns("acc");
   for (int i = 0; i < 4; ++i) {
     v1::SweepRow* r = s.add_rows();
-    r->set_run_id("r" + std::to_string(i + 1));
+    r->set_run_id(absl::StrCat("r", i + 1));
     r->set_state(v1::RUN_STATE_SUCCEEDED);
     r->add_swept()->set_number_value(i);
     r->add_values()->set_string_value(i < 2 ? "1-2" : "2,3");

@@ -8,6 +8,7 @@
 #include <map>
 #include <set>
 
+#include "absl/strings/str_cat.h"
 #include "server/common/seeds.h"
 #include "server/engine/analysis/imir_analyses.h"
 #include "server/engine/analysis/imir_eval.h"
@@ -25,12 +26,12 @@ struct LayerPair {
 
 std::vector<LayerPair> LayerPairs(int64_t L, int64_t H) {
   std::vector<LayerPair> pairs;
-  auto head = [](int64_t l, int64_t h) { return "L" + std::to_string(l) + "H" + std::to_string(h); };
+  auto head = [](int64_t l, int64_t h) { return absl::StrCat("L", l, "H", h); };
   for (int64_t i = 1; i <= L; ++i) {
     for (int64_t j = i + 1; j <= L; ++j) {
       for (int64_t h = 1; h <= H; ++h) {
         for (int64_t g = 1; g <= H; ++g) {
-          pairs.push_back({H == 1 ? std::to_string(i) + "-" + std::to_string(j) : head(i, h) + "-" + head(j, g),
+          pairs.push_back({H == 1 ? absl::StrCat(i, "-", j) : absl::StrCat(head(i, h), "-", head(j, g)),
                            KqLabel(i, h, "∅", "∅", "S_1"), KqLabel(j, g, "∅", HeadBlock(i, h, L, H), "I_t"),
                            OutLabel(HeadBlock(j, g, L, H), "I")});
         }
@@ -201,7 +202,7 @@ absl::StatusOr<v1::CheckpointLabel> LabelCheckpoint(const LabelContext& x, int64
     for (int64_t h = 1; h <= x.H; ++h) {
       const double alone =
           x.H == 1 ? r.head_ablation(static_cast<int>(l) - 1) : Removed(acc, ablated_accuracy(l, h, h), x.chance);
-      (*r.mutable_per_head_ablation())["L" + std::to_string(l) + "H" + std::to_string(h)] = alone;
+      (*r.mutable_per_head_ablation())[absl::StrCat("L", l, "H", h)] = alone;
     }
   }
   const std::vector<std::pair<std::string, double>> scores = x.PairScores(c);

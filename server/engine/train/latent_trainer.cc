@@ -53,7 +53,7 @@ LatentTrainer::LatentTrainer(const v1::ExperimentSpec& spec, std::vector<uint64_
           torch::Generator gen = MakeGenerator(BatchSeedOf(seeds_[e], step));
           toks.push_back(tasks_[e]->SampleTrain(spec_.training().batch_size(), gen).tokens);
         }
-        return torch::stack(toks);
+        return PinFor(torch::stack(toks), device_);
       }) {
   for (uint64_t seed : seeds_) {
     tasks_.push_back(std::make_unique<LatentTaskGenerator>(spec_.task().latent(), PoolSeedOf(seed)));
@@ -92,7 +92,7 @@ LatentTrainer::LatentTrainer(const v1::ExperimentSpec& spec, std::vector<uint64_
 
 std::vector<std::vector<Metric>> LatentTrainer::Step(bool record) {
   const int64_t next = step_ + 1;
-  torch::Tensor tokens = batches_.Take(next, total_steps()).to(device_);  // [E, B, T]
+  torch::Tensor tokens = Upload(batches_.Take(next, total_steps()), device_);  // [E, B, T]
   torch::Tensor logits = model_->Forward(tokens);          // [E, B, T, V]
   torch::Tensor member_loss = NextTokenLoss(logits, tokens).mean(1);  // [E]
   ZeroGrad();

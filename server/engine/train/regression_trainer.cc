@@ -30,7 +30,8 @@ RegressionTrainer::RegressionTrainer(const v1::ExperimentSpec& spec, std::vector
           xs.push_back(b.x);
           ys.push_back(b.y);
         }
-        return std::pair{torch::stack(xs).to(torch::kFloat), torch::stack(ys).to(torch::kFloat)};
+        return std::pair{PinFor(torch::stack(xs).to(torch::kFloat), device_),
+                         PinFor(torch::stack(ys).to(torch::kFloat), device_)};
       }) {
   for (uint64_t seed : seeds_) {
     tasks_.push_back(std::make_unique<RegressionTaskGenerator>(spec_.task().latent(), PoolSeedOf(seed)));
@@ -72,8 +73,8 @@ RegressionTrainer::RegressionTrainer(const v1::ExperimentSpec& spec, std::vector
 std::vector<std::vector<Metric>> RegressionTrainer::Step(bool record) {
   const int64_t next = step_ + 1;
   const auto [xs, ys] = batches_.Take(next, total_steps());
-  torch::Tensor x = xs.to(device_);  // [E, B, n, d]
-  torch::Tensor y = ys.to(device_);  // [E, B, n]
+  torch::Tensor x = Upload(xs, device_);  // [E, B, n, d]
+  torch::Tensor y = Upload(ys, device_);  // [E, B, n]
   torch::Tensor pred = PredictRegression(*model_, x, y);
   torch::Tensor member_loss = (pred - y).pow(2).mean(at::IntArrayRef{1, 2});  // [E]
   ZeroGrad();

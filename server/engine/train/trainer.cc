@@ -139,10 +139,7 @@ EnsembleTrainer::Stacked EnsembleTrainer::Stack(const std::vector<const Batch*>&
     alt.push_back(b->alt_target.narrow(0, begin, count));
     if (b->bayes_logp.defined()) bayes.push_back(b->bayes_logp.narrow(0, begin, count));
   }
-  // One member: a view with the ensemble dimension, no copy.
-  auto join = [&](const std::vector<torch::Tensor>& parts) {
-    return (parts.size() == 1 ? parts[0].unsqueeze(0) : torch::stack(parts)).to(device_);
-  };
+  auto join = [&](const std::vector<torch::Tensor>& parts) { return StackTo(parts, device_); };
   Stacked s{join(tok), join(pid), join(tgt), join(alt), {}};
   if (!bayes.empty()) s.bayes_logp = join(bayes);
   return s;
