@@ -16,6 +16,9 @@
 #                                                # libtorch-cuda-dev or -2.6
 #   deploy/cuda-placeholders.sh stub OUT LIB     # nvidia-cudnn again, now with
 #                                                # a stub libcudnn.so.9
+#   deploy/cuda-placeholders.sh driver OUT       # the libcuda.so.1 stand-in alone:
+#                                                # a GPU image (the host's driver is
+#                                                # mounted by --gpus; cuDNN is real)
 #
 # Why a stub library: libtorch_cuda.so is linked with BIND_NOW and names
 # libcudnn.so.9, so it loads only where a libcudnn.so.9 resolves every cudnn*
@@ -29,7 +32,11 @@
 set -euo pipefail
 
 cudnn_version=9.0.0.312-0circuitlab
-usage() { echo "usage: $0 control OUT | stub OUT LIBTORCH_CUDA_SO" >&2; exit 2; }
+usage() { echo "usage: $0 control OUT | stub OUT LIBTORCH_CUDA_SO | driver OUT" >&2; exit 2; }
+driver() {
+  package circuitlab-host-libcuda 550-0circuitlab1 "libcuda.so.1 (= 550)" \
+    "placeholder for the NVIDIA driver's libcuda.so.1 (comes from the host)" "$work/libcuda"
+}
 
 # package NAME VERSION PROVIDES DESCRIPTION ROOT -> OUT/NAME_VERSION_amd64.deb
 package() {
@@ -42,8 +49,9 @@ Architecture: amd64
 Maintainer: circuitlab <circuitlab@localhost>
 Provides: $provides
 Description: $description
- Local placeholder made by circuitlab's deploy/cuda-placeholders.sh for a
- machine without a GPU or without access to NVIDIA's servers. Not for GPU hosts.
+ Local stand-in made by circuitlab's deploy/cuda-placeholders.sh (its
+ README, "GPUs"): for a machine without a GPU or without access to NVIDIA's
+ servers, or an image whose driver comes from the host.
 EOF
   dpkg-deb --root-owner-group --build "$root" "$out/${name}_${version}_amd64.deb" >/dev/null
   echo "$out/${name}_${version}_amd64.deb"
@@ -58,9 +66,9 @@ case $mode in
   control)
     package nvidia-cudnn "${cudnn_version}1" "libcudnn.so.9, libcudnn.so, libcudnn-dev" \
       "placeholder for the cuDNN 9 installer (no library)" "$work/cudnn"
-    package circuitlab-host-libcuda 550-0circuitlab1 "libcuda.so.1 (= 550)" \
-      "placeholder for the NVIDIA driver's libcuda.so.1 (comes from the host)" "$work/libcuda"
+    driver
     ;;
+  driver) driver ;;
   stub)
     [ $# -eq 3 ] || usage
     lib=$3

@@ -3,8 +3,12 @@
 # deploy/packages.txt) and builds into build/ with CMake + Ninja.
 #   scripts/setup.sh              # everything: packages for building, running and testing; every target
 #   scripts/setup.sh --binaries   # what the demo needs: build and runtime packages; the server, CLI and worker
-# Idempotent; re-running only rebuilds what changed.
-# Environment: BUILD_DIR (default build), CMAKE_BUILD_TYPE (default Release: what the image and users build).
+# Idempotent; re-running only rebuilds what changed. Debian 12 (bookworm) and
+# 13 (trixie) alike: the package names come from deploy/packages.txt for this
+# machine's release.
+# Environment: BUILD_DIR (default build), CMAKE_BUILD_TYPE (default Release: what the image and users build),
+# CIRCUITLAB_TORCH=cuda (Debian 13 with contrib and non-free enabled: Debian's CUDA LibTorch instead of the
+# CPU one; README "GPUs").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build_dir="${BUILD_DIR:-build}"
@@ -18,7 +22,7 @@ fi
 missing=()
 while read -r pkg; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
-done < <(scripts/packages.sh "${stages[@]}")
+done < <(scripts/packages.sh --torch "${CIRCUITLAB_TORCH:-cpu}" "${stages[@]}")
 if [ ${#missing[@]} -gt 0 ]; then
   sudo=""
   [ "$(id -u)" -eq 0 ] || sudo="sudo"
