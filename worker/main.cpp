@@ -46,8 +46,9 @@ int main(int argc, char** argv) {
       "coordinates and checkpoints back; the server keeps the store. Slurm pilots run it (circuitlab-server\n"
       "--executor slurm); so can a Kubernetes Job or a person (--executor workers).\n"
       "SIGTERM/SIGUSR2: lease nothing more, checkpoint the runs, hand them back, exit 0.\n"
-      "Exit codes: 0 drained or idle; 2 server unreachable at start; 3 server lost longer than\n"
-      "--reconnect-seconds; 4 refused (token, role, version, a server without remote workers).\n\n"
+      "Exit codes: 0 drained or idle; 2 bad flags (a --device this machine lacks) or server unreachable\n"
+      "at start; 3 server lost longer than --reconnect-seconds; 4 refused (token, role, version, a server\n"
+      "without remote workers).\n\n"
       "Example:\n  circuitlab-worker --server login1:50051 --ca-cert ca.pem --token-file worker.token --slots 2",
       "circuitlab-worker"};
   circuitlab::worker::WorkerOptions o;
