@@ -72,6 +72,8 @@ struct Flags {
   int lease_timeout_s = 60;
   int heartbeat_s = 10;
   int max_lost_leases = 5;
+  circuitlab::scheduler::BrokerOptions broker;
+  int quarantine_s = 600;
   circuitlab::scheduler::SlurmOptions slurm;
   int slurm_poll_s = 5;
 };
@@ -97,10 +99,31 @@ void DefineRemoteFlags(CLI::App& app, Flags& f) {
       ->check(CLI::Range(2, 86400))
       ->group(g);
   app.add_option("--max-lost-leases", f.max_lost_leases,
-                 "A run whose worker was lost (crashed, killed, silent) this many times fails instead of being "
-                 "queued again")
+                 "A run whose worker went away while it trained (crashed or was killed after reporting on it) this "
+                 "many times fails instead of being queued again; a worker that went silent or never reported is "
+                 "charged itself (--worker-quarantine-after)")
       ->capture_default_str()
       ->check(CLI::Range(1, 1000))
+      ->group(g);
+  app.add_option("--max-worker-sessions-per-principal", f.broker.max_sessions_per_principal,
+                 "Worker sessions one principal (token) may have connected")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 4096))
+      ->group(g);
+  app.add_option("--max-worker-slots-per-principal", f.broker.max_slots_per_principal,
+                 "Worker slots one principal's sessions may register together")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 262144))
+      ->group(g);
+  app.add_option("--worker-quarantine-after", f.broker.quarantine_after,
+                 "A principal whose workers lose this many leases by going silent (or away before reporting) within "
+                 "--worker-quarantine-seconds gets no new sessions or leases for that long")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 100000))
+      ->group(g);
+  app.add_option("--worker-quarantine-seconds", f.quarantine_s, "How long a worker principal's quarantine lasts")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 86400))
       ->group(g);
   app.add_option("--heartbeat-seconds", f.heartbeat_s, "How often workers say they are alive")
       ->capture_default_str()
@@ -173,7 +196,8 @@ void DefineRemoteFlags(CLI::App& app, Flags& f) {
 absl::Status SetUpRemote(Flags& f, circuitlab::scheduler::SchedulerOptions& opts, circuitlab::engine::Executor* local,
                          std::unique_ptr<circuitlab::scheduler::WorkerBroker>& broker) {
   if (f.executor == "local") return absl::OkStatus();
-  circuitlab::scheduler::BrokerOptions b;
+  circuitlab::scheduler::BrokerOptions b = f.broker;
+  b.quarantine = std::chrono::seconds(f.quarantine_s);
   b.heartbeat = std::chrono::seconds(f.heartbeat_s);
   b.lease_timeout = std::chrono::seconds(f.lease_timeout_s);
   b.version = CIRCUITLAB_VERSION;
@@ -262,9 +286,14 @@ void DefineFlags(CLI::App& app, Flags& f) {
                  "'' turns it off; when the default port is taken the server runs without it (with a warning)")
       ->capture_default_str()
       ->each([&f](const std::string&) { f.http_given = true; });
-  app.add_option("--http-threads", f.http.threads, "HTTP request threads (event streams get their own)")
+  app.add_option("--http-threads", f.http.threads,
+                 "HTTP connections served at once, each on a pooled thread (event streams included)")
       ->capture_default_str()
-      ->check(CLI::Range(1, 256));
+      ->check(CLI::Range(1, 4096));
+  app.add_option("--http-max-per-peer", f.http.max_per_peer,
+                 "HTTP requests in progress from one address; more are answered 429")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 4096));
   app.add_option("--http-max-streams", f.http.max_streams,
                  "Open run event streams (Server-Sent Events) at once; more are answered 503")
       ->capture_default_str()
@@ -461,6 +490,7 @@ int main(int argc, char** argv) {
   flags.jobs.memory_budget_bytes = flags.analysis_memory_mb << 20;
   flags.jobs.quotas = &quotas;
   circuitlab::scheduler::AnalysisCore analysis(store->get(), analyzer.get(), flags.jobs, opts.limits);
+  scheduler.OnRunsDeleted([&analysis](const std::vector<int64_t>& ids) { analysis.jobs().ForgetRuns(ids); });
   circuitlab::scheduler::SweepCore sweeps(&scheduler, store->get(), &analysis, flags.max_sweep_runs, &quotas);
   if (absl::Status s = scheduler.Start(); !s.ok()) return Fail("cannot start the scheduler", s);
   std::unique_ptr<circuitlab::scheduler::SlurmPool> pool;
@@ -508,7 +538,8 @@ int main(int argc, char** argv) {
     if ((*auth)->open()) {
       spdlog::info("SIGHUP: no tokens file to re-read");
     } else if (absl::Status s = (*auth)->Reload(); s.ok()) {
-      spdlog::info("SIGHUP: re-read the tokens: {} principal(s)", (*auth)->principal_count());
+      spdlog::info("SIGHUP: re-read the tokens: {} principal(s); {} open stream(s) of revoked tokens ended",
+                   (*auth)->principal_count(), (*server)->RevalidateStreams());
     } else {
       spdlog::error("SIGHUP: the tokens file was not re-read, the principals stay as they were: {}",
                     std::string(s.message()));

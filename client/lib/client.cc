@@ -99,6 +99,7 @@ struct Client::Impl {
 
   void Prepare(grpc::ClientContext& ctx, bool deadline) const {
     if (deadline) ctx.set_deadline(std::chrono::system_clock::now() + options.timeout);
+    if (options.wait_for_ready) ctx.set_wait_for_ready(true);
     if (!options.token.empty()) ctx.AddMetadata("authorization", "Bearer " + options.token);
     ctx.AddMetadata("x-circuitlab-client", options.client_name);
   }
@@ -257,10 +258,11 @@ absl::StatusOr<v1::GetSweepSummaryResponse> Client::GetSweepSummary(const v1::Ge
   return impl_->Call(impl_->stub.get(), &v1::ExperimentService::Stub::GetSweepSummary, request);
 }
 
-absl::Status Client::Health() {
+absl::Status Client::Health(const std::string& service) {
   grpc::ClientContext ctx;
   impl_->Prepare(ctx, true);
   grpc::health::v1::HealthCheckRequest req;
+  req.set_service(service);
   grpc::health::v1::HealthCheckResponse resp;
   grpc::Status s = impl_->health->Check(&ctx, req, &resp);
   if (!s.ok()) return FromGrpc(s);

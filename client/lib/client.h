@@ -30,6 +30,10 @@ struct ClientOptions {
   std::string client_cert_pem;
   std::string client_key_pem;
   std::string tls_server_name;  // check the server's certificate for this name instead
+  // Wait (within the deadline) for the connection instead of failing at
+  // once with UNAVAILABLE when the server cannot be reached yet: for tests
+  // and scripts that start a server and talk to it at once.
+  bool wait_for_ready = false;
 };
 
 // Parses an ExperimentSpec from protobuf JSON. Unknown fields are an error
@@ -59,7 +63,9 @@ class Client {
   absl::StatusOr<v1::Run> CancelRun(const std::string& run_id);
   absl::StatusOr<v1::GetMetricsResponse> GetMetrics(const v1::GetMetricsRequest& request);
   // SERVING -> OK; NOT_SERVING -> Unavailable; unreachable -> the RPC error.
-  absl::Status Health();
+  // grpc.health.v1 for the server as a whole, or for one service by its full
+  // name ("circuitlab.v1.ExperimentService"; NotFound for one it lacks).
+  absl::Status Health(const std::string& service = "");
   absl::StatusOr<v1::WhoAmIResponse> WhoAmI();
   // The server's executor and the remote workers connected now.
   absl::StatusOr<v1::ListWorkersResponse> ListWorkers();

@@ -4,6 +4,8 @@
 #include <cstdio>
 #include <ctime>
 
+#include "server/common/text.h"
+
 namespace circuitlab::client {
 
 std::string Fixed(double v, int digits) {
@@ -51,14 +53,17 @@ std::string Pad(const std::string& s, size_t width) {
 
 std::string EscapeForTerminal(const std::string& text) {
   std::string out;
-  for (unsigned char ch : text) {
-    if (ch < 0x20 || ch == 0x7f) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\x%02x", ch);
-      out += buf;
-    } else {
-      out += static_cast<char>(ch);
+  for (size_t i = 0; i < text.size();) {
+    const size_t n = ControlAt(text, i);
+    if (n == 0) {
+      out += text[i++];
+      continue;
     }
+    const unsigned cp = ControlCodePoint(text, i, n);
+    char buf[8];
+    std::snprintf(buf, sizeof buf, cp < 0x80 ? "\\x%02x" : "\\u%04x", cp);
+    out += buf;
+    i += n;
   }
   return out;
 }

@@ -22,8 +22,9 @@ std::string StateName(v1::RunState s);
 bool IsFinal(v1::RunState s);
 // Left-aligns to `width` terminal columns (labels hold multi-byte "∅→").
 std::string Pad(const std::string& s, size_t width);
-// Control characters as \xNN, so text another client chose cannot move the
-// cursor or forge lines in a terminal.
+// Control characters as \xNN (C0, DEL) or \uNNNN (C1 controls, bidirectional
+// formatting: server/common/text.h's ControlAt), so text another client chose
+// cannot move the cursor, forge lines or reorder what a terminal shows.
 std::string EscapeForTerminal(const std::string& text);
 
 }  // namespace circuitlab::client

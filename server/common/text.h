@@ -18,24 +18,53 @@ inline std::string Clip(std::string_view text, size_t max = 200) {
   return std::string(text.substr(0, end)) + "…";
 }
 
-// `text` with control characters (C0, DEL) written as \n, \t or \xHH, so
-// a client string cannot forge lines in the log or drive a terminal.
+// The length in bytes of the control character that starts at text[i], or
+// 0: C0 controls and DEL (1 byte); in UTF-8, the C1 controls U+0080..U+009F
+// (2 bytes: a terminal reads U+009B as CSI) and the characters that reorder
+// text on screen, U+061C, U+200E, U+200F, U+202A..U+202E and U+2066..U+2069
+// (a right-to-left override makes "gpj.exe" look like "exe.jpg").
+inline size_t ControlAt(std::string_view text, size_t i) {
+  const auto b = [&](size_t k) { return i + k < text.size() ? static_cast<unsigned char>(text[i + k]) : 0u; };
+  const unsigned c = b(0);
+  if (c < 0x20 || c == 0x7F) return 1;
+  if (c == 0xC2 && b(1) >= 0x80 && b(1) <= 0x9F) return 2;
+  if (c == 0xD8 && b(1) == 0x9C) return 2;
+  if (c == 0xE2 && b(1) == 0x80 && (b(2) == 0x8E || b(2) == 0x8F || (b(2) >= 0xAA && b(2) <= 0xAE))) return 3;
+  if (c == 0xE2 && b(1) == 0x81 && b(2) >= 0xA6 && b(2) <= 0xA9) return 3;
+  return 0;
+}
+
+// The code point of the control ControlAt found (1 to 3 bytes of UTF-8).
+inline unsigned ControlCodePoint(std::string_view text, size_t i, size_t n) {
+  const auto b = [&](size_t k) { return static_cast<unsigned>(static_cast<unsigned char>(text[i + k])); };
+  if (n == 1) return b(0);
+  if (n == 2) return ((b(0) & 0x1Fu) << 6) | (b(1) & 0x3Fu);
+  return ((b(0) & 0x0Fu) << 12) | ((b(1) & 0x3Fu) << 6) | (b(2) & 0x3Fu);
+}
+
+// `text` with control characters (ControlAt) written as \n, \t, \xHH or
+// \uHHHH, so a client string cannot forge lines in the log or drive or
+// reorder a terminal.
 inline std::string EscapeControl(std::string_view text) {
   std::string out;
   out.reserve(text.size());
-  for (char c : text) {
-    const auto u = static_cast<unsigned char>(c);
-    if (c == '\n') {
-      out += "\\n";
-    } else if (c == '\t') {
-      out += "\\t";
-    } else if (u < 0x20 || u == 0x7F) {
-      char buf[5];
-      std::snprintf(buf, sizeof buf, "\\x%02x", u);
-      out += buf;
-    } else {
-      out += c;
+  for (size_t i = 0; i < text.size();) {
+    const size_t n = ControlAt(text, i);
+    if (n == 0) {
+      out += text[i++];
+      continue;
     }
+    const unsigned cp = ControlCodePoint(text, i, n);
+    if (cp == '\n') {
+      out += "\\n";
+    } else if (cp == '\t') {
+      out += "\\t";
+    } else {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, cp < 0x80 ? "\\x%02x" : "\\u%04x", cp);
+      out += buf;
+    }
+    i += n;
   }
   return out;
 }
@@ -51,11 +80,11 @@ inline std::string Quote(std::string_view text) {
   return out;
 }
 
-// Whether `text` holds a control character (C0 or DEL).
+// Whether `text` holds a control character (ControlAt: C0, DEL, C1, or a
+// bidirectional formatting character).
 inline bool HasControl(std::string_view text) {
-  for (char c : text) {
-    const auto u = static_cast<unsigned char>(c);
-    if (u < 0x20 || u == 0x7F) return true;
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (ControlAt(text, i) != 0) return true;
   }
   return false;
 }

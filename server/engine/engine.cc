@@ -60,6 +60,9 @@ class TorchExecutor : public Executor {
   std::vector<std::string> EvalMetricNames(const v1::ExperimentSpec& resolved) override {
     return engine::EvalMetricNames(resolved);
   }
+  absl::Status CheckCheckpoint(const v1::ExperimentSpec& spec, int64_t step, const std::string& bytes) override {
+    return engine::CheckCheckpoint(spec, step, bytes);
+  }
   absl::StatusOr<TrainOutcome> Train(const TrainRequest& request, TrainObserver& observer) override {
     std::vector<absl::StatusOr<TrainOutcome>> out = Guard({request}, {&observer});
     return out.front();

@@ -86,6 +86,14 @@ class Executor {
   // the sampled data), so that training.stop_metric is checked before a run
   // is queued. Empty (nothing checked) when the executor cannot tell.
   virtual std::vector<std::string> EvalMetricNames(const v1::ExperimentSpec& resolved) { return {}; }
+  // Whether `bytes` is a checkpoint this executor could resume a one-member
+  // run of `spec` from at `step` (its format, its spec's and seed's
+  // fingerprint, its step): InvalidArgument or DataLoss saying why. A remote
+  // worker's upload is checked so before it is stored. OK when the executor
+  // cannot tell.
+  virtual absl::Status CheckCheckpoint(const v1::ExperimentSpec& spec, int64_t step, const std::string& bytes) {
+    return absl::OkStatus();
+  }
   virtual std::vector<absl::StatusOr<TrainOutcome>> TrainPack(const std::vector<TrainRequest>& requests,
                                                               const std::vector<TrainObserver*>& observers) {
     std::vector<absl::StatusOr<TrainOutcome>> out;
@@ -96,6 +104,9 @@ class Executor {
 
 // The LibTorch executor.
 std::unique_ptr<Executor> MakeTorchExecutor();
+
+// Executor::CheckCheckpoint for the torch executor's checkpoints.
+absl::Status CheckCheckpoint(const v1::ExperimentSpec& spec, int64_t step, const std::string& bytes);
 
 // The evaluation metrics the torch executor's runs of a resolved spec record
 // (Executor::EvalMetricNames).

@@ -293,7 +293,6 @@ constexpr int kMaxCoordinateNames = 100000;
 // request once cost 48 s and 4.7 GB). Building touches d0^2 entries per block
 // kind; each coordinate costs ~250 bytes of labels.
 constexpr int64_t kMaxBasisWidth = 2048;          // d0 = vocabulary + positions
-constexpr int64_t kMaxBasisCoordinates = 200000;
 
 // Refuses a basis of `selection` over the spec's task and model that would
 // be too large to build; `why` says what needs it.

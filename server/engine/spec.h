@@ -18,6 +18,11 @@
 
 namespace circuitlab::engine {
 
+// Most coordinates an IMIR basis may have (recorded or parameterising a
+// model): ResolveSpec refuses more, and the server refuses a worker's basis
+// report beyond it.
+constexpr int64_t kMaxBasisCoordinates = 200000;
+
 // Sequences evaluated (and sampled) per forward pass: bounds evaluation
 // memory; the memory estimate below assumes it.
 inline constexpr int64_t kEvalChunk = 512;

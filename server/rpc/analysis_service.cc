@@ -33,8 +33,7 @@ grpc::ServerUnaryReactor* JobCall(grpc::CallbackServerContext* ctx, const Securi
   if (status.ok()) status = security.Check(*caller, Access::kRead, *req);
   if (status.ok()) {
     // The core call, again when the job ends: the request lives as long as it.
-    const scheduler::Requester who(caller->principal.name,
-                                   caller->principal.role == Role::kReader || caller->principal.role == Role::kWorker);
+    const scheduler::Requester who(caller->principal.name, Security::ReadsOnly(*caller));
     auto fn = [core_call, req, who] { return core_call(*req, who); };
     absl::StatusOr<Response> answer = CallCatching(fn);
     status = answer.status();

@@ -14,8 +14,12 @@ namespace {
 // a shared Link that the reactor detaches from in OnDone.
 class WatchReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
-  WatchReactor(scheduler::Scheduler* core, scheduler::Watch watch)
+  WatchReactor(scheduler::Scheduler* core, scheduler::Watch watch, const Security& security, const Caller& caller)
       : core_(core), watch_(std::move(watch)), link_(std::make_shared<Link>()) {
+    // A revoked token ends the stream (Security::RevalidateStreams).
+    ticket_ = security.OpenStream(caller, [sub = watch_.subscriber] {
+      if (std::function<void()> wake = sub->Close()) wake();
+    });
     link_->reactor = this;
     PumpVia(link_);
   }
@@ -85,6 +89,11 @@ class WatchReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
           return StartWriteLocked(*snap, last);
         }
         case scheduler::Subscriber::Kind::kEnd:
+          if (ticket_->revoked()) {
+            return FinishLocked(grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                                             "this stream's token was revoked or changed (the server re-read its "
+                                             "tokens); authenticate again"));
+          }
           return FinishLocked(grpc::Status::OK);
         case scheduler::Subscriber::Kind::kNone: {
           std::weak_ptr<Link> weak = link_;
@@ -102,6 +111,7 @@ class WatchReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   scheduler::Scheduler* const core_;
   const scheduler::Watch watch_;
   const std::shared_ptr<Link> link_;
+  std::shared_ptr<StreamTicket> ticket_;
   // Guarded by link_->mu.
   grpc::ByteBuffer event_;  // the event being written, serialized
   bool writing_ = false;
@@ -181,7 +191,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* ExperimentServiceImpl::WatchRun(grpc
     };
     return new Failed(ToGrpcStatus(watch.status()));
   }
-  return new WatchReactor(core_, std::move(*watch));
+  return new WatchReactor(core_, std::move(*watch), *security_, *caller);
 }
 
 grpc::ServerUnaryReactor* ExperimentServiceImpl::SubmitSweep(grpc::CallbackServerContext* ctx,
@@ -217,8 +227,9 @@ grpc::ServerUnaryReactor* ExperimentServiceImpl::GetSweepSummary(grpc::CallbackS
                                                                  const grpc::ByteBuffer* in, grpc::ByteBuffer* out) {
   return Unary<v1::GetSweepSummaryRequest, v1::GetSweepSummaryResponse>(
       ctx, Access::kRead, in, out,
-      [&](const v1::GetSweepSummaryRequest& req, v1::GetSweepSummaryResponse* resp, const Caller&) -> absl::Status {
-        CL_ASSIGN_OR_RETURN(*resp, sweeps_->Summary(req));
+      [&](const v1::GetSweepSummaryRequest& req, v1::GetSweepSummaryResponse* resp,
+          const Caller& caller) -> absl::Status {
+        CL_ASSIGN_OR_RETURN(*resp, security_->SweepSummary(caller, req, *sweeps_));
         return absl::OkStatus();
       });
 }
@@ -248,18 +259,7 @@ grpc::ServerUnaryReactor* ExperimentServiceImpl::WhoAmI(grpc::CallbackServerCont
   return Unary<v1::WhoAmIRequest, v1::WhoAmIResponse>(
       ctx, Access::kRead, in, out,
       [&](const v1::WhoAmIRequest&, v1::WhoAmIResponse* resp, const Caller& caller) -> absl::Status {
-        resp->set_principal(caller.principal.name);
-        resp->set_role(RoleName(caller.principal.role));
-        resp->set_peer(caller.peer);
-        resp->set_tls(caller.tls);
-        resp->set_private_runs(security_->private_runs());
-        resp->set_warning(security_->plaintext_warning());
-        const QuotaOverrides limits = security_->LimitsFor(caller.principal.name);
-        resp->set_max_queued_runs(limits.max_queued);
-        resp->set_max_analysis_jobs(limits.max_analyses);
-        resp->set_max_watches(limits.max_watches);
-        resp->set_max_sweep_runs(limits.max_sweep_runs);
-        *resp->mutable_server() = info_;
+        *resp = security_->WhoAmI(caller);
         return absl::OkStatus();
       });
 }

@@ -33,9 +33,8 @@ using RawExperimentService = v1::ExperimentService::WithRawCallbackMethod_Submit
 class ExperimentServiceImpl final : public RawExperimentService {
  public:
   // All must outlive the service.
-  ExperimentServiceImpl(scheduler::Scheduler* core, scheduler::SweepCore* sweeps, const Security* security,
-                        v1::ServerInfo info = {})
-      : core_(core), sweeps_(sweeps), security_(security), info_(std::move(info)) {}
+  ExperimentServiceImpl(scheduler::Scheduler* core, scheduler::SweepCore* sweeps, const Security* security)
+      : core_(core), sweeps_(sweeps), security_(security) {}
 
   grpc::ServerUnaryReactor* SubmitRun(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in,
                                       grpc::ByteBuffer* out) override;
@@ -75,7 +74,6 @@ class ExperimentServiceImpl final : public RawExperimentService {
   scheduler::Scheduler* const core_;
   scheduler::SweepCore* const sweeps_;
   const Security* const security_;
-  const v1::ServerInfo info_;
 };
 
 }  // namespace circuitlab::rpc

@@ -24,6 +24,14 @@ namespace {
 
 namespace pb = google::protobuf;
 
+// The largest request body read (the API's writes are small JSON).
+constexpr uint64_t kMaxBody = 64 << 10;
+// How long a client may pause within its request (each read).
+constexpr std::chrono::seconds kReadTimeout{2};
+// Admit counted this thread's request for its peer (the pre-routing handler,
+// the handler, the response and the logger run on one thread).
+thread_local bool tls_counted = false;
+
 int HttpStatusOf(const absl::Status& s) {
   switch (s.code()) {
     case absl::StatusCode::kOk:
@@ -243,6 +251,7 @@ std::string Hostname() {
 
 struct HttpGateway::Stream {
   scheduler::Watch watch;
+  std::shared_ptr<StreamTicket> ticket;  // a revoked token ends the stream
   std::mutex mu;
   std::condition_variable cv;
   bool notified = false;
@@ -251,8 +260,12 @@ struct HttpGateway::Stream {
 
 absl::StatusOr<std::unique_ptr<HttpGateway>> HttpGateway::Start(const HttpOptions& options, const TlsFiles& tls,
                                                                 HttpCores cores) {
-  if (options.threads < 1 || options.threads > 256) {
-    return absl::InvalidArgumentError("--http-threads must be in [1, 256], got " + std::to_string(options.threads));
+  if (options.threads < 1 || options.threads > 4096) {
+    return absl::InvalidArgumentError("--http-threads must be in [1, 4096], got " + std::to_string(options.threads));
+  }
+  if (options.max_per_peer < 1 || options.max_per_peer > 4096) {
+    return absl::InvalidArgumentError("--http-max-per-peer must be in [1, 4096], got " +
+                                      std::to_string(options.max_per_peer));
   }
   if (options.max_streams < 0 || options.max_streams > 1024) {
     return absl::InvalidArgumentError("--http-max-streams must be in [0, 1024], got " +
@@ -281,11 +294,19 @@ absl::StatusOr<std::unique_ptr<HttpGateway>> HttpGateway::Start(const HttpOption
   } else {
     g->server_ = std::make_unique<httplib::Server>();
   }
-  const size_t pool = static_cast<size_t>(options.threads + options.max_streams);
+  const size_t pool = static_cast<size_t>(options.threads);
   g->server_->new_task_queue = [pool] { return new httplib::ThreadPool(pool); };
-  g->server_->set_payload_max_length(64 << 10);  // GETs only: no body worth reading
-  g->server_->set_read_timeout(std::chrono::seconds(10));
-  g->server_->set_keep_alive_timeout(5);
+  g->server_->set_payload_max_length(kMaxBody);
+  g->server_->set_read_timeout(kReadTimeout);
+  g->server_->set_write_timeout(std::chrono::seconds(10));  // a stream reader that stops reading
+  g->server_->set_keep_alive_timeout(2);
+  g->server_->set_keep_alive_max_count(100);
+  HttpGateway* self = g.get();
+  g->server_->set_pre_routing_handler([self](const httplib::Request& req, httplib::Response& res) {
+    return self->Admit(req, res) ? httplib::Server::HandlerResponse::Unhandled
+                                 : httplib::Server::HandlerResponse::Handled;
+  });
+  g->server_->set_logger([self](const httplib::Request& req, const httplib::Response&) { self->Done(req); });
   g->Routes();
   g->port_ = port == 0 ? g->server_->bind_to_any_port(host) : (g->server_->bind_to_port(host, port) ? port : -1);
   if (g->port_ <= 0) {
@@ -301,6 +322,39 @@ absl::StatusOr<std::unique_ptr<HttpGateway>> HttpGateway::Start(const HttpOption
 }
 
 HttpGateway::HttpGateway(HttpOptions options, HttpCores cores) : options_(std::move(options)), cores_(cores) {}
+
+bool HttpGateway::Admit(const httplib::Request& req, httplib::Response& res) {
+  const std::string length = req.get_header_value("Content-Length");
+  uint64_t declared = 0;
+  if (!length.empty() && (!absl::SimpleAtoi(length, &declared) || declared > kMaxBody)) {
+    if (cores_.telemetry) cores_.telemetry->HttpRejected("body_too_large");
+    WriteError(res, absl::InvalidArgumentError("the request body may have at most " + std::to_string(kMaxBody) +
+                                               " bytes, Content-Length says " + Clip(length, 32)));
+    res.status = 413;
+    res.set_header("Connection", "close");
+    return false;
+  }
+  std::lock_guard<std::mutex> lock(streams_mu_);
+  int& n = per_peer_[req.remote_addr];
+  if (n >= options_.max_per_peer) {
+    if (cores_.telemetry) cores_.telemetry->HttpRejected("peer_limit");
+    WriteError(res, absl::ResourceExhaustedError("too many requests in progress from " + Clip(req.remote_addr, 64) +
+                                                 " (--http-max-per-peer=" + std::to_string(options_.max_per_peer) +
+                                                 "); retry later"));
+    return false;
+  }
+  ++n;
+  tls_counted = true;
+  return true;
+}
+
+void HttpGateway::Done(const httplib::Request& req) {
+  if (!std::exchange(tls_counted, false)) return;
+  std::lock_guard<std::mutex> lock(streams_mu_);
+  auto it = per_peer_.find(req.remote_addr);
+  if (it == per_peer_.end()) return;
+  if (--it->second <= 0) per_peer_.erase(it);
+}
 
 HttpGateway::~HttpGateway() { Shutdown(); }
 
@@ -375,25 +429,26 @@ void HttpGateway::Routes() {
   });
   Get("/readyz", "readyz", true, [this](const httplib::Request&, httplib::Response& res, const Caller&) {
     if (!ready_) return absl::UnavailableError("draining: not taking new work");
+    if (const std::string fault = cores_.runs->StorageFault(); !fault.empty()) {
+      return absl::UnavailableError("checkpoints cannot be written (" + fault + ")");
+    }
     res.set_content("ready\n", "text/plain");
     return absl::OkStatus();
   });
-  Get("/metrics", "metrics", false, [this](const httplib::Request&, httplib::Response& res, const Caller&) {
+  Get("/metrics", "metrics", false, [this](const httplib::Request&, httplib::Response& res, const Caller& caller) {
     if (cores_.telemetry == nullptr) return absl::UnimplementedError("no telemetry on this server");
+    // Its counts cover every user's runs: with --private-runs, for admins
+    // only (issue 32 item 10).
+    if (cores_.security->private_runs() && caller.principal.role != Role::kAdmin) {
+      return absl::PermissionDeniedError("with --private-runs, /metrics (every user's run counts) is for admins");
+    }
     res.set_content(cores_.telemetry->Scrape(), "text/plain; version=0.0.4; charset=utf-8");
     return absl::OkStatus();
   });
 
   // ---- the JSON API (the read RPCs) ----
   Get("/api/v1/whoami", "whoami", false, [&security](const httplib::Request&, httplib::Response& res, const Caller& c) {
-    v1::WhoAmIResponse who;
-    who.set_principal(c.principal.name);
-    who.set_role(RoleName(c.principal.role));
-    who.set_peer(c.peer);
-    who.set_tls(c.tls);
-    who.set_private_runs(security.private_runs());
-    who.set_warning(security.plaintext_warning());
-    return Reply(res, who);
+    return Reply(res, security.WhoAmI(c));
   });
   Read<v1::ListRunsRequest>("/api/v1/runs", "runs", {}, [&security, runs](const auto& r, const Caller& c) {
     return runs->ListRuns(r, security.ListFilter(c, r.mine()));
@@ -422,7 +477,9 @@ void HttpGateway::Routes() {
                             [sweeps](const auto& r, const Caller&) { return sweeps->Get(r.sweep_id()); });
   // ?values=a,b&filters=...&pivot=X,Y,VALUE[,AGGREGATE] (or pivot.x=...).
   Read<v1::GetSweepSummaryRequest>(R"(/api/v1/sweeps/([^/]+)/summary)", "sweeps/{id}/summary", {"sweep_id"},
-                                   [sweeps](const auto& r, const Caller&) { return sweeps->Summary(r); });
+                                   [sweeps, &security](const auto& r, const Caller& c) {
+                                     return security.SweepSummary(c, r, *sweeps);
+                                   });
   Read<v1::ListAnalysisJobsRequest>(
       "/api/v1/analyses", "analyses", {},
       [&security, analysis](const auto&, const Caller& c) -> absl::StatusOr<v1::ListAnalysisJobsResponse> {
@@ -486,6 +543,9 @@ absl::Status HttpGateway::Events(const httplib::Request& req, httplib::Response&
   }
   auto st = std::make_shared<Stream>();
   st->watch = std::move(*watch);
+  st->ticket = cores_.security->OpenStream(caller, [sub = st->watch.subscriber] {
+    if (std::function<void()> wake = sub->Close()) wake();
+  });
   if (cores_.telemetry) cores_.telemetry->EventStreams(+1);
   res.set_header("Cache-Control", "no-cache");
   res.set_header("X-Accel-Buffering", "no");

@@ -14,13 +14,20 @@
 // key (and client CA). /healthz, /readyz and the static files answer without
 // a token; everything else needs one whenever the server has tokens.
 //
-// Threads: a fixed pool of `threads` request threads plus one per event
-// stream; at most `max_streams` streams are open at once (503 beyond, with
-// Retry-After).
+// Threads and slow clients (issue 32 item 1): each connection is served on
+// one of `threads` pooled threads (event streams included); at most
+// `max_streams` streams are open at once (503 beyond, with Retry-After). A
+// client must send each piece of its request within kReadTimeout (else the
+// connection is closed: a client that drips its headers holds a thread for
+// seconds, not for as long as it likes), and one address has at most
+// `max_per_peer` requests in progress (429 beyond). A declared body larger
+// than kMaxBody is refused (413) before it is read. What is turned away is
+// counted (circuitlab_http_rejected_total{reason}).
 #pragma once
 
 #include <atomic>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -45,8 +52,9 @@ namespace circuitlab::rpc {
 
 struct HttpOptions {
   std::string listen;    // host:port (port 0 picks one); empty = no HTTP port (--http's default: 127.0.0.1:8080)
-  int threads = 8;       // request threads, in [1, 256]
-  int max_streams = 16;  // open event streams, in [0, 1024]
+  int threads = 256;      // connections served at once, each on a pooled thread, in [1, 4096]
+  int max_streams = 16;   // open event streams, in [0, 1024]
+  int max_per_peer = 32;  // requests in progress from one address (429 beyond), in [1, 4096]
   // False: an address that cannot be bound leaves the server without an HTTP
   // port (a warning) instead of failing its start (the default --http).
   bool required = true;
@@ -102,6 +110,12 @@ class HttpGateway {
   std::mutex streams_mu_;
   int open_streams_ = 0;
   bool stopping_ = false;
+  // Requests in progress by remote address (under streams_mu_).
+  std::map<std::string, int> per_peer_;
+  // Before routing: refuses oversized bodies and busy peers; else counts the
+  // request for its peer until `Done`.
+  bool Admit(const httplib::Request& req, httplib::Response& res);
+  void Done(const httplib::Request& req);
 };
 
 }  // namespace circuitlab::rpc

@@ -1,5 +1,7 @@
 #include "server/rpc/security.h"
 
+#include <spdlog/spdlog.h>
+
 #include "server/common/status_macros.h"
 #include "server/common/text.h"
 
@@ -50,7 +52,8 @@ std::string MethodOf(const google::protobuf::Message& request) {
 
 absl::StatusOr<Caller> Security::Authenticate(const grpc::CallbackServerContext* ctx) const {
   Caller caller;
-  CL_ASSIGN_OR_RETURN(caller.principal, auth_->Resolve(Metadata(ctx, "authorization")));
+  caller.credential = Metadata(ctx, "authorization");
+  CL_ASSIGN_OR_RETURN(caller.principal, auth_->Resolve(caller.credential));
   caller.peer = ctx->peer();
   caller.label = Clip(Metadata(ctx, "x-circuitlab-client"), 128);
   if (std::shared_ptr<const grpc::AuthContext> auth = ctx->auth_context()) {
@@ -66,6 +69,7 @@ absl::StatusOr<Caller> Security::Authenticate(const grpc::CallbackServerContext*
 absl::StatusOr<Caller> Security::Authenticate(std::string_view authorization, std::string peer, bool tls) const {
   Caller caller;
   CL_ASSIGN_OR_RETURN(caller.principal, auth_->Resolve(authorization));
+  caller.credential = std::string(authorization);
   caller.peer = std::move(peer);
   caller.label = "http";
   caller.tls = tls;
@@ -122,6 +126,64 @@ void Security::Audit(const Caller& caller, const google::protobuf::Message& requ
   r.target = Clip(r.target, 64);
   r.outcome = outcome;
   audit_->Record(r);
+}
+
+v1::WhoAmIResponse Security::WhoAmI(const Caller& caller) const {
+  v1::WhoAmIResponse who;
+  who.set_principal(caller.principal.name);
+  who.set_role(RoleName(caller.principal.role));
+  who.set_peer(caller.peer);
+  who.set_tls(caller.tls);
+  who.set_private_runs(options_.private_runs);
+  who.set_warning(options_.plaintext_warning);
+  const QuotaOverrides limits = LimitsFor(caller.principal.name);
+  who.set_max_queued_runs(limits.max_queued);
+  who.set_max_analysis_jobs(limits.max_analyses);
+  who.set_max_watches(limits.max_watches);
+  who.set_max_sweep_runs(limits.max_sweep_runs);
+  *who.mutable_server() = options_.server_info;
+  return who;
+}
+
+absl::StatusOr<v1::GetSweepSummaryResponse> Security::SweepSummary(const Caller& caller,
+                                                                   const v1::GetSweepSummaryRequest& request,
+                                                                   scheduler::SweepCore& sweeps) const {
+  int started = 0;
+  absl::StatusOr<v1::GetSweepSummaryResponse> out =
+      sweeps.Summary(request, scheduler::Requester(caller.principal.name, ReadsOnly(caller)), &started);
+  if (out.ok() && started > 0) Audit(caller, request, &*out, absl::OkStatus());
+  return out;
+}
+
+std::shared_ptr<StreamTicket> Security::OpenStream(const Caller& caller, std::function<void()> end) const {
+  auto ticket = std::make_shared<StreamTicket>(caller, std::move(end));
+  std::lock_guard<std::mutex> lock(streams_mu_);
+  std::erase_if(streams_, [](const std::weak_ptr<StreamTicket>& t) { return t.expired(); });
+  streams_.push_back(ticket);
+  return ticket;
+}
+
+int Security::RevalidateStreams() const {
+  std::vector<std::shared_ptr<StreamTicket>> open;
+  {
+    std::lock_guard<std::mutex> lock(streams_mu_);
+    std::erase_if(streams_, [](const std::weak_ptr<StreamTicket>& t) { return t.expired(); });
+    for (const auto& weak : streams_) {
+      if (auto t = weak.lock()) open.push_back(std::move(t));
+    }
+  }
+  int ended = 0;
+  for (const std::shared_ptr<StreamTicket>& t : open) {
+    absl::StatusOr<Principal> now = auth_->Resolve(t->caller().credential);
+    const Principal& was = t->caller().principal;
+    if (now.ok() && now->name == was.name && now->role == was.role) continue;
+    if (t->revoked_.exchange(true)) continue;
+    spdlog::info("tokens re-read: ending {}'s stream from {} (its token {})", EscapeControl(was.name),
+                 EscapeControl(t->caller().peer), now.ok() ? "now names another principal or role" : "was revoked");
+    if (t->end_) t->end_();
+    ++ended;
+  }
+  return ended;
 }
 
 }  // namespace circuitlab::rpc

@@ -8,10 +8,16 @@
 #include <grpcpp/grpcpp.h>
 
 #include <string>
+#include <vector>
+#include <mutex>
+#include <memory>
+#include <functional>
+#include <atomic>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "server/rpc/audit.h"
+#include "circuitlab/v1/experiment_service.pb.h"
 #include "server/rpc/auth.h"
 #include "server/scheduler/analysis_jobs.h"
 #include "server/scheduler/scheduler.h"
@@ -24,6 +30,26 @@ struct Caller {
   std::string peer;   // "ipv4:10.0.0.7:53012"
   std::string label;  // x-circuitlab-client, for logs only (never an identity)
   bool tls = false;
+  // The authorization value it authenticated with (never logged): an open
+  // stream is checked again with it when the tokens are re-read.
+  std::string credential;
+};
+
+// An open stream's claim to its caller's credential (Security::OpenStream).
+// revoked() turns true, and the stream's end callback runs once, when a
+// re-read tokens file no longer maps the credential to the same principal
+// with the same role.
+class StreamTicket {
+ public:
+  StreamTicket(Caller caller, std::function<void()> end) : caller_(std::move(caller)), end_(std::move(end)) {}
+  bool revoked() const { return revoked_.load(); }
+  const Caller& caller() const { return caller_; }
+
+ private:
+  friend class Security;
+  const Caller caller_;
+  std::function<void()> end_;
+  std::atomic<bool> revoked_{false};
 };
 
 // What a method does with the run/sweep/job its request names.
@@ -36,6 +62,7 @@ enum class Access {
 struct SecurityOptions {
   bool private_runs = false;      // users read only their own runs, sweeps and jobs
   std::string plaintext_warning;  // non-empty when serving beyond loopback without TLS
+  v1::ServerInfo server_info;     // what the server runs on (WhoAmI)
 };
 
 class Security {
@@ -64,11 +91,34 @@ class Security {
 
   bool private_runs() const { return options_.private_runs; }
   const std::string& plaintext_warning() const { return options_.plaintext_warning; }
+  // The WhoAmI answer for `caller` (both fronts): principal, role, transport,
+  // its limits, the server's warning and what the server runs on.
+  v1::WhoAmIResponse WhoAmI(const Caller& caller) const;
   // The limits that apply to `principal`: its overrides, else the server's
   // (as the cores that enforce them answer).
   QuotaOverrides LimitsFor(const std::string& principal) const;
+  // GetSweepSummary as `caller` (both fronts): its label columns start
+  // LabelRun jobs only for callers who may start analyses, and a summary that
+  // started any leaves an audit line.
+  absl::StatusOr<v1::GetSweepSummaryResponse> SweepSummary(const Caller& caller,
+                                                           const v1::GetSweepSummaryRequest& request,
+                                                           scheduler::SweepCore& sweeps) const;
+  // Whether `caller` may only read stored analyses (readers and workers).
+  static bool ReadsOnly(const Caller& caller) {
+    return caller.principal.role == Role::kReader || caller.principal.role == Role::kWorker;
+  }
   // The owner filter ListRuns applies for `caller` (nullopt = everyone's).
   std::optional<std::string> ListFilter(const Caller& caller, bool mine) const;
+
+  // Registers an open stream (WatchRun, an HTTP event stream, a worker's
+  // session) of `caller`; `end` must make it finish soon (it is called on the
+  // thread that re-reads the tokens, without locks). The stream holds the
+  // ticket while it is open; dropping it unregisters.
+  std::shared_ptr<StreamTicket> OpenStream(const Caller& caller, std::function<void()> end) const;
+  // After the tokens were re-read (SIGHUP): ends the open streams whose
+  // credential no longer names the same principal with the same role
+  // (issue 32 item 6). Returns how many it ended.
+  int RevalidateStreams() const;
 
  private:
   const Authenticator* const auth_;
@@ -77,6 +127,8 @@ class Security {
   scheduler::SweepCore* const sweeps_;
   scheduler::AnalysisJobs* const jobs_;
   const SecurityOptions options_;
+  mutable std::mutex streams_mu_;
+  mutable std::vector<std::weak_ptr<StreamTicket>> streams_;  // under streams_mu_
 };
 
 // "SubmitRun" for a SubmitRunRequest: the method a request message belongs to.

@@ -128,15 +128,16 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const ServerOption
                                  " without TLS (--insecure-plaintext): tokens and data cross the network in clear";
   }
 
-  std::unique_ptr<GrpcServer> server(new GrpcServer());
-  server->security_ = std::make_unique<Security>(auth, audit, experiments, sweeps, &analysis->jobs(), security);
-  v1::ServerInfo info;
+  v1::ServerInfo& info = security.server_info;
   info.set_version(options.runtime.version);
   info.set_torch_version(options.runtime.torch_version);
   info.set_cuda_runtime(options.runtime.cuda_runtime);
   info.set_cuda_devices(static_cast<uint32_t>(options.runtime.cuda_devices));
   for (const std::string& slot : options.runtime.device_slots) info.add_device_slots(slot);
-  server->experiments_ = std::make_unique<ExperimentServiceImpl>(experiments, sweeps, server->security_.get(), info);
+
+  std::unique_ptr<GrpcServer> server(new GrpcServer());
+  server->security_ = std::make_unique<Security>(auth, audit, experiments, sweeps, &analysis->jobs(), security);
+  server->experiments_ = std::make_unique<ExperimentServiceImpl>(experiments, sweeps, server->security_.get());
   server->analysis_ = std::make_unique<AnalysisServiceImpl>(analysis, server->security_.get());
   server->workers_ =
       std::make_unique<WorkerServiceImpl>(workers, experiments, options.executor, server->security_.get());
@@ -168,7 +169,17 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const ServerOption
   if (server->server_ == nullptr || server->port_ == 0) {
     return absl::UnavailableError("cannot listen on " + options.listen + " (address in use or invalid)");
   }
-  server->server_->GetHealthCheckService()->SetServingStatus(true);
+  // Health answers for the server as a whole ("") and for each service by
+  // its full name, as gRPC's health convention has clients ask (issue 32 item
+  // 10); draining turns all of them NOT_SERVING.
+  std::vector<std::string> services = {v1::ExperimentService::service_full_name(),
+                                       v1::AnalysisService::service_full_name()};
+  if (workers != nullptr) services.push_back(v1::WorkerService::service_full_name());
+  auto serving = [&services](grpc::Server& s) {
+    for (const std::string& name : services) s.GetHealthCheckService()->SetServingStatus(name, true);
+    s.GetHealthCheckService()->SetServingStatus(true);
+  };
+  serving(*server->server_);
   if (!options.health_listen.empty()) {
     grpc::ServerBuilder health;
     health.SetOption(std::make_unique<ReflectionOption>(false));
@@ -180,7 +191,7 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const ServerOption
       return absl::UnavailableError("cannot listen on --health-listen " + options.health_listen +
                                     " (address in use or invalid)");
     }
-    server->health_server_->GetHealthCheckService()->SetServingStatus(true);
+    serving(*server->health_server_);
   }
   if (!options.http.listen.empty()) {
     absl::StatusOr<std::unique_ptr<HttpGateway>> http = HttpGateway::Start(

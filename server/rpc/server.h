@@ -87,6 +87,9 @@ class GrpcServer {
   std::string http_url() const { return http_ ? http_->url() : ""; }
   // Health checks answer NOT_SERVING from now on (calls still work).
   void MarkNotServing();
+  // After the tokens were re-read: ends the streams (gRPC, HTTP, workers)
+  // whose token no longer names the same principal and role; how many.
+  int RevalidateStreams() { return security_->RevalidateStreams(); }
   // Health goes NOT_SERVING; new calls are refused; in-flight calls get
   // `grace` to finish, then are cancelled.
   void Shutdown(std::chrono::milliseconds grace);

@@ -109,6 +109,10 @@ Telemetry::Telemetry(TelemetrySources sources)
                         .Name("circuitlab_http_requests_total")
                         .Help("HTTP requests answered, by route pattern and status code")
                         .Register(*registry_);
+  http_rejected_ = &prometheus::BuildCounter()
+                        .Name("circuitlab_http_rejected_total")
+                        .Help("HTTP requests turned away before routing, by reason (body_too_large, peer_limit)")
+                        .Register(*registry_);
   http_seconds_ = &prometheus::BuildHistogram()
                        .Name("circuitlab_http_request_duration_seconds")
                        .Help("Time to answer an HTTP request (event streams excluded), by route pattern")
@@ -135,6 +139,8 @@ void Telemetry::ObserveHttp(const std::string& route, int status, double seconds
   http_requests_->Add({{"route", route}, {"code", std::to_string(status)}}).Increment();
   if (seconds >= 0) http_seconds_->Add({{"route", route}}, kLatencyBuckets).Observe(seconds);
 }
+
+void Telemetry::HttpRejected(const std::string& reason) { http_rejected_->Add({{"reason", reason}}).Increment(); }
 
 std::string Telemetry::Scrape() {
   std::lock_guard<std::mutex> lock(scrape_mu_);

@@ -61,6 +61,9 @@ class Telemetry {
   void ObserveRpc(const std::string& full_method, int code, double seconds, bool unary);
   // One HTTP request answered; `route` is the route pattern, never the path.
   void ObserveHttp(const std::string& route, int status, double seconds);
+  // A request the HTTP port turned away before routing it (issue 32 item 1):
+  // reason "body_too_large" or "peer_limit".
+  void HttpRejected(const std::string& reason);
   // Open HTTP event streams (the gateway adds and removes).
   void EventStreams(int delta) { event_streams_ += delta; }
 
@@ -73,6 +76,7 @@ class Telemetry {
   prometheus::Family<prometheus::Counter>* rpc_requests_ = nullptr;
   prometheus::Family<prometheus::Histogram>* rpc_seconds_ = nullptr;
   prometheus::Family<prometheus::Counter>* http_requests_ = nullptr;
+  prometheus::Family<prometheus::Counter>* http_rejected_ = nullptr;
   prometheus::Family<prometheus::Histogram>* http_seconds_ = nullptr;
   std::atomic<int> event_streams_{0};
   std::mutex scrape_mu_;  // one scrape at a time

@@ -97,6 +97,10 @@ class SessionReactor final : public Reactor {
       return;
     }
     caller_ = *caller;
+    // A revoked worker token ends the session (its leases go back to the queue).
+    ticket_ = security_->OpenStream(caller_, [link = std::weak_ptr<Link>(link_)] {
+      if (auto l = link.lock()) l->Close(absl::UnauthenticatedError("this worker's token was revoked or changed"));
+    });
     StartRead(&in_);
   }
 
@@ -138,6 +142,7 @@ class SessionReactor final : public Reactor {
   const Security* const security_;
   std::shared_ptr<Link> link_;
   Caller caller_;
+  std::shared_ptr<StreamTicket> ticket_;
   uint64_t session_ = 0;
   v1::WorkerMessage in_;
 };

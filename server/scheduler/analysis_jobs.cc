@@ -197,12 +197,35 @@ absl::StatusOr<v1::AnalysisJob> AnalysisJobs::Cancel(
   return out;
 }
 
+void AnalysisJobs::ForgetRuns(const std::vector<int64_t>& run_ids) {
+  Callbacks callbacks;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<std::shared_ptr<Job>> doomed;
+    for (const auto& [id, job] : by_id_) {
+      if (std::find(run_ids.begin(), run_ids.end(), job->request.run_id) != run_ids.end()) doomed.push_back(job);
+    }
+    for (const std::shared_ptr<Job>& job : doomed) {
+      job->run_deleted = true;
+      job->cancel.Request(StopReason::kCancel);
+      if (job->state == v1::ANALYSIS_STATE_QUEUED) {
+        std::erase(queue_, job);
+        EndLocked(job, v1::ANALYSIS_STATE_CANCELLED, absl::CancelledError("cancelled: its run was deleted"),
+                  std::nullopt, &callbacks);
+      }
+      if (!IsPending(job->state)) ForgetLocked(job);  // running ones are forgotten when they stop
+    }
+    if (!doomed.empty()) work_cv_.notify_all();
+  }
+  for (auto& [done, answer] : callbacks) done(std::move(answer));
+}
+
 v1::ListAnalysisJobsResponse AnalysisJobs::List(const std::function<bool(const v1::AnalysisJob&)>& include) {
   std::lock_guard<std::mutex> lock(mu_);
   v1::ListAnalysisJobsResponse out;
   std::vector<const Job*> pending;
   for (const auto& [id, job] : by_id_) {
-    if (IsPending(job->state)) pending.push_back(job.get());
+    if (IsPending(job->state) && !job->run_deleted) pending.push_back(job.get());
   }
   // Oldest first: ids count up.
   std::sort(pending.begin(), pending.end(), [](const Job* a, const Job* b) {
@@ -251,7 +274,8 @@ void AnalysisJobs::Run(const std::shared_ptr<Job>& job) {
     return job->request.work(progress, &job->cancel);
   }();
   absl::Status status = result.status();
-  if (result.ok()) {
+  if (result.ok() && job->run_deleted) status = absl::CancelledError("cancelled: its run was deleted");
+  if (status.ok()) {
     // Stored before it is forgotten: later requests find it in the store.
     status = store_->PutAnalysis(job->request.run_id, job->request.kind, job->hash, job->request.key, *result);
     if (!status.ok()) status = absl::InternalError("cannot store the result: " + status.ToString());
@@ -269,13 +293,15 @@ void AnalysisJobs::Run(const std::shared_ptr<Job>& job) {
       EndLocked(job, v1::ANALYSIS_STATE_DONE, absl::OkStatus(), std::move(*result), &callbacks);
     } else if (cancelled) {
       EndLocked(job, v1::ANALYSIS_STATE_CANCELLED,
-                absl::CancelledError(job->cancel.reason() == StopReason::kPreempt
+                absl::CancelledError(job->run_deleted ? "cancelled: its run was deleted"
+                                     : job->cancel.reason() == StopReason::kPreempt
                                          ? "cancelled: the server is shutting down"
                                          : "cancelled (CancelAnalysis)"),
                 std::nullopt, &callbacks);
     } else {
       EndLocked(job, v1::ANALYSIS_STATE_FAILED, status, std::nullopt, &callbacks);
     }
+    if (job->run_deleted) ForgetLocked(job);
   }
   for (auto& [done, answer] : callbacks) done(std::move(answer));
 }

@@ -22,6 +22,7 @@
 // worker, the timer thread, or the calling thread, never under the lock.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -142,6 +143,10 @@ class AnalysisJobs {
   // under the lock, on the job as it stands) when it refuses.
   absl::StatusOr<v1::AnalysisJob> Cancel(const std::string& job_id,
                                          const std::function<absl::Status(const v1::AnalysisJob&)>& may_cancel = {});
+  // The runs are being deleted (issue 32 item 7): their queued jobs end
+  // CANCELLED at once, their running ones are cancelled at the next forward
+  // pass and store nothing, and none of them is listed or reported again.
+  void ForgetRuns(const std::vector<int64_t>& run_ids);
   // The jobs `include` accepts (all when it is empty).
   // The queued + running jobs `owner` may have.
   int ActiveLimitFor(const std::string& owner) const {
@@ -167,6 +172,7 @@ class AnalysisJobs {
     absl::Status failure;
     CancelToken cancel;
     std::vector<uint64_t> waiters;  // ids into waiters_
+    std::atomic<bool> run_deleted{false};  // ForgetRuns: store nothing, keep no answer
   };
   using Key = std::tuple<std::string, int64_t, int64_t>;  // (kind, run, hash)
   using Callbacks = std::vector<std::pair<std::function<void(std::optional<AnalysisAnswer>)>, AnalysisAnswer>>;

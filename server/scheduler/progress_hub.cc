@@ -46,6 +46,14 @@ std::function<void()> Subscriber::Push(const v1::RunEvent& event, bool heartbeat
   return std::exchange(notify_, nullptr);
 }
 
+std::function<void()> Subscriber::Close() {
+  std::lock_guard<std::mutex> lock(mu_);
+  queue_.clear();
+  resync_sequence_.reset();
+  ended_ = true;
+  return std::exchange(notify_, nullptr);
+}
+
 std::function<void()> Subscriber::End() {
   std::lock_guard<std::mutex> lock(mu_);
   ended_ = true;

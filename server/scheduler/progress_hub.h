@@ -52,6 +52,10 @@ class Subscriber {
   bool Arm(std::function<void()> fn);
   // The sequence number the subscription started after (for snapshots).
   uint64_t start_sequence() const { return start_sequence_; }
+  // Ends the stream now, dropping what is queued (its caller's token was
+  // revoked): Next() answers kEnd from here on. Returns the notification to
+  // run (outside any lock), if armed.
+  std::function<void()> Close();
 
  private:
   friend class ProgressHub;

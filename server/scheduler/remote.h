@@ -21,7 +21,11 @@ class PlacedObserver : public engine::TrainObserver {
   // The run is now training on `device` (e.g. "w3 slurm:4711@node1 cpu").
   virtual void OnPlaced(const std::string& device) = 0;
   // Its worker was lost (`why`); the attempt then ends kPreempted.
-  virtual void OnLost(const std::string& why) = 0;
+  // `counts`: the loss is charged to the run (--max-lost-leases): its worker
+  // went away while it trained, which a run that crashes workers causes; a
+  // worker that went silent, or never reported on the lease, is charged
+  // itself instead (WorkerBroker's quarantine), and `counts` is false.
+  virtual void OnLost(const std::string& why, bool counts) = 0;
 };
 
 // Slots of remote workers, as the scheduler counts them.

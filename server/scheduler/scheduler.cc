@@ -107,10 +107,10 @@ class Scheduler::RunObserver : public PlacedObserver {
   int64_t run_id() const override { return run_id_; }
   int64_t start_step() const override { return start_step_; }
 
-  void OnLost(const std::string& why) override {
+  void OnLost(const std::string& why, bool counts) override {
     std::lock_guard<std::mutex> lock(s_->mu_);
     auto& [count, last] = s_->lost_[run_id_];
-    ++count;
+    if (counts) ++count;
     last = why;
   }
 
@@ -168,6 +168,7 @@ class Scheduler::RunObserver : public PlacedObserver {
     absl::Status s;
     for (int attempt = 1;; ++attempt) {
       s = s_->store_->PutCheckpoint(run_id_, step, bytes, keep_);
+      s_->NoteStorage(run_id_, s);
       if (s.ok()) {
         if (attempt > 1) Warn("checkpoint at step " + std::to_string(step) + " written after " +
                               std::to_string(attempt - 1) + " failed attempt(s)");
@@ -439,6 +440,20 @@ absl::StatusOr<std::pair<int64_t, std::vector<int64_t>>> Scheduler::SubmitSweep(
   return inserted;
 }
 
+void Scheduler::NoteStorage(int64_t run_id, const absl::Status& write) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (write.ok()) {
+    storage_faults_.erase(run_id);
+  } else {
+    storage_faults_[run_id] = FormatRunId(run_id) + ": " + std::string(write.message());
+  }
+}
+
+std::string Scheduler::StorageFault() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return storage_faults_.empty() ? "" : storage_faults_.begin()->second;
+}
+
 absl::StatusOr<v1::Run> Scheduler::ToRun(const store::RunRow& row) {
   v1::Run run;
   run.set_run_id(FormatRunId(row.id));
@@ -459,7 +474,9 @@ absl::StatusOr<v1::Run> Scheduler::ToRun(const store::RunRow& row) {
   run.set_warning(row.warning);
   run.set_owner(row.owner);
   v1::Progress* p = run.mutable_progress();
-  p->set_step(static_cast<uint64_t>(row.step));
+  // A run resumed after a restart has reached at least its checkpoint, before
+  // its first progress report says so (issue 32 item 10).
+  p->set_step(static_cast<uint64_t>(std::max(row.step, row.checkpoint_step)));
   p->set_total_steps(static_cast<uint64_t>(row.total_steps));
   std::lock_guard<std::mutex> lock(mu_);
   if (auto it = active_.find(row.id); it != active_.end()) {
@@ -556,6 +573,12 @@ absl::StatusOr<int64_t> Scheduler::DeleteRuns(const std::vector<int64_t>& ids, i
                                          sweep_id));
   spdlog::info("deleted {} run(s){}, {} checkpoint bytes freed", ids.size(),
                sweep_id > 0 ? " and sweep " + FormatSweepId(sweep_id) : "", freed);
+  std::function<void(const std::vector<int64_t>&)> deleted;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    deleted = on_deleted_;
+  }
+  if (deleted) deleted(ids);
   return freed;
 }
 
@@ -753,13 +776,18 @@ void Scheduler::WorkerLoop(size_t slot) {
       --queued_per_owner_[q->second.owner];
       q = queue_.erase(q);
     }
-    for (int64_t m : ids) active_[m] = std::make_shared<Active>();
+    std::vector<std::shared_ptr<Active>> mine;
+    for (int64_t m : ids) mine.push_back(active_[m] = std::make_shared<Active>());
     slots_[slot].busy = true;
     lock.unlock();
     Execute(slot, ids);
     if (slots_[slot].remote) options_.remote->Release();
     lock.lock();
-    for (int64_t m : ids) active_.erase(m);
+    // A run requeued inside Execute (its worker was lost) may already run
+    // again on another slot under a new entry: only ours is removed.
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (auto it = active_.find(ids[i]); it != active_.end() && it->second == mine[i]) active_.erase(it);
+    }
     slots_[slot].busy = false;
     work_cv_.notify_all();  // a run waiting for "any" device may now fit elsewhere
   }
@@ -868,6 +896,7 @@ void Scheduler::Finish(int64_t id, const absl::StatusOr<engine::TrainOutcome>& o
   std::pair<int, std::string> lost;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    storage_faults_.erase(id);  // this attempt writes no more
     if (auto it = lost_.find(id); it != lost_.end()) {
       lost = it->second;
       const bool again = outcome.ok() && outcome->end == engine::TrainEnd::kPreempted;

@@ -16,6 +16,7 @@
 
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -145,6 +146,12 @@ class Scheduler {
   // sweep `sweep_id` when > 0. FailedPrecondition for a run that is queued,
   // running, or still winding down. Returns the checkpoint bytes freed.
   absl::StatusOr<int64_t> DeleteRuns(const std::vector<int64_t>& ids, int64_t sweep_id = 0);
+  // Called with the ids of runs just deleted (the analysis executor forgets
+  // their jobs: AnalysisJobs::ForgetRuns). Set once, at start-up.
+  void OnRunsDeleted(std::function<void(const std::vector<int64_t>&)> deleted) {
+    std::lock_guard<std::mutex> lock(mu_);
+    on_deleted_ = std::move(deleted);
+  }
   absl::StatusOr<v1::DeleteRunResponse> Delete(const std::string& run_id);
   absl::StatusOr<v1::GetMetricsResponse> GetMetrics(const v1::GetMetricsRequest& request);
   // Subscribes first, so nothing published after the snapshot is missed.
@@ -164,6 +171,9 @@ class Scheduler {
 
   ProgressHub& hub() { return hub_; }
   const std::vector<std::string>& device_slots() const { return slot_names_; }
+  // Empty, or why a run's checkpoints cannot be written now (it is retrying):
+  // /readyz answers 503 meanwhile (issue 32 item 10).
+  std::string StorageFault();
 
  private:
   struct QueueKey {
@@ -235,6 +245,9 @@ class Scheduler {
   std::vector<std::string> slot_names_;
 
   std::mutex mu_;
+  std::function<void(const std::vector<int64_t>&)> on_deleted_;  // under mu_
+  std::map<int64_t, std::string> storage_faults_;                  // under mu_: failing checkpoint writes by run
+  void NoteStorage(int64_t run_id, const absl::Status& write);
   std::condition_variable work_cv_;
   std::map<QueueKey, Queued> queue_;
   std::map<std::string, int> queued_per_owner_;

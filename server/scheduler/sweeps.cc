@@ -682,7 +682,9 @@ absl::StatusOr<v1::DeleteSweepResponse> SweepCore::Delete(const std::string& swe
   return out;
 }
 
-absl::StatusOr<v1::GetSweepSummaryResponse> SweepCore::Summary(const v1::GetSweepSummaryRequest& request) {
+absl::StatusOr<v1::GetSweepSummaryResponse> SweepCore::Summary(const v1::GetSweepSummaryRequest& request,
+                                                               const Requester& who, int* started) {
+  if (started != nullptr) *started = 0;
   CL_ASSIGN_OR_RETURN(int64_t id, ParseSweepId(request.sweep_id()));
   CL_ASSIGN_OR_RETURN(store::SweepRow row, store_->GetSweep(id));
   v1::SweepSpec spec;
@@ -765,9 +767,13 @@ absl::StatusOr<v1::GetSweepSummaryResponse> SweepCore::Summary(const v1::GetSwee
           if (!label) {
             v1::LabelRunRequest req;
             req.set_run_id(FormatRunId(r.id));
-            absl::StatusOr<v1::LabelRunResponse> got = analyses_->LabelRun(req);
+            absl::StatusOr<v1::LabelRunResponse> got = analyses_->LabelRun(req, who);
             if (got.ok()) {
               label = std::move(*got);
+              if (started != nullptr && IsPending(label->state())) ++*started;
+            } else if (got.status().code() == absl::StatusCode::kPermissionDenied && who.read_only) {
+              label = v1::LabelRunResponse();  // a reader reads stored labels only
+              label->set_error("not labelled yet (a reader cannot start labels)");
             } else if (got.status().code() == absl::StatusCode::kResourceExhausted) {
               label = v1::LabelRunResponse();  // a full analysis queue: the cell stays pending; ask again
             } else {
@@ -777,7 +783,10 @@ absl::StatusOr<v1::GetSweepSummaryResponse> SweepCore::Summary(const v1::GetSwee
             }
           }
           if (label->state() != v1::ANALYSIS_STATE_DONE) {
-            if (label->state() == v1::ANALYSIS_STATE_FAILED || label->state() == v1::ANALYSIS_STATE_CANCELLED) {
+            if (label->state() == v1::ANALYSIS_STATE_UNSPECIFIED && !label->error().empty()) {
+              v = Text(label->error());
+            } else if (label->state() == v1::ANALYSIS_STATE_FAILED ||
+                       label->state() == v1::ANALYSIS_STATE_CANCELLED) {
               v = Text("error: " + label->error());
             } else {
               ++pending;

@@ -61,7 +61,13 @@ class SweepCore {
   // Deletes the sweep and its member runs; refused while a member has not
   // ended (Scheduler::DeleteRuns).
   absl::StatusOr<v1::DeleteSweepResponse> Delete(const std::string& sweep_id);
-  absl::StatusOr<v1::GetSweepSummaryResponse> Summary(const v1::GetSweepSummaryRequest& request);
+  // The summary table. Label columns (circuit, pair, pair_predicted) ask
+  // LabelRun for each finished member as `who`: a reader's summary shows
+  // stored labels only (a cell not labelled yet says so), others start the
+  // missing jobs (issue 32 item 2). `started` (may be null) receives how many
+  // members' labels were not stored yet (pending or just queued).
+  absl::StatusOr<v1::GetSweepSummaryResponse> Summary(const v1::GetSweepSummaryRequest& request,
+                                                      const Requester& who = {}, int* started = nullptr);
 
  private:
   absl::StatusOr<v1::Sweep> ToSweep(const store::SweepRow& row, const std::vector<store::RunRow>& runs);

@@ -6,7 +6,9 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "server/common/status_macros.h"
 #include "server/common/text.h"
+#include "server/engine/spec.h"
 
 namespace circuitlab::scheduler {
 namespace {
@@ -22,7 +24,53 @@ absl::Status CheckText(const std::string& value, const char* field) {
     return absl::InvalidArgumentError(std::string("register.") + field + " must be at most " +
                                       std::to_string(kMaxField) + " bytes, got " + std::to_string(value.size()));
   }
+  if (HasControl(value)) {
+    return absl::InvalidArgumentError(std::string("register.") + field + " must hold no control characters, got " +
+                                      Quote(value));
+  }
   return absl::OkStatus();
+}
+
+// What a worker reports about a member whose run has `total` steps: steps
+// within the run, metric names printable and short (issue 32 item 4). An
+// error ends the worker's session as a protocol violation.
+absl::Status CheckReport(const v1::Report& r, uint64_t total, const std::string& lease) {
+  auto step = [&](uint64_t s, const char* what) -> absl::Status {
+    if (s > total) {
+      return absl::InvalidArgumentError(lease + ": a " + std::string(what) + " report at step " + std::to_string(s) +
+                                        " of a run of " + std::to_string(total) + " steps");
+    }
+    return absl::OkStatus();
+  };
+  switch (r.kind_case()) {
+    case v1::Report::kProgress:
+      return step(r.progress().step(), "progress");
+    case v1::Report::kCheckpoint:
+      return step(r.checkpoint().step(), "checkpoint");
+    case v1::Report::kCoordinates:
+      return step(r.coordinates().step(), "coordinates");
+    case v1::Report::kMetrics:
+      for (const v1::ReportMetric& m : r.metrics().metrics()) {
+        CL_RETURN_IF_ERROR(step(m.step(), "metrics"));
+        if (m.name().empty() || m.name().size() > kMaxField || HasControl(m.name())) {
+          return absl::InvalidArgumentError(lease + ": a metric name must be 1 to " + std::to_string(kMaxField) +
+                                            " printable bytes, got " + Quote(m.name()));
+        }
+      }
+      return absl::OkStatus();
+    case v1::Report::kBasis:
+      for (const v1::ReportCoordinateDef& d : r.basis().coords()) {
+        for (const std::string* text : {&d.label(), &d.canonical(), &d.matrix(), &d.element()}) {
+          if (text->size() > kMaxField || HasControl(*text)) {
+            return absl::InvalidArgumentError(lease + ": a basis coordinate's names must be at most " +
+                                              std::to_string(kMaxField) + " printable bytes, got " + Quote(*text));
+          }
+        }
+      }
+      return absl::OkStatus();
+    default:
+      return absl::OkStatus();
+  }
 }
 
 engine::CoordinateDef FromReport(const v1::ReportCoordinateDef& d) {
@@ -80,11 +128,15 @@ struct WorkerBroker::Lease {
   uint64_t id = 0;
   size_t members = 0;
   std::vector<int64_t> run_ids;
+  std::vector<uint64_t> total_steps;  // per member: reports may not go beyond
+  uint64_t reports = 0;               // reports received: a worker that sent none is blamed for losing it
   uint64_t session = 0;
   uint64_t next_sequence = 1;
   std::deque<v1::WorkerMessage> inbox;  // routed by the rpc side, applied by the slot thread
   bool lost = false;
   absl::Status lost_why;
+  bool worker_at_fault = false;  // lost through the worker's fault: not charged to the runs
+  bool blamed = false;           // the worker sent what the run cannot have (ApplyReport)
 };
 
 WorkerBroker::WorkerBroker(BrokerOptions options, engine::Executor* local, Clock* clock)
@@ -142,6 +194,24 @@ absl::StatusOr<uint64_t> WorkerBroker::Open(std::shared_ptr<WorkerLink> link, co
     if (static_cast<int>(sessions_.size()) >= options_.max_workers) {
       return absl::ResourceExhaustedError("this server has " + std::to_string(sessions_.size()) +
                                           " workers connected (limit " + std::to_string(options_.max_workers) + ")");
+    }
+    if (std::string why = QuarantinedLocked(principal); !why.empty()) return absl::ResourceExhaustedError(why);
+    int sessions = 0, slots = 0;
+    for (const auto& [sid, s] : sessions_) {
+      if (s->closed || s->info.principal != principal) continue;
+      ++sessions;
+      slots += s->info.slots;
+    }
+    if (sessions >= options_.max_sessions_per_principal) {
+      return absl::ResourceExhaustedError("'" + EscapeControl(principal) + "' has " + std::to_string(sessions) +
+                                          " worker sessions connected (--max-worker-sessions-per-principal " +
+                                          std::to_string(options_.max_sessions_per_principal) + ")");
+    }
+    if (slots + static_cast<int>(reg.slots()) > options_.max_slots_per_principal) {
+      return absl::ResourceExhaustedError("'" + EscapeControl(principal) + "' has " + std::to_string(slots) +
+                                          " worker slots; " + std::to_string(reg.slots()) + " more would exceed " +
+                                          "--max-worker-slots-per-principal " +
+                                          std::to_string(options_.max_slots_per_principal));
     }
     id = next_session_++;
     auto s = std::make_shared<Session>();
@@ -224,6 +294,10 @@ absl::Status WorkerBroker::OnMessage(uint64_t session, const v1::WorkerMessage& 
       return absl::InvalidArgumentError(LeaseName(lease_id) + ": sequence " + std::to_string(sequence) +
                                         " arrived while " + std::to_string(lease.next_sequence) + " was expected");
     }
+    if (message.has_report()) {
+      CL_RETURN_IF_ERROR(CheckReport(message.report(), lease.total_steps[member], LeaseName(lease_id)));
+      ++lease.reports;
+    }
     ++lease.next_sequence;
     lease.inbox.push_back(message);
   }
@@ -233,12 +307,41 @@ absl::Status WorkerBroker::OnMessage(uint64_t session, const v1::WorkerMessage& 
 
 void WorkerBroker::LoseLocked(Session& s, const absl::Status& why) {
   s.closed = true;
+  const double now = clock_->MonotonicSeconds();
+  const double window = static_cast<double>(options_.quarantine.count());
+  std::deque<double>& faults = faults_[s.info.principal];
   for (uint64_t id : s.leases) {
-    if (auto l = leases_.find(id); l != leases_.end()) {
-      l->second->lost = true;
-      l->second->lost_why = why;
-    }
+    auto l = leases_.find(id);
+    if (l == leases_.end()) continue;
+    Lease& lease = *l->second;
+    lease.lost = true;
+    lease.lost_why = why;
+    // Silent past the lease timeout, or gone before reporting anything on the
+    // lease: the worker's fault, not the run's (issue 32 item 3).
+    lease.worker_at_fault = lease.blamed || absl::IsDeadlineExceeded(why) || lease.reports == 0;
+    if (lease.worker_at_fault) faults.push_back(now);
   }
+  while (!faults.empty() && faults.front() < now - window) faults.pop_front();
+  if (static_cast<int>(faults.size()) >= options_.quarantine_after && !quarantined_until_.count(s.info.principal)) {
+    quarantined_until_[s.info.principal] = now + window;
+    spdlog::warn("worker principal '{}' quarantined for {} s: its workers lost {} leases through their own fault",
+                 EscapeControl(s.info.principal), options_.quarantine.count(), faults.size());
+  }
+  if (faults.empty()) faults_.erase(s.info.principal);
+}
+
+std::string WorkerBroker::QuarantinedLocked(const std::string& principal) {
+  auto it = quarantined_until_.find(principal);
+  if (it == quarantined_until_.end()) return "";
+  const double left = it->second - clock_->MonotonicSeconds();
+  if (left <= 0) {
+    quarantined_until_.erase(it);
+    faults_.erase(principal);
+    return "";
+  }
+  return "worker principal '" + EscapeControl(principal) + "' is quarantined for " +
+         std::to_string(static_cast<int>(left) + 1) + " s more: its workers lost " +
+         std::to_string(options_.quarantine_after) + " leases by going silent or away without reporting";
 }
 
 void WorkerBroker::Closed(uint64_t session, const absl::Status& why) {
@@ -330,6 +433,7 @@ std::shared_ptr<WorkerBroker::Session> WorkerBroker::TryAssign(const std::shared
     std::shared_ptr<Session> best;
     for (auto& [id, s] : sessions_) {
       if (s->closed || s->info.draining || s->busy >= s->info.slots) continue;
+      if (!QuarantinedLocked(s->info.principal).empty()) continue;
       if (!best || s->info.slots - s->busy > best->info.slots - best->busy) best = s;
     }
     if (best) {
@@ -378,8 +482,8 @@ void WorkerBroker::SendStop(Session& session, uint64_t lease, v1::Stop::Reason r
   session.link->Send(std::move(m));
 }
 
-void WorkerBroker::ApplyReport(Session& session, uint64_t lease, const v1::Report& r, Member& m,
-                               PlacedObserver& observer) {
+absl::Status WorkerBroker::ApplyReport(Session& session, uint64_t lease, const v1::Report& r, Member& m,
+                                       PlacedObserver& observer, const v1::ExperimentSpec& spec) {
   switch (r.kind_case()) {
     case v1::Report::kMetrics: {
       // Consecutive points of one step are one OnMetrics call, as locally.
@@ -392,15 +496,21 @@ void WorkerBroker::ApplyReport(Session& session, uint64_t lease, const v1::Repor
           metrics.clear();
         }
       }
-      return;
+      return absl::OkStatus();
     }
     case v1::Report::kProgress:
       m.last_step = static_cast<int64_t>(r.progress().step());
       observer.OnProgress(m.last_step, r.progress().steps_per_second());
-      return;
+      return absl::OkStatus();
     case v1::Report::kBasis: {
+      if (m.basis.size() + static_cast<size_t>(r.basis().coords_size()) >
+          static_cast<size_t>(engine::kMaxBasisCoordinates)) {
+        m.basis.clear();
+        return absl::InvalidArgumentError("the worker's basis has more than " +
+                                          std::to_string(engine::kMaxBasisCoordinates) + " coordinates");
+      }
       for (const v1::ReportCoordinateDef& d : r.basis().coords()) m.basis.push_back(FromReport(d));
-      if (!r.basis().last()) return;
+      if (!r.basis().last()) return absl::OkStatus();
       engine::Basis basis;
       basis.selection = r.basis().selection() == 1 ? engine::Selection::kComplete : engine::Selection::kPaper;
       basis.coords = std::move(m.basis);
@@ -410,34 +520,41 @@ void WorkerBroker::ApplyReport(Session& session, uint64_t lease, const v1::Repor
         if (!m.stop_sent) SendStop(session, lease, v1::Stop::REASON_CANCEL, r.member());
         m.stop_sent = true;
       }
-      return;
+      return absl::OkStatus();
     }
     case v1::Report::kCoordinates:
       observer.OnCoordinates(
           static_cast<int64_t>(r.coordinates().step()),
           r.coordinates().selection() == 1 ? engine::Selection::kComplete : engine::Selection::kPaper,
           std::vector<double>(r.coordinates().values().begin(), r.coordinates().values().end()));
-      return;
+      return absl::OkStatus();
     case v1::Report::kCheckpoint: {
       const v1::CheckpointChunk& c = r.checkpoint();
       if (c.step() != m.checkpoint_step) {
         m.checkpoint.clear();
         m.checkpoint_step = c.step();
       }
-      if (static_cast<int64_t>(m.checkpoint.size() + c.data().size()) > options_.max_checkpoint_bytes) {
-        m.checkpoint_too_big = true;
+      if (static_cast<int64_t>(m.checkpoint.size() + c.data().size()) > m.max_checkpoint_bytes) {
         m.checkpoint.clear();
-      } else if (!m.checkpoint_too_big) {
-        m.checkpoint.append(c.data());
+        return absl::InvalidArgumentError("the checkpoint at step " + std::to_string(c.step()) +
+                                          " is larger than this run can have (" +
+                                          std::to_string(m.max_checkpoint_bytes) + " bytes)");
       }
-      if (!c.last()) return;
-      absl::Status s = m.checkpoint_too_big
-                           ? absl::ResourceExhaustedError("the checkpoint at step " + std::to_string(c.step()) +
-                                                          " is larger than the server accepts (" +
-                                                          std::to_string(options_.max_checkpoint_bytes) + " bytes)")
-                           : observer.OnCheckpoint(static_cast<int64_t>(c.step()), m.checkpoint);
+      m.checkpoint.append(c.data());
+      if (!c.last()) return absl::OkStatus();
+      // Stored only when complete (`last`) and loadable by the server's
+      // LibTorch for this run's spec (its format, fingerprint and step).
+      if (local_ != nullptr) {
+        if (absl::Status bad = local_->CheckCheckpoint(spec, static_cast<int64_t>(c.step()), m.checkpoint);
+            !bad.ok()) {
+          m.checkpoint.clear();
+          return absl::InvalidArgumentError("the checkpoint at step " + std::to_string(c.step()) +
+                                            " is not one of this run: " + std::string(bad.message()));
+        }
+      }
+      // The server's own failure to write it (a full disk) is the run's, as locally.
+      absl::Status s = observer.OnCheckpoint(static_cast<int64_t>(c.step()), m.checkpoint);
       m.checkpoint.clear();
-      m.checkpoint_too_big = false;
       v1::ServerMessage ack;
       ack.mutable_checkpoint_ack()->set_lease_id(lease);
       ack.mutable_checkpoint_ack()->set_member(r.member());
@@ -447,10 +564,10 @@ void WorkerBroker::ApplyReport(Session& session, uint64_t lease, const v1::Repor
         if (m.failure.ok()) m.failure = s;
       }
       session.link->Send(std::move(ack));
-      return;
+      return absl::OkStatus();
     }
     default:
-      return;
+      return absl::OkStatus();
   }
 }
 
@@ -459,7 +576,14 @@ std::vector<absl::StatusOr<engine::TrainOutcome>> WorkerBroker::RunLease(
   const size_t n = requests.size();
   std::vector<absl::StatusOr<engine::TrainOutcome>> outcomes(n, engine::TrainOutcome{});
   std::vector<Member> members(n);
-  for (size_t i = 0; i < n; ++i) members[i].last_step = std::max<int64_t>(0, observers[i]->start_step());
+  for (size_t i = 0; i < n; ++i) {
+    members[i].last_step = std::max<int64_t>(0, observers[i]->start_step());
+    // A checkpoint holds the weights and optimiser state: well within the
+    // run's memory estimate (twice it, and 1 MiB for the archive).
+    members[i].max_checkpoint_bytes =
+        std::min<int64_t>(options_.max_checkpoint_bytes,
+                          2 * static_cast<int64_t>(engine::EstimateRunMemoryBytes(requests[i].spec)) + (1 << 20));
+  }
   auto reason = [&](size_t i) { return requests[i].cancel ? requests[i].cancel->reason() : StopReason::kNone; };
   auto end_all = [&](engine::TrainEnd end) {
     for (size_t i = 0; i < n; ++i) {
@@ -474,6 +598,7 @@ std::vector<absl::StatusOr<engine::TrainOutcome>> WorkerBroker::RunLease(
   auto lease = std::make_shared<Lease>();
   lease->members = n;
   for (PlacedObserver* o : observers) lease->run_ids.push_back(o->run_id());
+  for (const engine::TrainRequest& r : requests) lease->total_steps.push_back(r.spec.training().steps());
   {
     std::lock_guard<std::mutex> lock(mu_);
     lease->id = next_lease_++;
@@ -514,6 +639,7 @@ std::vector<absl::StatusOr<engine::TrainOutcome>> WorkerBroker::RunLease(
   for (PlacedObserver* o : observers) o->OnPlaced(where);
 
   bool preempt_sent = false;
+  bool misbehaved = false;  // its worker sent what the run cannot have: nothing more is applied
   double preempt_deadline = 0;
   while (true) {
     std::deque<v1::WorkerMessage> inbox;
@@ -529,7 +655,22 @@ std::vector<absl::StatusOr<engine::TrainOutcome>> WorkerBroker::RunLease(
     for (const v1::WorkerMessage& msg : inbox) {
       if (msg.has_report()) {
         const uint32_t i = msg.report().member();
-        if (!members[i].ended) ApplyReport(*session, lease->id, msg.report(), members[i], *observers[i]);
+        if (members[i].ended || misbehaved) continue;
+        if (absl::Status bad = ApplyReport(*session, lease->id, msg.report(), members[i], *observers[i],
+                                           requests[i].spec);
+            !bad.ok()) {
+          // An upload the run cannot have: the worker misbehaves. Its session
+          // ends and the lease is lost through its fault (the run goes back to
+          // the queue, uncharged; the principal counts a fault).
+          spdlog::warn("{} ({}): worker {} sent {}; ending its session", LeaseName(lease->id), names,
+                       session->info.id, std::string(bad.message()));
+          {
+            std::lock_guard<std::mutex> lock(mu_);
+            lease->blamed = true;
+          }
+          misbehaved = true;
+          session->link->Close(bad);
+        }
         continue;
       }
       for (size_t i = 0; i < n; ++i) {
@@ -542,8 +683,15 @@ std::vector<absl::StatusOr<engine::TrainOutcome>> WorkerBroker::RunLease(
     if (std::all_of(members.begin(), members.end(), [](const Member& m) { return m.ended; })) break;
     if (lost) {
       spdlog::warn("{} ({}) lost: {}; back to the queue", LeaseName(lease->id), names, std::string(lost_why.message()));
+      bool worker_at_fault;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        worker_at_fault = lease->worker_at_fault;
+      }
       for (size_t i = 0; i < n; ++i) {
-        if (!members[i].ended) observers[i]->OnLost(where + ": " + std::string(lost_why.message()));
+        if (!members[i].ended) {
+          observers[i]->OnLost(where + ": " + std::string(lost_why.message()), /*counts=*/!worker_at_fault);
+        }
       }
       end_all(engine::TrainEnd::kPreempted);
       break;
@@ -564,7 +712,7 @@ std::vector<absl::StatusOr<engine::TrainOutcome>> WorkerBroker::RunLease(
           absl::DeadlineExceededError("worker " + session->info.id + " did not checkpoint its preempted runs in time");
       spdlog::warn("{} ({}): {}", LeaseName(lease->id), names, std::string(why.message()));
       for (size_t i = 0; i < n; ++i) {
-        if (!members[i].ended) observers[i]->OnLost(where + ": " + std::string(why.message()));
+        if (!members[i].ended) observers[i]->OnLost(where + ": " + std::string(why.message()), /*counts=*/false);
       }
       end_all(engine::TrainEnd::kPreempted);
       session->link->Close(why);

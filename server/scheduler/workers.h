@@ -63,6 +63,15 @@ struct BrokerOptions {
   std::string version;                       // workers must report the same
   int max_message_bytes = 4 << 20;           // what the server accepts (--max-request-bytes)
   int max_workers = 4096;                    // connected sessions
+  // One principal's connected sessions and their slots together
+  // (RESOURCE_EXHAUSTED beyond): one token cannot take every lease.
+  int max_sessions_per_principal = 64;
+  int max_slots_per_principal = 256;
+  // A principal whose workers lose this many leases through their own fault
+  // (silent past lease_timeout, or gone before reporting) within
+  // `quarantine` is refused new sessions and leases for `quarantine`.
+  int quarantine_after = 16;
+  std::chrono::seconds quarantine = std::chrono::seconds(600);
 };
 
 // A connected worker, as `circuitlab workers` lists it.
@@ -124,7 +133,7 @@ class WorkerBroker : public engine::Executor, public WorkerCapacity {
     std::string checkpoint;  // chunks received so far
     std::vector<engine::CoordinateDef> basis;  // basis parts received so far
     uint64_t checkpoint_step = 0;
-    bool checkpoint_too_big = false;
+    int64_t max_checkpoint_bytes = 0;  // this member's cap: its run's memory estimate (and the server's)
     int64_t last_step = 0;
     bool ended = false;
     bool stop_sent = false;
@@ -139,10 +148,15 @@ class WorkerBroker : public engine::Executor, public WorkerCapacity {
   void SendLease(Session& session, const Lease& lease, const std::vector<engine::TrainRequest>& requests,
                  const std::vector<PlacedObserver*>& observers);
   void SendStop(Session& session, uint64_t lease, v1::Stop::Reason reason, uint32_t member);
-  // Hands one report to the member's observer (the checkpoint's ack goes back).
-  void ApplyReport(Session& session, uint64_t lease, const v1::Report& report, Member& member,
-                   PlacedObserver& observer);
+  // Hands one report to the member's observer (the checkpoint's ack goes
+  // back). InvalidArgument for what the run cannot have (a checkpoint too
+  // large or not loadable for its spec, a basis beyond the cap): the worker's
+  // fault.
+  absl::Status ApplyReport(Session& session, uint64_t lease, const v1::Report& report, Member& member,
+                           PlacedObserver& observer, const v1::ExperimentSpec& spec);
   void LoseLocked(Session& session, const absl::Status& why);
+  // Empty, or why `principal` may not take leases now (quarantine).
+  std::string QuarantinedLocked(const std::string& principal);
   void Watchdog();
   void WakeScheduler();
 
@@ -155,6 +169,11 @@ class WorkerBroker : public engine::Executor, public WorkerCapacity {
   std::function<void()> wake_;
   std::map<uint64_t, std::shared_ptr<Session>> sessions_;
   std::map<uint64_t, std::shared_ptr<Lease>> leases_;
+  // Per principal: when its workers lost leases through their own fault
+  // (Clock::MonotonicSeconds, within the quarantine window), and until when
+  // it is quarantined.
+  std::map<std::string, std::deque<double>> faults_;
+  std::map<std::string, double> quarantined_until_;
   uint64_t next_session_ = 1;
   uint64_t next_lease_ = 1;
   int acquired_ = 0;

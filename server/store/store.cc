@@ -89,9 +89,27 @@ absl::Status WriteFileAtomically(const std::string& path, const std::string& byt
   return FsyncPath(fs::path(path).parent_path().string(), O_RDONLY | O_DIRECTORY);
 }
 
-absl::StatusOr<std::string> ReadFile(const std::string& path) {
+// `s` with `dir` + "/" cut out of its message: clients see paths relative
+// to the data directory, never where the server keeps it.
+absl::Status WithoutDir(const absl::Status& s, const std::string& dir) {
+  if (s.ok()) return s;
+  std::string msg(s.message());
+  const std::string prefix = dir + "/";
+  for (size_t at = msg.find(prefix); at != std::string::npos; at = msg.find(prefix, at)) msg.erase(at, prefix.size());
+  return absl::Status(s.code(), msg);
+}
+
+// A checkpoint row's path as clients see it: relative to the data directory
+// (rows written before paths were relative hold absolute ones).
+std::string ShownPath(const std::string& path) {
+  const size_t at = path.rfind("checkpoints/r");
+  return path.empty() || path[0] != '/' || at == std::string::npos ? path : path.substr(at);
+}
+
+// `shown`: the name error messages use.
+absl::StatusOr<std::string> ReadFile(const std::string& path, const std::string& shown) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::DataLossError("checkpoint file missing: " + path);
+  if (!in) return absl::DataLossError("checkpoint file missing: " + shown);
   std::ostringstream ss;
   ss << in.rdbuf();
   return ss.str();
@@ -508,11 +526,36 @@ absl::Status CheckIntegrity(Connection& conn, const std::string& data_dir) {
 
 absl::Status Store::Backup(const std::string& data_dir, const std::string& dest_dir) {
   std::error_code ec;
+  // A copy inside the directory it copies would copy itself, and grow, until
+  // the disk is full (issue 32 item 5).
+  std::error_code data_ec, dest_ec;
+  const fs::path data = fs::weakly_canonical(data_dir, data_ec), dest = fs::weakly_canonical(dest_dir, dest_ec);
+  if (!data_ec && !dest_ec && !data.empty() &&
+      std::mismatch(data.begin(), data.end(), dest.begin(), dest.end()).first == data.end()) {
+    return absl::InvalidArgumentError("--backup " + dest_dir + " is inside --data " + data_dir +
+                                      "; back up into a directory outside it");
+  }
   if (fs::exists(dest_dir + "/circuitlab.db", ec)) {
     return absl::AlreadyExistsError(dest_dir + "/circuitlab.db exists; back up into a new directory");
   }
+  const bool made = !fs::exists(dest_dir, ec), made_checkpoints = !fs::exists(dest_dir + "/checkpoints", ec);
   fs::create_directories(dest_dir + "/checkpoints", ec);
   if (ec) return absl::PermissionDeniedError("cannot create " + dest_dir + ": " + ec.message());
+  absl::Status copied = CopyInto(data_dir, dest_dir);
+  // A failed backup leaves no half copy behind (only what it created).
+  if (!copied.ok()) {
+    if (made) {
+      fs::remove_all(dest_dir, ec);
+    } else {
+      fs::remove(dest_dir + "/circuitlab.db", ec);
+      if (made_checkpoints) fs::remove_all(dest_dir + "/checkpoints", ec);
+    }
+  }
+  return copied;
+}
+
+absl::Status Store::CopyInto(const std::string& data_dir, const std::string& dest_dir) {
+  std::error_code ec;
   // A consistent snapshot through a read-only connection: the server may be
   // running (WAL lets it go on writing meanwhile).
   if (!fs::exists(data_dir + "/circuitlab.db", ec)) {
@@ -729,11 +772,11 @@ absl::Status Store::PutCheckpoint(int64_t run_id, int64_t step, const std::strin
   const std::string dir = impl_->dir() + "/" + relative_dir;
   std::error_code ec;
   fs::create_directories(dir, ec);
-  if (ec) return absl::PermissionDeniedError("cannot create " + dir + ": " + ec.message());
+  if (ec) return absl::PermissionDeniedError("cannot create " + relative_dir + ": " + ec.message());
   char name[64];
   std::snprintf(name, sizeof(name), "/step-%012lld.ckpt", static_cast<long long>(step));
   const std::string path = relative_dir + name;
-  CL_RETURN_IF_ERROR(WriteFileAtomically(impl_->dir() + "/" + path, bytes));
+  CL_RETURN_IF_ERROR(WithoutDir(WriteFileAtomically(impl_->dir() + "/" + path, bytes), impl_->dir()));
   const int64_t checksum = Checksum(bytes);
   const int64_t now = Clock::Real()->NowMicros();
   std::vector<std::string> doomed;
@@ -932,9 +975,10 @@ absl::StatusOr<std::optional<Checkpoint>> Store::CheckpointAt(int64_t run_id, in
     size = st.ColumnInt(2);
     checksum = st.ColumnInt(3);
   }
-  CL_ASSIGN_OR_RETURN(std::string bytes, ReadFile(CheckpointFile(impl_->dir(), path)));
+  CL_ASSIGN_OR_RETURN(std::string bytes, ReadFile(CheckpointFile(impl_->dir(), path), ShownPath(path)));
   if (static_cast<int64_t>(bytes.size()) != size || Checksum(bytes) != checksum) {
-    return absl::DataLossError("checkpoint " + path + " does not match its checksum (" + std::to_string(bytes.size()) +
+    return absl::DataLossError("checkpoint " + ShownPath(path) + " does not match its checksum (" +
+                               std::to_string(bytes.size()) +
                                " of " + std::to_string(size) + " bytes)");
   }
   return std::optional<Checkpoint>(Checkpoint{step, std::move(bytes)});

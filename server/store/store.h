@@ -283,6 +283,8 @@ class Store {
   // then checkpoint files) into the new directory `dest_dir`, which is then a
   // complete data directory (restore: start the server on it). Safe while a
   // server runs on `data_dir`.
+  // InvalidArgument when `dest_dir` is `data_dir` or inside it; a backup that
+  // fails removes what it wrote.
   static absl::Status Backup(const std::string& data_dir, const std::string& dest_dir);
 
   // What the writer has done since the store opened (for /metrics).
@@ -305,6 +307,8 @@ class Store {
   class Impl;
 
  private:
+  // Backup's copy into the (created) `dest_dir`.
+  static absl::Status CopyInto(const std::string& data_dir, const std::string& dest_dir);
   explicit Store(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };

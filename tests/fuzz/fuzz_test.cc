@@ -16,7 +16,12 @@
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/security/credentials.h>
 #include <grpcpp/support/byte_buffer.h>
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <httplib.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cmath>
@@ -28,7 +33,8 @@
 #include <sstream>
 
 #include "circuitlab/v1/analysis_service.pb.h"
-#include "circuitlab/v1/experiment_service.pb.h"
+#include "circuitlab/v1/experiment_service.grpc.pb.h"
+#include "circuitlab/v1/worker_service.grpc.pb.h"
 #include "tests/test_util/process.h"
 #include "tests/test_util/temp_dir.h"
 
@@ -391,6 +397,247 @@ TEST(FuzzTest, MutatedRequestsToEveryRpcNeverBreakTheBoundary) {
     cv2.wait(lock, [&] { return answered; });
   }
   EXPECT_TRUE(last.ok()) << last.error_message();
+  EXPECT_EQ(server.Stop(SIGTERM), 0) << "drains and exits 0 after the fuzz";
+}
+
+// Issue 32: the WorkerService stream, fuzzed. Sessions of a worker token
+// send a (mostly valid) Register, then mutated messages of every kind aimed
+// at the lease the server hands them (mutated lease ids, sequences, members,
+// steps, names, chunk sizes). Each session must end with a status that is
+// not UNIMPLEMENTED, UNKNOWN or INTERNAL, messages at most 1 KiB; the server
+// keeps serving, its RSS grows by at most 50 MB, and no run fails but by a
+// worker's own report.
+TEST(FuzzTest, MutatedWorkerSessionsNeverBreakTheBoundary) {
+  TempDir dir;
+  const std::string tokens = dir.path() + "/tokens.txt";
+  ASSERT_EQ(std::system((std::string(CIRCUITLAB_SCRIPTS_DIR) + "/add-principal.sh fuzzer worker " + tokens + " " +
+                         dir.path() + " >/dev/null && " + CIRCUITLAB_SCRIPTS_DIR + "/add-principal.sh me admin " +
+                         tokens + " " + dir.path() + " >/dev/null")
+                            .c_str()),
+            0);
+  const std::string worker_token = ReadFile(dir.path() + "/fuzzer.token");
+  const std::string admin_token = ReadFile(dir.path() + "/me.token");
+  ServerProcess server(kServer, dir.path() + "/data",
+                       {"--executor", "workers", "--auth-tokens-file", tokens, "--lease-timeout-seconds", "2",
+                        "--max-lost-leases", "1000"});
+  ASSERT_TRUE(server.ok());
+  auto channel = grpc::CreateChannel(server.address(), grpc::InsecureChannelCredentials());
+  auto stub = v1::WorkerService::NewStub(channel);
+  auto trim = [](std::string t) {
+    while (!t.empty() && (t.back() == '\n' || t.back() == '\r')) t.pop_back();
+    return t;
+  };
+  // Queued runs for the sessions to lease.
+  grpc::GenericStub generic(channel);
+  for (int i = 0; i < 3; ++i) {
+    v1::SubmitRunRequest submit;
+    *submit.mutable_spec() = FromJson<v1::ExperimentSpec>(ReadFile(kExamples + "/induction.json"));
+    submit.mutable_spec()->set_seed(100 + i);
+    auto unary = v1::ExperimentService::NewStub(channel);
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("authorization", "Bearer " + trim(admin_token));
+    v1::SubmitRunResponse out;
+    ASSERT_TRUE(unary->SubmitRun(&ctx, submit, &out).ok());
+  }
+  uint64_t seed = 20261203;
+  if (const char* e = std::getenv("CIRCUITLAB_FUZZ_SEED")) seed = std::stoull(e);
+  std::mt19937_64 gen(seed);
+  std::map<std::string, int> codes;
+  std::vector<std::string> failures;
+  int64_t rss_start = RssKb(server.pid());
+  constexpr int kSessions = 150;
+  for (int i = 0; i < kSessions; ++i) {
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("authorization", "Bearer " + trim(worker_token));
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(3));
+    auto stream = stub->Session(&ctx);
+    v1::WorkerMessage reg;
+    reg.mutable_register_()->set_host("fuzz-node");
+    reg.mutable_register_()->set_slots(1 + gen() % 2);
+    reg.mutable_register_()->set_device("cpu");
+    reg.mutable_register_()->set_version("0.1.0");
+    if (gen() % 4 == 0) MutateField(&reg, gen);
+    stream->Write(reg);
+    v1::ServerMessage in;
+    uint64_t lease = gen() % 5;
+    if (gen() % 3 != 0) {
+      // Wait briefly for a lease (or whatever comes first).
+      for (int k = 0; k < 3 && stream->Read(&in); ++k) {
+        if (in.has_lease()) {
+          lease = in.lease().lease_id();
+          break;
+        }
+      }
+    }
+    const int sends = 1 + static_cast<int>(gen() % 12);
+    for (int k = 0; k < sends; ++k) {
+      v1::WorkerMessage m;
+      switch (gen() % 6) {
+        case 0:
+          m.mutable_heartbeat();
+          break;
+        case 1: {
+          auto* r = m.mutable_report();
+          r->mutable_progress()->set_step(gen() % 2 ? gen() : gen() % 700);
+          break;
+        }
+        case 2: {
+          auto* p = m.mutable_report()->mutable_metrics()->add_metrics();
+          p->set_step(gen() % 700);
+          p->set_name(gen() % 3 ? "train/loss" : std::string("x\x1b[2J\n", 6));
+          p->set_value(1.0);
+          break;
+        }
+        case 3: {
+          auto* c = m.mutable_report()->mutable_checkpoint();
+          c->set_step(gen() % 700);
+          c->set_data(std::string(static_cast<size_t>(gen() % 300000), 'c'));
+          c->set_last(gen() % 2);
+          break;
+        }
+        case 4:
+          m.mutable_lease_end()->add_members()->set_end(static_cast<v1::MemberEnd::End>(gen() % 5));
+          break;
+        default:
+          m.mutable_drain();
+          break;
+      }
+      if (m.has_report()) {
+        m.mutable_report()->set_lease_id(gen() % 5 ? lease : gen());
+        m.mutable_report()->set_sequence(gen() % 4 ? static_cast<uint64_t>(k + 1) : gen());
+        m.mutable_report()->set_member(gen() % 5 ? 0 : static_cast<uint32_t>(gen()));
+      } else if (m.has_lease_end()) {
+        m.mutable_lease_end()->set_lease_id(lease);
+        m.mutable_lease_end()->set_sequence(static_cast<uint64_t>(k + 1));
+      }
+      if (gen() % 5 == 0) MutateField(&m, gen);
+      if (!stream->Write(m)) break;
+    }
+    stream->WritesDone();
+    while (stream->Read(&in)) {
+    }
+    const grpc::Status st = stream->Finish();
+    const grpc::StatusCode c = st.error_code();
+    ++codes[std::to_string(c)];
+    const bool bad = c == grpc::StatusCode::UNIMPLEMENTED || c == grpc::StatusCode::UNKNOWN ||
+                     c == grpc::StatusCode::INTERNAL;
+    if ((bad || st.error_message().size() > 1024) && failures.size() < 20) {
+      failures.push_back("session " + std::to_string(i) + " -> " + std::to_string(c) + " '" +
+                         st.error_message().substr(0, 300) + "'");
+    }
+  }
+  const int64_t rss_end = RssKb(server.pid());
+  std::string summary;
+  for (const auto& [code, n] : codes) summary += " " + code + ":" + std::to_string(n);
+  std::printf("%d worker sessions (seed %llu); status codes%s; RSS %lld -> %lld KB\n", kSessions,
+              static_cast<unsigned long long>(seed), summary.c_str(), static_cast<long long>(rss_start),
+              static_cast<long long>(rss_end));
+  for (const std::string& f : failures) ADD_FAILURE() << f;
+  EXPECT_LE(rss_end - rss_start, 50 * 1024) << "RSS growth over the run";
+  // Still serving; none of the queued runs was failed by the fuzzing workers.
+  auto unary = v1::ExperimentService::NewStub(channel);
+  grpc::ClientContext ctx;
+  ctx.AddMetadata("authorization", "Bearer " + trim(admin_token));
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  v1::ListRunsResponse runs;
+  ASSERT_TRUE(unary->ListRuns(&ctx, v1::ListRunsRequest(), &runs).ok());
+  // A run may end FAILED only because a worker reported it failed (lease_end
+  // END_FAILED: "... (on wN ...)"), never because of what the server made of
+  // a worker's junk (a refused upload ends the worker's session instead).
+  for (const v1::Run& r : runs.runs()) {
+    if (r.state() == v1::RUN_STATE_FAILED) {
+      EXPECT_NE(r.error().find("(on w"), std::string::npos) << r.run_id() << ": " << r.error();
+    }
+  }
+  EXPECT_EQ(server.Stop(SIGTERM), 0) << "drains and exits 0 after the fuzz";
+}
+
+// Issue 32: the HTTP port, fuzzed: well-formed requests to every route with
+// mutated paths, ids, query parameters and headers, and raw malformed bytes.
+// No answer may be a 5xx other than 503 (draining, stream cap) or take longer
+// than the read timeout allows; error bodies stay under 1 KiB; /healthz still
+// answers at the end and the server drains cleanly.
+TEST(FuzzTest, MutatedHttpRequestsNeverBreakTheBoundary) {
+  TempDir dir;
+  ServerProcess server(kServer, dir.path() + "/data", {"--max-run-memory-mb", "16"});
+  ASSERT_TRUE(server.ok());
+  ASSERT_GT(server.http_port(), 0);
+  const int port = server.http_port();
+  uint64_t seed = 20261204;
+  if (const char* e = std::getenv("CIRCUITLAB_FUZZ_SEED")) seed = std::stoull(e);
+  std::mt19937_64 gen(seed);
+  const std::vector<std::string> routes = {
+      "/healthz", "/readyz", "/metrics", "/", "/index.html", "/api/v1/whoami", "/api/v1/runs", "/api/v1/runs/r1",
+      "/api/v1/runs/r1/metrics", "/api/v1/runs/r1/events", "/api/v1/runs/r1/coordinates", "/api/v1/sweeps/s1",
+      "/api/v1/sweeps/s1/summary", "/api/v1/analyses"};
+  const std::vector<std::string> pieces = {"%00", "%ff", "..", "//", "?", "&", "=", "r-1", "r99999999999999999999",
+                                           "\x7f", "%2e%2e", std::string(3000, 'a'), "page_size=-1",
+                                           "max_points=1000000000", "values=circuit,pair", "step=18446744073709551615"};
+  httplib::Client http("127.0.0.1", port);
+  http.set_read_timeout(std::chrono::seconds(5));
+  std::map<int, int> statuses;
+  std::vector<std::string> failures;
+  constexpr int kRequests = 1500;
+  for (int i = 0; i < kRequests; ++i) {
+    std::string path = routes[gen() % routes.size()];
+    const int mutations = static_cast<int>(gen() % 3);
+    for (int k = 0; k < mutations; ++k) {
+      const std::string& p = pieces[gen() % pieces.size()];
+      const size_t at = gen() % (path.size() + 1);
+      path.insert(at, gen() % 2 ? p : "?" + p);
+    }
+    httplib::Headers headers;
+    if (gen() % 3 == 0) headers.emplace("Authorization", gen() % 2 ? "Bearer x" : std::string(5000, 'B'));
+    if (gen() % 5 == 0) headers.emplace("Last-Event-ID", pieces[gen() % pieces.size()]);
+    if (gen() % 7 == 0) headers.emplace("Range", "bytes=" + std::to_string(gen()) + "-");
+    httplib::Result r = gen() % 4 == 0
+                            ? http.Post(path, headers, std::string(static_cast<size_t>(gen() % 70000), '{'),
+                                        gen() % 2 ? "application/json" : "text/plain")
+                            : http.Get(path, headers);
+    if (!r) {
+      // httplib refuses some paths itself (bad characters): not the server's doing.
+      continue;
+    }
+    ++statuses[r->status];
+    const bool bad = r->status >= 500 && r->status != 503;
+    const bool large_error = r->status >= 400 && r->body.size() > 1024;
+    if ((bad || large_error) && failures.size() < 20) {
+      failures.push_back(std::to_string(r->status) + " for " + path.substr(0, 200) + ": " + r->body.substr(0, 200));
+    }
+  }
+  // Raw malformed bytes on fresh connections, the writing side then shut so
+  // that the server sees the whole request: each is answered or closed at
+  // once, never held (slow clients are http_test's business).
+  constexpr int kRaw = 200;
+  for (int i = 0; i < kRaw; ++i) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+    std::string bytes = "GET /api/v1/runs HTTP/1.1\r\nHost: x\r\n\r\n";
+    const int mutations = 1 + static_cast<int>(gen() % 4);
+    for (int k = 0; k < mutations; ++k) MutateBytes(bytes, gen);
+    ::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+    ::shutdown(fd, SHUT_WR);
+    timeval tv{5, 0};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    char buf[512];
+    const auto t0 = std::chrono::steady_clock::now();
+    while (::recv(fd, buf, sizeof buf, 0) > 0) {
+    }
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5)) << "held: " << Hex(bytes);
+    ::close(fd);
+  }
+  std::string summary;
+  for (const auto& [status, n] : statuses) summary += " " + std::to_string(status) + ":" + std::to_string(n);
+  std::printf("%d HTTP requests + %d raw (seed %llu); statuses%s\n", kRequests, kRaw,
+              static_cast<unsigned long long>(seed), summary.c_str());
+  for (const std::string& f : failures) ADD_FAILURE() << f;
+  auto health = httplib::Client("127.0.0.1", port).Get("/healthz");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 200);
   EXPECT_EQ(server.Stop(SIGTERM), 0) << "drains and exits 0 after the fuzz";
 }
 

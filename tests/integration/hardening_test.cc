@@ -112,6 +112,19 @@ TEST_F(HardeningTest, ClientStringsAreClippedAndNamesHoldNoControlCharacters) {
   auto tag = c.SubmitRun(spec);
   EXPECT_EQ(tag.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(tag.status().message().find("a\\x1b[31m"), absl::string_view::npos) << tag.status().message();
+  // Unicode controls too (issue 32 item 8): a C1 CSI (U+009B) and a
+  // right-to-left override (U+202E), refused and quoted escaped.
+  for (const auto& [name, shown] : {std::pair<std::string, std::string>{"run\u009b31m", "run\\u009b31m"},
+                                    {"gpj\u202eexe.run", "gpj\\u202eexe.run"}}) {
+    spec = TinySpec();
+    spec.set_name(name);
+    auto refused = c.SubmitRun(spec);
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << shown;
+    EXPECT_NE(refused.status().message().find(shown), absl::string_view::npos) << refused.status().message();
+  }
+  spec = TinySpec();
+  spec.set_name("naïve Straße 名前");  // printable UTF-8 stays allowed
+  EXPECT_TRUE(c.SubmitRun(spec).ok());
 }
 
 // Issue 14 item 6: a stop_metric naming no metric of the task is refused at

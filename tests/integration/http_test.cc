@@ -6,10 +6,16 @@
 #include <google/protobuf/util/json_util.h>
 #include <google/protobuf/util/message_differencer.h>
 #include <gtest/gtest.h>
+#include <arpa/inet.h>
 #include <httplib.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <filesystem>
 #include <fstream>
 #include <regex>
+#include <thread>
 
 #include "tests/integration/integration_util.h"
 
@@ -173,6 +179,139 @@ TEST(HttpTest, JsonApiAnswersWhatGrpcAnswers) {
   EXPECT_EQ(http.Get("/readyz")->status, 503) << "draining";
 }
 
+// Issue 32 item 1: 200 connections that each drip one header line every
+// 3 s (no token needed) used to hold every request thread for as long as they
+// dripped; now a pause longer than the read timeout closes them, and the
+// probes, /metrics, the API and the dashboard answer throughout. A declared
+// 100 MB body is refused at once (413), and one address's requests in
+// progress are capped (429); both are counted.
+TEST(HttpTest, SlowClientsDoNotTakeThePortDown) {
+  TempDir dir;
+  FakeExecutor exec;
+  exec.step_time = std::chrono::milliseconds(10);  // the long run below stays RUNNING
+  rpc::ServerOptions opts = WithHttp();
+  opts.http.max_per_peer = 4;
+  Server server(dir.path(), &exec, {}, opts);
+  const int port = server.http_port();
+  auto connect_raw = [port] {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+    return fd;
+  };
+  std::vector<int> drippers;
+  for (int i = 0; i < 200; ++i) {
+    const int fd = connect_raw();
+    const std::string start = "GET /api/v1/runs HTTP/1.1\r\nHost: x\r\n";
+    ::send(fd, start.data(), start.size(), MSG_NOSIGNAL);
+    drippers.push_back(fd);
+  }
+  httplib::Client http("127.0.0.1", port);
+  http.set_connection_timeout(std::chrono::seconds(2));
+  http.set_read_timeout(std::chrono::seconds(2));
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  int rounds = 0;
+  while (std::chrono::steady_clock::now() < until) {
+    for (int fd : drippers) ::send(fd, "X-Drip: 1\r\n", 11, MSG_NOSIGNAL);  // one more line each
+    for (const char* path : {"/healthz", "/readyz", "/metrics", "/api/v1/runs", "/"}) {
+      const auto t0 = std::chrono::steady_clock::now();
+      auto r = http.Get(path);
+      ASSERT_TRUE(r) << path << " unanswered in round " << rounds;
+      EXPECT_EQ(r->status, 200) << path;
+      EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2)) << path;
+    }
+    ++rounds;
+    std::this_thread::sleep_for(std::chrono::seconds(3));
+  }
+  EXPECT_GE(rounds, 3);
+  for (int fd : drippers) ::close(fd);
+
+  // A 100 MB body is refused before a byte of it is read.
+  const int fd = connect_raw();
+  const std::string big =
+      "POST /api/v1/runs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 104857600\r\n\r\n";
+  ::send(fd, big.data(), big.size(), MSG_NOSIGNAL);
+  timeval tv{2, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  char buf[256] = {};
+  const auto t0 = std::chrono::steady_clock::now();
+  const ssize_t n = ::recv(fd, buf, sizeof buf - 1, 0);
+  ::close(fd);
+  ASSERT_GT(n, 0) << "no answer to a 100 MB POST";
+  EXPECT_EQ(std::string(buf).rfind("HTTP/1.1 413", 0), 0u) << buf;
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(1));
+
+  // One address's requests in progress: at most 4 (the event streams hold
+  // theirs), the fifth is 429.
+  auto run = MakeClient(server.address()).SubmitRun(TinySpec(1000000));
+  ASSERT_TRUE(run.ok());
+  std::vector<std::thread> streams;
+  std::atomic<int> opened{0};
+  std::atomic<bool> stop{false};
+  for (int i = 0; i < 4; ++i) {
+    streams.emplace_back([&] {
+      httplib::Client c("127.0.0.1", port);
+      c.Get("/api/v1/runs/" + run->run_id() + "/events", [&](const char*, size_t) {
+        if (opened.load() < 4) ++opened;
+        return !stop.load();
+      });
+    });
+  }
+  ASSERT_TRUE(WaitFor([&] { return opened.load() == 4; }));
+  auto refused = http.Get("/api/v1/runs");
+  ASSERT_TRUE(refused);
+  EXPECT_EQ(refused->status, 429) << refused->body;
+  stop = true;
+  ASSERT_TRUE(MakeClient(server.address()).CancelRun(run->run_id()).ok());
+  for (auto& t : streams) t.join();
+  ASSERT_TRUE(WaitFor([&] { return http.Get("/api/v1/runs")->status == 200; }));
+  const std::string metrics = http.Get("/metrics")->body;
+  EXPECT_NE(metrics.find("circuitlab_http_rejected_total{reason=\"body_too_large\"} 1\n"), std::string::npos) << metrics;
+  // At least the one above; more when the streams close slower than the
+  // wait above polls (each poll refused counts too).
+  const std::string peer = "circuitlab_http_rejected_total{reason=\"peer_limit\"} ";
+  const size_t at = metrics.find(peer);
+  ASSERT_NE(at, std::string::npos) << metrics;
+  EXPECT_GE(std::stol(metrics.substr(at + peer.size())), 1) << metrics;
+}
+
+// Issue 32 item 10: /readyz answers 503 while checkpoints cannot be written
+// (here a file stands where the run's checkpoint folder goes), and with
+// --private-runs /metrics (every user's counts) is for admins only.
+TEST(HttpTest, ReadyzSeesStorageFaultsAndPrivateMetricsAreForAdmins) {
+  TempDir dir;
+  const std::string tokens = dir.path() + "/tokens.txt";
+  std::ofstream(tokens) << "ana user " << rpc::TokenDigestField("ana-token-0123456789") << "\n"
+                        << "root admin " << rpc::TokenDigestField("root-token-0123456789") << "\n";
+  auto auth = rpc::Authenticator::Create(tokens, "", nullptr);
+  ASSERT_TRUE(auth.ok()) << auth.status();
+  FakeExecutor exec;
+  scheduler::SchedulerOptions sched;
+  sched.checkpoint_retry_delay = std::chrono::milliseconds(50);
+  sched.checkpoint_tries = 400;
+  rpc::ServerOptions opts = WithHttp();
+  opts.private_runs = true;
+  const std::string data = dir.path() + "/data";
+  std::filesystem::create_directories(data + "/checkpoints");
+  std::ofstream(data + "/checkpoints/r1") << "in the way";
+  Server server(data, &exec, sched, opts, nullptr, auth->get());
+  httplib::Client http("127.0.0.1", server.http_port());
+  EXPECT_EQ(http.Get("/readyz")->status, 200);
+  auto ana = MakeClient(server.address(), "ana-token-0123456789");
+  ASSERT_TRUE(ana.SubmitRun(TinySpec(20)).ok());
+  ASSERT_TRUE(WaitFor([&] { return http.Get("/readyz")->status == 503; }));
+  EXPECT_NE(http.Get("/readyz")->body.find("checkpoints cannot be written (r1: "), std::string::npos)
+      << http.Get("/readyz")->body;
+  std::filesystem::remove(data + "/checkpoints/r1");
+  ASSERT_TRUE(WaitFor([&] { return http.Get("/readyz")->status == 200; }));
+  auto user = http.Get("/metrics", {{"Authorization", "Bearer ana-token-0123456789"}});
+  EXPECT_EQ(user->status, 403) << user->body;
+  EXPECT_EQ(http.Get("/metrics", {{"Authorization", "Bearer root-token-0123456789"}})->status, 200);
+}
+
 TEST(HttpTest, TokensApplyAsOnGrpc) {
   TempDir dir;
   const std::string token = "http-test-token-0123456789abcdef";
@@ -193,6 +332,7 @@ TEST(HttpTest, TokensApplyAsOnGrpc) {
   const auto who = FromJson<v1::WhoAmIResponse>(me->body);
   EXPECT_EQ(who.principal(), "ana");
   EXPECT_EQ(who.role(), "reader");
+  EXPECT_GT(who.max_queued_runs(), 0u) << "the same answer as gRPC's WhoAmI, limits included";
   EXPECT_EQ(http.Get("/api/v1/runs", {{"Authorization", "Bearer " + token}})->status, 200);
   EXPECT_EQ(http.Get("/healthz")->status, 200) << "probes need no token";
   EXPECT_EQ(http.Get("/")->status, 200) << "nor do the dashboard's files (they hold no data)";

@@ -71,6 +71,7 @@ class Server {
     opts.heartbeat = std::chrono::milliseconds(200);
     scheduler_ = std::make_unique<scheduler::Scheduler>(opts, store_.get(), executor, Clock::Real());
     analysis_ = std::make_unique<scheduler::AnalysisCore>(store_.get(), analyzer ? analyzer : analyzer_.get());
+    scheduler_->OnRunsDeleted([a = analysis_.get()](const std::vector<int64_t>& ids) { a->jobs().ForgetRuns(ids); });
     EXPECT_TRUE(scheduler_->Start().ok());
     server_opts.listen = listen;
     sweeps_ = std::make_unique<scheduler::SweepCore>(scheduler_.get(), store_.get(), analysis_.get(), 64, opts.quotas);
@@ -103,11 +104,16 @@ class Server {
   std::unique_ptr<rpc::GrpcServer> server_;
 };
 
-inline client::Client MakeClient(const std::string& address, const std::string& token = "") {
+// Waits for the connection within its deadline (`wait_for_ready`): a loaded
+// machine can refuse a first connect for a moment; a test of a connection
+// that must fail passes false.
+inline client::Client MakeClient(const std::string& address, const std::string& token = "",
+                                 bool wait_for_ready = true) {
   client::ClientOptions opts;
   opts.server = address;
   opts.timeout = std::chrono::seconds(10);
   opts.token = token;
+  opts.wait_for_ready = wait_for_ready;
   return client::Client(opts);
 }
 

@@ -257,8 +257,16 @@ TEST(IntegrationTest, HealthReportsNotServingWhileDraining) {
   Server server(dir.path(), &exec);
   auto c = MakeClient(server.address());
   ASSERT_TRUE(c.Health().ok());
+  // Each service by its full name too (issue 32 item 10).
+  for (const char* service : {"circuitlab.v1.ExperimentService", "circuitlab.v1.AnalysisService"}) {
+    EXPECT_TRUE(c.Health(service).ok()) << service << ": " << c.Health(service);
+  }
+  EXPECT_EQ(c.Health("circuitlab.v1.NoSuchService").code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(c.Health("circuitlab.v1.WorkerService").code(), absl::StatusCode::kNotFound)
+      << "not served without remote workers";
   server.grpc().MarkNotServing();
   EXPECT_EQ(c.Health().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(c.Health("circuitlab.v1.ExperimentService").code(), absl::StatusCode::kUnavailable);
 }
 
 // Drain (SIGTERM's path) checkpoints a running run; the next server resumes it

@@ -2,10 +2,13 @@
 // scripts/dev-certs.sh (openssl), principals and roles from a tokens file,
 // ownership, per-principal quotas, private runs, the audit log, reflection.
 #include <gtest/gtest.h>
+#include <httplib.h>
 
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <future>
+#include <thread>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -84,7 +87,7 @@ TEST(SecurityTest, TlsRefusesPlaintextAndAStrangeCa) {
   opts.tls = {certs.good + "/server.pem", certs.good + "/server.key", "", 10};
   Server server(dir.path(), &exec, {}, opts, nullptr, principals.auth.get());
 
-  auto plaintext = MakeClient(server.address(), Token("alice"));
+  auto plaintext = MakeClient(server.address(), Token("alice"), /*wait_for_ready=*/false);
   EXPECT_EQ(plaintext.Health().code(), absl::StatusCode::kUnavailable) << "plaintext to a TLS port";
   auto stranger = TlsClient(server.address(), certs.other, Token("alice"));
   EXPECT_EQ(stranger.Health().code(), absl::StatusCode::kUnavailable) << "a certificate from another CA";
@@ -354,6 +357,116 @@ TEST(SecurityTest, ARevokedTokenFailsAfterReloadWithoutARestart) {
   ASSERT_TRUE(principals.auth->Reload().ok());
   EXPECT_EQ(bob.ListRuns({}).status().code(), absl::StatusCode::kUnauthenticated);
   EXPECT_TRUE(MakeClient(server.address(), Token("alice")).ListRuns({}).ok());
+}
+
+// Issue 32 item 2: a sweep summary's label columns start LabelRun jobs only
+// for those who may start analyses (a reader sees "not labelled yet", as its
+// LabelRun would be refused), and a summary that started jobs is audited.
+TEST(SecurityTest, AReaderSummaryStartsNoAnalysisAndAUsersIsAudited) {
+  TempDir dir;
+  FakeExecutor exec;
+  Principals principals(dir.path(), Principal("alice", "user") + Principal("carol", "reader"));
+  const std::string audit_path = dir.path() + "/audit.jsonl";
+  auto audit = rpc::AuditLog::Open(audit_path);
+  ASSERT_TRUE(audit.ok()) << audit.status();
+  rpc::ServerOptions http;
+  http.http.listen = "127.0.0.1:0";
+  Server server(dir.path(), &exec, {}, http, nullptr, principals.auth.get(), audit->get());
+  auto alice = MakeClient(server.address(), Token("alice"));
+  auto carol = MakeClient(server.address(), Token("carol"));
+  auto sweep = alice.SubmitSweep(LrBySeedSweep("labels", 40, 1.0, 2.0));
+  ASSERT_TRUE(sweep.ok()) << sweep.status();
+  for (const std::string& id : sweep->run_ids()) ASSERT_EQ(WaitForEnd(alice, id), v1::RUN_STATE_SUCCEEDED);
+  v1::GetSweepSummaryRequest req;
+  req.set_sweep_id(sweep->sweep_id());
+  req.add_values("circuit");
+  req.add_values("pair");
+  auto by_reader = carol.GetSweepSummary(req);
+  ASSERT_TRUE(by_reader.ok()) << by_reader.status();
+  for (const v1::SweepRow& r : by_reader->rows()) {
+    EXPECT_EQ(r.values(0).string_value(), "not labelled yet (a reader cannot start labels)") << r.DebugString();
+  }
+  httplib::Client h("127.0.0.1", server.http_port());
+  auto over_http = h.Get("/api/v1/sweeps/" + sweep->sweep_id() + "/summary?values=circuit,pair",
+                         {{"Authorization", "Bearer " + Token("carol")}});
+  ASSERT_EQ(over_http->status, 200) << over_http->body;
+  EXPECT_NE(over_http->body.find("not labelled yet"), std::string::npos) << over_http->body;
+  EXPECT_EQ(alice.ListAnalysisJobs()->jobs_size(), 0) << "the reader started nothing";
+  EXPECT_EQ(ReadFile(audit_path).find("GetSweepSummary"), std::string::npos);
+  // The owner's summary starts the jobs (they fail here: the fake executor's
+  // checkpoints are not LibTorch's) and leaves one audit line.
+  auto by_user = alice.GetSweepSummary(req);
+  ASSERT_TRUE(by_user.ok()) << by_user.status();
+  EXPECT_GT(by_user->pending(), 0u);
+  int audited = 0;
+  std::istringstream in(ReadFile(audit_path));
+  for (std::string line; std::getline(in, line);) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    if (j["method"] == "GetSweepSummary") {
+      EXPECT_EQ(j["principal"], "alice");
+      EXPECT_EQ(j["target"], sweep->sweep_id());
+      ++audited;
+    }
+  }
+  EXPECT_EQ(audited, 1) << ReadFile(audit_path);
+}
+
+// Issue 32 item 6: revoking a token (SIGHUP re-reads the file) also ends
+// that principal's open streams: WatchRun ends UNAUTHENTICATED and the HTTP
+// event stream closes, within a second; another principal's stream goes on.
+TEST(SecurityTest, RevokingATokenEndsItsOpenStreams) {
+  TempDir dir;
+  FakeExecutor exec;
+  exec.Close();  // the run stays RUNNING, so its streams stay open
+  Principals principals(dir.path(), Principal("alice", "user") + Principal("bob", "user"));
+  rpc::ServerOptions http;
+  http.http.listen = "127.0.0.1:0";
+  Server server(dir.path(), &exec, {}, http, nullptr, principals.auth.get());
+  auto alice = MakeClient(server.address(), Token("alice"));
+  v1::ExperimentSpec spec = TinySpec();
+  auto run = alice.SubmitRun(spec);
+  ASSERT_TRUE(run.ok()) << run.status();
+  v1::WatchRunRequest w;
+  w.set_run_id(run->run_id());
+  auto watch = [&](const std::string& who, std::atomic<bool>& stop) {
+    return std::async(std::launch::async, [&, who] {
+      return MakeClient(server.address(), Token(who)).Watch(w, [](const v1::RunEvent&) {}, stop,
+                                                            std::chrono::milliseconds(0));
+    });
+  };
+  std::atomic<bool> stop_bob{false}, stop_alice{false};
+  auto bob_watch = watch("bob", stop_bob);
+  auto alice_watch = watch("alice", stop_alice);
+  // Bob's event stream over HTTP, read on a thread until it closes.
+  std::atomic<bool> sse_open{false}, sse_closed{false};
+  std::thread sse([&] {
+    httplib::Client c("127.0.0.1", server.http_port());
+    c.set_read_timeout(std::chrono::seconds(30));
+    c.Get("/api/v1/runs/" + run->run_id() + "/events", {{"Authorization", "Bearer " + Token("bob")}},
+          [&](const char*, size_t) {
+            sse_open = true;
+            return true;
+          });
+    sse_closed = true;
+  });
+  ASSERT_TRUE(WaitFor([&] { return sse_open.load(); }));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // both watches are streaming
+  ASSERT_EQ(bob_watch.wait_for(std::chrono::seconds(0)), std::future_status::timeout);
+
+  std::ofstream(principals.path) << Principal("alice", "user");
+  ASSERT_TRUE(principals.auth->Reload().ok());
+  EXPECT_EQ(server.grpc().RevalidateStreams(), 2) << "bob's WatchRun and his event stream";
+  ASSERT_EQ(bob_watch.wait_for(std::chrono::seconds(2)), std::future_status::ready);
+  const absl::Status ended = bob_watch.get();
+  EXPECT_EQ(ended.code(), absl::StatusCode::kUnauthenticated) << ended;
+  EXPECT_NE(ended.message().find("revoked"), absl::string_view::npos) << ended;
+  EXPECT_TRUE(WaitFor([&] { return sse_closed.load(); }, std::chrono::seconds(2)));
+  EXPECT_EQ(alice_watch.wait_for(std::chrono::milliseconds(200)), std::future_status::timeout) << "alice's goes on";
+  stop_alice = true;
+  exec.Open();
+  const absl::Status alice_end = alice_watch.get();  // stopped by us, or ended with the run
+  EXPECT_TRUE(alice_end.ok() || absl::IsCancelled(alice_end)) << alice_end;
+  sse.join();
 }
 
 TEST(SecurityTest, ReflectionNeedsATokenWhenTokensAreConfigured) {

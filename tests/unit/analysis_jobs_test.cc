@@ -168,6 +168,34 @@ TEST_F(AnalysisJobsTest, CancelQueuedAndRunningJobs) {
   EXPECT_EQ(jobs.Cancel("a999").status().code(), absl::StatusCode::kNotFound);
 }
 
+// Issue 32 item 7: deleting a run ends its jobs (queued at once, running at
+// their next forward pass) and they are neither listed nor stored after.
+TEST_F(AnalysisJobsTest, DeletedRunsLoseTheirJobs) {
+  AnalysisJobs jobs(store_.get(), {});  // one worker
+  Gate gate;
+  auto job_of = [&](const std::string& key, int64_t run) {
+    AnalysisJobRequest r = Job(key, gate.Work());
+    r.run_id = run;
+    return r;
+  };
+  auto running = jobs.Submit(job_of("intervene", 7), false);
+  auto queued = jobs.Submit(job_of("label", 7), false);
+  auto other = jobs.Submit(job_of("label", 8), false);
+  ASSERT_TRUE(running.ok() && queued.ok() && other.ok());
+  ASSERT_TRUE(WaitFor([&] { return gate.started.load() == 1; }));
+  EXPECT_EQ(jobs.List().jobs_size(), 3);
+  jobs.ForgetRuns({7});
+  auto listed = jobs.List();
+  ASSERT_EQ(listed.jobs_size(), 1) << listed.DebugString();
+  EXPECT_EQ(listed.jobs(0).job_id(), other->job_id);
+  // The running one stops at its next poll; run 8's job then runs.
+  ASSERT_TRUE(WaitFor([&] { return gate.started.load() == 2; }));
+  EXPECT_EQ(jobs.Cancel(running->job_id).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(jobs.Cancel(queued->job_id).status().code(), absl::StatusCode::kNotFound);
+  gate.open = true;
+  ASSERT_TRUE(WaitFor([&] { return jobs.List().jobs_size() == 0; }));
+}
+
 TEST_F(AnalysisJobsTest, LimitsCountQueuedAndRunningPerClientAndInAll) {
   AnalysisJobOptions options;
   options.max_active = 3;

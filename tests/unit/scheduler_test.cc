@@ -291,8 +291,11 @@ TEST_F(SchedulerTest, CheckpointWriteFaultsAreRetriedBeforeTheRunFails) {
   ASSERT_TRUE(scheduler_->Submit(SmallSpec(20), "a").ok());
   ASSERT_TRUE(WaitFor([&] { return scheduler_->GetRun("r1")->warning().find("not written") != std::string::npos; }));
   EXPECT_EQ(StateOf("r1"), v1::RUN_STATE_RUNNING) << "paused, not failed";
+  // Meanwhile the server says it is not ready (/readyz; issue 32 item 10).
+  EXPECT_NE(scheduler_->StorageFault().find("r1: "), std::string::npos) << scheduler_->StorageFault();
   std::filesystem::remove(dir_.path() + "/checkpoints/r1");
   ASSERT_TRUE(WaitFor([&] { return StateOf("r1") == v1::RUN_STATE_SUCCEEDED; }));
+  EXPECT_EQ(scheduler_->StorageFault(), "");
   EXPECT_NE(scheduler_->GetRun("r1")->warning().find("written after"), std::string::npos);
 
   // Storage that never comes back: the run fails after the last try, saying why.
@@ -304,6 +307,22 @@ TEST_F(SchedulerTest, CheckpointWriteFaultsAreRetriedBeforeTheRunFails) {
   ASSERT_TRUE(WaitFor([&] { return StateOf("r2") == v1::RUN_STATE_FAILED; }));
   EXPECT_NE(scheduler_->GetRun("r2")->error().find("could not be written after 3 tries"), std::string::npos)
       << scheduler_->GetRun("r2")->error();
+  // Clients see the file relative to the data directory (issue 32 item 9).
+  EXPECT_NE(scheduler_->GetRun("r2")->error().find("checkpoints/r2"), std::string::npos);
+  EXPECT_EQ(scheduler_->GetRun("r2")->error().find(dir_.path()), std::string::npos) << scheduler_->GetRun("r2")->error();
+}
+
+// Issue 32 item 10: a run that resumes after a restart shows at least its
+// checkpoint's step as progress, not 0, until its first progress report.
+TEST_F(SchedulerTest, ProgressNeverLagsTheCheckpoint) {
+  executor_.Close();
+  ASSERT_TRUE(scheduler_->Submit(SmallSpec(400), "a").ok());
+  ASSERT_TRUE(store_->PutCheckpoint(1, 200, "step=200", 2).ok());
+  auto run = scheduler_->GetRun("r1");
+  ASSERT_TRUE(run.ok());
+  EXPECT_EQ(run->checkpoint_step(), 200u);
+  EXPECT_EQ(run->progress().step(), 200u);
+  executor_.Open();
 }
 
 TEST_F(SchedulerTest, ListValidatesAndPaginates) {
@@ -459,10 +478,11 @@ class LosingExecutor : public engine::Executor {
     auto* placed = dynamic_cast<PlacedObserver*>(&observer);
     if (placed == nullptr) return absl::InternalError("not a placed observer");
     placed->OnPlaced("w1 slurm:7@node cpu");
-    placed->OnLost("w1 slurm:7@node cpu: connection reset");
+    placed->OnLost("w1 slurm:7@node cpu: connection reset", charged);
     return engine::TrainOutcome{engine::TrainEnd::kPreempted, 0};
   }
   std::atomic<int> calls{0};
+  bool charged = true;  // false: the worker was blamed (silent), not the run
 };
 
 class AlwaysCapacity : public WorkerCapacity {
@@ -497,6 +517,29 @@ TEST_F(SchedulerTest, ARunThatKeepsLosingItsWorkerFailsAfterTheLimit) {
             std::string::npos)
       << r->error();
   EXPECT_EQ(r->device(), "w1 slurm:7@node cpu");
+  s.Drain();
+}
+
+// Issue 32 item 3: leases lost through the worker's fault (silent, or gone
+// before reporting) are not charged to the run: it goes back to the queue
+// however often that happens.
+TEST_F(SchedulerTest, LeasesLostByTheWorkersFaultAreNotChargedToTheRun) {
+  LosingExecutor losing;
+  losing.charged = false;
+  AlwaysCapacity capacity;
+  SchedulerOptions opts;
+  opts.cpu_slots = 0;
+  opts.remote_slots = 1;
+  opts.remote = &capacity;
+  opts.max_lost_leases = 3;
+  opts.epoch = "test";
+  scheduler_.reset();
+  Scheduler s(opts, store_.get(), &losing, &clock_);
+  ASSERT_TRUE(s.Start().ok());
+  auto run = s.Submit(SmallSpec(), "me");
+  ASSERT_TRUE(run.ok()) << run.status();
+  ASSERT_TRUE(WaitFor([&] { return losing.calls.load() >= 8; }));
+  EXPECT_NE(s.GetRun(run->run_id())->state(), v1::RUN_STATE_FAILED) << s.GetRun(run->run_id())->error();
   s.Drain();
 }
 

@@ -206,6 +206,11 @@ TEST(StoreTest, CheckpointsAreAtomicVerifiedAndPruned) {
   ASSERT_TRUE(intact.ok());
   EXPECT_FALSE(intact->has_value());
   EXPECT_EQ(skipped.size(), 2u);
+  // What clients read names files relative to the data directory, never where
+  // the server keeps it (issue 32 item 9).
+  EXPECT_NE(skipped[1].find("checkpoint file missing: checkpoints/r1/step-000000000020.ckpt"), std::string::npos)
+      << skipped[1];
+  for (const std::string& why : skipped) EXPECT_EQ(why.find(dir.path()), std::string::npos) << why;
   ASSERT_TRUE((*store)->SetRunWarning(*id, "resumed from step 0").ok());
   EXPECT_EQ((*store)->GetRun(*id)->warning, "resumed from step 0");
 }
@@ -275,6 +280,16 @@ TEST(StoreTest, BackupWhileOpenAndLostRunsAreRefused) {
     ASSERT_TRUE((*store)->Flush().ok());
     ASSERT_TRUE(Store::Backup(data, copy).ok());
     EXPECT_EQ(Store::Backup(data, copy).code(), absl::StatusCode::kAlreadyExists) << "never over a backup";
+    // Never into the data directory itself or a folder inside it, which would
+    // copy into itself until the disk is full (issue 32 item 5); nothing is
+    // left behind.
+    for (const std::string& inside : {data, data + "/checkpoints/nest", data + "/./x/../checkpoints/r1/more"}) {
+      const absl::Status s = Store::Backup(data, inside);
+      EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << inside << ": " << s;
+      EXPECT_NE(s.message().find("is inside --data"), absl::string_view::npos) << s;
+    }
+    EXPECT_FALSE(std::filesystem::exists(data + "/checkpoints/nest"));
+    EXPECT_FALSE(std::filesystem::exists(data + "/checkpoints/r1/more"));
   }
   {
     auto restored = Store::Open(copy);

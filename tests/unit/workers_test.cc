@@ -23,6 +23,7 @@ class RecordingLink : public WorkerLink {
   }
   void Close(const absl::Status& why) override {
     std::lock_guard<std::mutex> lock(mu);
+    if (was_closed) return;  // as the real stream: the first reason ends it
     closed = why;
     was_closed = true;
     cv.notify_all();
@@ -60,8 +61,12 @@ class RecordingObserver : public PlacedObserver {
   int64_t run_id() const override { return id_; }
   int64_t start_step() const override { return start_; }
   void OnPlaced(const std::string& device) override { placed = device; }
-  void OnLost(const std::string& why) override { lost.push_back(why); }
+  void OnLost(const std::string& why, bool counts) override {
+    lost.push_back(why);
+    lost_counts.push_back(counts);
+  }
   std::vector<std::string> lost;
+  std::vector<bool> lost_counts;
   void OnMetrics(int64_t step, const std::vector<engine::Metric>& m) override {
     metric_calls.push_back({step, m.size()});
   }
@@ -172,6 +177,7 @@ TEST_F(WorkerBrokerTest, LeaseLifeResumeReportsCheckpointAndEnd) {
   RecordingObserver obs(7, 300);
   engine::TrainRequest req;
   req.spec.set_name("x");
+  req.spec.mutable_training()->set_steps(500);
   req.resume_from = std::string("0123456789");  // 3 chunks of <= 4 bytes
   CancelToken token;
   req.cancel = &token;
@@ -296,6 +302,7 @@ TEST_F(WorkerBrokerTest, ALostWorkerHandsTheRunBackAtItsLastStep) {
   const uint64_t s = *b.Open(link, Reg(), "w", "peer");
   RecordingObserver obs(5);
   engine::TrainRequest req;
+  req.spec.mutable_training()->set_steps(100);
   auto done = std::async(std::launch::async, [&] { return b.Train(req, obs); });
   auto lease = link->WaitFor(v1::ServerMessage::kLease);
   ASSERT_TRUE(lease.has_value());
@@ -311,8 +318,9 @@ TEST_F(WorkerBrokerTest, ALostWorkerHandsTheRunBackAtItsLastStep) {
   ASSERT_TRUE(out.ok());
   EXPECT_EQ(out->end, engine::TrainEnd::kPreempted);
   EXPECT_EQ(out->last_step, 77);
-  ASSERT_EQ(obs.lost.size(), 1u) << "the scheduler counts lost workers (--max-lost-leases)";
+  ASSERT_EQ(obs.lost.size(), 1u);
   EXPECT_EQ(obs.lost[0], "w1 slurm:42@node1 cpu: connection reset");
+  EXPECT_TRUE(obs.lost_counts[0]) << "gone after reporting on the run: charged to the run (--max-lost-leases)";
   EXPECT_EQ(b.OnMessage(s, ReportMsg(1, 3)).code(), absl::StatusCode::kFailedPrecondition);
 }
 
@@ -340,6 +348,8 @@ TEST_F(WorkerBrokerTest, ASilentWorkerTimesOut) {
   std::lock_guard<std::mutex> lock(link->mu);
   EXPECT_TRUE(link->was_closed);
   EXPECT_EQ(link->closed.code(), absl::StatusCode::kDeadlineExceeded);
+  ASSERT_EQ(obs.lost_counts.size(), 1u);
+  EXPECT_FALSE(obs.lost_counts[0]) << "a silent worker is charged itself, not the run";
 }
 
 TEST_F(WorkerBrokerTest, RunsStoppedBeforeAnyWorkerEndWhereTheyAre) {
@@ -366,6 +376,7 @@ TEST_F(WorkerBrokerTest, AFailedCheckpointWriteIsAckedWithTheError) {
   RecordingObserver obs(5);
   obs.checkpoint_status = absl::UnavailableError("disk full");
   engine::TrainRequest req;
+  req.spec.mutable_training()->set_steps(200);
   auto done = std::async(std::launch::async, [&] { return b.Train(req, obs); });
   auto lease = link->WaitFor(v1::ServerMessage::kLease);
   ASSERT_TRUE(lease.has_value());
@@ -383,6 +394,176 @@ TEST_F(WorkerBrokerTest, AFailedCheckpointWriteIsAckedWithTheError) {
   absl::StatusOr<engine::TrainOutcome> out = done.get();
   EXPECT_EQ(out.status().code(), absl::StatusCode::kUnavailable) << "the server's own failure is the run's error";
   EXPECT_NE(out.status().message().find("disk full"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace circuitlab::scheduler
+
+namespace circuitlab::scheduler {
+namespace {
+
+// An executor whose CheckCheckpoint accepts only "good:<step>" bytes, standing
+// in for the engine's archive check.
+class CheckingExecutor : public engine::Executor {
+ public:
+  absl::StatusOr<engine::TrainOutcome> Train(const engine::TrainRequest&, engine::TrainObserver&) override {
+    return absl::UnimplementedError("not here");
+  }
+  absl::Status CheckCheckpoint(const v1::ExperimentSpec&, int64_t step, const std::string& bytes) override {
+    return bytes == "good:" + std::to_string(step) ? absl::OkStatus()
+                                                   : absl::InvalidArgumentError("not a checkpoint of this run");
+  }
+};
+
+// Issue 32 item 3: one principal cannot register unbounded sessions or
+// slots, and a principal whose workers keep going silent on their leases is
+// quarantined; their runs are not charged.
+TEST_F(WorkerBrokerTest, OnePrincipalCannotTakeEveryLease) {
+  BrokerOptions o = Options();
+  o.max_sessions_per_principal = 2;
+  o.max_slots_per_principal = 5;
+  o.quarantine_after = 2;
+  o.quarantine = 60s;
+  WorkerBroker b(o, nullptr, &clock);
+  auto link = std::make_shared<RecordingLink>();
+  ASSERT_TRUE(b.Open(link, Reg(3), "mallory", "p").ok());
+  auto too_many_slots = b.Open(link, Reg(3), "mallory", "p");
+  EXPECT_EQ(too_many_slots.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(too_many_slots.status().message().find("--max-worker-slots-per-principal 5"), std::string::npos);
+  ASSERT_TRUE(b.Open(link, Reg(2), "mallory", "p").ok());
+  auto too_many_sessions = b.Open(link, Reg(1), "mallory", "p");
+  EXPECT_EQ(too_many_sessions.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(too_many_sessions.status().message().find("--max-worker-sessions-per-principal 2"), std::string::npos);
+
+  // Two of mallory's leases go silent: both runs come back uncharged, and
+  // mallory is quarantined (no new session, no lease for her sessions).
+  std::vector<std::unique_ptr<RecordingObserver>> obs;
+  std::vector<std::future<absl::StatusOr<engine::TrainOutcome>>> runs;
+  engine::TrainRequest req;
+  req.spec.mutable_training()->set_steps(10);
+  for (int i = 0; i < 2; ++i) {
+    obs.push_back(std::make_unique<RecordingObserver>(i + 1));
+    runs.push_back(std::async(std::launch::async, [&, i] { return b.Train(req, *obs[i]); }));
+  }
+  for (int i = 0; i < 500 && link->Count(v1::ServerMessage::kLease) < 2; ++i) std::this_thread::sleep_for(10ms);
+  ASSERT_EQ(link->Count(v1::ServerMessage::kLease), 2u);
+  clock.AdvanceMicros(3'000'000);  // past the lease timeout: mallory's workers said nothing
+  for (auto& r : runs) EXPECT_EQ(r.get()->end, engine::TrainEnd::kPreempted);
+  for (const auto& o : obs) {
+    ASSERT_EQ(o->lost_counts.size(), 1u);
+    EXPECT_FALSE(o->lost_counts[0]) << "silent workers: the runs are not charged";
+  }
+  auto refused = b.Open(std::make_shared<RecordingLink>(), Reg(1), "mallory", "p");
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(refused.status().message().find("is quarantined for"), std::string::npos) << refused.status();
+  EXPECT_TRUE(b.Open(std::make_shared<RecordingLink>(), Reg(1), "alice", "p").ok()) << "others are not affected";
+  clock.AdvanceMicros(61'000'000);
+  EXPECT_TRUE(b.Open(std::make_shared<RecordingLink>(), Reg(1), "mallory", "p").ok()) << "the quarantine ends";
+}
+
+// Issue 32 item 4: what a worker uploads is bounded and checked: steps within
+// the run, printable names and host, a checkpoint stored only when whole and
+// loadable for its spec. An upload the run cannot have (a checkpoint too
+// large for it or not its own, a basis beyond 200,000 coordinates) ends the
+// worker's session: the run goes back to the queue uncharged.
+TEST_F(WorkerBrokerTest, UploadsAreBoundedAndChecked) {
+  CheckingExecutor local;
+  WorkerBroker b(Options(), &local, &clock);
+  v1::Register evil = Reg();
+  evil.set_host("node\x1b]0;pwned\x07\n");
+  auto bad_host = b.Open(std::make_shared<RecordingLink>(), evil, "w", "p");
+  EXPECT_EQ(bad_host.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad_host.status().message().find("register.host must hold no control characters"), std::string::npos);
+
+  // One lease per scenario: `send` gets the session, its link and the lease id.
+  auto scenario = [&](const std::function<void(uint64_t, RecordingLink&, uint64_t)>& send, RecordingObserver& obs) {
+    auto link = std::make_shared<RecordingLink>();
+    const uint64_t s = *b.Open(link, Reg(), "w", "peer");
+    engine::TrainRequest req;
+    req.spec.mutable_training()->set_steps(30);
+    CancelToken token;
+    req.cancel = &token;
+    auto done = std::async(std::launch::async, [&] { return b.Train(req, obs); });
+    auto lease = link->WaitFor(v1::ServerMessage::kLease);
+    EXPECT_TRUE(lease.has_value());
+    if (lease) send(s, *link, lease->lease().lease_id());
+    absl::StatusOr<engine::TrainOutcome> out = done.get();
+    b.Closed(s, link->closed);  // as the rpc layer does once the stream ends
+    return out;
+  };
+  auto chunk = [](uint64_t lease, uint64_t seq, uint64_t step, std::string data, bool last) {
+    v1::WorkerMessage m = ReportMsg(lease, seq);
+    m.mutable_report()->mutable_checkpoint()->set_step(step);
+    m.mutable_report()->mutable_checkpoint()->set_data(std::move(data));
+    m.mutable_report()->mutable_checkpoint()->set_last(last);
+    return m;
+  };
+
+  // Steps beyond the run and unprintable names are protocol errors (the rpc
+  // layer ends the session with them); a complete, loadable checkpoint is
+  // stored, chunks without `last` never are.
+  RecordingObserver good(4);
+  auto out = scenario(
+      [&](uint64_t s, RecordingLink& link, uint64_t id) {
+        v1::WorkerMessage beyond = ReportMsg(id, 1);
+        beyond.mutable_report()->mutable_progress()->set_step(18446744073709551615ULL);
+        const absl::Status s1 = b.OnMessage(s, beyond);
+        EXPECT_EQ(s1.code(), absl::StatusCode::kInvalidArgument);
+        EXPECT_NE(s1.message().find("progress report at step 18446744073709551615 of a run of 30 steps"),
+                  std::string::npos)
+            << s1;
+        v1::WorkerMessage bad_name = ReportMsg(id, 1);
+        auto* m = bad_name.mutable_report()->mutable_metrics()->add_metrics();
+        m->set_step(3);
+        m->set_name("loss\n[error] forged");
+        EXPECT_EQ(b.OnMessage(s, bad_name).code(), absl::StatusCode::kInvalidArgument);
+        ASSERT_TRUE(b.OnMessage(s, chunk(id, 1, 10, "good:", false)).ok());
+        ASSERT_TRUE(b.OnMessage(s, chunk(id, 2, 20, "good:", false)).ok());  // step 10's never completed
+        ASSERT_TRUE(b.OnMessage(s, chunk(id, 3, 20, "20", true)).ok());
+        ASSERT_TRUE(link.WaitFor(v1::ServerMessage::kCheckpointAck).has_value());
+        ASSERT_TRUE(b.OnMessage(s, EndMsg(id, 4, v1::MemberEnd::END_COMPLETED, 30)).ok());
+      },
+      good);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(out->end, engine::TrainEnd::kCompleted);
+  ASSERT_EQ(good.checkpoints.size(), 1u);
+  EXPECT_EQ(good.checkpoints[0], (std::pair<int64_t, std::string>{20, "good:20"}));
+
+  // Each of these ends the session; the run comes back (preempted), uncharged.
+  const std::string mib(1 << 20, 'x');
+  const std::vector<std::pair<std::string, std::function<void(uint64_t, uint64_t)>>> misbehaviours = {
+      {"is not one of this run", [&](uint64_t s, uint64_t id) { ASSERT_TRUE(b.OnMessage(s, chunk(id, 1, 10, "junk", true)).ok()); }},
+      {"is larger than this run can have",
+       [&](uint64_t s, uint64_t id) {
+         for (uint64_t k = 1; k <= 3; ++k) ASSERT_TRUE(b.OnMessage(s, chunk(id, k, 30, mib, k == 3)).ok());
+       }},
+      {"more than 200000 coordinates",
+       [&](uint64_t s, uint64_t id) {
+         v1::WorkerMessage basis = ReportMsg(id, 1);
+         for (int i = 0; i < 200001; ++i) basis.mutable_report()->mutable_basis()->add_coords();
+         ASSERT_TRUE(b.OnMessage(s, basis).ok());
+       }},
+  };
+  for (const auto& [why, send] : misbehaviours) {
+    RecordingObserver obs(5);
+    std::shared_ptr<RecordingLink> seen;
+    auto ended = scenario(
+        [&](uint64_t s, RecordingLink& link, uint64_t id) {
+          send(s, id);
+          std::unique_lock<std::mutex> lock(link.mu);
+          link.cv.wait_for(lock, 5s, [&] { return link.was_closed; });
+          EXPECT_TRUE(link.was_closed) << why;
+          EXPECT_NE(link.closed.message().find(why), std::string::npos) << link.closed;
+          lock.unlock();
+          b.Closed(s, link.closed);
+        },
+        obs);
+    ASSERT_TRUE(ended.ok()) << why << ": " << ended.status();
+    EXPECT_EQ(ended->end, engine::TrainEnd::kPreempted) << why;
+    ASSERT_EQ(obs.lost_counts.size(), 1u) << why;
+    EXPECT_FALSE(obs.lost_counts[0]) << why << ": the worker's fault, not the run's";
+    EXPECT_TRUE(obs.checkpoints.empty()) << why;
+  }
 }
 
 }  // namespace

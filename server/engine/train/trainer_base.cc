@@ -164,14 +164,37 @@ void TrainerBase::Update(torch::Tensor* grad_sq) {
   step_ = next;
 }
 
-uint64_t TrainerBase::Fingerprint(const std::vector<uint64_t>& seeds) const {
+uint64_t CheckpointFingerprint(const v1::ExperimentSpec& spec, const std::vector<uint64_t>& seeds) {
   // What determines the trajectory: task, data, model, training and seeds.
-  uint64_t h = HashPurpose(spec_.task().SerializeAsString());
-  h = Mix64(h ^ HashPurpose(spec_.data().SerializeAsString()));
-  h = Mix64(h ^ HashPurpose(spec_.model().SerializeAsString()));
-  h = Mix64(h ^ HashPurpose(spec_.training().SerializeAsString()));
+  uint64_t h = HashPurpose(spec.task().SerializeAsString());
+  h = Mix64(h ^ HashPurpose(spec.data().SerializeAsString()));
+  h = Mix64(h ^ HashPurpose(spec.model().SerializeAsString()));
+  h = Mix64(h ^ HashPurpose(spec.training().SerializeAsString()));
   for (uint64_t s : seeds) h = Mix64(h ^ s);
   return h >> 1;
+}
+
+uint64_t TrainerBase::Fingerprint(const std::vector<uint64_t>& seeds) const {
+  return CheckpointFingerprint(spec_, seeds);
+}
+
+absl::Status CheckCheckpoint(const v1::ExperimentSpec& spec, int64_t step, const std::string& bytes) {
+  torch::serialize::InputArchive archive;
+  int64_t format = 0;
+  if (absl::Status s = OpenArchive(bytes, torch::kCPU, archive, format); !s.ok()) return s;
+  return ReadGuarded(archive, [&]() -> absl::Status {
+    torch::Tensor fingerprint, at;
+    archive.read("fingerprint", fingerprint);
+    if (static_cast<uint64_t>(fingerprint.item<int64_t>()) != CheckpointFingerprint(spec, {spec.seed()})) {
+      return absl::InvalidArgumentError("the checkpoint belongs to a different spec or seed");
+    }
+    archive.read("step", at);
+    if (at.item<int64_t>() != step) {
+      return absl::InvalidArgumentError("the checkpoint is of step " + std::to_string(at.item<int64_t>()) +
+                                        ", not " + std::to_string(step));
+    }
+    return absl::OkStatus();
+  });
 }
 
 std::string TrainerBase::Archive(const std::vector<uint64_t>& seeds, const std::vector<torch::Tensor>& params,

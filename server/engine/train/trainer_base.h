@@ -35,6 +35,10 @@ uint64_t BatchSeedOf(uint64_t member_seed, int64_t step);
 // Seed of a member's fixed task pool.
 uint64_t PoolSeedOf(uint64_t member_seed);
 
+// What a checkpoint records of its spec (task, data, model, training) and
+// member seeds, to refuse one that belongs to another run.
+uint64_t CheckpointFingerprint(const v1::ExperimentSpec& spec, const std::vector<uint64_t>& seeds);
+
 // The learning rate of (1-based) `step` under the spec's schedule.
 double ScheduledLearningRate(const v1::TrainingSpec& training, int64_t step);
 
