@@ -51,21 +51,6 @@ std::string Pad(const std::string& s, size_t width) {
   return columns >= width ? s : s + std::string(width - columns, ' ');
 }
 
-std::string EscapeForTerminal(const std::string& text) {
-  std::string out;
-  for (size_t i = 0; i < text.size();) {
-    const size_t n = ControlAt(text, i);
-    if (n == 0) {
-      out += text[i++];
-      continue;
-    }
-    const unsigned cp = ControlCodePoint(text, i, n);
-    char buf[8];
-    std::snprintf(buf, sizeof buf, cp < 0x80 ? "\\x%02x" : "\\u%04x", cp);
-    out += buf;
-    i += n;
-  }
-  return out;
-}
+std::string EscapeForTerminal(const std::string& text) { return EscapeControl(text); }
 
 }  // namespace circuitlab::client

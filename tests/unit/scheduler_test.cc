@@ -491,17 +491,22 @@ class AlwaysCapacity : public WorkerCapacity {
   void Release() override {}
 };
 
+// Options for a scheduler whose one slot is a remote worker's.
+SchedulerOptions RemoteOptions(WorkerCapacity* capacity, int slots = 1) {
+  SchedulerOptions opts;
+  opts.cpu_slots = 0;
+  opts.remote_slots = slots;
+  opts.remote = capacity;
+  opts.max_lost_leases = 3;
+  opts.epoch = "test";
+  return opts;
+}
+
 TEST_F(SchedulerTest, ARunThatKeepsLosingItsWorkerFailsAfterTheLimit) {
   LosingExecutor losing;
   AlwaysCapacity capacity;
-  SchedulerOptions opts;
-  opts.cpu_slots = 0;
-  opts.remote_slots = 1;
-  opts.remote = &capacity;
-  opts.max_lost_leases = 3;
-  opts.epoch = "test";
   scheduler_.reset();
-  Scheduler s(opts, store_.get(), &losing, &clock_);
+  Scheduler s(RemoteOptions(&capacity), store_.get(), &losing, &clock_);
   ASSERT_TRUE(s.Start().ok());
   auto run = s.Submit(SmallSpec(), "me");
   ASSERT_TRUE(run.ok()) << run.status();
@@ -527,20 +532,69 @@ TEST_F(SchedulerTest, LeasesLostByTheWorkersFaultAreNotChargedToTheRun) {
   LosingExecutor losing;
   losing.charged = false;
   AlwaysCapacity capacity;
-  SchedulerOptions opts;
-  opts.cpu_slots = 0;
-  opts.remote_slots = 1;
-  opts.remote = &capacity;
-  opts.max_lost_leases = 3;
-  opts.epoch = "test";
   scheduler_.reset();
-  Scheduler s(opts, store_.get(), &losing, &clock_);
+  Scheduler s(RemoteOptions(&capacity), store_.get(), &losing, &clock_);
   ASSERT_TRUE(s.Start().ok());
   auto run = s.Submit(SmallSpec(), "me");
   ASSERT_TRUE(run.ok()) << run.status();
   ASSERT_TRUE(WaitFor([&] { return losing.calls.load() >= 8; }));
   EXPECT_NE(s.GetRun(run->run_id())->state(), v1::RUN_STATE_FAILED) << s.GetRun(run->run_id())->error();
   s.Drain();
+}
+
+// A run requeued after its worker was lost can start again on another slot
+// before the slot that lost it has cleaned up: that slot must not take the
+// new attempt's entry with it, or a drain (and a cancel) cannot reach the
+// run and the server never stops. The capacity's Release, which the losing
+// slot calls before its clean-up, waits here until the second attempt runs.
+class LosesOnceThenTrains : public engine::Executor {
+ public:
+  absl::StatusOr<engine::TrainOutcome> Train(const engine::TrainRequest& req, engine::TrainObserver& observer) override {
+    if (++calls == 1) {
+      auto* placed = dynamic_cast<PlacedObserver*>(&observer);
+      if (placed == nullptr) return absl::InternalError("not a placed observer");
+      placed->OnLost("w1: the worker left", /*counts=*/false);
+      return engine::TrainOutcome{engine::TrainEnd::kPreempted, 0};
+    }
+    training = true;
+    while (!req.cancel->stop_requested() && !give_up) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    return engine::TrainOutcome{engine::TrainEnd::kPreempted, 0};
+  }
+  std::atomic<int> calls{0};
+  std::atomic<bool> training{false}, give_up{false};
+};
+
+class ReleaseAfterTheSecondAttempt : public WorkerCapacity {
+ public:
+  explicit ReleaseAfterTheSecondAttempt(LosesOnceThenTrains* e) : executor_(e) {}
+  bool TryAcquire() override { return true; }
+  void Release() override {
+    for (int i = 0; i < 1000 && !executor_->training; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+
+ private:
+  LosesOnceThenTrains* executor_;
+};
+
+TEST_F(SchedulerTest, ADrainReachesARunRequeuedOntoAnotherSlot) {
+  LosesOnceThenTrains executor;
+  ReleaseAfterTheSecondAttempt capacity(&executor);
+  scheduler_.reset();
+  Scheduler s(RemoteOptions(&capacity, 2), store_.get(), &executor, &clock_);
+  ASSERT_TRUE(s.Start().ok());
+  auto run = s.Submit(SmallSpec(), "me");
+  ASSERT_TRUE(run.ok()) << run.status();
+  ASSERT_TRUE(WaitFor([&] { return executor.training.load(); }));
+  std::atomic<bool> drained{false};
+  std::thread drain([&] {
+    s.Drain();
+    drained = true;
+  });
+  const bool ok = WaitFor([&] { return drained.load(); }, std::chrono::seconds(10));
+  executor.give_up = true;  // a drain that missed the run ends: the test fails, not hangs
+  drain.join();
+  EXPECT_TRUE(ok) << "the drain did not reach the second attempt";
+  EXPECT_EQ(s.GetRun(run->run_id())->state(), v1::RUN_STATE_QUEUED);
 }
 
 }  // namespace
