@@ -211,18 +211,7 @@ absl::Status RegressionSteering(RgRun& run) {
     std::vector<torch::Tensor> preds;
     for (int64_t b = 0; b < N; b += kRgChunk) {
       const int64_t c = std::min(kRgChunk, N - b);
-      torch::Tensor dl = delta.narrow(0, b, c), gl = goal.narrow(0, b, c);
-      HookFn inject = [&](const std::string& name, const torch::Tensor& v) -> torch::Tensor {
-        if (name != point) return {};
-        torch::Tensor out = v.clone();
-        torch::Tensor hp = out.select(2, pos);  // [1, c, D]
-        if (projection) {
-          hp.copy_(hp - torch::matmul(hp - mup, Pf) + gl.unsqueeze(0));
-        } else {
-          hp.add_(dl.unsqueeze(0).to(v.scalar_type()));
-        }
-        return out;
-      };
+      HookFn inject = SteeringHook(point, pos, {delta.narrow(0, b, c), goal.narrow(0, b, c), mup, Pf, projection});
       torch::Tensor in = inputs.narrow(0, b, c).narrow(1, 0, pos + 1).unsqueeze(0);
       preds.push_back(model.Forward(in, &inject).squeeze(0).select(1, pos).squeeze(-1).to(torch::kDouble));
     }

@@ -379,6 +379,21 @@ std::string HookName(int layer, const std::string& kind) { return absl::StrCat("
 
 torch::Tensor Repeat(int64_t n, int64_t times) { return torch::arange(n, kI64).repeat_interleave(times); }
 
+HookFn SteeringHook(std::string point, int64_t pos, SteeringEdit edit) {
+  return [point = std::move(point), pos, edit = std::move(edit)](const std::string& name,
+                                                                  const torch::Tensor& v) -> torch::Tensor {
+    if (name != point) return {};
+    torch::Tensor out = v.clone();
+    torch::Tensor h = out.select(2, pos);  // [1, n, D]
+    if (edit.projection) {
+      h.copy_(h - torch::matmul(h - edit.mu, edit.projector) + edit.goal.unsqueeze(0));
+    } else {
+      h.add_(edit.delta.unsqueeze(0).to(v.scalar_type()));
+    }
+    return out;
+  };
+}
+
 torch::Tensor OrthonormalColumns(const torch::Tensor& m) {
   auto [U, S, Vh] = torch::linalg_svd(m, /*full_matrices=*/false);
   const double cut = 1e-6 * S.max().item<double>();
@@ -597,18 +612,7 @@ absl::Status Steering(TvRun& run) {
     std::vector<torch::Tensor> logits;
     for (int64_t b = 0; b < N; b += kTvChunk) {
       const int64_t n = std::min(kTvChunk, N - b);
-      torch::Tensor d = delta.narrow(0, b, n), tgt = target.narrow(0, b, n);
-      HookFn inject = [&](const std::string& name, const torch::Tensor& v) -> torch::Tensor {
-        if (name != point) return {};
-        torch::Tensor out = v.clone();
-        torch::Tensor row_p = out.select(2, p);  // [1, n, D]
-        if (projection) {
-          row_p.copy_(row_p - torch::matmul(row_p - mup, Pf) + tgt.unsqueeze(0));
-        } else {
-          row_p.add_(d.unsqueeze(0).to(v.scalar_type()));
-        }
-        return out;
-      };
+      HookFn inject = SteeringHook(point, p, {delta.narrow(0, b, n), target.narrow(0, b, n), mup, Pf, projection});
       torch::Tensor lg = model.Forward(tokens.narrow(0, b, n).narrow(1, 0, p + 1).unsqueeze(0), &inject);
       logits.push_back(lg.squeeze(0).select(1, p));
     }

@@ -41,6 +41,16 @@ std::string HookName(int layer, const std::string& kind);
 // k at rows k*times..).
 torch::Tensor Repeat(int64_t n, int64_t times);
 
+// E3's steering edit of the states at position `pos` of hook `point`, for a
+// chunk of n sequences (both decoder families): adds `delta` [n, D], or with
+// `projection` replaces the task component, h <- h - (h - mu) P + goal
+// (`goal` [n, D], `mu` [D], `projector` P [D, D], all float).
+struct SteeringEdit {
+  torch::Tensor delta, goal, mu, projector;
+  bool projection = false;
+};
+HookFn SteeringHook(std::string point, int64_t pos, SteeringEdit edit);
+
 // Orthonormal columns spanning the columns of m [D, n] (singular values above
 // 1e-6 of the largest; at least one column).
 torch::Tensor OrthonormalColumns(const torch::Tensor& m);

@@ -47,7 +47,7 @@ torch::Tensor NextTokenLoss(const torch::Tensor& logits, const torch::Tensor& to
 }
 
 LatentTrainer::LatentTrainer(const v1::ExperimentSpec& spec, std::vector<uint64_t> member_seeds, torch::Device device)
-    : TrainerBase(spec, std::move(member_seeds), device), batches_([this](int64_t step) {
+    : DecoderTrainer(spec, std::move(member_seeds), device), batches_([this](int64_t step) {
         std::vector<torch::Tensor> toks;
         for (size_t e = 0; e < seeds_.size(); ++e) {
           torch::Generator gen = MakeGenerator(BatchSeedOf(seeds_[e], step));
@@ -55,13 +55,6 @@ LatentTrainer::LatentTrainer(const v1::ExperimentSpec& spec, std::vector<uint64_
         }
         return PinFor(torch::stack(toks), device_);
       }) {
-  for (uint64_t seed : seeds_) {
-    tasks_.push_back(std::make_unique<LatentTaskGenerator>(spec_.task().latent(), PoolSeedOf(seed)));
-  }
-  model_ = MakeDecoder(spec_, ensemble(), device_);
-  InitializeDecoder(seeds_, *model_);
-  MakeOptimizer(model_->parameters(), model_->parameter_names());
-
   const int64_t n = spec_.recording().eval_size();
   const std::vector<LatentEvalSetDef> defs = LatentEvalSets(tasks_[0]->num_minors() > 0);
   for (size_t i = 0; i < defs.size(); ++i) {

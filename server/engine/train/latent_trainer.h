@@ -44,7 +44,30 @@ uint64_t LatentEvalSeed(uint64_t member_seed, int index);
 // tokens [..., T] (positions 0..T-2 predict 1..T-1), shape [...].
 torch::Tensor NextTokenLoss(const torch::Tensor& logits, const torch::Tensor& tokens);
 
-class LatentTrainer : public TrainerBase {
+// What the trainers of both decoder families (token and regression tasks)
+// share: one task generator per member, its pools drawn from the member's
+// pool seed; the spec's decoder initialised from the members' init seeds;
+// the optimiser over the decoder's named parameters.
+template <class Task>
+class DecoderTrainer : public TrainerBase {
+ public:
+  DecoderTrainer(const v1::ExperimentSpec& spec, std::vector<uint64_t> member_seeds, torch::Device device)
+      : TrainerBase(spec, std::move(member_seeds), device) {
+    for (uint64_t seed : seeds_) tasks_.push_back(std::make_unique<Task>(spec_.task().latent(), PoolSeedOf(seed)));
+    model_ = MakeDecoder(spec_, ensemble(), device_);
+    InitializeDecoder(seeds_, *model_);
+    MakeOptimizer(model_->parameters(), model_->parameter_names());
+  }
+
+  const DecoderModel& model() const { return *model_; }
+  const Task& task(int64_t member) const { return *tasks_[static_cast<size_t>(member)]; }
+
+ protected:
+  std::vector<std::unique_ptr<Task>> tasks_;
+  std::unique_ptr<DecoderModel> model_;
+};
+
+class LatentTrainer : public DecoderTrainer<LatentTaskGenerator> {
  public:
   LatentTrainer(const v1::ExperimentSpec& spec, std::vector<uint64_t> member_seeds, torch::Device device);
 
@@ -52,19 +75,14 @@ class LatentTrainer : public TrainerBase {
   double data_wait_seconds() const override { return batches_.waited_seconds(); }
   std::vector<std::vector<Metric>> Evaluate() const override;
 
-  const DecoderModel& model() const { return *model_; }
-  const LatentTaskGenerator& task(int64_t member) const { return *tasks_[static_cast<size_t>(member)]; }
-
  private:
   struct EvalSet {
     std::string name;
     std::vector<torch::Tensor> tokens;  // per member [N, T]
     std::vector<torch::Tensor> bayes;   // per member [N, T-1] log-prob of the next token, or undefined
   };
-  std::vector<std::unique_ptr<LatentTaskGenerator>> tasks_;
-  std::unique_ptr<DecoderModel> model_;
   std::vector<EvalSet> eval_sets_;
-  BatchPrefetcher<torch::Tensor> batches_;  // [E, B, T] tokens on the CPU; last: stops before tasks_ go
+  BatchPrefetcher<torch::Tensor> batches_;  // [E, B, T] tokens on the CPU; stops before the base's tasks_ go
 };
 
 }  // namespace circuitlab::engine

@@ -22,7 +22,7 @@ torch::Tensor MemberInputs(const DecoderModel& model, const torch::Tensor& x, co
 
 RegressionTrainer::RegressionTrainer(const v1::ExperimentSpec& spec, std::vector<uint64_t> member_seeds,
                                      torch::Device device)
-    : TrainerBase(spec, std::move(member_seeds), device), batches_([this](int64_t step) {
+    : DecoderTrainer(spec, std::move(member_seeds), device), batches_([this](int64_t step) {
         std::vector<torch::Tensor> xs, ys;
         for (size_t e = 0; e < seeds_.size(); ++e) {
           torch::Generator gen = MakeGenerator(BatchSeedOf(seeds_[e], step));
@@ -33,13 +33,6 @@ RegressionTrainer::RegressionTrainer(const v1::ExperimentSpec& spec, std::vector
         return std::pair{PinFor(torch::stack(xs).to(torch::kFloat), device_),
                          PinFor(torch::stack(ys).to(torch::kFloat), device_)};
       }) {
-  for (uint64_t seed : seeds_) {
-    tasks_.push_back(std::make_unique<RegressionTaskGenerator>(spec_.task().latent(), PoolSeedOf(seed)));
-  }
-  model_ = MakeDecoder(spec_, ensemble(), device_);
-  InitializeDecoder(seeds_, *model_);
-  MakeOptimizer(model_->parameters(), model_->parameter_names());
-
   const int64_t n = spec_.recording().eval_size();
   const std::vector<LatentEvalSetDef> defs = LatentEvalSets(tasks_[0]->num_minors() > 0);
   for (size_t i = 0; i < defs.size(); ++i) {

@@ -25,7 +25,7 @@
 
 #include "server/engine/models/decoder_model.h"
 #include "server/engine/tasks/regression_task.h"
-#include "server/engine/train/trainer_base.h"
+#include "server/engine/train/latent_trainer.h"
 
 namespace circuitlab::engine {
 
@@ -38,16 +38,13 @@ torch::Tensor PredictRegression(const DecoderModel& model, const torch::Tensor& 
 // [N, n, d], y [N, n] of any floating type.
 torch::Tensor MemberInputs(const DecoderModel& model, const torch::Tensor& x, const torch::Tensor& y);
 
-class RegressionTrainer : public TrainerBase {
+class RegressionTrainer : public DecoderTrainer<RegressionTaskGenerator> {
  public:
   RegressionTrainer(const v1::ExperimentSpec& spec, std::vector<uint64_t> member_seeds, torch::Device device);
 
   std::vector<std::vector<Metric>> Step(bool record) override;
   double data_wait_seconds() const override { return batches_.waited_seconds(); }
   std::vector<std::vector<Metric>> Evaluate() const override;
-
-  const DecoderModel& model() const { return *model_; }
-  const RegressionTaskGenerator& task(int64_t member) const { return *tasks_[static_cast<size_t>(member)]; }
 
  private:
   struct EvalSet {
@@ -56,10 +53,8 @@ class RegressionTrainer : public TrainerBase {
     torch::Tensor retrieval, ridge;       // [E, N, n] float64 predictions
     bool reference_is_ridge = false;
   };
-  std::vector<std::unique_ptr<RegressionTaskGenerator>> tasks_;
-  std::unique_ptr<DecoderModel> model_;
   std::vector<EvalSet> eval_sets_;
-  BatchPrefetcher<std::pair<torch::Tensor, torch::Tensor>> batches_;  // x, y [E, B, ...]; last: stops before tasks_
+  BatchPrefetcher<std::pair<torch::Tensor, torch::Tensor>> batches_;  // x, y [E, B, ...]; stops before the base's tasks_ go
 };
 
 }  // namespace circuitlab::engine
