@@ -571,6 +571,28 @@ absl::Status WorkerBroker::ApplyReport(Session& session, uint64_t lease, const v
   }
 }
 
+std::shared_ptr<WorkerBroker::Session> WorkerBroker::AwaitSession(const std::shared_ptr<Lease>& lease,
+                                                                  const std::vector<engine::TrainRequest>& requests,
+                                                                  bool* preempted) {
+  std::shared_ptr<Session> session;
+  while (!session) {
+    bool all_cancelled = true, preempt = false;
+    for (const engine::TrainRequest& r : requests) {
+      const StopReason why = r.cancel ? r.cancel->reason() : StopReason::kNone;
+      preempt = preempt || why == StopReason::kPreempt;
+      all_cancelled = all_cancelled && why == StopReason::kCancel;
+    }
+    if (preempt || all_cancelled) {
+      *preempted = preempt;
+      break;
+    }
+    session = TryAssign(lease);
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  --waiting_;
+  return session;
+}
+
 std::vector<absl::StatusOr<engine::TrainOutcome>> WorkerBroker::RunLease(
     const std::vector<engine::TrainRequest>& requests, const std::vector<PlacedObserver*>& observers) {
   const size_t n = requests.size();
@@ -605,31 +627,16 @@ std::vector<absl::StatusOr<engine::TrainOutcome>> WorkerBroker::RunLease(
     ++waiting_;
   }
   // Wait for a worker; runs asked to stop meanwhile end where they are.
-  std::shared_ptr<Session> session;
-  while (!session) {
-    bool all_cancelled = true, preempt = false;
+  bool preempted = false;
+  const std::shared_ptr<Session> session = AwaitSession(lease, requests, &preempted);
+  if (!session) {
     for (size_t i = 0; i < n; ++i) {
-      preempt = preempt || reason(i) == StopReason::kPreempt;
-      all_cancelled = all_cancelled && reason(i) == StopReason::kCancel;
+      members[i].ended = true;
+      outcomes[i] = engine::TrainOutcome{reason(i) == StopReason::kCancel && !preempted ? engine::TrainEnd::kCancelled
+                                                                                      : engine::TrainEnd::kPreempted,
+                                         members[i].last_step};
     }
-    if (preempt || all_cancelled) {
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        --waiting_;
-      }
-      for (size_t i = 0; i < n; ++i) {
-        members[i].ended = true;
-        outcomes[i] = engine::TrainOutcome{
-            reason(i) == StopReason::kCancel && !preempt ? engine::TrainEnd::kCancelled : engine::TrainEnd::kPreempted,
-            members[i].last_step};
-      }
-      return outcomes;
-    }
-    session = TryAssign(lease);
-  }
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    --waiting_;
+    return outcomes;
   }
   const std::string where = session->Where();
   std::string names;

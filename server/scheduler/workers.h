@@ -145,6 +145,10 @@ class WorkerBroker : public engine::Executor, public WorkerCapacity {
   // A session with a free slot now or within a short wait (registered as the
   // lease's), else nullptr.
   std::shared_ptr<Session> TryAssign(const std::shared_ptr<Lease>& lease);
+  // A session for `lease` once one has room, or nullptr when its runs are
+  // stopped meanwhile (*preempted: a drain, not only cancels).
+  std::shared_ptr<Session> AwaitSession(const std::shared_ptr<Lease>& lease,
+                                        const std::vector<engine::TrainRequest>& requests, bool* preempted);
   void SendLease(Session& session, const Lease& lease, const std::vector<engine::TrainRequest>& requests,
                  const std::vector<PlacedObserver*>& observers);
   void SendStop(Session& session, uint64_t lease, v1::Stop::Reason reason, uint32_t member);
