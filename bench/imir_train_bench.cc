@@ -120,8 +120,8 @@ int main(int argc, char** argv) {
     auto s0 = std::chrono::steady_clock::now();
     trainer.Step(false);
     auto s1 = std::chrono::steady_clock::now();
-    paper.Project(trainer.model(), 0);
-    complete.Project(trainer.model(), 0);
+    Project(paper, trainer.model(), 0);
+    Project(complete, trainer.model(), 0);
     auto s2 = std::chrono::steady_clock::now();
     step_s += Seconds(s0, s1);
     project_s += Seconds(s1, s2);

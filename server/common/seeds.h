@@ -37,4 +37,9 @@ constexpr uint64_t DeriveSeed63(uint64_t master, std::string_view purpose, uint6
   return DeriveSeed(master, purpose, index) >> 1;
 }
 
+// The seed of a run member's fixed task pool (its evaluation sets and, for
+// the block tasks, the token pools): trainers, analyses and the facade all
+// draw the same pool from a member's seed.
+constexpr uint64_t PoolSeedOf(uint64_t member_seed) { return DeriveSeed63(member_seed, "pool"); }
+
 }  // namespace circuitlab

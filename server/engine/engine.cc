@@ -4,56 +4,18 @@
 #include <malloc.h>
 
 #include <algorithm>
-#include <chrono>
 #include <exception>
-#include <optional>
 
+#include "server/common/seeds.h"
 #include "server/common/thread_cancel.h"
 #include "server/engine/analysis/family.h"
-#include "server/engine/manifold/projection.h"
 #include "server/engine/torch_compat.h"
+#include "server/engine/tasks/block_task.h"
 #include "server/engine/train/latent_trainer.h"
-#include "server/engine/train/regression_trainer.h"
-#include "server/engine/train/trainer.h"
+#include "server/engine/train/run_loop.h"
 
 namespace circuitlab::engine {
 namespace {
-
-constexpr double kProgressIntervalSeconds = 0.5;
-
-// Projects the weights onto the paper and complete bases at recording steps:
-// paper coordinates (and complete ones on request) go to OnCoordinates, the
-// residuals rho to the metrics of the step.
-class ManifoldRecorder {
- public:
-  ManifoldRecorder(const EnsembleTrainer& trainer, bool store_complete)
-      : paper_(BuildBasis(trainer.task(0).Symmetry(), trainer.model().config().layers,
-                          trainer.model().config().heads, Selection::kPaper)),
-        complete_(BuildBasis(trainer.task(0).Symmetry(), trainer.model().config().layers,
-                             trainer.model().config().heads, Selection::kComplete)),
-        store_complete_(store_complete) {}
-
-  absl::Status Announce(TrainObserver& observer) const {
-    if (absl::Status s = observer.OnBasis(paper_.basis()); !s.ok()) return s;
-    return store_complete_ ? observer.OnBasis(complete_.basis()) : absl::OkStatus();
-  }
-
-  // Appends member `member`'s rho metrics of the step to `metrics`.
-  void Record(int64_t step, const ImirModel& model, int64_t member, TrainObserver& observer,
-              std::vector<Metric>& metrics) const {
-    const Projection paper = paper_.Project(model, member);
-    const Projection complete = complete_.Project(model, member);
-    observer.OnCoordinates(step, Selection::kPaper, paper.values);
-    if (store_complete_) observer.OnCoordinates(step, Selection::kComplete, complete.values);
-    metrics.push_back({"manifold/rho", complete.rho()});
-    metrics.push_back({"manifold/rho_paper", paper.rho()});
-    for (const MatrixNorms& m : complete.matrices) metrics.push_back({"manifold/rho/" + m.matrix, m.rho()});
-  }
-
- private:
-  Projector paper_, complete_;
-  bool store_complete_;
-};
 
 class TorchExecutor : public Executor {
  public:
@@ -80,7 +42,7 @@ class TorchExecutor : public Executor {
                                                   const std::vector<TrainObserver*>& observers) {
     absl::Status failed;
     try {
-      absl::StatusOr<std::vector<TrainOutcome>> out = TrainImpl(requests, observers);
+      absl::StatusOr<std::vector<TrainOutcome>> out = TrainMembers(requests, observers);
       if (out.ok()) return {out->begin(), out->end()};
       failed = out.status();
     } catch (const c10::Error& e) {
@@ -89,148 +51,6 @@ class TorchExecutor : public Executor {
       failed = absl::InternalError(std::string("training failed: ") + e.what());
     }
     return std::vector<absl::StatusOr<TrainOutcome>>(requests.size(), failed);
-  }
-
-  // One ensemble member per request (SCIENCE.md 0.3: member e trains as a
-  // one-member run with its seed would).
-  absl::StatusOr<std::vector<TrainOutcome>> TrainImpl(const std::vector<TrainRequest>& requests,
-                                                      const std::vector<TrainObserver*>& observers) {
-    const TrainRequest& request = requests.front();
-    const size_t E = requests.size();
-    at::set_num_threads(std::max(1, request.intra_op_threads));
-    const torch::Device device(request.device);
-    if (device.is_cuda() && device.index() >= CudaDeviceCount()) {
-      return absl::FailedPreconditionError("device " + request.device + " is not available");
-    }
-    const v1::ExperimentSpec& spec = request.spec;
-    std::vector<uint64_t> seeds;
-    for (const TrainRequest& r : requests) {
-      if (E > 1 && (r.resume_from || !PackableTogether(r.spec, spec))) {
-        return absl::InvalidArgumentError("a pack holds fresh runs whose specs differ only in their seed");
-      }
-      seeds.push_back(r.spec.seed());
-    }
-    const auto& rec = spec.recording();
-    std::unique_ptr<TrainerBase> trainer_ptr;
-    const EnsembleTrainer* imir = nullptr;
-    if (IsLatent(spec) && spec.task().latent().kind() == v1::LATENT_KIND_REGRESSION) {
-      trainer_ptr = std::make_unique<RegressionTrainer>(spec, seeds, device);
-    } else if (IsLatent(spec)) {
-      trainer_ptr = std::make_unique<LatentTrainer>(spec, seeds, device);
-    } else {
-      auto t = std::make_unique<EnsembleTrainer>(spec, seeds, device);
-      imir = t.get();
-      trainer_ptr = std::move(t);
-    }
-    TrainerBase& trainer = *trainer_ptr;
-    std::optional<ManifoldRecorder> manifold;
-    if (imir != nullptr && rec.coordinates_every() > 0) {
-      manifold.emplace(*imir, rec.complete_coordinates());
-      for (TrainObserver* o : observers) {
-        if (absl::Status s = manifold->Announce(*o); !s.ok()) return s;
-      }
-    }
-    if (request.resume_from) {
-      if (absl::Status s = trainer.LoadCheckpoint(*request.resume_from); !s.ok()) return s;
-    } else {
-      std::vector<std::vector<Metric>> initial = trainer.Evaluate();
-      for (size_t e = 0; e < E; ++e) {
-        if (manifold) manifold->Record(0, imir->model(), static_cast<int64_t>(e), *observers[e], initial[e]);
-        observers[e]->OnMetrics(0, initial[e]);
-      }
-    }
-
-    const int64_t total = trainer.total_steps();
-    const std::string& stop_metric = spec.training().stop_metric();
-    int64_t last_checkpoint = trainer.step();
-    auto last_report = std::chrono::steady_clock::now();
-    int64_t last_report_step = trainer.step();
-    double rate = 0;
-    std::vector<TrainOutcome> outcome(E);
-    std::vector<bool> live(E, true);  // members still reporting (a cancelled member drops out)
-    size_t live_count = E;
-
-    auto save = [&](size_t e) -> absl::Status {
-      const std::string bytes = E == 1 ? trainer.SaveCheckpoint() : trainer.SaveMemberCheckpoint(static_cast<int64_t>(e));
-      return observers[e]->OnCheckpoint(trainer.step(), bytes);
-    };
-    auto finish = [&](TrainEnd end) {
-      for (size_t e = 0; e < E; ++e) {
-        if (live[e]) outcome[e] = TrainOutcome{end, trainer.step()};
-      }
-      return outcome;
-    };
-
-    while (trainer.step() < total) {
-      for (size_t e = 0; e < E; ++e) {
-        const CancelToken* cancel = requests[e].cancel;
-        if (!live[e] || cancel == nullptr || !cancel->stop_requested()) continue;
-        if (cancel->reason() == StopReason::kPreempt) {
-          // A drain: every member checkpoints and goes back to the queue.
-          if (trainer.step() != last_checkpoint) {
-            for (size_t m = 0; m < E; ++m) {
-              if (!live[m]) continue;
-              if (absl::Status s = save(m); !s.ok()) return s;
-            }
-          }
-          return finish(TrainEnd::kPreempted);
-        }
-        outcome[e] = TrainOutcome{TrainEnd::kCancelled, trainer.step()};
-        live[e] = false;
-        --live_count;
-      }
-      if (live_count == 0) return outcome;
-      const int64_t next = trainer.step() + 1;
-      const bool last = next == total;
-      std::vector<bool> ends(E, last);  // a member's last step: the run's, or its early stop
-      std::vector<std::vector<Metric>> points = trainer.Step(last || next % rec.metrics_every() == 0);
-      points.resize(E);
-      if (last || next % rec.eval_every() == 0) {
-        std::vector<std::vector<Metric>> eval = trainer.Evaluate();
-        for (size_t e = 0; e < E; ++e) {
-          points[e].insert(points[e].end(), eval[e].begin(), eval[e].end());
-          if (stop_metric.empty() || !live[e]) continue;
-          const auto it = std::find_if(eval[e].begin(), eval[e].end(),
-                                       [&](const Metric& m) { return m.name == stop_metric; });
-          if (it == eval[e].end()) {
-            std::string have;
-            for (const Metric& m : eval[e]) have += (have.empty() ? "" : ", ") + m.name;
-            return absl::InvalidArgumentError("training.stop_metric '" + stop_metric +
-                                              "' is not an evaluation metric of this task (" + have + ")");
-          }
-          // Early stop: this step becomes the member's last (final records, checkpoint).
-          ends[e] = ends[e] || it->value >= spec.training().stop_at();
-        }
-      }
-      const auto now = std::chrono::steady_clock::now();
-      const double dt = std::chrono::duration<double>(now - last_report).count();
-      const bool report = dt >= kProgressIntervalSeconds || last;
-      if (report) {
-        rate = dt > 0 ? static_cast<double>(next - last_report_step) / dt : rate;
-        last_report = now;
-        last_report_step = next;
-      }
-      const bool checkpoint_step = next % rec.checkpoint_every() == 0;
-      if (checkpoint_step || last) last_checkpoint = next;
-      for (size_t e = 0; e < E; ++e) {
-        if (!live[e]) continue;
-        if (manifold && (ends[e] || next % rec.coordinates_every() == 0)) {
-          manifold->Record(next, imir->model(), static_cast<int64_t>(e), *observers[e], points[e]);
-        }
-        if (!points[e].empty()) observers[e]->OnMetrics(next, points[e]);
-        if (report || ends[e]) observers[e]->OnProgress(next, rate);
-        if (checkpoint_step || ends[e]) {
-          if (absl::Status s = save(e); !s.ok()) return s;
-        }
-        if (ends[e] && !last) {  // stopped early; the others go on
-          outcome[e] = TrainOutcome{TrainEnd::kCompleted, next};
-          live[e] = false;
-          --live_count;
-        }
-      }
-      if (last || live_count == 0) break;
-    }
-    return finish(TrainEnd::kCompleted);
   }
 };
 

@@ -17,7 +17,7 @@
 #include "circuitlab/v1/analysis_service.pb.h"
 #include "circuitlab/v1/spec.pb.h"
 #include "server/common/cancel.h"
-#include "server/engine/manifold/basis.h"
+#include "server/engine/basis/basis.h"
 #include "server/engine/spec.h"
 
 namespace circuitlab::engine {

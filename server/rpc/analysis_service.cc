@@ -27,7 +27,7 @@ grpc::ServerUnaryReactor* JobCall(grpc::CallbackServerContext* ctx, const Securi
                                   Fn core_call) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   auto req = std::make_shared<Request>();
-  absl::StatusOr<Caller> caller = security.Authenticate(ctx);
+  absl::StatusOr<Caller> caller = Authenticate(security, ctx);
   absl::Status status = caller.status();
   if (status.ok()) status = ParseRequest(*in, req.get());
   if (status.ok()) status = security.Check(*caller, Access::kRead, *req);

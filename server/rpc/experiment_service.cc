@@ -175,7 +175,7 @@ grpc::ServerUnaryReactor* ExperimentServiceImpl::GetMetrics(grpc::CallbackServer
 grpc::ServerWriteReactor<grpc::ByteBuffer>* ExperimentServiceImpl::WatchRun(grpc::CallbackServerContext* ctx,
                                                                             const grpc::ByteBuffer* in) {
   v1::WatchRunRequest req;
-  absl::StatusOr<Caller> caller = security_->Authenticate(ctx);
+  absl::StatusOr<Caller> caller = Authenticate(*security_, ctx);
   absl::Status s = caller.status();
   if (s.ok()) s = ParseRequest(*in, &req);
   if (s.ok()) s = security_->Check(*caller, Access::kRead, req);

@@ -33,7 +33,7 @@ using RawExperimentService = v1::ExperimentService::WithRawCallbackMethod_Submit
 class ExperimentServiceImpl final : public RawExperimentService {
  public:
   // All must outlive the service.
-  ExperimentServiceImpl(scheduler::Scheduler* core, scheduler::SweepCore* sweeps, const Security* security)
+  ExperimentServiceImpl(scheduler::Scheduler* core, scheduler::SweepCore* sweeps, const security::Security* security)
       : core_(core), sweeps_(sweeps), security_(security) {}
 
   grpc::ServerUnaryReactor* SubmitRun(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in,
@@ -73,7 +73,7 @@ class ExperimentServiceImpl final : public RawExperimentService {
 
   scheduler::Scheduler* const core_;
   scheduler::SweepCore* const sweeps_;
-  const Security* const security_;
+  const security::Security* const security_;
 };
 
 }  // namespace circuitlab::rpc

@@ -5,25 +5,17 @@
 #include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/security/auth_metadata_processor.h>
 #include <grpcpp/security/server_credentials.h>
+#include <grpcpp/security/tls_certificate_provider.h>
+#include <grpcpp/security/tls_credentials_options.h>
+#include <grpcpp/support/server_interceptor.h>
 #include <spdlog/spdlog.h>
 
 #include "server/rpc/analysis_service.h"
 #include "server/rpc/experiment_service.h"
-#include "server/rpc/security.h"
 #include "server/rpc/service_util.h"
 #include "server/rpc/worker_service.h"
 
 namespace circuitlab::rpc {
-
-bool IsLoopbackAddress(const std::string& host_port) {
-  std::string host = host_port;
-  if (!host.empty() && host[0] == '[') {
-    host = host.substr(1, host.find(']') - 1);
-  } else if (auto colon = host.rfind(':'); colon != std::string::npos) {
-    host.resize(colon);
-  }
-  return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
-}
 
 namespace {
 
@@ -34,7 +26,7 @@ bool IsReflectionPath(std::string_view path) { return path.rfind("/grpc.reflecti
 // tokens themselves; health stays open.)
 class ReflectionGuard final : public grpc::AuthMetadataProcessor {
  public:
-  explicit ReflectionGuard(const Authenticator* auth) : auth_(auth) {}
+  explicit ReflectionGuard(const security::Authenticator* auth) : auth_(auth) {}
   bool IsBlocking() const override { return false; }
   grpc::Status Process(const InputMetadata& md, grpc::AuthContext*, OutputMetadata*, OutputMetadata*) override {
     auto path = md.find(":path");
@@ -42,13 +34,13 @@ class ReflectionGuard final : public grpc::AuthMetadataProcessor {
       return grpc::Status::OK;
     }
     auto token = md.find("authorization");
-    absl::StatusOr<Principal> who = auth_->Resolve(
+    absl::StatusOr<security::Principal> who = auth_->Resolve(
         token == md.end() ? std::string_view() : std::string_view(token->second.data(), token->second.size()));
     return who.ok() ? grpc::Status::OK : ToGrpcStatus(who.status());
   }
 
  private:
-  const Authenticator* const auth_;
+  const security::Authenticator* const auth_;
 };
 
 // Server reflection on this builder, or not. Linking gRPC's reflection
@@ -84,63 +76,71 @@ class NothingElse final : public grpc::CallbackGenericService {
   }
 };
 
+// Server credentials that watch `files` (security::CheckTlsFiles them first).
+std::shared_ptr<grpc::ServerCredentials> TlsServerCredentials(const security::TlsFiles& files) {
+  namespace ex = grpc::experimental;
+  std::shared_ptr<ex::CertificateProviderInterface> provider =
+      files.client_ca.empty()
+          ? std::make_shared<ex::FileWatcherCertificateProvider>(files.key, files.cert, files.reload_seconds)
+          : std::make_shared<ex::FileWatcherCertificateProvider>(files.key, files.cert, files.client_ca,
+                                                                 files.reload_seconds);
+  ex::TlsServerCredentialsOptions options(provider);
+  options.watch_identity_key_cert_pairs();
+  if (files.client_ca.empty()) {
+    options.set_cert_request_type(GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
+  } else {
+    options.watch_root_certs();
+    options.set_cert_request_type(GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+  }
+  return ex::TlsServerCredentials(options);
+}
+
+// Counts every call by (service, method, code) and times unary ones.
+class CountingInterceptor final : public grpc::experimental::Interceptor {
+ public:
+  CountingInterceptor(telemetry::Telemetry* telemetry, grpc::experimental::ServerRpcInfo* info)
+      : telemetry_(telemetry),
+        method_(info->method() ? info->method() : ""),
+        unary_(info->type() == grpc::experimental::ServerRpcInfo::Type::UNARY),
+        started_(std::chrono::steady_clock::now()) {}
+
+  void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
+    if (methods->QueryInterceptionHookPoint(grpc::experimental::InterceptionHookPoints::PRE_SEND_STATUS)) {
+      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
+      telemetry_->ObserveRpc(method_, methods->GetSendStatus().error_code(), seconds, unary_);
+    }
+    methods->Proceed();
+  }
+
+ private:
+  telemetry::Telemetry* const telemetry_;
+  const std::string method_;
+  const bool unary_;
+  const std::chrono::steady_clock::time_point started_;
+};
+
+class CountingFactory final : public grpc::experimental::ServerInterceptorFactoryInterface {
+ public:
+  explicit CountingFactory(telemetry::Telemetry* telemetry) : telemetry_(telemetry) {}
+  grpc::experimental::Interceptor* CreateServerInterceptor(grpc::experimental::ServerRpcInfo* info) override {
+    return new CountingInterceptor(telemetry_, info);
+  }
+
+ private:
+  telemetry::Telemetry* const telemetry_;
+};
+
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const ServerOptions& options, const Authenticator* auth,
-                                                              AuditLog* audit, scheduler::Scheduler* experiments,
-                                                              scheduler::AnalysisCore* analysis,
-                                                              scheduler::SweepCore* sweeps,
-                                                              scheduler::WorkerBroker* workers, Telemetry* telemetry) {
-  const bool loopback = IsLoopbackAddress(options.listen);
+absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const GrpcOptions& options, GrpcCores cores) {
+  const bool loopback = security::IsLoopbackAddress(options.listen);
   const bool tls = options.tls.enabled();
-  if (!loopback && auth->open()) {
-    return absl::InvalidArgumentError("--listen " + options.listen +
-                                      " is not a loopback address: listening beyond this machine requires "
-                                      "--auth-tokens-file (or --auth-token-file)");
-  }
-  if (!loopback && !tls && !options.insecure_plaintext) {
-    return absl::InvalidArgumentError("--listen " + options.listen +
-                                      " is not a loopback address: listening beyond this machine requires TLS "
-                                      "(--tls-cert FILE --tls-key FILE; scripts/dev-certs.sh makes test ones), or "
-                                      "--insecure-plaintext to send tokens and data in clear");
-  }
-  if (!options.http.listen.empty() && !IsLoopbackAddress(options.http.listen)) {
-    if (auth->open()) {
-      return absl::InvalidArgumentError("--http " + options.http.listen +
-                                        " is not a loopback address: serving the dashboard and API beyond this "
-                                        "machine requires --auth-tokens-file (or --auth-token-file)");
-    }
-    if (!tls && !options.insecure_plaintext) {
-      return absl::InvalidArgumentError("--http " + options.http.listen +
-                                        " is not a loopback address: it requires TLS (--tls-cert/--tls-key, used "
-                                        "for HTTPS too), or --insecure-plaintext");
-    }
-  }
-  if (tls) CL_RETURN_IF_ERROR(CheckTlsFiles(options.tls));
-  if (!options.tls.client_ca.empty() && !tls) {
-    return absl::InvalidArgumentError("--tls-client-ca needs --tls-cert and --tls-key");
-  }
   const bool plaintext_beyond_loopback = !loopback && !tls;
-  SecurityOptions security;
-  security.private_runs = options.private_runs;
-  if (plaintext_beyond_loopback) {
-    security.plaintext_warning = "this server listens on " + options.listen +
-                                 " without TLS (--insecure-plaintext): tokens and data cross the network in clear";
-  }
-
-  v1::ServerInfo& info = security.server_info;
-  info.set_version(options.runtime.version);
-  info.set_torch_version(options.runtime.torch_version);
-  info.set_cuda_runtime(options.runtime.cuda_runtime);
-  info.set_cuda_devices(static_cast<uint32_t>(options.runtime.cuda_devices));
-  for (const std::string& slot : options.runtime.device_slots) info.add_device_slots(slot);
-
+  const security::Authenticator* auth = cores.auth;
   std::unique_ptr<GrpcServer> server(new GrpcServer());
-  server->security_ = std::make_unique<Security>(auth, audit, experiments, sweeps, &analysis->jobs(), security);
-  server->experiments_ = std::make_unique<ExperimentServiceImpl>(experiments, sweeps, server->security_.get());
-  server->analysis_ = std::make_unique<AnalysisServiceImpl>(analysis, server->security_.get());
-  server->workers_ =
-      std::make_unique<WorkerServiceImpl>(workers, experiments, options.executor, server->security_.get());
+  server->experiments_ = std::make_unique<ExperimentServiceImpl>(cores.runs, cores.sweeps, cores.security);
+  server->analysis_ = std::make_unique<AnalysisServiceImpl>(cores.analysis, cores.security);
+  server->workers_ = std::make_unique<WorkerServiceImpl>(cores.workers, cores.runs, options.executor, cores.security);
   grpc::EnableDefaultHealthCheckService(true);
 
   std::shared_ptr<grpc::ServerCredentials> credentials = tls ? TlsServerCredentials(options.tls)
@@ -160,9 +160,9 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const ServerOption
   builder.RegisterService(server->analysis_.get());
   builder.RegisterService(server->workers_.get());
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
-  if (telemetry != nullptr) {
+  if (cores.telemetry != nullptr) {
     std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
-    interceptors.push_back(telemetry->InterceptorFactory());
+    interceptors.push_back(std::make_unique<CountingFactory>(cores.telemetry));
     builder.experimental().SetInterceptorCreators(std::move(interceptors));
   }
   server->server_ = builder.BuildAndStart();
@@ -174,7 +174,7 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const ServerOption
   // 10); draining turns all of them NOT_SERVING.
   std::vector<std::string> services = {v1::ExperimentService::service_full_name(),
                                        v1::AnalysisService::service_full_name()};
-  if (workers != nullptr) services.push_back(v1::WorkerService::service_full_name());
+  if (cores.workers != nullptr) services.push_back(v1::WorkerService::service_full_name());
   auto serving = [&services](grpc::Server& s) {
     for (const std::string& name : services) s.GetHealthCheckService()->SetServingStatus(name, true);
     s.GetHealthCheckService()->SetServingStatus(true);
@@ -193,18 +193,6 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const ServerOption
     }
     serving(*server->health_server_);
   }
-  if (!options.http.listen.empty()) {
-    absl::StatusOr<std::unique_ptr<HttpGateway>> http = HttpGateway::Start(
-        options.http, options.tls, {server->security_.get(), experiments, sweeps, analysis, telemetry});
-    if (http.ok()) {
-      server->http_ = std::move(*http);
-    } else if (absl::IsUnavailable(http.status()) && !options.http.required) {
-      spdlog::warn("no dashboard/HTTP port: {} (pass --http HOST:PORT to choose another, --http '' for none)",
-                   std::string(http.status().message()));
-    } else {
-      return http.status();
-    }
-  }
   return server;
 }
 
@@ -213,16 +201,11 @@ GrpcServer::~GrpcServer() {
 }
 
 void GrpcServer::MarkNotServing() {
-  if (http_) http_->MarkNotReady();
   if (server_) server_->GetHealthCheckService()->SetServingStatus(false);
   if (health_server_) health_server_->GetHealthCheckService()->SetServingStatus(false);
 }
 
 void GrpcServer::Shutdown(std::chrono::milliseconds grace) {
-  if (http_) {
-    http_->Shutdown();  // its event streams end first
-    http_.reset();
-  }
   if (!server_) return;
   server_->GetHealthCheckService()->SetServingStatus(false);
   if (health_server_) {

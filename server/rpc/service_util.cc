@@ -7,6 +7,27 @@
 #include "server/common/text.h"
 
 namespace circuitlab::rpc {
+namespace {
+
+std::string Metadata(const grpc::CallbackServerContext* ctx, const std::string& key) {
+  const auto& md = ctx->client_metadata();
+  auto it = md.find(key);
+  return it == md.end() ? std::string() : std::string(it->second.data(), it->second.size());
+}
+
+}  // namespace
+
+absl::StatusOr<Caller> Authenticate(const Security& security, const grpc::CallbackServerContext* ctx) {
+  bool tls = false;
+  if (std::shared_ptr<const grpc::AuthContext> auth = ctx->auth_context()) {
+    for (const grpc::string_ref& v : auth->FindPropertyValues("transport_security_type")) {
+      // "tls" from gRPC's TLS credentials, "ssl" from its older SSL ones.
+      const std::string type(v.data(), v.size());
+      tls = tls || type == "tls" || type == "ssl";
+    }
+  }
+  return security.Authenticate(Metadata(ctx, "authorization"), ctx->peer(), tls, Metadata(ctx, "x-circuitlab-client"));
+}
 
 grpc::Status ToGrpcStatus(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;

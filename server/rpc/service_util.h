@@ -17,9 +17,23 @@
 
 #include "absl/status/status.h"
 #include "server/common/status_macros.h"
-#include "server/rpc/security.h"
+#include "server/security/security.h"
 
 namespace circuitlab::rpc {
+
+// The gRPC handlers speak of callers and their rights as security/ does.
+using security::Access;
+using security::Caller;
+using security::MayChange;
+using security::MayRead;
+using security::Role;
+using security::RoleName;
+using security::Security;
+using security::StreamTicket;
+
+// The caller of a gRPC call: its `authorization` and `x-circuitlab-client`
+// metadata, its peer, and whether the transport is TLS.
+absl::StatusOr<Caller> Authenticate(const Security& security, const grpc::CallbackServerContext* ctx);
 
 // The codes share numbers. The message is capped at kMaxStatusMessage
 // characters (a longer one ends in "…"): gRPC refuses trailing metadata past
@@ -49,7 +63,7 @@ grpc::ServerUnaryReactor* UnaryCall(grpc::CallbackServerContext* ctx, const Secu
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   Req req;
   Resp resp;
-  absl::StatusOr<Caller> caller = security.Authenticate(ctx);
+  absl::StatusOr<Caller> caller = Authenticate(security, ctx);
   absl::Status s = caller.status();
   if (s.ok()) s = ParseRequest(*in, &req);
   if (s.ok()) s = security.Check(*caller, access, req);

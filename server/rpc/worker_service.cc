@@ -16,7 +16,7 @@ using Reactor = grpc::ServerBidiReactor<v1::WorkerMessage, v1::ServerMessage>;
 
 // The broker's handle on a stream. Outlives the reactor (the broker may hold
 // it a little longer): once the stream is done, messages are dropped.
-class Link final : public scheduler::WorkerLink {
+class Link final : public remote::WorkerLink {
  public:
   explicit Link(Reactor* reactor) : reactor_(reactor) {}
 
@@ -76,9 +76,9 @@ class Link final : public scheduler::WorkerLink {
 
 class SessionReactor final : public Reactor {
  public:
-  SessionReactor(grpc::CallbackServerContext* ctx, scheduler::WorkerBroker* broker, const Security* security)
+  SessionReactor(grpc::CallbackServerContext* ctx, remote::WorkerBroker* broker, const Security* security)
       : broker_(broker), security_(security), link_(std::make_shared<Link>(this)) {
-    absl::StatusOr<Caller> caller = security->Authenticate(ctx);
+    absl::StatusOr<Caller> caller = Authenticate(*security, ctx);
     if (!caller.ok()) {
       link_->Close(caller.status());
       return;
@@ -138,7 +138,7 @@ class SessionReactor final : public Reactor {
   }
 
  private:
-  scheduler::WorkerBroker* const broker_;
+  remote::WorkerBroker* const broker_;
   const Security* const security_;
   std::shared_ptr<Link> link_;
   Caller caller_;
@@ -158,7 +158,7 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::ListWorkers(grpc::CallbackServerCon
                                                          const v1::ListWorkersRequest*,
                                                          v1::ListWorkersResponse* response) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  absl::StatusOr<Caller> caller = security_->Authenticate(ctx);
+  absl::StatusOr<Caller> caller = Authenticate(*security_, ctx);
   if (!caller.ok()) {
     reactor->Finish(ToGrpcStatus(caller.status()));
     return reactor;
@@ -166,7 +166,7 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::ListWorkers(grpc::CallbackServerCon
   response->set_executor(executor_);
   response->set_queued_runs(static_cast<uint32_t>(runs_->QueuedRuns()));
   if (broker_ != nullptr) {
-    for (const scheduler::WorkerInfo& w : broker_->Workers()) {
+    for (const remote::WorkerInfo& w : broker_->Workers()) {
       v1::WorkerStatus* s = response->add_workers();
       s->set_worker_id(w.id);
       s->set_host(w.host);

@@ -168,6 +168,10 @@ class Scheduler {
   // started (RunState number -> count) and the watch streams open now.
   std::map<int, uint64_t> FinishedRuns();
   int OpenWatches();
+  // For /metrics, read from the store: runs by state (RunState number ->
+  // count, one GROUP BY), and the store writer's commit statistics.
+  absl::StatusOr<std::map<int, int64_t>> CountRunsByState() { return store_->CountRunsByState(); }
+  store::Store::WriteStats StoreWriteStats() const { return store_->GetWriteStats(); }
 
   ProgressHub& hub() { return hub_; }
   const std::vector<std::string>& device_slots() const { return slot_names_; }

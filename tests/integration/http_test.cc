@@ -22,8 +22,8 @@
 namespace circuitlab::testing {
 namespace {
 
-rpc::ServerOptions WithHttp(int max_streams = 4) {
-  rpc::ServerOptions o;
+app::FrontOptions WithHttp(int max_streams = 4) {
+  app::FrontOptions o;
   o.http.listen = "127.0.0.1:0";
   o.http.max_streams = max_streams;
   return o;
@@ -175,7 +175,7 @@ TEST(HttpTest, JsonApiAnswersWhatGrpcAnswers) {
   EXPECT_EQ(http.Get("/../etc/passwd")->status, 404);
   EXPECT_EQ(http.Get("/healthz")->status, 200);
   EXPECT_EQ(http.Get("/readyz")->status, 200);
-  server.grpc().MarkNotServing();
+  server.app().MarkNotServing();
   EXPECT_EQ(http.Get("/readyz")->status, 503) << "draining";
 }
 
@@ -189,7 +189,7 @@ TEST(HttpTest, SlowClientsDoNotTakeThePortDown) {
   TempDir dir;
   FakeExecutor exec;
   exec.step_time = std::chrono::milliseconds(10);  // the long run below stays RUNNING
-  rpc::ServerOptions opts = WithHttp();
+  app::FrontOptions opts = WithHttp();
   opts.http.max_per_peer = 4;
   Server server(dir.path(), &exec, {}, opts);
   const int port = server.http_port();
@@ -284,15 +284,15 @@ TEST(HttpTest, SlowClientsDoNotTakeThePortDown) {
 TEST(HttpTest, ReadyzSeesStorageFaultsAndPrivateMetricsAreForAdmins) {
   TempDir dir;
   const std::string tokens = dir.path() + "/tokens.txt";
-  std::ofstream(tokens) << "ana user " << rpc::TokenDigestField("ana-token-0123456789") << "\n"
-                        << "root admin " << rpc::TokenDigestField("root-token-0123456789") << "\n";
-  auto auth = rpc::Authenticator::Create(tokens, "", nullptr);
+  std::ofstream(tokens) << "ana user " << security::TokenDigestField("ana-token-0123456789") << "\n"
+                        << "root admin " << security::TokenDigestField("root-token-0123456789") << "\n";
+  auto auth = security::Authenticator::Create(tokens, "", nullptr);
   ASSERT_TRUE(auth.ok()) << auth.status();
   FakeExecutor exec;
   scheduler::SchedulerOptions sched;
   sched.checkpoint_retry_delay = std::chrono::milliseconds(50);
   sched.checkpoint_tries = 400;
-  rpc::ServerOptions opts = WithHttp();
+  app::FrontOptions opts = WithHttp();
   opts.private_runs = true;
   const std::string data = dir.path() + "/data";
   std::filesystem::create_directories(data + "/checkpoints");
@@ -316,8 +316,8 @@ TEST(HttpTest, TokensApplyAsOnGrpc) {
   TempDir dir;
   const std::string token = "http-test-token-0123456789abcdef";
   const std::string tokens = dir.path() + "/tokens.txt";
-  std::ofstream(tokens) << "ana reader " << rpc::TokenDigestField(token) << "\n";
-  auto auth = rpc::Authenticator::Create(tokens, "", nullptr);
+  std::ofstream(tokens) << "ana reader " << security::TokenDigestField(token) << "\n";
+  auto auth = security::Authenticator::Create(tokens, "", nullptr);
   ASSERT_TRUE(auth.ok()) << auth.status();
   FakeExecutor exec;
   Server server(dir.path() + "/data", &exec, {}, WithHttp(), nullptr, auth->get());

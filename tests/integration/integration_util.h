@@ -15,7 +15,7 @@
 
 #include "client/lib/client.h"
 #include "server/engine/engine.h"
-#include "server/rpc/server.h"
+#include "server/app/server.h"
 #include "server/scheduler/analysis_core.h"
 #include "server/scheduler/scheduler.h"
 #include "server/scheduler/sweeps.h"
@@ -57,51 +57,42 @@ inline v1::SweepSpec LrBySeedSweep(const std::string& name, uint64_t steps, doub
   return sweep;
 }
 
+// A real server (app::Server, as circuitlab-server builds it) on --data
+// `dir`, with the test's executor and, when given, its analyzer, principals
+// and audit log.
 class Server {
  public:
   // `auth` null: an open server (every caller the admin "local").
   Server(const std::string& dir, engine::Executor* executor, scheduler::SchedulerOptions opts = {},
-         rpc::ServerOptions server_opts = {}, engine::Analyzer* analyzer = nullptr,
-         const rpc::Authenticator* auth = nullptr, rpc::AuditLog* audit = nullptr,
+         app::FrontOptions fronts = {}, engine::Analyzer* analyzer = nullptr,
+         const security::Authenticator* auth = nullptr, security::AuditLog* audit = nullptr,
          const std::string& listen = "127.0.0.1:0") {
-    auto store = store::Store::Open(dir);
-    EXPECT_TRUE(store.ok()) << store.status();
-    store_ = std::move(*store);
-    opts.epoch = "epoch-" + std::to_string(reinterpret_cast<uintptr_t>(this));
-    opts.heartbeat = std::chrono::milliseconds(200);
-    scheduler_ = std::make_unique<scheduler::Scheduler>(opts, store_.get(), executor, Clock::Real());
-    analysis_ = std::make_unique<scheduler::AnalysisCore>(store_.get(), analyzer ? analyzer : analyzer_.get());
-    scheduler_->OnRunsDeleted([a = analysis_.get()](const std::vector<int64_t>& ids) { a->jobs().ForgetRuns(ids); });
-    EXPECT_TRUE(scheduler_->Start().ok());
-    server_opts.listen = listen;
-    sweeps_ = std::make_unique<scheduler::SweepCore>(scheduler_.get(), store_.get(), analysis_.get(), 64, opts.quotas);
-    telemetry_ = std::make_unique<rpc::Telemetry>(
-        rpc::TelemetrySources{scheduler_.get(), &analysis_->jobs(), store_.get(), nullptr, "test", "local"});
-    auto server = rpc::GrpcServer::Start(server_opts, auth ? auth : open_auth_.get(), audit, scheduler_.get(),
-                                         analysis_.get(), sweeps_.get(), nullptr, telemetry_.get());
+    app::ServerOptions o;
+    o.data_dir = dir;
+    o.fronts = std::move(fronts);
+    o.fronts.listen = listen;
+    o.scheduler = opts;
+    o.scheduler.epoch = "epoch-" + std::to_string(reinterpret_cast<uintptr_t>(this));
+    o.scheduler.heartbeat = std::chrono::milliseconds(200);
+    o.max_sweep_runs = 64;
+    o.use_cuda = false;
+    o.version = "test";
+    o.executor = executor;
+    o.analyzer = analyzer;
+    o.auth = auth;
+    o.audit = audit;
+    auto server = app::Server::Create(std::move(o));
     EXPECT_TRUE(server.ok()) << server.status();
     server_ = std::move(*server);
   }
-  ~Server() {
-    server_->MarkNotServing();
-    analysis_->Shutdown();
-    scheduler_->Drain();
-    server_->Shutdown(std::chrono::milliseconds(200));
-  }
+  ~Server() { server_->Shutdown(std::chrono::milliseconds(200)); }
   std::string address() const { return "127.0.0.1:" + std::to_string(server_->port()); }
-  // With server_opts.http.listen set: the HTTP port.
+  // With fronts.http.listen set: the HTTP port.
   int http_port() const { return server_->http_port(); }
-  rpc::GrpcServer& grpc() { return *server_; }
+  app::Server& app() { return *server_; }
 
  private:
-  std::unique_ptr<store::Store> store_;
-  std::unique_ptr<rpc::Authenticator> open_auth_ = *rpc::Authenticator::Create("", "", nullptr);
-  std::unique_ptr<engine::Analyzer> analyzer_ = engine::MakeTorchAnalyzer();
-  std::unique_ptr<scheduler::Scheduler> scheduler_;
-  std::unique_ptr<scheduler::AnalysisCore> analysis_;
-  std::unique_ptr<scheduler::SweepCore> sweeps_;
-  std::unique_ptr<rpc::Telemetry> telemetry_;
-  std::unique_ptr<rpc::GrpcServer> server_;
+  std::unique_ptr<app::Server> server_;
 };
 
 // Waits for the connection within its deadline (`wait_for_ready`): a loaded

@@ -219,7 +219,7 @@ TEST(IntegrationTest, AuthTokenRequiredWhenConfigured) {
   const std::string token = "0123456789abcdef-secret";
   const std::string token_file = dir.path() + "/token";
   std::ofstream(token_file) << token << "\r\n";
-  auto auth = rpc::Authenticator::Create("", token_file, nullptr);
+  auto auth = security::Authenticator::Create("", token_file, nullptr);
   ASSERT_TRUE(auth.ok()) << auth.status();
   Server server(dir.path(), &exec, {}, {}, nullptr, auth->get());
   auto anonymous = MakeClient(server.address());
@@ -232,11 +232,11 @@ TEST(IntegrationTest, AuthTokenRequiredWhenConfigured) {
   EXPECT_EQ(good.WhoAmI()->principal(), "admin") << "--auth-token-file is one admin named admin";
 
   // Listening beyond loopback without a token is refused.
-  rpc::ServerOptions open;
+  app::FrontOptions open;
   open.listen = "0.0.0.0:0";
-  EXPECT_FALSE(rpc::IsLoopbackAddress(open.listen));
-  EXPECT_TRUE(rpc::IsLoopbackAddress("[::1]:5"));
-  EXPECT_TRUE(rpc::IsLoopbackAddress("localhost:5"));
+  EXPECT_FALSE(security::IsLoopbackAddress(open.listen));
+  EXPECT_TRUE(security::IsLoopbackAddress("[::1]:5"));
+  EXPECT_TRUE(security::IsLoopbackAddress("localhost:5"));
 }
 
 // Server reflection answers list_services with our service (what grpcurl
@@ -264,7 +264,7 @@ TEST(IntegrationTest, HealthReportsNotServingWhileDraining) {
   EXPECT_EQ(c.Health("circuitlab.v1.NoSuchService").code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(c.Health("circuitlab.v1.WorkerService").code(), absl::StatusCode::kNotFound)
       << "not served without remote workers";
-  server.grpc().MarkNotServing();
+  server.app().MarkNotServing();
   EXPECT_EQ(c.Health().code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(c.Health("circuitlab.v1.ExperimentService").code(), absl::StatusCode::kUnavailable);
 }

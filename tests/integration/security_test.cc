@@ -27,7 +27,7 @@ std::string ReadFile(const std::string& path) {
 // "name role sha256:<digest of token>" with the token "tok-<name>-0123456789".
 std::string Token(const std::string& name) { return "tok-" + name + "-0123456789"; }
 std::string Principal(const std::string& name, const std::string& role, const std::string& extra = "") {
-  return name + " " + role + " " + rpc::TokenDigestField(Token(name)) + " " + extra + "\n";
+  return name + " " + role + " " + security::TokenDigestField(Token(name)) + " " + extra + "\n";
 }
 
 // Two throwaway CAs (the right one and a stranger), made once.
@@ -70,12 +70,12 @@ struct Principals {
   explicit Principals(const std::string& dir, const std::string& lines, Quotas* quotas = nullptr)
       : path(dir + "/tokens.txt") {
     std::ofstream(path) << lines;
-    auto created = rpc::Authenticator::Create(path, "", quotas);
+    auto created = security::Authenticator::Create(path, "", quotas);
     EXPECT_TRUE(created.ok()) << created.status();
     auth = std::move(*created);
   }
   std::string path;
-  std::unique_ptr<rpc::Authenticator> auth;
+  std::unique_ptr<security::Authenticator> auth;
 };
 
 TEST(SecurityTest, TlsRefusesPlaintextAndAStrangeCa) {
@@ -83,7 +83,7 @@ TEST(SecurityTest, TlsRefusesPlaintextAndAStrangeCa) {
   TempDir dir;
   FakeExecutor exec;
   Principals principals(dir.path(), Principal("alice", "user"));
-  rpc::ServerOptions opts;
+  app::FrontOptions opts;
   opts.tls = {certs.good + "/server.pem", certs.good + "/server.key", "", 10};
   Server server(dir.path(), &exec, {}, opts, nullptr, principals.auth.get());
 
@@ -109,24 +109,24 @@ TEST(SecurityTest, AHealthOnlyPortForProbes) {
   TempDir dir;
   FakeExecutor exec;
   Principals principals(dir.path(), Principal("alice", "user"));
-  rpc::ServerOptions opts;
+  app::FrontOptions opts;
   opts.tls = {certs.good + "/server.pem", certs.good + "/server.key", "", 10};
   opts.health_listen = "127.0.0.1:0";
   Server server(dir.path(), &exec, {}, opts, nullptr, principals.auth.get());
-  ASSERT_GT(server.grpc().health_port(), 0);
-  auto probe = MakeClient("127.0.0.1:" + std::to_string(server.grpc().health_port()));
+  ASSERT_GT(server.app().health_port(), 0);
+  auto probe = MakeClient("127.0.0.1:" + std::to_string(server.app().health_port()));
   EXPECT_TRUE(probe.Health().ok());
   EXPECT_EQ(probe.ListRuns({}).status().code(), absl::StatusCode::kUnimplemented) << "no data on the probe port";
-  EXPECT_EQ(MakeClient("127.0.0.1:" + std::to_string(server.grpc().health_port()), Token("alice"))
+  EXPECT_EQ(MakeClient("127.0.0.1:" + std::to_string(server.app().health_port()), Token("alice"))
                 .ListRuns({})
                 .status()
                 .code(),
             absl::StatusCode::kUnimplemented);
-  EXPECT_EQ(ListServicesByReflection("127.0.0.1:" + std::to_string(server.grpc().health_port()), Token("alice"))
+  EXPECT_EQ(ListServicesByReflection("127.0.0.1:" + std::to_string(server.app().health_port()), Token("alice"))
                 .status()
                 .code(),
             absl::StatusCode::kUnimplemented);
-  server.grpc().MarkNotServing();
+  server.app().MarkNotServing();
   EXPECT_EQ(probe.Health().code(), absl::StatusCode::kUnavailable) << "NOT_SERVING while draining";
 }
 
@@ -135,7 +135,7 @@ TEST(SecurityTest, MutualTlsRequiresAClientCertificate) {
   TempDir dir;
   FakeExecutor exec;
   Principals principals(dir.path(), Principal("alice", "user"));
-  rpc::ServerOptions opts;
+  app::FrontOptions opts;
   opts.tls = {certs.good + "/server.pem", certs.good + "/server.key", certs.good + "/ca.pem", 10};
   Server server(dir.path(), &exec, {}, opts, nullptr, principals.auth.get());
   EXPECT_EQ(TlsClient(server.address(), certs.good, Token("alice")).Health().code(), absl::StatusCode::kUnavailable);
@@ -151,7 +151,7 @@ TEST(SecurityTest, ReplacedCertificatesApplyWithoutARestart) {
     std::filesystem::copy_file(certs.good + "/" + f, dir.path() + "/" + f);
   }
   Principals principals(dir.path(), Principal("alice", "user"));
-  rpc::ServerOptions opts;
+  app::FrontOptions opts;
   opts.tls = {dir.path() + "/server.pem", dir.path() + "/server.key", "", 1};
   Server server(dir.path(), &exec, {}, opts, nullptr, principals.auth.get());
   ASSERT_TRUE(TlsClient(server.address(), certs.good, Token("alice")).ListRuns({}).ok());
@@ -170,7 +170,7 @@ TEST(SecurityTest, InsecurePlaintextBeyondLoopbackWarnsAndHidesReflection) {
   TempDir dir;
   FakeExecutor exec;
   Principals principals(dir.path(), Principal("alice", "user"));
-  rpc::ServerOptions opts;
+  app::FrontOptions opts;
   opts.insecure_plaintext = true;
   Server server(dir.path(), &exec, {}, opts, nullptr, principals.auth.get(), nullptr, "0.0.0.0:0");
   auto alice = MakeClient(server.address(), Token("alice"));
@@ -186,11 +186,20 @@ TEST(SecurityTest, InsecurePlaintextBeyondLoopbackWarnsAndHidesReflection) {
 
 TEST(SecurityTest, BadTlsFilesAreRefusedAtStart) {
   const Certs& certs = Certs::Get();
-  const rpc::Authenticator* open = nullptr;
-  auto auth = rpc::Authenticator::Create("", "", nullptr);
-  open = auth->get();
+  TempDir dir;
+  FakeExecutor exec;
+  auto start = [&](app::FrontOptions fronts, const security::Authenticator* auth) {
+    app::ServerOptions o;
+    o.data_dir = dir.path() + "/data";
+    o.fronts = std::move(fronts);
+    o.use_cuda = false;
+    o.executor = &exec;
+    o.auth = auth;
+    return app::Server::Create(std::move(o));
+  };
+  auto open = security::Authenticator::Create("", "", nullptr);
   struct Case {
-    rpc::TlsFiles files;
+    security::TlsFiles files;
     std::string needle;
   };
   for (const Case& c : std::vector<Case>{
@@ -198,23 +207,32 @@ TEST(SecurityTest, BadTlsFilesAreRefusedAtStart) {
            {{certs.good + "/server.key", certs.good + "/server.key", "", 10}, "holds no PEM certificate"},
            {{certs.good + "/server.pem", "", "", 10}, "both --tls-cert and --tls-key"},
        }) {
-    rpc::ServerOptions opts;
+    app::FrontOptions opts;
     opts.listen = "127.0.0.1:0";
     opts.tls = c.files;
-    auto server = rpc::GrpcServer::Start(opts, open, nullptr, nullptr, nullptr, nullptr);
+    auto server = start(opts, open->get());
     ASSERT_FALSE(server.ok());
     EXPECT_EQ(server.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_NE(server.status().message().find(c.needle), std::string::npos) << server.status().message();
   }
-  // Beyond loopback: tokens, and TLS unless --insecure-plaintext.
-  rpc::ServerOptions wide;
+  // Beyond loopback: tokens, and TLS unless --insecure-plaintext; for the
+  // HTTP port as for the gRPC one.
+  app::FrontOptions wide;
   wide.listen = "0.0.0.0:0";
-  auto refused = rpc::GrpcServer::Start(wide, open, nullptr, nullptr, nullptr, nullptr);
+  auto refused = start(wide, open->get());
+  EXPECT_NE(refused.status().message().find("--listen 0.0.0.0:0 is not a loopback address"), std::string::npos)
+      << refused.status();
   EXPECT_NE(refused.status().message().find("requires --auth-tokens-file"), std::string::npos) << refused.status();
-  TempDir dir;
   Principals principals(dir.path(), Principal("alice", "user"));
-  refused = rpc::GrpcServer::Start(wide, principals.auth.get(), nullptr, nullptr, nullptr, nullptr);
+  refused = start(wide, principals.auth.get());
   EXPECT_NE(refused.status().message().find("requires TLS"), std::string::npos) << refused.status();
+  app::FrontOptions wide_http;
+  wide_http.listen = "127.0.0.1:0";
+  wide_http.http.listen = "0.0.0.0:0";
+  refused = start(wide_http, principals.auth.get());
+  EXPECT_NE(refused.status().message().find("--http 0.0.0.0:0"), std::string::npos) << refused.status();
+  EXPECT_NE(refused.status().message().find("requires TLS"), std::string::npos) << refused.status();
+  EXPECT_FALSE(std::filesystem::exists(dir.path() + "/data")) << "refused before --data is opened";
 }
 
 // Roles, ownership, per-principal queue limits and the audit log, on one
@@ -229,7 +247,7 @@ TEST(SecurityTest, RolesOwnershipQuotasAndTheAuditLog) {
                             Principal("carol", "reader") + Principal("root", "admin"),
                         &quotas);
   const std::string audit_path = dir.path() + "/audit.jsonl";
-  auto audit = rpc::AuditLog::Open(audit_path);
+  auto audit = security::AuditLog::Open(audit_path);
   ASSERT_TRUE(audit.ok()) << audit.status();
   scheduler::SchedulerOptions sched;
   sched.quotas = &quotas;
@@ -317,7 +335,7 @@ TEST(SecurityTest, PrivateRunsHideOtherUsersRuns) {
   FakeExecutor exec;
   Principals principals(dir.path(), Principal("alice", "user") + Principal("bob", "user") +
                                         Principal("carol", "reader") + Principal("root", "admin"));
-  rpc::ServerOptions opts;
+  app::FrontOptions opts;
   opts.private_runs = true;
   Server server(dir.path(), &exec, {}, opts, nullptr, principals.auth.get());
   auto alice = MakeClient(server.address(), Token("alice"));
@@ -367,9 +385,9 @@ TEST(SecurityTest, AReaderSummaryStartsNoAnalysisAndAUsersIsAudited) {
   FakeExecutor exec;
   Principals principals(dir.path(), Principal("alice", "user") + Principal("carol", "reader"));
   const std::string audit_path = dir.path() + "/audit.jsonl";
-  auto audit = rpc::AuditLog::Open(audit_path);
+  auto audit = security::AuditLog::Open(audit_path);
   ASSERT_TRUE(audit.ok()) << audit.status();
-  rpc::ServerOptions http;
+  app::FrontOptions http;
   http.http.listen = "127.0.0.1:0";
   Server server(dir.path(), &exec, {}, http, nullptr, principals.auth.get(), audit->get());
   auto alice = MakeClient(server.address(), Token("alice"));
@@ -419,7 +437,7 @@ TEST(SecurityTest, RevokingATokenEndsItsOpenStreams) {
   FakeExecutor exec;
   exec.Close();  // the run stays RUNNING, so its streams stay open
   Principals principals(dir.path(), Principal("alice", "user") + Principal("bob", "user"));
-  rpc::ServerOptions http;
+  app::FrontOptions http;
   http.http.listen = "127.0.0.1:0";
   Server server(dir.path(), &exec, {}, http, nullptr, principals.auth.get());
   auto alice = MakeClient(server.address(), Token("alice"));
@@ -455,7 +473,7 @@ TEST(SecurityTest, RevokingATokenEndsItsOpenStreams) {
 
   std::ofstream(principals.path) << Principal("alice", "user");
   ASSERT_TRUE(principals.auth->Reload().ok());
-  EXPECT_EQ(server.grpc().RevalidateStreams(), 2) << "bob's WatchRun and his event stream";
+  EXPECT_EQ(server.app().RevalidateStreams(), 2) << "bob's WatchRun and his event stream";
   ASSERT_EQ(bob_watch.wait_for(std::chrono::seconds(2)), std::future_status::ready);
   const absl::Status ended = bob_watch.get();
   EXPECT_EQ(ended.code(), absl::StatusCode::kUnauthenticated) << ended;

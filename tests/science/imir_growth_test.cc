@@ -57,7 +57,7 @@ std::vector<Growth> TrainToTarget(const v1::ExperimentSpec& spec, const std::vec
   std::vector<Growth> out(seeds.size());
   auto record = [&] {
     for (size_t e = 0; e < seeds.size(); ++e) {
-      const Projection p = projector.Project(trainer.model(), static_cast<int64_t>(e));
+      const Projection p = Project(projector, trainer.model(), static_cast<int64_t>(e));
       for (const CoordinateDef& c : basis.coords) {
         if (!c.canonical.empty()) out[e].series[c.canonical].push_back(p.values[c.index]);
       }

@@ -1,15 +1,15 @@
-// Principals, roles and the audit line format (server/rpc/auth.h, audit.h).
-#include "server/rpc/auth.h"
+// Principals, roles and the audit line format (server/security/auth.h, audit.h).
+#include "server/security/auth.h"
 
 #include <gtest/gtest.h>
 
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "server/rpc/audit.h"
+#include "server/security/audit.h"
 #include "tests/test_util/temp_dir.h"
 
-namespace circuitlab::rpc {
+namespace circuitlab::security {
 namespace {
 
 std::string Line(const std::string& name, const std::string& role, const std::string& token,
@@ -157,4 +157,4 @@ TEST(AuditTest, OneJsonLineWithClientStringsEscaped) {
 }
 
 }  // namespace
-}  // namespace circuitlab::rpc
+}  // namespace circuitlab::security

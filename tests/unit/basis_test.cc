@@ -1,4 +1,4 @@
-#include "server/engine/manifold/basis.h"
+#include "server/engine/basis/basis.h"
 
 #include <gtest/gtest.h>
 

@@ -1,11 +1,11 @@
 // The Slurm pool's parsers against recorded squeue/sacct output (arrays,
 // truncated lines, job steps, "CANCELLED by N", accounting disabled), the
 // pilot script and sbatch line, and the pool's cycle against a fake Slurm.
-#include "server/scheduler/slurm.h"
+#include "server/remote/slurm.h"
 
 #include <gtest/gtest.h>
 
-namespace circuitlab::scheduler {
+namespace circuitlab::remote {
 namespace {
 
 TEST(Slurm, ParsesSqueueWithArraysAndTruncation) {
@@ -224,4 +224,4 @@ TEST(SlurmPool, RunCommandCapturesOutputAndExitCode) {
 }
 
 }  // namespace
-}  // namespace circuitlab::scheduler
+}  // namespace circuitlab::remote

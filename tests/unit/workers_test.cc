@@ -1,16 +1,18 @@
-// The lease broker (scheduler/workers.h) against a recording link and
+// The lease broker (remote/workers.h) against a recording link and
 // observer: registration, capacity, a lease's whole life (resume chunks out;
 // metrics, progress, checkpoint chunks in; acks; the end), idempotent
 // sequence numbers, cancel, a lost worker, the heartbeat timeout.
-#include "server/scheduler/workers.h"
+#include "server/remote/workers.h"
 
 #include <gtest/gtest.h>
 
 #include <future>
 #include <thread>
 
-namespace circuitlab::scheduler {
+namespace circuitlab::remote {
 namespace {
+
+using scheduler::PlacedObserver;
 
 using namespace std::chrono_literals;
 
@@ -397,10 +399,12 @@ TEST_F(WorkerBrokerTest, AFailedCheckpointWriteIsAckedWithTheError) {
 }
 
 }  // namespace
-}  // namespace circuitlab::scheduler
+}  // namespace circuitlab::remote
 
-namespace circuitlab::scheduler {
+namespace circuitlab::remote {
 namespace {
+
+using scheduler::PlacedObserver;
 
 // An executor whose CheckCheckpoint accepts only "good:<step>" bytes, standing
 // in for the engine's archive check.
@@ -567,4 +571,4 @@ TEST_F(WorkerBrokerTest, UploadsAreBoundedAndChecked) {
 }
 
 }  // namespace
-}  // namespace circuitlab::scheduler
+}  // namespace circuitlab::remote

@@ -99,11 +99,11 @@ TEST(CoordinateModelTest, UnitNormSgdIsProjectedDenseSgd) {
     const ImirModel& model = trainer.model();
     const Basis& basis = model.config().coordinates->basis;
     const Projector projector(basis);
-    const Projection before = projector.Project(model, 0);
+    const Projection before = Project(projector, model, 0);
     // The dense gradient at the same weights, on the batch the trainer draws.
     std::unique_ptr<ImirModel> dense = DenseTwin(model);
     trainer.Step(false);
-    const Projection after = projector.Project(model, 0);
+    const Projection after = Project(projector, model, 0);
     // A FULL model at the same weights takes its first step on the same batch
     // (batches depend on seed and step only).
     v1::ExperimentSpec full_spec = spec;
@@ -118,7 +118,7 @@ TEST(CoordinateModelTest, UnitNormSgdIsProjectedDenseSgd) {
       const_cast<ImirModel&>(dense_trainer.model()).AssignDense(0, kq, dense->readout()[0]);
     }
     dense_trainer.Step(false);  // plain SGD: W' = W - lr grad
-    const Projection dense_after = projector.Project(dense_trainer.model(), 0);
+    const Projection dense_after = Project(projector, dense_trainer.model(), 0);
     const double lr = spec.training().learning_rate();
     // float32 weights: compare against the largest step.
     double max_diff = 0, scale = 0;

@@ -1,6 +1,7 @@
 #include "server/engine/analysis/family.h"
 
 #include "absl/strings/str_cat.h"
+#include "server/common/seeds.h"
 #include "server/engine/analysis/decoder_interventions.h"
 #include "server/engine/analysis/regression_vectors.h"
 #include "server/engine/analysis/task_vectors.h"

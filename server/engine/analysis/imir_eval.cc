@@ -34,7 +34,7 @@ absl::StatusOr<Opened> Open(const v1::ExperimentSpec& spec, const std::string& c
   o.dense = DenseLike(*o.task, o.layers, o.heads);
   CopyDense(*model, *o.dense);
   o.projector = std::make_unique<Projector>(o.basis);
-  o.values = o.projector->Project(*o.dense, 0).values;
+  o.values = Project(*o.projector, *o.dense, 0).values;
   return o;
 }
 
@@ -154,7 +154,7 @@ double Loss(const torch::Tensor& logits, const torch::Tensor& target) {
 void LoadCoords(const Opened& o, const std::vector<double>& c, ImirModel& target) {
   Projection p;
   p.values = c;
-  o.projector->LoadProjected(p, target, 0);
+  LoadProjected(*o.projector, p, target, 0);
 }
 
 // W + W_S(after) - W_S(before) over `projector`'s basis: the dense weights
@@ -167,7 +167,7 @@ std::unique_ptr<ImirModel> MovedCoords(const Opened& o, const Projector& project
   Projection p;
   p.values = std::move(delta);
   std::unique_ptr<ImirModel> moved = DenseLike(*o.task, o.layers, o.heads);
-  projector.LoadProjected(p, *moved, 0);
+  LoadProjected(projector, p, *moved, 0);
   torch::NoGradGuard no_grad;
   for (int64_t l = 0; l < o.layers; ++l) moved->kq(l).add_(o.dense->kq(l));
   moved->readout().add_(o.dense->readout());

@@ -37,7 +37,7 @@ absl::StatusOr<std::vector<double>> SwapSource(const Opened& o, const StoredChec
   if (absl::Status s = LoadWeights(source.bytes, *smodel); !s.ok()) return s;
   std::unique_ptr<ImirModel> sdense = DenseLike(*o.task, o.layers, o.heads);
   CopyDense(*smodel, *sdense);
-  return o.projector->Project(*sdense, 0).values;
+  return Project(*o.projector, *sdense, 0).values;
 }
 
 // One op applied to `e` (InvalidArgument naming the op's field).

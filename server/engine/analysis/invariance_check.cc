@@ -1,6 +1,7 @@
 // CheckInvariance (SCIENCE.md C.6, E.2 as corrected by G.5) on an IMIR
 // spec: the in-span ladder, the must-fail controls and the SGD corollary,
 // each judged by G.5's rule.
+#include "server/common/seeds.h"
 #include "server/engine/analysis/imir_analyses.h"
 #include "server/engine/analysis/imir_eval.h"
 #include "server/engine/manifold/invariance.h"

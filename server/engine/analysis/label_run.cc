@@ -169,7 +169,7 @@ absl::StatusOr<v1::CheckpointLabel> LabelCheckpoint(const LabelContext& x, int64
   // Open projected onto the paper basis already unless the run's own
   // coordinate basis is the complete one.
   const std::vector<double> c =
-      o->basis.selection == Selection::kPaper ? o->values : x.projector->Project(*o->dense, 0).values;
+      o->basis.selection == Selection::kPaper ? o->values : Project(*x.projector, *o->dense, 0).values;
   v1::CheckpointLabel r;
   r.set_step(static_cast<uint64_t>(step));
   r.set_icl_set(x.icl_set);
@@ -250,7 +250,7 @@ std::string PredictedPair(const LabelContext& x) {
   InitializeModel(x.spec, {x.spec.seed()}, *init);
   std::unique_ptr<ImirModel> dense = DenseLike(*x.task, x.L, x.H);
   CopyDense(*init, *dense);
-  const auto scores = x.PairScores(x.projector->Project(*dense, 0).values);
+  const auto scores = x.PairScores(Project(*x.projector, *dense, 0).values);
   const auto best =
       std::max_element(scores.begin(), scores.end(), [](const auto& a, const auto& b) { return a.second < b.second; });
   return best->second > 0 ? best->first : "NONE";

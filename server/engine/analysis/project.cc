@@ -1,6 +1,7 @@
 // ProjectCheckpoint (SCIENCE.md C.4): an IMIR checkpoint's coordinates over
 // the paper or complete basis of its task, and the off-manifold residual rho
 // overall, per matrix and against the complete set.
+#include "server/common/seeds.h"
 #include "server/engine/analysis/imir_analyses.h"
 #include "server/engine/analysis/imir_eval.h"
 #include "server/engine/train/trainer.h"

@@ -65,7 +65,7 @@ std::unique_ptr<ImirModel> ModelInSpan(const BlockTask& task, const Basis& basis
   torch::Tensor coords = torch::randn({static_cast<int64_t>(basis.coords.size())}, gen, torch::kDouble).mul_(s);
   Projection point;
   point.values.assign(coords.data_ptr<double>(), coords.data_ptr<double>() + coords.numel());
-  Projector(basis).LoadProjected(point, *model, 0);
+  LoadProjected(Projector(basis), point, *model, 0);
   return model;
 }
 
@@ -147,7 +147,7 @@ std::vector<SgdCorollaryPoint> SgdCorollary(const BlockTask& task, const Basis& 
         ++done;
         if (progress && !progress(done, total)) return out;
       }
-      const double rho = projector.Project(model, 0).rho();
+      const double rho = Project(projector, model, 0).rho();
       (symmetrised ? point.rho_symmetrised : point.rho) = rho;
     }
     out.push_back(point);

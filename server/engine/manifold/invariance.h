@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "server/engine/engine.h"
-#include "server/engine/manifold/basis.h"
+#include "server/engine/basis/basis.h"
 #include "server/engine/tasks/block_task.h"
 
 namespace circuitlab::engine {

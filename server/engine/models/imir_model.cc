@@ -8,7 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/common/thread_cancel.h"
-#include "server/engine/manifold/projection.h"
+#include "server/engine/basis/projector.h"
 #include "server/engine/models/imir_block.h"
 
 namespace circuitlab::engine {

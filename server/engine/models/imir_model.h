@@ -32,7 +32,7 @@
 #include <memory>
 #include <vector>
 
-#include "server/engine/manifold/basis.h"
+#include "server/engine/basis/basis.h"
 #include "server/engine/models/hooks.h"
 
 namespace circuitlab::engine {

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "circuitlab/v1/spec.pb.h"
-#include "server/engine/manifold/basis.h"
+#include "server/engine/basis/basis.h"
 #include "server/engine/tasks/catalog.h"
 
 namespace circuitlab::engine {

@@ -12,7 +12,7 @@
 #include <string>
 
 #include "circuitlab/v1/spec.pb.h"
-#include "server/engine/manifold/basis.h"
+#include "server/engine/basis/basis.h"
 
 namespace circuitlab::engine {
 

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "server/common/seeds.h"
 #include "server/engine/models/decoder_model.h"
 #include "server/engine/tasks/latent_task.h"
 #include "server/engine/train/trainer_base.h"

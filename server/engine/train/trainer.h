@@ -18,6 +18,7 @@
 #include "absl/status/statusor.h"
 #include "circuitlab/v1/spec.pb.h"
 #include "server/engine/engine.h"
+#include "server/engine/models/imir_factory.h"
 #include "server/engine/models/imir_model.h"
 #include "server/engine/tasks/block_task.h"
 #include "server/engine/train/trainer_base.h"
@@ -27,11 +28,6 @@ namespace circuitlab::engine {
 // Seed of a member's evaluation set `mode` (the same sequences at every
 // checkpoint, and in the circuit analyses).
 uint64_t EvalSeed(uint64_t seed, SampleMode mode);
-
-// The spec's model for `task` (FULL or COORDINATES), not initialised;
-// float64 for numerical checks (SCIENCE.md 0.3).
-std::unique_ptr<ImirModel> MakeModel(const v1::ExperimentSpec& resolved, const BlockTask& task, int64_t ensemble,
-                                     torch::Device device, bool float64 = false);
 
 // Initialises every member as the spec says: `init` with the member's init
 // seed (DeriveSeed(seed, "init")); COORDINATES with INIT_SCHEME_PROJECTED

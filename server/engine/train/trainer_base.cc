@@ -107,7 +107,6 @@ absl::Status ReadGuarded(torch::serialize::InputArchive& archive, Read read) {
 
 uint64_t InitSeedOf(uint64_t seed) { return DeriveSeed63(seed, "init"); }
 uint64_t BatchSeedOf(uint64_t seed, int64_t step) { return DeriveSeed63(seed, "batch", static_cast<uint64_t>(step)); }
-uint64_t PoolSeedOf(uint64_t member_seed) { return DeriveSeed63(member_seed, "pool"); }
 
 double ScheduledLearningRate(const v1::TrainingSpec& t, int64_t step) {
   if (t.schedule() != v1::LR_SCHEDULE_TRIANGLE) return t.learning_rate();

@@ -32,8 +32,6 @@ namespace circuitlab::engine {
 // Seeds of one member, by purpose (SCIENCE.md 0.3).
 uint64_t InitSeedOf(uint64_t member_seed);
 uint64_t BatchSeedOf(uint64_t member_seed, int64_t step);
-// Seed of a member's fixed task pool.
-uint64_t PoolSeedOf(uint64_t member_seed);
 
 // What a checkpoint records of its spec (task, data, model, training) and
 // member seeds, to refuse one that belongs to another run.

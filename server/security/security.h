@@ -1,11 +1,11 @@
 // What every handler asks before it calls a core: who is calling (the
 // principal its token names), whether that principal may touch what the
 // request names (the run, sweep or job by its id field), and the audit line
-// of a state-changing call. One object, shared by both services.
+// of a state-changing call. One object, shared by both fronts (gRPC and HTTP);
+// it knows neither transport.
 #pragma once
 
 #include <google/protobuf/message.h>
-#include <grpcpp/grpcpp.h>
 
 #include <string>
 #include <vector>
@@ -16,14 +16,14 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "server/rpc/audit.h"
+#include "server/security/audit.h"
 #include "circuitlab/v1/experiment_service.pb.h"
-#include "server/rpc/auth.h"
+#include "server/security/auth.h"
 #include "server/scheduler/analysis_jobs.h"
 #include "server/scheduler/scheduler.h"
 #include "server/scheduler/sweeps.h"
 
-namespace circuitlab::rpc {
+namespace circuitlab::security {
 
 struct Caller {
   Principal principal;
@@ -72,11 +72,11 @@ class Security {
            scheduler::AnalysisJobs* jobs, SecurityOptions options)
       : auth_(auth), audit_(audit), runs_(runs), sweeps_(sweeps), jobs_(jobs), options_(std::move(options)) {}
 
-  // The caller's principal from its `authorization` metadata.
-  absl::StatusOr<Caller> Authenticate(const grpc::CallbackServerContext* ctx) const;
-  // The same for the HTTP front end: its Authorization header, peer, whether
-  // the connection is TLS.
-  absl::StatusOr<Caller> Authenticate(std::string_view authorization, std::string peer, bool tls) const;
+  // The caller's principal from the authorization it presented (gRPC
+  // metadata, an HTTP header), its peer, whether the connection is TLS, and
+  // the client's self-chosen label (clipped; for logs, never an identity).
+  absl::StatusOr<Caller> Authenticate(std::string_view authorization, std::string peer, bool tls,
+                                      std::string_view label) const;
 
   // Whether `caller` may do `access` to what `request` names through its
   // run_id / sweep_id field (those it does not have are not checked).
@@ -131,7 +131,16 @@ class Security {
   mutable std::vector<std::weak_ptr<StreamTicket>> streams_;  // under streams_mu_
 };
 
+// True for 127.0.0.0/8, ::1 and "localhost" listen addresses.
+bool IsLoopbackAddress(const std::string& host_port);
+
+// The rule for an address a front listens on (`flag`: "--listen", "--http"):
+// beyond loopback it needs tokens (`open` = none configured), and TLS unless
+// `insecure_plaintext`. InvalidArgument naming the flag and what is missing.
+absl::Status CheckListenAddress(const std::string& flag, const std::string& address, bool open, bool tls,
+                                bool insecure_plaintext);
+
 // "SubmitRun" for a SubmitRunRequest: the method a request message belongs to.
 std::string MethodOf(const google::protobuf::Message& request);
 
-}  // namespace circuitlab::rpc
+}  // namespace circuitlab::security

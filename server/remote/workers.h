@@ -40,7 +40,7 @@
 #include "server/engine/engine.h"
 #include "server/scheduler/remote.h"
 
-namespace circuitlab::scheduler {
+namespace circuitlab::remote {
 
 // The server's end of one worker's stream (the rpc layer implements it).
 class WorkerLink {
@@ -85,7 +85,7 @@ struct WorkerInfo {
   int64_t last_seen_us = 0;
 };
 
-class WorkerBroker : public engine::Executor, public WorkerCapacity {
+class WorkerBroker : public engine::Executor, public scheduler::WorkerCapacity {
  public:
   // `local` answers EvalMetricNames (may be null); `clock` outlives the broker.
   WorkerBroker(BrokerOptions options, engine::Executor* local, Clock* clock);
@@ -141,7 +141,7 @@ class WorkerBroker : public engine::Executor, public WorkerCapacity {
   };
   // Runs one lease to its end on the calling (slot) thread.
   std::vector<absl::StatusOr<engine::TrainOutcome>> RunLease(const std::vector<engine::TrainRequest>& requests,
-                                                             const std::vector<PlacedObserver*>& observers);
+                                                             const std::vector<scheduler::PlacedObserver*>& observers);
   // A session with a free slot now or within a short wait (registered as the
   // lease's), else nullptr.
   std::shared_ptr<Session> TryAssign(const std::shared_ptr<Lease>& lease);
@@ -150,14 +150,14 @@ class WorkerBroker : public engine::Executor, public WorkerCapacity {
   std::shared_ptr<Session> AwaitSession(const std::shared_ptr<Lease>& lease,
                                         const std::vector<engine::TrainRequest>& requests, bool* preempted);
   void SendLease(Session& session, const Lease& lease, const std::vector<engine::TrainRequest>& requests,
-                 const std::vector<PlacedObserver*>& observers);
+                 const std::vector<scheduler::PlacedObserver*>& observers);
   void SendStop(Session& session, uint64_t lease, v1::Stop::Reason reason, uint32_t member);
   // Hands one report to the member's observer (the checkpoint's ack goes
   // back). InvalidArgument for what the run cannot have (a checkpoint too
   // large or not loadable for its spec, a basis beyond the cap): the worker's
   // fault.
   absl::Status ApplyReport(Session& session, uint64_t lease, const v1::Report& report, Member& member,
-                           PlacedObserver& observer, const v1::ExperimentSpec& spec);
+                           scheduler::PlacedObserver& observer, const v1::ExperimentSpec& spec);
   void LoseLocked(Session& session, const absl::Status& why);
   // Empty, or why `principal` may not take leases now (quarantine).
   std::string QuarantinedLocked(const std::string& principal);
@@ -186,4 +186,4 @@ class WorkerBroker : public engine::Executor, public WorkerCapacity {
   std::thread watchdog_;
 };
 
-}  // namespace circuitlab::scheduler
+}  // namespace circuitlab::remote

@@ -1,4 +1,4 @@
-#include "server/rpc/audit.h"
+#include "server/security/audit.h"
 
 #include <spdlog/sinks/rotating_file_sink.h>
 #include <spdlog/spdlog.h>
@@ -8,7 +8,7 @@
 
 #include "absl/status/status.h"
 
-namespace circuitlab::rpc {
+namespace circuitlab::security {
 
 absl::StatusOr<std::unique_ptr<AuditLog>> AuditLog::Open(const std::string& path, size_t max_file_bytes) {
   try {
@@ -54,4 +54,4 @@ void AuditLog::Record(const AuditRecord& record) {
   logger_->info(Format(record, now_us));
 }
 
-}  // namespace circuitlab::rpc
+}  // namespace circuitlab::security

@@ -31,7 +31,7 @@
 #include "absl/status/statusor.h"
 #include "server/common/quotas.h"
 
-namespace circuitlab::rpc {
+namespace circuitlab::security {
 
 // kWorker: a circuitlab-worker (WorkerService); otherwise read-only.
 enum class Role { kReader, kUser, kAdmin, kWorker };
@@ -105,4 +105,4 @@ absl::Status MayWrite(const Principal& who, const std::string& method);
 // readers, whose role is to read, still read everything).
 bool MayRead(const Principal& who, const std::string& owner, bool private_runs);
 
-}  // namespace circuitlab::rpc
+}  // namespace circuitlab::security

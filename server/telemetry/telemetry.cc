@@ -1,4 +1,4 @@
-#include "server/rpc/telemetry.h"
+#include "server/telemetry/telemetry.h"
 
 #include <prometheus/counter.h>
 #include <prometheus/family.h>
@@ -17,7 +17,7 @@
 #include "circuitlab/v1/analysis_service.pb.h"
 #include "circuitlab/v1/experiment_service.pb.h"
 
-namespace circuitlab::rpc {
+namespace circuitlab::telemetry {
 namespace {
 
 const prometheus::Histogram::BucketBoundaries kLatencyBuckets = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
@@ -59,40 +59,6 @@ std::pair<std::string, std::string> SplitMethod(const std::string& full) {
   return {full.substr(1, slash - 1), full.substr(slash + 1)};
 }
 
-class CountingInterceptor final : public grpc::experimental::Interceptor {
- public:
-  CountingInterceptor(Telemetry* telemetry, grpc::experimental::ServerRpcInfo* info)
-      : telemetry_(telemetry),
-        method_(info->method() ? info->method() : ""),
-        unary_(info->type() == grpc::experimental::ServerRpcInfo::Type::UNARY),
-        started_(std::chrono::steady_clock::now()) {}
-
-  void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
-    if (methods->QueryInterceptionHookPoint(grpc::experimental::InterceptionHookPoints::PRE_SEND_STATUS)) {
-      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
-      telemetry_->ObserveRpc(method_, methods->GetSendStatus().error_code(), seconds, unary_);
-    }
-    methods->Proceed();
-  }
-
- private:
-  Telemetry* const telemetry_;
-  const std::string method_;
-  const bool unary_;
-  const std::chrono::steady_clock::time_point started_;
-};
-
-class CountingFactory final : public grpc::experimental::ServerInterceptorFactoryInterface {
- public:
-  explicit CountingFactory(Telemetry* telemetry) : telemetry_(telemetry) {}
-  grpc::experimental::Interceptor* CreateServerInterceptor(grpc::experimental::ServerRpcInfo* info) override {
-    return new CountingInterceptor(telemetry_, info);
-  }
-
- private:
-  Telemetry* const telemetry_;
-};
-
 }  // namespace
 
 Telemetry::Telemetry(TelemetrySources sources)
@@ -121,10 +87,6 @@ Telemetry::Telemetry(TelemetrySources sources)
 
 Telemetry::~Telemetry() = default;
 
-std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface> Telemetry::InterceptorFactory() {
-  return std::make_unique<CountingFactory>(this);
-}
-
 void Telemetry::ObserveRpc(const std::string& full_method, int code, double seconds, bool unary) {
   const auto [service, method] = SplitMethod(full_method);
   rpc_requests_
@@ -150,7 +112,7 @@ std::string Telemetry::Scrape() {
   build.Gauge(1, {{"executor", sources_.executor}, {"version", sources_.version}});
 
   Pulled runs("circuitlab_runs", "Stored runs by state", prometheus::MetricType::Gauge);
-  absl::StatusOr<std::map<int, int64_t>> by_state = sources_.store->CountRunsByState();
+  absl::StatusOr<std::map<int, int64_t>> by_state = sources_.runs->CountRunsByState();
   for (int s = v1::RUN_STATE_QUEUED; s <= v1::RUN_STATE_CANCELLED; ++s) {
     const int64_t n = by_state.ok() && by_state->count(s) ? by_state->at(s) : 0;
     runs.Gauge(static_cast<double>(n), {{"state", Lower(v1::RunState_Name(s), "RUN_STATE_")}});
@@ -190,7 +152,7 @@ std::string Telemetry::Scrape() {
     workers.Gauge(sources_.workers->BusySlots(), {{"kind", "busy_slots"}});
   }
 
-  const store::Store::WriteStats w = sources_.store->GetWriteStats();
+  const store::Store::WriteStats w = sources_.runs->StoreWriteStats();
   Pulled commit("circuitlab_sqlite_commit_duration_seconds",
                 "Time the store's single writer takes to commit one batch of writes",
                 prometheus::MetricType::Histogram);
@@ -217,4 +179,4 @@ std::string Telemetry::Scrape() {
   return prometheus::TextSerializer().Serialize(families);
 }
 
-}  // namespace circuitlab::rpc
+}  // namespace circuitlab::telemetry

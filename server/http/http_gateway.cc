@@ -1,4 +1,4 @@
-#include "server/rpc/http_gateway.h"
+#include "server/http/http_gateway.h"
 
 #include <google/protobuf/util/json_util.h>
 #include <httplib.h>
@@ -17,9 +17,17 @@
 #include "absl/strings/str_split.h"
 #include "server/common/status_macros.h"
 #include "server/common/text.h"
-#include "server/rpc/dashboard_assets.h"
+#include "server/http/dashboard_assets.h"
 
-namespace circuitlab::rpc {
+namespace circuitlab::http {
+
+using security::Access;
+using security::Caller;
+using security::MayRead;
+using security::Role;
+using security::Security;
+using security::StreamTicket;
+using security::TlsFiles;
 namespace {
 
 namespace pb = google::protobuf;
@@ -379,7 +387,8 @@ void HttpGateway::Get(const std::string& pattern, const std::string& route, bool
         if (!open) {
           absl::StatusOr<Caller> c =
               cores_.security->Authenticate(req.get_header_value("Authorization"),
-                                            "http:" + req.remote_addr + ":" + std::to_string(req.remote_port), tls_);
+                                            "http:" + req.remote_addr + ":" + std::to_string(req.remote_port), tls_,
+                                            "http");
           if (c.ok()) {
             caller = std::move(*c);
           } else {
@@ -620,4 +629,4 @@ absl::Status HttpGateway::Events(const httplib::Request& req, httplib::Response&
   return absl::OkStatus();
 }
 
-}  // namespace circuitlab::rpc
+}  // namespace circuitlab::http

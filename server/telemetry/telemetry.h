@@ -3,21 +3,20 @@
 // second web server).
 //
 // Two kinds of series:
-//   - counted as things happen: gRPC calls by service, method and code (a
-//     gRPC server interceptor, so every handler is covered without touching
-//     it), unary latency, HTTP requests by route and status, open HTTP event
+//   - counted as things happen: gRPC calls by service, method and code (the
+//     gRPC front's interceptor calls ObserveRpc, so every handler is covered
+//     without touching it), unary latency, HTTP requests by route and status, open HTTP event
 //     streams;
 //   - read from the cores at scrape time: runs by state (one GROUP BY), the
 //     queue depth, runs finished by result since start, analysis jobs by
 //     state, open watch streams, connected workers, the store writer's commit
-//     latency and the metric points / coordinate values it committed.
+//     latency and the metric points / coordinate values it committed (the
+//     store is read through the scheduler, never directly).
 // Names are prefixed circuitlab_, in base units, counters end in _total, and
 // no label carries an unbounded value (never a run id).
 //
 // Thread-safety: all methods are thread-safe.
 #pragma once
-
-#include <grpcpp/support/server_interceptor.h>
 
 #include <atomic>
 #include <memory>
@@ -26,8 +25,7 @@
 
 #include "server/scheduler/analysis_jobs.h"
 #include "server/scheduler/scheduler.h"
-#include "server/scheduler/workers.h"
-#include "server/store/store.h"
+#include "server/remote/workers.h"
 
 namespace prometheus {
 class Registry;
@@ -37,13 +35,12 @@ class Counter;
 class Histogram;
 }  // namespace prometheus
 
-namespace circuitlab::rpc {
+namespace circuitlab::telemetry {
 
 struct TelemetrySources {
   scheduler::Scheduler* runs = nullptr;        // required
   scheduler::AnalysisJobs* jobs = nullptr;     // required
-  store::Store* store = nullptr;               // required
-  scheduler::WorkerBroker* workers = nullptr;  // null without a remote executor
+  remote::WorkerBroker* workers = nullptr;  // null without a remote executor
   std::string version;
   std::string executor = "local";
 };
@@ -53,10 +50,6 @@ class Telemetry {
   explicit Telemetry(TelemetrySources sources);
   ~Telemetry();
 
-  // For grpc::ServerBuilder::experimental().SetInterceptorCreators: counts
-  // every call by (service, method, code) and times unary ones. The factory
-  // must not outlive this object.
-  std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface> InterceptorFactory();
   // One gRPC call ended ("/circuitlab.v1.ExperimentService/GetRun").
   void ObserveRpc(const std::string& full_method, int code, double seconds, bool unary);
   // One HTTP request answered; `route` is the route pattern, never the path.
@@ -82,4 +75,4 @@ class Telemetry {
   std::mutex scrape_mu_;  // one scrape at a time
 };
 
-}  // namespace circuitlab::rpc
+}  // namespace circuitlab::telemetry

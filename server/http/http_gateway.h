@@ -35,9 +35,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "server/rpc/security.h"
-#include "server/rpc/telemetry.h"
-#include "server/rpc/tls.h"
+#include "server/security/security.h"
+#include "server/telemetry/telemetry.h"
+#include "server/security/tls.h"
 #include "server/scheduler/analysis_core.h"
 #include "server/scheduler/scheduler.h"
 #include "server/scheduler/sweeps.h"
@@ -48,7 +48,7 @@ struct Request;
 struct Response;
 }  // namespace httplib
 
-namespace circuitlab::rpc {
+namespace circuitlab::http {
 
 struct HttpOptions {
   std::string listen;    // host:port (port 0 picks one); empty = no HTTP port (--http's default: 127.0.0.1:8080)
@@ -61,11 +61,11 @@ struct HttpOptions {
 };
 
 struct HttpCores {
-  const Security* security = nullptr;
+  const security::Security* security = nullptr;
   scheduler::Scheduler* runs = nullptr;
   scheduler::SweepCore* sweeps = nullptr;
   scheduler::AnalysisCore* analysis = nullptr;
-  Telemetry* telemetry = nullptr;
+  telemetry::Telemetry* telemetry = nullptr;
 };
 
 class HttpGateway {
@@ -73,7 +73,7 @@ class HttpGateway {
   // Binds and serves on a thread. InvalidArgument for out-of-range options or
   // TLS files that do not load, Unavailable when the address cannot be
   // bound. The cores must outlive the gateway. `tls` empty = plaintext.
-  static absl::StatusOr<std::unique_ptr<HttpGateway>> Start(const HttpOptions& options, const TlsFiles& tls,
+  static absl::StatusOr<std::unique_ptr<HttpGateway>> Start(const HttpOptions& options, const security::TlsFiles& tls,
                                                             HttpCores cores);
   ~HttpGateway();  // Shutdown()
 
@@ -91,12 +91,12 @@ class HttpGateway {
   HttpGateway(HttpOptions options, HttpCores cores);
   void Routes();
   // Wraps a handler: authentication (unless `open`), errors as JSON, telemetry.
-  using Handler = std::function<absl::Status(const httplib::Request&, httplib::Response&, const Caller&)>;
+  using Handler = std::function<absl::Status(const httplib::Request&, httplib::Response&, const security::Caller&)>;
   void Get(const std::string& pattern, const std::string& route, bool open, Handler handler);
   // A JSON read: `fn(request, caller)` answers absl::StatusOr<a message>.
   template <typename Req, typename Fn>
   void Read(const std::string& pattern, const std::string& route, std::vector<std::string> path_fields, Fn fn);
-  absl::Status Events(const httplib::Request& req, httplib::Response& res, const Caller& caller);
+  absl::Status Events(const httplib::Request& req, httplib::Response& res, const security::Caller& caller);
 
   const HttpOptions options_;
   const HttpCores cores_;
@@ -118,4 +118,4 @@ class HttpGateway {
   void Done(const httplib::Request& req);
 };
 
-}  // namespace circuitlab::rpc
+}  // namespace circuitlab::http

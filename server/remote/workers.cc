@@ -1,4 +1,4 @@
-#include "server/scheduler/workers.h"
+#include "server/remote/workers.h"
 
 #include <spdlog/spdlog.h>
 
@@ -10,7 +10,9 @@
 #include "server/common/text.h"
 #include "server/engine/spec.h"
 
-namespace circuitlab::scheduler {
+namespace circuitlab::remote {
+
+using scheduler::PlacedObserver;
 namespace {
 
 constexpr uint32_t kMaxSlots = 64;
@@ -778,4 +780,4 @@ int WorkerBroker::WaitingLeases() const {
   return waiting_;
 }
 
-}  // namespace circuitlab::scheduler
+}  // namespace circuitlab::remote

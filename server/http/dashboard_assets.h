@@ -6,7 +6,7 @@
 #include <cstddef>
 #include <string_view>
 
-namespace circuitlab::rpc {
+namespace circuitlab::http {
 
 struct DashboardAsset {
   const char* path;  // "/index.html", "/vendor/uplot/uPlot.iife.min.js"
@@ -18,4 +18,4 @@ struct DashboardAsset {
 // nullptr when there is no such file.
 const DashboardAsset* FindDashboardAsset(std::string_view path);
 
-}  // namespace circuitlab::rpc
+}  // namespace circuitlab::http

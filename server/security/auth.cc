@@ -1,4 +1,4 @@
-#include "server/rpc/auth.h"
+#include "server/security/auth.h"
 
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
@@ -10,7 +10,7 @@
 
 #include "server/common/text.h"
 
-namespace circuitlab::rpc {
+namespace circuitlab::security {
 namespace {
 
 constexpr size_t kDigestBytes = 32;
@@ -250,4 +250,4 @@ bool MayRead(const Principal& who, const std::string& owner, bool private_runs) 
   return !private_runs || who.role != Role::kUser || who.name == owner;
 }
 
-}  // namespace circuitlab::rpc
+}  // namespace circuitlab::security

@@ -1,4 +1,4 @@
-#include "server/scheduler/slurm.h"
+#include "server/remote/slurm.h"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -16,7 +16,7 @@
 
 extern char** environ;
 
-namespace circuitlab::scheduler {
+namespace circuitlab::remote {
 namespace {
 
 std::vector<std::string> Split(std::string_view s, char sep) {
@@ -394,4 +394,4 @@ int SlurmPool::alive() const {
   return static_cast<int>(std::count_if(pilots_.begin(), pilots_.end(), [](const auto& e) { return !e.second.final; }));
 }
 
-}  // namespace circuitlab::scheduler
+}  // namespace circuitlab::remote

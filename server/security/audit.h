@@ -20,7 +20,7 @@ namespace spdlog {
 class logger;
 }
 
-namespace circuitlab::rpc {
+namespace circuitlab::security {
 
 struct AuditRecord {
   std::string principal;
@@ -47,4 +47,4 @@ class AuditLog {
   std::shared_ptr<spdlog::logger> logger_;
 };
 
-}  // namespace circuitlab::rpc
+}  // namespace circuitlab::security

@@ -1,8 +1,5 @@
-#include "server/rpc/tls.h"
+#include "server/security/tls.h"
 
-#include <grpcpp/security/server_credentials.h>
-#include <grpcpp/security/tls_certificate_provider.h>
-#include <grpcpp/security/tls_credentials_options.h>
 #include <openssl/bio.h>
 #include <openssl/err.h>
 #include <openssl/pem.h>
@@ -12,7 +9,7 @@
 
 #include "absl/status/statusor.h"
 
-namespace circuitlab::rpc {
+namespace circuitlab::security {
 namespace {
 
 template <typename T, void (*Free)(T*)>
@@ -65,22 +62,4 @@ absl::Status CheckTlsFiles(const TlsFiles& files) {
   return absl::OkStatus();
 }
 
-std::shared_ptr<grpc::ServerCredentials> TlsServerCredentials(const TlsFiles& files) {
-  namespace ex = grpc::experimental;
-  std::shared_ptr<ex::CertificateProviderInterface> provider =
-      files.client_ca.empty()
-          ? std::make_shared<ex::FileWatcherCertificateProvider>(files.key, files.cert, files.reload_seconds)
-          : std::make_shared<ex::FileWatcherCertificateProvider>(files.key, files.cert, files.client_ca,
-                                                                 files.reload_seconds);
-  ex::TlsServerCredentialsOptions options(provider);
-  options.watch_identity_key_cert_pairs();
-  if (files.client_ca.empty()) {
-    options.set_cert_request_type(GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
-  } else {
-    options.watch_root_certs();
-    options.set_cert_request_type(GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
-  }
-  return ex::TlsServerCredentials(options);
-}
-
-}  // namespace circuitlab::rpc
+}  // namespace circuitlab::security

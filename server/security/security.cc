@@ -1,18 +1,12 @@
-#include "server/rpc/security.h"
+#include "server/security/security.h"
 
 #include <spdlog/spdlog.h>
 
 #include "server/common/status_macros.h"
 #include "server/common/text.h"
 
-namespace circuitlab::rpc {
+namespace circuitlab::security {
 namespace {
-
-std::string Metadata(const grpc::CallbackServerContext* ctx, const std::string& key) {
-  const auto& md = ctx->client_metadata();
-  auto it = md.find(key);
-  return it == md.end() ? std::string() : std::string(it->second.data(), it->second.size());
-}
 
 // The value of a top-level string field, "" when the message has none.
 std::string StringField(const google::protobuf::Message& m, const std::string& name) {
@@ -41,6 +35,33 @@ std::string TargetOf(const google::protobuf::Message& m) {
 
 }  // namespace
 
+bool IsLoopbackAddress(const std::string& host_port) {
+  std::string host = host_port;
+  if (!host.empty() && host[0] == '[') {
+    host = host.substr(1, host.find(']') - 1);
+  } else if (auto colon = host.rfind(':'); colon != std::string::npos) {
+    host.resize(colon);
+  }
+  return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
+}
+
+absl::Status CheckListenAddress(const std::string& flag, const std::string& address, bool open, bool tls,
+                                bool insecure_plaintext) {
+  if (IsLoopbackAddress(address)) return absl::OkStatus();
+  if (open) {
+    return absl::InvalidArgumentError(flag + " " + address +
+                                      " is not a loopback address: serving beyond this machine requires "
+                                      "--auth-tokens-file (or --auth-token-file)");
+  }
+  if (!tls && !insecure_plaintext) {
+    return absl::InvalidArgumentError(flag + " " + address +
+                                      " is not a loopback address: serving beyond this machine requires TLS "
+                                      "(--tls-cert FILE --tls-key FILE, used by both ports; scripts/dev-certs.sh "
+                                      "makes test ones), or --insecure-plaintext to send tokens and data in clear");
+  }
+  return absl::OkStatus();
+}
+
 std::string MethodOf(const google::protobuf::Message& request) {
   std::string name = request.GetDescriptor()->name();
   constexpr std::string_view kSuffix = "Request";
@@ -50,28 +71,13 @@ std::string MethodOf(const google::protobuf::Message& request) {
   return name;
 }
 
-absl::StatusOr<Caller> Security::Authenticate(const grpc::CallbackServerContext* ctx) const {
-  Caller caller;
-  caller.credential = Metadata(ctx, "authorization");
-  CL_ASSIGN_OR_RETURN(caller.principal, auth_->Resolve(caller.credential));
-  caller.peer = ctx->peer();
-  caller.label = Clip(Metadata(ctx, "x-circuitlab-client"), 128);
-  if (std::shared_ptr<const grpc::AuthContext> auth = ctx->auth_context()) {
-    for (const grpc::string_ref& v : auth->FindPropertyValues("transport_security_type")) {
-      // "tls" from gRPC's TLS credentials, "ssl" from its older SSL ones.
-      const std::string type(v.data(), v.size());
-      caller.tls = caller.tls || type == "tls" || type == "ssl";
-    }
-  }
-  return caller;
-}
-
-absl::StatusOr<Caller> Security::Authenticate(std::string_view authorization, std::string peer, bool tls) const {
+absl::StatusOr<Caller> Security::Authenticate(std::string_view authorization, std::string peer, bool tls,
+                                             std::string_view label) const {
   Caller caller;
   CL_ASSIGN_OR_RETURN(caller.principal, auth_->Resolve(authorization));
   caller.credential = std::string(authorization);
   caller.peer = std::move(peer);
-  caller.label = "http";
+  caller.label = Clip(label, 128);
   caller.tls = tls;
   return caller;
 }
@@ -186,4 +192,4 @@ int Security::RevalidateStreams() const {
   return ended;
 }
 
-}  // namespace circuitlab::rpc
+}  // namespace circuitlab::security

@@ -28,7 +28,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 
-namespace circuitlab::scheduler {
+namespace circuitlab::remote {
 
 // One job (or array element) as squeue/sacct report it.
 struct SlurmJob {
@@ -126,4 +126,4 @@ class SlurmPool {
   std::thread thread_;
 };
 
-}  // namespace circuitlab::scheduler
+}  // namespace circuitlab::remote
