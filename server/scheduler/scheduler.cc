@@ -554,6 +554,8 @@ absl::StatusOr<v1::ListRunsResponse> Scheduler::ListRuns(const v1::ListRunsReque
   return out;
 }
 
+constexpr std::chrono::seconds kWindDownWait{10};
+
 absl::StatusOr<int64_t> Scheduler::DeleteRuns(const std::vector<int64_t>& ids, int64_t sweep_id) {
   for (int64_t id : ids) {
     bool active = false;
@@ -563,10 +565,21 @@ absl::StatusOr<int64_t> Scheduler::DeleteRuns(const std::vector<int64_t>& ids, i
     }
     if (!active) continue;
     CL_ASSIGN_OR_RETURN(store::RunRow row, store_->GetRun(id));
-    return absl::FailedPreconditionError(
-        IsFinal(row.state) ? "run " + FormatRunId(id) + " is winding down; try again in a moment"
-                           : "run " + FormatRunId(id) + " has not ended; cancel it first (circuitlab cancel " +
-                                 FormatRunId(id) + ")");
+    if (!IsFinal(row.state)) {
+      return absl::FailedPreconditionError("run " + FormatRunId(id) +
+                                           " has not ended; cancel it first (circuitlab cancel " + FormatRunId(id) +
+                                           ")");
+    }
+    // Its end is recorded (a watcher has seen it) and its slot is letting go
+    // of it: a delete right after the end waits for that, briefly, instead of
+    // refusing. (A pack member that stopped early is held until its pack
+    // ends, which may take longer.)
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!work_cv_.wait_for(lock, kWindDownWait, [&] { return active_.count(id) == 0; })) {
+      return absl::FailedPreconditionError("run " + FormatRunId(id) +
+                                           " has ended but its slot still holds it (a pack still training); try "
+                                           "again in a moment");
+    }
   }
   CL_ASSIGN_OR_RETURN(int64_t freed,
                       store_->DeleteRuns(ids, {v1::RUN_STATE_SUCCEEDED, v1::RUN_STATE_FAILED, v1::RUN_STATE_CANCELLED},

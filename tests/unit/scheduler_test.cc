@@ -86,6 +86,30 @@ TEST_F(SchedulerTest, RunsToCompletionAndStoresEverything) {
   EXPECT_EQ(metrics->series(0).values_size(), 20);
 }
 
+// A client that deletes a run as soon as a watch or a poll shows its end
+// must not be refused: the slot lets go of the run a moment after the end
+// is recorded, and the delete waits for that (the Python client's test hit
+// "winding down" once in CI before). Each round races the slot's clean-up.
+TEST_F(SchedulerTest, ADeleteRightAfterTheEndWaitsForTheSlot) {
+  ASSERT_TRUE(scheduler_->Start().ok());
+  for (int i = 0; i < 40; ++i) {
+    auto run = scheduler_->Submit(SmallSpec(1), "alice");
+    ASSERT_TRUE(run.ok()) << run.status();
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (StateOf(run->run_id()) != v1::RUN_STATE_SUCCEEDED && std::chrono::steady_clock::now() < deadline) {
+    }
+    absl::StatusOr<v1::DeleteRunResponse> deleted = scheduler_->Delete(run->run_id());
+    ASSERT_TRUE(deleted.ok()) << "round " << i << ": " << deleted.status();
+  }
+  // A run that has not ended is still refused at once.
+  executor_.Close();
+  auto running = scheduler_->Submit(SmallSpec(5), "alice");
+  ASSERT_TRUE(running.ok());
+  ASSERT_TRUE(WaitFor([&] { return StateOf(running->run_id()) == v1::RUN_STATE_RUNNING; }));
+  EXPECT_EQ(scheduler_->Delete(running->run_id()).status().code(), absl::StatusCode::kFailedPrecondition);
+  executor_.Open();
+}
+
 TEST_F(SchedulerTest, HigherPriorityRunsFirst) {
   executor_.Close();  // hold the first run so the others queue up
   ASSERT_TRUE(scheduler_->Start().ok());
