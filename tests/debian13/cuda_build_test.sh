@@ -40,8 +40,8 @@ t2=$SECONDS
   say() { echo "cuda_build_test: $*"; }
   fail() { say "FAIL: $*"; [ -f /tmp/cuda-server.log ] && tail -20 /tmp/cuda-server.log; exit 1; }
   bin=/build/install/bin
-  ldd $bin/circuitlab-server | grep -q "libtorch_cuda.so" || fail "the server does not link libtorch_cuda.so"
-  ldd $bin/circuitlab-server | grep -q "not found" && { ldd $bin/circuitlab-server | grep "not found"; fail "unresolved libraries"; }
+  ldd $bin/circuitlab-server | grep "libtorch_cuda.so" >/dev/null || fail "the server does not link libtorch_cuda.so"
+  ldd $bin/circuitlab-server | grep "not found" >/dev/null && { ldd $bin/circuitlab-server | grep "not found"; fail "unresolved libraries"; }
   data=$(mktemp -d)
   $bin/circuitlab-server --data "$data" --listen 127.0.0.1:0 --http "" >/tmp/cuda-server.out 2>/tmp/cuda-server.log &
   pid=$!
@@ -59,7 +59,7 @@ t2=$SECONDS
     /src/examples/induction.json >/tmp/short.json
   out=$("${cli[@]}" submit /tmp/short.json --watch) || { echo "$out"; fail "the demo on the CPU slot"; }
   grep -q "^r1 SUCCEEDED" <<<"$out" || { echo "$out"; fail "r1 did not succeed"; }
-  "${cli[@]}" show r1 | grep -q "cpu:0" || fail "r1 did not train on cpu:0"
+  "${cli[@]}" show r1 | grep "cpu:0" >/dev/null || fail "r1 did not train on cpu:0"
   sed "s/\"seed\"/\"resources\": {\"device\": \"DEVICE_KIND_CUDA\"}, \"seed\"/" /tmp/short.json >/tmp/cuda.json
   refused=$("${cli[@]}" submit /tmp/cuda.json 2>&1) && { echo "$refused"; fail "a CUDA run was accepted"; }
   grep -q "resources.device is DEVICE_KIND_CUDA but this server has no such device" <<<"$refused" ||

@@ -70,7 +70,7 @@ done
 
 health=$("${cli[@]}" health)
 grep -q "LibTorch 2.6.0 (CUDA 12.4), 0 CUDA devices, slots cpu:0" <<<"$health" || { echo "$health"; fail "health"; }
-docker logs "$tag" 2>&1 | grep -q "0 CUDA devices: no CUDA device or driver found, runs train on the CPU slots" ||
+docker logs "$tag" 2>&1 | grep "0 CUDA devices: no CUDA device or driver found, runs train on the CPU slots" >/dev/null ||
   { docker logs "$tag" 2>&1 | tail; fail "no start-up line about the missing GPU"; }
 say "health: $(tail -1 <<<"$health")"
 out=$("${cli[@]}" submit examples/induction.json --watch)

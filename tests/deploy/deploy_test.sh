@@ -84,12 +84,12 @@ start_container "$tag-a"
 docker exec "$tag-a" touch /usr/local/bin/x 2>/dev/null && fail "the root filesystem is writable"
 # The health check can pass a moment before the start-up line is logged.
 for _ in $(seq 50); do
-  docker logs "$tag-a" 2>&1 | grep -q "circuitlab-server listening on 127.0.0.1:$port (port $port, TLS)" && break
+  docker logs "$tag-a" 2>&1 | grep "circuitlab-server listening on 127.0.0.1:$port (port $port, TLS)" >/dev/null && break
   sleep 0.2
 done
-docker logs "$tag-a" 2>&1 | grep -q "circuitlab-server listening on 127.0.0.1:$port (port $port, TLS)" ||
+docker logs "$tag-a" 2>&1 | grep "circuitlab-server listening on 127.0.0.1:$port (port $port, TLS)" >/dev/null ||
   { docker logs "$tag-a" 2>&1 | tail -5; fail "no start-up line in docker logs"; }
-"${cli[@]}" whoami | grep -q "transport  TLS" || fail "whoami over TLS"
+"${cli[@]}" whoami | grep "transport  TLS" >/dev/null || fail "whoami over TLS"
 # The HTTP port: HTTPS with the same certificate, tokens as on gRPC.
 https=(curl -s --cacert "$tmp/secrets/ca.pem" -o /dev/null -w '%{http_code}')
 [ "$("${https[@]}" "https://127.0.0.1:$hport/readyz")" = 200 ] || fail "https /readyz"
@@ -124,14 +124,14 @@ docker rm "$tag-a" >/dev/null
 start_container "$tag-b"
 "${cli[@]}" watch r2 >/dev/null || fail "the resumed run did not succeed"
 "${cli[@]}" submit "$tmp/long.json" --watch >/dev/null || fail "the uninterrupted run"
-"${cli[@]}" show r2 | grep -q "attempts 2" || fail "the resumed run should show attempts 2"
+"${cli[@]}" show r2 | grep "attempts 2" >/dev/null || fail "the resumed run should show attempts 2"
 for r in r2 r3; do
   "${cli[@]}" metrics "$r" --csv | sed "s/^$r,//" >"$tmp/$r.csv"
 done
 [ "$(wc -l <"$tmp/r2.csv")" -gt 100 ] || fail "too few metric rows"
 cmp -s "$tmp/r2.csv" "$tmp/r3.csv" || { diff "$tmp/r2.csv" "$tmp/r3.csv" | head; fail "resumed != uninterrupted"; }
 say "resumed in a new container: $(wc -l <"$tmp/r2.csv") metric rows identical to the uninterrupted run"
-"${cli[@]}" ls | grep -q "r1 " || fail "r1 lost across containers"
+"${cli[@]}" ls | grep "r1 " >/dev/null || fail "r1 lost across containers"
 docker exec "$tag-b" sh -c 'test -s /data/audit.jsonl' || fail "no audit log on the volume"
 docker stop -t 60 "$tag-b" >/dev/null
 
@@ -159,12 +159,12 @@ healthy() {  # container
 }
 "${dc[@]}" up -d --no-build >/dev/null 2>&1 || { "${dc[@]}" up -d --no-build; fail "compose up"; }
 healthy "${tag}_circuitlab_1"
-"${ccli[@]}" whoami | grep -q "principal  admin" || fail "compose: whoami"
-"${ccli[@]}" submit examples/induction.json --watch | grep -q "^r1 SUCCEEDED" || fail "compose: the induction run"
+"${ccli[@]}" whoami | grep "principal  admin" >/dev/null || fail "compose: whoami"
+"${ccli[@]}" submit examples/induction.json --watch | grep "^r1 SUCCEEDED" >/dev/null || fail "compose: the induction run"
 "${dc[@]}" down >/dev/null 2>&1
 "${dc[@]}" up -d --no-build >/dev/null 2>&1
 healthy "${tag}_circuitlab_1"
-"${ccli[@]}" ls | grep -q "^r1 .*SUCCEEDED" || fail "compose: r1 lost across down/up"
+"${ccli[@]}" ls | grep "^r1 .*SUCCEEDED" >/dev/null || fail "compose: r1 lost across down/up"
 "${dc[@]}" down -v >/dev/null 2>&1
 say "compose: up, a run, down, up again: the run is still listed"
 
@@ -187,7 +187,7 @@ docker run -d --name "$tag-ww" --network host --read-only --tmpfs /tmp -v "$tmp/
   --token-file /run/secrets/worker/token --idle-exit 300 --engine-job k8s:deploy-test >/dev/null
 out=$("${cli[@]}" submit examples/induction.json --watch)
 grep -q "eval/icl_rare/accuracy           0.9854" <<<"$out" || { echo "$out"; docker logs "$tag-ww" | tail; fail "worker: not the README's icl_rare"; }
-"${cli[@]}" show r1 | grep -q "k8s:deploy-test" || fail "r1 did not train on the worker container"
+"${cli[@]}" show r1 | grep "k8s:deploy-test" >/dev/null || fail "r1 did not train on the worker container"
 docker stop -t 60 "$tag-ww" >/dev/null
 [ "$(docker inspect -f '{{.State.ExitCode}}' "$tag-ww")" = 0 ] || { docker logs "$tag-ww" | tail; fail "worker exit code"; }
 docker stop -t 60 "$tag-ws" >/dev/null

@@ -115,8 +115,8 @@ done
 for r in r1 r2 r3 r4 r5 r6; do
   [[ "$(json "$r" 'r["device"]')" == *slurm:* ]] || fail "$r did not train on a pilot: $(json "$r" 'r["device"]')"
 done
-scontrol show job "$(job_of r1)" 2>/dev/null | grep -q "Comment=circuitlab-slurm-test" ||
-  sacct -c --parsable2 --noheader -X --format=JobName | grep -q cltest || fail "pilot job not found by name"
+scontrol show job "$(job_of r1)" 2>/dev/null | grep "Comment=circuitlab-slurm-test" >/dev/null ||
+  sacct -c --parsable2 --noheader -X --format=JobName | grep cltest >/dev/null || fail "pilot job not found by name"
 say "6 runs SUCCEEDED on Slurm pilots (at most $max_pilots at once) in $(( $(date +%s) - t0 )) s"
 
 # 2. A pilot signalled USR2 (what --signal=B:USR2@120 does before its end).
@@ -124,7 +124,7 @@ long_spec=$(spec long 7 1500)
 "${cli[@]}" submit "$long_spec" >/dev/null  # r7
 wait_step r7 300
 job=$(job_of r7)
-"${cli[@]}" workers | grep -q "^executor slurm" || fail "circuitlab workers: not the slurm executor"
+"${cli[@]}" workers | grep "^executor slurm" >/dev/null || fail "circuitlab workers: not the slurm executor"
 "${cli[@]}" workers | grep -E "slurm:$job .* r7" >/dev/null || { "${cli[@]}" workers; fail "circuitlab workers does not show r7 on $job"; }
 scancel --signal=USR2 --batch "$job"
 "${cli[@]}" watch r7 >/dev/null || fail "r7 did not succeed after its pilot was signalled"
@@ -200,9 +200,9 @@ out=$("$worker_bin" --server "127.0.0.1:$port" --ca-cert "$tmp/secrets/ca.pem" -
 set -e
 [ "$rc" = 4 ] || fail "a worker with a user's token should exit 4, got $rc: $out"
 grep -q "workers need the worker (or admin) role" <<<"$out" || fail "unclear message: $out"
-grep '"method":"Register"' "$tmp/audit.jsonl" | grep -q '"principal":"pilot".*"outcome":"OK"' ||
+grep '"method":"Register"' "$tmp/audit.jsonl" | grep '"principal":"pilot".*"outcome":"OK"' >/dev/null ||
   fail "no audit line for a pilot's Register"
-grep '"method":"Register"' "$tmp/audit.jsonl" | grep -q '"principal":"tester".*"outcome":"PERMISSION_DENIED"' ||
+grep '"method":"Register"' "$tmp/audit.jsonl" | grep '"principal":"tester".*"outcome":"PERMISSION_DENIED"' >/dev/null ||
   fail "no audit line for the refused worker"
 say "unreachable server: exit 2; a user's token: exit 4 ($(tail -1 <<<"$out" | cut -c1-100))"
 say "PASS in $(( $(date +%s) - t0 )) s"
