@@ -6,12 +6,9 @@
 #include <algorithm>
 #include <exception>
 
-#include "server/common/seeds.h"
 #include "server/common/thread_cancel.h"
-#include "server/engine/analysis/family.h"
+#include "server/engine/families/family.h"
 #include "server/engine/torch_compat.h"
-#include "server/engine/tasks/block_task.h"
-#include "server/engine/train/latent_trainer.h"
 #include "server/engine/train/run_loop.h"
 
 namespace circuitlab::engine {
@@ -42,7 +39,7 @@ class TorchExecutor : public Executor {
                                                   const std::vector<TrainObserver*>& observers) {
     absl::Status failed;
     try {
-      absl::StatusOr<std::vector<TrainOutcome>> out = TrainMembers(requests, observers);
+      absl::StatusOr<std::vector<TrainOutcome>> out = TrainImpl(requests, observers);
       if (out.ok()) return {out->begin(), out->end()};
       failed = out.status();
     } catch (const c10::Error& e) {
@@ -52,9 +49,26 @@ class TorchExecutor : public Executor {
     }
     return std::vector<absl::StatusOr<TrainOutcome>>(requests.size(), failed);
   }
+
+  // The run's family trains it (families/family.h) through the run loop.
+  absl::StatusOr<std::vector<TrainOutcome>> TrainImpl(const std::vector<TrainRequest>& requests,
+                                                      const std::vector<TrainObserver*>& observers) {
+    const TrainRequest& request = requests.front();
+    at::set_num_threads(std::max(1, request.intra_op_threads));
+    const torch::Device device(request.device);
+    if (device.is_cuda() && device.index() >= CudaDeviceCount()) {
+      return absl::FailedPreconditionError("device " + request.device + " is not available");
+    }
+    absl::StatusOr<std::vector<uint64_t>> seeds = PackSeeds(requests);
+    if (!seeds.ok()) return seeds.status();
+    const ModelFamily& family = FamilyOf(request.spec);
+    std::unique_ptr<TrainerBase> trainer = family.MakeTrainer(request.spec, *seeds, device);
+    std::unique_ptr<StepRecorder> recorder = family.MakeRecorder(request.spec, *trainer);
+    return TrainMembers(requests, observers, *trainer, recorder.get());
+  }
 };
 
-// Every analysis goes to the run's model family (analysis/family.h), inside
+// Every analysis goes to the run's model family (families/family.h), inside
 // Guarded: LibTorch's exceptions and a cancelled forward become statuses.
 class TorchAnalyzer : public Analyzer {
  public:
@@ -124,28 +138,7 @@ class TorchAnalyzer : public Analyzer {
 std::unique_ptr<Executor> MakeTorchExecutor() { return std::make_unique<TorchExecutor>(); }
 
 std::vector<std::string> EvalMetricNames(const v1::ExperimentSpec& resolved) {
-  std::vector<std::string> out;
-  auto add = [&out](const std::string& set, std::initializer_list<const char*> names) {
-    for (const char* n : names) out.push_back("eval/" + set + "/" + n);
-  };
-  if (IsLatent(resolved)) {
-    const bool regression = resolved.task().latent().kind() == v1::LATENT_KIND_REGRESSION;
-    for (const LatentEvalSetDef& set : LatentEvalSets(resolved.task().latent().diversity() >= 0)) {
-      if (regression) {
-        add(set.name, {"loss", "bayes_loss", "retrieval_loss", "ridge_loss", "to_retrieval", "to_ridge"});
-      } else {
-        add(set.name, {"loss", "accuracy", "bayes_loss"});
-      }
-    }
-    return out;
-  }
-  const std::unique_ptr<BlockTask> task = MakeBlockTask(resolved, PoolSeedOf(resolved.seed()));
-  for (const EvalSetInfo& info : task->EvalSets()) {
-    add(info.name, {"accuracy", "loss", "p_target", "bayes_loss", "bayes_accuracy"});
-    if (info.mode == SampleMode::kConflict) add(info.name, {"p_icl", "p_iwl", "logit_diff"});
-    if (!info.alt_name.empty()) out.push_back("eval/" + info.name + "/" + info.alt_name + "_accuracy");
-  }
-  return out;
+  return FamilyOf(resolved).EvalMetricNames(resolved);
 }
 
 std::unique_ptr<Analyzer> MakeTorchAnalyzer() { return std::make_unique<TorchAnalyzer>(); }

@@ -123,7 +123,7 @@ struct StoredCheckpoint {
 // resolved by the scheduler) and answers the response's result fields; the
 // caller sets the job fields (state, progress, run, step, job_id). A request
 // field out of its range is InvalidArgument naming it; an analysis the run's
-// model family does not have is FailedPrecondition (analysis/family.h).
+// model family does not have is FailedPrecondition (families/family.h).
 // `progress(fraction)` is called as the analysis goes; it stops with
 // Cancelled when `cancel` asks.
 class Analyzer {

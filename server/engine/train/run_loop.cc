@@ -2,91 +2,38 @@
 
 #include <algorithm>
 #include <chrono>
-#include <optional>
 
 #include "server/common/cancel.h"
-#include "server/engine/manifold/projection.h"
 #include "server/engine/spec.h"
-#include "server/engine/train/latent_trainer.h"
-#include "server/engine/train/regression_trainer.h"
-#include "server/engine/train/trainer.h"
 
 namespace circuitlab::engine {
 namespace {
 
 constexpr double kProgressIntervalSeconds = 0.5;
 
-// Projects the weights onto the paper and complete bases at recording steps:
-// paper coordinates (and complete ones on request) go to OnCoordinates, the
-// residuals rho to the metrics of the step.
-class ManifoldRecorder {
- public:
-  ManifoldRecorder(const EnsembleTrainer& trainer, bool store_complete)
-      : paper_(BuildBasis(trainer.task(0).Symmetry(), trainer.model().config().layers,
-                          trainer.model().config().heads, Selection::kPaper)),
-        complete_(BuildBasis(trainer.task(0).Symmetry(), trainer.model().config().layers,
-                             trainer.model().config().heads, Selection::kComplete)),
-        store_complete_(store_complete) {}
-
-  absl::Status Announce(TrainObserver& observer) const {
-    if (absl::Status s = observer.OnBasis(paper_.basis()); !s.ok()) return s;
-    return store_complete_ ? observer.OnBasis(complete_.basis()) : absl::OkStatus();
-  }
-
-  // Appends member `member`'s rho metrics of the step to `metrics`.
-  void Record(int64_t step, const ImirModel& model, int64_t member, TrainObserver& observer,
-              std::vector<Metric>& metrics) const {
-    const Projection paper = Project(paper_, model, member);
-    const Projection complete = Project(complete_, model, member);
-    observer.OnCoordinates(step, Selection::kPaper, paper.values);
-    if (store_complete_) observer.OnCoordinates(step, Selection::kComplete, complete.values);
-    metrics.push_back({"manifold/rho", complete.rho()});
-    metrics.push_back({"manifold/rho_paper", paper.rho()});
-    for (const MatrixNorms& m : complete.matrices) metrics.push_back({"manifold/rho/" + m.matrix, m.rho()});
-  }
-
- private:
-  Projector paper_, complete_;
-  bool store_complete_;
-};
-
 }  // namespace
 
-absl::StatusOr<std::vector<TrainOutcome>> TrainMembers(const std::vector<TrainRequest>& requests,
-                                                       const std::vector<TrainObserver*>& observers) {
-  const TrainRequest& request = requests.front();
-  const size_t E = requests.size();
-  at::set_num_threads(std::max(1, request.intra_op_threads));
-  const torch::Device device(request.device);
-  if (device.is_cuda() && device.index() >= CudaDeviceCount()) {
-    return absl::FailedPreconditionError("device " + request.device + " is not available");
-  }
-  const v1::ExperimentSpec& spec = request.spec;
+absl::StatusOr<std::vector<uint64_t>> PackSeeds(const std::vector<TrainRequest>& requests) {
   std::vector<uint64_t> seeds;
   for (const TrainRequest& r : requests) {
-    if (E > 1 && (r.resume_from || !PackableTogether(r.spec, spec))) {
+    if (requests.size() > 1 && (r.resume_from || !PackableTogether(r.spec, requests.front().spec))) {
       return absl::InvalidArgumentError("a pack holds fresh runs whose specs differ only in their seed");
     }
     seeds.push_back(r.spec.seed());
   }
+  return seeds;
+}
+
+absl::StatusOr<std::vector<TrainOutcome>> TrainMembers(const std::vector<TrainRequest>& requests,
+                                                       const std::vector<TrainObserver*>& observers,
+                                                       TrainerBase& trainer, const StepRecorder* recorder) {
+  const TrainRequest& request = requests.front();
+  const size_t E = requests.size();
+  const v1::ExperimentSpec& spec = request.spec;
   const auto& rec = spec.recording();
-  std::unique_ptr<TrainerBase> trainer_ptr;
-  const EnsembleTrainer* imir = nullptr;
-  if (IsLatent(spec) && spec.task().latent().kind() == v1::LATENT_KIND_REGRESSION) {
-    trainer_ptr = std::make_unique<RegressionTrainer>(spec, seeds, device);
-  } else if (IsLatent(spec)) {
-    trainer_ptr = std::make_unique<LatentTrainer>(spec, seeds, device);
-  } else {
-    auto t = std::make_unique<EnsembleTrainer>(spec, seeds, device);
-    imir = t.get();
-    trainer_ptr = std::move(t);
-  }
-  TrainerBase& trainer = *trainer_ptr;
-  std::optional<ManifoldRecorder> manifold;
-  if (imir != nullptr && rec.coordinates_every() > 0) {
-    manifold.emplace(*imir, rec.complete_coordinates());
+  if (recorder != nullptr) {
     for (TrainObserver* o : observers) {
-      if (absl::Status s = manifold->Announce(*o); !s.ok()) return s;
+      if (absl::Status s = recorder->Announce(*o); !s.ok()) return s;
     }
   }
   if (request.resume_from) {
@@ -94,7 +41,7 @@ absl::StatusOr<std::vector<TrainOutcome>> TrainMembers(const std::vector<TrainRe
   } else {
     std::vector<std::vector<Metric>> initial = trainer.Evaluate();
     for (size_t e = 0; e < E; ++e) {
-      if (manifold) manifold->Record(0, imir->model(), static_cast<int64_t>(e), *observers[e], initial[e]);
+      if (recorder != nullptr) recorder->Record(0, static_cast<int64_t>(e), *observers[e], initial[e]);
       observers[e]->OnMetrics(0, initial[e]);
     }
   }
@@ -173,8 +120,8 @@ absl::StatusOr<std::vector<TrainOutcome>> TrainMembers(const std::vector<TrainRe
     if (checkpoint_step || last) last_checkpoint = next;
     for (size_t e = 0; e < E; ++e) {
       if (!live[e]) continue;
-      if (manifold && (ends[e] || next % rec.coordinates_every() == 0)) {
-        manifold->Record(next, imir->model(), static_cast<int64_t>(e), *observers[e], points[e]);
+      if (recorder != nullptr && (ends[e] || recorder->Due(next))) {
+        recorder->Record(next, static_cast<int64_t>(e), *observers[e], points[e]);
       }
       if (!points[e].empty()) observers[e]->OnMetrics(next, points[e]);
       if (report || ends[e]) observers[e]->OnProgress(next, rate);
