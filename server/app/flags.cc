@@ -122,7 +122,8 @@ void DefineRemoteFlags(CLI::App& app, ServerFlags& f) {
 
 void DefineFlags(CLI::App& app, ServerFlags& f) {
   app.add_option("--data", f.server.data_dir, "Data directory (SQLite database, checkpoints)")->capture_default_str();
-  app.add_option("--listen", f.server.fronts.listen, "Address to listen on; port 0 picks a free port (printed at start)")
+  app.add_option("--listen", f.server.fronts.listen,
+                 "Address to listen on; port 0 picks a free port (printed at start)")
       ->capture_default_str();
   app.add_option("--auth-tokens-file", f.server.tokens_file,
                  "Principals, one per line: 'name role sha256:<hex of the token> [max_queued=N] [max_analyses=N] "
@@ -132,7 +133,8 @@ void DefineFlags(CLI::App& app, ServerFlags& f) {
   app.add_option("--auth-token-file", f.server.token_file,
                  "Older form: a file whose first line is one bearer token, the principal 'admin'")
       ->check(CLI::ExistingFile);
-  app.add_option("--tls-cert", f.server.fronts.tls.cert, "PEM certificate (chain) of this server; with --tls-key turns TLS on")
+  app.add_option("--tls-cert", f.server.fronts.tls.cert,
+                 "PEM certificate (chain) of this server; with --tls-key turns TLS on")
       ->check(CLI::ExistingFile);
   app.add_option("--tls-key", f.server.fronts.tls.key, "PEM private key of --tls-cert")->check(CLI::ExistingFile);
   app.add_option("--tls-client-ca", f.server.fronts.tls.client_ca,
@@ -185,7 +187,8 @@ void DefineFlags(CLI::App& app, ServerFlags& f) {
   app.add_flag("--cuda-deterministic,!--no-cuda-deterministic", f.server.cuda_deterministic,
                "Deterministic CUDA kernels: a run repeats bit-for-bit on the same GPU and software (default on;\n"
                "off is somewhat faster)");
-  app.add_option("--max-queued-runs", f.server.scheduler.max_queued_runs, "Queued runs accepted before RESOURCE_EXHAUSTED")
+  app.add_option("--max-queued-runs", f.server.scheduler.max_queued_runs,
+                 "Queued runs accepted before RESOURCE_EXHAUSTED")
       ->capture_default_str()
       ->check(CLI::Range(1, 1000000));
   app.add_option("--max-ensemble", f.server.scheduler.max_pack,
@@ -226,7 +229,8 @@ void DefineFlags(CLI::App& app, ServerFlags& f) {
                  "with the --cpu-slots training workers)")
       ->capture_default_str()
       ->check(CLI::Range(1, 64));
-  app.add_option("--max-analysis-jobs", f.server.jobs.max_active, "Queued + running analysis jobs before RESOURCE_EXHAUSTED")
+  app.add_option("--max-analysis-jobs", f.server.jobs.max_active,
+                 "Queued + running analysis jobs before RESOURCE_EXHAUSTED")
       ->capture_default_str()
       ->check(CLI::Range(1, 100000));
   app.add_option("--max-analysis-jobs-per-client", f.server.jobs.max_active_per_client,
@@ -242,7 +246,6 @@ void DefineFlags(CLI::App& app, ServerFlags& f) {
   app.add_option("--log-level", f.log_level, "trace|debug|info|warn|error|off")->capture_default_str();
   app.set_version_flag("--version", "circuitlab-server " + f.server.version);
 }
-
 
 void FinishFlags(ServerFlags& f) {
   ServerOptions& o = f.server;

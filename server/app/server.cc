@@ -102,7 +102,8 @@ absl::Status Server::Build(ServerOptions o) {
   }
   CL_RETURN_IF_ERROR(CheckFronts(o.fronts, *auth_));
   if (o.audit == nullptr && !o.audit_log.empty()) {
-    absl::StatusOr<std::unique_ptr<security::AuditLog>> audit = security::AuditLog::Open(o.audit_log, o.audit_log_max_bytes);
+    absl::StatusOr<std::unique_ptr<security::AuditLog>> audit =
+        security::AuditLog::Open(o.audit_log, o.audit_log_max_bytes);
     CL_RETURN_IF_ERROR(Annotate(audit.status(), "cannot open the audit log"));
     own_audit_ = *std::move(audit);
     o.audit = own_audit_.get();
@@ -146,9 +147,8 @@ absl::Status Server::Build(ServerOptions o) {
   started_ = true;
   if (o.remote.executor == "slurm") {
     remote::WorkerBroker* b = broker_.get();
-    pool_ = std::make_unique<remote::SlurmPool>(o.remote.slurm, remote::RunCommand, [s = scheduler_.get(), b] {
-      return s->QueuedRuns() + b->BusySlots();
-    });
+    pool_ = std::make_unique<remote::SlurmPool>(o.remote.slurm, remote::RunCommand,
+                                                [s = scheduler_.get(), b] { return s->QueuedRuns() + b->BusySlots(); });
     CL_RETURN_IF_ERROR(Annotate(pool_->Start(), "cannot use Slurm"));
   }
   options_ = o;
@@ -187,12 +187,12 @@ absl::Status Server::Serve(const ServerOptions& o) {
   info.set_cuda_runtime(torch_.cuda_runtime);
   info.set_cuda_devices(static_cast<uint32_t>(o.scheduler.cuda_devices));
   for (const std::string& slot : scheduler_->device_slots()) info.add_device_slots(slot);
-  security_ = std::make_unique<security::Security>(auth_, o.audit, scheduler_.get(), sweeps_.get(),
-                                                   &analysis_->jobs(), std::move(sec));
+  security_ = std::make_unique<security::Security>(auth_, o.audit, scheduler_.get(), sweeps_.get(), &analysis_->jobs(),
+                                                   std::move(sec));
 
   rpc::GrpcOptions g{f.listen, f.max_message_bytes, f.tls, f.health_listen, o.remote.executor};
   CL_ASSIGN_OR_RETURN(grpc_, rpc::GrpcServer::Start(g, {security_.get(), auth_, scheduler_.get(), analysis_.get(),
-                                                         sweeps_.get(), broker_.get(), telemetry_.get()}));
+                                                        sweeps_.get(), broker_.get(), telemetry_.get()}));
   if (f.http.listen.empty()) return absl::OkStatus();
   absl::StatusOr<std::unique_ptr<http::HttpGateway>> gateway = http::HttpGateway::Start(
       f.http, f.tls, {security_.get(), scheduler_.get(), sweeps_.get(), analysis_.get(), telemetry_.get()});
@@ -231,10 +231,7 @@ void Server::Announce() const {
     spdlog::info("{} principal(s) from {}", auth_->principal_count(),
                  o.tokens_file.empty() ? o.token_file : o.tokens_file);
   }
-  if (!tls.enabled() && !security::IsLoopbackAddress(o.fronts.listen)) {
-    spdlog::warn("--insecure-plaintext: listening on {} without TLS; tokens and data cross the network in clear",
-                 o.fronts.listen);
-  }
+  if (!security_->plaintext_warning().empty()) spdlog::warn("{}", security_->plaintext_warning());
   if (health_port() > 0) {
     spdlog::info("health alone (plaintext, no token) on {} (port {})", o.fronts.health_listen, health_port());
   }
@@ -270,7 +267,7 @@ void Server::Shutdown(std::chrono::milliseconds grace) {
   shut_down_ = true;
   MarkNotServing();
   if (analysis_) analysis_->Shutdown();  // queued analyses end at once, running ones at their next forward pass
-  if (started_) scheduler_->Drain();   // remote workers checkpoint their runs over their streams, still open
+  if (started_) scheduler_->Drain();     // remote workers checkpoint their runs over their streams, still open
   if (pool_) pool_->Stop();
   if (http_) http_->Shutdown();  // its event streams end first
   if (grpc_) grpc_->Shutdown(grace);

@@ -8,8 +8,8 @@
 #include <string>
 
 #include "circuitlab/v1/analysis_service.grpc.pb.h"
-#include "server/security/security.h"
 #include "server/scheduler/analysis_core.h"
+#include "server/security/security.h"
 
 namespace circuitlab::rpc {
 
@@ -27,7 +27,8 @@ using RawAnalysisService = v1::AnalysisService::WithRawCallbackMethod_ProjectChe
 class AnalysisServiceImpl final : public RawAnalysisService {
  public:
   // Both must outlive the service.
-  AnalysisServiceImpl(scheduler::AnalysisCore* core, const security::Security* security) : core_(core), security_(security) {}
+  AnalysisServiceImpl(scheduler::AnalysisCore* core, const security::Security* security)
+      : core_(core), security_(security) {}
 
   grpc::ServerUnaryReactor* ProjectCheckpoint(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in,
                                               grpc::ByteBuffer* out) override;

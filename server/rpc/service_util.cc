@@ -31,7 +31,8 @@ absl::StatusOr<Caller> Authenticate(const Security& security, const grpc::Callba
 
 grpc::Status ToGrpcStatus(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), Clip(std::string(status.message()), kMaxStatusMessage));
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
+                      Clip(std::string(status.message()), kMaxStatusMessage));
 }
 
 std::string FirstUnknownField(const google::protobuf::Message& m, const std::string& path) {

@@ -18,8 +18,8 @@ class ManifoldRecorder final : public StepRecorder {
  public:
   ManifoldRecorder(const EnsembleTrainer& trainer, bool store_complete, int64_t every)
       : trainer_(trainer),
-        paper_(BuildBasis(trainer.task(0).Symmetry(), trainer.model().config().layers,
-                          trainer.model().config().heads, Selection::kPaper)),
+        paper_(BuildBasis(trainer.task(0).Symmetry(), trainer.model().config().layers, trainer.model().config().heads,
+                          Selection::kPaper)),
         complete_(BuildBasis(trainer.task(0).Symmetry(), trainer.model().config().layers,
                              trainer.model().config().heads, Selection::kComplete)),
         store_complete_(store_complete),
@@ -64,8 +64,8 @@ class Imir final : public ModelFamily {
                                              const TrainerBase& trainer) const override {
     const auto& rec = resolved.recording();
     if (rec.coordinates_every() == 0) return nullptr;
-    return std::make_unique<ManifoldRecorder>(dynamic_cast<const EnsembleTrainer&>(trainer),
-                                              rec.complete_coordinates(), rec.coordinates_every());
+    return std::make_unique<ManifoldRecorder>(dynamic_cast<const EnsembleTrainer&>(trainer), rec.complete_coordinates(),
+                                              rec.coordinates_every());
   }
   std::vector<std::string> EvalMetricNames(const v1::ExperimentSpec& resolved) const override {
     std::vector<std::string> out;

@@ -10,8 +10,8 @@ Projection Project(const Projector& projector, const ImirModel& model, int64_t m
 }
 
 void LoadProjected(const Projector& projector, const Projection& projection, ImirModel& target, int64_t member) {
-  const DenseWeights w =
-      projector.OnManifold(projection, target.config().layers, target.config().heads, target.d0(), target.config().vocab);
+  const DenseWeights w = projector.OnManifold(projection, target.config().layers, target.config().heads, target.d0(),
+                                              target.config().vocab);
   target.AssignDense(member, w.kq, w.readout);
 }
 

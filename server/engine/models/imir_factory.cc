@@ -17,9 +17,9 @@ std::unique_ptr<ImirModel> MakeModel(const v1::ExperimentSpec& spec, const Block
   cfg.float64 = float64;
   if (m.parameterisation() == v1::PARAMETERISATION_COORDINATES) {
     auto cc = std::make_shared<CoordinateConfig>();
-    cc->basis = BuildBasis(task.Symmetry(), m.num_layers(), m.num_heads(),
-                           m.coordinate_basis() == v1::BASIS_SELECTION_COMPLETE ? Selection::kComplete
-                                                                                : Selection::kPaper);
+    cc->basis =
+        BuildBasis(task.Symmetry(), m.num_layers(), m.num_heads(),
+                   m.coordinate_basis() == v1::BASIS_SELECTION_COMPLETE ? Selection::kComplete : Selection::kPaper);
     cc->trained = TrainedCoordinates(spec, cc->basis);
     cc->unit_norm = m.coordinate_scaling() != v1::COORDINATE_SCALING_RAW;
     cfg.coordinates = std::move(cc);

@@ -96,8 +96,8 @@ absl::StatusOr<std::vector<TrainOutcome>> TrainMembers(const std::vector<TrainRe
       for (size_t e = 0; e < E; ++e) {
         points[e].insert(points[e].end(), eval[e].begin(), eval[e].end());
         if (stop_metric.empty() || !live[e]) continue;
-        const auto it = std::find_if(eval[e].begin(), eval[e].end(),
-                                     [&](const Metric& m) { return m.name == stop_metric; });
+        const auto it =
+            std::find_if(eval[e].begin(), eval[e].end(), [&](const Metric& m) { return m.name == stop_metric; });
         if (it == eval[e].end()) {
           std::string have;
           for (const Metric& m : eval[e]) have += (have.empty() ? "" : ", ") + m.name;
