@@ -7,6 +7,7 @@
 #include <exception>
 
 #include "server/common/thread_cancel.h"
+#include "server/engine/analysis/registry.h"
 #include "server/engine/families/family.h"
 #include "server/engine/torch_compat.h"
 #include "server/engine/train/run_loop.h"
@@ -68,67 +69,36 @@ class TorchExecutor : public Executor {
   }
 };
 
-// Every analysis goes to the run's model family (families/family.h), inside
+// Every analysis is looked up in the analysis table (analysis/registry.h)
+// by the run's model family and the request's type, and runs inside
 // Guarded: LibTorch's exceptions and a cancelled forward become statuses.
 class TorchAnalyzer : public Analyzer {
  public:
-  absl::StatusOr<v1::ProjectCheckpointResponse> ProjectCheckpoint(
-      const v1::ExperimentSpec& spec, const std::string& checkpoint,
-      const v1::ProjectCheckpointRequest& request) override {
-    return Guarded("projection", [&] { return FamilyOf(spec).ProjectCheckpoint(spec, checkpoint, request); });
-  }
-  absl::StatusOr<v1::CheckInvarianceResponse> CheckInvariance(const v1::ExperimentSpec& spec,
-                                                              const v1::CheckInvarianceRequest& request,
-                                                              const Progress& progress,
-                                                              const CancelToken* cancel) override {
-    return Guarded("invariance check", [&] { return FamilyOf(spec).CheckInvariance(spec, request, progress, cancel); });
-  }
-  absl::StatusOr<v1::DetectCircuitResponse> DetectCircuit(const v1::ExperimentSpec& spec, const std::string& checkpoint,
-                                                          const v1::DetectCircuitRequest& request,
-                                                          const Progress& progress,
-                                                          const CancelToken* cancel) override {
-    return Guarded("circuit detection",
-                   [&] { return FamilyOf(spec).DetectCircuit(spec, checkpoint, request, progress, cancel); });
-  }
-  absl::StatusOr<v1::InterveneResponse> Intervene(const v1::ExperimentSpec& spec, const std::string& checkpoint,
-                                                  const v1::InterveneRequest& request,
-                                                  const std::map<int, StoredCheckpoint>& swap_sources) override {
-    return Guarded("intervention", [&] { return FamilyOf(spec).Intervene(spec, checkpoint, request, swap_sources); });
-  }
-  absl::StatusOr<v1::CheckDataDependenceResponse> CheckDataDependence(const v1::ExperimentSpec& spec,
-                                                                      const v1::CheckDataDependenceRequest& request,
-                                                                      const Progress& progress,
-                                                                      const CancelToken* cancel) override {
-    return Guarded("data-dependence check",
-                   [&] { return FamilyOf(spec).CheckDataDependence(spec, request, progress, cancel); });
-  }
-  absl::StatusOr<v1::AnalyzeTaskVectorsResponse> AnalyzeTaskVectors(const v1::ExperimentSpec& spec,
-                                                                    const std::string& checkpoint,
-                                                                    const v1::AnalyzeTaskVectorsRequest& request,
-                                                                    const Progress& progress,
-                                                                    const CancelToken* cancel) override {
-    return Guarded("task-vector analysis",
-                   [&] { return FamilyOf(spec).AnalyzeTaskVectors(spec, checkpoint, request, progress, cancel); });
-  }
-  absl::StatusOr<v1::LabelRunResponse> LabelRun(const v1::ExperimentSpec& spec,
-                                                const std::vector<std::pair<int64_t, std::string>>& checkpoints,
-                                                const v1::LabelRunRequest& request, const Progress& progress,
-                                                const CancelToken* cancel) override {
-    return Guarded("labelling", [&] { return FamilyOf(spec).LabelRun(spec, checkpoints, request, progress, cancel); });
+  absl::Status Analyze(const AnalysisInput& input, const google::protobuf::Message& request,
+                       google::protobuf::Message* response, const Progress& progress,
+                       const CancelToken* cancel) override {
+    const ModelFamily& family = FamilyOf(input.spec);
+    const std::string name = AnalysisName(request.GetDescriptor());
+    const AnalysisFn* fn = FindAnalysis(family.name(), request.GetDescriptor());
+    if (fn == nullptr) return family.Lacks(name);
+    if (response->GetDescriptor()->name() != name + "Response") {
+      return absl::InternalError(name + " answered with " + response->GetDescriptor()->name());
+    }
+    return Guarded(name, [&] { return (*fn)(input, request, response, progress, cancel); });
   }
 
  private:
   // LibTorch reports failures by throwing; analyses turn them into statuses.
   template <typename F>
-  static auto Guarded(const char* what, F&& f) -> decltype(f()) {
+  static auto Guarded(const std::string& what, F&& f) -> decltype(f()) {
     try {
       return f();
     } catch (const ThreadCancelled&) {
-      return absl::CancelledError(std::string(what) + " cancelled");
+      return absl::CancelledError(what + " cancelled");
     } catch (const c10::Error& e) {
-      return absl::InternalError(std::string(what) + ": LibTorch error: " + e.what_without_backtrace());
+      return absl::InternalError(what + ": LibTorch error: " + e.what_without_backtrace());
     } catch (const std::exception& e) {
-      return absl::InternalError(std::string(what) + " failed: " + e.what());
+      return absl::InternalError(what + " failed: " + e.what());
     }
   }
 };

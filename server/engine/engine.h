@@ -16,6 +16,7 @@
 #include "absl/status/statusor.h"
 #include "circuitlab/v1/analysis_service.pb.h"
 #include "circuitlab/v1/spec.pb.h"
+#include "google/protobuf/message.h"
 #include "server/common/cancel.h"
 #include "server/engine/basis/basis.h"
 #include "server/engine/spec.h"
@@ -118,52 +119,52 @@ struct StoredCheckpoint {
   std::string bytes;
 };
 
-// Pure analyses of stored checkpoints. Thread-safe. Every entry point takes
-// the analysis's canonical request (analysis_service.proto, every default
-// resolved by the scheduler) and answers the response's result fields; the
-// caller sets the job fields (state, progress, run, step, job_id). A request
-// field out of its range is InvalidArgument naming it; an analysis the run's
-// model family does not have is FailedPrecondition (families/family.h).
-// `progress(fraction)` is called as the analysis goes; it stops with
-// Cancelled when `cancel` asks.
+// What an analysis reads: its run's spec and the stored checkpoints it needs
+// (the scheduler's module for the analysis decides which).
+struct AnalysisInput {
+  v1::ExperimentSpec spec;  // resolved
+  // (step, bytes), ascending: one for an analysis of a checkpoint, every one
+  // of the run for LabelRun, none for an analysis of the spec alone.
+  std::vector<std::pair<int64_t, std::string>> checkpoints;
+  // Intervene: by index into request.interventions, the checkpoint each
+  // OP_SWAP_COORDINATES reads.
+  std::map<int, StoredCheckpoint> sources;
+  // The newest checkpoint's bytes (empty when there is none).
+  const std::string& checkpoint() const {
+    static const std::string kNone;
+    return checkpoints.empty() ? kNone : checkpoints.back().second;
+  }
+};
+
+// Pure analyses of stored checkpoints. Thread-safe. One entry point serves
+// every analysis: `request` is the analysis's canonical request (an
+// analysis_service.proto `<Name>Request`, every default resolved by the
+// scheduler) and `response` its `<Name>Response`, whose result fields it
+// fills; the caller sets the job fields (state, progress, run, step,
+// job_id). Which code answers is looked up by the request's type and the
+// run's model family (the engine's analysis table, analysis/registry.h). A
+// request field out of its range is InvalidArgument naming it; an analysis
+// the run's model family does not have is FailedPrecondition naming the
+// ones it has. `progress(fraction)` is called as the analysis goes; it stops
+// with Cancelled when `cancel` asks.
 class Analyzer {
  public:
   using Progress = std::function<void(double)>;
   virtual ~Analyzer() = default;
-  // The IMIR coordinates and off-manifold residual (SCIENCE.md C.4).
-  virtual absl::StatusOr<v1::ProjectCheckpointResponse> ProjectCheckpoint(
-      const v1::ExperimentSpec& spec, const std::string& checkpoint, const v1::ProjectCheckpointRequest& request) = 0;
-  // Theorem 1 numerically (C.6) on the spec's task and model.
-  virtual absl::StatusOr<v1::CheckInvarianceResponse> CheckInvariance(const v1::ExperimentSpec& spec,
-                                                                      const v1::CheckInvarianceRequest& request,
-                                                                      const Progress& progress,
-                                                                      const CancelToken* cancel) = 0;
-  // Circuit detection (D.1) on one checkpoint.
-  virtual absl::StatusOr<v1::DetectCircuitResponse> DetectCircuit(const v1::ExperimentSpec& spec,
-                                                                  const std::string& checkpoint,
-                                                                  const v1::DetectCircuitRequest& request,
-                                                                  const Progress& progress,
-                                                                  const CancelToken* cancel) = 0;
-  // Interventions (D.6) on one checkpoint; `swap_sources` holds, by index
-  // into request.interventions, the checkpoint each OP_SWAP_COORDINATES reads.
-  virtual absl::StatusOr<v1::InterveneResponse> Intervene(const v1::ExperimentSpec& spec, const std::string& checkpoint,
-                                                          const v1::InterveneRequest& request,
-                                                          const std::map<int, StoredCheckpoint>& swap_sources) = 0;
-  // Theorems 2 and 3 (D.4) on the spec's associative-recall task sizes.
-  virtual absl::StatusOr<v1::CheckDataDependenceResponse> CheckDataDependence(
-      const v1::ExperimentSpec& spec, const v1::CheckDataDependenceRequest& request, const Progress& progress,
-      const CancelToken* cancel) = 0;
-  // Task-vector geometry (D.5) of one checkpoint: the values' name, layer,
-  // position and value (request.seed must be set).
-  virtual absl::StatusOr<v1::AnalyzeTaskVectorsResponse> AnalyzeTaskVectors(
-      const v1::ExperimentSpec& spec, const std::string& checkpoint, const v1::AnalyzeTaskVectorsRequest& request,
-      const Progress& progress, const CancelToken* cancel) = 0;
-  // D.2/D.3 labels of every checkpoint of a run, (step, bytes) ascending.
-  virtual absl::StatusOr<v1::LabelRunResponse> LabelRun(const v1::ExperimentSpec& spec,
-                                                        const std::vector<std::pair<int64_t, std::string>>& checkpoints,
-                                                        const v1::LabelRunRequest& request, const Progress& progress,
-                                                        const CancelToken* cancel) = 0;
+  virtual absl::Status Analyze(const AnalysisInput& input, const google::protobuf::Message& request,
+                               google::protobuf::Message* response, const Progress& progress,
+                               const CancelToken* cancel) = 0;
 };
+
+// Analyzer::Analyze, typed: `Response` must be the request's response type.
+template <typename Response, typename Request>
+absl::StatusOr<Response> Analyze(Analyzer& analyzer, const AnalysisInput& input, const Request& request,
+                                 const Analyzer::Progress& progress = {}, const CancelToken* cancel = nullptr) {
+  Response out;
+  const Analyzer::Progress report = progress ? progress : [](double) {};
+  if (absl::Status s = analyzer.Analyze(input, request, &out, report, cancel); !s.ok()) return s;
+  return out;
+}
 
 std::unique_ptr<Analyzer> MakeTorchAnalyzer();
 

@@ -473,7 +473,7 @@ void HttpGateway::Routes() {
   Read<v1::LabelRunRequest>(R"(/api/v1/runs/([^/]+)/label)", "runs/{id}/label", {"run_id"},
                             [analysis](const auto& r, const Caller& c) -> absl::StatusOr<v1::LabelRunResponse> {
                               absl::StatusOr<v1::LabelRunResponse> out =
-                                  analysis->LabelRun(r, scheduler::Requester(c.principal.name, true));
+                                  analysis->Run<v1::LabelRunResponse>(r, scheduler::Requester(c.principal.name, true));
                               if (!absl::IsPermissionDenied(out.status())) return out;
                               v1::LabelRunResponse none;
                               none.set_error("no stored label for " + r.run_id() +

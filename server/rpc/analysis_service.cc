@@ -1,11 +1,16 @@
 #include "server/rpc/analysis_service.h"
 
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 
 #include "server/common/status_macros.h"
 #include "server/rpc/service_util.h"
+#include "server/scheduler/analysis_table.h"
 
 namespace circuitlab::rpc {
 namespace {
@@ -21,12 +26,12 @@ constexpr std::chrono::milliseconds kBriefWait{2000};
 // by the job's end or the brief wait's deadline, never by blocking this
 // thread. A call that queues or joins a job (not one answered from the store)
 // leaves an audit line.
-template <typename Request, typename Response, typename Fn>
 grpc::ServerUnaryReactor* JobCall(grpc::CallbackServerContext* ctx, const Security& security,
-                                  scheduler::AnalysisJobs* jobs, const grpc::ByteBuffer* in, grpc::ByteBuffer* out,
-                                  Fn core_call) {
+                                  scheduler::AnalysisCore* core, const scheduler::AnalysisEntry& entry,
+                                  const grpc::ByteBuffer* in, grpc::ByteBuffer* out) {
+  using Message = google::protobuf::Message;
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  auto req = std::make_shared<Request>();
+  std::shared_ptr<Message> req(entry.request->New());
   absl::StatusOr<Caller> caller = Authenticate(security, ctx);
   absl::Status status = caller.status();
   if (status.ok()) status = ParseRequest(*in, req.get());
@@ -34,32 +39,45 @@ grpc::ServerUnaryReactor* JobCall(grpc::CallbackServerContext* ctx, const Securi
   if (status.ok()) {
     // The core call, again when the job ends: the request lives as long as it.
     const scheduler::Requester who(caller->principal.name, Security::ReadsOnly(*caller));
-    auto fn = [core_call, req, who] { return core_call(*req, who); };
-    absl::StatusOr<Response> answer = CallCatching(fn);
+    auto fn = [core, req, who] { return core->Run(*req, who); };
+    absl::StatusOr<std::unique_ptr<Message>> answer = CallCatching(fn);
     status = answer.status();
-    if (!answer.ok() || scheduler::IsPending(answer->state())) {
-      security.Audit(*caller, *req, answer.ok() ? &*answer : nullptr, status);
+    const auto pending = [](const Message& m) {
+      const google::protobuf::FieldDescriptor* state = m.GetDescriptor()->FindFieldByName("state");
+      return scheduler::IsPending(m.GetReflection()->GetEnumValue(m, state));
+    };
+    if (!answer.ok() || pending(**answer)) {
+      security.Audit(*caller, *req, answer.ok() ? answer->get() : nullptr, status);
     }
     if (answer.ok()) {
-      if (scheduler::IsPending(answer->state()) && !answer->job_id().empty()) {
-        auto resp = std::make_shared<Response>(std::move(*answer));
-        jobs->Await(resp->job_id(), kBriefWait, [reactor, resp, out, fn](std::optional<scheduler::AnalysisAnswer> a) {
+      std::shared_ptr<Message> resp = std::move(*answer);
+      const google::protobuf::FieldDescriptor* job_id = resp->GetDescriptor()->FindFieldByName("job_id");
+      const std::string id = resp->GetReflection()->GetString(*resp, job_id);
+      if (pending(*resp) && !id.empty()) {
+        core->jobs().Await(id, kBriefWait, [reactor, resp, out, fn](std::optional<scheduler::AnalysisAnswer> a) {
           absl::Status s;
           if (!a || !scheduler::IsPending(a->state)) {
             // Its end (or, when it ended meanwhile, its stored answer).
-            absl::StatusOr<Response> end = a ? scheduler::ResponseFromAnswer<Response>(*a) : CallCatching(fn);
-            s = end.status();
-            if (end.ok()) *resp = std::move(*end);
+            if (a) {
+              s = scheduler::FillFromAnswer(*a, resp.get());
+            } else {
+              absl::StatusOr<std::unique_ptr<Message>> again = CallCatching(fn);
+              s = again.status();
+              if (again.ok()) resp->CopyFrom(**again);
+            }
           } else {
-            resp->set_state(static_cast<decltype(resp->state())>(a->state));
-            resp->set_progress(a->progress);
-            resp->set_error(a->error);
+            // Still pending: the new state and progress on the first answer.
+            const google::protobuf::Descriptor* d = resp->GetDescriptor();
+            const google::protobuf::Reflection* r = resp->GetReflection();
+            r->SetEnumValue(resp.get(), d->FindFieldByName("state"), a->state);
+            r->SetDouble(resp.get(), d->FindFieldByName("progress"), a->progress);
+            r->SetString(resp.get(), d->FindFieldByName("error"), a->error);
           }
           reactor->Finish(s.ok() ? WriteResponse(*resp, out) : ToGrpcStatus(s));
         });
         return reactor;
       }
-      reactor->Finish(WriteResponse(*answer, out));
+      reactor->Finish(WriteResponse(*resp, out));
       return reactor;
     }
   }
@@ -69,16 +87,43 @@ grpc::ServerUnaryReactor* JobCall(grpc::CallbackServerContext* ctx, const Securi
 
 }  // namespace
 
-grpc::ServerUnaryReactor* AnalysisServiceImpl::ProjectCheckpoint(grpc::CallbackServerContext* ctx,
-                                                                 const grpc::ByteBuffer* in, grpc::ByteBuffer* out) {
-  return JobCall<v1::ProjectCheckpointRequest, v1::ProjectCheckpointResponse>(
-      ctx, *security_, &core_->jobs(), in, out,
-      [core = core_](const v1::ProjectCheckpointRequest& req, const scheduler::Requester& who) {
-        return core->ProjectCheckpoint(req, who);
-      });
+AnalysisServiceImpl::AnalysisServiceImpl(scheduler::AnalysisCore* core, const security::Security* security)
+    : core_(core), security_(security) {
+  const std::map<std::string, Handler> written = {
+      {"GetTrajectory", &AnalysisServiceImpl::GetTrajectoryRaw},
+      {"CancelAnalysis", &AnalysisServiceImpl::CancelAnalysisRaw},
+      {"ListAnalysisJobs", &AnalysisServiceImpl::ListAnalysisJobsRaw},
+  };
+  // Method i of the descriptor is the generated service's method i.
+  const google::protobuf::ServiceDescriptor* service =
+      google::protobuf::DescriptorPool::generated_pool()->FindServiceByName(v1::AnalysisService::service_full_name());
+  for (int i = 0; i < service->method_count(); ++i) {
+    const google::protobuf::MethodDescriptor* m = service->method(i);
+    std::function<grpc::ServerUnaryReactor*(grpc::CallbackServerContext*, const grpc::ByteBuffer*, grpc::ByteBuffer*)>
+        handler;
+    if (auto w = written.find(m->name()); w != written.end()) {
+      handler = [this, h = w->second](grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in,
+                                      grpc::ByteBuffer* out) { return (this->*h)(ctx, in, out); };
+    } else if (const scheduler::AnalysisEntry* e = scheduler::FindJobAnalysis(m->input_type())) {
+      if (e->response->GetDescriptor() != m->output_type()) {
+        std::fprintf(stderr, "AnalysisService.%s answers %s, its analysis table entry %s\n", m->name().c_str(),
+                     m->output_type()->full_name().c_str(), e->response->GetDescriptor()->full_name().c_str());
+        std::abort();
+      }
+      handler = [this, e](grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in, grpc::ByteBuffer* out) {
+        return JobCall(ctx, *security_, core_, *e, in, out);
+      };
+    } else {
+      std::fprintf(stderr, "AnalysisService.%s has no handler and no analysis table entry\n", m->name().c_str());
+      std::abort();
+    }
+    MarkMethodRawCallback(i, new grpc::internal::CallbackUnaryHandler<grpc::ByteBuffer, grpc::ByteBuffer>(
+                                 [handler](grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in,
+                                           grpc::ByteBuffer* out) { return handler(ctx, in, out); }));
+  }
 }
 
-grpc::ServerUnaryReactor* AnalysisServiceImpl::GetTrajectory(grpc::CallbackServerContext* ctx,
+grpc::ServerUnaryReactor* AnalysisServiceImpl::GetTrajectoryRaw(grpc::CallbackServerContext* ctx,
                                                              const grpc::ByteBuffer* in, grpc::ByteBuffer* out) {
   return UnaryCall<v1::GetTrajectoryRequest, v1::GetTrajectoryResponse>(
       ctx, *security_, Access::kRead, in, out,
@@ -88,61 +133,7 @@ grpc::ServerUnaryReactor* AnalysisServiceImpl::GetTrajectory(grpc::CallbackServe
       });
 }
 
-grpc::ServerUnaryReactor* AnalysisServiceImpl::CheckInvariance(grpc::CallbackServerContext* ctx,
-                                                               const grpc::ByteBuffer* in, grpc::ByteBuffer* out) {
-  return JobCall<v1::CheckInvarianceRequest, v1::CheckInvarianceResponse>(
-      ctx, *security_, &core_->jobs(), in, out,
-      [core = core_](const v1::CheckInvarianceRequest& req, const scheduler::Requester& who) {
-        return core->CheckInvariance(req, who);
-      });
-}
-
-grpc::ServerUnaryReactor* AnalysisServiceImpl::DetectCircuit(grpc::CallbackServerContext* ctx,
-                                                             const grpc::ByteBuffer* in, grpc::ByteBuffer* out) {
-  return JobCall<v1::DetectCircuitRequest, v1::DetectCircuitResponse>(
-      ctx, *security_, &core_->jobs(), in, out,
-      [core = core_](const v1::DetectCircuitRequest& req, const scheduler::Requester& who) {
-        return core->DetectCircuit(req, who);
-      });
-}
-
-grpc::ServerUnaryReactor* AnalysisServiceImpl::Intervene(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in,
-                                                         grpc::ByteBuffer* out) {
-  return JobCall<v1::InterveneRequest, v1::InterveneResponse>(
-      ctx, *security_, &core_->jobs(), in, out,
-      [core = core_](const v1::InterveneRequest& req, const scheduler::Requester& who) {
-        return core->Intervene(req, who);
-      });
-}
-
-grpc::ServerUnaryReactor* AnalysisServiceImpl::LabelRun(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in,
-                                                        grpc::ByteBuffer* out) {
-  return JobCall<v1::LabelRunRequest, v1::LabelRunResponse>(
-      ctx, *security_, &core_->jobs(), in, out,
-      [core = core_](const v1::LabelRunRequest& req, const scheduler::Requester& who) {
-        return core->LabelRun(req, who);
-      });
-}
-
-grpc::ServerUnaryReactor* AnalysisServiceImpl::CheckDataDependence(grpc::CallbackServerContext* ctx,
-                                                                   const grpc::ByteBuffer* in, grpc::ByteBuffer* out) {
-  return JobCall<v1::CheckDataDependenceRequest, v1::CheckDataDependenceResponse>(
-      ctx, *security_, &core_->jobs(), in, out,
-      [core = core_](const v1::CheckDataDependenceRequest& req, const scheduler::Requester& who) {
-        return core->CheckDataDependence(req, who);
-      });
-}
-
-grpc::ServerUnaryReactor* AnalysisServiceImpl::AnalyzeTaskVectors(grpc::CallbackServerContext* ctx,
-                                                                  const grpc::ByteBuffer* in, grpc::ByteBuffer* out) {
-  return JobCall<v1::AnalyzeTaskVectorsRequest, v1::AnalyzeTaskVectorsResponse>(
-      ctx, *security_, &core_->jobs(), in, out,
-      [core = core_](const v1::AnalyzeTaskVectorsRequest& req, const scheduler::Requester& who) {
-        return core->AnalyzeTaskVectors(req, who);
-      });
-}
-
-grpc::ServerUnaryReactor* AnalysisServiceImpl::CancelAnalysis(grpc::CallbackServerContext* ctx,
+grpc::ServerUnaryReactor* AnalysisServiceImpl::CancelAnalysisRaw(grpc::CallbackServerContext* ctx,
                                                               const grpc::ByteBuffer* in, grpc::ByteBuffer* out) {
   return UnaryCall<v1::CancelAnalysisRequest, v1::CancelAnalysisResponse>(
       ctx, *security_, Access::kChange, in, out,
@@ -156,7 +147,7 @@ grpc::ServerUnaryReactor* AnalysisServiceImpl::CancelAnalysis(grpc::CallbackServ
       });
 }
 
-grpc::ServerUnaryReactor* AnalysisServiceImpl::ListAnalysisJobs(grpc::CallbackServerContext* ctx,
+grpc::ServerUnaryReactor* AnalysisServiceImpl::ListAnalysisJobsRaw(grpc::CallbackServerContext* ctx,
                                                                 const grpc::ByteBuffer* in, grpc::ByteBuffer* out) {
   return UnaryCall<v1::ListAnalysisJobsRequest, v1::ListAnalysisJobsResponse>(
       ctx, *security_, Access::kRead, in, out,
@@ -168,5 +159,6 @@ grpc::ServerUnaryReactor* AnalysisServiceImpl::ListAnalysisJobs(grpc::CallbackSe
         return absl::OkStatus();
       });
 }
+
 
 }  // namespace circuitlab::rpc

@@ -3,6 +3,7 @@
 #include "absl/strings/str_join.h"
 #include "server/common/status_macros.h"
 #include "server/engine/spec.h"
+#include "server/scheduler/analysis_table.h"
 #include "server/scheduler/scheduler.h"
 
 namespace circuitlab::scheduler {
@@ -28,18 +29,24 @@ absl::StatusOr<std::pair<int64_t, v1::ExperimentSpec>> AnalysisCore::TargetSpec(
   return std::make_pair(id, std::move(stored));
 }
 
-absl::StatusOr<AnalysisAnswer> AnalysisCore::Enqueue(const std::string& kind, int64_t run_id, std::string key,
-                                                     bool force, const Requester& owner, uint64_t memory_bytes,
-                                                     AnalysisWork work) {
-  AnalysisJobRequest job;
-  job.kind = kind;
-  job.run_id = run_id;
-  job.key = std::move(key);
+absl::StatusOr<std::unique_ptr<google::protobuf::Message>> AnalysisCore::Run(const google::protobuf::Message& request,
+                                                                              const Requester& owner) {
+  const AnalysisEntry* entry = FindJobAnalysis(request.GetDescriptor());
+  if (entry == nullptr) return absl::UnimplementedError(request.GetDescriptor()->name() + " is not an analysis");
+  CL_ASSIGN_OR_RETURN(PlannedJob planned, entry->plan(*this, request));
+  AnalysisJobRequest& job = planned.job;
+  job.kind = entry->kind;
   job.owner = owner.name;
   job.read_only = owner.read_only;
-  job.memory_bytes = memory_bytes;
-  job.work = std::move(work);
-  return jobs_.Submit(std::move(job), force);
+  // Every analysis request has `bool force` (analysis_service.proto).
+  const google::protobuf::FieldDescriptor* force = request.GetDescriptor()->FindFieldByName("force");
+  const bool forced = force != nullptr && force->cpp_type() == google::protobuf::FieldDescriptor::CPPTYPE_BOOL &&
+                      request.GetReflection()->GetBool(request, force);
+  CL_ASSIGN_OR_RETURN(AnalysisAnswer answer, jobs_.Submit(std::move(job), forced));
+  std::unique_ptr<google::protobuf::Message> out(entry->response->New());
+  CL_RETURN_IF_ERROR(FillFromAnswer(answer, out.get()));
+  if (planned.on_answer && !answer.from_store) planned.on_answer(out.get());
+  return out;
 }
 
 absl::StatusOr<std::pair<v1::ExperimentSpec, store::Checkpoint>> AnalysisCore::RunCheckpoint(

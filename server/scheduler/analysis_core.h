@@ -1,10 +1,9 @@
-// The AnalysisService core: one validation-and-canonicalisation step per
-// analysis in front of one job executor (analysis_jobs.h). Every analysis that
-// runs model code (ProjectCheckpoint, Intervene, DetectCircuit, LabelRun,
-// CheckInvariance, CheckDataDependence, AnalyzeTaskVectors) is a job there,
-// never work on the calling thread: a method validates the request, resolves
-// its defaults into a canonical key (stored answers are keyed by its hash),
-// estimates the job's memory and submits it. It answers at once: from the
+// The AnalysisService core: the analysis table's validation-and-
+// canonicalisation step (analysis_table.h: one module per analysis) in front
+// of one job executor (analysis_jobs.h). Every analysis that runs model code
+// is a job there, never work on the calling thread: its module validates the
+// request, resolves its defaults into a canonical key (stored answers are
+// keyed by its hash), estimates the job's memory, and Run submits it. It answers at once: from the
 // store, or with the job's state (QUEUED, RUNNING with progress, FAILED or
 // CANCELLED once). The RPC layer may then Await the job briefly.
 // GetTrajectory only reads the store.
@@ -13,12 +12,14 @@
 #pragma once
 
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "server/common/cancel.h"
 #include "circuitlab/v1/analysis_service.pb.h"
+#include "google/protobuf/message.h"
 #include "server/engine/engine.h"
 #include "server/engine/spec.h"
 #include "server/scheduler/analysis_jobs.h"
@@ -36,41 +37,36 @@ class AnalysisCore {
   // Shuts the executor down: running jobs are cancelled and not stored.
   ~AnalysisCore() = default;
 
-  // Every method below: `owner` names the caller (it owns the job it starts,
-  // and the per-owner limit counts it); a read-only one gets stored answers only.
-
-  // NotFound for an unknown run or a step without a checkpoint.
-  absl::StatusOr<v1::ProjectCheckpointResponse> ProjectCheckpoint(const v1::ProjectCheckpointRequest& request,
-                                                                  const Requester& owner = {});
+  // Any analysis of the table (analysis_table.h): its module validates the
+  // request (InvalidArgument naming the field, NotFound for an unknown run
+  // or a step without a checkpoint, FailedPrecondition for a run the
+  // analysis does not apply to), and the answer is the response type's: from
+  // the store, or the job's state. `owner` names the caller (it owns the job
+  // it starts, and the per-owner limit counts it); a read-only one gets
+  // stored answers only. Unimplemented for a request type with no entry.
+  absl::StatusOr<std::unique_ptr<google::protobuf::Message>> Run(const google::protobuf::Message& request,
+                                                                 const Requester& owner = {});
+  // Run, typed: `Response` must be the request's response type.
+  template <typename Response, typename Request>
+  absl::StatusOr<Response> Run(const Request& request, const Requester& owner = {}) {
+    absl::StatusOr<std::unique_ptr<google::protobuf::Message>> m =
+        Run(static_cast<const google::protobuf::Message&>(request), owner);
+    if (!m.ok()) return m.status();
+    if ((*m)->GetDescriptor() != Response::descriptor()) {
+      return absl::InternalError(request.GetDescriptor()->name() + " answers " + (*m)->GetDescriptor()->name());
+    }
+    Response out;
+    out.Swap(static_cast<Response*>(m->get()));
+    return out;
+  }
+  // Coordinates over training, as recorded (a store read, no job).
   absl::StatusOr<v1::GetTrajectoryResponse> GetTrajectory(const v1::GetTrajectoryRequest& request);
-  // Queues, reports on, or answers (from the store) an invariance check.
-  absl::StatusOr<v1::CheckInvarianceResponse> CheckInvariance(const v1::CheckInvarianceRequest& request,
-                                                              const Requester& owner = {});
-  // Likewise circuit detection and run labels.
-  absl::StatusOr<v1::DetectCircuitResponse> DetectCircuit(const v1::DetectCircuitRequest& request,
-                                                          const Requester& owner = {});
-  absl::StatusOr<v1::LabelRunResponse> LabelRun(const v1::LabelRunRequest& request, const Requester& owner = {});
-  // Task-vector geometry of a run's checkpoint(s) or a sweep's runs
-  // (task_vector_requests.cc). InvalidArgument names the field out of range,
-  // FailedPrecondition for a run that is not a latent-task decoder run or has
-  // no checkpoint yet, ResourceExhausted when the request would not fit the
-  // server's per-run memory limit.
-  absl::StatusOr<v1::AnalyzeTaskVectorsResponse> AnalyzeTaskVectors(const v1::AnalyzeTaskVectorsRequest& request,
-                                                                    const Requester& owner = {});
-  absl::StatusOr<v1::CheckDataDependenceResponse> CheckDataDependence(const v1::CheckDataDependenceRequest& request,
-                                                                      const Requester& owner = {});
-  // Interventions (forward passes; D.6's hook ops and metrics).
-  absl::StatusOr<v1::InterveneResponse> Intervene(const v1::InterveneRequest& request, const Requester& owner = {});
 
-  // The executor: Await, Cancel and List for the RPC layer.
-  AnalysisJobs& jobs() { return jobs_; }
-  // Cancels every job and stops the executor (SIGTERM). Idempotent.
-  void Shutdown() { jobs_.Shutdown(); }
-
- private:
-  // Submits a job (or answers from the store) for a canonical request.
-  absl::StatusOr<AnalysisAnswer> Enqueue(const std::string& kind, int64_t run_id, std::string key, bool force,
-                                         const Requester& owner, uint64_t memory_bytes, AnalysisWork work);
+  // For the analysis modules (analyses/*.cc): the store, the engine, the
+  // limits of specs sent with a request.
+  store::Store& store() { return *store_; }
+  engine::Analyzer& analyzer() { return *analyzer_; }
+  const engine::EngineLimits& limits() const { return limits_; }
   // The spec a request names: a run's stored spec, or a spec sent with it
   // (resolved under the server's limits; run id kNoRun).
   absl::StatusOr<std::pair<int64_t, v1::ExperimentSpec>> TargetSpec(const std::string& run_id,
@@ -79,6 +75,12 @@ class AnalysisCore {
   absl::StatusOr<std::pair<v1::ExperimentSpec, store::Checkpoint>> RunCheckpoint(int64_t id, uint64_t step,
                                                                                  const std::string& run_id);
 
+  // The executor: Await, Cancel and List for the RPC layer.
+  AnalysisJobs& jobs() { return jobs_; }
+  // Cancels every job and stops the executor (SIGTERM). Idempotent.
+  void Shutdown() { jobs_.Shutdown(); }
+
+ private:
   store::Store* const store_;
   engine::Analyzer* const analyzer_;
   const engine::EngineLimits limits_;

@@ -19,6 +19,35 @@ AnalysisJobs::AnalysisJobs(store::Store* store, AnalysisJobOptions options) : st
 
 AnalysisJobs::~AnalysisJobs() { Shutdown(); }
 
+absl::Status FillFromAnswer(const AnalysisAnswer& a, google::protobuf::Message* response) {
+  if (a.state == v1::ANALYSIS_STATE_FAILED && IsRequestError(a.failure)) return a.failure;
+  const google::protobuf::Descriptor* d = response->GetDescriptor();
+  const google::protobuf::Reflection* r = response->GetReflection();
+  const auto field = [d](const char* name, google::protobuf::FieldDescriptor::CppType type) {
+    const google::protobuf::FieldDescriptor* f = d->FindFieldByName(name);
+    return f != nullptr && f->cpp_type() == type && !f->is_repeated() ? f : nullptr;
+  };
+  using T = google::protobuf::FieldDescriptor;
+  const T* state = field("state", T::CPPTYPE_ENUM);
+  const T* progress = field("progress", T::CPPTYPE_DOUBLE);
+  if (state == nullptr || progress == nullptr) {
+    return absl::InternalError(d->name() + " has no state and progress fields");
+  }
+  response->Clear();
+  if (a.result && response->ParseFromString(*a.result)) {
+    if (const T* f = field("from_store", T::CPPTYPE_BOOL)) r->SetBool(response, f, a.from_store);
+    r->SetEnumValue(response, state, v1::ANALYSIS_STATE_DONE);
+    r->SetDouble(response, progress, 1.0);
+    return absl::OkStatus();
+  }
+  response->Clear();
+  r->SetEnumValue(response, state, a.state);
+  r->SetDouble(response, progress, a.progress);
+  if (const T* f = field("error", T::CPPTYPE_STRING)) r->SetString(response, f, a.error);
+  if (const T* f = field("job_id", T::CPPTYPE_STRING)) r->SetString(response, f, a.job_id);
+  return absl::OkStatus();
+}
+
 AnalysisAnswer AnalysisJobs::AnswerOf(const Job& job) {
   AnalysisAnswer a;
   a.state = job.state;

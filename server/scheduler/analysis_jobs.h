@@ -39,6 +39,8 @@
 
 #include "absl/status/statusor.h"
 #include "circuitlab/v1/analysis_service.pb.h"
+#include "google/protobuf/descriptor.h"
+#include "google/protobuf/message.h"
 #include "server/common/cancel.h"
 #include "server/common/quotas.h"
 #include "server/store/store.h"
@@ -98,22 +100,15 @@ inline bool IsRequestError(const absl::Status& s) {
 }
 
 // A response message from an answer: the result when DONE, the request's
-// error (IsRequestError), else the state. (CheckInvarianceResponse's own
-// State enum shares AnalysisState's numbers.)
+// error (IsRequestError), else the state. Any analysis response: its job
+// fields (state, progress, error, job_id, from_store) are set by name.
+// (CheckInvarianceResponse's own State enum shares AnalysisState's numbers.)
+absl::Status FillFromAnswer(const AnalysisAnswer& a, google::protobuf::Message* response);
+
 template <typename Response>
 absl::StatusOr<Response> ResponseFromAnswer(const AnalysisAnswer& a) {
-  if (a.state == v1::ANALYSIS_STATE_FAILED && IsRequestError(a.failure)) return a.failure;
   Response resp;
-  if (a.result && resp.ParseFromString(*a.result)) {
-    resp.set_from_store(a.from_store);
-    resp.set_state(static_cast<decltype(resp.state())>(v1::ANALYSIS_STATE_DONE));
-    resp.set_progress(1.0);
-    return resp;
-  }
-  resp.set_state(static_cast<decltype(resp.state())>(a.state));
-  resp.set_progress(a.progress);
-  resp.set_error(a.error);
-  resp.set_job_id(a.job_id);
+  if (absl::Status s = FillFromAnswer(a, &resp); !s.ok()) return s;
   return resp;
 }
 

@@ -767,7 +767,7 @@ absl::StatusOr<v1::GetSweepSummaryResponse> SweepCore::Summary(const v1::GetSwee
           if (!label) {
             v1::LabelRunRequest req;
             req.set_run_id(FormatRunId(r.id));
-            absl::StatusOr<v1::LabelRunResponse> got = analyses_->LabelRun(req, who);
+            absl::StatusOr<v1::LabelRunResponse> got = analyses_->Run<v1::LabelRunResponse>(req, who);
             if (got.ok()) {
               label = std::move(*got);
               if (started != nullptr && IsPending(label->state())) ++*started;

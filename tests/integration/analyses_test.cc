@@ -16,12 +16,14 @@ namespace {
 // installs the job's token on its worker thread, as for the real engine).
 class GatedAnalyzer : public UnimplementedAnalyzer {
  public:
-  absl::StatusOr<v1::InterveneResponse> Intervene(const v1::ExperimentSpec&, const std::string&,
-                                                  const v1::InterveneRequest&,
-                                                  const std::map<int, engine::StoredCheckpoint>&) override {
-    ++started;
-    while (!ThreadCancelToken()->stop_requested()) std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    return absl::CancelledError("stopped");
+  GatedAnalyzer() {
+    On<v1::InterveneRequest, v1::InterveneResponse>(
+        [this](const engine::AnalysisInput&, const v1::InterveneRequest&, const Progress&,
+               const CancelToken*) -> absl::StatusOr<v1::InterveneResponse> {
+          ++started;
+          while (!ThreadCancelToken()->stop_requested()) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+          return absl::CancelledError("stopped");
+        });
   }
   std::atomic<int> started{0};
 };

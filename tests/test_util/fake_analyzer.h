@@ -1,6 +1,11 @@
 // A torch-free engine::Analyzer for scheduler and RPC tests: every analysis
-// answers UNIMPLEMENTED; a test overrides the ones it exercises.
+// answers UNIMPLEMENTED unless the test gave an answer for its request type
+// with On<Request, Response>(f).
 #pragma once
+
+#include <functional>
+#include <map>
+#include <string>
 
 #include "server/engine/engine.h"
 
@@ -8,41 +13,32 @@ namespace circuitlab::testing {
 
 class UnimplementedAnalyzer : public engine::Analyzer {
  public:
-  absl::StatusOr<v1::ProjectCheckpointResponse> ProjectCheckpoint(const v1::ExperimentSpec&, const std::string&,
-                                                                  const v1::ProjectCheckpointRequest&) override {
-    return absl::UnimplementedError("not in this fake");
+  absl::Status Analyze(const engine::AnalysisInput& input, const google::protobuf::Message& request,
+                       google::protobuf::Message* response, const Progress& progress,
+                       const CancelToken* cancel) override {
+    auto it = answers_.find(request.GetDescriptor()->full_name());
+    if (it == answers_.end()) return absl::UnimplementedError("not in this fake");
+    return it->second(input, request, response, progress, cancel);
   }
-  absl::StatusOr<v1::CheckInvarianceResponse> CheckInvariance(const v1::ExperimentSpec&,
-                                                              const v1::CheckInvarianceRequest&, const Progress&,
-                                                              const CancelToken*) override {
-    return absl::UnimplementedError("not in this fake");
+
+ protected:
+  // `f(input, request, progress, cancel)` returns absl::StatusOr<Response>.
+  template <typename Request, typename Response, typename F>
+  void On(F f) {
+    answers_[Request::descriptor()->full_name()] =
+        [f](const engine::AnalysisInput& input, const google::protobuf::Message& request,
+            google::protobuf::Message* response, const Progress& progress, const CancelToken* cancel) -> absl::Status {
+      absl::StatusOr<Response> out = f(input, static_cast<const Request&>(request), progress, cancel);
+      if (!out.ok()) return out.status();
+      static_cast<Response*>(response)->Swap(&*out);
+      return absl::OkStatus();
+    };
   }
-  absl::StatusOr<v1::DetectCircuitResponse> DetectCircuit(const v1::ExperimentSpec&, const std::string&,
-                                                          const v1::DetectCircuitRequest&, const Progress&,
-                                                          const CancelToken*) override {
-    return absl::UnimplementedError("not in this fake");
-  }
-  absl::StatusOr<v1::InterveneResponse> Intervene(const v1::ExperimentSpec&, const std::string&,
-                                                  const v1::InterveneRequest&,
-                                                  const std::map<int, engine::StoredCheckpoint>&) override {
-    return absl::UnimplementedError("not in this fake");
-  }
-  absl::StatusOr<v1::CheckDataDependenceResponse> CheckDataDependence(const v1::ExperimentSpec&,
-                                                                      const v1::CheckDataDependenceRequest&,
-                                                                      const Progress&, const CancelToken*) override {
-    return absl::UnimplementedError("not in this fake");
-  }
-  absl::StatusOr<v1::AnalyzeTaskVectorsResponse> AnalyzeTaskVectors(const v1::ExperimentSpec&, const std::string&,
-                                                                    const v1::AnalyzeTaskVectorsRequest&,
-                                                                    const Progress&, const CancelToken*) override {
-    return absl::UnimplementedError("not in this fake");
-  }
-  absl::StatusOr<v1::LabelRunResponse> LabelRun(const v1::ExperimentSpec&,
-                                                const std::vector<std::pair<int64_t, std::string>>&,
-                                                const v1::LabelRunRequest&, const Progress&,
-                                                const CancelToken*) override {
-    return absl::UnimplementedError("not in this fake");
-  }
+
+ private:
+  std::map<std::string, std::function<absl::Status(const engine::AnalysisInput&, const google::protobuf::Message&,
+                                                   google::protobuf::Message*, const Progress&, const CancelToken*)>>
+      answers_;
 };
 
 }  // namespace circuitlab::testing

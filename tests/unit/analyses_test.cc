@@ -23,58 +23,55 @@ using circuitlab::testing::WaitFor;
 // Records the request of every call and answers a canned response.
 class RecordingAnalyzer : public testing::UnimplementedAnalyzer {
  public:
-  absl::StatusOr<v1::ProjectCheckpointResponse> ProjectCheckpoint(const v1::ExperimentSpec&, const std::string& ckpt,
-                                                                  const v1::ProjectCheckpointRequest& r) override {
-    Record(r, ckpt);
-    v1::ProjectCheckpointResponse out;
-    out.set_rho(0.25);
-    return out;
-  }
-  absl::StatusOr<v1::DetectCircuitResponse> DetectCircuit(const v1::ExperimentSpec&, const std::string& ckpt,
-                                                          const v1::DetectCircuitRequest& r, const Progress&,
-                                                          const CancelToken*) override {
-    Record(r, ckpt);
-    v1::DetectCircuitResponse out;
-    out.set_template_name("induction_head");
-    return out;
-  }
-  absl::StatusOr<v1::InterveneResponse> Intervene(const v1::ExperimentSpec&, const std::string& ckpt,
-                                                  const v1::InterveneRequest& r,
-                                                  const std::map<int, engine::StoredCheckpoint>& sources) override {
-    Record(r, ckpt);
-    std::lock_guard<std::mutex> lock(mu);
-    swap_sources = sources;
-    v1::InterveneResponse out;
-    out.add_effects()->set_eval_set("icl_rare");
-    return out;
-  }
-  absl::StatusOr<v1::LabelRunResponse> LabelRun(const v1::ExperimentSpec&,
-                                                const std::vector<std::pair<int64_t, std::string>>& ckpts,
-                                                const v1::LabelRunRequest& r, const Progress&,
-                                                const CancelToken*) override {
-    Record(r, ckpts.empty() ? "" : ckpts.back().second);
-    std::lock_guard<std::mutex> lock(mu);
-    label_steps.clear();
-    for (const auto& [step, bytes] : ckpts) label_steps.push_back(step);
-    v1::LabelRunResponse out;
-    out.set_label("ICL_ONLY");
-    return out;
-  }
-  absl::StatusOr<v1::CheckDataDependenceResponse> CheckDataDependence(const v1::ExperimentSpec&,
-                                                                      const v1::CheckDataDependenceRequest& r,
-                                                                      const Progress&, const CancelToken*) override {
-    Record(r, "");
-    return v1::CheckDataDependenceResponse();
-  }
-  absl::StatusOr<v1::AnalyzeTaskVectorsResponse> AnalyzeTaskVectors(const v1::ExperimentSpec&, const std::string& ckpt,
-                                                                    const v1::AnalyzeTaskVectorsRequest& r,
-                                                                    const Progress&, const CancelToken*) override {
-    Record(r, ckpt);
-    v1::AnalyzeTaskVectorsResponse out;
-    v1::TaskVectorValue* v = out.add_values();
-    v->set_name("p0/resid_ratio");
-    v->set_value(0.1);
-    return out;
+  using Input = engine::AnalysisInput;
+  RecordingAnalyzer() {
+    On<v1::ProjectCheckpointRequest, v1::ProjectCheckpointResponse>(
+        [this](const Input& in, const v1::ProjectCheckpointRequest& r, const Progress&, const CancelToken*) {
+          Record(r, in.checkpoint());
+          v1::ProjectCheckpointResponse out;
+          out.set_rho(0.25);
+          return out;
+        });
+    On<v1::DetectCircuitRequest, v1::DetectCircuitResponse>(
+        [this](const Input& in, const v1::DetectCircuitRequest& r, const Progress&, const CancelToken*) {
+          Record(r, in.checkpoint());
+          v1::DetectCircuitResponse out;
+          out.set_template_name("induction_head");
+          return out;
+        });
+    On<v1::InterveneRequest, v1::InterveneResponse>(
+        [this](const Input& in, const v1::InterveneRequest& r, const Progress&, const CancelToken*) {
+          Record(r, in.checkpoint());
+          std::lock_guard<std::mutex> lock(mu);
+          swap_sources = in.sources;
+          v1::InterveneResponse out;
+          out.add_effects()->set_eval_set("icl_rare");
+          return out;
+        });
+    On<v1::LabelRunRequest, v1::LabelRunResponse>(
+        [this](const Input& in, const v1::LabelRunRequest& r, const Progress&, const CancelToken*) {
+          Record(r, in.checkpoint());
+          std::lock_guard<std::mutex> lock(mu);
+          label_steps.clear();
+          for (const auto& [step, bytes] : in.checkpoints) label_steps.push_back(step);
+          v1::LabelRunResponse out;
+          out.set_label("ICL_ONLY");
+          return out;
+        });
+    On<v1::CheckDataDependenceRequest, v1::CheckDataDependenceResponse>(
+        [this](const Input&, const v1::CheckDataDependenceRequest& r, const Progress&, const CancelToken*) {
+          Record(r, "");
+          return v1::CheckDataDependenceResponse();
+        });
+    On<v1::AnalyzeTaskVectorsRequest, v1::AnalyzeTaskVectorsResponse>(
+        [this](const Input& in, const v1::AnalyzeTaskVectorsRequest& r, const Progress&, const CancelToken*) {
+          Record(r, in.checkpoint());
+          v1::AnalyzeTaskVectorsResponse out;
+          v1::TaskVectorValue* v = out.add_values();
+          v->set_name("p0/resid_ratio");
+          v->set_value(0.1);
+          return out;
+        });
   }
 
   // The last request handed to the engine, as `M`, and its checkpoint bytes.
@@ -146,10 +143,10 @@ class AnalysesTest : public ::testing::Test {
 
   // Asks until the answer is DONE.
   template <typename Resp, typename Req>
-  Resp Done(absl::StatusOr<Resp> (AnalysisCore::*method)(const Req&, const Requester&), const Req& req) {
+  Resp Done(const Req& req) {
     Resp last;
     EXPECT_TRUE(WaitFor([&] {
-      absl::StatusOr<Resp> r = (core_.get()->*method)(req, "");
+      absl::StatusOr<Resp> r = core_->Run<Resp>(req, "");
       EXPECT_TRUE(r.ok()) << r.status();
       if (r.ok()) last = *r;
       return r.ok() && last.state() == v1::ANALYSIS_STATE_DONE;
@@ -167,7 +164,7 @@ class AnalysesTest : public ::testing::Test {
 TEST_F(AnalysesTest, ProjectCheckpointResolvesStepAndSelection) {
   v1::ProjectCheckpointRequest req;
   req.set_run_id("r1");
-  const v1::ProjectCheckpointResponse done = Done(&AnalysisCore::ProjectCheckpoint, req);
+  const v1::ProjectCheckpointResponse done = Done<v1::ProjectCheckpointResponse>(req);
   EXPECT_EQ(done.run_id(), "r1");
   EXPECT_EQ(done.step(), 200u);  // the newest checkpoint
   EXPECT_DOUBLE_EQ(done.rho(), 0.25);
@@ -175,13 +172,13 @@ TEST_F(AnalysesTest, ProjectCheckpointResolvesStepAndSelection) {
   EXPECT_EQ(seen.selection(), v1::BASIS_SELECTION_PAPER);
   EXPECT_EQ(seen.step(), 200u);
   EXPECT_EQ(analyzer_.LastCheckpoint(), "ckpt@200");
-  EXPECT_TRUE(core_->ProjectCheckpoint(req)->from_store());
+  EXPECT_TRUE(core_->Run<v1::ProjectCheckpointResponse>(req)->from_store());
   req.set_run_id("r2");
-  EXPECT_EQ(core_->ProjectCheckpoint(req).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(core_->Run<v1::ProjectCheckpointResponse>(req).status().code(), absl::StatusCode::kFailedPrecondition);
   // A step beyond int64 once wrapped to "the newest" (issue 14 item 6).
   req.set_run_id("r1");
   req.set_step(uint64_t{1} << 63);
-  EXPECT_EQ(core_->ProjectCheckpoint(req).status().message(),
+  EXPECT_EQ(core_->Run<v1::ProjectCheckpointResponse>(req).status().message(),
             "step must be in [0, 2^62] (0 = the newest checkpoint), got 9223372036854775808");
 }
 
@@ -189,7 +186,7 @@ TEST_F(AnalysesTest, DetectCircuitHandsTheEngineEveryDefault) {
   v1::DetectCircuitRequest req;
   req.set_run_id("r1");
   req.set_step(100);
-  const v1::DetectCircuitResponse done = Done(&AnalysisCore::DetectCircuit, req);
+  const v1::DetectCircuitResponse done = Done<v1::DetectCircuitResponse>(req);
   EXPECT_EQ(done.step(), 100u);
   EXPECT_EQ(done.metric(), "accuracy");
   EXPECT_EQ(done.template_name(), "induction_head");
@@ -205,13 +202,13 @@ TEST_F(AnalysesTest, DetectCircuitHandsTheEngineEveryDefault) {
   EXPECT_FALSE(seen.force());
   // The loss metric has its own default tolerance.
   req.set_metric("loss");
-  Done(&AnalysisCore::DetectCircuit, req);
+  Done<v1::DetectCircuitResponse>(req);
   EXPECT_DOUBLE_EQ(analyzer_.Last<v1::DetectCircuitRequest>().tolerance(), 0.02);
   req.set_metric("bogus");
-  EXPECT_EQ(core_->DetectCircuit(req).status().message(), "metric must be accuracy, loss or p_target, got 'bogus'");
+  EXPECT_EQ(core_->Run<v1::DetectCircuitResponse>(req).status().message(), "metric must be accuracy, loss or p_target, got 'bogus'");
   req.set_metric("");
   req.set_order("random");
-  EXPECT_NE(core_->DetectCircuit(req).status().message().find("order must be"), absl::string_view::npos);
+  EXPECT_NE(core_->Run<v1::DetectCircuitResponse>(req).status().message().find("order must be"), absl::string_view::npos);
 }
 
 TEST_F(AnalysesTest, InterveneValidatesOpsAndLoadsSwapSources) {
@@ -224,7 +221,7 @@ TEST_F(AnalysesTest, InterveneValidatesOpsAndLoadsSwapSources) {
   swap->set_op(v1::Intervention::OP_SWAP_COORDINATES);
   swap->set_source_run_id("r1");
   swap->set_source_step(100);
-  const v1::InterveneResponse done = Done(&AnalysisCore::Intervene, req);
+  const v1::InterveneResponse done = Done<v1::InterveneResponse>(req);
   EXPECT_EQ(done.run_id(), "r1");
   EXPECT_EQ(done.step(), 200u);
   ASSERT_EQ(done.effects_size(), 1);
@@ -239,19 +236,19 @@ TEST_F(AnalysesTest, InterveneValidatesOpsAndLoadsSwapSources) {
   }
   v1::InterveneRequest bad = req;
   bad.mutable_interventions(0)->set_op(v1::Intervention::OP_UNSPECIFIED);
-  EXPECT_NE(core_->Intervene(bad).status().message().find("interventions[0].op must be"), absl::string_view::npos);
+  EXPECT_NE(core_->Run<v1::InterveneResponse>(bad).status().message().find("interventions[0].op must be"), absl::string_view::npos);
   bad = req;
   bad.mutable_interventions(0)->set_scale(std::nan(""));
-  EXPECT_NE(core_->Intervene(bad).status().message().find("interventions[0]: scale and value must be finite"),
+  EXPECT_NE(core_->Run<v1::InterveneResponse>(bad).status().message().find("interventions[0]: scale and value must be finite"),
             absl::string_view::npos);
   // A decoder run takes hook-point ops only.
   bad = req;
   bad.set_run_id("r2");
   bad.mutable_interventions()->RemoveLast();
-  EXPECT_EQ(core_->Intervene(bad).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(core_->Run<v1::InterveneResponse>(bad).status().code(), absl::StatusCode::kFailedPrecondition);
   bad.mutable_interventions(0)->set_op(v1::Intervention::OP_ADD);
   bad.mutable_interventions(0)->add_weights(-1);
-  EXPECT_NE(core_->Intervene(bad).status().message().find("interventions[0].weights must be finite and non-negative"),
+  EXPECT_NE(core_->Run<v1::InterveneResponse>(bad).status().message().find("interventions[0].weights must be finite and non-negative"),
             absl::string_view::npos);
 }
 
@@ -259,26 +256,26 @@ TEST_F(AnalysesTest, InterveneTakesAPatchSweepAloneAndBoundsIt) {
   v1::InterveneRequest req;
   req.set_run_id("r1");
   req.mutable_patch()->add_hooks("L1.H1.out");
-  Done(&AnalysisCore::Intervene, req);  // a sweep without interventions is a request
+  Done<v1::InterveneResponse>(req);  // a sweep without interventions is a request
   EXPECT_EQ(analyzer_.Last<v1::InterveneRequest>().patch().hooks(0), "L1.H1.out");
   v1::InterveneRequest bad;
   bad.set_run_id("r1");
-  EXPECT_NE(core_->Intervene(bad).status().message().find("(or give a patch sweep)"), absl::string_view::npos);
+  EXPECT_NE(core_->Run<v1::InterveneResponse>(bad).status().message().find("(or give a patch sweep)"), absl::string_view::npos);
   // 16 hooks x (1024 positions + 1) x n_eval 2048 is far beyond the bound.
   bad = req;
   for (int i = 0; i < 15; ++i) bad.mutable_patch()->add_hooks("L1.attn");
   for (uint32_t p = 0; p < 1024; ++p) bad.mutable_patch()->add_positions(p % 8);
-  const absl::Status big = core_->Intervene(bad).status();
+  const absl::Status big = core_->Run<v1::InterveneResponse>(bad).status();
   EXPECT_EQ(big.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_NE(big.message().find("16 hooks x 1025 sites each x n_eval 2048"), absl::string_view::npos) << big;
   bad.mutable_patch()->add_hooks("L2.attn");
-  EXPECT_EQ(core_->Intervene(bad).status().message(), "patch.hooks must have 1 to 16 entries, got 17");
+  EXPECT_EQ(core_->Run<v1::InterveneResponse>(bad).status().message(), "patch.hooks must have 1 to 16 entries, got 17");
 }
 
 TEST_F(AnalysesTest, LabelRunLabelsEveryCheckpointInOrder) {
   v1::LabelRunRequest req;
   req.set_run_id("r1");
-  const v1::LabelRunResponse done = Done(&AnalysisCore::LabelRun, req);
+  const v1::LabelRunResponse done = Done<v1::LabelRunResponse>(req);
   EXPECT_EQ(done.label(), "ICL_ONLY");
   EXPECT_EQ(analyzer_.Last<v1::LabelRunRequest>().n_eval(), 1024u);
   std::lock_guard<std::mutex> lock(analyzer_.mu);
@@ -290,7 +287,7 @@ TEST_F(AnalysesTest, DataDependenceFillsTheDefaultGrid) {
   spec.mutable_task()->mutable_associative_recall()->set_num_common(8);
   v1::CheckDataDependenceRequest req;
   *req.mutable_spec() = spec;
-  Done(&AnalysisCore::CheckDataDependence, req);
+  Done<v1::CheckDataDependenceResponse>(req);
   const auto seen = analyzer_.Last<v1::CheckDataDependenceRequest>();
   EXPECT_EQ(seen.samples(), 65536u);
   EXPECT_GE(seen.points_size(), 8);  // E.6's grid in both modes, then E.7's burstiness
@@ -299,14 +296,14 @@ TEST_F(AnalysesTest, DataDependenceFillsTheDefaultGrid) {
     EXPECT_NE(p.variability_mode(), v1::VARIABILITY_MODE_UNSPECIFIED);
   }
   req.add_points()->set_rare_fraction(2);
-  EXPECT_EQ(core_->CheckDataDependence(req).status().message(),
+  EXPECT_EQ(core_->Run<v1::CheckDataDependenceResponse>(req).status().message(),
             "points[0].rare_fraction must be in [0, 1], got 2.000000");
 }
 
 TEST_F(AnalysesTest, TaskVectorsResolveAnalysesAndTagValues) {
   v1::AnalyzeTaskVectorsRequest req;
   req.set_run_id("r2");
-  const v1::AnalyzeTaskVectorsResponse done = Done(&AnalysisCore::AnalyzeTaskVectors, req);
+  const v1::AnalyzeTaskVectorsResponse done = Done<v1::AnalyzeTaskVectorsResponse>(req);
   ASSERT_EQ(done.values_size(), 1);
   EXPECT_EQ(done.values(0).run_id(), "r2");
   EXPECT_EQ(done.values(0).step(), 50u);
@@ -318,10 +315,10 @@ TEST_F(AnalysesTest, TaskVectorsResolveAnalysesAndTagValues) {
   EXPECT_EQ(seen.samples_per_cell(), 128u);
   EXPECT_DOUBLE_EQ(seen.p_common(), 0.9);
   req.set_run_id("r1");
-  EXPECT_EQ(core_->AnalyzeTaskVectors(req).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(core_->Run<v1::AnalyzeTaskVectorsResponse>(req).status().code(), absl::StatusCode::kFailedPrecondition);
   req.set_run_id("r2");
   req.add_analyses("p9");
-  EXPECT_NE(core_->AnalyzeTaskVectors(req).status().message().find("analyses[0] must be one of"),
+  EXPECT_NE(core_->Run<v1::AnalyzeTaskVectorsResponse>(req).status().message().find("analyses[0] must be one of"),
             absl::string_view::npos);
 }
 

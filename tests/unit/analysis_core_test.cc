@@ -21,10 +21,13 @@ using State = v1::CheckInvarianceResponse;
 // An analyzer whose invariance check waits at a gate and reports progress.
 class FakeAnalyzer : public testing::UnimplementedAnalyzer {
  public:
-  absl::StatusOr<v1::CheckInvarianceResponse> CheckInvariance(const v1::ExperimentSpec&,
-                                                              const v1::CheckInvarianceRequest& request,
-                                                              const Progress& progress,
-                                                              const CancelToken* cancel) override {
+  FakeAnalyzer() {
+    On<v1::CheckInvarianceRequest, v1::CheckInvarianceResponse>(
+        [this](const engine::AnalysisInput&, const v1::CheckInvarianceRequest& request, const Progress& progress,
+               const CancelToken* cancel) { return Check(request, progress, cancel); });
+  }
+  absl::StatusOr<v1::CheckInvarianceResponse> Check(const v1::CheckInvarianceRequest& request,
+                                                    const Progress& progress, const CancelToken* cancel) {
     calls++;
     progress(0.5);
     std::unique_lock<std::mutex> lock(mu);
@@ -82,14 +85,14 @@ class AnalysisCoreTest : public ::testing::Test {
 
 TEST_F(AnalysisCoreTest, QueuedThenRunningThenStored) {
   AnalysisCore core(store_.get(), &analyzer_);
-  auto first = core.CheckInvariance(Request());
+  auto first = core.Run<v1::CheckInvarianceResponse>(Request());
   ASSERT_TRUE(first.ok()) << first.status();
   EXPECT_TRUE(first->state() == State::STATE_QUEUED || first->state() == State::STATE_RUNNING);
-  ASSERT_TRUE(WaitFor([&] { return core.CheckInvariance(Request())->progress() == 0.5; }));
-  EXPECT_EQ(core.CheckInvariance(Request())->state(), State::STATE_RUNNING);
+  ASSERT_TRUE(WaitFor([&] { return core.Run<v1::CheckInvarianceResponse>(Request())->progress() == 0.5; }));
+  EXPECT_EQ(core.Run<v1::CheckInvarianceResponse>(Request())->state(), State::STATE_RUNNING);
   analyzer_.Open();
-  ASSERT_TRUE(WaitFor([&] { return core.CheckInvariance(Request())->state() == State::STATE_DONE; }));
-  auto done = core.CheckInvariance(Request());
+  ASSERT_TRUE(WaitFor([&] { return core.Run<v1::CheckInvarianceResponse>(Request())->state() == State::STATE_DONE; }));
+  auto done = core.Run<v1::CheckInvarianceResponse>(Request());
   EXPECT_TRUE(done->from_store());
   ASSERT_EQ(done->checks_size(), 1);
   EXPECT_TRUE(done->checks(0).passed());
@@ -98,14 +101,14 @@ TEST_F(AnalysisCoreTest, QueuedThenRunningThenStored) {
   // Defaults resolve to the same canonical request: the seed 0 means the run's.
   auto same = Request();
   same.set_seed(0);
-  EXPECT_TRUE(core.CheckInvariance(same)->from_store());
+  EXPECT_TRUE(core.Run<v1::CheckInvarianceResponse>(same)->from_store());
   // force recomputes. (The finished job may linger for a moment after its
   // result is stored; a forced request meanwhile joins that job, so ask
   // until a new one has run.)
   auto forced = Request();
   forced.set_force(true);
   ASSERT_TRUE(WaitFor([&] {
-    auto r = core.CheckInvariance(forced);
+    auto r = core.Run<v1::CheckInvarianceResponse>(forced);
     EXPECT_TRUE(r.ok()) << r.status();
     return analyzer_.calls.load() >= 2;
   }));
@@ -115,19 +118,19 @@ TEST_F(AnalysisCoreTest, FailuresAreReportedAndRetriedWithForce) {
   analyzer_.fail = absl::InternalError("boom");
   analyzer_.Open();
   AnalysisCore core(store_.get(), &analyzer_);
-  ASSERT_TRUE(core.CheckInvariance(Request()).ok());
+  ASSERT_TRUE(core.Run<v1::CheckInvarianceResponse>(Request()).ok());
   // The failure is reported once, with its error, then forgotten.
   v1::CheckInvarianceResponse failed;
   ASSERT_TRUE(WaitFor([&] {
-    failed = *core.CheckInvariance(Request());
+    failed = *core.Run<v1::CheckInvarianceResponse>(Request());
     return failed.state() == State::STATE_FAILED;
   }));
   EXPECT_NE(failed.error().find("boom"), std::string::npos);
   analyzer_.fail = absl::OkStatus();
   auto retry = Request();
   retry.set_force(true);
-  ASSERT_TRUE(core.CheckInvariance(retry).ok());
-  ASSERT_TRUE(WaitFor([&] { return core.CheckInvariance(Request())->state() == State::STATE_DONE; }));
+  ASSERT_TRUE(core.Run<v1::CheckInvarianceResponse>(retry).ok());
+  ASSERT_TRUE(WaitFor([&] { return core.Run<v1::CheckInvarianceResponse>(Request())->state() == State::STATE_DONE; }));
 }
 
 // A spec sent with the request meets the server's limits, as SubmitRun's do.
@@ -137,12 +140,12 @@ TEST_F(AnalysisCoreTest, SpecRequestsMeetTheServerLimits) {
   AnalysisCore core(store_.get(), &analyzer_, AnalysisJobOptions{}, limits);
   v1::CheckInvarianceRequest req;
   req.mutable_spec()->mutable_training()->set_steps(100);
-  auto r = core.CheckInvariance(req);
+  auto r = core.Run<v1::CheckInvarianceResponse>(req);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(std::string(r.status().message()).rfind("spec: training.steps must be at most this server's", 0), 0u)
       << r.status();
   req.mutable_spec()->mutable_training()->set_steps(10);
-  EXPECT_TRUE(core.CheckInvariance(req).ok());
+  EXPECT_TRUE(core.Run<v1::CheckInvarianceResponse>(req).ok());
   analyzer_.Open();
 }
 
@@ -152,20 +155,20 @@ TEST_F(AnalysisCoreTest, RequestsAreValidatedAndJobsBounded) {
   AnalysisCore core(store_.get(), &analyzer_, one);
   auto bad = Request();
   bad.add_sample_sizes(512);  // not increasing
-  EXPECT_EQ(core.CheckInvariance(bad).status().message(), "sample_sizes must be strictly increasing, got 512 after 1024");
+  EXPECT_EQ(core.Run<v1::CheckInvarianceResponse>(bad).status().message(), "sample_sizes must be strictly increasing, got 512 after 1024");
   bad = Request();
   bad.set_coordinate_std(-1);
-  EXPECT_EQ(core.CheckInvariance(bad).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(core.Run<v1::CheckInvarianceResponse>(bad).status().code(), absl::StatusCode::kInvalidArgument);
   bad = Request();
   bad.set_sample_sizes(0, 3);
-  EXPECT_EQ(core.CheckInvariance(bad).status().message(), "sample_sizes[0] must be in [16, 4194304], got 3");
+  EXPECT_EQ(core.Run<v1::CheckInvarianceResponse>(bad).status().message(), "sample_sizes[0] must be in [16, 4194304], got 3");
   bad = Request();
   bad.set_run_id("r9");
-  EXPECT_EQ(core.CheckInvariance(bad).status().code(), absl::StatusCode::kNotFound);
-  ASSERT_TRUE(core.CheckInvariance(Request()).ok());
+  EXPECT_EQ(core.Run<v1::CheckInvarianceResponse>(bad).status().code(), absl::StatusCode::kNotFound);
+  ASSERT_TRUE(core.Run<v1::CheckInvarianceResponse>(Request()).ok());
   auto other = Request();
   other.set_seed(5);
-  EXPECT_EQ(core.CheckInvariance(other).status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(core.Run<v1::CheckInvarianceResponse>(other).status().code(), absl::StatusCode::kResourceExhausted);
   // Destroying the core cancels the running job instead of waiting for it.
 }
 

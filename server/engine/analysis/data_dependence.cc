@@ -13,6 +13,7 @@
 #include "server/engine/spec.h"
 #include "server/engine/tasks/block_task.h"
 #include "server/engine/train/trainer.h"
+#include "server/engine/analysis/registry.h"
 
 namespace circuitlab::engine {
 namespace {
@@ -240,5 +241,9 @@ absl::StatusOr<v1::CheckDataDependenceResponse> ImirDataDependence(const v1::Exp
   }
   return out;
 }
+
+// The analysis table's entry (analysis/registry.h).
+CIRCUITLAB_ENGINE_ANALYSIS("imir", v1::CheckDataDependenceRequest, v1::CheckDataDependenceResponse,
+                           [](const AnalysisInput& in, const v1::CheckDataDependenceRequest& r, const AnalysisProgress& progress, const CancelToken* cancel) { return ImirDataDependence(in.spec, r, progress, cancel); });
 
 }  // namespace circuitlab::engine

@@ -10,6 +10,8 @@
 #include "server/engine/train/latent_trainer.h"
 #include "server/engine/train/regression_trainer.h"
 #include "server/engine/train/trainer_base.h"
+#include "server/engine/analysis/decoder_analysis.h"
+#include "server/engine/analysis/registry.h"
 
 namespace circuitlab::engine {
 namespace {
@@ -628,5 +630,11 @@ absl::StatusOr<v1::InterveneResponse> InterveneRegression(const DecoderModel& mo
   }
   return response;
 }
+
+// The analysis table's entries (analysis/registry.h).
+CIRCUITLAB_ENGINE_ANALYSIS("latent", v1::InterveneRequest, v1::InterveneResponse,
+                           [](const AnalysisInput& in, const v1::InterveneRequest& r, const AnalysisProgress&, const CancelToken*) { return WithDecoder<LatentTaskGenerator>(in, [&](const DecoderModel& m, const LatentTaskGenerator& t) { return InterveneDecoder(m, t, r); }); });
+CIRCUITLAB_ENGINE_ANALYSIS("regression", v1::InterveneRequest, v1::InterveneResponse,
+                           [](const AnalysisInput& in, const v1::InterveneRequest& r, const AnalysisProgress&, const CancelToken*) { return WithDecoder<RegressionTaskGenerator>(in, [&](const DecoderModel& m, const RegressionTaskGenerator& t) { return InterveneRegression(m, t, r); }); });
 
 }  // namespace circuitlab::engine

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "server/engine/analysis/imir_analyses.h"
 #include "server/engine/analysis/imir_eval.h"
+#include "server/engine/analysis/registry.h"
 
 namespace circuitlab::engine {
 namespace {
@@ -291,5 +292,9 @@ absl::StatusOr<v1::DetectCircuitResponse> ImirDetectCircuit(const v1::Experiment
   Detection detection(*opened, std::move(*data), request, progress, cancel);
   return detection.Run(spec);
 }
+
+// The analysis table's entry (analysis/registry.h).
+CIRCUITLAB_ENGINE_ANALYSIS("imir", v1::DetectCircuitRequest, v1::DetectCircuitResponse,
+                           [](const AnalysisInput& in, const v1::DetectCircuitRequest& r, const AnalysisProgress& progress, const CancelToken* cancel) { return ImirDetectCircuit(in.spec, in.checkpoint(), r, progress, cancel); });
 
 }  // namespace circuitlab::engine

@@ -8,6 +8,7 @@
 #include "server/engine/analysis/imir_analyses.h"
 #include "server/engine/analysis/imir_eval.h"
 #include "server/engine/train/trainer.h"
+#include "server/engine/analysis/registry.h"
 
 namespace circuitlab::engine {
 namespace {
@@ -326,5 +327,9 @@ absl::StatusOr<v1::InterveneResponse> ImirIntervene(const v1::ExperimentSpec& sp
   }
   return response;
 }
+
+// The analysis table's entry (analysis/registry.h).
+CIRCUITLAB_ENGINE_ANALYSIS("imir", v1::InterveneRequest, v1::InterveneResponse,
+                           [](const AnalysisInput& in, const v1::InterveneRequest& r, const AnalysisProgress&, const CancelToken*) { return ImirIntervene(in.spec, in.checkpoint(), r, in.sources); });
 
 }  // namespace circuitlab::engine

@@ -6,6 +6,7 @@
 #include "server/engine/analysis/imir_eval.h"
 #include "server/engine/manifold/invariance.h"
 #include "server/engine/train/trainer.h"
+#include "server/engine/analysis/registry.h"
 
 namespace circuitlab::engine {
 namespace {
@@ -109,5 +110,9 @@ absl::StatusOr<v1::CheckInvarianceResponse> ImirInvariance(const v1::ExperimentS
   }
   return out;
 }
+
+// The analysis table's entry (analysis/registry.h).
+CIRCUITLAB_ENGINE_ANALYSIS("imir", v1::CheckInvarianceRequest, v1::CheckInvarianceResponse,
+                           [](const AnalysisInput& in, const v1::CheckInvarianceRequest& r, const AnalysisProgress& progress, const CancelToken* cancel) { return ImirInvariance(in.spec, r, progress, cancel); });
 
 }  // namespace circuitlab::engine

@@ -13,6 +13,7 @@
 #include "server/engine/analysis/imir_analyses.h"
 #include "server/engine/analysis/imir_eval.h"
 #include "server/engine/train/trainer.h"
+#include "server/engine/analysis/registry.h"
 
 namespace circuitlab::engine {
 namespace {
@@ -281,5 +282,9 @@ absl::StatusOr<v1::LabelRunResponse> ImirLabelRun(const v1::ExperimentSpec& spec
   if (progress) progress(1.0);
   return report;
 }
+
+// The analysis table's entry (analysis/registry.h).
+CIRCUITLAB_ENGINE_ANALYSIS("imir", v1::LabelRunRequest, v1::LabelRunResponse,
+                           [](const AnalysisInput& in, const v1::LabelRunRequest& r, const AnalysisProgress& progress, const CancelToken* cancel) { return ImirLabelRun(in.spec, in.checkpoints, r, progress, cancel); });
 
 }  // namespace circuitlab::engine

@@ -5,6 +5,7 @@
 #include "server/engine/analysis/imir_analyses.h"
 #include "server/engine/analysis/imir_eval.h"
 #include "server/engine/train/trainer.h"
+#include "server/engine/analysis/registry.h"
 
 namespace circuitlab::engine {
 
@@ -35,5 +36,9 @@ absl::StatusOr<v1::ProjectCheckpointResponse> ImirProject(const v1::ExperimentSp
           : Project(*model, 0, BuildBasis(sym, m.num_layers(), m.num_heads(), Selection::kComplete)).rho());
   return out;
 }
+
+// The analysis table's entry (analysis/registry.h).
+CIRCUITLAB_ENGINE_ANALYSIS("imir", v1::ProjectCheckpointRequest, v1::ProjectCheckpointResponse,
+                           [](const AnalysisInput& in, const v1::ProjectCheckpointRequest& r, const AnalysisProgress&, const CancelToken*) { return ImirProject(in.spec, in.checkpoint(), r); });
 
 }  // namespace circuitlab::engine

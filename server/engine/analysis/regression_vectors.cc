@@ -8,6 +8,8 @@
 #include "server/engine/torch_util.h"
 #include "server/engine/train/regression_trainer.h"
 #include "server/engine/train/trainer_base.h"
+#include "server/engine/analysis/decoder_analysis.h"
+#include "server/engine/analysis/registry.h"
 
 namespace circuitlab::engine {
 namespace {
@@ -334,5 +336,12 @@ absl::StatusOr<v1::AnalyzeTaskVectorsResponse> RunRegressionAnalyses(const Decod
   }
   return report;
 }
+
+// The analysis table's entry (analysis/registry.h).
+CIRCUITLAB_ENGINE_ANALYSIS("regression", v1::AnalyzeTaskVectorsRequest, v1::AnalyzeTaskVectorsResponse,
+                           [](const AnalysisInput& in, const v1::AnalyzeTaskVectorsRequest& r, const AnalysisProgress& progress, const CancelToken* cancel) -> absl::StatusOr<v1::AnalyzeTaskVectorsResponse> {
+  at::set_num_threads(1);
+  if (absl::Status s = CheckVectorRequest(in.spec, r); !s.ok()) return s;
+  return WithDecoder<RegressionTaskGenerator>(in, [&](const DecoderModel& m, const RegressionTaskGenerator& t) { return RunRegressionAnalyses(m, t, r, progress, cancel); }); });
 
 }  // namespace circuitlab::engine

@@ -8,6 +8,8 @@
 #include "server/engine/torch_util.h"
 #include "server/engine/train/latent_trainer.h"
 #include "server/engine/train/trainer_base.h"
+#include "server/engine/analysis/decoder_analysis.h"
+#include "server/engine/analysis/registry.h"
 
 namespace circuitlab::engine {
 namespace {
@@ -786,5 +788,12 @@ absl::StatusOr<v1::AnalyzeTaskVectorsResponse> RunTaskVectorAnalyses(const Decod
   }
   return report;
 }
+
+// The analysis table's entry (analysis/registry.h).
+CIRCUITLAB_ENGINE_ANALYSIS("latent", v1::AnalyzeTaskVectorsRequest, v1::AnalyzeTaskVectorsResponse,
+                           [](const AnalysisInput& in, const v1::AnalyzeTaskVectorsRequest& r, const AnalysisProgress& progress, const CancelToken* cancel) -> absl::StatusOr<v1::AnalyzeTaskVectorsResponse> {
+  at::set_num_threads(1);
+  if (absl::Status s = CheckVectorRequest(in.spec, r); !s.ok()) return s;
+  return WithDecoder<LatentTaskGenerator>(in, [&](const DecoderModel& m, const LatentTaskGenerator& t) { return RunTaskVectorAnalyses(m, t, r, progress, cancel); }); });
 
 }  // namespace circuitlab::engine

@@ -1,6 +1,7 @@
 #include "server/engine/families/family.h"
 
 #include "absl/strings/str_cat.h"
+#include "server/engine/analysis/registry.h"
 #include "server/engine/tasks/catalog.h"
 
 namespace circuitlab::engine {
@@ -8,7 +9,7 @@ namespace circuitlab::engine {
 absl::Status ModelFamily::Lacks(std::string_view analysis) const {
   return absl::FailedPreconditionError(absl::StrCat(std::string(analysis), " is not an analysis of the ",
                                                     std::string(name()), " model family; it has ",
-                                                    std::string(offers())));
+                                                    AnalysesOf(name())));
 }
 
 const ModelFamily& FamilyOf(const v1::ExperimentSpec& spec) {

@@ -4,9 +4,10 @@
 // on a DICE, MARKOV or DYCK latent task (task vectors, hook-point
 // interventions); `regression` the decoder on continuous-token regression
 // (E2). A family says which trainer a run trains with, what it records
-// beside its metrics, its evaluation metric names, and which analyses it
-// answers and how: an analysis a family lacks is FailedPrecondition naming
-// the family and what it has instead. `FamilyOf` is the one place the engine
+// beside its metrics and its evaluation metric names. Which analyses it
+// answers, and how, is the analysis table's (analysis/registry.h: each
+// analysis registers itself for the families it serves); an analysis a
+// family lacks is FailedPrecondition naming the family and what it has. `FamilyOf` is the one place the engine
 // tells models apart; one file per family (imir.cc, latent.cc,
 // regression.cc; the two decoder families share decoder_family.h).
 // Engine-private (includes LibTorch).
@@ -19,7 +20,6 @@
 #include <string_view>
 #include <vector>
 
-#include "server/engine/analysis/imir_analyses.h"
 #include "server/engine/train/run_loop.h"
 #include "server/engine/train/trainer_base.h"
 
@@ -29,8 +29,6 @@ class ModelFamily {
  public:
   virtual ~ModelFamily() = default;
   virtual std::string_view name() const = 0;
-  // The analyses this family has, for the FailedPrecondition of the others.
-  virtual std::string_view offers() const = 0;
 
   // The trainer of a resolved spec's members (one per seed), not yet
   // evaluated or restored.
@@ -46,48 +44,8 @@ class ModelFamily {
   // Every evaluation metric a run of `resolved` reports ("eval/<set>/<name>").
   virtual std::vector<std::string> EvalMetricNames(const v1::ExperimentSpec& resolved) const = 0;
 
-  virtual absl::StatusOr<v1::ProjectCheckpointResponse> ProjectCheckpoint(
-      const v1::ExperimentSpec& spec, const std::string& checkpoint,
-      const v1::ProjectCheckpointRequest& request) const {
-    return Lacks("ProjectCheckpoint");
-  }
-  virtual absl::StatusOr<v1::CheckInvarianceResponse> CheckInvariance(const v1::ExperimentSpec& spec,
-                                                                      const v1::CheckInvarianceRequest& request,
-                                                                      const AnalysisProgress& progress,
-                                                                      const CancelToken* cancel) const {
-    return Lacks("CheckInvariance");
-  }
-  virtual absl::StatusOr<v1::DetectCircuitResponse> DetectCircuit(const v1::ExperimentSpec& spec,
-                                                                  const std::string& checkpoint,
-                                                                  const v1::DetectCircuitRequest& request,
-                                                                  const AnalysisProgress& progress,
-                                                                  const CancelToken* cancel) const {
-    return Lacks("DetectCircuit");
-  }
-  virtual absl::StatusOr<v1::InterveneResponse> Intervene(const v1::ExperimentSpec& spec, const std::string& checkpoint,
-                                                          const v1::InterveneRequest& request,
-                                                          const std::map<int, StoredCheckpoint>& swap_sources) const {
-    return Lacks("Intervene");
-  }
-  virtual absl::StatusOr<v1::CheckDataDependenceResponse> CheckDataDependence(
-      const v1::ExperimentSpec& spec, const v1::CheckDataDependenceRequest& request, const AnalysisProgress& progress,
-      const CancelToken* cancel) const {
-    return Lacks("CheckDataDependence");
-  }
-  virtual absl::StatusOr<v1::AnalyzeTaskVectorsResponse> AnalyzeTaskVectors(
-      const v1::ExperimentSpec& spec, const std::string& checkpoint, const v1::AnalyzeTaskVectorsRequest& request,
-      const AnalysisProgress& progress, const CancelToken* cancel) const {
-    return Lacks("AnalyzeTaskVectors");
-  }
-  virtual absl::StatusOr<v1::LabelRunResponse> LabelRun(const v1::ExperimentSpec& spec,
-                                                        const std::vector<std::pair<int64_t, std::string>>& checkpoints,
-                                                        const v1::LabelRunRequest& request,
-                                                        const AnalysisProgress& progress,
-                                                        const CancelToken* cancel) const {
-    return Lacks("LabelRun");
-  }
-
- protected:
+  // FailedPrecondition: `analysis` is not one of this family's (naming the
+  // ones it has, from the analysis table).
   absl::Status Lacks(std::string_view analysis) const;
 };
 

@@ -53,9 +53,6 @@ class ManifoldRecorder final : public StepRecorder {
 class Imir final : public ModelFamily {
  public:
   std::string_view name() const override { return "imir"; }
-  std::string_view offers() const override {
-    return "ProjectCheckpoint, CheckInvariance, DetectCircuit, Intervene, LabelRun and CheckDataDependence";
-  }
   std::unique_ptr<TrainerBase> MakeTrainer(const v1::ExperimentSpec& resolved, const std::vector<uint64_t>& seeds,
                                            torch::Device device) const override {
     return std::make_unique<EnsembleTrainer>(resolved, seeds, device);
@@ -79,40 +76,6 @@ class Imir final : public ModelFamily {
       if (!info.alt_name.empty()) out.push_back("eval/" + info.name + "/" + info.alt_name + "_accuracy");
     }
     return out;
-  }
-  absl::StatusOr<v1::ProjectCheckpointResponse> ProjectCheckpoint(
-      const v1::ExperimentSpec& spec, const std::string& checkpoint,
-      const v1::ProjectCheckpointRequest& request) const override {
-    return ImirProject(spec, checkpoint, request);
-  }
-  absl::StatusOr<v1::CheckInvarianceResponse> CheckInvariance(const v1::ExperimentSpec& spec,
-                                                              const v1::CheckInvarianceRequest& request,
-                                                              const AnalysisProgress& progress,
-                                                              const CancelToken* cancel) const override {
-    return ImirInvariance(spec, request, progress, cancel);
-  }
-  absl::StatusOr<v1::DetectCircuitResponse> DetectCircuit(const v1::ExperimentSpec& spec, const std::string& checkpoint,
-                                                          const v1::DetectCircuitRequest& request,
-                                                          const AnalysisProgress& progress,
-                                                          const CancelToken* cancel) const override {
-    return ImirDetectCircuit(spec, checkpoint, request, progress, cancel);
-  }
-  absl::StatusOr<v1::InterveneResponse> Intervene(const v1::ExperimentSpec& spec, const std::string& checkpoint,
-                                                  const v1::InterveneRequest& request,
-                                                  const std::map<int, StoredCheckpoint>& sources) const override {
-    return ImirIntervene(spec, checkpoint, request, sources);
-  }
-  absl::StatusOr<v1::CheckDataDependenceResponse> CheckDataDependence(const v1::ExperimentSpec& spec,
-                                                                      const v1::CheckDataDependenceRequest& request,
-                                                                      const AnalysisProgress& progress,
-                                                                      const CancelToken* cancel) const override {
-    return ImirDataDependence(spec, request, progress, cancel);
-  }
-  absl::StatusOr<v1::LabelRunResponse> LabelRun(const v1::ExperimentSpec& spec,
-                                                const std::vector<std::pair<int64_t, std::string>>& checkpoints,
-                                                const v1::LabelRunRequest& request, const AnalysisProgress& progress,
-                                                const CancelToken* cancel) const override {
-    return ImirLabelRun(spec, checkpoints, request, progress, cancel);
   }
 };
 

@@ -1,14 +1,12 @@
 // The latent family: the decoder on a DICE, MARKOV or DYCK latent task
 // (SCIENCE.md A.2, B.2): next-token CE, task vectors, hook-point interventions.
-#include "server/engine/analysis/decoder_interventions.h"
-#include "server/engine/analysis/task_vectors.h"
 #include "server/engine/families/decoder_family.h"
 
 namespace circuitlab::engine {
 
 const ModelFamily& LatentFamily() {
   static const DecoderFamily<LatentTaskGenerator, LatentTrainer> family(
-      "latent", InterveneDecoder, RunTaskVectorAnalyses, {"loss", "accuracy", "bayes_loss"});
+      "latent", {"loss", "accuracy", "bayes_loss"});
   return family;
 }
 

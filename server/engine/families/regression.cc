@@ -1,8 +1,6 @@
 // The regression family: the decoder on continuous-token linear regression
 // (SCIENCE.md E2): squared error against the Bayes, retrieval and ridge
 // predictors, task vectors, hook-point interventions.
-#include "server/engine/analysis/decoder_interventions.h"
-#include "server/engine/analysis/regression_vectors.h"
 #include "server/engine/families/decoder_family.h"
 #include "server/engine/train/regression_trainer.h"
 
@@ -10,8 +8,7 @@ namespace circuitlab::engine {
 
 const ModelFamily& RegressionFamily() {
   static const DecoderFamily<RegressionTaskGenerator, RegressionTrainer> family(
-      "regression", InterveneRegression, RunRegressionAnalyses,
-      {"loss", "bayes_loss", "retrieval_loss", "ridge_loss", "to_retrieval", "to_ridge"});
+      "regression", {"loss", "bayes_loss", "retrieval_loss", "ridge_loss", "to_retrieval", "to_ridge"});
   return family;
 }
 

@@ -1,6 +1,7 @@
 // CheckDataDependence: Theorems 2 and 3 numerically (SCIENCE.md D.4, E.6,
 // E.7) over a grid of data statistics; validation, defaults, the job.
 #include "server/scheduler/analysis_core.h"
+#include "server/scheduler/analysis_table.h"
 
 #include <cmath>
 
@@ -11,9 +12,10 @@
 
 namespace circuitlab::scheduler {
 
-absl::StatusOr<v1::CheckDataDependenceResponse> AnalysisCore::CheckDataDependence(
-    const v1::CheckDataDependenceRequest& request, const Requester& owner) {
-  CL_ASSIGN_OR_RETURN(auto target, TargetSpec(request.run_id(), request.has_spec() ? &request.spec() : nullptr));
+namespace {
+
+absl::StatusOr<AnalysisPlan<v1::CheckDataDependenceResponse>> PlanCheckDataDependence(AnalysisCore& core, const v1::CheckDataDependenceRequest& request) {
+  CL_ASSIGN_OR_RETURN(auto target, core.TargetSpec(request.run_id(), request.has_spec() ? &request.spec() : nullptr));
   const int64_t id = target.first;
   const v1::ExperimentSpec& spec = target.second;
   const bool recall = spec.task().has_associative_recall() || spec.task().kind_case() == v1::TaskSpec::KIND_NOT_SET;
@@ -90,17 +92,20 @@ absl::StatusOr<v1::CheckDataDependenceResponse> AnalysisCore::CheckDataDependenc
       return absl::InvalidArgumentError(field + ".delta must be in [-100, 100], got " + std::to_string(p->delta()));
     }
   }
-  AnalysisWork work = [this, spec, canonical](const std::function<void(double)>& progress,
-                                              const CancelToken* cancel) -> absl::StatusOr<std::string> {
-    CL_ASSIGN_OR_RETURN(v1::CheckDataDependenceResponse done,
-                        analyzer_->CheckDataDependence(spec, canonical, progress, cancel));
-    done.set_state(v1::ANALYSIS_STATE_DONE);
-    done.set_progress(1.0);
-    return done.SerializeAsString();
+  AnalysisPlan<v1::CheckDataDependenceResponse> plan;
+  plan.run_id = id;
+  plan.key = canonical.SerializeAsString();
+  plan.memory_bytes = JobMemory(spec, 0);
+  plan.work = [analyzer = &core.analyzer(), input = engine::AnalysisInput{spec, {}, {}}, canonical](
+                  const std::function<void(double)>& progress,
+                  const CancelToken* cancel) -> absl::StatusOr<v1::CheckDataDependenceResponse> {
+    return engine::Analyze<v1::CheckDataDependenceResponse>(*analyzer, input, canonical, progress, cancel);
   };
-  CL_ASSIGN_OR_RETURN(AnalysisAnswer a, Enqueue("data_dependence", id, canonical.SerializeAsString(), request.force(),
-                                                owner, JobMemory(spec, 0), std::move(work)));
-  return ResponseFromAnswer<v1::CheckDataDependenceResponse>(a);
+  return plan;
 }
+
+}  // namespace
+
+CIRCUITLAB_JOB_ANALYSIS("data_dependence", v1::CheckDataDependenceRequest, v1::CheckDataDependenceResponse, PlanCheckDataDependence);
 
 }  // namespace circuitlab::scheduler

@@ -4,12 +4,14 @@
 #include "server/common/text.h"
 #include "server/scheduler/analyses/analysis_util.h"
 #include "server/scheduler/analysis_core.h"
+#include "server/scheduler/analysis_table.h"
 #include "server/scheduler/scheduler.h"
 
 namespace circuitlab::scheduler {
 
-absl::StatusOr<v1::DetectCircuitResponse> AnalysisCore::DetectCircuit(const v1::DetectCircuitRequest& request,
-                                                                      const Requester& owner) {
+namespace {
+
+absl::StatusOr<AnalysisPlan<v1::DetectCircuitResponse>> PlanDetectCircuit(AnalysisCore& core, const v1::DetectCircuitRequest& request) {
   CL_ASSIGN_OR_RETURN(int64_t id, ParseRunId(request.run_id()));
   CL_RETURN_IF_ERROR(CheckSelection(request.selection()));
   CL_RETURN_IF_ERROR(CheckEvalSize(request.n_eval(), kMinEval, "n_eval"));
@@ -40,7 +42,7 @@ absl::StatusOr<v1::DetectCircuitResponse> AnalysisCore::DetectCircuit(const v1::
     return absl::InvalidArgumentError("max_evals must be in [1, 100000] (0 = default), got " +
                                       std::to_string(request.max_evals()));
   }
-  CL_ASSIGN_OR_RETURN(auto found, RunCheckpoint(id, request.step(), request.run_id()));
+  CL_ASSIGN_OR_RETURN(auto found, core.RunCheckpoint(id, request.step(), request.run_id()));
   CL_RETURN_IF_ERROR(NeedsImir(found.first, "DetectCircuit"));
   const v1::ExperimentSpec& spec = found.first;
   // The canonical request: every default resolved, force dropped.
@@ -71,20 +73,25 @@ absl::StatusOr<v1::DetectCircuitResponse> AnalysisCore::DetectCircuit(const v1::
                                         std::to_string(k) + " (use magnitude_asc)");
     }
   }
-  AnalysisWork work = [this, spec, bytes = std::move(found.second.bytes), canonical](
-                          const std::function<void(double)>& progress,
-                          const CancelToken* cancel) -> absl::StatusOr<std::string> {
+  AnalysisPlan<v1::DetectCircuitResponse> plan;
+  plan.run_id = id;
+  plan.key = canonical.SerializeAsString();
+  plan.memory_bytes = JobMemory(spec, 0);
+  engine::AnalysisInput input{spec, {{found.second.step, std::move(found.second.bytes)}}, {}};
+  plan.work = [analyzer = &core.analyzer(), input = std::move(input), canonical](
+                  const std::function<void(double)>& progress,
+                  const CancelToken* cancel) -> absl::StatusOr<v1::DetectCircuitResponse> {
     CL_ASSIGN_OR_RETURN(v1::DetectCircuitResponse done,
-                        analyzer_->DetectCircuit(spec, bytes, canonical, progress, cancel));
-    done.set_state(v1::ANALYSIS_STATE_DONE);
-    done.set_progress(1.0);
+                        engine::Analyze<v1::DetectCircuitResponse>(*analyzer, input, canonical, progress, cancel));
     done.set_step(canonical.step());
     done.set_metric(canonical.metric());
-    return done.SerializeAsString();
+    return done;
   };
-  CL_ASSIGN_OR_RETURN(AnalysisAnswer a, Enqueue("detect_circuit", id, canonical.SerializeAsString(), request.force(),
-                                                owner, JobMemory(spec, 0), std::move(work)));
-  return ResponseFromAnswer<v1::DetectCircuitResponse>(a);
+  return plan;
 }
+
+}  // namespace
+
+CIRCUITLAB_JOB_ANALYSIS("detect_circuit", v1::DetectCircuitRequest, v1::DetectCircuitResponse, PlanDetectCircuit);
 
 }  // namespace circuitlab::scheduler

@@ -7,6 +7,7 @@
 #include "server/common/status_macros.h"
 #include "server/scheduler/analyses/analysis_util.h"
 #include "server/scheduler/analysis_core.h"
+#include "server/scheduler/analysis_table.h"
 #include "server/scheduler/scheduler.h"
 
 namespace circuitlab::scheduler {
@@ -94,8 +95,9 @@ absl::Status CheckPatch(const v1::PatchSweep& patch, const v1::ExperimentSpec& s
 
 }  // namespace
 
-absl::StatusOr<v1::InterveneResponse> AnalysisCore::Intervene(const v1::InterveneRequest& request,
-                                                              const Requester& owner) {
+namespace {
+
+absl::StatusOr<AnalysisPlan<v1::InterveneResponse>> PlanIntervene(AnalysisCore& core, const v1::InterveneRequest& request) {
   CL_ASSIGN_OR_RETURN(int64_t id, ParseRunId(request.run_id()));
   CL_RETURN_IF_ERROR(CheckSelection(request.selection()));
   CL_RETURN_IF_ERROR(CheckEvalSize(request.n_eval(), 16, "n_eval"));
@@ -111,7 +113,7 @@ absl::StatusOr<v1::InterveneResponse> AnalysisCore::Intervene(const v1::Interven
     return absl::InvalidArgumentError("eval_sets must have at most 16 entries, got " +
                                       std::to_string(request.eval_sets_size()));
   }
-  CL_ASSIGN_OR_RETURN(auto found, RunCheckpoint(id, request.step(), request.run_id()));
+  CL_ASSIGN_OR_RETURN(auto found, core.RunCheckpoint(id, request.step(), request.run_id()));
   const v1::ExperimentSpec& spec = found.first;
   const bool decoder = spec.model().kind_case() == v1::ModelSpec::kDecoder;
   v1::InterveneRequest canonical = request;
@@ -130,7 +132,7 @@ absl::StatusOr<v1::InterveneResponse> AnalysisCore::Intervene(const v1::Interven
     CL_RETURN_IF_ERROR(CheckOp(*in, field, decoder));
     if (IsActivationOp(in->op())) {
       const uint64_t need = ReferenceBytes(spec, canonical.n_eval());
-      if (need > limits_.max_run_memory_bytes) {
+      if (need > core.limits().max_run_memory_bytes) {
         return absl::ResourceExhaustedError(field + ": the reference activations need about " +
                                             std::to_string(need >> 20) + " MiB, more than --max-run-memory-mb; "
                                             "lower n_eval");
@@ -139,7 +141,7 @@ absl::StatusOr<v1::InterveneResponse> AnalysisCore::Intervene(const v1::Interven
     }
     if (in->op() == v1::Intervention::OP_SWAP_COORDINATES) {
       CL_ASSIGN_OR_RETURN(int64_t source, ParseRunId(in->source_run_id(), field + ".source_run_id"));
-      CL_ASSIGN_OR_RETURN(auto src, RunCheckpoint(source, in->source_step(), in->source_run_id()));
+      CL_ASSIGN_OR_RETURN(auto src, core.RunCheckpoint(source, in->source_step(), in->source_run_id()));
       CL_RETURN_IF_ERROR(NeedsImir(src.first, "Intervene (swap)"));
       in->set_source_run_id(FormatRunId(source));
       in->set_source_step(static_cast<uint64_t>(src.second.step));
@@ -169,18 +171,25 @@ absl::StatusOr<v1::InterveneResponse> AnalysisCore::Intervene(const v1::Interven
   const uint64_t memory =
       JobMemory(spec, reference_bytes + 8ULL * canonical.n_eval() * engine::ShapeOf(spec).seq_len *
                                              static_cast<uint64_t>(engine::ShapeOf(spec).vocab));
-  AnalysisWork work = [this, spec, bytes = std::move(found.second.bytes), sources = std::move(swap_sources), canonical](
-                          const std::function<void(double)>&, const CancelToken*) -> absl::StatusOr<std::string> {
-    CL_ASSIGN_OR_RETURN(v1::InterveneResponse done, analyzer_->Intervene(spec, bytes, canonical, sources));
-    done.set_state(v1::ANALYSIS_STATE_DONE);
-    done.set_progress(1.0);
+  AnalysisPlan<v1::InterveneResponse> plan;
+  plan.run_id = id;
+  plan.key = canonical.SerializeAsString();
+  plan.memory_bytes = memory;
+  engine::AnalysisInput input{spec, {{found.second.step, std::move(found.second.bytes)}}, std::move(swap_sources)};
+  plan.work = [analyzer = &core.analyzer(), input = std::move(input), canonical](
+                  const std::function<void(double)>& progress,
+                  const CancelToken* cancel) -> absl::StatusOr<v1::InterveneResponse> {
+    CL_ASSIGN_OR_RETURN(v1::InterveneResponse done,
+                        engine::Analyze<v1::InterveneResponse>(*analyzer, input, canonical, progress, cancel));
     done.set_run_id(canonical.run_id());
     done.set_step(canonical.step());
-    return done.SerializeAsString();
+    return done;
   };
-  CL_ASSIGN_OR_RETURN(AnalysisAnswer a, Enqueue("intervene", id, canonical.SerializeAsString(), request.force(), owner,
-                                                memory, std::move(work)));
-  return ResponseFromAnswer<v1::InterveneResponse>(a);
+  return plan;
 }
+
+}  // namespace
+
+CIRCUITLAB_JOB_ANALYSIS("intervene", v1::InterveneRequest, v1::InterveneResponse, PlanIntervene);
 
 }  // namespace circuitlab::scheduler

@@ -1,6 +1,7 @@
 // CheckInvariance: Theorem 1 numerically (SCIENCE.md C.6, E.2) on a run's or
 // a sent spec's task and model; validation, canonical request, the job.
 #include "server/scheduler/analysis_core.h"
+#include "server/scheduler/analysis_table.h"
 
 #include <vector>
 
@@ -13,8 +14,9 @@ constexpr int kMaxLadder = 12;
 constexpr uint64_t kMinSamples = 16, kMaxSamples = 1 << 22;
 const std::vector<uint64_t> kDefaultLadder = {256, 1024, 4096, 16384, 65536, 262144};
 
-absl::StatusOr<v1::CheckInvarianceResponse> AnalysisCore::CheckInvariance(const v1::CheckInvarianceRequest& request,
-                                                                          const Requester& owner) {
+namespace {
+
+absl::StatusOr<AnalysisPlan<v1::CheckInvarianceResponse>> PlanCheckInvariance(AnalysisCore& core, const v1::CheckInvarianceRequest& request) {
   if (request.has_spec() && !request.run_id().empty()) {
     return absl::InvalidArgumentError("give run_id or spec, not both");
   }
@@ -40,7 +42,7 @@ absl::StatusOr<v1::CheckInvarianceResponse> AnalysisCore::CheckInvariance(const 
     return absl::InvalidArgumentError("coordinate_std must be in (0, 100] (0 means 1), got " +
                                       std::to_string(request.coordinate_std()));
   }
-  CL_ASSIGN_OR_RETURN(auto target, TargetSpec(request.run_id(), request.has_spec() ? &request.spec() : nullptr));
+  CL_ASSIGN_OR_RETURN(auto target, core.TargetSpec(request.run_id(), request.has_spec() ? &request.spec() : nullptr));
   const int64_t id = target.first;
   v1::ExperimentSpec spec = std::move(target.second);
   CL_RETURN_IF_ERROR(NeedsImir(spec, "CheckInvariance"));
@@ -61,19 +63,20 @@ absl::StatusOr<v1::CheckInvarianceResponse> AnalysisCore::CheckInvariance(const 
   canonical.set_seed(request.seed() == 0 ? spec.seed() : request.seed());
   canonical.set_controls(request.controls());
   canonical.set_sgd_corollary(request.sgd_corollary());
-  const uint64_t memory = JobMemory(spec, 0);
-  AnalysisWork work = [this, spec = std::move(spec), canonical](
-                          const std::function<void(double)>& progress,
-                          const CancelToken* cancel) -> absl::StatusOr<std::string> {
-    CL_ASSIGN_OR_RETURN(v1::CheckInvarianceResponse done,
-                        analyzer_->CheckInvariance(spec, canonical, progress, cancel));
-    done.set_state(v1::CheckInvarianceResponse::STATE_DONE);
-    done.set_progress(1.0);
-    return done.SerializeAsString();
+  AnalysisPlan<v1::CheckInvarianceResponse> plan;
+  plan.run_id = id;
+  plan.key = canonical.SerializeAsString();
+  plan.memory_bytes = JobMemory(spec, 0);
+  plan.work = [analyzer = &core.analyzer(), input = engine::AnalysisInput{std::move(spec), {}, {}}, canonical](
+                  const std::function<void(double)>& progress,
+                  const CancelToken* cancel) -> absl::StatusOr<v1::CheckInvarianceResponse> {
+    return engine::Analyze<v1::CheckInvarianceResponse>(*analyzer, input, canonical, progress, cancel);
   };
-  CL_ASSIGN_OR_RETURN(AnalysisAnswer a, Enqueue("invariance", id, canonical.SerializeAsString(), request.force(), owner,
-                                                memory, std::move(work)));
-  return ResponseFromAnswer<v1::CheckInvarianceResponse>(a);
+  return plan;
 }
+
+}  // namespace
+
+CIRCUITLAB_JOB_ANALYSIS("invariance", v1::CheckInvarianceRequest, v1::CheckInvarianceResponse, PlanCheckInvariance);
 
 }  // namespace circuitlab::scheduler

@@ -1,6 +1,7 @@
 // LabelRun: ICL vs IWL (D.2) and the winning layer pair (D.3) at every stored
 // checkpoint of a run, as an analysis job.
 #include "server/scheduler/analysis_core.h"
+#include "server/scheduler/analysis_table.h"
 
 #include <optional>
 
@@ -11,15 +12,16 @@
 
 namespace circuitlab::scheduler {
 
-absl::StatusOr<v1::LabelRunResponse> AnalysisCore::LabelRun(const v1::LabelRunRequest& request,
-                                                            const Requester& owner) {
+namespace {
+
+absl::StatusOr<AnalysisPlan<v1::LabelRunResponse>> PlanLabelRun(AnalysisCore& core, const v1::LabelRunRequest& request) {
   CL_ASSIGN_OR_RETURN(int64_t id, ParseRunId(request.run_id()));
   CL_RETURN_IF_ERROR(CheckEvalSize(request.n_eval(), kMinEval, "n_eval"));
-  CL_ASSIGN_OR_RETURN(store::RunRow row, store_->GetRun(id));
+  CL_ASSIGN_OR_RETURN(store::RunRow row, core.store().GetRun(id));
   v1::ExperimentSpec spec;
   if (!spec.ParseFromString(row.spec)) return absl::DataLossError("stored spec of " + request.run_id() + " does not parse");
   CL_RETURN_IF_ERROR(NeedsImir(spec, "LabelRun"));
-  CL_ASSIGN_OR_RETURN(std::vector<int64_t> steps, store_->CheckpointSteps(id));
+  CL_ASSIGN_OR_RETURN(std::vector<int64_t> steps, core.store().CheckpointSteps(id));
   if (steps.empty()) return absl::FailedPreconditionError("run " + request.run_id() + " has no checkpoint yet");
   // The canonical request names the checkpoints it labels, so a run that
   // gains checkpoints is labelled afresh.
@@ -30,21 +32,25 @@ absl::StatusOr<v1::LabelRunResponse> AnalysisCore::LabelRun(const v1::LabelRunRe
   // recomputed, not served.
   std::string key = canonical.SerializeAsString() + "/pair-paths-2";
   for (int64_t s : steps) absl::StrAppend(&key, "/", s);
-  AnalysisWork work = [this, spec, id, steps, canonical](const std::function<void(double)>& progress,
-                                                         const CancelToken* cancel) -> absl::StatusOr<std::string> {
-    std::vector<std::pair<int64_t, std::string>> checkpoints;
+  AnalysisPlan<v1::LabelRunResponse> plan;
+  plan.run_id = id;
+  plan.key = std::move(key);
+  plan.memory_bytes = JobMemory(spec, 0);
+  plan.work = [store = &core.store(), analyzer = &core.analyzer(), spec, id, steps, canonical](
+                  const std::function<void(double)>& progress,
+                  const CancelToken* cancel) -> absl::StatusOr<v1::LabelRunResponse> {
+    engine::AnalysisInput input{spec, {}, {}};
     for (int64_t s : steps) {
-      CL_ASSIGN_OR_RETURN(std::optional<store::Checkpoint> c, store_->CheckpointAt(id, s));
-      if (c) checkpoints.emplace_back(s, std::move(c->bytes));
+      CL_ASSIGN_OR_RETURN(std::optional<store::Checkpoint> c, store->CheckpointAt(id, s));
+      if (c) input.checkpoints.emplace_back(s, std::move(c->bytes));
     }
-    CL_ASSIGN_OR_RETURN(v1::LabelRunResponse done, analyzer_->LabelRun(spec, checkpoints, canonical, progress, cancel));
-    done.set_state(v1::ANALYSIS_STATE_DONE);
-    done.set_progress(1.0);
-    return done.SerializeAsString();
+    return engine::Analyze<v1::LabelRunResponse>(*analyzer, input, canonical, progress, cancel);
   };
-  CL_ASSIGN_OR_RETURN(AnalysisAnswer a,
-                      Enqueue("label_run", id, key, request.force(), owner, JobMemory(spec, 0), std::move(work)));
-  return ResponseFromAnswer<v1::LabelRunResponse>(a);
+  return plan;
 }
+
+}  // namespace
+
+CIRCUITLAB_JOB_ANALYSIS("label_run", v1::LabelRunRequest, v1::LabelRunResponse, PlanLabelRun);
 
 }  // namespace circuitlab::scheduler

@@ -12,6 +12,7 @@
 #include "server/engine/tasks/catalog.h"
 #include "server/scheduler/analyses/analysis_util.h"
 #include "server/scheduler/analysis_core.h"
+#include "server/scheduler/analysis_table.h"
 #include "server/scheduler/scheduler.h"
 
 namespace circuitlab::scheduler {
@@ -299,10 +300,8 @@ absl::Status CheckTarget(const Target& t, const v1::AnalyzeTaskVectorsRequest& c
   return absl::OkStatus();
 }
 
-}  // namespace
-
-absl::StatusOr<v1::AnalyzeTaskVectorsResponse> AnalysisCore::AnalyzeTaskVectors(
-    const v1::AnalyzeTaskVectorsRequest& request, const Requester& owner) {
+absl::StatusOr<AnalysisPlan<v1::AnalyzeTaskVectorsResponse>> PlanTaskVectors(
+    AnalysisCore& core, const v1::AnalyzeTaskVectorsRequest& request) {
   const bool sweep = !request.sweep_id().empty();
   if (sweep == !request.run_id().empty()) return absl::InvalidArgumentError("give run_id or sweep_id (one of them)");
   if (sweep && (request.step() != 0 || request.all_checkpoints())) {
@@ -315,9 +314,9 @@ absl::StatusOr<v1::AnalyzeTaskVectorsResponse> AnalysisCore::AnalyzeTaskVectors(
   std::vector<Target> targets;
   int64_t store_id = store::Store::kNoRun;
   if (sweep) {
-    CL_ASSIGN_OR_RETURN(targets, SweepTargets(store_, request.sweep_id()));
+    CL_ASSIGN_OR_RETURN(targets, SweepTargets(&core.store(), request.sweep_id()));
   } else {
-    CL_ASSIGN_OR_RETURN(Target t, RunTarget(store_, request));
+    CL_ASSIGN_OR_RETURN(Target t, RunTarget(&core.store(), request));
     store_id = t.id;
     targets.push_back(std::move(t));
   }
@@ -334,11 +333,11 @@ absl::StatusOr<v1::AnalyzeTaskVectorsResponse> AnalysisCore::AnalyzeTaskVectors(
     const uint64_t need = EstimateBytes(t.spec, c);
     // Targets run one after the other: the job holds the largest at once.
     memory = std::max(memory, engine::EstimateRunMemoryBytes(t.spec) + need);
-    if (need > limits_.max_run_memory_bytes) {
+    if (need > core.limits().max_run_memory_bytes) {
       return absl::ResourceExhaustedError(
           "this analysis keeps about " + std::to_string(need >> 20) + " MiB of hidden states for " +
           FormatRunId(t.id) + ", more than this server's --max-run-memory-mb (" +
-          std::to_string(limits_.max_run_memory_bytes >> 20) +
+          std::to_string(core.limits().max_run_memory_bytes >> 20) +
           " MiB); lower samples_per_cell, p3_samples, steering_samples, ood_tasks or ood_samples, or ask fewer layers");
     }
   }
@@ -351,18 +350,21 @@ absl::StatusOr<v1::AnalyzeTaskVectorsResponse> AnalysisCore::AnalyzeTaskVectors(
     for (int64_t s : t.steps) absl::StrAppend(&key, ":", s);
     total += static_cast<int64_t>(t.steps.size());
   }
-  AnalysisWork work = [this, targets, c, total](const std::function<void(double)>& progress,
-                                                const CancelToken* cancel) -> absl::StatusOr<std::string> {
+  AnalysisPlan<v1::AnalyzeTaskVectorsResponse> plan;
+  plan.run_id = store_id;
+  plan.key = std::move(key);
+  plan.memory_bytes = memory;
+  plan.work = [store = &core.store(), analyzer = &core.analyzer(), targets, c, total](
+                  const std::function<void(double)>& progress,
+                  const CancelToken* cancel) -> absl::StatusOr<v1::AnalyzeTaskVectorsResponse> {
     v1::AnalyzeTaskVectorsResponse done;
-    done.set_state(v1::ANALYSIS_STATE_DONE);
-    done.set_progress(1.0);
     *done.mutable_request() = c;
     int64_t finished = 0;
     for (const Target& t : targets) {
       v1::AnalyzeTaskVectorsRequest req = c;
       if (req.seed() == 0) req.set_seed(t.spec.seed());  // a sweep's runs: each its own seed
       for (int64_t step : t.steps) {
-        CL_ASSIGN_OR_RETURN(std::optional<store::Checkpoint> ckpt, store_->CheckpointAt(t.id, step));
+        CL_ASSIGN_OR_RETURN(std::optional<store::Checkpoint> ckpt, store->CheckpointAt(t.id, step));
         if (!ckpt) {
           return absl::NotFoundError("checkpoint " + std::to_string(step) + " of " + FormatRunId(t.id) +
                                      " is gone (deleted by keep_checkpoints?)");
@@ -370,8 +372,9 @@ absl::StatusOr<v1::AnalyzeTaskVectorsResponse> AnalysisCore::AnalyzeTaskVectors(
         auto sub = [&](double f) {
           if (progress) progress((static_cast<double>(finished) + f) / static_cast<double>(total));
         };
+        const engine::AnalysisInput input{t.spec, {{step, std::move(ckpt->bytes)}}, {}};
         CL_ASSIGN_OR_RETURN(v1::AnalyzeTaskVectorsResponse r,
-                            analyzer_->AnalyzeTaskVectors(t.spec, ckpt->bytes, req, sub, cancel));
+                            engine::Analyze<v1::AnalyzeTaskVectorsResponse>(*analyzer, input, req, sub, cancel));
         for (v1::TaskVectorValue& v : *r.mutable_values()) {
           v.set_run_id(FormatRunId(t.id));
           v.set_step(static_cast<uint64_t>(step));
@@ -381,13 +384,16 @@ absl::StatusOr<v1::AnalyzeTaskVectorsResponse> AnalysisCore::AnalyzeTaskVectors(
         ++finished;
       }
     }
-    return done.SerializeAsString();
+    return done;
   };
-  CL_ASSIGN_OR_RETURN(AnalysisAnswer answer, Enqueue("task_vectors", store_id, std::move(key), request.force(), owner,
-                                                     memory, std::move(work)));
-  CL_ASSIGN_OR_RETURN(v1::AnalyzeTaskVectorsResponse resp, ResponseFromAnswer<v1::AnalyzeTaskVectorsResponse>(answer));
-  if (!resp.from_store()) *resp.mutable_request() = c;
-  return resp;
+  // A pending answer shows the request as resolved (the CLI prints it).
+  plan.on_answer = [c](v1::AnalyzeTaskVectorsResponse* resp) { *resp->mutable_request() = c; };
+  return plan;
 }
+
+}  // namespace
+
+CIRCUITLAB_JOB_ANALYSIS("task_vectors", v1::AnalyzeTaskVectorsRequest, v1::AnalyzeTaskVectorsResponse,
+                        PlanTaskVectors);
 
 }  // namespace circuitlab::scheduler

@@ -1,0 +1,33 @@
+#include "server/engine/analysis/decoder_analysis.h"
+
+#include "server/engine/train/trainer_base.h"
+
+namespace circuitlab::engine {
+
+absl::StatusOr<std::unique_ptr<DecoderModel>> LoadDecoder(const v1::ExperimentSpec& spec,
+                                                          const std::string& checkpoint) {
+  std::unique_ptr<DecoderModel> model = MakeDecoder(spec, 1, torch::kCPU);
+  if (absl::Status s = LoadWeights(checkpoint, model->parameter_names(), model->parameters()); !s.ok()) return s;
+  for (torch::Tensor& p : model->parameters()) p.requires_grad_(false);
+  return model;
+}
+
+absl::Status CheckVectorRequest(const v1::ExperimentSpec& spec, const v1::AnalyzeTaskVectorsRequest& request) {
+  const int64_t layers = spec.model().decoder().num_layers();
+  for (const std::string& kind :
+       {request.hook(), request.estimation_hook(), request.injection_hook(), request.dissociation_hook()}) {
+    if (absl::StatusOr<HookPoint> p = ParseHookPoint("L0." + kind, layers);
+        !p.ok() || p->kind == HookPoint::Kind::kPattern || p->kind == HookPoint::Kind::kHead) {
+      return absl::InvalidArgumentError("hook '" + kind + "' must be post_mlp, post_attn or resid_pre");
+    }
+  }
+  for (uint32_t l : request.layers()) {
+    if (l >= layers) {
+      return absl::InvalidArgumentError("layers must be in [0, " + std::to_string(layers - 1) + "], got " +
+                                        std::to_string(l));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace circuitlab::engine

@@ -1,0 +1,37 @@
+// What the decoder families' analyses (task vectors, hook-point
+// interventions) share: a checkpoint loaded for analysis with its task, and
+// the request checks AnalyzeTaskVectors makes before it loads anything.
+// Engine-private (LibTorch).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "absl/status/statusor.h"
+#include "server/common/seeds.h"
+#include "server/engine/engine.h"
+#include "server/engine/models/decoder_model.h"
+
+namespace circuitlab::engine {
+
+// A decoder checkpoint loaded for analysis (one member, no gradients).
+absl::StatusOr<std::unique_ptr<DecoderModel>> LoadDecoder(const v1::ExperimentSpec& spec,
+                                                          const std::string& checkpoint);
+
+// f(model, task) on the input's checkpoint and its run's task (`Task`: the
+// family's task generator, built as the trainer builds it).
+template <typename Task, typename F>
+auto WithDecoder(const AnalysisInput& input, F f)
+    -> decltype(f(std::declval<const DecoderModel&>(), std::declval<const Task&>())) {
+  absl::StatusOr<std::unique_ptr<DecoderModel>> model = LoadDecoder(input.spec, input.checkpoint());
+  if (!model.ok()) return model.status();
+  const Task task(input.spec.task().latent(), PoolSeedOf(input.spec.seed()));
+  return f(**model, task);
+}
+
+// AnalyzeTaskVectors' hook kinds (post_mlp, post_attn or resid_pre) and
+// layers against the run's decoder: InvalidArgument naming the field.
+absl::Status CheckVectorRequest(const v1::ExperimentSpec& spec, const v1::AnalyzeTaskVectorsRequest& request);
+
+}  // namespace circuitlab::engine
