@@ -54,7 +54,7 @@ int main(int argc, char** argv) {
   for (auto add : {AddSubmit,     AddLs,        AddShow,      AddWatch,          AddCancel,
                    AddRm,         AddMetrics,   AddCoords,    AddOpen,           AddProject,
                    AddInvariance, AddSweep,     AddSweepShow, AddSweepCancel,    AddSweepSummary,
-                   AddDetect,     AddIntervene, AddLabel,     AddDataDependence, AddTaskVectors,
+                   AddDetect,     AddIntervene, AddLabel,     AddDataDependence, AddTaskVectors, AddAttention,
                    AddHealth,     AddWhoAmI,    AddAnalyses,  AddCancelAnalysis, AddWorkers}) {
     add(app, &chosen);
   }

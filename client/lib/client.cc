@@ -195,6 +195,11 @@ absl::StatusOr<v1::DetectCircuitResponse> Client::DetectCircuit(const v1::Detect
   return impl_->Call(impl_->analysis.get(), &v1::AnalysisService::Stub::DetectCircuit, request);
 }
 
+absl::StatusOr<v1::GetAttentionPatternsResponse> Client::GetAttentionPatterns(
+    const v1::GetAttentionPatternsRequest& request) {
+  return impl_->Call(impl_->analysis.get(), &v1::AnalysisService::Stub::GetAttentionPatterns, request);
+}
+
 absl::StatusOr<v1::InterveneResponse> Client::Intervene(const v1::InterveneRequest& request) {
   return impl_->Call(impl_->analysis.get(), &v1::AnalysisService::Stub::Intervene, request);
 }

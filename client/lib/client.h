@@ -79,6 +79,7 @@ class Client {
   absl::StatusOr<v1::LabelRunResponse> LabelRun(const v1::LabelRunRequest& request);
   absl::StatusOr<v1::CheckDataDependenceResponse> CheckDataDependence(const v1::CheckDataDependenceRequest& request);
   absl::StatusOr<v1::AnalyzeTaskVectorsResponse> AnalyzeTaskVectors(const v1::AnalyzeTaskVectorsRequest& request);
+  absl::StatusOr<v1::GetAttentionPatternsResponse> GetAttentionPatterns(const v1::GetAttentionPatternsRequest& request);
   absl::StatusOr<v1::CancelAnalysisResponse> CancelAnalysis(const std::string& job_id);
   absl::StatusOr<v1::ListAnalysisJobsResponse> ListAnalysisJobs();
 

@@ -480,6 +480,19 @@ void HttpGateway::Routes() {
                                              " with these options; `circuitlab label " + r.run_id() + "` computes one");
                               return none;
                             });
+  // Attention patterns (GetAttentionPatterns): a job, as on gRPC, for a
+  // caller who may start analyses (QUEUED/RUNNING with job_id and progress:
+  // ask again), the stored answer for a reader. ?step=&eval_set=&sequences=
+  // &layers=0,1&heads=&seed=
+  Read<v1::GetAttentionPatternsRequest>(
+      R"(/api/v1/runs/([^/]+)/attention)", "runs/{id}/attention", {"run_id"},
+      [analysis, &security](const auto& r, const Caller& c) -> absl::StatusOr<v1::GetAttentionPatternsResponse> {
+        absl::StatusOr<v1::GetAttentionPatternsResponse> out =
+            analysis->Run<v1::GetAttentionPatternsResponse>(r, scheduler::Requester(c.principal.name,
+                                                                                    Security::ReadsOnly(c)));
+        if (!out.ok() || scheduler::IsPending(out->state())) security.Audit(c, r, out.ok() ? &*out : nullptr, out.status());
+        return out;
+      });
   Get(R"(/api/v1/runs/([^/]+)/events)", "runs/{id}/events", false,
       [this](const httplib::Request& req, httplib::Response& res, const Caller& c) { return Events(req, res, c); });
   Read<v1::GetSweepRequest>(R"(/api/v1/sweeps/([^/]+))", "sweeps/{id}", {"sweep_id"},

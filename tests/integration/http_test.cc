@@ -142,6 +142,29 @@ TEST(HttpTest, JsonApiAnswersWhatGrpcAnswers) {
   ASSERT_TRUE(stored);
   EXPECT_EQ(FromJson<v1::LabelRunResponse>(stored->body).label(), labelled->label());
 
+  // Attention patterns: a job over HTTP too (this caller may start one); the
+  // same answer as gRPC's once DONE.
+  v1::GetAttentionPatternsResponse att;
+  for (int i = 0; i < 60 && att.state() != v1::ANALYSIS_STATE_DONE; ++i) {
+    auto got = http.Get("/api/v1/runs/r1/attention?sequences=2&layers=1");
+    ASSERT_TRUE(got);
+    ASSERT_EQ(got->status, 200) << got->body;
+    att = FromJson<v1::GetAttentionPatternsResponse>(got->body);
+  }
+  ASSERT_EQ(att.state(), v1::ANALYSIS_STATE_DONE) << att.error();
+  EXPECT_EQ(att.sequences_size(), 2);
+  ASSERT_GT(att.patterns_size(), 0);
+  EXPECT_EQ(att.patterns(0).layer(), 1u);
+  v1::GetAttentionPatternsRequest att_req;
+  att_req.set_run_id("r1");
+  att_req.set_sequences(2);
+  att_req.add_layers(1);
+  auto same = c.GetAttentionPatterns(att_req);
+  ASSERT_TRUE(same.ok()) << same.status();
+  EXPECT_TRUE(same->from_store());
+  EXPECT_EQ(same->patterns_size(), att.patterns_size());
+  EXPECT_EQ(http.Get("/api/v1/runs/r1/attention?sequences=17")->status, 400);
+
   // Errors: the code, a message that names the field, and the HTTP status.
   auto unknown = http.Get("/api/v1/runs/r99");
   EXPECT_EQ(unknown->status, 404);

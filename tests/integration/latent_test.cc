@@ -22,6 +22,30 @@ v1::ExperimentSpec TinyLatentSpec(int diversity) {
   return *spec;
 }
 
+// Every pattern is causal and row-stochastic, one per (layer, head,
+// sequence) asked, T x T over the sequence's T tokens.
+void ExpectPatterns(const v1::GetAttentionPatternsResponse& r, int layers, int heads, int sequences) {
+  ASSERT_EQ(r.state(), v1::ANALYSIS_STATE_DONE) << r.error();
+  ASSERT_EQ(r.sequences_size(), sequences);
+  ASSERT_EQ(r.patterns_size(), layers * heads * sequences);
+  for (const v1::AttentionPattern& p : r.patterns()) {
+    const uint32_t T = p.size();
+    ASSERT_EQ(r.sequences(static_cast<int>(p.sequence())).tokens_size(), static_cast<int>(T));
+    ASSERT_EQ(p.weights_size(), static_cast<int>(T * T)) << p.name();
+    for (uint32_t q = 0; q < T; ++q) {
+      double row = 0;
+      for (uint32_t k = 0; k < T; ++k) {
+        const float w = p.weights(static_cast<int>(q * T + k));
+        if (k > q) {
+          EXPECT_EQ(w, 0.0f) << p.name() << " q " << q << " k " << k;
+        }
+        row += w;
+      }
+      EXPECT_NEAR(row, 1.0, 1e-4) << p.name() << " q " << q;
+    }
+  }
+}
+
 v1::AnalyzeTaskVectorsResponse WaitTaskVectors(client::Client& c, v1::AnalyzeTaskVectorsRequest req) {
   absl::StatusOr<v1::AnalyzeTaskVectorsResponse> r;
   EXPECT_TRUE(WaitFor(
@@ -218,6 +242,28 @@ TEST(IntegrationTest, TaskVectorsOfARunItsTrainingAndASweep) {
   wrong.set_run_id(imir->run_id());
   EXPECT_EQ(c.AnalyzeTaskVectors(wrong).status().code(), absl::StatusCode::kFailedPrecondition);
 
+  // Attention patterns of both families; heads are named as each model does.
+  v1::GetAttentionPatternsRequest att;
+  att.set_run_id(imir->run_id());
+  att.set_sequences(2);
+  auto imir_att = Analysis(c, &client::Client::GetAttentionPatterns, att);
+  ASSERT_TRUE(imir_att.ok()) << imir_att.status();
+  const auto& im = imir->spec().model().imir();
+  ExpectPatterns(*imir_att, static_cast<int>(im.num_layers()), static_cast<int>(im.num_heads()), 2);
+  EXPECT_EQ(imir_att->patterns(0).name(), "L1H1");
+  EXPECT_EQ(imir_att->eval_set(), "icl_rare");
+  att.set_run_id(run->run_id());
+  att.add_layers(1);
+  auto dec_att = Analysis(c, &client::Client::GetAttentionPatterns, att);
+  ASSERT_TRUE(dec_att.ok()) << dec_att.status();
+  ExpectPatterns(*dec_att, 1, 2, 2);
+  EXPECT_EQ(dec_att->patterns(0).name(), "L1.H0");
+  EXPECT_EQ(dec_att->patterns(0).size(), 16u);
+  att.add_layers(2);  // the model has layers 0 and 1
+  auto far = Analysis(c, &client::Client::GetAttentionPatterns, att);
+  EXPECT_EQ(far.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(far.status().message().find("layers must be in [0, 1]"), std::string::npos) << far.status();
+
   // A diversity sweep, analysed along kappa.
   v1::SweepSpec sweep;
   *sweep.mutable_base() = TinyLatentSpec(-1);
@@ -294,6 +340,14 @@ TEST(IntegrationTest, RegressionRunTrainsAndAnswersItsAnalyses) {
   bad = req;
   bad.add_analyses("p1");
   EXPECT_EQ(c.AnalyzeTaskVectors(bad).status().code(), absl::StatusCode::kFailedPrecondition);
+  // An analysis the family lacks names the ones it has (the engine's table).
+  v1::GetAttentionPatternsRequest att;
+  att.set_run_id(run->run_id());
+  auto lacks = Analysis(c, &client::Client::GetAttentionPatterns, att);
+  EXPECT_EQ(lacks.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(lacks.status().message().find("regression model family; it has AnalyzeTaskVectors and Intervene"),
+            std::string::npos)
+      << lacks.status();
   // Hook ops on the B.3 model: squared-error effects against the set's
   // Bayes predictor; steering as an op is for token tasks.
   v1::InterveneRequest iv;

@@ -111,6 +111,11 @@ def test_analyses_wait_for_their_jobs(client, trained):
     assert inv.state == apb.ANALYSIS_STATE_DONE
     dd = client.check_data_dependence(run_id=run_id, samples=256)
     assert dd.state == apb.ANALYSIS_STATE_DONE
+    att = client.attention_patterns(run_id, sequences=1)
+    assert att.state == apb.ANALYSIS_STATE_DONE and att.eval_set == "icl_rare"
+    assert {p.name for p in att.patterns} >= {"L1H1"} and len(att.sequences) == 1
+    with pytest.raises(circuitlab.InvalidArgument, match="sequences"):
+        client.attention_patterns(run_id, sequences=17)
     assert len(client.analysis_jobs().jobs) == 0
     with pytest.raises(circuitlab.NotFound):
         client.cancel_analysis("a999")
@@ -128,6 +133,12 @@ def test_task_vectors(client):
     assert str(df["value"].dtype) == "float64" and str(df["layer"].dtype) == "int64"
     with pytest.raises(circuitlab.InvalidArgument, match="p9"):
         client.analyze_task_vectors(run.run_id, analyses=["p9"])
+    # Attention patterns of the decoder: rows of the (query x key) heatmap sum to 1 over keys <= query.
+    att = client.attention_df(run.run_id, sequences=2, layers=[0], heads=[1])
+    assert set(att["name"]) == {"L0.H1"} and set(att["sequence"]) == {0, 1}
+    sums = att.groupby(["sequence", "query"])["weight"].sum()
+    assert ((sums - 1.0).abs() < 1e-4).all()
+    assert att.attrs["eval_set"] == "id"
 
 
 def test_errors_map_to_classes(client):

@@ -10,6 +10,7 @@
 #include "circuitlab/v1/experiment_service.pb.h"
 #include "server/engine/spec.h"
 #include "server/scheduler/analysis_core.h"
+#include "server/scheduler/analysis_table.h"
 #include "server/store/store.h"
 #include "tests/test_util/fake_analyzer.h"
 #include "tests/test_util/temp_dir.h"
@@ -70,6 +71,14 @@ class RecordingAnalyzer : public testing::UnimplementedAnalyzer {
           v1::TaskVectorValue* v = out.add_values();
           v->set_name("p0/resid_ratio");
           v->set_value(0.1);
+          return out;
+        });
+    On<v1::GetAttentionPatternsRequest, v1::GetAttentionPatternsResponse>(
+        [this](const Input& in, const v1::GetAttentionPatternsRequest& r, const Progress&, const CancelToken*) {
+          Record(r, in.checkpoint());
+          v1::GetAttentionPatternsResponse out;
+          out.set_eval_set("icl_rare");
+          out.add_patterns()->set_name("L1H1");
           return out;
         });
   }
@@ -320,6 +329,57 @@ TEST_F(AnalysesTest, TaskVectorsResolveAnalysesAndTagValues) {
   req.add_analyses("p9");
   EXPECT_NE(core_->Run<v1::AnalyzeTaskVectorsResponse>(req).status().message().find("analyses[0] must be one of"),
             absl::string_view::npos);
+}
+
+// The analysis table's newest entry: defaults resolved, indices sorted and
+// unique, bounds named; which heads exist is the engine's to say.
+TEST_F(AnalysesTest, AttentionPatternsResolveTheRequest) {
+  v1::GetAttentionPatternsRequest req;
+  req.set_run_id("r1");
+  req.add_layers(1);
+  req.add_layers(0);
+  req.add_layers(1);
+  const v1::GetAttentionPatternsResponse done = Done<v1::GetAttentionPatternsResponse>(req);
+  EXPECT_EQ(done.run_id(), "r1");
+  EXPECT_EQ(done.step(), 200u);
+  EXPECT_EQ(done.patterns(0).name(), "L1H1");
+  EXPECT_EQ(analyzer_.LastCheckpoint(), "ckpt@200");
+  const auto seen = analyzer_.Last<v1::GetAttentionPatternsRequest>();
+  EXPECT_EQ(seen.sequences(), 4u);
+  EXPECT_EQ(seen.seed(), 7u);
+  EXPECT_EQ(std::vector<uint32_t>(seen.layers().begin(), seen.layers().end()), (std::vector<uint32_t>{0, 1}));
+  EXPECT_TRUE(core_->Run<v1::GetAttentionPatternsResponse>(req)->from_store());
+  req.set_sequences(17);
+  EXPECT_EQ(core_->Run<v1::GetAttentionPatternsResponse>(req).status().message(),
+            "sequences must be in [1, 16] (0 = 4), got 17");
+  req.set_sequences(0);
+  req.add_heads(64);
+  EXPECT_EQ(core_->Run<v1::GetAttentionPatternsResponse>(req).status().message(), "heads[0] must be in [0, 63], got 64");
+  req.clear_heads();
+  req.set_step(150);
+  EXPECT_EQ(core_->Run<v1::GetAttentionPatternsResponse>(req).status().code(), absl::StatusCode::kNotFound);
+}
+
+// Every AnalysisService method that runs model code has an entry, with the
+// RPC's own response type (the RPC layer also checks this at start-up).
+TEST(AnalysisTableTest, EveryJobAnalysisHasItsEntry) {
+  const auto* service =
+      google::protobuf::DescriptorPool::generated_pool()->FindServiceByName("circuitlab.v1.AnalysisService");
+  ASSERT_NE(service, nullptr);
+  int entries = 0;
+  for (int i = 0; i < service->method_count(); ++i) {
+    const google::protobuf::MethodDescriptor* m = service->method(i);
+    const AnalysisEntry* e = FindJobAnalysis(m->input_type());
+    if (m->name() == "GetTrajectory" || m->name() == "CancelAnalysis" || m->name() == "ListAnalysisJobs") {
+      EXPECT_EQ(e, nullptr) << m->name();
+      continue;
+    }
+    ASSERT_NE(e, nullptr) << m->name() << " has no analysis table entry";
+    EXPECT_EQ(e->response->GetDescriptor(), m->output_type()) << m->name();
+    ++entries;
+  }
+  EXPECT_EQ(entries, static_cast<int>(JobAnalyses().size()));
+  EXPECT_GE(entries, 8);
 }
 
 }  // namespace

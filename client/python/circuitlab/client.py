@@ -329,6 +329,12 @@ class Client:
         req = message(apb.AnalyzeTaskVectorsRequest, run_id=run_id, sweep_id=sweep_id, **fields)
         return self._job(self._analysis.AnalyzeTaskVectors, req, "task vectors", progress, deadline, poll)
 
+    def attention_patterns(self, run_id, progress=None, deadline=600.0, poll=0.2, **fields):
+        """GetAttentionPatterns (a job): each head's attention on a few evaluation sequences. Fields as
+        GetAttentionPatternsRequest (step, eval_set, sequences=1..16, layers=[...], heads=[...], seed)."""
+        req = message(apb.GetAttentionPatternsRequest, run_id=run_id, **fields)
+        return self._job(self._analysis.GetAttentionPatterns, req, "attention patterns", progress, deadline, poll)
+
     def cancel_analysis(self, job_id):
         """CancelAnalysis: stops a queued or running analysis job."""
         return self._call(self._analysis.CancelAnalysis, apb.CancelAnalysisRequest(job_id=job_id))
@@ -366,6 +372,13 @@ class Client:
         """AnalyzeTaskVectors as a long DataFrame: run_id, step, name, layer, position, value (+ swept values)."""
         from circuitlab import frames
         return frames.task_vectors_df(self, run_id, sweep_id, **fields)
+
+    def attention_df(self, run_id, **fields):
+        """GetAttentionPatterns as a long DataFrame: layer, head, name, sequence, query, key, query_token,
+        key_token, weight (keys <= query). df.pivot(index="query", columns="key", values="weight") on one
+        (layer, head, sequence) is the heatmap."""
+        from circuitlab import frames
+        return frames.attention_df(self, run_id, **fields)
 
     def patch_df(self, run_id, hooks, reference_set="", positions=(), mask=None, head=0, **fields):
         """D.6 patch_effect as a DataFrame: eval_set, hook, position (-1: all at once), the patched run's

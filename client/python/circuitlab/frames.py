@@ -118,6 +118,23 @@ def task_vectors_df(client, run_id=None, sweep_id=None, **fields):
     return df.astype({"step": "int64", "layer": "int64", "position": "int64", "value": "float64"})
 
 
+_ATTENTION_COLUMNS = ["layer", "head", "name", "sequence", "query", "key", "query_token", "key_token", "weight"]
+
+
+def attention_df(client, run_id, **fields):
+    pd = _pd()
+    resp = client.attention_patterns(run_id, **fields)
+    rows = []
+    for p in resp.patterns:
+        tokens = resp.sequences[p.sequence].tokens
+        for q in range(p.size):
+            for k in range(q + 1):
+                rows.append((p.layer, p.head, p.name, p.sequence, q, k, tokens[q], tokens[k], p.weights[q * p.size + k]))
+    df = pd.DataFrame(rows, columns=_ATTENTION_COLUMNS)
+    df.attrs.update(run_id=resp.run_id, step=resp.step, eval_set=resp.eval_set)
+    return df
+
+
 _PATCH_COLUMNS = ["eval_set", "hook", "position", "accuracy", "loss", "logit_diff", "effect_accuracy", "effect_loss",
                   "effect_logit_diff"]
 
