@@ -66,7 +66,8 @@ grpc::ServerUnaryReactor* JobCall(grpc::CallbackServerContext* ctx, const Securi
               if (again.ok()) resp->CopyFrom(**again);
             }
           } else {
-            // Still pending: the new state and progress on the first answer.
+            // Still pending: the new state and progress on the first
+            // answer.
             const google::protobuf::Descriptor* d = resp->GetDescriptor();
             const google::protobuf::Reflection* r = resp->GetReflection();
             r->SetEnumValue(resp.get(), d->FindFieldByName("state"), a->state);
@@ -124,7 +125,7 @@ AnalysisServiceImpl::AnalysisServiceImpl(scheduler::AnalysisCore* core, const se
 }
 
 grpc::ServerUnaryReactor* AnalysisServiceImpl::GetTrajectoryRaw(grpc::CallbackServerContext* ctx,
-                                                             const grpc::ByteBuffer* in, grpc::ByteBuffer* out) {
+                                                                const grpc::ByteBuffer* in, grpc::ByteBuffer* out) {
   return UnaryCall<v1::GetTrajectoryRequest, v1::GetTrajectoryResponse>(
       ctx, *security_, Access::kRead, in, out,
       [&](const v1::GetTrajectoryRequest& req, v1::GetTrajectoryResponse* resp, const Caller&) -> absl::Status {
@@ -134,7 +135,7 @@ grpc::ServerUnaryReactor* AnalysisServiceImpl::GetTrajectoryRaw(grpc::CallbackSe
 }
 
 grpc::ServerUnaryReactor* AnalysisServiceImpl::CancelAnalysisRaw(grpc::CallbackServerContext* ctx,
-                                                              const grpc::ByteBuffer* in, grpc::ByteBuffer* out) {
+                                                                 const grpc::ByteBuffer* in, grpc::ByteBuffer* out) {
   return UnaryCall<v1::CancelAnalysisRequest, v1::CancelAnalysisResponse>(
       ctx, *security_, Access::kChange, in, out,
       [&](const v1::CancelAnalysisRequest& req, v1::CancelAnalysisResponse* resp,
@@ -148,7 +149,7 @@ grpc::ServerUnaryReactor* AnalysisServiceImpl::CancelAnalysisRaw(grpc::CallbackS
 }
 
 grpc::ServerUnaryReactor* AnalysisServiceImpl::ListAnalysisJobsRaw(grpc::CallbackServerContext* ctx,
-                                                                const grpc::ByteBuffer* in, grpc::ByteBuffer* out) {
+                                                                   const grpc::ByteBuffer* in, grpc::ByteBuffer* out) {
   return UnaryCall<v1::ListAnalysisJobsRequest, v1::ListAnalysisJobsResponse>(
       ctx, *security_, Access::kRead, in, out,
       [&](const v1::ListAnalysisJobsRequest&, v1::ListAnalysisJobsResponse* resp,
@@ -159,6 +160,5 @@ grpc::ServerUnaryReactor* AnalysisServiceImpl::ListAnalysisJobsRaw(grpc::Callbac
         return absl::OkStatus();
       });
 }
-
 
 }  // namespace circuitlab::rpc

@@ -23,6 +23,7 @@
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/message.h"
 #include "server/common/cancel.h"
+#include "server/engine/engine.h"
 #include "server/scheduler/analysis_jobs.h"
 
 namespace circuitlab::scheduler {
@@ -34,7 +35,7 @@ class AnalysisCore;
 template <typename Response>
 struct AnalysisPlan {
   int64_t run_id = 0;         // store::Store::kNoRun for a spec sent with the request
-  std::string key;            // the canonical request, serialized: stored answers are keyed by its hash
+  std::string key;            // the canonical request, serialized (its hash keys stored answers)
   uint64_t memory_bytes = 0;  // the job's estimated peak (JobMemory)
   // The DONE response (its result fields and the echoes of the request the
   // module wants); the table sets state and progress.
@@ -44,6 +45,27 @@ struct AnalysisPlan {
   std::function<void(Response*)> on_answer;
 };
 
+// The plan of a job that is one engine call: the canonical request is the
+// key, the work Analyze(input, canonical), then `finish` (echoes of the
+// request, such as run_id and step) on the DONE response.
+template <typename Response, typename Request>
+AnalysisPlan<Response> EnginePlan(engine::Analyzer& analyzer, int64_t run_id, const Request& canonical,
+                                  engine::AnalysisInput input, uint64_t memory_bytes,
+                                  std::function<void(Response&)> finish = {}) {
+  AnalysisPlan<Response> plan;
+  plan.run_id = run_id;
+  plan.key = canonical.SerializeAsString();
+  plan.memory_bytes = memory_bytes;
+  plan.work = [analyzer = &analyzer, input = std::move(input), canonical, finish = std::move(finish)](
+                  const std::function<void(double)>& progress,
+                  const CancelToken* cancel) -> absl::StatusOr<Response> {
+    absl::StatusOr<Response> done = engine::Analyze<Response>(*analyzer, input, canonical, progress, cancel);
+    if (done.ok() && finish) finish(*done);
+    return done;
+  };
+  return plan;
+}
+
 // A planned job as AnalysisJobs takes it, with its answer's decoration.
 struct PlannedJob {
   AnalysisJobRequest job;
@@ -51,8 +73,8 @@ struct PlannedJob {
 };
 
 struct AnalysisEntry {
-  std::string kind;  // the job's kind and the stored answers': "detect_circuit"
-  const google::protobuf::Message* request = nullptr;   // the types' default instances
+  std::string kind;                                    // the job's kind and the stored answers': "detect_circuit"
+  const google::protobuf::Message* request = nullptr;  // the types' default instances
   const google::protobuf::Message* response = nullptr;
   // Validation and canonicalisation on the calling thread (the store, no
   // model code): InvalidArgument naming the field, NotFound, ...; then the
@@ -72,8 +94,7 @@ bool RegisterJobAnalysis(std::string kind, F plan) {
   e.kind = std::move(kind);
   e.request = &Request::default_instance();
   e.response = &Response::default_instance();
-  e.plan = [plan](AnalysisCore& core,
-                  const google::protobuf::Message& request) -> absl::StatusOr<PlannedJob> {
+  e.plan = [plan](AnalysisCore& core, const google::protobuf::Message& request) -> absl::StatusOr<PlannedJob> {
     absl::StatusOr<AnalysisPlan<Response>> p = plan(core, static_cast<const Request&>(request));
     if (!p.ok()) return p.status();
     PlannedJob planned;
@@ -106,7 +127,7 @@ std::vector<const AnalysisEntry*> JobAnalyses();
 #define CIRCUITLAB_JOB_ANALYSIS_CONCAT(a, b) CIRCUITLAB_JOB_ANALYSIS_CONCAT_(a, b)
 // Registers an entry at start-up: CIRCUITLAB_JOB_ANALYSIS("detect_circuit",
 // v1::DetectCircuitRequest, v1::DetectCircuitResponse, PlanDetectCircuit).
-#define CIRCUITLAB_JOB_ANALYSIS(kind, Request, Response, plan)                                       \
+#define CIRCUITLAB_JOB_ANALYSIS(kind, Request, Response, plan)                                   \
   [[maybe_unused]] static const bool CIRCUITLAB_JOB_ANALYSIS_CONCAT(kJobAnalysis, __COUNTER__) = \
       ::circuitlab::scheduler::RegisterJobAnalysis<Request, Response>(kind, plan)
 

@@ -1,4 +1,5 @@
-// circuitlab attention RUN [--step S] [--eval-set E] [--sequences N] [--layer L,...] [--head H,...] [--csv]
+// circuitlab attention RUN [--step S] [--eval-set E] [--sequences N] [--layer
+// L,...] [--head H,...] [--csv]
 #include <algorithm>
 #include <cstdio>
 #include <vector>
@@ -51,7 +52,9 @@ int Run(Context& ctx, const Options& o) {
   };
   if (auto rc = RunAnalysis(ctx, "attention patterns", o.force, call, &resp)) return *rc;
   if (o.csv) {
-    std::printf("run_id,step,eval_set,layer,head,name,sequence,query,key,query_token,key_token,weight\n");
+    std::printf(
+        "run_id,step,eval_set,layer,head,name,sequence,query,key,query_"
+        "token,key_token,weight\n");
     for (const v1::AttentionPattern& p : resp.patterns()) {
       const v1::AttentionSequence& seq = resp.sequences(static_cast<int>(p.sequence()));
       for (uint32_t q = 0; q < p.size(); ++q) {
@@ -66,9 +69,11 @@ int Run(Context& ctx, const Options& o) {
     }
     return 0;
   }
-  std::printf("%s step %llu, %d sequence(s) of %s%s; rows are queries (token on the left), columns keys\n",
-              resp.run_id().c_str(), static_cast<unsigned long long>(resp.step()), resp.sequences_size(),
-              resp.eval_set().c_str(), resp.from_store() ? "  (stored answer)" : "");
+  std::printf(
+      "%s step %llu, %d sequence(s) of %s%s; rows are queries (token "
+      "on the left), columns keys\n",
+      resp.run_id().c_str(), static_cast<unsigned long long>(resp.step()), resp.sequences_size(),
+      resp.eval_set().c_str(), resp.from_store() ? "  (stored answer)" : "");
   for (const v1::AttentionPattern& p : resp.patterns()) Draw(p, resp.sequences(static_cast<int>(p.sequence())));
   return 0;
 }
@@ -78,13 +83,15 @@ int Run(Context& ctx, const Options& o) {
 
 void AddAttention(CLI::App& app, Action* chosen) {
   auto o = std::make_shared<attention_cmd::Options>();
-  CLI::App* sub = AddVerb(
-      app, chosen, "attention",
-      "Each head's attention pattern on a few evaluation sequences at a stored checkpoint, drawn as text\n"
-      "(query rows, key columns, darker = more weight) or exported as CSV. IMIR and latent-task decoder runs.\n"
-      "An analysis job on the server; this command waits and shows progress.\n"
-      "  circuitlab attention r3 --sequences 1\n  circuitlab attention r3 --layer 1 --head 0 --csv > induction.csv",
-      o, attention_cmd::Run);
+  CLI::App* sub = AddVerb(app, chosen, "attention",
+                          "Each head's attention pattern on a few evaluation sequences at a stored "
+                          "checkpoint, drawn as text\n"
+                          "(query rows, key columns, darker = more weight) or exported as CSV. "
+                          "IMIR and latent-task decoder runs.\n"
+                          "An analysis job on the server; this command waits and shows progress.\n"
+                          "  circuitlab attention r3 --sequences 1\n  circuitlab attention r3 "
+                          "--layer 1 --head 0 --csv > induction.csv",
+                          o, attention_cmd::Run);
   sub->add_option("RUN", o->run_id, "Run id")->required();
   sub->add_option("--step", o->step, "Checkpoint step (default: the newest)");
   sub->add_option("--eval-set", o->eval_set, "Evaluation set (default: icl_rare for recall, id for a decoder)");

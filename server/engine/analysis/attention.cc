@@ -85,7 +85,7 @@ absl::Status Fill(const std::vector<torch::Tensor>& by_layer, const torch::Tenso
 }
 
 absl::StatusOr<v1::GetAttentionPatternsResponse> ImirAttention(const AnalysisInput& in,
-                                                            const v1::GetAttentionPatternsRequest& r) {
+                                                               const v1::GetAttentionPatternsRequest& r) {
   torch::NoGradGuard no_grad;
   const v1::ExperimentSpec& spec = in.spec;
   const std::unique_ptr<BlockTask> task = MakeBlockTask(spec, PoolSeedOf(spec.seed()));
@@ -115,9 +115,9 @@ absl::StatusOr<v1::GetAttentionPatternsResponse> ImirAttention(const AnalysisInp
 }
 
 absl::StatusOr<v1::GetAttentionPatternsResponse> DecoderAttention(const DecoderModel& model,
-                                                               const LatentTaskGenerator& task,
-                                                               const v1::ExperimentSpec& spec,
-                                                               const v1::GetAttentionPatternsRequest& r) {
+                                                                  const LatentTaskGenerator& task,
+                                                                  const v1::ExperimentSpec& spec,
+                                                                  const v1::GetAttentionPatternsRequest& r) {
   torch::NoGradGuard no_grad;
   const std::vector<LatentEvalSetDef> sets = LatentEvalSets(spec.task().latent().diversity() >= 0);
   const std::string name = r.eval_set().empty() ? sets.front().name : r.eval_set();
@@ -159,11 +159,11 @@ absl::StatusOr<v1::GetAttentionPatternsResponse> DecoderAttention(const DecoderM
 
 // The analysis table's entries (analysis/registry.h).
 CIRCUITLAB_ENGINE_ANALYSIS("imir", v1::GetAttentionPatternsRequest, v1::GetAttentionPatternsResponse,
-                           [](const AnalysisInput& in, const v1::GetAttentionPatternsRequest& r, const AnalysisProgress&,
-                              const CancelToken*) { return ImirAttention(in, r); });
+                           [](const AnalysisInput& in, const v1::GetAttentionPatternsRequest& r,
+                              const AnalysisProgress&, const CancelToken*) { return ImirAttention(in, r); });
 CIRCUITLAB_ENGINE_ANALYSIS("latent", v1::GetAttentionPatternsRequest, v1::GetAttentionPatternsResponse,
-                           [](const AnalysisInput& in, const v1::GetAttentionPatternsRequest& r, const AnalysisProgress&,
-                              const CancelToken*) {
+                           [](const AnalysisInput& in, const v1::GetAttentionPatternsRequest& r,
+                              const AnalysisProgress&, const CancelToken*) {
                              return WithDecoder<LatentTaskGenerator>(
                                  in, [&](const DecoderModel& m, const LatentTaskGenerator& t) {
                                    return DecoderAttention(m, t, in.spec, r);

@@ -40,16 +40,15 @@ bool RegisterAnalysis(std::string_view family, const google::protobuf::Descripto
 // absl::StatusOr<Response>.
 template <typename Request, typename Response, typename F>
 bool RegisterAnalysis(std::string_view family, F f) {
-  return RegisterAnalysis(family, Request::descriptor(),
-                          [f](const AnalysisInput& input, const google::protobuf::Message& request,
-                              google::protobuf::Message* response, const AnalysisProgress& progress,
-                              const CancelToken* cancel) -> absl::Status {
-                            absl::StatusOr<Response> out =
-                                f(input, static_cast<const Request&>(request), progress, cancel);
-                            if (!out.ok()) return out.status();
-                            static_cast<Response*>(response)->Swap(&*out);
-                            return absl::OkStatus();
-                          });
+  return RegisterAnalysis(
+      family, Request::descriptor(),
+      [f](const AnalysisInput& input, const google::protobuf::Message& request, google::protobuf::Message* response,
+          const AnalysisProgress& progress, const CancelToken* cancel) -> absl::Status {
+        absl::StatusOr<Response> out = f(input, static_cast<const Request&>(request), progress, cancel);
+        if (!out.ok()) return out.status();
+        static_cast<Response*>(response)->Swap(&*out);
+        return absl::OkStatus();
+      });
 }
 
 // The entry for `request` on `family`, or null.
@@ -68,7 +67,7 @@ std::string AnalysisName(const google::protobuf::Descriptor* request);
 // Registers an entry at start-up: CIRCUITLAB_ENGINE_ANALYSIS("imir",
 // v1::DetectCircuitRequest, v1::DetectCircuitResponse, fn). Unique per line
 // under unity builds.
-#define CIRCUITLAB_ENGINE_ANALYSIS(family, Request, Response, fn)                                         \
+#define CIRCUITLAB_ENGINE_ANALYSIS(family, Request, Response, fn)                               \
   [[maybe_unused]] static const bool CIRCUITLAB_ANALYSIS_CONCAT(kEngineAnalysis, __COUNTER__) = \
       ::circuitlab::engine::RegisterAnalysis<Request, Response>(family, fn)
 

@@ -20,8 +20,8 @@ constexpr int kMaxIndices = 64;
 
 absl::Status CheckIndices(const google::protobuf::RepeatedField<uint32_t>& v, const std::string& field) {
   if (v.size() > kMaxIndices) {
-    return absl::InvalidArgumentError(field + " must have at most " + std::to_string(kMaxIndices) +
-                                      " entries, got " + std::to_string(v.size()));
+    return absl::InvalidArgumentError(field + " must have at most " + std::to_string(kMaxIndices) + " entries, got " +
+                                      std::to_string(v.size()));
   }
   for (int i = 0; i < v.size(); ++i) {
     if (v[i] >= kMaxIndices) {
@@ -32,12 +32,12 @@ absl::Status CheckIndices(const google::protobuf::RepeatedField<uint32_t>& v, co
   return absl::OkStatus();
 }
 
-absl::StatusOr<AnalysisPlan<v1::GetAttentionPatternsResponse>> PlanAttention(AnalysisCore& core,
-                                                                        const v1::GetAttentionPatternsRequest& request) {
+absl::StatusOr<AnalysisPlan<v1::GetAttentionPatternsResponse>> PlanAttention(
+    AnalysisCore& core, const v1::GetAttentionPatternsRequest& request) {
   CL_ASSIGN_OR_RETURN(int64_t id, ParseRunId(request.run_id()));
   if (request.sequences() > kMaxSequences) {
-    return absl::InvalidArgumentError("sequences must be in [1, " + std::to_string(kMaxSequences) +
-                                      "] (0 = 4), got " + std::to_string(request.sequences()));
+    return absl::InvalidArgumentError("sequences must be in [1, " + std::to_string(kMaxSequences) + "] (0 = 4), got " +
+                                      std::to_string(request.sequences()));
   }
   CL_RETURN_IF_ERROR(CheckIndices(request.layers(), "layers"));
   CL_RETURN_IF_ERROR(CheckIndices(request.heads(), "heads"));
@@ -57,22 +57,15 @@ absl::StatusOr<AnalysisPlan<v1::GetAttentionPatternsResponse>> PlanAttention(Ana
     out->Add(unique.begin(), unique.end());
   }
   canonical.set_seed(request.seed() == 0 ? spec.seed() : request.seed());
-  AnalysisPlan<v1::GetAttentionPatternsResponse> plan;
-  plan.run_id = id;
-  plan.key = canonical.SerializeAsString();
-  plan.memory_bytes = JobMemory(spec, 0);  // a training batch's activations hold more than 16 sequences' patterns
   engine::AnalysisInput input{spec, {{found.second.step, std::move(found.second.bytes)}}, {}};
-  plan.work = [analyzer = &core.analyzer(), input = std::move(input), canonical](
-                  const std::function<void(double)>& progress,
-                  const CancelToken* cancel) -> absl::StatusOr<v1::GetAttentionPatternsResponse> {
-    CL_ASSIGN_OR_RETURN(
-        v1::GetAttentionPatternsResponse done,
-        engine::Analyze<v1::GetAttentionPatternsResponse>(*analyzer, input, canonical, progress, cancel));
-    done.set_run_id(canonical.run_id());
-    done.set_step(canonical.step());
-    return done;
-  };
-  return plan;
+  // A training batch's activations (in JobMemory) hold more than 16
+  // sequences' patterns.
+  return EnginePlan<v1::GetAttentionPatternsResponse>(core.analyzer(), id, canonical, std::move(input),
+                                                      JobMemory(spec, 0),
+                                                      [canonical](v1::GetAttentionPatternsResponse& done) {
+                                                        done.set_run_id(canonical.run_id());
+                                                        done.set_step(canonical.step());
+                                                      });
 }
 
 }  // namespace

@@ -92,16 +92,8 @@ absl::StatusOr<AnalysisPlan<v1::CheckDataDependenceResponse>> PlanCheckDataDepen
       return absl::InvalidArgumentError(field + ".delta must be in [-100, 100], got " + std::to_string(p->delta()));
     }
   }
-  AnalysisPlan<v1::CheckDataDependenceResponse> plan;
-  plan.run_id = id;
-  plan.key = canonical.SerializeAsString();
-  plan.memory_bytes = JobMemory(spec, 0);
-  plan.work = [analyzer = &core.analyzer(), input = engine::AnalysisInput{spec, {}, {}}, canonical](
-                  const std::function<void(double)>& progress,
-                  const CancelToken* cancel) -> absl::StatusOr<v1::CheckDataDependenceResponse> {
-    return engine::Analyze<v1::CheckDataDependenceResponse>(*analyzer, input, canonical, progress, cancel);
-  };
-  return plan;
+  return EnginePlan<v1::CheckDataDependenceResponse>(core.analyzer(), id, canonical, {spec, {}, {}},
+                                                     JobMemory(spec, 0));
 }
 
 }  // namespace

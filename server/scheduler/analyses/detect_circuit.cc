@@ -73,21 +73,12 @@ absl::StatusOr<AnalysisPlan<v1::DetectCircuitResponse>> PlanDetectCircuit(Analys
                                         std::to_string(k) + " (use magnitude_asc)");
     }
   }
-  AnalysisPlan<v1::DetectCircuitResponse> plan;
-  plan.run_id = id;
-  plan.key = canonical.SerializeAsString();
-  plan.memory_bytes = JobMemory(spec, 0);
   engine::AnalysisInput input{spec, {{found.second.step, std::move(found.second.bytes)}}, {}};
-  plan.work = [analyzer = &core.analyzer(), input = std::move(input), canonical](
-                  const std::function<void(double)>& progress,
-                  const CancelToken* cancel) -> absl::StatusOr<v1::DetectCircuitResponse> {
-    CL_ASSIGN_OR_RETURN(v1::DetectCircuitResponse done,
-                        engine::Analyze<v1::DetectCircuitResponse>(*analyzer, input, canonical, progress, cancel));
-    done.set_step(canonical.step());
-    done.set_metric(canonical.metric());
-    return done;
-  };
-  return plan;
+  return EnginePlan<v1::DetectCircuitResponse>(core.analyzer(), id, canonical, std::move(input), JobMemory(spec, 0),
+                                               [canonical](v1::DetectCircuitResponse& done) {
+                                                 done.set_step(canonical.step());
+                                                 done.set_metric(canonical.metric());
+                                               });
 }
 
 }  // namespace

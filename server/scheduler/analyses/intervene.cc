@@ -171,21 +171,12 @@ absl::StatusOr<AnalysisPlan<v1::InterveneResponse>> PlanIntervene(AnalysisCore& 
   const uint64_t memory =
       JobMemory(spec, reference_bytes + 8ULL * canonical.n_eval() * engine::ShapeOf(spec).seq_len *
                                              static_cast<uint64_t>(engine::ShapeOf(spec).vocab));
-  AnalysisPlan<v1::InterveneResponse> plan;
-  plan.run_id = id;
-  plan.key = canonical.SerializeAsString();
-  plan.memory_bytes = memory;
   engine::AnalysisInput input{spec, {{found.second.step, std::move(found.second.bytes)}}, std::move(swap_sources)};
-  plan.work = [analyzer = &core.analyzer(), input = std::move(input), canonical](
-                  const std::function<void(double)>& progress,
-                  const CancelToken* cancel) -> absl::StatusOr<v1::InterveneResponse> {
-    CL_ASSIGN_OR_RETURN(v1::InterveneResponse done,
-                        engine::Analyze<v1::InterveneResponse>(*analyzer, input, canonical, progress, cancel));
-    done.set_run_id(canonical.run_id());
-    done.set_step(canonical.step());
-    return done;
-  };
-  return plan;
+  return EnginePlan<v1::InterveneResponse>(core.analyzer(), id, canonical, std::move(input), memory,
+                                           [canonical](v1::InterveneResponse& done) {
+                                             done.set_run_id(canonical.run_id());
+                                             done.set_step(canonical.step());
+                                           });
 }
 
 }  // namespace

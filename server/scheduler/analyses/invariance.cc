@@ -63,16 +63,8 @@ absl::StatusOr<AnalysisPlan<v1::CheckInvarianceResponse>> PlanCheckInvariance(An
   canonical.set_seed(request.seed() == 0 ? spec.seed() : request.seed());
   canonical.set_controls(request.controls());
   canonical.set_sgd_corollary(request.sgd_corollary());
-  AnalysisPlan<v1::CheckInvarianceResponse> plan;
-  plan.run_id = id;
-  plan.key = canonical.SerializeAsString();
-  plan.memory_bytes = JobMemory(spec, 0);
-  plan.work = [analyzer = &core.analyzer(), input = engine::AnalysisInput{std::move(spec), {}, {}}, canonical](
-                  const std::function<void(double)>& progress,
-                  const CancelToken* cancel) -> absl::StatusOr<v1::CheckInvarianceResponse> {
-    return engine::Analyze<v1::CheckInvarianceResponse>(*analyzer, input, canonical, progress, cancel);
-  };
-  return plan;
+  const uint64_t memory = JobMemory(spec, 0);
+  return EnginePlan<v1::CheckInvarianceResponse>(core.analyzer(), id, canonical, {std::move(spec), {}, {}}, memory);
 }
 
 }  // namespace

@@ -16,28 +16,19 @@ absl::StatusOr<AnalysisPlan<v1::ProjectCheckpointResponse>> PlanProjectCheckpoin
   CL_RETURN_IF_ERROR(CheckSelection(request.selection()));
   CL_ASSIGN_OR_RETURN(auto found, core.RunCheckpoint(id, request.step(), request.run_id()));
   CL_RETURN_IF_ERROR(NeedsImir(found.first, "ProjectCheckpoint"));
-  const v1::ExperimentSpec& spec = found.first;
   // The canonical request: run, the resolved step, the resolved selection.
   v1::ProjectCheckpointRequest canonical;
   canonical.set_run_id(FormatRunId(id));
   canonical.set_step(static_cast<uint64_t>(found.second.step));
   canonical.set_selection(request.selection() == v1::BASIS_SELECTION_COMPLETE ? v1::BASIS_SELECTION_COMPLETE
                                                                               : v1::BASIS_SELECTION_PAPER);
-  AnalysisPlan<v1::ProjectCheckpointResponse> plan;
-  plan.run_id = id;
-  plan.key = canonical.SerializeAsString();
-  plan.memory_bytes = JobMemory(spec, 0);
   engine::AnalysisInput input{std::move(found.first), {{found.second.step, std::move(found.second.bytes)}}, {}};
-  plan.work = [analyzer = &core.analyzer(), input = std::move(input), canonical](
-                  const std::function<void(double)>& progress,
-                  const CancelToken* cancel) -> absl::StatusOr<v1::ProjectCheckpointResponse> {
-    CL_ASSIGN_OR_RETURN(v1::ProjectCheckpointResponse done,
-                        engine::Analyze<v1::ProjectCheckpointResponse>(*analyzer, input, canonical, progress, cancel));
-    done.set_run_id(canonical.run_id());
-    done.set_step(canonical.step());
-    return done;
-  };
-  return plan;
+  const uint64_t memory = JobMemory(input.spec, 0);
+  return EnginePlan<v1::ProjectCheckpointResponse>(core.analyzer(), id, canonical, std::move(input), memory,
+                                                   [canonical](v1::ProjectCheckpointResponse& done) {
+                                                     done.set_run_id(canonical.run_id());
+                                                     done.set_step(canonical.step());
+                                                   });
 }
 
 }  // namespace
