@@ -12,6 +12,7 @@
 #include <fstream>
 
 #include "client/lib/client.h"
+#include "server/engine/families/family.h"
 #include "server/engine/spec.h"
 #include "server/engine/train/latent_trainer.h"
 #include "server/engine/train/regression_trainer.h"
@@ -45,21 +46,18 @@ int main(int argc, char** argv) {
   at::set_num_threads(1);
 
   auto spec = circuitlab::client::ReadSpecFile(spec_path);
-  if (!spec.ok() || !ce::ResolveSpec({}, &*spec).ok() || !ce::IsLatent(*spec)) {
+  if (!spec.ok() || !ce::ResolveSpec({}, &*spec).ok() || !ce::SpecFamilyOf(*spec).has_task_vectors()) {
     std::fprintf(stderr, "bad spec (a task.latent spec is needed)\n");
     return 2;
   }
   spec->mutable_training()->set_steps(static_cast<uint64_t>(steps + warmup) * 4);
   const auto& m = spec->model().decoder();
 
-  const bool regression = spec->task().latent().kind() == circuitlab::v1::LATENT_KIND_REGRESSION;
+  // E2: continuous tokens read in (x, the y flag), a scalar read-out.
+  const bool regression = ce::SpecFamilyOf(*spec).ContinuousInputWidth(*spec) > 0;
   // (a) the server's step.
-  std::unique_ptr<ce::TrainerBase> trainer;
-  if (regression) {
-    trainer = std::make_unique<ce::RegressionTrainer>(*spec, std::vector<uint64_t>{spec->seed()}, torch::kCPU);
-  } else {
-    trainer = std::make_unique<ce::LatentTrainer>(*spec, std::vector<uint64_t>{spec->seed()}, torch::kCPU);
-  }
+  std::unique_ptr<ce::TrainerBase> trainer =
+      ce::FamilyOf(*spec).MakeTrainer(*spec, std::vector<uint64_t>{spec->seed()}, torch::kCPU);
   for (int i = 0; i < warmup; ++i) trainer->Step(false);
   const double waited0 = trainer->data_wait_seconds();
   auto t0 = std::chrono::steady_clock::now();

@@ -14,20 +14,11 @@
 
 #include "absl/status/status.h"
 #include "circuitlab/v1/spec.pb.h"
-#include "server/engine/tasks/catalog.h"  // TaskShape, ShapeOf
+#include "server/engine/families/spec/imir_spec.h"    // CoordinateBasisOf, TrainedCoordinates
+#include "server/engine/families/spec/spec_family.h"  // SpecFamilyOf, kEvalChunk, kMaxBasisCoordinates
+#include "server/engine/tasks/catalog.h"              // TaskShape, ShapeOf
 
 namespace circuitlab::engine {
-
-// Most coordinates an IMIR basis may have (recorded or parameterising a
-// model): ResolveSpec refuses more, and the server refuses a worker's basis
-// report beyond it.
-constexpr int64_t kMaxBasisCoordinates = 200000;
-
-// Sequences evaluated (and sampled) per forward pass: bounds evaluation
-// memory; the memory estimate below assumes it.
-inline constexpr int64_t kEvalChunk = 512;
-// The same for the decoder models of latent tasks (T x T attention per head).
-inline constexpr int64_t kLatentEvalChunk = 128;
 
 struct EngineLimits {
   // Most optimisation steps one run may ask for.
@@ -40,15 +31,8 @@ struct EngineLimits {
 // resolved.
 absl::Status ResolveSpec(const EngineLimits& limits, v1::ExperimentSpec* spec);
 
-// The model's coordinate basis (COORDINATES parameterisation): the spec's
-// coordinate_basis built on the task's declared symmetry.
-Basis CoordinateBasisOf(const v1::ExperimentSpec& resolved);
-
-// Indices into CoordinateBasisOf of the trained coordinates, in basis order
-// (all when the spec lists none). The spec must be resolved.
-std::vector<int32_t> TrainedCoordinates(const v1::ExperimentSpec& resolved, const Basis& basis);
-
-// Residual width d_L = (H+1)^L (V+P) of a resolved spec's model.
+// Residual width of a resolved spec's model: d_L = (H+1)^L (V+P) for IMIR,
+// d_model for a decoder. This and the two below ask the spec's family.
 int64_t ResidualWidth(const v1::ExperimentSpec& resolved);
 
 // Trainable parameters of a resolved spec's model.

@@ -42,18 +42,13 @@ grpc::ServerUnaryReactor* JobCall(grpc::CallbackServerContext* ctx, const Securi
     auto fn = [core, req, who] { return core->Run(*req, who); };
     absl::StatusOr<std::unique_ptr<Message>> answer = CallCatching(fn);
     status = answer.status();
-    const auto pending = [](const Message& m) {
-      const google::protobuf::FieldDescriptor* state = m.GetDescriptor()->FindFieldByName("state");
-      return scheduler::IsPending(m.GetReflection()->GetEnumValue(m, state));
-    };
-    if (!answer.ok() || pending(**answer)) {
+    if (!answer.ok() || scheduler::IsPendingResponse(**answer)) {
       security.Audit(*caller, *req, answer.ok() ? answer->get() : nullptr, status);
     }
     if (answer.ok()) {
       std::shared_ptr<Message> resp = std::move(*answer);
-      const google::protobuf::FieldDescriptor* job_id = resp->GetDescriptor()->FindFieldByName("job_id");
-      const std::string id = resp->GetReflection()->GetString(*resp, job_id);
-      if (pending(*resp) && !id.empty()) {
+      const std::string id = scheduler::JobIdOf(*resp);
+      if (scheduler::IsPendingResponse(*resp) && !id.empty()) {
         core->jobs().Await(id, kBriefWait, [reactor, resp, out, fn](std::optional<scheduler::AnalysisAnswer> a) {
           absl::Status s;
           if (!a || !scheduler::IsPending(a->state)) {
@@ -68,11 +63,7 @@ grpc::ServerUnaryReactor* JobCall(grpc::CallbackServerContext* ctx, const Securi
           } else {
             // Still pending: the new state and progress on the first
             // answer.
-            const google::protobuf::Descriptor* d = resp->GetDescriptor();
-            const google::protobuf::Reflection* r = resp->GetReflection();
-            r->SetEnumValue(resp.get(), d->FindFieldByName("state"), a->state);
-            r->SetDouble(resp.get(), d->FindFieldByName("progress"), a->progress);
-            r->SetString(resp.get(), d->FindFieldByName("error"), a->error);
+            s = scheduler::UpdatePending(*a, resp.get());
           }
           reactor->Finish(s.ok() ? WriteResponse(*resp, out) : ToGrpcStatus(s));
         });

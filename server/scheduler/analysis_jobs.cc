@@ -19,33 +19,68 @@ AnalysisJobs::AnalysisJobs(store::Store* store, AnalysisJobOptions options) : st
 
 AnalysisJobs::~AnalysisJobs() { Shutdown(); }
 
-absl::Status FillFromAnswer(const AnalysisAnswer& a, google::protobuf::Message* response) {
-  if (a.state == v1::ANALYSIS_STATE_FAILED && IsRequestError(a.failure)) return a.failure;
-  const google::protobuf::Descriptor* d = response->GetDescriptor();
-  const google::protobuf::Reflection* r = response->GetReflection();
-  const auto field = [d](const char* name, google::protobuf::FieldDescriptor::CppType type) {
-    const google::protobuf::FieldDescriptor* f = d->FindFieldByName(name);
+namespace {
+
+using Field = google::protobuf::FieldDescriptor;
+
+// The job fields of an analysis response, by name (null when it has none).
+struct JobFields {
+  const Field* state = nullptr;
+  const Field* progress = nullptr;
+  const Field* error = nullptr;
+  const Field* job_id = nullptr;
+  const Field* from_store = nullptr;
+};
+
+absl::StatusOr<JobFields> JobFieldsOf(const google::protobuf::Descriptor* d) {
+  const auto field = [d](const char* name, Field::CppType type) {
+    const Field* f = d->FindFieldByName(name);
     return f != nullptr && f->cpp_type() == type && !f->is_repeated() ? f : nullptr;
   };
-  using T = google::protobuf::FieldDescriptor;
-  const T* state = field("state", T::CPPTYPE_ENUM);
-  const T* progress = field("progress", T::CPPTYPE_DOUBLE);
-  if (state == nullptr || progress == nullptr) {
+  JobFields j{field("state", Field::CPPTYPE_ENUM), field("progress", Field::CPPTYPE_DOUBLE),
+              field("error", Field::CPPTYPE_STRING), field("job_id", Field::CPPTYPE_STRING),
+              field("from_store", Field::CPPTYPE_BOOL)};
+  if (j.state == nullptr || j.progress == nullptr) {
     return absl::InternalError(d->name() + " has no state and progress fields");
   }
+  return j;
+}
+
+}  // namespace
+
+absl::Status FillFromAnswer(const AnalysisAnswer& a, google::protobuf::Message* response) {
+  if (a.state == v1::ANALYSIS_STATE_FAILED && IsRequestError(a.failure)) return a.failure;
+  CL_ASSIGN_OR_RETURN(const JobFields j, JobFieldsOf(response->GetDescriptor()));
+  const google::protobuf::Reflection* r = response->GetReflection();
   response->Clear();
   if (a.result && response->ParseFromString(*a.result)) {
-    if (const T* f = field("from_store", T::CPPTYPE_BOOL)) r->SetBool(response, f, a.from_store);
-    r->SetEnumValue(response, state, v1::ANALYSIS_STATE_DONE);
-    r->SetDouble(response, progress, 1.0);
+    if (j.from_store != nullptr) r->SetBool(response, j.from_store, a.from_store);
+    r->SetEnumValue(response, j.state, v1::ANALYSIS_STATE_DONE);
+    r->SetDouble(response, j.progress, 1.0);
     return absl::OkStatus();
   }
   response->Clear();
-  r->SetEnumValue(response, state, a.state);
-  r->SetDouble(response, progress, a.progress);
-  if (const T* f = field("error", T::CPPTYPE_STRING)) r->SetString(response, f, a.error);
-  if (const T* f = field("job_id", T::CPPTYPE_STRING)) r->SetString(response, f, a.job_id);
+  if (j.job_id != nullptr) r->SetString(response, j.job_id, a.job_id);
+  return UpdatePending(a, response);
+}
+
+absl::Status UpdatePending(const AnalysisAnswer& a, google::protobuf::Message* response) {
+  CL_ASSIGN_OR_RETURN(const JobFields j, JobFieldsOf(response->GetDescriptor()));
+  const google::protobuf::Reflection* r = response->GetReflection();
+  r->SetEnumValue(response, j.state, a.state);
+  r->SetDouble(response, j.progress, a.progress);
+  if (j.error != nullptr) r->SetString(response, j.error, a.error);
   return absl::OkStatus();
+}
+
+bool IsPendingResponse(const google::protobuf::Message& response) {
+  absl::StatusOr<JobFields> j = JobFieldsOf(response.GetDescriptor());
+  return j.ok() && IsPending(response.GetReflection()->GetEnumValue(response, j->state));
+}
+
+std::string JobIdOf(const google::protobuf::Message& response) {
+  absl::StatusOr<JobFields> j = JobFieldsOf(response.GetDescriptor());
+  return j.ok() && j->job_id != nullptr ? response.GetReflection()->GetString(response, j->job_id) : std::string();
 }
 
 AnalysisAnswer AnalysisJobs::AnswerOf(const Job& job) {

@@ -104,6 +104,9 @@ inline bool IsRequestError(const absl::Status& s) {
 // fields (state, progress, error, job_id, from_store) are set by name.
 // (CheckInvarianceResponse's own State enum shares AnalysisState's numbers.)
 absl::Status FillFromAnswer(const AnalysisAnswer& a, google::protobuf::Message* response);
+// A pending answer's state, progress and error set on `response` (its
+// other fields kept).
+absl::Status UpdatePending(const AnalysisAnswer& a, google::protobuf::Message* response);
 
 template <typename Response>
 absl::StatusOr<Response> ResponseFromAnswer(const AnalysisAnswer& a) {
@@ -115,6 +118,10 @@ absl::StatusOr<Response> ResponseFromAnswer(const AnalysisAnswer& a) {
 inline bool IsPending(int state) {
   return state == v1::ANALYSIS_STATE_QUEUED || state == v1::ANALYSIS_STATE_RUNNING;
 }
+// An analysis response whose state is QUEUED or RUNNING; its job_id ("" when
+// it has none).
+bool IsPendingResponse(const google::protobuf::Message& response);
+std::string JobIdOf(const google::protobuf::Message& response);
 
 class AnalysisJobs {
  public:

@@ -6,11 +6,17 @@ other through any path (no loop).
 Floors, bottom up. Server modules: common < store, engine < scheduler <
 remote, security < telemetry < rpc, http < app < main.cpp. Inside the engine:
 the torch helpers < basis/ (the IMIR coordinate system: bases, the tensor
-projector) < tasks/ < the torch-free API (spec.*, engine.h) < models/ <
+projector) < tasks/ < families/spec/ (the model families' torch-free half)
+< the torch-free API (spec.*, engine.h) < models/ <
 manifold/ (whole-model projection, the invariance checks) < train/ (trainers,
 the run loop) < analysis/ < families/ (what differs per model family) < the
 facade's implementation (engine.cc). A header and its .cc are one node
 of the loop check (but engine.h and engine.cc, two floors apart, are two).
+
+Model families are told apart in server/engine/families/ only (issue 31):
+a model-kind check anywhere else (ModelSpec::kDecoder, has_imir(), a
+LATENT_KIND_REGRESSION branch outside the task catalogue and generators,
+...) is a violation; everything else asks the family (SpecFamilyOf, FamilyOf).
 
 Run from the repository root; prints each violation and exits 1 if any.
 `--report` prints the counts only (for issue notes).
@@ -24,10 +30,10 @@ SERVER_FLOORS = {
     "common": 0, "store": 1, "engine": 1, "scheduler": 2, "remote": 3, "security": 3,
     "telemetry": 4, "rpc": 5, "http": 5, "app": 6, "main.cpp": 7,
 }
-ENGINE_FLOORS = [  # (path prefix inside server/engine/, floor)
+ENGINE_FLOORS = [  # (path prefix inside server/engine/, floor); first match wins
     ("pch.h", 0), ("torch_util.h", 0), ("torch_compat.h", 0), ("basis/", 1),
-    ("tasks/", 2), ("spec.", 3), ("engine.h", 3), ("models/", 4), ("manifold/", 5),
-    ("train/", 6), ("analysis/", 7), ("families/", 8), ("engine.cc", 9),
+    ("tasks/", 2), ("families/spec/", 3), ("spec.", 4), ("engine.h", 4), ("models/", 5),
+    ("manifold/", 6), ("train/", 7), ("analysis/", 8), ("families/", 9), ("engine.cc", 10),
 ]
 INCLUDE = re.compile(r'^\s*#\s*include\s+"(server/[^"]+)"', re.M)
 
@@ -54,6 +60,29 @@ def node(path):
     engine.h is the torch-free API (floor 3), engine.cc its implementation
     at the top."""
     return path if path.startswith("server/engine/engine.") else os.path.splitext(path)[0]
+
+
+MODEL_KIND = re.compile(r"ModelSpec::kDecoder|ModelSpec::kImir|IsLatent\(|NeedsImir\(|has_decoder\(\)|has_imir\(\)")
+# A latent task's kind: the task catalogue and generators describe each
+# kind (their job); a branch on REGRESSION anywhere else picks a family.
+TASK_KIND = re.compile(r"LATENT_KIND_REGRESSION")
+STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+
+
+def FamilyChecks(files):
+    """(file, line, text) of each model-family check outside families/:
+    code only (comments and string literals do not count)."""
+    found = []
+    for f in sorted(files):
+        if f.startswith("server/engine/families/"):
+            continue
+        task_room = f.startswith("server/engine/tasks/")
+        with open(f, encoding="utf-8") as fh:
+            for n, line in enumerate(fh, 1):
+                code = STRING.sub('""', line.split("//")[0])
+                if MODEL_KIND.search(code) or (not task_room and TASK_KIND.search(code)):
+                    found.append((f, n, line.strip()))
+    return found
 
 
 def main():
@@ -84,7 +113,7 @@ def main():
                 # Engine files see only common/ outside the engine; others see
                 # the engine through its torch-free API only.
                 bad = (src_engine and dst_room != "common") or (
-                    not src_engine and not re.match(r"server/engine/(engine\.h|spec\.h|basis/basis\.h|tasks/catalog\.h)$", inc))
+                    not src_engine and not re.match(r"server/engine/(engine\.h|spec\.h|basis/basis\.h|tasks/catalog\.h|families/spec/spec_family\.h)$", inc))
             else:
                 bad = dst_floor >= src_floor
             if bad:
@@ -122,23 +151,14 @@ def main():
             visit(v)
     for comp in comps:
         problems.append("include loop: " + " <-> ".join(comp))
+    family_checks = FamilyChecks(files)
+    for f, line, text in family_checks:
+        problems.append(f"{f}:{line}: tells model families apart outside server/engine/families/ "
+                        f"(ask the family: SpecFamilyOf/FamilyOf): {text}")
     if "--report" in sys.argv:
-        print(f"{len(files)} files, {upward} upward/sideways includes, {len(comps)} loops")
-        # Where the code tells model families apart outside families/
-        # (issue 31 item 2: the goal is none); reported, not yet enforced.
-        kind = re.compile(r"ModelSpec::kDecoder|ModelSpec::kImir|LATENT_KIND_REGRESSION|IsLatent\(|NeedsImir\(|"
-                          r"has_decoder\(\)|has_imir\(\)")
-        where = defaultdict(int)
-        for f in files:
-            if f.startswith("server/engine/families/"):
-                continue
-            with open(f, encoding="utf-8") as fh:
-                for line in fh:
-                    if kind.search(line) and not line.lstrip().startswith("//"):
-                        where[f] += 1
-        print(f"{sum(where.values())} model-family checks outside server/engine/families/ in {len(where)} files")
-        for f, n in sorted(where.items(), key=lambda x: -x[1]):
-            print(f"  {n:3d} {f}")
+        print(f"{len(files)} files, {upward} upward/sideways includes, {len(comps)} loops, "
+              f"{len(family_checks)} model-family checks outside server/engine/families/")
+        return 0
     for p in problems:
         print(p)
     return 1 if problems else 0

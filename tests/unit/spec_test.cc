@@ -270,6 +270,70 @@ TEST(SpecTest, LatentTaskResolvesToTvMicroDefaults) {
   EXPECT_EQ(dyck.task().latent().seq_len(), 85u);
 }
 
+// The torch-free families (families/spec/): one per resolved spec, each
+// saying what it has, so that nothing else branches on the model kind.
+TEST(SpecFamilyTest, EachSpecHasOneFamilyThatSaysWhatItHas) {
+  v1::ExperimentSpec imir, dice, dyck, regression;
+  dyck.mutable_task()->mutable_latent()->set_kind(v1::LATENT_KIND_DYCK);
+  dice.mutable_task()->mutable_latent();
+  regression.mutable_task()->mutable_latent()->set_kind(v1::LATENT_KIND_REGRESSION);
+  for (v1::ExperimentSpec* s : {&imir, &dice, &dyck, &regression}) ASSERT_TRUE(ResolveSpec({}, s).ok());
+
+  const SpecFamily& f = SpecFamilyOf(imir);
+  EXPECT_EQ(f.name(), "imir");
+  EXPECT_TRUE(f.has_coordinates());
+  EXPECT_FALSE(f.has_task_vectors());
+  EXPECT_EQ(f.NumHeads(imir), 1);
+  EXPECT_EQ(f.ContinuousInputWidth(imir), 0);
+
+  const SpecFamily& latent = SpecFamilyOf(dice);
+  EXPECT_EQ(latent.name(), "latent");
+  EXPECT_EQ(&SpecFamilyOf(dyck), &latent);
+  EXPECT_FALSE(latent.has_coordinates());
+  EXPECT_TRUE(latent.has_task_vectors());
+  EXPECT_EQ(latent.NumHeads(dice), 2);
+  EXPECT_EQ(latent.ResidualWidth(dice), 48);
+  EXPECT_TRUE(latent.OffersTaskVectorAnalysis("p1", dice.task().latent()));
+  EXPECT_FALSE(latent.OffersTaskVectorAnalysis("dyck_p0", dice.task().latent()));
+  EXPECT_TRUE(latent.OffersTaskVectorAnalysis("dyck_p0", dyck.task().latent()));
+  EXPECT_FALSE(latent.OffersTaskVectorAnalysis("p0", dyck.task().latent()));  // no Bayes predictor
+  EXPECT_EQ(latent.TaskVectorSitesOf(dice).last, 46u);                       // T - 2
+  EXPECT_STREQ(latent.TaskVectorSitesOf(dice).unit, "positions");
+
+  const SpecFamily& e2 = SpecFamilyOf(regression);
+  EXPECT_EQ(e2.name(), "regression");
+  EXPECT_TRUE(e2.has_task_vectors());
+  EXPECT_EQ(e2.ContinuousInputWidth(regression), 7);  // x (dim 6) and the y flag
+  EXPECT_FALSE(e2.OffersTaskVectorAnalysis("p1", regression.task().latent()));
+  EXPECT_TRUE(e2.OffersTaskVectorAnalysis("kl", regression.task().latent()));
+  EXPECT_EQ(e2.TaskVectorSitesOf(regression).last, 15u);  // num_points - 1
+  EXPECT_STREQ(e2.TaskVectorSitesOf(regression).unit, "points");
+
+  // The facade's sizes are the family's.
+  for (const v1::ExperimentSpec* s : {&imir, &dice, &regression}) {
+    EXPECT_EQ(ParameterCount(*s), SpecFamilyOf(*s).ParameterCount(*s));
+    EXPECT_EQ(EstimateRunMemoryBytes(*s), SpecFamilyOf(*s).EstimateRunMemoryBytes(*s));
+  }
+}
+
+TEST(SpecFamilyTest, AModelThatCannotTrainTheTaskIsRefused) {
+  v1::ExperimentSpec decoder_on_blocks;
+  decoder_on_blocks.mutable_model()->mutable_decoder();
+  EXPECT_EQ(ResolveSpec({}, &decoder_on_blocks).message(),
+            "model.decoder is the model of task.latent; task.associative_recall trains on model.imir");
+  v1::ExperimentSpec imir_on_latent;
+  imir_on_latent.mutable_task()->mutable_latent();
+  imir_on_latent.mutable_model()->mutable_imir();
+  EXPECT_EQ(ResolveSpec({}, &imir_on_latent).message(),
+            "model.imir needs a block-list task; task.latent trains on model.decoder");
+  v1::ExperimentSpec ce_on_e2;
+  ce_on_e2.mutable_task()->mutable_latent()->set_kind(v1::LATENT_KIND_REGRESSION);
+  ce_on_e2.mutable_training()->set_loss(v1::LOSS_KIND_CROSS_ENTROPY);
+  EXPECT_EQ(ResolveSpec({}, &ce_on_e2).message(),
+            "training.loss must be LOSS_KIND_MSE for LATENT_KIND_REGRESSION (squared error of the prediction of "
+            "every y_i)");
+}
+
 TEST(SpecTest, RegressionResolvesToTheB3ModelAndItsTraining) {
   v1::ExperimentSpec spec;
   spec.mutable_task()->mutable_latent()->set_kind(v1::LATENT_KIND_REGRESSION);

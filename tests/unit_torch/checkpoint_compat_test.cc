@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "nlohmann/json.hpp"
+#include "server/engine/families/family.h"
 #include "server/engine/tasks/catalog.h"
 #include "server/engine/torch_compat.h"
 #include "server/engine/train/latent_trainer.h"
@@ -72,8 +73,7 @@ const std::vector<Case>& Cases() {
 }
 
 std::unique_ptr<TrainerBase> MakeTrainer(const v1::ExperimentSpec& spec, const std::vector<uint64_t>& seeds) {
-  if (IsLatent(spec)) return std::make_unique<LatentTrainer>(spec, seeds, torch::kCPU);
-  return std::make_unique<EnsembleTrainer>(spec, seeds, torch::kCPU);
+  return FamilyOf(spec).MakeTrainer(spec, seeds, torch::kCPU);
 }
 
 json SumsOf(const torch::Tensor& t) {

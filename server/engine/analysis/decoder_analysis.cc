@@ -1,5 +1,7 @@
 #include "server/engine/analysis/decoder_analysis.h"
 
+#include <algorithm>
+
 #include "server/engine/train/trainer_base.h"
 
 namespace circuitlab::engine {
@@ -28,6 +30,17 @@ absl::Status CheckVectorRequest(const v1::ExperimentSpec& spec, const v1::Analyz
     }
   }
   return absl::OkStatus();
+}
+
+VectorWindow VectorWindowOf(const v1::AnalyzeTaskVectorsRequest& r, int num_layers, int64_t last) {
+  VectorWindow w;
+  for (uint32_t l : r.layers()) w.layers.push_back(static_cast<int>(l));
+  if (w.layers.empty()) {
+    for (int l = 0; l < num_layers; ++l) w.layers.push_back(l);
+  }
+  w.est_end = r.has_est_end() ? std::min<int64_t>(r.est_end(), last) : last;
+  w.est_begin = r.has_est_begin() ? std::min<int64_t>(r.est_begin(), w.est_end) : std::max<int64_t>(0, (3 * last) / 4);
+  return w;
 }
 
 }  // namespace circuitlab::engine

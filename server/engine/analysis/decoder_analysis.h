@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "server/common/seeds.h"
@@ -33,5 +34,14 @@ auto WithDecoder(const AnalysisInput& input, F f)
 // AnalyzeTaskVectors' hook kinds (post_mlp, post_attn or resid_pre) and
 // layers against the run's decoder: InvalidArgument naming the field.
 absl::Status CheckVectorRequest(const v1::ExperimentSpec& spec, const v1::AnalyzeTaskVectorsRequest& request);
+
+// Where a task-vector request reads: the layers it names (all `num_layers`
+// when none) and the estimation window [est_begin, est_end] over the sites
+// 0..last (positions or points; default the last quarter).
+struct VectorWindow {
+  std::vector<int> layers;
+  int64_t est_begin = 0, est_end = 0;
+};
+VectorWindow VectorWindowOf(const v1::AnalyzeTaskVectorsRequest& request, int num_layers, int64_t last);
 
 }  // namespace circuitlab::engine

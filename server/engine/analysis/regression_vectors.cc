@@ -55,13 +55,10 @@ struct RgRun {
         d(t.dim()),
         last(n - 1),
         L(static_cast<int>(m.config().layers)) {
-    for (uint32_t l : r.layers()) layers.push_back(static_cast<int>(l));
-    if (layers.empty()) {
-      for (int l = 0; l < L; ++l) layers.push_back(l);
-    }
-    // Estimation window of the task vectors over points (default the last quarter).
-    est_end = r.has_est_end() ? std::min<int64_t>(r.est_end(), last) : last;
-    est_begin = r.has_est_begin() ? std::min<int64_t>(r.est_begin(), est_end) : std::max<int64_t>(0, (3 * last) / 4);
+    VectorWindow w = VectorWindowOf(r, L, last);  // the estimation window over points
+    layers = std::move(w.layers);
+    est_begin = w.est_begin;
+    est_end = w.est_end;
   }
 
   // B natural sequences of each major (task k's at rows k*B..) and their

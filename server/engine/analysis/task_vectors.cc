@@ -64,12 +64,10 @@ struct TvRun {
         V(t.vocab_size()),
         last(T - 2),
         L(static_cast<int>(m.config().layers)) {
-    for (uint32_t l : r.layers()) layers.push_back(static_cast<int>(l));
-    if (layers.empty()) {
-      for (int l = 0; l < L; ++l) layers.push_back(l);
-    }
-    est_end = r.has_est_end() ? std::min<int64_t>(r.est_end(), last) : last;
-    est_begin = r.has_est_begin() ? std::min<int64_t>(r.est_begin(), est_end) : std::max<int64_t>(0, (3 * last) / 4);
+    VectorWindow w = VectorWindowOf(r, L, last);  // the estimation window over positions
+    layers = std::move(w.layers);
+    est_begin = w.est_begin;
+    est_end = w.est_end;
     positions.assign(r.positions().begin(), r.positions().end());
     if (positions.empty()) {
       for (int64_t p : {2, 4, 8, 16, 32}) {

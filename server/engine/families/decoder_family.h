@@ -1,5 +1,5 @@
 // What the two decoder families (SCIENCE.md B.2: `latent` and `regression`)
-// share: the decoder trained by a DecoderTrainer<Task>, its evaluation sets
+// share: the decoder trained by a DecoderTrainer, its evaluation sets
 // (id/ood/minor). Their analyses (task vectors, hook-point interventions)
 // register themselves in analysis/ (decoder_analysis.h).
 // Engine-private (includes LibTorch).
@@ -12,20 +12,21 @@
 #include <vector>
 
 #include "server/engine/families/family.h"
+#include "server/engine/families/spec/spec_family.h"
 #include "server/engine/models/decoder_model.h"
 #include "server/engine/train/latent_trainer.h"
 
 namespace circuitlab::engine {
 
-// The decoder families: `Task` is the run's task generator, `Trainer` its
-// trainer (a DecoderTrainer<Task>).
-template <typename Task, typename Trainer>
+// The decoder families: `Trainer` is the run's trainer (a DecoderTrainer),
+// `spec` the family's torch-free half (its name, its rules).
+template <typename Trainer>
 class DecoderFamily final : public ModelFamily {
  public:
   // `metrics`: the names each evaluation set reports.
-  DecoderFamily(std::string_view name, std::vector<std::string> metrics) : name_(name), metrics_(std::move(metrics)) {}
+  DecoderFamily(const SpecFamily& spec, std::vector<std::string> metrics) : spec_(spec), metrics_(std::move(metrics)) {}
 
-  std::string_view name() const override { return name_; }
+  std::string_view name() const override { return spec_.name(); }
   std::unique_ptr<TrainerBase> MakeTrainer(const v1::ExperimentSpec& resolved, const std::vector<uint64_t>& seeds,
                                            torch::Device device) const override {
     return std::make_unique<Trainer>(resolved, seeds, device);
@@ -39,7 +40,7 @@ class DecoderFamily final : public ModelFamily {
   }
 
  private:
-  std::string_view name_;
+  const SpecFamily& spec_;
   std::vector<std::string> metrics_;
 };
 

@@ -2,7 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/engine/analysis/registry.h"
-#include "server/engine/tasks/catalog.h"
+#include "server/engine/families/spec/spec_family.h"
 
 namespace circuitlab::engine {
 
@@ -13,8 +13,10 @@ absl::Status ModelFamily::Lacks(std::string_view analysis) const {
 }
 
 const ModelFamily& FamilyOf(const v1::ExperimentSpec& spec) {
-  if (spec.model().kind_case() != v1::ModelSpec::kDecoder || !IsLatent(spec)) return ImirFamily();
-  return spec.task().latent().kind() == v1::LATENT_KIND_REGRESSION ? RegressionFamily() : LatentFamily();
+  const SpecFamily& family = SpecFamilyOf(spec);  // the torch-free half, which tells the families apart
+  if (&family == &LatentSpecFamily()) return LatentFamily();
+  if (&family == &RegressionSpecFamily()) return RegressionFamily();
+  return ImirFamily();
 }
 
 }  // namespace circuitlab::engine

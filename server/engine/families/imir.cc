@@ -5,6 +5,7 @@
 
 #include "server/common/seeds.h"
 #include "server/engine/families/family.h"
+#include "server/engine/families/spec/spec_family.h"
 #include "server/engine/manifold/projection.h"
 #include "server/engine/train/trainer.h"
 
@@ -52,7 +53,7 @@ class ManifoldRecorder final : public StepRecorder {
 
 class Imir final : public ModelFamily {
  public:
-  std::string_view name() const override { return "imir"; }
+  std::string_view name() const override { return ImirSpecFamily().name(); }
   std::unique_ptr<TrainerBase> MakeTrainer(const v1::ExperimentSpec& resolved, const std::vector<uint64_t>& seeds,
                                            torch::Device device) const override {
     return std::make_unique<EnsembleTrainer>(resolved, seeds, device);

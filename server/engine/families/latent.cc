@@ -5,8 +5,8 @@
 namespace circuitlab::engine {
 
 const ModelFamily& LatentFamily() {
-  static const DecoderFamily<LatentTaskGenerator, LatentTrainer> family(
-      "latent", {"loss", "accuracy", "bayes_loss"});
+  static const DecoderFamily<LatentTrainer> family(
+      LatentSpecFamily(), {"loss", "accuracy", "bayes_loss"});
   return family;
 }
 

@@ -7,8 +7,8 @@
 namespace circuitlab::engine {
 
 const ModelFamily& RegressionFamily() {
-  static const DecoderFamily<RegressionTaskGenerator, RegressionTrainer> family(
-      "regression", {"loss", "bayes_loss", "retrieval_loss", "ridge_loss", "to_retrieval", "to_ridge"});
+  static const DecoderFamily<RegressionTrainer> family(
+      RegressionSpecFamily(), {"loss", "bayes_loss", "retrieval_loss", "ridge_loss", "to_retrieval", "to_ridge"});
   return family;
 }
 

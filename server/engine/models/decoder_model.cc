@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/common/thread_cancel.h"
+#include "server/engine/families/spec/spec_family.h"
 #include "server/engine/tasks/catalog.h"
 
 namespace circuitlab::engine {
@@ -112,7 +113,7 @@ DecoderConfig DecoderConfigOf(const v1::ExperimentSpec& spec) {
   c.gelu = m.activation() == v1::ACTIVATION_GELU;
   c.attn_bias = m.attention_bias();
   c.final_ln = m.final_layernorm();
-  if (spec.task().latent().kind() == v1::LATENT_KIND_REGRESSION) c.input_dim = int64_t{spec.task().latent().dim()} + 1;
+  c.input_dim = SpecFamilyOf(spec).ContinuousInputWidth(spec);  // 0: token embedding
   c.init_std = m.init_std();
   c.rope_base = m.rope_base();
   return c;

@@ -108,8 +108,6 @@ int64_t LatentVocab(const v1::LatentTask& t) {
   return int64_t{t.num_states()} + (t.kind() == v1::LATENT_KIND_DYCK ? 2 : 0);
 }
 
-bool IsLatent(const v1::ExperimentSpec& spec) { return spec.task().kind_case() == v1::TaskSpec::kLatent; }
-
 TaskSymmetry AssocRecallSymmetry(int64_t num_common, int64_t num_rare, int64_t num_heldout, int64_t block_length,
                                  int64_t positions, bool absolute_positions) {
   TaskSymmetry s = Layout({{"common", num_common}, {"rare", num_rare}, {"heldout", num_heldout}});

@@ -35,11 +35,6 @@ std::string TaskName(const v1::TaskSpec& task);
 // symbols for DYCK; 1 (the scalar prediction of y) for REGRESSION.
 int64_t LatentVocab(const v1::LatentTask& task);
 
-// A task of the latent-task family (SCIENCE.md A.2; trained on
-// model.decoder). The IMIR analyses (bases, coordinates, circuits) do not
-// apply to them.
-bool IsLatent(const v1::ExperimentSpec& spec);
-
 // The symmetry group of the task's data (block-list tasks only): token classes (exchangeable tokens),
 // the fixed relation, held-out tokens, the position group and the paper set's
 // shifts. For associative recall the relation pairs common tokens in a

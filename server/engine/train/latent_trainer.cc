@@ -46,8 +46,23 @@ torch::Tensor NextTokenLoss(const torch::Tensor& logits, const torch::Tensor& to
   return -logp.gather(-1, next).squeeze(-1).mean(-1);
 }
 
+std::vector<std::vector<Metric>> DecoderTrainMetrics(const torch::Tensor& member_loss, const torch::Tensor& sq,
+                                                     double lr,
+                                                     const std::vector<std::pair<const char*, torch::Tensor>>& extra) {
+  const torch::Tensor loss = member_loss.detach().to(torch::kDouble).cpu(), norm = sq.sqrt().cpu();
+  std::vector<std::vector<Metric>> out;
+  for (int64_t e = 0; e < loss.size(0); ++e) {
+    std::vector<Metric> m = {{"train/loss", loss[e].item<double>()}};
+    for (const auto& [name, values] : extra) m.push_back({name, values[e].item<double>()});
+    m.push_back({"train/grad_norm", norm[e].item<double>()});
+    m.push_back({"train/lr", lr});
+    out.push_back(std::move(m));
+  }
+  return out;
+}
+
 LatentTrainer::LatentTrainer(const v1::ExperimentSpec& spec, std::vector<uint64_t> member_seeds, torch::Device device)
-    : DecoderTrainer(spec, std::move(member_seeds), device), batches_([this](int64_t step) {
+    : DecoderTrainer(spec, std::move(member_seeds), device, [this](int64_t step) {
         std::vector<torch::Tensor> toks;
         for (size_t e = 0; e < seeds_.size(); ++e) {
           torch::Generator gen = MakeGenerator(BatchSeedOf(seeds_[e], step));
@@ -93,8 +108,7 @@ std::vector<std::vector<Metric>> LatentTrainer::Step(bool record) {
   torch::Tensor sq;
   const double lr = ScheduledLearningRate(spec_.training(), next);
   Update(record ? &sq : nullptr);
-  std::vector<std::vector<Metric>> out;
-  if (!record) return out;
+  if (!record) return {};
   torch::NoGradGuard no_grad;
   const int64_t T = tokens.size(2);
   torch::Tensor acc = (logits.narrow(2, 0, T - 1).argmax(-1) == tokens.narrow(2, 1, T - 1))
@@ -102,15 +116,7 @@ std::vector<std::vector<Metric>> LatentTrainer::Step(bool record) {
                           .flatten(1)
                           .mean(1)
                           .cpu();
-  torch::Tensor loss = member_loss.detach().to(torch::kDouble).cpu();
-  torch::Tensor norm = sq.sqrt().cpu();
-  for (int64_t e = 0; e < ensemble(); ++e) {
-    out.push_back({{"train/loss", loss[e].item<double>()},
-                   {"train/accuracy", acc[e].item<double>()},
-                   {"train/grad_norm", norm[e].item<double>()},
-                   {"train/lr", lr}});
-  }
-  return out;
+  return DecoderTrainMetrics(member_loss, sq, lr, {{"train/accuracy", acc}});
 }
 
 std::vector<std::vector<Metric>> LatentTrainer::Evaluate() const {

@@ -14,8 +14,10 @@
 
 #include <torch/torch.h>
 
+#include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "server/common/seeds.h"
@@ -45,15 +47,24 @@ uint64_t LatentEvalSeed(uint64_t member_seed, int index);
 // tokens [..., T] (positions 0..T-2 predict 1..T-1), shape [...].
 torch::Tensor NextTokenLoss(const torch::Tensor& logits, const torch::Tensor& tokens);
 
+// Per member of a recorded decoder step: train/loss (of `member_loss` [E]),
+// the `extra` metrics ([E] each), train/grad_norm (from the squared norms
+// `sq` that TrainerBase::Update filled) and train/lr.
+std::vector<std::vector<Metric>> DecoderTrainMetrics(
+    const torch::Tensor& member_loss, const torch::Tensor& sq, double lr,
+    const std::vector<std::pair<const char*, torch::Tensor>>& extra);
+
 // What the trainers of both decoder families (token and regression tasks)
 // share: one task generator per member, its pools drawn from the member's
 // pool seed; the spec's decoder initialised from the members' init seeds;
-// the optimiser over the decoder's named parameters.
-template <class Task>
+// the optimiser over the decoder's named parameters; the training batches
+// (`Batch`, drawn by `sample` one step ahead); the training metrics.
+template <class Task, class Batch>
 class DecoderTrainer : public TrainerBase {
  public:
-  DecoderTrainer(const v1::ExperimentSpec& spec, std::vector<uint64_t> member_seeds, torch::Device device)
-      : TrainerBase(spec, std::move(member_seeds), device) {
+  DecoderTrainer(const v1::ExperimentSpec& spec, std::vector<uint64_t> member_seeds, torch::Device device,
+                 std::function<Batch(int64_t)> sample)
+      : TrainerBase(spec, std::move(member_seeds), device), batches_(std::move(sample)) {
     for (uint64_t seed : seeds_) tasks_.push_back(std::make_unique<Task>(spec_.task().latent(), PoolSeedOf(seed)));
     model_ = MakeDecoder(spec_, ensemble(), device_);
     InitializeDecoder(seeds_, *model_);
@@ -62,18 +73,20 @@ class DecoderTrainer : public TrainerBase {
 
   const DecoderModel& model() const { return *model_; }
   const Task& task(int64_t member) const { return *tasks_[static_cast<size_t>(member)]; }
+  double data_wait_seconds() const override { return batches_.waited_seconds(); }
 
  protected:
   std::vector<std::unique_ptr<Task>> tasks_;
   std::unique_ptr<DecoderModel> model_;
+  BatchPrefetcher<Batch> batches_;  // declared last: its sampler stops before tasks_ go
 };
 
-class LatentTrainer : public DecoderTrainer<LatentTaskGenerator> {
+// Batches are [E, B, T] tokens on the CPU.
+class LatentTrainer : public DecoderTrainer<LatentTaskGenerator, torch::Tensor> {
  public:
   LatentTrainer(const v1::ExperimentSpec& spec, std::vector<uint64_t> member_seeds, torch::Device device);
 
   std::vector<std::vector<Metric>> Step(bool record) override;
-  double data_wait_seconds() const override { return batches_.waited_seconds(); }
   std::vector<std::vector<Metric>> Evaluate() const override;
 
  private:
@@ -83,7 +96,6 @@ class LatentTrainer : public DecoderTrainer<LatentTaskGenerator> {
     std::vector<torch::Tensor> bayes;   // per member [N, T-1] log-prob of the next token, or undefined
   };
   std::vector<EvalSet> eval_sets_;
-  BatchPrefetcher<torch::Tensor> batches_;  // [E, B, T] tokens on the CPU; stops before the base's tasks_ go
 };
 
 }  // namespace circuitlab::engine

@@ -22,7 +22,7 @@ torch::Tensor MemberInputs(const DecoderModel& model, const torch::Tensor& x, co
 
 RegressionTrainer::RegressionTrainer(const v1::ExperimentSpec& spec, std::vector<uint64_t> member_seeds,
                                      torch::Device device)
-    : DecoderTrainer(spec, std::move(member_seeds), device), batches_([this](int64_t step) {
+    : DecoderTrainer(spec, std::move(member_seeds), device, [this](int64_t step) {
         std::vector<torch::Tensor> xs, ys;
         for (size_t e = 0; e < seeds_.size(); ++e) {
           torch::Generator gen = MakeGenerator(BatchSeedOf(seeds_[e], step));
@@ -75,16 +75,8 @@ std::vector<std::vector<Metric>> RegressionTrainer::Step(bool record) {
   torch::Tensor sq;
   const double lr = ScheduledLearningRate(spec_.training(), next);
   Update(record ? &sq : nullptr);
-  std::vector<std::vector<Metric>> out;
-  if (!record) return out;
-  torch::Tensor loss = member_loss.detach().to(torch::kDouble).cpu();
-  torch::Tensor norm = sq.sqrt().cpu();
-  for (int64_t e = 0; e < ensemble(); ++e) {
-    out.push_back({{"train/loss", loss[e].item<double>()},
-                   {"train/grad_norm", norm[e].item<double>()},
-                   {"train/lr", lr}});
-  }
-  return out;
+  if (!record) return {};
+  return DecoderTrainMetrics(member_loss, sq, lr, {});
 }
 
 std::vector<std::vector<Metric>> RegressionTrainer::Evaluate() const {

@@ -38,12 +38,13 @@ torch::Tensor PredictRegression(const DecoderModel& model, const torch::Tensor& 
 // [N, n, d], y [N, n] of any floating type.
 torch::Tensor MemberInputs(const DecoderModel& model, const torch::Tensor& x, const torch::Tensor& y);
 
-class RegressionTrainer : public DecoderTrainer<RegressionTaskGenerator> {
+// Batches are x [E, B, n, d] and y [E, B, n] (float32) on the CPU.
+class RegressionTrainer
+    : public DecoderTrainer<RegressionTaskGenerator, std::pair<torch::Tensor, torch::Tensor>> {
  public:
   RegressionTrainer(const v1::ExperimentSpec& spec, std::vector<uint64_t> member_seeds, torch::Device device);
 
   std::vector<std::vector<Metric>> Step(bool record) override;
-  double data_wait_seconds() const override { return batches_.waited_seconds(); }
   std::vector<std::vector<Metric>> Evaluate() const override;
 
  private:
@@ -54,7 +55,6 @@ class RegressionTrainer : public DecoderTrainer<RegressionTaskGenerator> {
     bool reference_is_ridge = false;
   };
   std::vector<EvalSet> eval_sets_;
-  BatchPrefetcher<std::pair<torch::Tensor, torch::Tensor>> batches_;  // x, y [E, B, ...]; stops before the base's tasks_ go
 };
 
 }  // namespace circuitlab::engine

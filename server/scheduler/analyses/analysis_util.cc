@@ -29,10 +29,13 @@ void FillCoordinate(const store::CoordinateDefRow& d, double value, v1::Coordina
   c->set_gauge(d.gauge);
 }
 
-absl::Status NeedsImir(const v1::ExperimentSpec& spec, const std::string& what) {
-  if (spec.model().kind_case() != v1::ModelSpec::kDecoder) return absl::OkStatus();
+absl::Status NeedsCoordinates(const v1::ExperimentSpec& spec, const std::string& what) {
+  const engine::SpecFamily& family = engine::SpecFamilyOf(spec);
+  if (family.has_coordinates()) return absl::OkStatus();
   return absl::FailedPreconditionError(what + " needs an IMIR model (model.imir); this run trains model.decoder on "
-                                       "task.latent: ask AnalyzeTaskVectors (circuitlab task-vectors)");
+                                       "task.latent (the " + std::string(family.name()) +
+                                       " family, no IMIR coordinates): ask AnalyzeTaskVectors (circuitlab "
+                                       "task-vectors)");
 }
 
 uint64_t JobMemory(const v1::ExperimentSpec& spec, uint64_t extra) {

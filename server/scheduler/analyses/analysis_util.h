@@ -22,9 +22,10 @@ engine::Selection ToSelection(v1::BasisSelection s);
 // InvalidArgument for a value outside the enum.
 absl::Status CheckSelection(v1::BasisSelection s);
 void FillCoordinate(const store::CoordinateDefRow& d, double value, v1::Coordinate* c);
-// FailedPrecondition naming `what` for a decoder (latent-task) run: the IMIR
-// analyses (coordinates, circuits, invariance) need the IMIR block model.
-absl::Status NeedsImir(const v1::ExperimentSpec& spec, const std::string& what);
+// FailedPrecondition naming `what` for a run whose model family has no IMIR
+// coordinates (a decoder): the IMIR analyses (coordinates, circuits,
+// invariance, coordinate edits) need the IMIR block model.
+absl::Status NeedsCoordinates(const v1::ExperimentSpec& spec, const std::string& what);
 // What admission counts for a job on `spec`'s model: the run's own estimate
 // (weights, optimiser state, one training batch of activations: more than the
 // analyses' evaluation chunks hold) plus the analysis's own largest buffers.

@@ -43,7 +43,7 @@ absl::StatusOr<AnalysisPlan<v1::DetectCircuitResponse>> PlanDetectCircuit(Analys
                                       std::to_string(request.max_evals()));
   }
   CL_ASSIGN_OR_RETURN(auto found, core.RunCheckpoint(id, request.step(), request.run_id()));
-  CL_RETURN_IF_ERROR(NeedsImir(found.first, "DetectCircuit"));
+  CL_RETURN_IF_ERROR(NeedsCoordinates(found.first, "DetectCircuit"));
   const v1::ExperimentSpec& spec = found.first;
   // The canonical request: every default resolved, force dropped.
   v1::DetectCircuitRequest canonical;

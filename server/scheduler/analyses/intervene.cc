@@ -22,9 +22,8 @@ bool IsActivationOp(v1::Intervention::Op op) {
 // Reference activations are kept whole: n_eval x T x width floats (an
 // attention pattern: T x heads).
 uint64_t ReferenceBytes(const v1::ExperimentSpec& spec, uint64_t n_eval) {
-  const bool decoder = spec.model().kind_case() == v1::ModelSpec::kDecoder;
   const uint64_t T = engine::ShapeOf(spec).seq_len;
-  const uint64_t heads = decoder ? spec.model().decoder().num_heads() : spec.model().imir().num_heads();
+  const uint64_t heads = static_cast<uint64_t>(engine::SpecFamilyOf(spec).NumHeads(spec));
   return 4ULL * n_eval * T * std::max<uint64_t>(static_cast<uint64_t>(engine::ResidualWidth(spec)), T * heads);
 }
 
@@ -48,7 +47,7 @@ absl::Status CheckActivationFields(const v1::Intervention& in, const std::string
 
 // One wire op, validated for a run of this model kind (a swap's source
 // checkpoint is the caller's to load).
-absl::Status CheckOp(const v1::Intervention& in, const std::string& field, bool decoder) {
+absl::Status CheckOp(const v1::Intervention& in, const std::string& field, bool has_coordinates) {
   if (in.coordinates_size() > 4096) {
     return absl::InvalidArgumentError(field + ".coordinates must have at most 4096 entries");
   }
@@ -60,7 +59,7 @@ absl::Status CheckOp(const v1::Intervention& in, const std::string& field, bool 
     return absl::InvalidArgumentError(field + ".op must be one of the Intervention.Op values (got " +
                                       std::to_string(in.op()) + ")");
   }
-  if (decoder && !IsActivationOp(in.op())) {
+  if (!has_coordinates && !IsActivationOp(in.op())) {
     return absl::FailedPreconditionError(field + ": " + v1::Intervention::Op_Name(in.op()) +
                                          " edits IMIR weights; this decoder run takes the hook-point ops "
                                          "OP_ZERO .. OP_REPLACE_CONVEX");
@@ -115,7 +114,7 @@ absl::StatusOr<AnalysisPlan<v1::InterveneResponse>> PlanIntervene(AnalysisCore& 
   }
   CL_ASSIGN_OR_RETURN(auto found, core.RunCheckpoint(id, request.step(), request.run_id()));
   const v1::ExperimentSpec& spec = found.first;
-  const bool decoder = spec.model().kind_case() == v1::ModelSpec::kDecoder;
+  const bool has_coordinates = engine::SpecFamilyOf(spec).has_coordinates();
   v1::InterveneRequest canonical = request;
   canonical.set_run_id(FormatRunId(id));
   canonical.set_step(static_cast<uint64_t>(found.second.step));
@@ -129,7 +128,7 @@ absl::StatusOr<AnalysisPlan<v1::InterveneResponse>> PlanIntervene(AnalysisCore& 
   for (int i = 0; i < request.interventions_size(); ++i) {
     v1::Intervention* in = canonical.mutable_interventions(i);
     const std::string field = "interventions[" + std::to_string(i) + "]";
-    CL_RETURN_IF_ERROR(CheckOp(*in, field, decoder));
+    CL_RETURN_IF_ERROR(CheckOp(*in, field, has_coordinates));
     if (IsActivationOp(in->op())) {
       const uint64_t need = ReferenceBytes(spec, canonical.n_eval());
       if (need > core.limits().max_run_memory_bytes) {
@@ -142,7 +141,7 @@ absl::StatusOr<AnalysisPlan<v1::InterveneResponse>> PlanIntervene(AnalysisCore& 
     if (in->op() == v1::Intervention::OP_SWAP_COORDINATES) {
       CL_ASSIGN_OR_RETURN(int64_t source, ParseRunId(in->source_run_id(), field + ".source_run_id"));
       CL_ASSIGN_OR_RETURN(auto src, core.RunCheckpoint(source, in->source_step(), in->source_run_id()));
-      CL_RETURN_IF_ERROR(NeedsImir(src.first, "Intervene (swap)"));
+      CL_RETURN_IF_ERROR(NeedsCoordinates(src.first, "Intervene (swap)"));
       in->set_source_run_id(FormatRunId(source));
       in->set_source_step(static_cast<uint64_t>(src.second.step));
       swap_sources[i] = {std::move(src.first), std::move(src.second.bytes)};

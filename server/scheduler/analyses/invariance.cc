@@ -45,7 +45,7 @@ absl::StatusOr<AnalysisPlan<v1::CheckInvarianceResponse>> PlanCheckInvariance(An
   CL_ASSIGN_OR_RETURN(auto target, core.TargetSpec(request.run_id(), request.has_spec() ? &request.spec() : nullptr));
   const int64_t id = target.first;
   v1::ExperimentSpec spec = std::move(target.second);
-  CL_RETURN_IF_ERROR(NeedsImir(spec, "CheckInvariance"));
+  CL_RETURN_IF_ERROR(NeedsCoordinates(spec, "CheckInvariance"));
   v1::CheckInvarianceRequest canonical;  // defaults resolved, force dropped
   if (id == store::Store::kNoRun) {
     *canonical.mutable_spec() = spec;

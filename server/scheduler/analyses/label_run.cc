@@ -20,7 +20,7 @@ absl::StatusOr<AnalysisPlan<v1::LabelRunResponse>> PlanLabelRun(AnalysisCore& co
   CL_ASSIGN_OR_RETURN(store::RunRow row, core.store().GetRun(id));
   v1::ExperimentSpec spec;
   if (!spec.ParseFromString(row.spec)) return absl::DataLossError("stored spec of " + request.run_id() + " does not parse");
-  CL_RETURN_IF_ERROR(NeedsImir(spec, "LabelRun"));
+  CL_RETURN_IF_ERROR(NeedsCoordinates(spec, "LabelRun"));
   CL_ASSIGN_OR_RETURN(std::vector<int64_t> steps, core.store().CheckpointSteps(id));
   if (steps.empty()) return absl::FailedPreconditionError("run " + request.run_id() + " has no checkpoint yet");
   // The canonical request names the checkpoints it labels, so a run that

@@ -15,7 +15,7 @@ absl::StatusOr<AnalysisPlan<v1::ProjectCheckpointResponse>> PlanProjectCheckpoin
   CL_ASSIGN_OR_RETURN(int64_t id, ParseRunId(request.run_id()));
   CL_RETURN_IF_ERROR(CheckSelection(request.selection()));
   CL_ASSIGN_OR_RETURN(auto found, core.RunCheckpoint(id, request.step(), request.run_id()));
-  CL_RETURN_IF_ERROR(NeedsImir(found.first, "ProjectCheckpoint"));
+  CL_RETURN_IF_ERROR(NeedsCoordinates(found.first, "ProjectCheckpoint"));
   // The canonical request: run, the resolved step, the resolved selection.
   v1::ProjectCheckpointRequest canonical;
   canonical.set_run_id(FormatRunId(id));

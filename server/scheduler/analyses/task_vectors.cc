@@ -9,6 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "server/common/status_macros.h"
 #include "server/common/text.h"
+#include "server/engine/spec.h"
 #include "server/engine/tasks/catalog.h"
 #include "server/scheduler/analyses/analysis_util.h"
 #include "server/scheduler/analysis_core.h"
@@ -20,17 +21,6 @@ namespace {
 
 const std::vector<std::string> kAnalyses = {"p0", "p1", "p2", "p3", "steering", "ood_r2", "kl", "dissociation",
                                             "dyck_p0"};
-// What "all" means for a kind: DYCK has no Bayes predictors (D.5.14);
-// REGRESSION (E2) has the continuous-token forms of P0, P2, P3, steering,
-// OOD R^2 and the mode transition.
-bool InDefault(const std::string& analysis, v1::LatentKind kind) {
-  if (kind == v1::LATENT_KIND_DYCK) return analysis == "ood_r2" || analysis == "dyck_p0";
-  if (kind == v1::LATENT_KIND_REGRESSION) {
-    return analysis == "p0" || analysis == "p2" || analysis == "p3" || analysis == "steering" || analysis == "ood_r2" ||
-           analysis == "kl";
-  }
-  return analysis != "dyck_p0";
-}
 const std::set<std::string> kHooks = {"post_mlp", "post_attn", "resid_pre"};
 constexpr int kMaxCheckpoints = 200;
 constexpr int kMaxPositions = 64;
@@ -66,7 +56,7 @@ struct Target {
 };
 
 absl::Status NeedsLatent(const v1::ExperimentSpec& spec, int64_t id) {
-  if (engine::IsLatent(spec) && spec.model().kind_case() == v1::ModelSpec::kDecoder) return absl::OkStatus();
+  if (engine::SpecFamilyOf(spec).has_task_vectors()) return absl::OkStatus();
   return absl::FailedPreconditionError("AnalyzeTaskVectors needs a run of task.latent on model.decoder; " +
                                        FormatRunId(id) + " trains task." + engine::TaskName(spec.task()) +
                                        " on model.imir (ask DetectCircuit, ProjectCheckpoint, LabelRun)");
@@ -175,14 +165,16 @@ absl::Status CanonicalAnalyses(const v1::AnalyzeTaskVectorsRequest& request, con
     chosen.insert(a);
   }
   c.clear_analyses();
-  const v1::LatentKind kind = targets[0].spec.task().latent().kind();
+  // "All" is what the first target's family offers for its task.
+  const v1::ExperimentSpec& first = targets[0].spec;
   for (const std::string& a : kAnalyses) {
-    if (chosen.empty() ? InDefault(a, kind) : chosen.count(a) > 0) c.add_analyses(a);
+    const bool offered = engine::SpecFamilyOf(first).OffersTaskVectorAnalysis(a, first.task().latent());
+    if (chosen.empty() ? offered : chosen.count(a) > 0) c.add_analyses(a);
   }
   for (const Target& t : targets) {
     const v1::LatentKind k = t.spec.task().latent().kind();
     for (const std::string& a : c.analyses()) {
-      if (!InDefault(a, k) && !(a == "dyck_p0" && k == v1::LATENT_KIND_DYCK)) {
+      if (!engine::SpecFamilyOf(t.spec).OffersTaskVectorAnalysis(a, t.spec.task().latent())) {
         return absl::FailedPreconditionError(
             "analysis " + a + " does not apply to " + FormatRunId(t.id) + " (" + v1::LatentKind_Name(k) +
             "): DICE and MARKOV runs have p0, p1, p2, p3, steering, ood_r2, kl, dissociation; REGRESSION runs p0, "
@@ -248,12 +240,11 @@ absl::Status FillDefaults(const v1::AnalyzeTaskVectorsRequest& request, v1::Anal
 // The target's model and sequence length hold the layers and positions asked.
 absl::Status CheckTarget(const Target& t, const v1::AnalyzeTaskVectorsRequest& c) {
   const uint32_t layers = t.spec.model().decoder().num_layers();
-  // REGRESSION positions are points (the state at the |- before y_i).
-  const bool regression = t.spec.task().latent().kind() == v1::LATENT_KIND_REGRESSION;
-  const uint32_t last = regression ? t.spec.task().latent().num_points() - 1
-                                   : static_cast<uint32_t>(engine::ShapeOf(t.spec).seq_len - 2);
-  const std::string who = " (" + FormatRunId(t.id) + " has " + std::to_string(layers) + " layers, " +
-                          (regression ? "points" : "positions") + " 0 to " + std::to_string(last) + ")";
+  // Positions, or a regression prompt's points (the state at the |- before y_i).
+  const engine::TaskVectorSites sites = engine::SpecFamilyOf(t.spec).TaskVectorSitesOf(t.spec);
+  const uint32_t last = sites.last;
+  const std::string who = " (" + FormatRunId(t.id) + " has " + std::to_string(layers) + " layers, " + sites.unit +
+                          " 0 to " + std::to_string(last) + ")";
   for (int i = 0; i < c.layers_size(); ++i) {
     if (c.layers(i) >= layers) {
       return absl::InvalidArgumentError("layers[" + std::to_string(i) + "] must be in [0, " +
