@@ -11,6 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "server/common/seeds.h"
+#include "server/engine/analysis/registry.h"
 #include "server/engine/engine.h"
 #include "server/engine/models/decoder_model.h"
 
@@ -34,6 +35,19 @@ auto WithDecoder(const AnalysisInput& input, F f)
 // AnalyzeTaskVectors' hook kinds (post_mlp, post_attn or resid_pre) and
 // layers against the run's decoder: InvalidArgument naming the field.
 absl::Status CheckVectorRequest(const v1::ExperimentSpec& spec, const v1::AnalyzeTaskVectorsRequest& request);
+
+// The AnalyzeTaskVectors entry of a decoder family (`Task`: its task
+// generator): the request checked, then run(model, task, request, progress,
+// cancel) on the input's checkpoint, on one thread.
+template <typename Task, typename Run>
+auto TaskVectorAnalysis(Run run) {
+  return [run](const AnalysisInput& in, const v1::AnalyzeTaskVectorsRequest& r, const AnalysisProgress& progress,
+               const CancelToken* cancel) -> absl::StatusOr<v1::AnalyzeTaskVectorsResponse> {
+    at::set_num_threads(1);
+    if (absl::Status s = CheckVectorRequest(in.spec, r); !s.ok()) return s;
+    return WithDecoder<Task>(in, [&](const DecoderModel& m, const Task& t) { return run(m, t, r, progress, cancel); });
+  };
+}
 
 // Where a task-vector request reads: the layers it names (all `num_layers`
 // when none) and the estimation window [est_begin, est_end] over the sites

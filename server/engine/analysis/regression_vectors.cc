@@ -336,9 +336,6 @@ absl::StatusOr<v1::AnalyzeTaskVectorsResponse> RunRegressionAnalyses(const Decod
 
 // The analysis table's entry (analysis/registry.h).
 CIRCUITLAB_ENGINE_ANALYSIS("regression", v1::AnalyzeTaskVectorsRequest, v1::AnalyzeTaskVectorsResponse,
-                           [](const AnalysisInput& in, const v1::AnalyzeTaskVectorsRequest& r, const AnalysisProgress& progress, const CancelToken* cancel) -> absl::StatusOr<v1::AnalyzeTaskVectorsResponse> {
-  at::set_num_threads(1);
-  if (absl::Status s = CheckVectorRequest(in.spec, r); !s.ok()) return s;
-  return WithDecoder<RegressionTaskGenerator>(in, [&](const DecoderModel& m, const RegressionTaskGenerator& t) { return RunRegressionAnalyses(m, t, r, progress, cancel); }); });
+                           TaskVectorAnalysis<RegressionTaskGenerator>(RunRegressionAnalyses));
 
 }  // namespace circuitlab::engine

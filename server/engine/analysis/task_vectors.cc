@@ -789,9 +789,6 @@ absl::StatusOr<v1::AnalyzeTaskVectorsResponse> RunTaskVectorAnalyses(const Decod
 
 // The analysis table's entry (analysis/registry.h).
 CIRCUITLAB_ENGINE_ANALYSIS("latent", v1::AnalyzeTaskVectorsRequest, v1::AnalyzeTaskVectorsResponse,
-                           [](const AnalysisInput& in, const v1::AnalyzeTaskVectorsRequest& r, const AnalysisProgress& progress, const CancelToken* cancel) -> absl::StatusOr<v1::AnalyzeTaskVectorsResponse> {
-  at::set_num_threads(1);
-  if (absl::Status s = CheckVectorRequest(in.spec, r); !s.ok()) return s;
-  return WithDecoder<LatentTaskGenerator>(in, [&](const DecoderModel& m, const LatentTaskGenerator& t) { return RunTaskVectorAnalyses(m, t, r, progress, cancel); }); });
+                           TaskVectorAnalysis<LatentTaskGenerator>(RunTaskVectorAnalyses));
 
 }  // namespace circuitlab::engine

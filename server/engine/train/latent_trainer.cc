@@ -103,20 +103,15 @@ std::vector<std::vector<Metric>> LatentTrainer::Step(bool record) {
   torch::Tensor tokens = Upload(batches_.Take(next, total_steps()), device_);  // [E, B, T]
   torch::Tensor logits = model_->Forward(tokens);          // [E, B, T, V]
   torch::Tensor member_loss = NextTokenLoss(logits, tokens).mean(1);  // [E]
-  ZeroGrad();
-  member_loss.sum().backward();
-  torch::Tensor sq;
-  const double lr = ScheduledLearningRate(spec_.training(), next);
-  Update(record ? &sq : nullptr);
-  if (!record) return {};
-  torch::NoGradGuard no_grad;
-  const int64_t T = tokens.size(2);
-  torch::Tensor acc = (logits.narrow(2, 0, T - 1).argmax(-1) == tokens.narrow(2, 1, T - 1))
-                          .to(torch::kDouble)
-                          .flatten(1)
-                          .mean(1)
-                          .cpu();
-  return DecoderTrainMetrics(member_loss, sq, lr, {{"train/accuracy", acc}});
+  return FinishStep(member_loss, next, record, [&]() -> ExtraMetrics {
+    const int64_t T = tokens.size(2);
+    torch::Tensor acc = (logits.narrow(2, 0, T - 1).argmax(-1) == tokens.narrow(2, 1, T - 1))
+                            .to(torch::kDouble)
+                            .flatten(1)
+                            .mean(1)
+                            .cpu();
+    return {{"train/accuracy", acc}};
+  });
 }
 
 std::vector<std::vector<Metric>> LatentTrainer::Evaluate() const {

@@ -76,6 +76,22 @@ class DecoderTrainer : public TrainerBase {
   double data_wait_seconds() const override { return batches_.waited_seconds(); }
 
  protected:
+  // The rest of training step `step` once the members' losses [E] are
+  // computed: backward, the optimiser's update; when `record`, the step's
+  // metrics (DecoderTrainMetrics, `extra` computed without gradients).
+  using ExtraMetrics = std::vector<std::pair<const char*, torch::Tensor>>;
+  std::vector<std::vector<Metric>> FinishStep(const torch::Tensor& member_loss, int64_t step, bool record,
+                                              const std::function<ExtraMetrics()>& extra) {
+    ZeroGrad();
+    member_loss.sum().backward();
+    torch::Tensor sq;
+    const double lr = ScheduledLearningRate(spec_.training(), step);
+    Update(record ? &sq : nullptr);
+    if (!record) return {};
+    torch::NoGradGuard no_grad;
+    return DecoderTrainMetrics(member_loss, sq, lr, extra ? extra() : ExtraMetrics{});
+  }
+
   std::vector<std::unique_ptr<Task>> tasks_;
   std::unique_ptr<DecoderModel> model_;
   BatchPrefetcher<Batch> batches_;  // declared last: its sampler stops before tasks_ go

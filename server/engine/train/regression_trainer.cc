@@ -70,13 +70,7 @@ std::vector<std::vector<Metric>> RegressionTrainer::Step(bool record) {
   torch::Tensor y = Upload(ys, device_);  // [E, B, n]
   torch::Tensor pred = PredictRegression(*model_, x, y);
   torch::Tensor member_loss = (pred - y).pow(2).mean(at::IntArrayRef{1, 2});  // [E]
-  ZeroGrad();
-  member_loss.sum().backward();
-  torch::Tensor sq;
-  const double lr = ScheduledLearningRate(spec_.training(), next);
-  Update(record ? &sq : nullptr);
-  if (!record) return {};
-  return DecoderTrainMetrics(member_loss, sq, lr, {});
+  return FinishStep(member_loss, next, record, nullptr);
 }
 
 std::vector<std::vector<Metric>> RegressionTrainer::Evaluate() const {
