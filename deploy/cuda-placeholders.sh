@@ -26,7 +26,7 @@
 # (libtorch_cuda.so's) imports, defines each as a function returning
 # CUDNN_STATUS_NOT_INITIALIZED; on a machine with no GPU none is called.
 # A GPU host installs neither stand-in: the real nvidia-cudnn (it downloads
-# cuDNN) and the driver (README "GPUs").
+# cuDNN) and the driver (docs/howto/debian-and-gpus.md).
 # Writes the .deb files into OUT and prints their paths. Needs dpkg-deb; the
 # stub also nm and a C compiler (cc, or g++).
 set -euo pipefail
@@ -50,7 +50,7 @@ Maintainer: circuitlab <circuitlab@localhost>
 Provides: $provides
 Description: $description
  Local stand-in made by circuitlab's deploy/cuda-placeholders.sh (its
- README, "GPUs"): for a machine without a GPU or without access to NVIDIA's
+ docs/howto/debian-and-gpus.md): for a machine without a GPU or without access to NVIDIA's
  servers, or an image whose driver comes from the host.
 EOF
   dpkg-deb --root-owner-group --build "$root" "$out/${name}_${version}_amd64.deb" >/dev/null

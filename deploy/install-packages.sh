@@ -4,7 +4,7 @@
 #   deploy/install-packages.sh TORCH STAGE    # TORCH: cpu or cuda
 # cuda: enables contrib and non-free (libtorch-cuda, the CUDA toolkit) and
 # first installs the local stand-ins found in /tmp/cuda-debs (copied there
-# from deploy/.cuda-debs/; deploy/cuda-placeholders.sh, README "GPUs").
+# from deploy/.cuda-debs/; deploy/cuda-placeholders.sh, docs/howto/debian-and-gpus.md).
 set -eu
 torch=$1 stage=$2
 here=$(dirname "$0")

@@ -8,7 +8,7 @@
 # machine's release.
 # Environment: BUILD_DIR (default build), CMAKE_BUILD_TYPE (default Release: what the image and users build),
 # CIRCUITLAB_TORCH=cuda (Debian 13 with contrib and non-free enabled: Debian's CUDA LibTorch instead of the
-# CPU one; README "GPUs").
+# CPU one; docs/howto/debian-and-gpus.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build_dir="${BUILD_DIR:-build}"

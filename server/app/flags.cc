@@ -5,7 +5,7 @@
 namespace circuitlab::app {
 namespace {
 
-// The remote executors' flags (README "Scaling out").
+// The remote executors' flags (docs/howto/scale-out.md).
 void DefineRemoteFlags(CLI::App& app, ServerFlags& f) {
   const char* g = "Remote workers";
   app.add_option("--executor", f.server.remote.executor,

@@ -510,7 +510,7 @@ void HttpGateway::Routes() {
       });
   Get(R"(/api/.*)", "api/unknown", true, [](const httplib::Request& req, httplib::Response&, const Caller&) {
     return absl::NotFoundError("no such API endpoint: " + Quote(Clip(req.path, 128)) +
-                               " (see the README's HTTP section)");
+                               " (the routes: docs/reference/http.md)");
   });
 
   // ---- the dashboard ----

@@ -489,7 +489,7 @@ absl::Status CheckIntegrity(Connection& conn, const std::string& data_dir) {
     const std::string verdict = row ? st.ColumnText(0) : "no answer";
     if (verdict != "ok") {
       return absl::DataLossError(data_dir + "/circuitlab.db fails SQLite's integrity check (" + verdict +
-                                 "); restore it from a backup (README: Backup and restore)");
+                                 "); restore it from a backup (docs/howto/backup.md)");
     }
   }
   int64_t last_id = 0;

@@ -12,7 +12,7 @@
 #   3. the e2e tier passes on that build.
 # The installed binaries are left in the root (/build/install) for the CUDA
 # image (tests/deploy/cuda_image_test.sh). What a real GPU host runs instead:
-# scripts/gpu-check.sh (README "GPUs").
+# scripts/gpu-check.sh (docs/howto/debian-and-gpus.md).
 #   tests/debian13/cuda_build_test.sh
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)

@@ -8,7 +8,7 @@
 # `--gpus`: the container (TLS, tokens, read-only, uid 999) becomes healthy,
 # reports LibTorch 2.6.0 (CUDA 12.4) with 0 CUDA devices, trains the README's
 # demo on its CPU slot, and stops with exit code 0. Prints the image's size
-# and build time. What a GPU host does instead: README "GPUs".
+# and build time. What a GPU host does instead: docs/howto/debian-and-gpus.md.
 #   tests/deploy/cuda_image_test.sh      (BUILD_DIR: the host build, for the CLI)
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
