@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The browser tier: Debian's chromium, headless, driven by npm puppeteer-core
 # (tests/browser/dashboard_check.cjs) against a real circuitlab-server that
-# has trained two small runs and a 2x2 sweep while a third run trains live.
+# has trained two runs and a 2x2 sweep while a third run trains live.
 # Also: `promtool check metrics` on a /metrics scrape (Debian's prometheus),
 # and the counters moving when runs end. Screenshots go to
 # $BUILD_DIR/browser/ (the README's come from here).
@@ -46,10 +46,10 @@ url=$(sed -n 's/^http port=[0-9]* url=//p' "$tmp/ready")
 [ -n "$port" ] && [ -n "$url" ] || fail "the server did not start"
 cli() { "$build/client/circuitlab" --server "127.0.0.1:$port" "$@"; }
 
-# Two runs and a 2x2 sweep, trained to the end; then a long one, live.
+# Two runs (a short one and the README's demo) and a 2x2 sweep, trained to
+# the end; then a long one, live.
 cli submit "$repo/tests/browser/run.json" >/dev/null
-sed 's/"seed": 7/"seed": 8/; s/browser-a/browser-b/' "$repo/tests/browser/run.json" >"$tmp/run_b.json"
-cli submit "$tmp/run_b.json" >/dev/null
+cli submit "$repo/examples/induction.json" >/dev/null   # r2: the demo run, whose heads the attention page draws
 cli sweep "$repo/tests/browser/sweep.json" >/dev/null
 for r in r1 r2 r3 r4 r5 r6; do cli watch "$r" >/dev/null || fail "$r did not succeed"; done
 

@@ -1,8 +1,10 @@
 // Drives the dashboard in headless chromium as a person would and asserts on
 // what is drawn (chart data and painted canvas pixels, not only elements).
 //   node dashboard_check.cjs BASE_URL OUT_DIR
-// The server has r1, r2 (finished runs), s1 = r3..r6 (a finished 2x2 sweep of
-// lr x seed) and r7 training live. Screenshots: OUT_DIR/{runs,run,live,sweep,compare}.png.
+// The server has r1, r2 (finished runs; r2 is the README's demo,
+// examples/induction.json), s1 = r3..r6 (a finished 2x2 sweep of lr x seed)
+// and r7 training live. Screenshots:
+// OUT_DIR/{runs,run,attention,live,sweep,compare}.png.
 'use strict';
 const puppeteer = require('puppeteer-core');
 
@@ -80,6 +82,51 @@ function chartStats(title) {
   check(logged && logged.painted > 2000, 'log-y redraws the loss chart');
   await page.click('.filters input[type=checkbox]');
   await page.screenshot({ path: `${out}/run.png`, fullPage: true });
+
+  // ---- attention patterns of the demo run: a grid of heads, the stripe ----
+  await page.goto(base + '#/run/r2');
+  await waitFor(page, () => document.getElementById('attention-link'), null, 'the run page links its attention patterns');
+  await page.click('#attention-link');
+  await waitFor(page, () => window.__attention && window.__attention.state === 'done', null, 'attention patterns drawn', 60000);
+  const att = await page.evaluate(() => {
+    const a = window.__attention;
+    const canvases = [...document.querySelectorAll('#attention-grid canvas')];
+    const painted = canvases.map((c) => {
+      const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
+      let n = 0;
+      for (let i = 0; i < d.length; i += 4) if (d[i] < 240 || d[i + 1] < 240 || d[i + 2] < 240) n++;
+      return n;
+    });
+    // The previous-token stripe of the layer-1 head (L1H1, layer index 0):
+    // at each block's second position (even t >= 2, the value after its
+    // key) the head looks at t - 1. Read from the page's own data.
+    const p = a.answer.patterns.find((x) => Number(x.layer || 0) === 0 && Number(x.sequence || 0) === a.sequence);
+    let sum = 0, n = 0;
+    for (let q = 2; q < p.size; q += 2) { sum += p.weights[q * p.size + q - 1]; n++; }
+    return { heads: [...document.querySelectorAll('#attention-grid figure')].map((f) => f.dataset.head), painted,
+             step: a.step, steps: Number(document.getElementById('attention-step').max) + 1, stripe: sum / n,
+             tokens: a.answer.sequences[a.sequence].tokens.length, size: p.size };
+  });
+  check(JSON.stringify(att.heads) === '["L1H1","L2H1"]', `one heatmap per head: ${att.heads}`);
+  check(att.painted.length === 2 && att.painted.every((n) => n > 500), `heatmaps painted (${att.painted} px)`);
+  check(att.step === 600 && att.steps === 3, `newest checkpoint shown, slider over 3 (step ${att.step}, ${att.steps} steps)`);
+  check(att.tokens === att.size, `the sequence's ${att.tokens} tokens label the ${att.size} x ${att.size} map`);
+  check(att.stripe > 0.5, `L1H1 previous-token stripe: mean weight on t-1 at the blocks' second positions ${att.stripe.toFixed(3)}`);
+  const box = await (await page.$('#attention-grid canvas')).boundingBox();
+  await page.mouse.move(box.x + box.width - 4, box.y + box.height - 4);  // the last query's last key
+  const tip = await page.evaluate(() => !document.getElementById('attention-tip').hidden &&
+                                        document.getElementById('attention-tip').textContent);
+  check(tip && /query \d+ \(token \d+\) → key \d+/.test(tip), `hover reads a weight: ${tip}`);
+  await page.click('#attention-grid canvas');
+  await waitFor(page, () => document.querySelector('#attention-zoom canvas'), null, 'a click enlarges the head');
+  await page.screenshot({ path: `${out}/attention.png`, fullPage: true });
+  await page.evaluate(() => {
+    const s = document.getElementById('attention-step');
+    s.value = 0;
+    s.dispatchEvent(new Event('change'));
+  });
+  await waitFor(page, () => window.__attention.state === 'done' && window.__attention.step === 200, null,
+                'the slider shows the first checkpoint (step 200)', 60000);
 
   // ---- the live run: the view advances while it trains ----
   await page.goto(base + '#/run/r7');
