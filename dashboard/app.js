@@ -585,6 +585,18 @@ const textOn = (rgb) => {
 };
 const valueKey = (v) => JSON.stringify(v === undefined ? null : v);
 
+// The value a sweep's map opens on. A sweep of IMIR runs that stop at an
+// accuracy (a phase diagram: `training.stop_metric`) ends with that
+// accuracy flat over the map, so it opens on its label map (`pair`: which
+// layer pair carries the induction head, computed as analysis jobs);
+// other sweeps on the in-context accuracy.
+function defaultValue(sweep, columns) {
+  const base = (sweep.spec && sweep.spec.base) || {};
+  const imir = !(base.model && base.model.decoder) && !(base.task && base.task.latent);
+  if (imir && base.training && base.training.stop_metric) return 'pair';
+  return columns.includes('eval/icl_rare/accuracy') ? 'eval/icl_rare/accuracy' : columns[0];
+}
+
 function sweepView(id, params) {
   const pick =
       {x: params.get('x'), y: params.get('y'), value: params.get('value'), aggregate: params.get('aggregate') || ''};
@@ -625,7 +637,7 @@ function sweepView(id, params) {
     pick.x = pick.x || axes[0];
     pick.y = pick.y || axes[1] || axes[0];
     const cols = summary.columns || [];
-    pick.value = pick.value || (cols.includes('eval/icl_rare/accuracy') ? 'eval/icl_rare/accuracy' : cols[0]);
+    pick.value = pick.value || defaultValue(sweep, cols);
     const sel = (name, list) => {
       const s =
           h('select', {id: 'pivot-' + name}, list.map((c) => h('option', {value: c, selected: c === pick[name]}, c)));
@@ -701,16 +713,20 @@ function sweepView(id, params) {
                                            (ay < 0 || valueKey(r.swept[ay]) === valueKey(yv)))
                                    .map((r) => r.run_id);
     const metricLike = !['circuit', 'pair', 'pair_predicted'].includes(p.value);
-    const rows = ys.map(
-        (yv, j) => h('tr', {}, h('th', {}, fmt(yv)), xs.map((xv, i) => {
+    const stateOf = new Map((s.rows || []).map((r) => [r.run_id, stateName(r.state)]));
+    // The y axis grows upward, as the CLI's map (and a plot) draws it.
+    const rows = ys.map((yv, j) => [yv, j]).reverse().map(
+        ([yv, j]) => h('tr', {}, h('th', {}, fmt(yv)), xs.map((xv, i) => {
           const v = cells[j * xs.length + i];
           const bg = colour(v), ids = runsAt(xv, yv);
           const href = ids.length === 1 ?
               `#/run/${ids[0]}` :
               `#/compare${query({runs: ids.join(','), series: metricLike ? p.value : 'train/loss'})}`;
+          const tip = ids.map((r) => `${r} ${stateOf.get(r) || ''}`).join(', ') +
+              ` · ${p.value} ${v === null ? (s.pending ? 'pending' : 'none yet') : fmt(v)}`;
           return h(
               'td', {class: 'cell', style: `background:${bg}`, 'data-value': v === null ? '' : String(v)},
-              h('a', {href, style: `color:${textOn(bg.startsWith('#') ? hexToRgb(bg) : bg)}`, title: ids.join(', ')},
+              h('a', {href, style: `color:${textOn(bg.startsWith('#') ? hexToRgb(bg) : bg)}`, title: tip},
                 v === null ? '–' : fmt(v)));
         })));
     const legend = texts.length ?

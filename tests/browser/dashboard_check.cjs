@@ -147,18 +147,32 @@ function chartStats(title) {
     cols: [...document.querySelectorAll('#heatmap thead th')].slice(1).map((t) => t.textContent),
     rows: [...document.querySelectorAll('#heatmap tbody th')].map((t) => t.textContent),
     links: [...document.querySelectorAll('#heatmap td.cell a')].map((a) => a.getAttribute('href')),
+    tips: [...document.querySelectorAll('#heatmap td.cell a')].map((a) => a.title),
     values: [...document.querySelectorAll('#heatmap td.cell')].map((td) => td.dataset.value),
     colours: [...document.querySelectorAll('#heatmap td.cell')].map((td) => td.style.background),
     legend: !!document.getElementById('heat-legend'),
     title: document.querySelector('#heatmap h3').textContent,
   }));
-  check(JSON.stringify(heat.cols) === '["4","8"]' && JSON.stringify(heat.rows) === '["1","2"]',
-        `heatmap labels x ${heat.cols} y ${heat.rows}`);
+  check(JSON.stringify(heat.cols) === '["4","8"]' && JSON.stringify(heat.rows) === '["2","1"]',
+        `heatmap labels x ${heat.cols}, y ${heat.rows} growing upward`);
+  check(heat.tips.every((t) => /^r[3-6] SUCCEEDED · eval\/icl_rare\/accuracy 0\.\d+/.test(t)),
+        `a cell's tooltip: its run, state and value (${heat.tips[0]})`);
   check(heat.links.every((l) => /^#\/run\/r[3-6]$/.test(l)) && new Set(heat.links).size === 4, `cells link to r3..r6: ${heat.links}`);
   check(heat.values.every((v) => v !== '' && !isNaN(Number(v))), `cells hold accuracies: ${heat.values}`);
   check(heat.colours.every((c) => c.startsWith('rgb')) && heat.legend, 'cells coloured, with a colour scale');
   check(heat.title.startsWith('eval/icl_rare/accuracy'), `heatmap title: ${heat.title}`);
   await page.screenshot({ path: `${out}/sweep.png` });
+  // Opened without a value, a sweep that stops at an accuracy (the sweep's
+  // training.stop_metric) opens on its label map, the labels filling in as
+  // their LabelRun jobs end.
+  await page.goto(base + '#/sweep/s1');
+  await waitFor(page, () => document.getElementById('pivot-value') &&
+                            document.getElementById('pivot-value').value === 'pair', null, 'a stop_at sweep opens on pair');
+  await waitFor(page, () => [...document.querySelectorAll('#heatmap td.cell')].every((td) => td.dataset.value !== '') &&
+                            document.getElementById('heat-legend'), null, 'the label map fills in', 60000);
+  const labels = await page.$$eval('#heatmap td.cell', (tds) => tds.map((td) => td.dataset.value));
+  check(labels.length === 4 && labels.every((l) => isNaN(Number(l))), `label map cells: ${labels}`);
+  await page.screenshot({ path: `${out}/sweep-labels.png` });
   await page.click('#heatmap td.cell a');
   await waitFor(page, () => location.hash.startsWith('#/run/r') && window.__charts.loss, null, 'a cell opens its run');
 
