@@ -425,6 +425,29 @@ void HttpGateway::Read(const std::string& pattern, const std::string& route, std
       });
 }
 
+template <typename Req, typename Resp>
+void HttpGateway::AnalysisReads(const std::string& name, const std::string& verb) {
+  const Security& security = *cores_.security;
+  scheduler::AnalysisCore* analysis = cores_.analysis;
+  Read<Req>("/api/v1/runs/([^/]+)/" + name, "runs/{id}/" + name, {"run_id"},
+            [analysis, &security](const Req& r, const Caller& c) -> absl::StatusOr<Resp> {
+              absl::StatusOr<Resp> out =
+                  analysis->Run<Resp>(r, scheduler::Requester(c.principal.name, Security::ReadsOnly(c)));
+              if (!out.ok() || scheduler::IsPending(out->state())) security.Audit(c, r, out.ok() ? &*out : nullptr, out.status());
+              return out;
+            });
+  Read<Req>("/api/v1/runs/([^/]+)/" + name + "/stored", "runs/{id}/" + name + "/stored", {"run_id"},
+            [analysis, verb](const Req& r, const Caller& c) -> absl::StatusOr<Resp> {
+              absl::StatusOr<Resp> out = analysis->Run<Resp>(r, scheduler::Requester(c.principal.name, true));
+              if (!absl::IsPermissionDenied(out.status())) return out;
+              Resp none;
+              none.set_error("none stored for " + r.run_id() + " with these options; `circuitlab " + verb + " " +
+                             r.run_id() + "` computes one (or, for a caller who may start analyses, the same URL "
+                             "without /stored)");
+              return none;
+            });
+}
+
 void HttpGateway::Routes() {
   const Security& security = *cores_.security;
   scheduler::Scheduler* runs = cores_.runs;
@@ -480,19 +503,13 @@ void HttpGateway::Routes() {
                                              " with these options; `circuitlab label " + r.run_id() + "` computes one");
                               return none;
                             });
-  // Attention patterns (GetAttentionPatterns): a job, as on gRPC, for a
-  // caller who may start analyses (QUEUED/RUNNING with job_id and progress:
-  // ask again), the stored answer for a reader. ?step=&eval_set=&sequences=
-  // &layers=0,1&heads=&seed=
-  Read<v1::GetAttentionPatternsRequest>(
-      R"(/api/v1/runs/([^/]+)/attention)", "runs/{id}/attention", {"run_id"},
-      [analysis, &security](const auto& r, const Caller& c) -> absl::StatusOr<v1::GetAttentionPatternsResponse> {
-        absl::StatusOr<v1::GetAttentionPatternsResponse> out =
-            analysis->Run<v1::GetAttentionPatternsResponse>(r, scheduler::Requester(c.principal.name,
-                                                                                    Security::ReadsOnly(c)));
-        if (!out.ok() || scheduler::IsPending(out->state())) security.Audit(c, r, out.ok() ? &*out : nullptr, out.status());
-        return out;
-      });
+  // Analyses (a job for a starter, stored for a reader; and /stored):
+  // ?step=&eval_set=&sequences=&layers=0,1&heads=&seed= (attention), the
+  // DetectCircuitRequest's fields (circuit), AnalyzeTaskVectorsRequest's
+  // (task-vectors).
+  AnalysisReads<v1::GetAttentionPatternsRequest, v1::GetAttentionPatternsResponse>("attention", "attention");
+  AnalysisReads<v1::DetectCircuitRequest, v1::DetectCircuitResponse>("circuit", "detect");
+  AnalysisReads<v1::AnalyzeTaskVectorsRequest, v1::AnalyzeTaskVectorsResponse>("task-vectors", "task-vectors");
   Get(R"(/api/v1/runs/([^/]+)/events)", "runs/{id}/events", false,
       [this](const httplib::Request& req, httplib::Response& res, const Caller& c) { return Events(req, res, c); });
   Read<v1::GetSweepRequest>(R"(/api/v1/sweeps/([^/]+))", "sweeps/{id}", {"sweep_id"},

@@ -96,6 +96,14 @@ class HttpGateway {
   // A JSON read: `fn(request, caller)` answers absl::StatusOr<a message>.
   template <typename Req, typename Fn>
   void Read(const std::string& pattern, const std::string& route, std::vector<std::string> path_fields, Fn fn);
+  // An analysis of a run as two reads: /api/v1/runs/{id}/`name` answers as
+  // the RPC does (a job for a caller who may start analyses: QUEUED/RUNNING
+  // with job_id and progress, ask again; the stored answer for a reader),
+  // and .../`name`/stored only a stored answer, never starting one (none:
+  // state ANALYSIS_STATE_UNSPECIFIED, `error` saying how to compute one;
+  // `verb` is the CLI's).
+  template <typename Req, typename Resp>
+  void AnalysisReads(const std::string& name, const std::string& verb);
   absl::Status Events(const httplib::Request& req, httplib::Response& res, const security::Caller& caller);
 
   const HttpOptions options_;

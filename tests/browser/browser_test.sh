@@ -46,23 +46,24 @@ url=$(sed -n 's/^http port=[0-9]* url=//p' "$tmp/ready")
 [ -n "$port" ] && [ -n "$url" ] || fail "the server did not start"
 cli() { "$build/client/circuitlab" --server "127.0.0.1:$port" "$@"; }
 
-# Two runs (a short one and the README's demo) and a 2x2 sweep, trained to
-# the end; then a long one, live.
+# Two runs (a short one and the README's demo), a 2x2 sweep and a decoder,
+# trained to the end; then a long one, live.
 cli submit "$repo/tests/browser/run.json" >/dev/null
 cli submit "$repo/examples/induction.json" >/dev/null   # r2: the demo run, whose heads the attention page draws
 cli sweep "$repo/tests/browser/sweep.json" >/dev/null
-for r in r1 r2 r3 r4 r5 r6; do cli watch "$r" >/dev/null || fail "$r did not succeed"; done
+cli submit "$repo/examples/dice_task_vectors.json" >/dev/null   # r7: a decoder, for its task-vector geometry
+for r in r1 r2 r3 r4 r5 r6 r7; do cli watch "$r" >/dev/null || fail "$r did not succeed"; done
 
 scrape() { curl -sf "${url}metrics"; }
 scrape >"$tmp/scrape1.txt" || fail "no /metrics"
 promtool check metrics <"$tmp/scrape1.txt" || fail "promtool check metrics"
-grep -q '^circuitlab_runs_finished_total{result="succeeded"} 6$' "$tmp/scrape1.txt" ||
+grep -q '^circuitlab_runs_finished_total{result="succeeded"} 7$' "$tmp/scrape1.txt" ||
   fail "runs_finished_total: $(grep runs_finished "$tmp/scrape1.txt")"
 
-cli submit "$repo/tests/browser/live.json" >/dev/null   # r7, trains while the browser looks
+cli submit "$repo/tests/browser/live.json" >/dev/null   # r8, trains while the browser looks
 node "$cache/dashboard_check.cjs" "$url" "$out" || fail "the dashboard checks"
 
-cli cancel r7 --wait >/dev/null || true
+cli cancel r8 --wait >/dev/null || true
 for _ in $(seq 50); do scrape >"$tmp/scrape2.txt"; grep -q 'result="cancelled"} 1$' "$tmp/scrape2.txt" && break; sleep 0.1; done
 promtool check metrics <"$tmp/scrape2.txt" || fail "promtool check metrics (second scrape)"
 grep -q '^circuitlab_runs_finished_total{result="cancelled"} 1$' "$tmp/scrape2.txt" || fail "the cancelled counter did not move"

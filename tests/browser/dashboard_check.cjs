@@ -2,9 +2,10 @@
 // what is drawn (chart data and painted canvas pixels, not only elements).
 //   node dashboard_check.cjs BASE_URL OUT_DIR
 // The server has r1, r2 (finished runs; r2 is the README's demo,
-// examples/induction.json), s1 = r3..r6 (a finished 2x2 sweep of lr x seed)
-// and r7 training live. Screenshots:
-// OUT_DIR/{runs,run,attention,live,sweep,compare}.png.
+// examples/induction.json), s1 = r3..r6 (a finished 2x2 sweep of lr x seed),
+// r7 (a finished decoder, examples/dice_task_vectors.json) and r8 training
+// live. Screenshots: OUT_DIR/{runs,run,attention,circuit,task-vectors,live,
+// sweep,sweep-labels,compare}.png.
 'use strict';
 const puppeteer = require('puppeteer-core');
 
@@ -48,21 +49,21 @@ function chartStats(title) {
 
   // ---- runs table ----
   await page.goto(base + '#/');
-  await waitFor(page, () => document.querySelectorAll('#runs tr[data-run]').length === 7, null, 'runs table lists 7 runs');
+  await waitFor(page, () => document.querySelectorAll('#runs tr[data-run]').length === 8, null, 'runs table lists 8 runs');
   await waitFor(page, () => {
-    const s = document.querySelector('#runs tr[data-run="r7"] .state');
+    const s = document.querySelector('#runs tr[data-run="r8"] .state');
     return s && s.textContent === 'RUNNING';
   }, null, 'the live run shows RUNNING');
   const states = await page.evaluate(() => Object.fromEntries([...document.querySelectorAll('#runs tr[data-run]')]
     .map((tr) => [tr.dataset.run, tr.querySelector('.state').textContent])));
-  check(['r1', 'r2', 'r3', 'r4', 'r5', 'r6'].every((r) => states[r] === 'SUCCEEDED') && states.r7 === 'RUNNING',
+  check(['r1', 'r2', 'r3', 'r4', 'r5', 'r6', 'r7'].every((r) => states[r] === 'SUCCEEDED') && states.r8 === 'RUNNING',
         `runs table states ${JSON.stringify(states)}`);
   const headers = await page.$$eval('#runs th', (ths) => ths.map((t) => t.textContent));
   check(headers.some((h) => h.startsWith('eval/icl_rare/accuracy')), `metric columns ${headers.slice(7).join(', ')}`);
   await page.select('#f-state', 'succeeded');
-  await waitFor(page, () => document.querySelectorAll('#runs tr[data-run]').length === 6, null, 'state filter keeps 6 runs');
+  await waitFor(page, () => document.querySelectorAll('#runs tr[data-run]').length === 7, null, 'state filter keeps 7 runs');
   await page.select('#f-state', '');
-  await waitFor(page, () => document.querySelectorAll('#runs tr[data-run]').length === 7, null, 'filter cleared');
+  await waitFor(page, () => document.querySelectorAll('#runs tr[data-run]').length === 8, null, 'filter cleared');
   await page.screenshot({ path: `${out}/runs.png` });
 
   // ---- a finished run: curves and coordinates drawn ----
@@ -128,8 +129,40 @@ function chartStats(title) {
   await waitFor(page, () => window.__attention.state === 'done' && window.__attention.step === 200, null,
                 'the slider shows the first checkpoint (step 200)', 60000);
 
-  // ---- the live run: the view advances while it trains ----
+  // ---- the demo's circuit: none stored, computed from the page, replayed ----
+  await page.goto(base + '#/run/r2/circuit');
+  await waitFor(page, () => window.__circuit && window.__circuit.state === 'none', null, 'no circuit stored yet: a button');
+  await page.click('#circuit-compute');
+  await waitFor(page, () => window.__circuit.state === 'done', null, 'the circuit detected from the page', 120000);
+  const circ = await page.evaluate(() => ({ ...window.__circuit, svg: !!document.querySelector('#circuit-graph path.edge'),
+                                            steps: Number(document.getElementById('circuit-step').max) + 1 }));
+  check(circ.svg && circ.edges >= 3 && circ.template === 'induction_head',
+        `circuit graph: ${circ.edges} edges, template ${circ.template}`);
+  await page.screenshot({ path: `${out}/circuit.png` });
+  const last = circ.widths.reduce((a, b) => a + b, 0);
+  await page.evaluate(() => {
+    const s = document.getElementById('circuit-step');
+    s.value = 1;
+    s.dispatchEvent(new Event('input'));
+  });
+  const early = await page.evaluate(() => window.__circuit.widths.reduce((a, b) => a + b, 0));
+  check(circ.steps >= 10 && early < last, `the slider replays the coordinates growing (${circ.steps} steps; ` +
+        `edge widths ${early.toFixed(1)} at the second step < ${last.toFixed(1)} at the last)`);
+
+  // ---- the decoder's task-vector geometry: small multiples ----
   await page.goto(base + '#/run/r7');
+  await waitFor(page, () => document.getElementById('circuit-link'), null, 'the decoder run links its geometry');
+  await page.click('#circuit-link');
+  await waitFor(page, () => window.__circuit && window.__circuit.state === 'none', null, 'no task vectors stored: a button');
+  await page.click('#circuit-compute');
+  await waitFor(page, () => window.__circuit.state === 'done', null, 'task vectors analysed from the page', 180000);
+  const tv = await page.evaluate(() => ({ ...window.__circuit, p0: window.__charts['p0/resid_ratio'] &&
+                                          window.__charts['p0/resid_ratio'].series.length - 1 }));
+  check(tv.charts >= 3 && tv.p0 === 2, `task-vector small multiples: ${tv.charts} charts, p0 with ${tv.p0} layers`);
+  await page.screenshot({ path: `${out}/task-vectors.png`, fullPage: true });
+
+  // ---- the live run: the view advances while it trains ----
+  await page.goto(base + '#/run/r8');
   await waitFor(page, () => window.__charts.loss && window.__live.metricEvents > 0, null, 'live metrics arrive');
   const before = await page.evaluate(() => ({ step: window.__live.lastStep, points: window.__charts.loss.data[0].length }));
   await sleep(4000);

@@ -12,6 +12,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <regex>
@@ -164,6 +165,33 @@ TEST(HttpTest, JsonApiAnswersWhatGrpcAnswers) {
   EXPECT_TRUE(same->from_store());
   EXPECT_EQ(same->patterns_size(), att.patterns_size());
   EXPECT_EQ(http.Get("/api/v1/runs/r1/attention?sequences=17")->status, 400);
+
+  // The circuit (DetectCircuit): .../stored never starts a job (none stored:
+  // an answer that says how to make one); the plain route is a job, as on
+  // gRPC, whose answer .../stored then serves.
+  const int jobs_before = c.ListAnalysisJobs()->jobs_size();
+  auto no_circuit = http.Get("/api/v1/runs/r1/circuit/stored");
+  ASSERT_TRUE(no_circuit);
+  ASSERT_EQ(no_circuit->status, 200) << no_circuit->body;
+  EXPECT_NE(FromJson<v1::DetectCircuitResponse>(no_circuit->body).error().find("circuitlab detect r1"),
+            std::string::npos)
+      << no_circuit->body;
+  EXPECT_EQ(c.ListAnalysisJobs()->jobs_size(), jobs_before) << "a /stored read started an analysis";
+  v1::DetectCircuitResponse circuit;
+  for (int i = 0; i < 240 && circuit.state() != v1::ANALYSIS_STATE_DONE; ++i) {
+    auto got = http.Get("/api/v1/runs/r1/circuit");
+    ASSERT_TRUE(got);
+    ASSERT_EQ(got->status, 200) << got->body;
+    circuit = FromJson<v1::DetectCircuitResponse>(got->body);
+    if (circuit.state() != v1::ANALYSIS_STATE_DONE) std::this_thread::sleep_for(std::chrono::milliseconds(250));
+  }
+  ASSERT_EQ(circuit.state(), v1::ANALYSIS_STATE_DONE) << circuit.error();
+  auto kept = http.Get("/api/v1/runs/r1/circuit/stored");
+  ASSERT_TRUE(kept);
+  const auto stored_circuit = FromJson<v1::DetectCircuitResponse>(kept->body);
+  EXPECT_TRUE(stored_circuit.from_store());
+  EXPECT_EQ(stored_circuit.circuit_size(), circuit.circuit_size());
+  EXPECT_EQ(http.Get("/api/v1/runs/r1/circuit?tolerance=2")->status, 400);
 
   // Errors: the code, a message that names the field, and the HTTP status.
   auto unknown = http.Get("/api/v1/runs/r99");
