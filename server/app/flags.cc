@@ -152,8 +152,9 @@ void DefineFlags(CLI::App& app, ServerFlags& f) {
                  "Also serve grpc.health.v1 alone, plaintext and without a token, on this address (for probes "
                  "that cannot speak TLS, e.g. Kubernetes gRPC probes); no data is served there");
   app.add_option("--http", f.server.fronts.http.listen,
-                 "HOST:PORT of the HTTP port: the dashboard, the read-only JSON API (/api/v1), run event streams, "
-                 "/metrics (Prometheus), /healthz and /readyz. Same TLS, tokens and loopback rules as --listen. "
+                 "HOST:PORT of the HTTP port: the dashboard, the JSON API (/api/v1: reads, and the dashboard's one "
+                 "write, POST interventions), run event streams, /metrics (Prometheus), /healthz and /readyz. Same "
+                 "TLS, tokens and loopback rules as --listen. "
                  "'' turns it off; when the default port is taken the server runs without it (with a warning)")
       ->capture_default_str()
       ->each([&f](const std::string&) { f.http_given = true; });

@@ -34,6 +34,8 @@ namespace pb = google::protobuf;
 
 // The largest request body read (the API's writes are small JSON).
 constexpr uint64_t kMaxBody = 64 << 10;
+// Stored interventions GET /api/v1/runs/{id}/interventions lists (newest).
+constexpr int kMaxListedInterventions = 50;
 // How long a client may pause within its request (each read).
 constexpr std::chrono::seconds kReadTimeout{2};
 // Admit counted this thread's request for its peer (the pre-routing handler,
@@ -378,34 +380,41 @@ void HttpGateway::Shutdown() {
   server_.reset();  // joins the pool: every stream has ended
 }
 
+std::function<void(const httplib::Request&, httplib::Response&)> HttpGateway::Wrap(const std::string& route, bool open,
+                                                                               Handler handler) {
+  return [this, route, open, handler = std::move(handler)](const httplib::Request& req, httplib::Response& res) {
+    const auto started = std::chrono::steady_clock::now();
+    absl::Status s;
+    Caller caller;
+    if (!open) {
+      absl::StatusOr<Caller> c =
+          cores_.security->Authenticate(req.get_header_value("Authorization"),
+                                        "http:" + req.remote_addr + ":" + std::to_string(req.remote_port), tls_, "http");
+      if (c.ok()) {
+        caller = std::move(*c);
+      } else {
+        s = c.status();
+      }
+    }
+    if (s.ok()) s = CallCatching([&] { return handler(req, res, caller); });
+    if (!s.ok()) WriteError(res, s);
+    if (res.status == -1) res.status = 200;  // httplib's "not set yet"
+    res.set_header("X-Content-Type-Options", "nosniff");
+    res.set_header("X-Frame-Options", "DENY");
+    res.set_header("Referrer-Policy", "no-referrer");
+    const bool stream = route == "runs/{id}/events" && res.status == 200;
+    const double seconds =
+        stream ? -1 : std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    if (cores_.telemetry) cores_.telemetry->ObserveHttp(route, res.status, seconds);
+  };
+}
+
 void HttpGateway::Get(const std::string& pattern, const std::string& route, bool open, Handler handler) {
-  server_->Get(
-      pattern, [this, route, open, handler = std::move(handler)](const httplib::Request& req, httplib::Response& res) {
-        const auto started = std::chrono::steady_clock::now();
-        absl::Status s;
-        Caller caller;
-        if (!open) {
-          absl::StatusOr<Caller> c =
-              cores_.security->Authenticate(req.get_header_value("Authorization"),
-                                            "http:" + req.remote_addr + ":" + std::to_string(req.remote_port), tls_,
-                                            "http");
-          if (c.ok()) {
-            caller = std::move(*c);
-          } else {
-            s = c.status();
-          }
-        }
-        if (s.ok()) s = CallCatching([&] { return handler(req, res, caller); });
-        if (!s.ok()) WriteError(res, s);
-        if (res.status == -1) res.status = 200;  // httplib's "not set yet"
-        res.set_header("X-Content-Type-Options", "nosniff");
-        res.set_header("X-Frame-Options", "DENY");
-        res.set_header("Referrer-Policy", "no-referrer");
-        const bool stream = route == "runs/{id}/events" && res.status == 200;
-        const double seconds =
-            stream ? -1 : std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-        if (cores_.telemetry) cores_.telemetry->ObserveHttp(route, res.status, seconds);
-      });
+  server_->Get(pattern, Wrap(route, open, std::move(handler)));
+}
+
+void HttpGateway::Post(const std::string& pattern, const std::string& route, Handler handler) {
+  server_->Post(pattern, Wrap(route, false, std::move(handler)));
 }
 
 // One read endpoint: the request from the path's captures and the query, the
@@ -446,6 +455,85 @@ void HttpGateway::AnalysisReads(const std::string& name, const std::string& verb
                              "without /stored)");
               return none;
             });
+}
+
+// A run's interventions over HTTP (issue 36): GET lists the stored Intervene
+// answers with their requests; POST runs one from the browser.
+void HttpGateway::Interventions() {
+  const Security& security = *cores_.security;
+  scheduler::AnalysisCore* analysis = cores_.analysis;
+  const std::string pattern = R"(/api/v1/runs/([^/]+)/interventions)";
+  Get(pattern, "runs/{id}/interventions", false,
+      [this, analysis](const httplib::Request& req, httplib::Response& res, const Caller& c) -> absl::Status {
+        v1::InterveneRequest probe;
+        probe.set_run_id(req.matches[1]);
+        CL_RETURN_IF_ERROR(cores_.security->Check(c, Access::kRead, probe));
+        CL_ASSIGN_OR_RETURN(const int64_t id, scheduler::ParseRunId(probe.run_id()));
+        CL_RETURN_IF_ERROR(analysis->store().GetRun(id).status());
+        CL_ASSIGN_OR_RETURN(std::vector<store::Store::StoredAnalysis> rows,
+                            analysis->store().ListAnalyses(id, "intervene", kMaxListedInterventions));
+        nlohmann::json list = nlohmann::json::array();
+        for (const store::Store::StoredAnalysis& row : rows) {
+          v1::InterveneRequest request;
+          v1::InterveneResponse response;
+          if (!request.ParseFromString(row.request) || !response.ParseFromString(row.result)) {
+            return absl::DataLossError("a stored intervention of " + probe.run_id() + " does not parse");
+          }
+          response.set_state(v1::ANALYSIS_STATE_DONE);
+          response.set_progress(1.0);
+          response.set_from_store(true);
+          CL_ASSIGN_OR_RETURN(std::string rq, ToJson(request));
+          CL_ASSIGN_OR_RETURN(std::string rs, ToJson(response));
+          list.push_back({{"request", nlohmann::json::parse(rq)},
+                          {"response", nlohmann::json::parse(rs)},
+                          {"stored_at_us", std::to_string(row.created_at)}});
+        }
+        const nlohmann::json body = {{"run_id", scheduler::FormatRunId(id)}, {"interventions", std::move(list)}};
+        res.set_content(body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n", "application/json");
+        return absl::OkStatus();
+      });
+  // Writes from a browser: a bearer token only (no cookie is ever read, so
+  // another site's page cannot ride a session) and a JSON body (a cross-site
+  // form cannot send Content-Type application/json without a CORS preflight,
+  // which this server never grants); then exactly the gRPC call's checks:
+  // read access to the run, a role that may start analyses, the request's
+  // validation, quotas and memory, an audit line.
+  Post(pattern, "runs/{id}/interventions",
+       [analysis, &security](const httplib::Request& req, httplib::Response& res, const Caller& c) -> absl::Status {
+         const std::string type = absl::AsciiStrToLower(req.get_header_value("Content-Type"));
+         if (type.rfind("application/json", 0) != 0) {
+           WriteError(res, absl::InvalidArgumentError("the body must be an InterveneRequest as JSON with Content-Type: "
+                                                      "application/json, got Content-Type " +
+                                                      Quote(Clip(type, 64))));
+           res.status = 415;
+           return absl::OkStatus();
+         }
+         v1::InterveneRequest r;
+         pb::util::JsonParseOptions o;
+         o.ignore_unknown_fields = false;
+         if (pb::util::Status p = pb::util::JsonStringToMessage(req.body, &r, o); !p.ok()) {
+           return absl::InvalidArgumentError("the body is not an InterveneRequest: " + Clip(p.ToString(), 300));
+         }
+         const std::string path_id = req.matches[1];
+         if (!r.run_id().empty() && r.run_id() != path_id) {
+           return absl::InvalidArgumentError("run_id in the body (" + Quote(Clip(r.run_id(), 32)) +
+                                             ") is not the run of the path (" + Quote(Clip(path_id, 32)) + ")");
+         }
+         r.set_run_id(path_id);
+         if (Security::ReadsOnly(c)) {
+           const absl::Status refused = absl::PermissionDeniedError(
+               "POST /interventions starts an analysis; the principal " + c.principal.name +
+               " may only read stored answers (GET /api/v1/runs/" + Clip(path_id, 32) + "/interventions)");
+           security.Audit(c, r, nullptr, refused);
+           return refused;
+         }
+         CL_RETURN_IF_ERROR(security.Check(c, Access::kRead, r));
+         absl::StatusOr<v1::InterveneResponse> out =
+             analysis->Run<v1::InterveneResponse>(r, scheduler::Requester(c.principal.name, false));
+         if (!out.ok() || scheduler::IsPending(out->state())) security.Audit(c, r, out.ok() ? &*out : nullptr, out.status());
+         CL_RETURN_IF_ERROR(out.status());
+         return Reply(res, *out);
+       });
 }
 
 void HttpGateway::Routes() {
@@ -525,6 +613,7 @@ void HttpGateway::Routes() {
         return analysis->jobs().List(
             [&](const v1::AnalysisJob& job) { return MayRead(c.principal, job.owner(), security.private_runs()); });
       });
+  Interventions();
   Get(R"(/api/.*)", "api/unknown", true, [](const httplib::Request& req, httplib::Response&, const Caller&) {
     return absl::NotFoundError("no such API endpoint: " + Quote(Clip(req.path, 128)) +
                                " (the routes: docs/reference/http.md)");

@@ -93,6 +93,10 @@ class HttpGateway {
   // Wraps a handler: authentication (unless `open`), errors as JSON, telemetry.
   using Handler = std::function<absl::Status(const httplib::Request&, httplib::Response&, const security::Caller&)>;
   void Get(const std::string& pattern, const std::string& route, bool open, Handler handler);
+  void Post(const std::string& pattern, const std::string& route, Handler handler);
+  // `handler` behind authentication (unless `open`), errors as JSON, the security headers, telemetry.
+  std::function<void(const httplib::Request&, httplib::Response&)> Wrap(const std::string& route, bool open, Handler handler);
+  void Interventions();
   // A JSON read: `fn(request, caller)` answers absl::StatusOr<a message>.
   template <typename Req, typename Fn>
   void Read(const std::string& pattern, const std::string& route, std::vector<std::string> path_fields, Fn fn);

@@ -1248,4 +1248,19 @@ absl::StatusOr<std::optional<std::string>> Store::GetAnalysis(int64_t run_id, co
   return std::optional<std::string>(st.ColumnBlob(0));
 }
 
+absl::StatusOr<std::vector<Store::StoredAnalysis>> Store::ListAnalyses(int64_t run_id, const std::string& kind,
+                                                                      int limit) {
+  CL_ASSIGN_OR_RETURN(Impl::Reader r, impl_->AcquireReader());
+  CL_ASSIGN_OR_RETURN(Statement st, r->Prepare("SELECT request, result, created_at FROM analyses WHERE run_id = ? AND "
+                                               "kind = ? ORDER BY created_at DESC, request_hash LIMIT ?"));
+  st.Bind(1, run_id).Bind(2, kind).Bind(3, static_cast<int64_t>(limit));
+  std::vector<StoredAnalysis> out;
+  for (;;) {
+    CL_ASSIGN_OR_RETURN(bool found, st.Step());
+    if (!found) break;
+    out.push_back({st.ColumnBlob(0), st.ColumnBlob(1), st.ColumnInt(2)});
+  }
+  return out;
+}
+
 }  // namespace circuitlab::store

@@ -278,6 +278,15 @@ class Store {
   // A stored analysis result; nullopt when none.
   absl::StatusOr<std::optional<std::string>> GetAnalysis(int64_t run_id, const std::string& kind,
                                                          int64_t request_hash);
+  // The stored analyses of one kind on a run, newest first, at most `limit`:
+  // the canonical request (serialized, as PutAnalysis got it), the result
+  // and when it was stored (microseconds since the epoch).
+  struct StoredAnalysis {
+    std::string request;
+    std::string result;
+    int64_t created_at = 0;
+  };
+  absl::StatusOr<std::vector<StoredAnalysis>> ListAnalyses(int64_t run_id, const std::string& kind, int limit);
 
   // A consistent copy of the data directory `data_dir` (database snapshot,
   // then checkpoint files) into the new directory `dest_dir`, which is then a

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <arpa/inet.h>
 #include <httplib.h>
+#include <nlohmann/json.hpp>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -192,6 +193,41 @@ TEST(HttpTest, JsonApiAnswersWhatGrpcAnswers) {
   EXPECT_TRUE(stored_circuit.from_store());
   EXPECT_EQ(stored_circuit.circuit_size(), circuit.circuit_size());
   EXPECT_EQ(http.Get("/api/v1/runs/r1/circuit?tolerance=2")->status, 400);
+
+  // Interventions from a browser (POST): a JSON body only (415 otherwise), an
+  // InterveneRequest whose unknown field is named (400), on the run of the
+  // path; then the gRPC call itself (a job, then DONE), which GET lists.
+  const std::string ablate = R"({"interventions": [{"op": "OP_ZERO_COORDINATE", "coordinates": ["beta"]}],
+                                 "eval_sets": ["icl_rare"], "n_eval": 256})";
+  EXPECT_EQ(http.Post("/api/v1/runs/r1/interventions", ablate, "text/plain")->status, 415);
+  EXPECT_EQ(http.Post("/api/v1/runs/r1/interventions", ablate, "application/x-www-form-urlencoded")->status, 415);
+  auto typo = http.Post("/api/v1/runs/r1/interventions", R"({"interventionz": []})", "application/json");
+  EXPECT_EQ(typo->status, 400);
+  EXPECT_NE(typo->body.find("interventionz"), std::string::npos) << typo->body;
+  auto elsewhere = http.Post("/api/v1/runs/r1/interventions", R"({"run_id": "r2"})", "application/json");
+  EXPECT_EQ(elsewhere->status, 400);
+  EXPECT_NE(elsewhere->body.find("is not the run of the path"), std::string::npos) << elsewhere->body;
+  auto empty = http.Post("/api/v1/runs/r1/interventions", "{}", "application/json");
+  EXPECT_EQ(empty->status, 400) << "the core's validation: " << empty->body;
+  v1::InterveneResponse edited;
+  for (int i = 0; i < 240 && edited.state() != v1::ANALYSIS_STATE_DONE; ++i) {
+    auto got = http.Post("/api/v1/runs/r1/interventions", ablate, "application/json; charset=utf-8");
+    ASSERT_TRUE(got);
+    ASSERT_EQ(got->status, 200) << got->body;
+    edited = FromJson<v1::InterveneResponse>(got->body);
+    if (edited.state() != v1::ANALYSIS_STATE_DONE) std::this_thread::sleep_for(std::chrono::milliseconds(250));
+  }
+  ASSERT_EQ(edited.state(), v1::ANALYSIS_STATE_DONE) << edited.error();
+  ASSERT_EQ(edited.effects_size(), 1);
+  EXPECT_EQ(edited.effects(0).eval_set(), "icl_rare");
+  auto listed = http.Get("/api/v1/runs/r1/interventions");
+  ASSERT_TRUE(listed);
+  ASSERT_EQ(listed->status, 200) << listed->body;
+  const nlohmann::json kept_list = nlohmann::json::parse(listed->body);
+  ASSERT_EQ(kept_list["interventions"].size(), 1u) << listed->body;
+  EXPECT_EQ(kept_list["interventions"][0]["request"]["interventions"][0]["coordinates"][0], "beta");
+  EXPECT_EQ(kept_list["interventions"][0]["response"]["effects"][0]["accuracy"], edited.effects(0).accuracy());
+  EXPECT_EQ(http.Get("/api/v1/runs/r99/interventions")->status, 404);
 
   // Errors: the code, a message that names the field, and the HTTP status.
   auto unknown = http.Get("/api/v1/runs/r99");
@@ -387,6 +423,14 @@ TEST(HttpTest, TokensApplyAsOnGrpc) {
   EXPECT_EQ(http.Get("/api/v1/runs", {{"Authorization", "Bearer " + token}})->status, 200);
   EXPECT_EQ(http.Get("/healthz")->status, 200) << "probes need no token";
   EXPECT_EQ(http.Get("/")->status, 200) << "nor do the dashboard's files (they hold no data)";
+  // A reader may not start an intervention from the browser; nobody may
+  // without a token.
+  const std::string ablate = R"({"interventions": [{"op": "OP_ZERO_COORDINATE", "coordinates": ["beta"]}]})";
+  auto reader_post = http.Post("/api/v1/runs/r1/interventions", {{"Authorization", "Bearer " + token}}, ablate,
+                               "application/json");
+  EXPECT_EQ(reader_post->status, 403) << reader_post->body;
+  EXPECT_NE(reader_post->body.find("may only read stored answers"), std::string::npos) << reader_post->body;
+  EXPECT_EQ(http.Post("/api/v1/runs/r1/interventions", ablate, "application/json")->status, 401);
 }
 
 TEST(HttpTest, EventStreamsResumeWithLastEventIdAndAreCapped) {
