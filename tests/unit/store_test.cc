@@ -1,6 +1,10 @@
 #include "server/store/store.h"
 
 #include <gtest/gtest.h>
+
+#include <chrono>
+
+#include <thread>
 #include <sqlite3.h>
 
 #include <filesystem>
@@ -408,6 +412,35 @@ TEST(StoreTest, AnalysesAreStoredByRequestHash) {
   EXPECT_EQ((*(*store)->CheckpointAt(id, 5))->bytes, "five");
   EXPECT_FALSE((*store)->CheckpointAt(id, 6)->has_value());
   EXPECT_EQ(*(*store)->CheckpointSteps(id), (std::vector<int64_t>{5, 9}));
+}
+
+// The dashboard's interventions page: a run's stored answers of one kind,
+// newest first, bounded, with their requests.
+TEST(StoreTest, AnalysesOfOneKindAreListedNewestFirst) {
+  TempDir dir;
+  auto store = Store::Open(dir.path());
+  ASSERT_TRUE(store.ok());
+  const int64_t id = *(*store)->InsertRun(SampleRun("listed"));
+  const int64_t other = *(*store)->InsertRun(SampleRun("other"));
+  EXPECT_TRUE((*store)->ListAnalyses(id, "intervene", 10)->empty());
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE((*store)->PutAnalysis(id, "intervene", 100 + i, "request-" + std::to_string(i),
+                                      "result-" + std::to_string(i))
+                    .ok());
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));  // distinct stored times
+  }
+  ASSERT_TRUE((*store)->PutAnalysis(id, "project", 7, "a projection", "not listed").ok());
+  ASSERT_TRUE((*store)->PutAnalysis(other, "intervene", 100, "another run's", "not listed").ok());
+  auto all = (*store)->ListAnalyses(id, "intervene", 10);
+  ASSERT_TRUE(all.ok()) << all.status();
+  ASSERT_EQ(all->size(), 3u);
+  EXPECT_EQ((*all)[0].request, "request-2");
+  EXPECT_EQ((*all)[0].result, "result-2");
+  EXPECT_EQ((*all)[2].request, "request-0");
+  EXPECT_GT((*all)[0].created_at, (*all)[2].created_at);
+  auto two = (*store)->ListAnalyses(id, "intervene", 2);
+  ASSERT_EQ(two->size(), 2u);
+  EXPECT_EQ((*two)[1].request, "request-1");
 }
 
 TEST(StoreTest, SecondOpenOfTheSameDirectoryIsRefused) {
