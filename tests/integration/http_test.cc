@@ -130,6 +130,56 @@ TEST(HttpTest, JsonApiAnswersWhatGrpcAnswers) {
                    "the pivot fetches its own column; pivot.x= works too");
   ExpectSameAsJson(*c.ListAnalysisJobs(), http.Get("/api/v1/analyses"), "analyses");
 
+  // Errors: the code, a message that names the field, and the HTTP status.
+  auto unknown = http.Get("/api/v1/runs/r99");
+  EXPECT_EQ(unknown->status, 404);
+  EXPECT_NE(unknown->body.find("\"code\":\"NOT_FOUND\""), std::string::npos) << unknown->body;
+  auto bad_param = http.Get("/api/v1/runs?stat=running");
+  EXPECT_EQ(bad_param->status, 400);
+  EXPECT_NE(bad_param->body.find("unknown query parameter 'stat'"), std::string::npos) << bad_param->body;
+  auto bad_enum = http.Get("/api/v1/runs?states=sleeping");
+  EXPECT_EQ(bad_enum->status, 400);
+  EXPECT_NE(bad_enum->body.find("RUN_STATE_SUCCEEDED"), std::string::npos) << "lists the allowed values";
+  auto bad_number = http.Get("/api/v1/runs/r1/metrics?max_points=lots");
+  EXPECT_EQ(bad_number->status, 400);
+  EXPECT_NE(bad_number->body.find("max_points"), std::string::npos);
+  auto out_of_range = http.Get("/api/v1/runs/r1/metrics?max_points=100001");
+  EXPECT_EQ(out_of_range->status, 400) << "the core's own validation: " << out_of_range->body;
+  auto long_pivot = http.Get("/api/v1/sweeps/s1/summary?pivot=a,b,c,d,e");
+  EXPECT_EQ(long_pivot->status, 400);
+  EXPECT_NE(long_pivot->body.find("at most 4 comma-separated values"), std::string::npos) << long_pivot->body;
+  EXPECT_EQ(http.Get("/api/v1/nothing")->status, 404);
+  EXPECT_EQ(http.Post("/api/v1/runs", "{}", "application/json")->status, 404) << "writes stay on gRPC";
+
+  // The dashboard and the probes.
+  auto index = http.Get("/");
+  ASSERT_TRUE(index);
+  EXPECT_EQ(index->status, 200);
+  EXPECT_NE(index->body.find("uPlot.iife.min.js"), std::string::npos);
+  EXPECT_NE(index->get_header_value("Content-Security-Policy").find("default-src 'self'"), std::string::npos);
+  auto uplot = http.Get("/vendor/uplot/uPlot.iife.min.js");
+  EXPECT_EQ(uplot->status, 200);
+  EXPECT_GT(uplot->body.size(), 40000u);
+  EXPECT_EQ(http.Get("/../etc/passwd")->status, 404);
+  EXPECT_EQ(http.Get("/healthz")->status, 200);
+  EXPECT_EQ(http.Get("/readyz")->status, 200);
+  server.app().MarkNotServing();
+  EXPECT_EQ(http.Get("/readyz")->status, 503) << "draining";
+}
+
+// The analyses over HTTP: a stored label (never a job), attention patterns
+// and the circuit as jobs (and .../stored, never a job), and the one write,
+// interventions posted from a browser and listed.
+TEST(HttpTest, AnalysesAreJobsAndInterventionsArePosted) {
+  TempDir dir;
+  auto exec = engine::MakeTorchExecutor();
+  Server server(dir.path(), exec.get(), {}, WithHttp());
+  auto c = MakeClient(server.address());
+  httplib::Client http("127.0.0.1", server.http_port());
+  auto run = c.SubmitRun(TinySpec(40));
+  ASSERT_TRUE(run.ok());
+  ASSERT_EQ(WaitForEnd(c, run->run_id()), v1::RUN_STATE_SUCCEEDED);
+
   // No stored label yet: an empty answer that says how to make one, never a job.
   auto none = http.Get("/api/v1/runs/r1/label");
   ASSERT_TRUE(none);
@@ -228,42 +278,6 @@ TEST(HttpTest, JsonApiAnswersWhatGrpcAnswers) {
   EXPECT_EQ(kept_list["interventions"][0]["request"]["interventions"][0]["coordinates"][0], "beta");
   EXPECT_EQ(kept_list["interventions"][0]["response"]["effects"][0]["accuracy"], edited.effects(0).accuracy());
   EXPECT_EQ(http.Get("/api/v1/runs/r99/interventions")->status, 404);
-
-  // Errors: the code, a message that names the field, and the HTTP status.
-  auto unknown = http.Get("/api/v1/runs/r99");
-  EXPECT_EQ(unknown->status, 404);
-  EXPECT_NE(unknown->body.find("\"code\":\"NOT_FOUND\""), std::string::npos) << unknown->body;
-  auto bad_param = http.Get("/api/v1/runs?stat=running");
-  EXPECT_EQ(bad_param->status, 400);
-  EXPECT_NE(bad_param->body.find("unknown query parameter 'stat'"), std::string::npos) << bad_param->body;
-  auto bad_enum = http.Get("/api/v1/runs?states=sleeping");
-  EXPECT_EQ(bad_enum->status, 400);
-  EXPECT_NE(bad_enum->body.find("RUN_STATE_SUCCEEDED"), std::string::npos) << "lists the allowed values";
-  auto bad_number = http.Get("/api/v1/runs/r1/metrics?max_points=lots");
-  EXPECT_EQ(bad_number->status, 400);
-  EXPECT_NE(bad_number->body.find("max_points"), std::string::npos);
-  auto out_of_range = http.Get("/api/v1/runs/r1/metrics?max_points=100001");
-  EXPECT_EQ(out_of_range->status, 400) << "the core's own validation: " << out_of_range->body;
-  auto long_pivot = http.Get("/api/v1/sweeps/s1/summary?pivot=a,b,c,d,e");
-  EXPECT_EQ(long_pivot->status, 400);
-  EXPECT_NE(long_pivot->body.find("at most 4 comma-separated values"), std::string::npos) << long_pivot->body;
-  EXPECT_EQ(http.Get("/api/v1/nothing")->status, 404);
-  EXPECT_EQ(http.Post("/api/v1/runs", "{}", "application/json")->status, 404) << "writes stay on gRPC";
-
-  // The dashboard and the probes.
-  auto index = http.Get("/");
-  ASSERT_TRUE(index);
-  EXPECT_EQ(index->status, 200);
-  EXPECT_NE(index->body.find("uPlot.iife.min.js"), std::string::npos);
-  EXPECT_NE(index->get_header_value("Content-Security-Policy").find("default-src 'self'"), std::string::npos);
-  auto uplot = http.Get("/vendor/uplot/uPlot.iife.min.js");
-  EXPECT_EQ(uplot->status, 200);
-  EXPECT_GT(uplot->body.size(), 40000u);
-  EXPECT_EQ(http.Get("/../etc/passwd")->status, 404);
-  EXPECT_EQ(http.Get("/healthz")->status, 200);
-  EXPECT_EQ(http.Get("/readyz")->status, 200);
-  server.app().MarkNotServing();
-  EXPECT_EQ(http.Get("/readyz")->status, 503) << "draining";
 }
 
 // Issue 32 item 1: 200 connections that each drip one header line every
