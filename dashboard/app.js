@@ -1064,6 +1064,11 @@ function circuitGraph(answer, layers, values) {
     svg.append(el);
     return el;
   };
+  // The residual stream: every layer reads and writes it, so a path may
+  // skip a layer (a 3-layer model's 1-2 circuit reaches the read-out
+  // through layer 3 untouched).
+  add('line', {x1: colX(0), y1: H / 2, x2: colX(layers + 1), y2: H / 2, stroke: '#b8bfcc', 'stroke-width': 1.5,
+               'stroke-dasharray': '4 4', class: 'residual'});
   const kept = answer.circuit || [];
   const valueOf = (c) => (values && values.has(c.coordinate.label) ? values.get(c.coordinate.label) : c.coordinate.value) || 0;
   const most = Math.max(1e-9, ...kept.map((c) => Math.abs(c.coordinate.value || 0)),
@@ -1162,7 +1167,8 @@ function circuitView(id, params) {
                                h('a', {href: `#/run/${id}`}, 'back to the run'));
       body.replaceChildren(graphBox,
                            h('p', {class: 'muted'}, 'edge width ∝ |coordinate|; colour: canonical (blue), shortcut (red), ' +
-                                                     'aiding (grey); hover an edge for its value and necessity'));
+                                                     'aiding (grey); dashed: the residual stream; hover an edge for its ' +
+                                                     'value and necessity'));
       draw(steps.length ? steps[steps.length - 1] : null);
     };
     show(await askAnalysis(id, 'circuit', {}, false, progress, isStopped));
