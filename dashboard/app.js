@@ -950,37 +950,30 @@ function attentionView(id, params) {
     const mine = ++loading;
     status.textContent = `computing the patterns at step ${step || 'newest'}…`;
     window.__attention.state = 'loading';
-    const q = query({step, eval_set: params.get('set'), sequences: params.get('sequences') || 2,
-                     layers: params.get('layer'), heads: params.get('head')});
-    for (;;) {
-      let r;
-      try {
-        r = await api(`/api/v1/runs/${encodeURIComponent(id)}/attention${q}`);
-      } catch (e) {
-        if (mine === loading) status.replaceChildren(errorBox(e));
-        window.__attention.state = 'error';
-        return;
-      }
-      if (stopped || mine !== loading) return;
-      if (r.state === 'ANALYSIS_STATE_QUEUED' || r.state === 'ANALYSIS_STATE_RUNNING') {
-        status.textContent = `${short(r.state, 'ANALYSIS_STATE_').toLowerCase()} (job ${r.job_id}): ` +
-            `${Math.round(100 * (r.progress || 0))}%`;
-        await sleep(600);
-        continue;
-      }
-      if (r.state !== 'ANALYSIS_STATE_DONE') {
-        status.replaceChildren(errorBox(r.error || short(r.state, 'ANALYSIS_STATE_')));
-        window.__attention.state = 'error';
-        return;
-      }
-      answer = r;
-      seq = Math.min(seq, Math.max(0, (r.sequences || []).length - 1));
-      status.textContent = `step ${r.step} · ${(r.sequences || []).length} sequence(s) of ${r.eval_set}` +
-          `${r.from_store ? ' (stored)' : ''} · rows are queries, columns keys; hover to read a weight, click to enlarge`;
-      renderControls();
-      draw();
+    const isStale = () => stopped || mine !== loading;
+    let r;
+    try {
+      r = await askAnalysis(id, 'attention', {step, eval_set: params.get('set'), sequences: params.get('sequences') || 2,
+                                              layers: params.get('layer'), heads: params.get('head')},
+                            true, (p) => (status.textContent = `${short(p.state, 'ANALYSIS_STATE_').toLowerCase()} ` +
+                                          `(job ${p.job_id}): ${Math.round(100 * (p.progress || 0))}%`), isStale);
+    } catch (e) {
+      if (mine === loading) status.replaceChildren(errorBox(e));
+      window.__attention.state = 'error';
       return;
     }
+    if (isStale()) return;
+    if (r.state !== 'ANALYSIS_STATE_DONE') {
+      status.replaceChildren(errorBox(r.error || short(r.state, 'ANALYSIS_STATE_')));
+      window.__attention.state = 'error';
+      return;
+    }
+    answer = r;
+    seq = Math.min(seq, Math.max(0, (r.sequences || []).length - 1));
+    status.textContent = `step ${r.step} · ${(r.sequences || []).length} sequence(s) of ${r.eval_set}` +
+        `${r.from_store ? ' (stored)' : ''} · rows are queries, columns keys; hover to read a weight, click to enlarge`;
+    renderControls();
+    draw();
   }
 
   function renderControls() {

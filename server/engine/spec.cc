@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
-#include <sstream>
 #include <string>
 
 #include "server/common/field_checks.h"
@@ -15,7 +14,6 @@
 
 namespace circuitlab::engine {
 namespace {
-
 
 bool ValidTagChar(char c) {
   return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.' || c == ':' || c == '=' || c == '-';
