@@ -3,6 +3,7 @@
 #include <google/protobuf/util/json_util.h>
 #include <httplib.h>
 #include <spdlog/spdlog.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -318,10 +319,20 @@ absl::StatusOr<std::unique_ptr<HttpGateway>> HttpGateway::Start(const HttpOption
   });
   g->server_->set_logger([self](const httplib::Request& req, const httplib::Response&) { self->Done(req); });
   g->Routes();
+  // httplib listens with a backlog of 5 (compiled into Debian's library), so
+  // a burst of connections (a dashboard's tabs, a balancer's probes) has its
+  // SYNs dropped and resent a second later; the socket is re-listened with the
+  // kernel's limit (net.core.somaxconn) once bound.
+  int listen_fd = -1;
+  g->server_->set_socket_options([&listen_fd](int fd) {
+    httplib::default_socket_options(fd);
+    listen_fd = fd;
+  });
   g->port_ = port == 0 ? g->server_->bind_to_any_port(host) : (g->server_->bind_to_port(host, port) ? port : -1);
   if (g->port_ <= 0) {
     return absl::UnavailableError("cannot listen on --http " + options.listen + " (address in use or invalid)");
   }
+  if (listen_fd >= 0) ::listen(listen_fd, SOMAXCONN);
   const std::string shown = host == "0.0.0.0" || host == "::" || host.empty() ? Hostname()
                             : host.find(':') != std::string::npos             ? "[" + host + "]"
                                                                               : host;

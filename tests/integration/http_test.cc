@@ -10,9 +10,11 @@
 #include <httplib.h>
 #include <nlohmann/json.hpp>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -282,8 +284,9 @@ TEST(HttpTest, AnalysesAreJobsAndInterventionsArePosted) {
 
 // Issue 32 item 1: 200 connections that each drip one header line every
 // 3 s (no token needed) used to hold every request thread for as long as they
-// dripped; now a pause longer than the read timeout closes them, and the
-// probes, /metrics, the API and the dashboard answer throughout. A declared
+// dripped; now a pause longer than the read timeout closes them (checked
+// directly), and the probes, /metrics, the API and the dashboard answer
+// throughout (no latency asserted: CI runs this on a loaded machine). A declared
 // 100 MB body is refused at once (413), and one address's requests in
 // progress are capped (429); both are counted.
 TEST(HttpTest, SlowClientsDoNotTakeThePortDown) {
@@ -310,40 +313,60 @@ TEST(HttpTest, SlowClientsDoNotTakeThePortDown) {
     ::send(fd, start.data(), start.size(), MSG_NOSIGNAL);
     drippers.push_back(fd);
   }
+  // Answered throughout: the limits here are generous (a loaded CI machine
+  // runs this beside a compiler); what would fail is a pool held by drippers,
+  // where these requests wait for as long as the drip goes on.
   httplib::Client http("127.0.0.1", port);
-  http.set_connection_timeout(std::chrono::seconds(2));
-  http.set_read_timeout(std::chrono::seconds(2));
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  int rounds = 0;
-  while (std::chrono::steady_clock::now() < until) {
+  http.set_connection_timeout(std::chrono::seconds(10));
+  http.set_read_timeout(std::chrono::seconds(10));
+  for (int round = 0; round < 3; ++round) {
     for (int fd : drippers) ::send(fd, "X-Drip: 1\r\n", 11, MSG_NOSIGNAL);  // one more line each
     for (const char* path : {"/healthz", "/readyz", "/metrics", "/api/v1/runs", "/"}) {
-      const auto t0 = std::chrono::steady_clock::now();
       auto r = http.Get(path);
-      ASSERT_TRUE(r) << path << " unanswered in round " << rounds;
+      ASSERT_TRUE(r) << path << " unanswered in round " << round;
       EXPECT_EQ(r->status, 200) << path;
-      EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2)) << path;
     }
-    ++rounds;
     std::this_thread::sleep_for(std::chrono::seconds(3));
   }
-  EXPECT_GE(rounds, 3);
+  // The mechanism itself: a 3 s pause is longer than the 2 s read timeout, so
+  // within 1.5 s more the server has closed every dripper (end of stream, or
+  // an answer then close); httplib's own 5 s timeout would still hold them.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(1500);
+  std::vector<pollfd> open;
+  for (int fd : drippers) open.push_back({fd, POLLIN, 0});
+  int closed = 0;
+  while (!open.empty() && std::chrono::steady_clock::now() < deadline) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (::poll(open.data(), open.size(), static_cast<int>(left.count()) + 1) <= 0) continue;
+    std::vector<pollfd> still;
+    for (pollfd p : open) {
+      char sink[512];
+      ssize_t n = 1;
+      while (p.revents != 0 && (n = ::recv(p.fd, sink, sizeof sink, MSG_DONTWAIT)) > 0) {
+      }
+      if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) {
+        ++closed;
+      } else {
+        still.push_back({p.fd, POLLIN, 0});
+      }
+    }
+    open = std::move(still);
+  }
   for (int fd : drippers) ::close(fd);
+  EXPECT_EQ(closed, static_cast<int>(drippers.size())) << "drippers the server still holds";
 
-  // A 100 MB body is refused before a byte of it is read.
+  // A 100 MB body is refused before a byte of it is read (none is sent).
   const int fd = connect_raw();
   const std::string big =
       "POST /api/v1/runs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 104857600\r\n\r\n";
   ::send(fd, big.data(), big.size(), MSG_NOSIGNAL);
-  timeval tv{2, 0};
+  timeval tv{10, 0};
   ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
   char buf[256] = {};
-  const auto t0 = std::chrono::steady_clock::now();
   const ssize_t n = ::recv(fd, buf, sizeof buf - 1, 0);
   ::close(fd);
   ASSERT_GT(n, 0) << "no answer to a 100 MB POST";
   EXPECT_EQ(std::string(buf).rfind("HTTP/1.1 413", 0), 0u) << buf;
-  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(1));
 
   // One address's requests in progress: at most 4 (the event streams hold
   // theirs), the fifth is 429.
