@@ -9,11 +9,13 @@ set(CIRCUITLAB_PROTO_FILES
     circuitlab/v1/experiment_service.proto
     circuitlab/v1/analysis_service.proto
     circuitlab/v1/worker_service.proto
+    circuitlab/v1/reproduce.proto
     grpc/health/v1/health.proto)
 set(CIRCUITLAB_GRPC_SERVICES
     circuitlab/v1/experiment_service.proto
     circuitlab/v1/analysis_service.proto
     circuitlab/v1/worker_service.proto
+    circuitlab/v1/reproduce.proto
     grpc/health/v1/health.proto)
 set(_gen ${PROJECT_BINARY_DIR}/gen)
 file(MAKE_DIRECTORY ${_gen})

@@ -55,7 +55,7 @@ int main(int argc, char** argv) {
                    AddRm,         AddMetrics,   AddCoords,    AddOpen,           AddProject,
                    AddInvariance, AddSweep,     AddSweepShow, AddSweepCancel,    AddSweepSummary,
                    AddDetect,     AddIntervene, AddLabel,     AddDataDependence, AddTaskVectors, AddAttention,
-                   AddHealth,     AddWhoAmI,    AddAnalyses,  AddCancelAnalysis, AddWorkers}) {
+                   AddHealth,     AddWhoAmI,    AddAnalyses,  AddCancelAnalysis, AddWorkers, AddReproduce}) {
     add(app, &chosen);
   }
   try {

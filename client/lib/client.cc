@@ -13,6 +13,7 @@
 
 #include "circuitlab/v1/analysis_service.grpc.pb.h"
 #include "circuitlab/v1/experiment_service.grpc.pb.h"
+#include "circuitlab/v1/reproduce.grpc.pb.h"
 #include "circuitlab/v1/worker_service.grpc.pb.h"
 #include "client/lib/channel.h"
 #include "grpc/health/v1/health.grpc.pb.h"
@@ -96,6 +97,7 @@ struct Client::Impl {
   std::unique_ptr<v1::AnalysisService::Stub> analysis;
   std::unique_ptr<grpc::health::v1::Health::Stub> health;
   std::unique_ptr<v1::WorkerService::Stub> workers;
+  std::unique_ptr<v1::ReproductionService::Stub> reproductions;
 
   void Prepare(grpc::ClientContext& ctx, bool deadline) const {
     if (deadline) ctx.set_deadline(std::chrono::system_clock::now() + options.timeout);
@@ -139,6 +141,7 @@ Client::Client(const ClientOptions& options) : impl_(std::make_unique<Impl>()) {
   impl_->analysis = v1::AnalysisService::NewStub(impl_->channel);
   impl_->health = grpc::health::v1::Health::NewStub(impl_->channel);
   impl_->workers = v1::WorkerService::NewStub(impl_->channel);
+  impl_->reproductions = v1::ReproductionService::NewStub(impl_->channel);
 }
 
 Client::~Client() = default;
@@ -233,6 +236,30 @@ absl::StatusOr<v1::Sweep> Client::SubmitSweep(const v1::SweepSpec& sweep) {
   v1::SubmitSweepRequest req;
   *req.mutable_sweep() = sweep;
   return impl_->Call(impl_->stub.get(), &v1::ExperimentService::Stub::SubmitSweep, req);
+}
+
+absl::StatusOr<v1::ListRecipesResponse> Client::ListRecipes() {
+  return impl_->Call(impl_->reproductions.get(), &v1::ReproductionService::Stub::ListRecipes, v1::ListRecipesRequest());
+}
+
+absl::StatusOr<v1::Reproduction> Client::StartReproduction(const v1::StartReproductionRequest& request) {
+  return impl_->Call(impl_->reproductions.get(), &v1::ReproductionService::Stub::StartReproduction, request);
+}
+
+absl::StatusOr<v1::Reproduction> Client::GetReproduction(const std::string& reproduction_id) {
+  v1::GetReproductionRequest req;
+  req.set_reproduction_id(reproduction_id);
+  return impl_->Call(impl_->reproductions.get(), &v1::ReproductionService::Stub::GetReproduction, req);
+}
+
+absl::StatusOr<v1::ListReproductionsResponse> Client::ListReproductions(const v1::ListReproductionsRequest& request) {
+  return impl_->Call(impl_->reproductions.get(), &v1::ReproductionService::Stub::ListReproductions, request);
+}
+
+absl::StatusOr<v1::Reproduction> Client::CancelReproduction(const std::string& reproduction_id) {
+  v1::CancelReproductionRequest req;
+  req.set_reproduction_id(reproduction_id);
+  return impl_->Call(impl_->reproductions.get(), &v1::ReproductionService::Stub::CancelReproduction, req);
 }
 
 absl::StatusOr<v1::Sweep> Client::GetSweep(const std::string& sweep_id) {

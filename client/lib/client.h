@@ -14,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "circuitlab/v1/analysis_service.pb.h"
 #include "circuitlab/v1/experiment_service.pb.h"
+#include "circuitlab/v1/reproduce.pb.h"
 #include "circuitlab/v1/worker_service.pb.h"
 
 namespace circuitlab::client {
@@ -82,6 +83,13 @@ class Client {
   absl::StatusOr<v1::GetAttentionPatternsResponse> GetAttentionPatterns(const v1::GetAttentionPatternsRequest& request);
   absl::StatusOr<v1::CancelAnalysisResponse> CancelAnalysis(const std::string& job_id);
   absl::StatusOr<v1::ListAnalysisJobsResponse> ListAnalysisJobs();
+
+  // ReproductionService.
+  absl::StatusOr<v1::ListRecipesResponse> ListRecipes();
+  absl::StatusOr<v1::Reproduction> StartReproduction(const v1::StartReproductionRequest& request);
+  absl::StatusOr<v1::Reproduction> GetReproduction(const std::string& reproduction_id);
+  absl::StatusOr<v1::ListReproductionsResponse> ListReproductions(const v1::ListReproductionsRequest& request);
+  absl::StatusOr<v1::Reproduction> CancelReproduction(const std::string& reproduction_id);
 
   // Sweeps.
   absl::StatusOr<v1::Sweep> SubmitSweep(const v1::SweepSpec& sweep);

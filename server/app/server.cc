@@ -145,6 +145,9 @@ absl::Status Server::Build(ServerOptions o) {
                                                    opts.quotas);
   CL_RETURN_IF_ERROR(Annotate(scheduler_->Start(), "cannot start the scheduler"));
   started_ = true;
+  reproductions_ = std::make_unique<reproduce::ReproductionCore>(store_.get(), scheduler_.get(), sweeps_.get(),
+                                                                 analysis_.get(), o.reproductions);
+  reproductions_->Start();  // resumes the unfinished ones
   if (o.remote.executor == "slurm") {
     remote::WorkerBroker* b = broker_.get();
     pool_ = std::make_unique<remote::SlurmPool>(o.remote.slurm, remote::RunCommand,
@@ -192,7 +195,8 @@ absl::Status Server::Serve(const ServerOptions& o) {
 
   rpc::GrpcOptions g{f.listen, f.max_message_bytes, f.tls, f.health_listen, o.remote.executor};
   CL_ASSIGN_OR_RETURN(grpc_, rpc::GrpcServer::Start(g, {security_.get(), auth_, scheduler_.get(), analysis_.get(),
-                                                        sweeps_.get(), broker_.get(), telemetry_.get()}));
+                                                        sweeps_.get(), broker_.get(), telemetry_.get(),
+                                                        reproductions_.get()}));
   if (f.http.listen.empty()) return absl::OkStatus();
   absl::StatusOr<std::unique_ptr<http::HttpGateway>> gateway = http::HttpGateway::Start(
       f.http, f.tls, {security_.get(), scheduler_.get(), sweeps_.get(), analysis_.get(), telemetry_.get()});
@@ -266,6 +270,7 @@ void Server::Shutdown(std::chrono::milliseconds grace) {
   if (shut_down_) return;
   shut_down_ = true;
   MarkNotServing();
+  if (reproductions_) reproductions_->Shutdown();  // stays stored; resumes at the next start
   if (analysis_) analysis_->Shutdown();  // queued analyses end at once, running ones at their next forward pass
   if (started_) scheduler_->Drain();     // remote workers checkpoint their runs over their streams, still open
   if (pool_) pool_->Stop();

@@ -17,6 +17,7 @@
 #include "server/http/http_gateway.h"
 #include "server/remote/slurm.h"
 #include "server/remote/workers.h"
+#include "server/reproduce/reproductions.h"
 #include "server/rpc/server.h"
 #include "server/scheduler/analysis_core.h"
 #include "server/scheduler/scheduler.h"
@@ -64,6 +65,7 @@ struct ServerOptions {
   scheduler::SchedulerOptions scheduler;
   scheduler::AnalysisJobOptions jobs;
   int max_sweep_runs = 1024;
+  reproduce::ReproductionOptions reproductions;
   bool use_cuda = true;
   bool cuda_deterministic = true;
   std::string version = "dev";  // what WhoAmI, /metrics and workers see
@@ -126,6 +128,7 @@ class Server {
   std::unique_ptr<scheduler::Scheduler> scheduler_;
   std::unique_ptr<scheduler::AnalysisCore> analysis_;
   std::unique_ptr<scheduler::SweepCore> sweeps_;
+  std::unique_ptr<reproduce::ReproductionCore> reproductions_;
   std::unique_ptr<remote::SlurmPool> pool_;
   std::unique_ptr<telemetry::Telemetry> telemetry_;
   std::unique_ptr<security::Security> security_;

@@ -12,6 +12,7 @@
 
 #include "server/rpc/analysis_service.h"
 #include "server/rpc/experiment_service.h"
+#include "server/rpc/reproduction_service.h"
 #include "server/rpc/service_util.h"
 #include "server/rpc/worker_service.h"
 
@@ -140,6 +141,9 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const GrpcOptions&
   std::unique_ptr<GrpcServer> server(new GrpcServer());
   server->experiments_ = std::make_unique<ExperimentServiceImpl>(cores.runs, cores.sweeps, cores.security);
   server->analysis_ = std::make_unique<AnalysisServiceImpl>(cores.analysis, cores.security);
+  if (cores.reproductions != nullptr) {
+    server->reproductions_ = std::make_unique<ReproductionServiceImpl>(cores.reproductions, cores.security);
+  }
   server->workers_ = std::make_unique<WorkerServiceImpl>(cores.workers, cores.runs, options.executor, cores.security);
   grpc::EnableDefaultHealthCheckService(true);
 
@@ -159,6 +163,7 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const GrpcOptions&
   builder.RegisterService(server->experiments_.get());
   builder.RegisterService(server->analysis_.get());
   builder.RegisterService(server->workers_.get());
+  if (server->reproductions_) builder.RegisterService(server->reproductions_.get());
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   if (cores.telemetry != nullptr) {
     std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;

@@ -18,6 +18,7 @@
 
 #include "absl/status/statusor.h"
 #include "server/remote/workers.h"
+#include "server/reproduce/reproductions.h"
 #include "server/scheduler/analysis_core.h"
 #include "server/scheduler/scheduler.h"
 #include "server/scheduler/sweeps.h"
@@ -55,6 +56,7 @@ struct GrpcCores {
   scheduler::SweepCore* sweeps = nullptr;
   remote::WorkerBroker* workers = nullptr;
   telemetry::Telemetry* telemetry = nullptr;
+  reproduce::ReproductionCore* reproductions = nullptr;  // null: ReproductionService is not served
 };
 
 class GrpcServer {
@@ -77,6 +79,7 @@ class GrpcServer {
   std::unique_ptr<grpc::Service> experiments_;
   std::unique_ptr<grpc::Service> analysis_;
   std::unique_ptr<grpc::Service> workers_;
+  std::unique_ptr<grpc::Service> reproductions_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<grpc::CallbackGenericService> nothing_else_;  // the health port's other methods
   std::unique_ptr<grpc::Server> health_server_;                 // --health-listen

@@ -149,6 +149,19 @@ ALTER TABLE runs RENAME COLUMN client TO owner;
 ALTER TABLE sweeps RENAME COLUMN client TO owner;
 CREATE INDEX runs_by_owner ON runs(owner, id);
 )sql",
+    // 7: reproductions (ReproductionService): the job's whole record (a
+    // serialized circuitlab.v1.Reproduction); owner and state are columns
+    // for the listing and for resuming the unfinished ones at start.
+    R"sql(
+CREATE TABLE reproductions (
+  id         INTEGER PRIMARY KEY,
+  owner      TEXT    NOT NULL,
+  state      INTEGER NOT NULL,
+  created_at INTEGER NOT NULL,
+  body       BLOB    NOT NULL
+);
+CREATE INDEX reproductions_by_state ON reproductions(state, id);
+)sql",
 };
 
 constexpr int kLatest = static_cast<int>(sizeof(kMigrations) / sizeof(kMigrations[0]));

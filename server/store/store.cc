@@ -675,6 +675,76 @@ absl::StatusOr<std::pair<int64_t, std::vector<int64_t>>> Store::InsertSweep(cons
   return ids;
 }
 
+absl::StatusOr<int64_t> Store::InsertReproduction(const ReproductionRow& row) {
+  int64_t id = 0;
+  CL_RETURN_IF_ERROR(impl_->Write([&](Connection& c) -> absl::Status {
+    CL_ASSIGN_OR_RETURN(Statement st,
+                        c.Prepare("INSERT INTO reproductions(owner, state, created_at, body) VALUES (?,?,?,?)"));
+    st.Bind(1, row.owner).Bind(2, static_cast<int64_t>(row.state)).Bind(3, row.created_at_us).BindBlob(4, row.body);
+    CL_RETURN_IF_ERROR(st.Run());
+    id = c.LastInsertRowId();
+    return absl::OkStatus();
+  }));
+  return id;
+}
+
+absl::Status Store::UpdateReproduction(int64_t id, int state, const std::string& body) {
+  return impl_->Write([&](Connection& c) -> absl::Status {
+    CL_ASSIGN_OR_RETURN(Statement st, c.Prepare("UPDATE reproductions SET state = ?, body = ? WHERE id = ?"));
+    st.Bind(1, static_cast<int64_t>(state)).BindBlob(2, body).Bind(3, id);
+    CL_RETURN_IF_ERROR(st.Run());
+    if (c.Changes() == 0) return absl::NotFoundError("reproduction p" + std::to_string(id) + " not found");
+    return absl::OkStatus();
+  });
+}
+
+namespace {
+ReproductionRow ReadReproductionRow(Statement& st) {
+  ReproductionRow row;
+  row.id = st.ColumnInt(0);
+  row.owner = st.ColumnText(1);
+  row.state = static_cast<int>(st.ColumnInt(2));
+  row.created_at_us = st.ColumnInt(3);
+  row.body = st.ColumnBlob(4);
+  return row;
+}
+}  // namespace
+
+absl::StatusOr<ReproductionRow> Store::GetReproduction(int64_t id) {
+  CL_ASSIGN_OR_RETURN(Impl::Reader r, impl_->AcquireReader());
+  CL_ASSIGN_OR_RETURN(Statement st,
+                      r->Prepare("SELECT id, owner, state, created_at, body FROM reproductions WHERE id = ?"));
+  st.Bind(1, id);
+  CL_ASSIGN_OR_RETURN(bool found, st.Step());
+  if (!found) return absl::NotFoundError("reproduction p" + std::to_string(id) + " not found");
+  return ReadReproductionRow(st);
+}
+
+absl::StatusOr<std::vector<ReproductionRow>> Store::ListReproductions(const std::string& owner,
+                                                                      const std::vector<int>& states, int limit) {
+  std::string sql = "SELECT id, owner, state, created_at, body FROM reproductions WHERE (? = '' OR owner = ?)";
+  if (!states.empty()) {
+    sql += " AND state IN (";
+    for (size_t i = 0; i < states.size(); ++i) sql += (i ? ",?" : "?");
+    sql += ")";
+  }
+  sql += " ORDER BY id DESC LIMIT ?";
+  CL_ASSIGN_OR_RETURN(Impl::Reader r, impl_->AcquireReader());
+  CL_ASSIGN_OR_RETURN(Statement st, r->Prepare(sql));
+  int k = 1;
+  st.Bind(1, owner).Bind(2, owner);
+  k = 3;
+  for (int s : states) st.Bind(k++, static_cast<int64_t>(s));
+  st.Bind(k, static_cast<int64_t>(limit));
+  std::vector<ReproductionRow> rows;
+  while (true) {
+    CL_ASSIGN_OR_RETURN(bool more, st.Step());
+    if (!more) break;
+    rows.push_back(ReadReproductionRow(st));
+  }
+  return rows;
+}
+
 absl::StatusOr<SweepRow> Store::GetSweep(int64_t sweep_id) {
   CL_ASSIGN_OR_RETURN(Impl::Reader r, impl_->AcquireReader());
   CL_ASSIGN_OR_RETURN(Statement st, r->Prepare("SELECT id, name, spec, created_at, owner FROM sweeps WHERE id = ?"));

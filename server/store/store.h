@@ -101,6 +101,16 @@ struct SweepRow {
   std::string owner;  // the principal that submitted it
 };
 
+// A reproduction (ReproductionService): `body` is the serialized
+// circuitlab.v1.Reproduction, the columns what listings filter on.
+struct ReproductionRow {
+  int64_t id = 0;
+  std::string owner;
+  int state = 0;
+  int64_t created_at_us = 0;
+  std::string body;
+};
+
 // A state transition. Unset optionals leave the column unchanged.
 struct RunTransition {
   int state = 0;
@@ -227,6 +237,10 @@ class Store {
   static constexpr int64_t kNoRun = 0;
   absl::Status PutAnalysis(int64_t run_id, const std::string& kind, int64_t request_hash, const std::string& request,
                            const std::string& result);
+  // A new reproduction (its id is returned; row.id is ignored), and its
+  // record rewritten as it goes (NotFound for an unknown id).
+  absl::StatusOr<int64_t> InsertReproduction(const ReproductionRow& row);
+  absl::Status UpdateReproduction(int64_t id, int state, const std::string& body);
   // Waits until everything queued so far is committed.
   absl::Status Flush();
 
@@ -275,6 +289,11 @@ class Store {
   };
   absl::StatusOr<std::vector<LastValue>> LastCoordinateOfRuns(const std::vector<int64_t>& run_ids,
                                                               const std::string& selection, const std::string& label);
+  absl::StatusOr<ReproductionRow> GetReproduction(int64_t id);
+  // Newest first, at most `limit`: those of `owner` (all when empty) whose
+  // state is one of `states` (all when empty).
+  absl::StatusOr<std::vector<ReproductionRow>> ListReproductions(const std::string& owner,
+                                                                 const std::vector<int>& states, int limit);
   // A stored analysis result; nullopt when none.
   absl::StatusOr<std::optional<std::string>> GetAnalysis(int64_t run_id, const std::string& kind,
                                                          int64_t request_hash);

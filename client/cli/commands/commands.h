@@ -45,6 +45,7 @@ void AddLabel(CLI::App& app, Action* chosen);
 void AddDataDependence(CLI::App& app, Action* chosen);
 void AddTaskVectors(CLI::App& app, Action* chosen);
 void AddAttention(CLI::App& app, Action* chosen);
+void AddReproduce(CLI::App& app, Action* chosen);
 void AddAnalyses(CLI::App& app, Action* chosen);
 void AddCancelAnalysis(CLI::App& app, Action* chosen);
 // The server

@@ -1,0 +1,200 @@
+#include "server/reproduce/recipes.h"
+
+#include <google/protobuf/util/json_util.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <map>
+#include <regex>
+#include <set>
+
+#include "server/common/status_macros.h"
+
+namespace circuitlab::reproduce {
+namespace {
+
+const std::regex& NameRe() {
+  static const std::regex re("[a-z0-9_-]{1,64}");
+  return re;
+}
+
+absl::Status CheckName(const std::string& name, const std::string& field) {
+  if (!std::regex_match(name, NameRe())) {
+    return absl::InvalidArgumentError(field + " must be 1-64 of [a-z0-9_-], got \"" + name + "\"");
+  }
+  return absl::OkStatus();
+}
+
+bool IsSeedField(const std::string& field) { return field == "seed" || field == "/seed"; }
+
+absl::Status CheckValue(const v1::RecipeValue& v, const v1::RecipeScale& scale, const std::set<std::string>& sweeps,
+                        const std::string& field) {
+  switch (v.source_case()) {
+    case v1::RecipeValue::kConstant:
+      return absl::OkStatus();
+    case v1::RecipeValue::kColumn: {
+      const v1::ColumnValue& c = v.column();
+      if (!sweeps.count(c.sweep())) {
+        return absl::InvalidArgumentError(field + ".column.sweep names no sweep of the scale, got \"" + c.sweep() +
+                                          "\"");
+      }
+      if (c.column().empty()) return absl::InvalidArgumentError(field + ".column.column must not be empty");
+      const v1::RecipeAnalysis* a = nullptr;
+      if (IsAnalysisColumn(scale, c.column(), &a) && a->sweep() != c.sweep()) {
+        return absl::InvalidArgumentError(field + ".column.column reads analysis \"" + a->name() + "\", which runs on " +
+                                          a->sweep() + ", not " + c.sweep());
+      }
+      const bool needs_other = c.reduce() == v1::ColumnValue::REDUCE_DIFFERENT ||
+                               c.reduce() == v1::ColumnValue::REDUCE_SLOPE_LOGLOG;
+      if (needs_other && c.other().empty()) {
+        return absl::InvalidArgumentError(field + ".column.other must name a column for " +
+                                          v1::ColumnValue::Reduce_Name(c.reduce()));
+      }
+      const bool series = c.column().rfind("series:", 0) == 0;
+      if (series != (c.reduce() == v1::ColumnValue::REDUCE_SPEARMAN_WITH_STEP)) {
+        return absl::InvalidArgumentError(field + ".column: a \"series:\" column goes with REDUCE_SPEARMAN_WITH_STEP, " +
+                                          "and only it, got " + c.column() + " with " +
+                                          v1::ColumnValue::Reduce_Name(c.reduce()));
+      }
+      return absl::OkStatus();
+    }
+    default:
+      return absl::InvalidArgumentError(field + " must be a constant or a column");
+  }
+}
+
+absl::Status ValidateScale(const v1::RecipeScale& scale, const std::string& where) {
+  if (scale.default_seeds() > 16) {
+    return absl::InvalidArgumentError(where + ".default_seeds must be in [0, 16], got " +
+                                      std::to_string(scale.default_seeds()));
+  }
+  if (scale.sweeps().empty()) return absl::InvalidArgumentError(where + ".sweeps must name at least one experiment");
+  std::set<std::string> sweeps, names;
+  for (int i = 0; i < scale.sweeps_size(); ++i) {
+    const v1::RecipeSweep& s = scale.sweeps(i);
+    const std::string f = where + ".sweeps[" + std::to_string(i) + "]";
+    CL_RETURN_IF_ERROR(CheckName(s.name(), f + ".name"));
+    if (!names.insert(s.name()).second) return absl::InvalidArgumentError(f + ".name repeats \"" + s.name() + "\"");
+    sweeps.insert(s.name());
+    for (const v1::SweepAxis& axis : s.sweep().axes()) {
+      if (IsSeedField(axis.field())) {
+        return absl::InvalidArgumentError(f + ".sweep sweeps the seed; a reproduction adds the seed axis itself "
+                                              "(--seeds)");
+      }
+    }
+  }
+  for (int i = 0; i < scale.analyses_size(); ++i) {
+    const v1::RecipeAnalysis& a = scale.analyses(i);
+    const std::string f = where + ".analyses[" + std::to_string(i) + "]";
+    CL_RETURN_IF_ERROR(CheckName(a.name(), f + ".name"));
+    if (!names.insert(a.name()).second) return absl::InvalidArgumentError(f + ".name repeats \"" + a.name() + "\"");
+    if (!sweeps.count(a.sweep())) {
+      return absl::InvalidArgumentError(f + ".sweep names no sweep of the scale, got \"" + a.sweep() + "\"");
+    }
+    if (a.request_case() == v1::RecipeAnalysis::REQUEST_NOT_SET) {
+      return absl::InvalidArgumentError(f + " must hold one request (detect_circuit, label_run, intervene, ...)");
+    }
+  }
+  if (scale.checks().empty()) return absl::InvalidArgumentError(where + ".checks must hold at least one check");
+  std::set<std::string> checks;
+  for (int i = 0; i < scale.checks_size(); ++i) {
+    const v1::RecipeCheck& c = scale.checks(i);
+    const std::string f = where + ".checks[" + std::to_string(i) + "]";
+    CL_RETURN_IF_ERROR(CheckName(c.id(), f + ".id"));
+    for (const std::string& r : c.needs()) {
+      if (!checks.count(r)) {
+        return absl::InvalidArgumentError(f + ".needs names no earlier check, got \"" + r + "\"");
+      }
+    }
+    if (!checks.insert(c.id()).second) return absl::InvalidArgumentError(f + ".id repeats \"" + c.id() + "\"");
+    CL_RETURN_IF_ERROR(CheckValue(c.value(), scale, sweeps, f + ".value"));
+    CL_RETURN_IF_ERROR(CheckValue(c.against(), scale, sweeps, f + ".against"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+bool ClaimOrder(const std::string& a, const std::string& b) {
+  auto key = [](const std::string& id) {
+    const size_t dot = id.find('.');
+    long n = 0;
+    if (dot != std::string::npos) n = std::strtol(id.c_str() + dot + 1, nullptr, 10);
+    return std::make_tuple(id.substr(0, dot), n, id);
+  };
+  return key(a) < key(b);
+}
+
+bool IsAnalysisColumn(const v1::RecipeScale& scale, const std::string& column, const v1::RecipeAnalysis** analysis) {
+  const size_t dot = column.find('.');
+  if (dot == std::string::npos) return false;
+  const std::string name = column.substr(0, dot);
+  for (const v1::RecipeAnalysis& a : scale.analyses()) {
+    if (a.name() == name) {
+      if (analysis != nullptr) *analysis = &a;
+      return true;
+    }
+  }
+  return false;
+}
+
+absl::StatusOr<v1::Recipe> ParseRecipe(std::string_view json, std::string_view where) {
+  v1::Recipe r;
+  google::protobuf::util::JsonParseOptions o;
+  o.ignore_unknown_fields = false;
+  auto s = google::protobuf::util::JsonStringToMessage(std::string(json), &r, o);
+  if (!s.ok()) return absl::InvalidArgumentError(std::string(where) + ": " + std::string(s.message()));
+  return r;
+}
+
+absl::Status ValidateRecipe(const v1::Recipe& recipe) {
+  static const std::regex id_re("[A-Za-z0-9._-]{1,32}");
+  if (!std::regex_match(recipe.id(), id_re)) {
+    return absl::InvalidArgumentError("recipe.id must be 1-32 of [A-Za-z0-9._-], got \"" + recipe.id() + "\"");
+  }
+  if (recipe.scales().empty()) return absl::InvalidArgumentError("recipe " + recipe.id() + " has no scales");
+  for (const auto& [name, scale] : recipe.scales()) {
+    CL_RETURN_IF_ERROR(CheckName(name, "recipe " + recipe.id() + " scale name"));
+    CL_RETURN_IF_ERROR(ValidateScale(scale, "recipe " + recipe.id() + " scales." + name));
+  }
+  return absl::OkStatus();
+}
+
+std::string ScaleNames(const v1::Recipe& recipe) {
+  std::vector<std::string> names;
+  for (const auto& [name, scale] : recipe.scales()) names.push_back(name);
+  std::sort(names.begin(), names.end());
+  std::string out;
+  for (const std::string& n : names) out += (out.empty() ? "" : ", ") + n;
+  return out;
+}
+
+const std::vector<v1::Recipe>& BuiltInRecipes() {
+  static const std::vector<v1::Recipe> recipes = [] {
+    std::vector<v1::Recipe> out;
+    for (const EmbeddedFile& f : EmbeddedRecipeFiles()) {
+      absl::StatusOr<v1::Recipe> r = ParseRecipe(f.text, f.name);
+      absl::Status valid = r.ok() ? ValidateRecipe(*r) : r.status();
+      if (!valid.ok()) {
+        spdlog::error("recipe {} left out: {}", f.name, std::string(valid.message()));
+        continue;
+      }
+      out.push_back(std::move(*r));
+    }
+    std::sort(out.begin(), out.end(), [](const v1::Recipe& a, const v1::Recipe& b) { return ClaimOrder(a.id(), b.id()); });
+    return out;
+  }();
+  return recipes;
+}
+
+absl::StatusOr<v1::Recipe> FindRecipe(const std::string& id) {
+  std::string known;
+  for (const v1::Recipe& r : BuiltInRecipes()) {
+    if (r.id() == id) return r;
+    known += (known.empty() ? "" : ", ") + r.id();
+  }
+  return absl::NotFoundError("recipe_id names no recipe of this server, got \"" + id + "\" (it has " +
+                             (known.empty() ? std::string("none") : known) + ")");
+}
+
+}  // namespace circuitlab::reproduce

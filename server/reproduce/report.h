@@ -1,0 +1,49 @@
+// A reproduction's checks evaluated on its tables: pure functions of the
+// data (no store, no jobs), so that the science tests and the unit tests
+// decide a claim exactly as the server does.
+//
+// A table is a recipe sweep's summary (GetSweepSummaryResponse) whose
+// columns hold every column the checks read: summary columns, analysis
+// fields ("<analysis>.<path>") and metric series ("series:<metric>", each
+// cell a list of [step, value] pairs). Its axes include "seed"; the rows of
+// the i-th smallest seed are the i-th seed's.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "circuitlab/v1/reproduce.pb.h"
+#include "google/protobuf/struct.pb.h"
+#include "nlohmann/json.hpp"
+
+namespace circuitlab::reproduce {
+
+using Tables = std::map<std::string, v1::GetSweepSummaryResponse>;
+
+// The axis a reproduction adds to each sweep.
+inline constexpr char kSeedAxis[] = "seed";
+
+// The field at `path` ("a.b.0.c"; "*" collects every element of an array)
+// of a JSON document; null when there is none.
+nlohmann::json FieldAt(const nlohmann::json& doc, const std::string& path);
+
+// Between protobuf's Value and JSON.
+nlohmann::json ToJson(const google::protobuf::Value& v);
+google::protobuf::Value FromJson(const nlohmann::json& j);
+
+// The value per seed (`seeds` of them); null where it cannot be measured,
+// with the reason appended to `why` (may be null).
+std::vector<nlohmann::json> ValuePerSeed(const v1::RecipeValue& value, const Tables& tables, int seeds,
+                                         std::vector<std::string>* why);
+
+// The check over `seeds` seeds; `earlier` holds the outcomes of the checks
+// before it (for `needs`).
+v1::CheckResult EvaluateCheck(const v1::RecipeCheck& check, const Tables& tables, int seeds,
+                              const std::map<std::string, v1::CheckOutcome>& earlier);
+
+// The report of a scale's checks, in order (tables and notes included).
+v1::ReproductionReport EvaluateChecks(const v1::RecipeScale& scale, const Tables& tables, int seeds,
+                                      std::vector<std::string> notes);
+
+}  // namespace circuitlab::reproduce

@@ -1,0 +1,485 @@
+#include "server/reproduce/reproductions.h"
+
+#include <google/protobuf/util/json_util.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <map>
+#include <set>
+
+#include "server/common/status_macros.h"
+#include "server/reproduce/recipes.h"
+#include "server/reproduce/report.h"
+
+namespace circuitlab::reproduce {
+namespace {
+
+using Json = nlohmann::json;
+
+constexpr uint32_t kMaxSeeds = 16;
+constexpr int64_t kMaxTotalRuns = 4096;  // every member of every sweep, all seeds
+
+int64_t NowUs() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+void SetTime(int64_t us, google::protobuf::Timestamp* t) {
+  t->set_seconds(us / 1000000);
+  t->set_nanos(static_cast<int32_t>(us % 1000000) * 1000);
+}
+
+int64_t MicrosOf(const google::protobuf::Timestamp& t) { return t.seconds() * 1000000 + t.nanos() / 1000; }
+
+bool Ended(v1::ReproductionState s) {
+  return s == v1::REPRODUCTION_STATE_DONE || s == v1::REPRODUCTION_STATE_FAILED ||
+         s == v1::REPRODUCTION_STATE_CANCELLED;
+}
+
+const v1::RecipeScale& ScaleOf(const v1::Reproduction& r) { return r.recipe().scales().at(r.scale()); }
+
+// The sweep as the reproduction submits it: named after the reproduction,
+// tagged with its id, with the seed axis added last.
+v1::SweepSpec SeededSweep(const v1::RecipeSweep& s, const v1::Reproduction& r) {
+  v1::SweepSpec out = s.sweep();
+  out.set_name(r.recipe_id() + " " + r.scale() + " " + s.name() + " (" + r.reproduction_id() + ")");
+  if (out.base().name().empty()) out.mutable_base()->set_name(r.recipe_id() + "-" + s.name());
+  out.mutable_base()->add_tags("reproduction:" + r.reproduction_id());
+  v1::SweepAxis* seed = out.add_axes();
+  seed->set_field(kSeedAxis);
+  seed->set_name(kSeedAxis);
+  for (uint32_t i = 0; i < r.seeds(); ++i) seed->add_values()->set_number_value(static_cast<double>(out.base().seed() + i));
+  return out;
+}
+
+// The columns of each sweep the checks read, by kind.
+struct Needed {
+  std::set<std::string> summary, series;
+  std::map<std::string, std::set<std::string>> analysis_paths;  // analysis name -> field paths
+};
+
+std::map<std::string, Needed> NeededColumns(const v1::RecipeScale& scale) {
+  std::map<std::string, Needed> out;
+  for (const v1::RecipeSweep& s : scale.sweeps()) out[s.name()];
+  auto add = [&](const v1::RecipeValue& v) {
+    if (!v.has_column()) return;
+    const v1::ColumnValue& c = v.column();
+    Needed& n = out[c.sweep()];
+    for (const std::string& column : {c.column(), c.other()}) {
+      if (column.empty()) continue;
+      const v1::RecipeAnalysis* a = nullptr;
+      if (column.rfind("series:", 0) == 0) {
+        n.series.insert(column);
+      } else if (IsAnalysisColumn(scale, column, &a)) {
+        n.analysis_paths[a->name()].insert(column.substr(a->name().size() + 1));
+      } else if (&column == &c.other() && c.reduce() == v1::ColumnValue::REDUCE_SLOPE_LOGLOG) {
+        continue;  // an axis name, or a column named below
+      } else {
+        n.summary.insert(column);
+      }
+    }
+  };
+  for (const v1::RecipeCheck& c : scale.checks()) {
+    add(c.value());
+    add(c.against());
+  }
+  return out;
+}
+
+// The analysis request of `a` for one run (its run_id field set).
+std::unique_ptr<google::protobuf::Message> RequestFor(const v1::RecipeAnalysis& a, const std::string& run_id) {
+  const google::protobuf::Reflection* refl = a.GetReflection();
+  const google::protobuf::FieldDescriptor* f = a.GetDescriptor()->FindFieldByNumber(a.request_case());
+  std::unique_ptr<google::protobuf::Message> m(refl->GetMessage(a, f).New());
+  m->CopyFrom(refl->GetMessage(a, f));
+  const google::protobuf::FieldDescriptor* id = m->GetDescriptor()->FindFieldByName("run_id");
+  if (id != nullptr) m->GetReflection()->SetString(m.get(), id, run_id);
+  return m;
+}
+
+}  // namespace
+
+absl::StatusOr<int64_t> ParseReproductionId(const std::string& text) {
+  std::string digits = text;
+  if (!digits.empty() && digits[0] == 'p') digits = digits.substr(1);
+  char* end = nullptr;
+  const long long id = std::strtoll(digits.c_str(), &end, 10);
+  if (digits.empty() || *end != '\0' || id <= 0 || digits.size() > 18) {
+    return absl::InvalidArgumentError("reproduction_id must look like \"p3\", got \"" + text + "\"");
+  }
+  return id;
+}
+
+std::string FormatReproductionId(int64_t id) { return "p" + std::to_string(id); }
+
+ReproductionCore::ReproductionCore(store::Store* store, scheduler::Scheduler* runs, scheduler::SweepCore* sweeps,
+                                   scheduler::AnalysisCore* analyses, ReproductionOptions options)
+    : store_(store), runs_(runs), sweeps_(sweeps), analyses_(analyses), options_(options) {}
+
+ReproductionCore::~ReproductionCore() { Shutdown(); }
+
+void ReproductionCore::Start() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (driver_.joinable() || stopping_) return;
+  driver_ = std::thread([this] { Loop(); });
+}
+
+void ReproductionCore::Shutdown() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (driver_.joinable()) driver_.join();
+}
+
+void ReproductionCore::Wake() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    woken_ = true;
+  }
+  cv_.notify_all();
+}
+
+void ReproductionCore::Loop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stopping_) {
+    lock.unlock();
+    AdvanceAll();
+    lock.lock();
+    cv_.wait_for(lock, options_.tick, [this] { return stopping_ || woken_; });
+    woken_ = false;
+  }
+}
+
+void ReproductionCore::AdvanceAll() {
+  absl::StatusOr<std::vector<store::ReproductionRow>> rows = store_->ListReproductions(
+      "", {v1::REPRODUCTION_STATE_TRAINING, v1::REPRODUCTION_STATE_ANALYSING}, options_.max_active + 1);
+  if (!rows.ok()) {
+    spdlog::warn("reproductions: cannot list the unfinished ones: {}", std::string(rows.status().message()));
+    return;
+  }
+  std::reverse(rows->begin(), rows->end());  // oldest first
+  for (const store::ReproductionRow& row : *rows) {
+    std::lock_guard<std::mutex> lock(advance_mu_);
+    v1::Reproduction r;
+    absl::StatusOr<store::ReproductionRow> fresh = store_->GetReproduction(row.id);  // Cancel may have ended it
+    if (!fresh.ok() || !r.ParseFromString(fresh->body) || Ended(r.state())) continue;
+    if (Advance(&r)) {
+      if (absl::Status s = Save(r); !s.ok()) spdlog::warn("{}: not saved: {}", r.reproduction_id(), std::string(s.message()));
+    }
+  }
+}
+
+absl::Status ReproductionCore::Save(const v1::Reproduction& r) {
+  CL_ASSIGN_OR_RETURN(int64_t id, ParseReproductionId(r.reproduction_id()));
+  return store_->UpdateReproduction(id, r.state(), r.SerializeAsString());
+}
+
+bool ReproductionCore::Advance(v1::Reproduction* r) {
+  if (!r->recipe().scales().contains(r->scale())) {
+    r->set_state(v1::REPRODUCTION_STATE_FAILED);
+    r->set_error("the stored recipe has no scale " + r->scale());
+    return true;
+  }
+  if (r->state() == v1::REPRODUCTION_STATE_TRAINING) return Train(r);
+  return Analyse(r);
+}
+
+bool ReproductionCore::Train(v1::Reproduction* r) {
+  const v1::RecipeScale& scale = ScaleOf(*r);
+  bool changed = false;
+  for (const v1::RecipeSweep& s : scale.sweeps()) {
+    if (r->sweeps().contains(s.name())) continue;
+    absl::StatusOr<v1::Sweep> sweep = sweeps_->Submit(SeededSweep(s, *r), r->owner());
+    if (absl::IsResourceExhausted(sweep.status()) || absl::IsUnavailable(sweep.status())) {
+      const std::string phase = "waiting for room to queue " + s.name() + ": " + std::string(sweep.status().message());
+      changed = changed || phase != r->phase();
+      r->set_phase(phase);
+      return changed;
+    }
+    if (!sweep.ok()) {
+      r->set_state(v1::REPRODUCTION_STATE_FAILED);
+      r->set_error("sweep " + s.name() + ": " + std::string(sweep.status().message()));
+      SetTime(NowUs(), r->mutable_finished_at());
+      return true;
+    }
+    (*r->mutable_sweeps())[s.name()] = sweep->sweep_id();
+    // Recorded before the next sweep is submitted: a restart does not
+    // submit this one again.
+    if (absl::Status saved = Save(*r); !saved.ok()) spdlog::warn("{}: {}", r->reproduction_id(), std::string(saved.message()));
+    changed = true;
+  }
+  int64_t total = 0, ended = 0;
+  for (const auto& [name, id] : r->sweeps()) {
+    absl::StatusOr<v1::Sweep> sweep = sweeps_->Get(id);
+    if (!sweep.ok()) {
+      r->set_state(v1::REPRODUCTION_STATE_FAILED);
+      r->set_error("sweep " + name + " (" + id + "): " + std::string(sweep.status().message()));
+      SetTime(NowUs(), r->mutable_finished_at());
+      return true;
+    }
+    for (const auto& [state, count] : sweep->states()) {
+      total += count;
+      v1::RunState rs;
+      if (v1::RunState_Parse(state, &rs) && scheduler::IsFinal(rs)) ended += count;
+    }
+  }
+  const double progress = total == 0 ? 0 : 0.8 * static_cast<double>(ended) / static_cast<double>(total);
+  const std::string phase = "training: " + std::to_string(ended) + " of " + std::to_string(total) + " runs ended";
+  changed = changed || phase != r->phase();
+  r->set_phase(phase);
+  r->set_progress(progress);
+  if (total > 0 && ended == total) {
+    r->set_state(v1::REPRODUCTION_STATE_ANALYSING);
+    r->set_phase("analysing");
+    changed = true;
+  }
+  return changed;
+}
+
+bool ReproductionCore::Analyse(v1::Reproduction* r) {
+  const v1::RecipeScale& scale = ScaleOf(*r);
+  const std::map<std::string, Needed> needed = NeededColumns(scale);
+  Tables tables;
+  std::vector<std::string> notes;
+  int pending = 0, asked = 0;
+  for (const v1::RecipeSweep& s : scale.sweeps()) {
+    const Needed& n = needed.at(s.name());
+    v1::GetSweepSummaryRequest req;
+    req.set_sweep_id(r->sweeps().at(s.name()));
+    for (const std::string& c : n.summary) req.add_values(c);
+    if (req.values().empty()) req.add_values("train/loss");
+    absl::StatusOr<v1::GetSweepSummaryResponse> summary = sweeps_->Summary(req, scheduler::Requester(r->owner()));
+    if (!summary.ok()) {
+      r->set_state(v1::REPRODUCTION_STATE_FAILED);
+      r->set_error("summary of " + s.name() + ": " + std::string(summary.status().message()));
+      SetTime(NowUs(), r->mutable_finished_at());
+      return true;
+    }
+    pending += static_cast<int>(summary->pending());
+    asked += summary->rows_size() * static_cast<int>(n.summary.size());
+    // Analysis fields and series, appended as columns.
+    std::vector<std::pair<const v1::RecipeAnalysis*, std::string>> extra;
+    for (const v1::RecipeAnalysis& a : scale.analyses()) {
+      if (a.sweep() != s.name()) continue;
+      auto paths = n.analysis_paths.find(a.name());
+      if (paths == n.analysis_paths.end()) continue;
+      for (const std::string& p : paths->second) extra.emplace_back(&a, p);
+    }
+    for (const std::string& c : n.series) extra.emplace_back(nullptr, c);
+    for (const auto& [a, p] : extra) summary->add_columns(a ? a->name() + "." + p : p);
+    for (v1::SweepRow& row : *summary->mutable_rows()) {
+      const bool succeeded = row.state() == v1::RUN_STATE_SUCCEEDED;
+      if (!succeeded) {
+        absl::StatusOr<v1::Run> run = runs_->GetRun(row.run_id());
+        notes.push_back("run " + row.run_id() + " of " + s.name() + " ended " +
+                        v1::RunState_Name(row.state()).substr(10) +
+                        (run.ok() && !run->error().empty() ? ": " + run->error() : ""));
+      }
+      std::map<const v1::RecipeAnalysis*, Json> answers;
+      for (const auto& [a, p] : extra) {
+        Json cell;
+        if (succeeded && a != nullptr) {
+          if (!answers.contains(a)) {
+            ++asked;
+            absl::StatusOr<std::unique_ptr<google::protobuf::Message>> got =
+                analyses_->Run(*RequestFor(*a, row.run_id()), scheduler::Requester(r->owner()));
+            Json doc;
+            if (!got.ok()) {
+              notes.push_back("analysis " + a->name() + " on " + row.run_id() + ": " + std::string(got.status().message()));
+            } else if (scheduler::IsPendingResponse(**got)) {
+              ++pending;
+            } else {
+              std::string text;
+              google::protobuf::util::JsonPrintOptions o;
+              o.preserve_proto_field_names = true;
+              o.always_print_primitive_fields = true;
+              if (google::protobuf::util::MessageToJsonString(**got, &text, o).ok()) doc = Json::parse(text, nullptr, false);
+            }
+            answers[a] = doc;
+          }
+          cell = FieldAt(answers[a], p);
+        } else if (succeeded) {
+          v1::GetMetricsRequest mq;
+          mq.set_run_id(row.run_id());
+          mq.add_names(p.substr(7));  // after "series:"
+          absl::StatusOr<v1::GetMetricsResponse> m = runs_->GetMetrics(mq);
+          if (m.ok() && m->series_size() == 1) {
+            cell = Json::array();
+            for (int i = 0; i < m->series(0).steps_size(); ++i) {
+              cell.push_back(Json::array({static_cast<double>(m->series(0).steps(i)), m->series(0).values(i)}));
+            }
+          }
+        }
+        *row.add_values() = FromJson(cell);
+      }
+    }
+    tables[s.name()] = std::move(*summary);
+  }
+  if (pending > 0) {
+    const std::string phase = "analysing: " + std::to_string(pending) + " of " + std::to_string(asked) +
+                              " analyses and labels pending";
+    const bool changed = phase != r->phase();
+    r->set_phase(phase);
+    r->set_progress(0.8 + 0.2 * (asked == 0 ? 1.0 : 1.0 - static_cast<double>(pending) / asked));
+    return changed;
+  }
+  *r->mutable_report() = EvaluateChecks(scale, tables, static_cast<int>(r->seeds()), std::move(notes));
+  const int64_t now = NowUs();
+  SetTime(now, r->mutable_finished_at());
+  r->mutable_report()->set_wall_seconds(static_cast<double>(now - MicrosOf(r->created_at())) / 1e6);
+  r->set_state(v1::REPRODUCTION_STATE_DONE);
+  r->set_progress(1);
+  r->set_phase("done: " + std::to_string(r->report().passed()) + " passed, " + std::to_string(r->report().failed()) +
+               " failed, " + std::to_string(r->report().inconclusive()) + " inconclusive");
+  return true;
+}
+
+v1::ListRecipesResponse ReproductionCore::Recipes() const {
+  v1::ListRecipesResponse out;
+  for (const v1::Recipe& r : BuiltInRecipes()) {
+    v1::ListRecipesResponse::Entry* e = out.add_recipes();
+    e->set_id(r.id());
+    e->set_title(r.title());
+    e->set_claim(r.claim());
+    std::vector<std::string> names;
+    for (const auto& [name, scale] : r.scales()) {
+      names.push_back(name);
+      (*e->mutable_estimated_cpu_hours())[name] = scale.estimated_cpu_hours();
+    }
+    std::sort(names.begin(), names.end());
+    for (const std::string& n : names) e->add_scales(n);
+  }
+  return out;
+}
+
+absl::StatusOr<v1::Reproduction> ReproductionCore::Begin(const v1::StartReproductionRequest& request,
+                                                         const std::string& owner) {
+  v1::Recipe recipe;
+  if (!request.recipe_id().empty()) {
+    if (request.has_recipe()) return absl::InvalidArgumentError("set recipe_id or recipe, not both");
+    CL_ASSIGN_OR_RETURN(recipe, FindRecipe(request.recipe_id()));
+  } else if (request.has_recipe()) {
+    recipe = request.recipe();
+    CL_RETURN_IF_ERROR(ValidateRecipe(recipe));
+  } else {
+    return absl::InvalidArgumentError("recipe_id (e.g. \"E.9\") or recipe must be set");
+  }
+  if (!recipe.scales().contains(request.scale())) {
+    return absl::InvalidArgumentError("scale must be one of " + ScaleNames(recipe) + " for recipe " + recipe.id() +
+                                      ", got \"" + request.scale() + "\"");
+  }
+  const v1::RecipeScale scale = recipe.scales().at(request.scale());
+  const uint32_t seeds = request.seeds() != 0 ? request.seeds() : std::max(1u, scale.default_seeds());
+  if (seeds > kMaxSeeds) {
+    return absl::InvalidArgumentError("seeds must be in [1, " + std::to_string(kMaxSeeds) + "], got " +
+                                      std::to_string(seeds));
+  }
+  recipe.mutable_scales()->clear();
+  (*recipe.mutable_scales())[request.scale()] = scale;
+  v1::Reproduction r;
+  r.set_reproduction_id("p0");
+  r.set_recipe_id(recipe.id());
+  r.set_title(recipe.title());
+  r.set_scale(request.scale());
+  r.set_seeds(seeds);
+  r.set_owner(owner);
+  *r.mutable_recipe() = recipe;
+  // Every member of every sweep is checked now, as SubmitRun would check it.
+  const int max_runs = sweeps_->MaxRunsFor(owner);
+  int64_t total = 0;
+  for (const v1::RecipeSweep& s : scale.sweeps()) {
+    absl::StatusOr<std::vector<scheduler::SweepMember>> members = scheduler::ExpandSweep(SeededSweep(s, r), max_runs);
+    if (!members.ok()) {
+      return absl::Status(members.status().code(), "sweep " + s.name() + ": " + std::string(members.status().message()));
+    }
+    total += static_cast<int64_t>(members->size());
+    for (scheduler::SweepMember& m : *members) {
+      const std::string who = m.spec.name();
+      absl::StatusOr<store::NewRun> ok = runs_->PrepareRun(std::move(m.spec), owner);
+      if (!ok.ok()) {
+        return absl::Status(ok.status().code(), "sweep " + s.name() + " member " + who + ": " +
+                                                    std::string(ok.status().message()));
+      }
+    }
+  }
+  if (total > kMaxTotalRuns) {
+    return absl::ResourceExhaustedError("the reproduction has " + std::to_string(total) + " runs; at most " +
+                                        std::to_string(kMaxTotalRuns) + " (lower seeds)");
+  }
+  const std::vector<int> active = {v1::REPRODUCTION_STATE_TRAINING, v1::REPRODUCTION_STATE_ANALYSING};
+  CL_ASSIGN_OR_RETURN(auto mine, store_->ListReproductions(owner, active, options_.max_active_per_owner));
+  if (static_cast<int>(mine.size()) >= options_.max_active_per_owner) {
+    return absl::ResourceExhaustedError(owner + " has " + std::to_string(mine.size()) +
+                                        " unfinished reproductions (at most " +
+                                        std::to_string(options_.max_active_per_owner) + "); wait or cancel one");
+  }
+  CL_ASSIGN_OR_RETURN(auto all, store_->ListReproductions("", active, options_.max_active));
+  if (static_cast<int>(all.size()) >= options_.max_active) {
+    return absl::ResourceExhaustedError("the server has " + std::to_string(all.size()) +
+                                        " unfinished reproductions (at most " + std::to_string(options_.max_active) +
+                                        ")");
+  }
+  const int64_t now = NowUs();
+  SetTime(now, r.mutable_created_at());
+  r.set_state(v1::REPRODUCTION_STATE_TRAINING);
+  r.set_phase("queued");
+  store::ReproductionRow row{0, owner, r.state(), now, r.SerializeAsString()};
+  CL_ASSIGN_OR_RETURN(int64_t id, store_->InsertReproduction(row));
+  r.set_reproduction_id(FormatReproductionId(id));
+  CL_RETURN_IF_ERROR(store_->UpdateReproduction(id, r.state(), r.SerializeAsString()));
+  spdlog::info("{}: {} at scale {} with {} seed(s), {} runs, for {}", r.reproduction_id(), r.recipe_id(), r.scale(),
+               seeds, total, owner);
+  Wake();
+  return r;
+}
+
+absl::StatusOr<v1::Reproduction> ReproductionCore::Get(const std::string& id) {
+  CL_ASSIGN_OR_RETURN(int64_t n, ParseReproductionId(id));
+  CL_ASSIGN_OR_RETURN(store::ReproductionRow row, store_->GetReproduction(n));
+  v1::Reproduction r;
+  if (!r.ParseFromString(row.body)) return absl::DataLossError("stored reproduction " + id + " does not parse");
+  return r;
+}
+
+absl::StatusOr<v1::ListReproductionsResponse> ReproductionCore::List(const v1::ListReproductionsRequest& request,
+                                                                     const std::string& owner) {
+  if (request.page_size() < 0 || request.page_size() > 200) {
+    return absl::InvalidArgumentError("page_size must be in [0, 200], got " + std::to_string(request.page_size()));
+  }
+  CL_ASSIGN_OR_RETURN(auto rows, store_->ListReproductions(owner, {}, request.page_size() ? request.page_size() : 50));
+  v1::ListReproductionsResponse out;
+  for (const store::ReproductionRow& row : rows) {
+    v1::Reproduction* r = out.add_reproductions();
+    if (!r->ParseFromString(row.body)) return absl::DataLossError("stored reproduction p" + std::to_string(row.id));
+    r->clear_recipe();
+    r->mutable_report()->clear_tables();
+  }
+  return out;
+}
+
+absl::StatusOr<v1::Reproduction> ReproductionCore::Cancel(const std::string& id) {
+  std::lock_guard<std::mutex> lock(advance_mu_);
+  CL_ASSIGN_OR_RETURN(v1::Reproduction r, Get(id));
+  if (Ended(r.state())) {
+    return absl::FailedPreconditionError(id + " has already ended (" + v1::ReproductionState_Name(r.state()) + ")");
+  }
+  for (const auto& [name, sweep] : r.sweeps()) {
+    absl::StatusOr<v1::Sweep> s = sweeps_->Cancel(sweep);
+    if (!s.ok() && !absl::IsNotFound(s.status())) spdlog::warn("{}: cancel {}: {}", id, sweep, std::string(s.status().message()));
+  }
+  r.set_state(v1::REPRODUCTION_STATE_CANCELLED);
+  r.set_phase("cancelled");
+  SetTime(NowUs(), r.mutable_finished_at());
+  CL_RETURN_IF_ERROR(Save(r));
+  return r;
+}
+
+absl::StatusOr<std::string> ReproductionCore::OwnerOf(const std::string& id) {
+  CL_ASSIGN_OR_RETURN(int64_t n, ParseReproductionId(id));
+  CL_ASSIGN_OR_RETURN(store::ReproductionRow row, store_->GetReproduction(n));
+  return row.owner;
+}
+
+}  // namespace circuitlab::reproduce
