@@ -19,29 +19,39 @@ std::string Num(double x) {
 
 std::string Cell(const google::protobuf::Value& v) {
   switch (v.kind_case()) {
-    case google::protobuf::Value::kNumberValue: return Num(v.number_value());
-    case google::protobuf::Value::kStringValue: return v.string_value();
-    case google::protobuf::Value::kBoolValue: return v.bool_value() ? "true" : "false";
+    case google::protobuf::Value::kNumberValue:
+      return Num(v.number_value());
+    case google::protobuf::Value::kStringValue:
+      return v.string_value();
+    case google::protobuf::Value::kBoolValue:
+      return v.bool_value() ? "true" : "false";
     case google::protobuf::Value::kListValue: {
       std::string s = "[";
       const int n = v.list_value().values_size();
       for (int i = 0; i < std::min(n, 8); ++i) s += (i ? ", " : "") + Cell(v.list_value().values(i));
       return s + (n > 8 ? ", ... (" + std::to_string(n) + ")]" : "]");
     }
-    default: return "-";
+    default:
+      return "-";
   }
 }
 
 std::string Outcome(v1::CheckOutcome o) {
   switch (o) {
-    case v1::CHECK_OUTCOME_PASS: return "PASS";
-    case v1::CHECK_OUTCOME_FAIL: return "FAIL";
-    case v1::CHECK_OUTCOME_INCONCLUSIVE: return "INCONCLUSIVE";
-    default: return "?";
+    case v1::CHECK_OUTCOME_PASS:
+      return "PASS";
+    case v1::CHECK_OUTCOME_FAIL:
+      return "FAIL";
+    case v1::CHECK_OUTCOME_INCONCLUSIVE:
+      return "INCONCLUSIVE";
+    default:
+      return "?";
   }
 }
 
-std::string State(v1::ReproductionState s) { return v1::ReproductionState_Name(s).substr(19); }  // after "REPRODUCTION_STATE_"
+std::string State(v1::ReproductionState s) {
+  return v1::ReproductionState_Name(s).substr(19);
+}  // after "REPRODUCTION_STATE_"
 
 std::string Measured(const v1::CheckResult& c) {
   std::string s;
@@ -95,7 +105,7 @@ std::string TableMarkdown(const std::string& name, const v1::GetSweepSummaryResp
     if (t.axes(i) == "seed") seed_axis = i;
   }
   out << "### " << name << " (" << t.sweep_id() << ", " << t.rows_size() << " runs)\n\n";
-  if (t.axes_size() - (seed_axis >= 0 ? 1 : 0) >= 2) {
+  if (t.axes_size() - (seed_axis >= 0 ? 1 : 0) == 2) {  // a map only when two axes place every run
     std::set<double> seeds;
     for (const v1::SweepRow& r : t.rows()) seeds.insert(seed_axis >= 0 ? r.swept(seed_axis).number_value() : 0);
     for (int c = 0; c < t.columns_size(); ++c) {
@@ -152,8 +162,8 @@ std::string ReproductionText(const v1::Reproduction& r) {
   }
   if (r.state() != v1::REPRODUCTION_STATE_DONE) return out.str();
   const v1::ReproductionReport& rep = r.report();
-  out << "  " << rep.passed() << " passed, " << rep.failed() << " failed, " << rep.inconclusive()
-      << " inconclusive; " << Num(rep.wall_seconds()) << " s\n\n";
+  out << "  " << rep.passed() << " passed, " << rep.failed() << " failed, " << rep.inconclusive() << " inconclusive; "
+      << Num(rep.wall_seconds()) << " s\n\n";
   for (const v1::CheckResult& c : rep.checks()) {
     char head[64];
     std::snprintf(head, sizeof head, "  %-12s %s", Outcome(c.outcome()).c_str(), c.id().c_str());
@@ -196,8 +206,8 @@ std::string ReproductionMarkdown(const v1::Reproduction& r) {
     for (const std::string& n : rep.notes()) out << "- " << n << "\n";
   }
   out << "\n## Data\n\n";
-  for (const auto& [name, table] : std::map<std::string, v1::GetSweepSummaryResponse>(rep.tables().begin(),
-                                                                                      rep.tables().end())) {
+  for (const auto& [name, table] :
+       std::map<std::string, v1::GetSweepSummaryResponse>(rep.tables().begin(), rep.tables().end())) {
     out << TableMarkdown(name, table) << "\n";
   }
   return out.str();

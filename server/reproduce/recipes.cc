@@ -41,20 +41,20 @@ absl::Status CheckValue(const v1::RecipeValue& v, const v1::RecipeScale& scale, 
       if (c.column().empty()) return absl::InvalidArgumentError(field + ".column.column must not be empty");
       const v1::RecipeAnalysis* a = nullptr;
       if (IsAnalysisColumn(scale, c.column(), &a) && a->sweep() != c.sweep()) {
-        return absl::InvalidArgumentError(field + ".column.column reads analysis \"" + a->name() + "\", which runs on " +
-                                          a->sweep() + ", not " + c.sweep());
+        return absl::InvalidArgumentError(field + ".column.column reads analysis \"" + a->name() +
+                                          "\", which runs on " + a->sweep() + ", not " + c.sweep());
       }
-      const bool needs_other = c.reduce() == v1::ColumnValue::REDUCE_DIFFERENT ||
-                               c.reduce() == v1::ColumnValue::REDUCE_SLOPE_LOGLOG;
+      const bool needs_other =
+          c.reduce() == v1::ColumnValue::REDUCE_DIFFERENT || c.reduce() == v1::ColumnValue::REDUCE_SLOPE_LOGLOG;
       if (needs_other && c.other().empty()) {
         return absl::InvalidArgumentError(field + ".column.other must name a column for " +
                                           v1::ColumnValue::Reduce_Name(c.reduce()));
       }
       const bool series = c.column().rfind("series:", 0) == 0;
       if (series != (c.reduce() == v1::ColumnValue::REDUCE_SPEARMAN_WITH_STEP)) {
-        return absl::InvalidArgumentError(field + ".column: a \"series:\" column goes with REDUCE_SPEARMAN_WITH_STEP, " +
-                                          "and only it, got " + c.column() + " with " +
-                                          v1::ColumnValue::Reduce_Name(c.reduce()));
+        return absl::InvalidArgumentError(
+            field + ".column: a \"series:\" column goes with REDUCE_SPEARMAN_WITH_STEP, " + "and only it, got " +
+            c.column() + " with " + v1::ColumnValue::Reduce_Name(c.reduce()));
       }
       return absl::OkStatus();
     }
@@ -78,8 +78,9 @@ absl::Status ValidateScale(const v1::RecipeScale& scale, const std::string& wher
     sweeps.insert(s.name());
     for (const v1::SweepAxis& axis : s.sweep().axes()) {
       if (IsSeedField(axis.field())) {
-        return absl::InvalidArgumentError(f + ".sweep sweeps the seed; a reproduction adds the seed axis itself "
-                                              "(--seeds)");
+        return absl::InvalidArgumentError(f +
+                                          ".sweep sweeps the seed; a reproduction adds the seed axis itself "
+                                          "(--seeds)");
       }
     }
   }
@@ -181,7 +182,8 @@ const std::vector<v1::Recipe>& BuiltInRecipes() {
       }
       out.push_back(std::move(*r));
     }
-    std::sort(out.begin(), out.end(), [](const v1::Recipe& a, const v1::Recipe& b) { return ClaimOrder(a.id(), b.id()); });
+    std::sort(out.begin(), out.end(),
+              [](const v1::Recipe& a, const v1::Recipe& b) { return ClaimOrder(a.id(), b.id()); });
     return out;
   }();
   return recipes;

@@ -177,7 +177,8 @@ Json Reduce(const SeedView& view, const std::vector<const v1::SweepRow*>& rows, 
     case v1::ColumnValue::REDUCE_COUNT:
       return std::count_if(cells.begin(), cells.end(), [](const Json& j) { return !j.is_null(); });
     case v1::ColumnValue::REDUCE_LABELLED:
-      return static_cast<double>(std::count_if(cells.begin(), cells.end(), [&](const Json& j) { return IsLabel(j, c); })) /
+      return static_cast<double>(
+                 std::count_if(cells.begin(), cells.end(), [&](const Json& j) { return IsLabel(j, c); })) /
              cells.size();
     case v1::ColumnValue::REDUCE_DISTINCT: {
       std::set<std::string> labels;
@@ -260,9 +261,12 @@ Json Grouped(const SeedView& view, const std::vector<const v1::SweepRow*>& rows,
     return nullptr;
   }
   switch (c.across()) {
-    case v1::ColumnValue::REDUCE_MIN: return *std::min_element(numbers.begin(), numbers.end());
-    case v1::ColumnValue::REDUCE_MAX: return *std::max_element(numbers.begin(), numbers.end());
-    case v1::ColumnValue::REDUCE_MEAN: return std::accumulate(numbers.begin(), numbers.end(), 0.0) / numbers.size();
+    case v1::ColumnValue::REDUCE_MIN:
+      return *std::min_element(numbers.begin(), numbers.end());
+    case v1::ColumnValue::REDUCE_MAX:
+      return *std::max_element(numbers.begin(), numbers.end());
+    case v1::ColumnValue::REDUCE_MEAN:
+      return std::accumulate(numbers.begin(), numbers.end(), 0.0) / numbers.size();
     default:
       *why = "across must be REDUCE_MEAN, REDUCE_MIN, REDUCE_MAX or REDUCE_COUNT";
       return nullptr;
@@ -295,6 +299,12 @@ std::string Describe(const v1::RecipeValue& v) {
     std::string reduce = v1::ColumnValue::Reduce_Name(c.reduce()).substr(7);  // after "REDUCE_"
     std::transform(reduce.begin(), reduce.end(), reduce.begin(), ::tolower);
     s = reduce == "value" ? c.sweep() + "/" + c.column() : reduce + "(" + c.sweep() + "/" + c.column() + ")";
+    if (!c.group_by().empty()) {
+      std::string across = v1::ColumnValue::Reduce_Name(c.across()).substr(7), by;
+      std::transform(across.begin(), across.end(), across.begin(), ::tolower);
+      for (const std::string& g : c.group_by()) by += (by.empty() ? "" : ", ") + g;
+      s = across + " over (" + by + ") of " + s;
+    }
   }
   if (v.offset() != 0) s += (v.offset() > 0 ? " + " : " - ") + Show(std::fabs(v.offset()));
   return s;
@@ -309,13 +319,20 @@ std::optional<bool> Compare(const Json& a, const Json& b, v1::RecipeCheck::Compa
   if (a.is_number() && b.is_number()) {
     const double x = a.get<double>(), y = b.get<double>();
     switch (op) {
-      case v1::RecipeCheck::COMPARISON_GE: return x >= y;
-      case v1::RecipeCheck::COMPARISON_GT: return x > y;
-      case v1::RecipeCheck::COMPARISON_LE: return x <= y;
-      case v1::RecipeCheck::COMPARISON_LT: return x < y;
-      case v1::RecipeCheck::COMPARISON_EQ: return std::fabs(x - y) <= 1e-9 * std::max(1.0, std::fabs(y));
-      case v1::RecipeCheck::COMPARISON_NE: return std::fabs(x - y) > 1e-9 * std::max(1.0, std::fabs(y));
-      default: return std::nullopt;
+      case v1::RecipeCheck::COMPARISON_GE:
+        return x >= y;
+      case v1::RecipeCheck::COMPARISON_GT:
+        return x > y;
+      case v1::RecipeCheck::COMPARISON_LE:
+        return x <= y;
+      case v1::RecipeCheck::COMPARISON_LT:
+        return x < y;
+      case v1::RecipeCheck::COMPARISON_EQ:
+        return std::fabs(x - y) <= 1e-9 * std::max(1.0, std::fabs(y));
+      case v1::RecipeCheck::COMPARISON_NE:
+        return std::fabs(x - y) > 1e-9 * std::max(1.0, std::fabs(y));
+      default:
+        return std::nullopt;
     }
   }
   if (op == v1::RecipeCheck::COMPARISON_EQ) return a == b;
@@ -325,14 +342,22 @@ std::optional<bool> Compare(const Json& a, const Json& b, v1::RecipeCheck::Compa
 
 const char* OpText(v1::RecipeCheck::Comparison op) {
   switch (op) {
-    case v1::RecipeCheck::COMPARISON_GE: return ">=";
-    case v1::RecipeCheck::COMPARISON_GT: return ">";
-    case v1::RecipeCheck::COMPARISON_LE: return "<=";
-    case v1::RecipeCheck::COMPARISON_LT: return "<";
-    case v1::RecipeCheck::COMPARISON_EQ: return "==";
-    case v1::RecipeCheck::COMPARISON_NE: return "!=";
-    case v1::RecipeCheck::COMPARISON_CONTAINS: return "contains";
-    default: return "?";
+    case v1::RecipeCheck::COMPARISON_GE:
+      return ">=";
+    case v1::RecipeCheck::COMPARISON_GT:
+      return ">";
+    case v1::RecipeCheck::COMPARISON_LE:
+      return "<=";
+    case v1::RecipeCheck::COMPARISON_LT:
+      return "<";
+    case v1::RecipeCheck::COMPARISON_EQ:
+      return "==";
+    case v1::RecipeCheck::COMPARISON_NE:
+      return "!=";
+    case v1::RecipeCheck::COMPARISON_CONTAINS:
+      return "contains";
+    default:
+      return "?";
   }
 }
 
@@ -345,9 +370,12 @@ Json WithOffset(Json j, double offset) {
 
 Json ToJson(const google::protobuf::Value& v) {
   switch (v.kind_case()) {
-    case google::protobuf::Value::kNumberValue: return v.number_value();
-    case google::protobuf::Value::kStringValue: return v.string_value();
-    case google::protobuf::Value::kBoolValue: return v.bool_value();
+    case google::protobuf::Value::kNumberValue:
+      return v.number_value();
+    case google::protobuf::Value::kStringValue:
+      return v.string_value();
+    case google::protobuf::Value::kBoolValue:
+      return v.bool_value();
     case google::protobuf::Value::kListValue: {
       Json a = Json::array();
       for (const auto& e : v.list_value().values()) a.push_back(ToJson(e));
@@ -358,7 +386,8 @@ Json ToJson(const google::protobuf::Value& v) {
       for (const auto& [k, e] : v.struct_value().fields()) o[k] = ToJson(e);
       return o;
     }
-    default: return nullptr;
+    default:
+      return nullptr;
   }
 }
 
@@ -484,12 +513,16 @@ v1::CheckResult EvaluateCheck(const v1::RecipeCheck& check, const Tables& tables
       }
       break;
     case v1::RecipeCheck::AGGREGATE_MAJORITY:
-      if (2 * pass > seeds) outcome = v1::CHECK_OUTCOME_PASS;
-      else if (2 * fail >= seeds) outcome = v1::CHECK_OUTCOME_FAIL;
+      if (2 * pass > seeds)
+        outcome = v1::CHECK_OUTCOME_PASS;
+      else if (2 * fail >= seeds)
+        outcome = v1::CHECK_OUTCOME_FAIL;
       break;
     default:
-      if (fail > 0) outcome = v1::CHECK_OUTCOME_FAIL;
-      else if (pass == seeds) outcome = v1::CHECK_OUTCOME_PASS;
+      if (fail > 0)
+        outcome = v1::CHECK_OUTCOME_FAIL;
+      else if (pass == seeds)
+        outcome = v1::CHECK_OUTCOME_PASS;
       break;
   }
   std::string note;
@@ -524,9 +557,15 @@ v1::ReproductionReport EvaluateChecks(const v1::RecipeScale& scale, const Tables
     v1::CheckResult r = EvaluateCheck(check, tables, seeds, outcomes);
     outcomes[check.id()] = r.outcome();
     switch (r.outcome()) {
-      case v1::CHECK_OUTCOME_PASS: report.set_passed(report.passed() + 1); break;
-      case v1::CHECK_OUTCOME_FAIL: report.set_failed(report.failed() + 1); break;
-      default: report.set_inconclusive(report.inconclusive() + 1); break;
+      case v1::CHECK_OUTCOME_PASS:
+        report.set_passed(report.passed() + 1);
+        break;
+      case v1::CHECK_OUTCOME_FAIL:
+        report.set_failed(report.failed() + 1);
+        break;
+      default:
+        report.set_inconclusive(report.inconclusive() + 1);
+        break;
     }
     *report.add_checks() = std::move(r);
   }

@@ -38,19 +38,24 @@ bool Ended(v1::ReproductionState s) {
 
 const v1::RecipeScale& ScaleOf(const v1::Reproduction& r) { return r.recipe().scales().at(r.scale()); }
 
-// The sweep as the reproduction submits it: named after the reproduction,
-// tagged with its id, with the seed axis added last.
-v1::SweepSpec SeededSweep(const v1::RecipeSweep& s, const v1::Reproduction& r) {
+// The sweep of seed `k` (0-based) as the reproduction submits it: named
+// after the reproduction, tagged with its id, with a one-value seed axis
+// added last (one sweep per seed keeps each within a client's queue).
+v1::SweepSpec SeededSweep(const v1::RecipeSweep& s, const v1::Reproduction& r, uint32_t k) {
   v1::SweepSpec out = s.sweep();
-  out.set_name(r.recipe_id() + " " + r.scale() + " " + s.name() + " (" + r.reproduction_id() + ")");
+  out.set_name(r.recipe_id() + " " + r.scale() + " " + s.name() + " seed " + std::to_string(k + 1) + " (" +
+               r.reproduction_id() + ")");
   if (out.base().name().empty()) out.mutable_base()->set_name(r.recipe_id() + "-" + s.name());
   out.mutable_base()->add_tags("reproduction:" + r.reproduction_id());
   v1::SweepAxis* seed = out.add_axes();
   seed->set_field(kSeedAxis);
   seed->set_name(kSeedAxis);
-  for (uint32_t i = 0; i < r.seeds(); ++i) seed->add_values()->set_number_value(static_cast<double>(out.base().seed() + i));
+  seed->add_values()->set_number_value(static_cast<double>(out.base().seed() + k));
   return out;
 }
+
+// The key of seed k's sweep in Reproduction.sweeps: "plane/1".
+std::string SweepKey(const v1::RecipeSweep& s, uint32_t k) { return s.name() + "/" + std::to_string(k + 1); }
 
 // The columns of each sweep the checks read, by kind.
 struct Needed {
@@ -166,7 +171,8 @@ void ReproductionCore::AdvanceAll() {
     absl::StatusOr<store::ReproductionRow> fresh = store_->GetReproduction(row.id);  // Cancel may have ended it
     if (!fresh.ok() || !r.ParseFromString(fresh->body) || Ended(r.state())) continue;
     if (Advance(&r)) {
-      if (absl::Status s = Save(r); !s.ok()) spdlog::warn("{}: not saved: {}", r.reproduction_id(), std::string(s.message()));
+      if (absl::Status s = Save(r); !s.ok())
+        spdlog::warn("{}: not saved: {}", r.reproduction_id(), std::string(s.message()));
     }
   }
 }
@@ -190,25 +196,29 @@ bool ReproductionCore::Train(v1::Reproduction* r) {
   const v1::RecipeScale& scale = ScaleOf(*r);
   bool changed = false;
   for (const v1::RecipeSweep& s : scale.sweeps()) {
-    if (r->sweeps().contains(s.name())) continue;
-    absl::StatusOr<v1::Sweep> sweep = sweeps_->Submit(SeededSweep(s, *r), r->owner());
-    if (absl::IsResourceExhausted(sweep.status()) || absl::IsUnavailable(sweep.status())) {
-      const std::string phase = "waiting for room to queue " + s.name() + ": " + std::string(sweep.status().message());
-      changed = changed || phase != r->phase();
-      r->set_phase(phase);
-      return changed;
+    for (uint32_t k = 0; k < r->seeds(); ++k) {
+      if (r->sweeps().contains(SweepKey(s, k))) continue;
+      absl::StatusOr<v1::Sweep> sweep = sweeps_->Submit(SeededSweep(s, *r, k), r->owner());
+      if (absl::IsResourceExhausted(sweep.status()) || absl::IsUnavailable(sweep.status())) {
+        const std::string phase =
+            "waiting for room to queue " + s.name() + ": " + std::string(sweep.status().message());
+        changed = changed || phase != r->phase();
+        r->set_phase(phase);
+        return changed;
+      }
+      if (!sweep.ok()) {
+        r->set_state(v1::REPRODUCTION_STATE_FAILED);
+        r->set_error("sweep " + s.name() + ": " + std::string(sweep.status().message()));
+        SetTime(NowUs(), r->mutable_finished_at());
+        return true;
+      }
+      (*r->mutable_sweeps())[SweepKey(s, k)] = sweep->sweep_id();
+      // Recorded before the next sweep is submitted: a restart does not
+      // submit this one again.
+      if (absl::Status saved = Save(*r); !saved.ok())
+        spdlog::warn("{}: {}", r->reproduction_id(), std::string(saved.message()));
+      changed = true;
     }
-    if (!sweep.ok()) {
-      r->set_state(v1::REPRODUCTION_STATE_FAILED);
-      r->set_error("sweep " + s.name() + ": " + std::string(sweep.status().message()));
-      SetTime(NowUs(), r->mutable_finished_at());
-      return true;
-    }
-    (*r->mutable_sweeps())[s.name()] = sweep->sweep_id();
-    // Recorded before the next sweep is submitted: a restart does not
-    // submit this one again.
-    if (absl::Status saved = Save(*r); !saved.ok()) spdlog::warn("{}: {}", r->reproduction_id(), std::string(saved.message()));
-    changed = true;
   }
   int64_t total = 0, ended = 0;
   for (const auto& [name, id] : r->sweeps()) {
@@ -246,16 +256,27 @@ bool ReproductionCore::Analyse(v1::Reproduction* r) {
   int pending = 0, asked = 0;
   for (const v1::RecipeSweep& s : scale.sweeps()) {
     const Needed& n = needed.at(s.name());
-    v1::GetSweepSummaryRequest req;
-    req.set_sweep_id(r->sweeps().at(s.name()));
-    for (const std::string& c : n.summary) req.add_values(c);
-    if (req.values().empty()) req.add_values("train/loss");
-    absl::StatusOr<v1::GetSweepSummaryResponse> summary = sweeps_->Summary(req, scheduler::Requester(r->owner()));
-    if (!summary.ok()) {
-      r->set_state(v1::REPRODUCTION_STATE_FAILED);
-      r->set_error("summary of " + s.name() + ": " + std::string(summary.status().message()));
-      SetTime(NowUs(), r->mutable_finished_at());
-      return true;
+    // The seeds' sweeps in one table.
+    absl::StatusOr<v1::GetSweepSummaryResponse> summary;
+    for (uint32_t k = 0; k < r->seeds(); ++k) {
+      v1::GetSweepSummaryRequest req;
+      req.set_sweep_id(r->sweeps().at(SweepKey(s, k)));
+      for (const std::string& c : n.summary) req.add_values(c);
+      if (req.values().empty()) req.add_values("train/loss");
+      absl::StatusOr<v1::GetSweepSummaryResponse> one = sweeps_->Summary(req, scheduler::Requester(r->owner()));
+      if (!one.ok()) {
+        r->set_state(v1::REPRODUCTION_STATE_FAILED);
+        r->set_error("summary of " + SweepKey(s, k) + ": " + std::string(one.status().message()));
+        SetTime(NowUs(), r->mutable_finished_at());
+        return true;
+      }
+      if (k == 0) {
+        summary = std::move(one);
+        continue;
+      }
+      summary->set_sweep_id(summary->sweep_id() + "," + one->sweep_id());
+      summary->set_pending(summary->pending() + one->pending());
+      for (v1::SweepRow& row : *one->mutable_rows()) *summary->add_rows() = std::move(row);
     }
     pending += static_cast<int>(summary->pending());
     asked += summary->rows_size() * static_cast<int>(n.summary.size());
@@ -287,7 +308,8 @@ bool ReproductionCore::Analyse(v1::Reproduction* r) {
                 analyses_->Run(*RequestFor(*a, row.run_id()), scheduler::Requester(r->owner()));
             Json doc;
             if (!got.ok()) {
-              notes.push_back("analysis " + a->name() + " on " + row.run_id() + ": " + std::string(got.status().message()));
+              notes.push_back("analysis " + a->name() + " on " + row.run_id() + ": " +
+                              std::string(got.status().message()));
             } else if (scheduler::IsPendingResponse(**got)) {
               ++pending;
             } else {
@@ -295,7 +317,8 @@ bool ReproductionCore::Analyse(v1::Reproduction* r) {
               google::protobuf::util::JsonPrintOptions o;
               o.preserve_proto_field_names = true;
               o.always_print_primitive_fields = true;
-              if (google::protobuf::util::MessageToJsonString(**got, &text, o).ok()) doc = Json::parse(text, nullptr, false);
+              if (google::protobuf::util::MessageToJsonString(**got, &text, o).ok())
+                doc = Json::parse(text, nullptr, false);
             }
             answers[a] = doc;
           }
@@ -318,8 +341,8 @@ bool ReproductionCore::Analyse(v1::Reproduction* r) {
     tables[s.name()] = std::move(*summary);
   }
   if (pending > 0) {
-    const std::string phase = "analysing: " + std::to_string(pending) + " of " + std::to_string(asked) +
-                              " analyses and labels pending";
+    const std::string phase =
+        "analysing: " + std::to_string(pending) + " of " + std::to_string(asked) + " analyses and labels pending";
     const bool changed = phase != r->phase();
     r->set_phase(phase);
     r->set_progress(0.8 + 0.2 * (asked == 0 ? 1.0 : 1.0 - static_cast<double>(pending) / asked));
@@ -389,18 +412,26 @@ absl::StatusOr<v1::Reproduction> ReproductionCore::Begin(const v1::StartReproduc
   // Every member of every sweep is checked now, as SubmitRun would check it.
   const int max_runs = sweeps_->MaxRunsFor(owner);
   int64_t total = 0;
+  const int queue = runs_->QueueLimitFor(owner);
   for (const v1::RecipeSweep& s : scale.sweeps()) {
-    absl::StatusOr<std::vector<scheduler::SweepMember>> members = scheduler::ExpandSweep(SeededSweep(s, r), max_runs);
+    absl::StatusOr<std::vector<scheduler::SweepMember>> members =
+        scheduler::ExpandSweep(SeededSweep(s, r, 0), max_runs);
     if (!members.ok()) {
-      return absl::Status(members.status().code(), "sweep " + s.name() + ": " + std::string(members.status().message()));
+      return absl::Status(members.status().code(),
+                          "sweep " + s.name() + ": " + std::string(members.status().message()));
     }
-    total += static_cast<int64_t>(members->size());
+    if (static_cast<int>(members->size()) > queue) {
+      return absl::ResourceExhaustedError("sweep " + s.name() + " has " + std::to_string(members->size()) +
+                                          " runs per seed, more than " + owner + " may queue (" +
+                                          std::to_string(queue) + ", --max-queued-per-client)");
+    }
+    total += static_cast<int64_t>(members->size()) * seeds;
     for (scheduler::SweepMember& m : *members) {
       const std::string who = m.spec.name();
       absl::StatusOr<store::NewRun> ok = runs_->PrepareRun(std::move(m.spec), owner);
       if (!ok.ok()) {
-        return absl::Status(ok.status().code(), "sweep " + s.name() + " member " + who + ": " +
-                                                    std::string(ok.status().message()));
+        return absl::Status(ok.status().code(),
+                            "sweep " + s.name() + " member " + who + ": " + std::string(ok.status().message()));
       }
     }
   }
@@ -467,7 +498,8 @@ absl::StatusOr<v1::Reproduction> ReproductionCore::Cancel(const std::string& id)
   }
   for (const auto& [name, sweep] : r.sweeps()) {
     absl::StatusOr<v1::Sweep> s = sweeps_->Cancel(sweep);
-    if (!s.ok() && !absl::IsNotFound(s.status())) spdlog::warn("{}: cancel {}: {}", id, sweep, std::string(s.status().message()));
+    if (!s.ok() && !absl::IsNotFound(s.status()))
+      spdlog::warn("{}: cancel {}: {}", id, sweep, std::string(s.status().message()));
   }
   r.set_state(v1::REPRODUCTION_STATE_CANCELLED);
   r.set_phase("cancelled");

@@ -16,8 +16,7 @@ using RawReproductionService = v1::ReproductionService::WithRawCallbackMethod_Li
     v1::ReproductionService::WithRawCallbackMethod_StartReproduction<
         v1::ReproductionService::WithRawCallbackMethod_GetReproduction<
             v1::ReproductionService::WithRawCallbackMethod_ListReproductions<
-                v1::ReproductionService::WithRawCallbackMethod_CancelReproduction<
-                    v1::ReproductionService::Service>>>>>;
+                v1::ReproductionService::WithRawCallbackMethod_CancelReproduction<v1::ReproductionService::Service>>>>>;
 
 class ReproductionServiceImpl final : public RawReproductionService {
  public:

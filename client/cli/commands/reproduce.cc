@@ -37,12 +37,20 @@ bool Ended(const v1::Reproduction& r) {
 }
 
 int Print(Context& ctx, const v1::Reproduction& r, const Options& o) {
-  std::string text = ctx.g.json ? client::ToJson(r) + "\n"
+  std::string text = ctx.g.json   ? client::ToJson(r) + "\n"
                      : o.markdown ? client::ReproductionMarkdown(r)
                      : o.csv      ? client::ReproductionCsv(r)
                                   : client::ReproductionText(r);
   if (o.out.empty()) {
-    std::cout << (o.markdown || o.csv || ctx.g.json ? text : client::EscapeForTerminal(text));
+    if (o.markdown || o.csv || ctx.g.json) {
+      std::cout << text;
+    } else {  // escaped line by line: names and notes come from the server
+      for (size_t at = 0, nl; at < text.size(); at = nl + 1) {
+        nl = text.find('\n', at);
+        if (nl == std::string::npos) nl = text.size();
+        std::cout << client::EscapeForTerminal(text.substr(at, nl - at)) << "\n";
+      }
+    }
   } else {
     std::ofstream f(o.out);
     f << text;
@@ -145,12 +153,15 @@ void AddReproduce(CLI::App& app, Action* chosen) {
       "1 when the reproduction failed or was cancelled.");
   rep->require_subcommand(1);
   auto list = std::make_shared<Options>();
-  CLI::App* l = AddVerb(*rep, chosen, "list", "The server's recipes (with their scales and estimated CPU-hours) and "
-                        "the reproductions so far.", list, reproduce_cmd::List);
+  CLI::App* l = AddVerb(*rep, chosen, "list",
+                        "The server's recipes (with their scales and estimated CPU-hours) and "
+                        "the reproductions so far.",
+                        list, reproduce_cmd::List);
   l->add_flag("--mine", list->mine, "Only my reproductions");
   auto run = std::make_shared<Options>();
-  CLI::App* r = AddVerb(*rep, chosen, "run", "Start a reproduction.\n  circuitlab reproduce run E.9 --scale cpu --seeds 3",
-                        run, reproduce_cmd::Run);
+  CLI::App* r =
+      AddVerb(*rep, chosen, "run", "Start a reproduction.\n  circuitlab reproduce run E.9 --scale cpu --seeds 3", run,
+              reproduce_cmd::Run);
   r->add_option("RECIPE", run->recipe, "Recipe id, e.g. E.9 (see `reproduce list`)");
   r->add_option("--recipe-file", run->recipe_file, "A recipe of your own (circuitlab.v1.Recipe as JSON) instead");
   r->add_option("--scale", run->scale, "ci (the science tests' sizes), cpu (about an hour on 2 cores) or paper")
@@ -160,8 +171,7 @@ void AddReproduce(CLI::App& app, Action* chosen) {
   r->add_flag("--watch", run->watch, "Follow it to the end, then print the report");
   r->add_flag("--markdown", run->markdown, "With --watch: the report as Markdown");
   auto show = std::make_shared<Options>();
-  CLI::App* s = AddVerb(*rep, chosen, "show", "A reproduction and, once done, its report.", show,
-                        reproduce_cmd::Show);
+  CLI::App* s = AddVerb(*rep, chosen, "show", "A reproduction and, once done, its report.", show, reproduce_cmd::Show);
   s->add_option("ID", show->id, "Reproduction id, e.g. p1")->required();
   s->add_flag("--watch", show->watch, "Follow it to the end first");
   s->add_flag("--markdown", show->markdown, "The report as Markdown (claim, checks, data tables and label maps)");

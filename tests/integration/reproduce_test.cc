@@ -1,0 +1,159 @@
+// ReproductionService over gRPC on a fake executor: the errors that name
+// the field, a reproduction carried to its report, access rules, and a
+// restart in the middle that resumes it without retraining its finished run
+// (issue 34).
+#include <google/protobuf/util/json_util.h>
+#include <gtest/gtest.h>
+
+#include "tests/integration/integration_util.h"
+
+namespace circuitlab::testing {
+namespace {
+
+// Two runs (20 and 300 steps of 10 ms on the fake executor); checks on the
+// fake metrics (train/step = step, train/loss = 1/step).
+v1::Recipe TwoRunRecipe() {
+  v1::Recipe r;
+  const std::string spec = client::ToJson(TinySpec(20), false);
+  const std::string json = R"({"id": "T.1", "title": "two runs", "scales": {"ci": {
+    "sweeps": [{"name": "runs", "sweep": {"base": )" +
+                           spec + R"(,
+                "axes": [{"field": "training.steps", "name": "steps", "values": [20, 300]}]}}],
+    "checks": [
+      {"id": "longest", "description": "the long run reached its last step",
+       "value": {"column": {"sweep": "runs", "column": "train/step", "reduce": "REDUCE_MAX"}},
+       "comparison": "COMPARISON_EQ", "against": {"constant": 300}},
+      {"id": "loss_falls", "description": "the loss falls over training",
+       "value": {"column": {"sweep": "runs", "column": "series:train/loss", "reduce": "REDUCE_SPEARMAN_WITH_STEP",
+                            "where": {"steps": 300}}},
+       "comparison": "COMPARISON_LE", "against": {"constant": -0.99}},
+      {"id": "too_much", "description": "a check that fails",
+       "value": {"column": {"sweep": "runs", "column": "train/step", "reduce": "REDUCE_MIN"}},
+       "comparison": "COMPARISON_GT", "against": {"constant": 1000}}]}}})";
+  auto s = google::protobuf::util::JsonStringToMessage(json, &r);
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  return r;
+}
+
+v1::Reproduction WaitForReproduction(client::Client& c, const std::string& id, v1::ReproductionState want) {
+  v1::Reproduction r;
+  WaitFor(
+      [&] {
+        auto got = c.GetReproduction(id);
+        if (got.ok()) r = *got;
+        return r.state() == want || r.state() == v1::REPRODUCTION_STATE_FAILED;
+      },
+      std::chrono::seconds(60));
+  return r;
+}
+
+TEST(ReproductionTest, StartsRefusesAndReports) {
+  TempDir dir;
+  FakeExecutor exec;
+  Server server(dir.path(), &exec);
+  auto c = MakeClient(server.address());
+  auto recipes = c.ListRecipes();
+  ASSERT_TRUE(recipes.ok()) << recipes.status();
+  ASSERT_GE(recipes->recipes_size(), 1);
+  EXPECT_EQ(recipes->recipes(0).scales_size(), 3);
+
+  v1::StartReproductionRequest req;
+  req.set_recipe_id("E.99");
+  req.set_scale("ci");
+  auto bad = c.StartReproduction(req);
+  EXPECT_TRUE(absl::IsNotFound(bad.status())) << bad.status();
+  EXPECT_NE(bad.status().message().find("E.9"), std::string::npos) << "names the recipes there are";
+  req.set_recipe_id("E.9");
+  req.set_scale("gpu");
+  bad = c.StartReproduction(req);
+  EXPECT_TRUE(absl::IsInvalidArgument(bad.status()));
+  EXPECT_NE(bad.status().message().find("ci, cpu, paper"), std::string::npos) << bad.status();
+  req.set_scale("ci");
+  req.set_seeds(17);
+  bad = c.StartReproduction(req);
+  EXPECT_NE(bad.status().message().find("seeds must be in [1, 16], got 17"), std::string::npos) << bad.status();
+  req.clear_recipe_id();
+  req.set_seeds(1);
+  *req.mutable_recipe() = TwoRunRecipe();
+  (*req.mutable_recipe()->mutable_scales())["ci"]
+      .mutable_sweeps(0)
+      ->mutable_sweep()
+      ->mutable_base()
+      ->mutable_training()
+      ->set_batch_size(0);
+  (*req.mutable_recipe()->mutable_scales())["ci"]
+      .mutable_sweeps(0)
+      ->mutable_sweep()
+      ->mutable_base()
+      ->mutable_training()
+      ->set_learning_rate(-1);
+  bad = c.StartReproduction(req);
+  EXPECT_TRUE(absl::IsInvalidArgument(bad.status()));
+  EXPECT_NE(bad.status().message().find("sweep runs member"), std::string::npos) << bad.status();
+  EXPECT_NE(bad.status().message().find("learning_rate"), std::string::npos) << bad.status();
+
+  *req.mutable_recipe() = TwoRunRecipe();
+  auto started = c.StartReproduction(req);
+  ASSERT_TRUE(started.ok()) << started.status();
+  EXPECT_EQ(started->reproduction_id(), "p1");
+  const v1::Reproduction done = WaitForReproduction(c, "p1", v1::REPRODUCTION_STATE_DONE);
+  ASSERT_EQ(done.state(), v1::REPRODUCTION_STATE_DONE) << done.error() << " " << done.phase();
+  ASSERT_EQ(done.report().checks_size(), 3);
+  EXPECT_EQ(done.report().checks(0).outcome(), v1::CHECK_OUTCOME_PASS) << done.report().checks(0).note();
+  EXPECT_EQ(done.report().checks(1).outcome(), v1::CHECK_OUTCOME_PASS) << done.report().checks(1).note();
+  EXPECT_EQ(done.report().checks(2).outcome(), v1::CHECK_OUTCOME_FAIL);
+  EXPECT_EQ(done.report().passed(), 2u);
+  EXPECT_EQ(done.report().tables().at("runs").rows_size(), 2);
+  EXPECT_DOUBLE_EQ(done.progress(), 1.0);
+  EXPECT_TRUE(absl::IsFailedPrecondition(c.CancelReproduction("p1").status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(c.GetReproduction("x1").status()));
+  EXPECT_TRUE(absl::IsNotFound(c.GetReproduction("p7").status()));
+  v1::ListReproductionsRequest list;
+  auto listed = c.ListReproductions(list);
+  ASSERT_TRUE(listed.ok());
+  ASSERT_EQ(listed->reproductions_size(), 1);
+  EXPECT_FALSE(listed->reproductions(0).has_recipe()) << "listings leave the recipe out";
+  EXPECT_TRUE(listed->reproductions(0).report().tables().empty());
+}
+
+// Issue 34: a restart in the middle resumes the reproduction; its finished
+// run is not trained again, its sweep not submitted again.
+TEST(ReproductionTest, ARestartResumesWithoutRetraining) {
+  TempDir dir;
+  std::string sweep_id;
+  {
+    FakeExecutor exec;
+    exec.step_time = std::chrono::milliseconds(10);
+    Server server(dir.path(), &exec);
+    auto c = MakeClient(server.address());
+    v1::StartReproductionRequest req;
+    *req.mutable_recipe() = TwoRunRecipe();
+    req.set_scale("ci");
+    ASSERT_TRUE(c.StartReproduction(req).ok());
+    ASSERT_TRUE(WaitFor([&] {
+      v1::ListRunsRequest q;
+      q.add_states(v1::RUN_STATE_SUCCEEDED);
+      auto runs = c.ListRuns(q);
+      return runs.ok() && runs->runs_size() == 1;
+    }));
+    auto r = c.GetReproduction("p1");
+    ASSERT_TRUE(r.ok());
+    EXPECT_EQ(r->state(), v1::REPRODUCTION_STATE_TRAINING) << r->phase();
+    EXPECT_EQ(exec.started(), 2);
+    sweep_id = r->sweeps().at("runs/1");
+  }
+  FakeExecutor again;
+  Server server(dir.path(), &again);
+  auto c = MakeClient(server.address());
+  const v1::Reproduction done = WaitForReproduction(c, "p1", v1::REPRODUCTION_STATE_DONE);
+  ASSERT_EQ(done.state(), v1::REPRODUCTION_STATE_DONE) << done.error();
+  EXPECT_EQ(again.started(), 1) << "only the unfinished run trains again";
+  EXPECT_EQ(done.sweeps().at("runs/1"), sweep_id);
+  EXPECT_EQ(done.sweeps_size(), 1);
+  v1::ListRunsRequest all;
+  EXPECT_EQ(c.ListRuns(all)->total_size(), 2) << "no run was submitted twice";
+  EXPECT_EQ(done.report().passed(), 2u) << done.report().checks(0).note();
+}
+
+}  // namespace
+}  // namespace circuitlab::testing

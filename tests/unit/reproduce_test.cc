@@ -1,0 +1,207 @@
+// Recipes (validation, the compiled-in ones) and the checks' evaluation
+// (report.h) on hand-made tables: each reduce, aggregates over seeds,
+// `needs`, missing values.
+#include <google/protobuf/util/json_util.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "server/reproduce/recipes.h"
+#include "server/reproduce/report.h"
+
+namespace circuitlab::reproduce {
+namespace {
+
+template <typename M>
+M Parse(const std::string& json) {
+  M m;
+  auto s = google::protobuf::util::JsonStringToMessage(json, &m);
+  EXPECT_TRUE(s.ok()) << s.ToString() << " in " << json;
+  return m;
+}
+
+// A 2 x 2 grid (a, b) over two seeds; "pair" labels, "pair_predicted", a
+// number column and one series per row.
+v1::GetSweepSummaryResponse Grid() {
+  return Parse<v1::GetSweepSummaryResponse>(R"({
+    "sweep_id": "s1", "axes": ["a", "b", "seed"], "columns": ["pair", "pair_predicted", "acc", "series:loss"],
+    "rows": [
+      {"run_id": "r1", "swept": [0, 0, 1], "values": ["1-2", "1-2", 0.9, [[0, 3], [10, 2], [20, 1]]]},
+      {"run_id": "r2", "swept": [0, 1, 1], "values": ["2-3", "1-2", 0.8, [[0, 3], [10, 2], [20, 2.5]]]},
+      {"run_id": "r3", "swept": [1, 0, 1], "values": ["1-2", "1-2", 1.0, null]},
+      {"run_id": "r4", "swept": [1, 1, 1], "values": ["MIXED", "2-3", 0.7, null]},
+      {"run_id": "r5", "swept": [0, 0, 2], "values": ["1-2", "1-2", 0.5, null]},
+      {"run_id": "r6", "swept": [0, 1, 2], "values": ["1-2", "1-2", 0.6, null]},
+      {"run_id": "r7", "swept": [1, 0, 2], "values": ["1-2", "1-2", 0.7, null]},
+      {"run_id": "r8", "swept": [1, 1, 2], "values": ["1-2", "1-2", null, null]}]})");
+}
+
+std::vector<nlohmann::json> Values(const std::string& value_json, const Tables& t, int seeds = 2) {
+  std::vector<std::string> why;
+  return ValuePerSeed(Parse<v1::RecipeValue>(value_json), t, seeds, &why);
+}
+
+TEST(ReproduceReportTest, EachReduceMeasuresPerSeed) {
+  const Tables t = {{"plane", Grid()}};
+  auto v = Values(R"({"column": {"sweep": "plane", "column": "pair", "reduce": "REDUCE_DISTINCT",
+                                 "unlabelled": ["MIXED"]}})",
+                  t);
+  EXPECT_EQ(v[0], 2);
+  EXPECT_EQ(v[1], 1);
+  v = Values(
+      R"({"column": {"sweep": "plane", "column": "pair", "reduce": "REDUCE_LABELLED", "unlabelled": ["MIXED"]}})", t);
+  EXPECT_DOUBLE_EQ(v[0].get<double>(), 0.75);
+  EXPECT_DOUBLE_EQ(v[1].get<double>(), 1.0);
+  v = Values(R"({"column": {"sweep": "plane", "column": "pair", "reduce": "REDUCE_DIFFERENT",
+                            "other": "pair_predicted"}})",
+             t);
+  EXPECT_EQ(v[0], 2);  // r2 and r4
+  EXPECT_EQ(v[1], 0);
+  // Seed 1: the a = 0 line goes 1-2 -> 2-3 (one change), the b = 0 line stays.
+  v = Values(R"({"column": {"sweep": "plane", "column": "pair", "reduce": "REDUCE_CROSSINGS"}})", t);
+  EXPECT_EQ(v[0], 1);
+  EXPECT_EQ(v[1], 0);
+  v = Values(R"({"column": {"sweep": "plane", "column": "acc", "reduce": "REDUCE_MEAN"}, "offset": -0.1})", t);
+  EXPECT_NEAR(v[0].get<double>(), 0.85 - 0.1, 1e-12);
+  EXPECT_NEAR(v[1].get<double>(), 0.6 - 0.1, 1e-12);  // the missing cell left out
+  v = Values(R"({"column": {"sweep": "plane", "column": "acc", "reduce": "REDUCE_VALUE", "where": {"a": 1, "b": 0}}})",
+             t);
+  EXPECT_EQ(v[0], 1.0);
+  EXPECT_EQ(v[1], 0.7);
+  // Grouped: per a, the distinct labels over b; the most of them.
+  v = Values(R"({"column": {"sweep": "plane", "column": "pair", "reduce": "REDUCE_DISTINCT", "group_by": ["a"],
+                            "across": "REDUCE_MAX"}})",
+             t);
+  EXPECT_EQ(v[0], 2);
+  EXPECT_EQ(v[1], 1);
+  // A falling series: Spearman -1.
+  v = Values(R"({"column": {"sweep": "plane", "column": "series:loss", "reduce": "REDUCE_SPEARMAN_WITH_STEP",
+                            "where": {"a": 0, "b": 0}}})",
+             t, 1);
+  EXPECT_DOUBLE_EQ(v[0].get<double>(), -1.0);
+}
+
+TEST(ReproduceReportTest, SlopeOfALogLogFit) {
+  // t* = 3 N^2 at N = 4, 8, 16: slope 2.
+  const Tables t = {{"n", Parse<v1::GetSweepSummaryResponse>(R"({
+    "axes": ["N", "seed"], "columns": ["first"],
+    "rows": [{"swept": [4, 1], "values": [48]}, {"swept": [8, 1], "values": [192]}, {"swept": [16, 1], "values": [768]},
+             {"swept": [4, 2], "values": [0]}, {"swept": [8, 2], "values": [null]}]})")}};
+  std::vector<std::string> why;
+  auto v = ValuePerSeed(Parse<v1::RecipeValue>(R"({"column": {"sweep": "n", "column": "first",
+                                                   "reduce": "REDUCE_SLOPE_LOGLOG", "other": "N"}})"),
+                        t, 2, &why);
+  EXPECT_NEAR(v[0].get<double>(), 2.0, 1e-12);
+  EXPECT_TRUE(v[1].is_null()) << "no positive value left to fit";
+  ASSERT_EQ(why.size(), 1u);
+  EXPECT_NE(why[0].find("seed 2"), std::string::npos) << why[0];
+}
+
+TEST(ReproduceReportTest, ChecksAggregateSeedsAndNeedTheirPrerequisites) {
+  const Tables t = {{"plane", Grid()}};
+  const v1::RecipeScale scale = Parse<v1::RecipeScale>(R"({
+    "sweeps": [{"name": "plane"}],
+    "checks": [
+      {"id": "two", "value": {"column": {"sweep": "plane", "column": "pair", "reduce": "REDUCE_DISTINCT",
+                                          "unlabelled": ["MIXED"]}},
+       "comparison": "COMPARISON_GE", "against": {"constant": 2}},
+      {"id": "two_on_average", "value": {"column": {"sweep": "plane", "column": "pair", "reduce": "REDUCE_DISTINCT",
+                                                    "unlabelled": ["MIXED"]}},
+       "comparison": "COMPARISON_GE", "against": {"constant": 1.5}, "aggregate": "AGGREGATE_MEAN"},
+      {"id": "after_two", "value": {"constant": 1}, "comparison": "COMPARISON_EQ", "against": {"constant": 1},
+       "needs": ["two"]},
+      {"id": "missing", "value": {"column": {"sweep": "plane", "column": "nope"}}, "comparison": "COMPARISON_GE",
+       "against": {"constant": 0}},
+      {"id": "kept", "value": {"column": {"sweep": "plane", "column": "pair", "where": {"a": 0, "b": 0}}},
+       "comparison": "COMPARISON_EQ", "against": {"constant": "1-2"}}]})");
+  const v1::ReproductionReport r = EvaluateChecks(scale, t, 2, {"a note"});
+  ASSERT_EQ(r.checks_size(), 5);
+  EXPECT_EQ(r.checks(0).outcome(), v1::CHECK_OUTCOME_FAIL) << "seed 2 has one label";
+  EXPECT_NE(r.checks(0).note().find("failed on seed 2"), std::string::npos) << r.checks(0).note();
+  EXPECT_EQ(r.checks(0).expected(), "distinct(plane/pair) >= 2 (every seed)");
+  EXPECT_DOUBLE_EQ(r.checks(0).mean(), 1.5);
+  EXPECT_EQ(r.checks(1).outcome(), v1::CHECK_OUTCOME_PASS);
+  EXPECT_EQ(r.checks(2).outcome(), v1::CHECK_OUTCOME_INCONCLUSIVE);
+  EXPECT_NE(r.checks(2).note().find("needs two"), std::string::npos);
+  EXPECT_EQ(r.checks(3).outcome(), v1::CHECK_OUTCOME_INCONCLUSIVE);
+  EXPECT_NE(r.checks(3).note().find("no column nope"), std::string::npos) << r.checks(3).note();
+  EXPECT_EQ(r.checks(4).outcome(), v1::CHECK_OUTCOME_PASS);
+  EXPECT_EQ(r.passed(), 2u);
+  EXPECT_EQ(r.failed(), 1u);
+  EXPECT_EQ(r.inconclusive(), 2u);
+  ASSERT_EQ(r.notes_size(), 1);
+  EXPECT_TRUE(r.tables().contains("plane"));
+}
+
+TEST(ReproduceReportTest, FieldPathsReachIntoAnalysisAnswers) {
+  const nlohmann::json doc = nlohmann::json::parse(R"({"circuit_size": 3, "circuit": [
+      {"coordinate": {"canonical": "beta"}}, {"coordinate": {"canonical": "alpha"}}, {"coordinate": {}}],
+      "effects": [{"accuracy": 0.25}]})");
+  EXPECT_EQ(FieldAt(doc, "circuit_size"), 3);
+  EXPECT_EQ(FieldAt(doc, "effects.0.accuracy"), 0.25);
+  EXPECT_EQ(FieldAt(doc, "circuit.*.coordinate.canonical"), nlohmann::json::array({"beta", "alpha"}));
+  EXPECT_TRUE(FieldAt(doc, "effects.1.accuracy").is_null());
+  EXPECT_TRUE(FieldAt(doc, "nope").is_null());
+}
+
+TEST(ReproduceRecipeTest, ErrorsNameTheField) {
+  auto recipe = [](const std::string& scale) {
+    return Parse<v1::Recipe>(R"({"id": "X.1", "scales": {"ci": )" + scale + "}}");
+  };
+  const std::string sweep = R"({"name": "a", "sweep": {"base": {"seed": 1}}})";
+  const std::string check = R"({"id": "c", "value": {"constant": 1}, "against": {"constant": 1}})";
+  struct Case {
+    std::string scale, error;
+  };
+  for (const Case& c : std::vector<Case>{
+           {R"({"sweeps": [{"name": "a", "sweep": {"axes": [{"field": "seed", "values": [1, 2]}]}}], "checks": [)" +
+                check + "]}",
+            "sweeps the seed"},
+           {R"({"sweeps": [)" + sweep + "], \"checks\": []}", "at least one check"},
+           {R"({"sweeps": [{"name": "Bad Name"}], "checks": [)" + check + "]}", "sweeps[0].name must be"},
+           {R"({"sweeps": [)" + sweep +
+                R"(], "analyses": [{"name": "x", "sweep": "b", "label_run": {}}], "checks": [)" + check + "]}",
+            "analyses[0].sweep names no sweep"},
+           {R"({"sweeps": [)" + sweep +
+                R"(], "checks": [{"id": "c", "value": {"column": {"sweep": "zz", "column": "pair"}},
+                                  "against": {"constant": 1}}]})",
+            "checks[0].value.column.sweep names no sweep"},
+           {R"({"sweeps": [)" + sweep + R"(], "checks": [{"id": "c", "value": {"constant": 1},
+                 "against": {"constant": 1}, "needs": ["later"]}]})",
+            "needs names no earlier check"},
+           {R"({"sweeps": [)" + sweep + R"(], "default_seeds": 17, "checks": [)" + check + "]}", "default_seeds"}}) {
+    const absl::Status s = ValidateRecipe(recipe(c.scale));
+    EXPECT_TRUE(absl::IsInvalidArgument(s)) << c.scale;
+    EXPECT_NE(s.message().find(c.error), std::string::npos) << s.message();
+  }
+  EXPECT_TRUE(ValidateRecipe(recipe(R"({"sweeps": [)" + sweep + "], \"checks\": [" + check + "]}")).ok());
+}
+
+// Every file under examples/reproduce/ is compiled in, parses and validates
+// (a file that did not would be left out of the server's list).
+TEST(ReproduceRecipeTest, EveryRecipeFileIsCompiledInAndValid) {
+  size_t files = 0;
+  for (const auto& e : std::filesystem::directory_iterator(CIRCUITLAB_EXAMPLES_DIR "/reproduce")) {
+    if (e.path().extension() != ".json") continue;
+    ++files;
+    std::ifstream in(e.path());
+    std::stringstream text;
+    text << in.rdbuf();
+    absl::StatusOr<v1::Recipe> r = ParseRecipe(text.str(), e.path().filename().string());
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_TRUE(ValidateRecipe(*r).ok()) << ValidateRecipe(*r);
+    EXPECT_EQ(e.path().stem().string(), r->id()) << "a recipe's file is named after its id";
+    for (const char* scale : {"ci", "cpu", "paper"})
+      EXPECT_TRUE(r->scales().contains(scale)) << r->id() << " " << scale;
+  }
+  EXPECT_GT(files, 0u);
+  EXPECT_EQ(BuiltInRecipes().size(), files);
+  EXPECT_TRUE(ClaimOrder("E.2", "E.10"));
+  EXPECT_FALSE(ClaimOrder("E.10", "E.9"));
+  EXPECT_TRUE(absl::IsNotFound(FindRecipe("E.99").status()));
+}
+
+}  // namespace
+}  // namespace circuitlab::reproduce
