@@ -50,11 +50,17 @@ absl::Status CheckValue(const v1::RecipeValue& v, const v1::RecipeScale& scale, 
         return absl::InvalidArgumentError(field + ".column.other must name a column for " +
                                           v1::ColumnValue::Reduce_Name(c.reduce()));
       }
-      const bool series = c.column().rfind("series:", 0) == 0;
-      if (series != (c.reduce() == v1::ColumnValue::REDUCE_SPEARMAN_WITH_STEP)) {
-        return absl::InvalidArgumentError(
-            field + ".column: a \"series:\" column goes with REDUCE_SPEARMAN_WITH_STEP, " + "and only it, got " +
-            c.column() + " with " + v1::ColumnValue::Reduce_Name(c.reduce()));
+      const bool series = IsSeriesColumn(c.column());
+      const bool series_reduce = c.reduce() == v1::ColumnValue::REDUCE_SPEARMAN_WITH_STEP ||
+                                 c.reduce() == v1::ColumnValue::REDUCE_SERIES_FIRST ||
+                                 c.reduce() == v1::ColumnValue::REDUCE_SERIES_RISE;
+      if (series != series_reduce) {
+        return absl::InvalidArgumentError(field + ".column: \"series:\" and \"trajectory:\" columns go with the " +
+                                          "REDUCE_SERIES_* reduces and REDUCE_SPEARMAN_WITH_STEP, and only they, got " +
+                                          c.column() + " with " + v1::ColumnValue::Reduce_Name(c.reduce()));
+      }
+      if (c.reduce() == v1::ColumnValue::REDUCE_SERIES_RISE && !(c.fraction() > 0 && c.fraction() <= 1)) {
+        return absl::InvalidArgumentError(field + ".column.fraction must be in (0, 1] for REDUCE_SERIES_RISE");
       }
       return absl::OkStatus();
     }
@@ -115,6 +121,10 @@ absl::Status ValidateScale(const v1::RecipeScale& scale, const std::string& wher
 }
 
 }  // namespace
+
+bool IsSeriesColumn(const std::string& column) {
+  return column.rfind("series:", 0) == 0 || column.rfind("trajectory:", 0) == 0;
+}
 
 bool ClaimOrder(const std::string& a, const std::string& b) {
   auto key = [](const std::string& id) {

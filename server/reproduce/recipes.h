@@ -40,6 +40,9 @@ std::string ScaleNames(const v1::Recipe& recipe);
 // (its text before the first '.'); sets *analysis to it when so.
 bool IsAnalysisColumn(const v1::RecipeScale& scale, const std::string& column, const v1::RecipeAnalysis** analysis);
 
+// "series:<metric>" and "trajectory:<coordinate>": a whole series per row.
+bool IsSeriesColumn(const std::string& column);
+
 // Claim ids in SCIENCE.md's order: "E.2" before "E.10".
 bool ClaimOrder(const std::string& a, const std::string& b);
 

@@ -219,6 +219,20 @@ Json Reduce(const SeedView& view, const std::vector<const v1::SweepRow*>& rows, 
       if (!s) *why = c.column() + " has positive values at fewer than two values of " + c.other();
       return s ? Json(*s) : Json();
     }
+    case v1::ColumnValue::REDUCE_SERIES_FIRST:
+    case v1::ColumnValue::REDUCE_SERIES_RISE: {
+      const Json* series = cells.size() == 1 && cells[0].is_array() && !cells[0].empty() ? &cells[0] : nullptr;
+      if (series == nullptr) {
+        *why = c.column() + " is not one series with points";
+        return nullptr;
+      }
+      if (c.reduce() == v1::ColumnValue::REDUCE_SERIES_FIRST) return (*series)[0][1];
+      const double goal = c.fraction() * std::fabs((*series)[series->size() - 1][1].get<double>());
+      for (const Json& p : *series) {
+        if (std::fabs(p[1].get<double>()) >= goal) return p[0];
+      }
+      return nullptr;
+    }
     case v1::ColumnValue::REDUCE_SPEARMAN_WITH_STEP: {
       std::optional<double> rho = cells.size() == 1 ? Spearman(cells[0]) : std::nullopt;
       if (!rho) *why = c.column() + " is not one series of at least 3 varying points";
@@ -306,6 +320,7 @@ std::string Describe(const v1::RecipeValue& v) {
       s = across + " over (" + by + ") of " + s;
     }
   }
+  if (v.scale() != 0 && v.scale() != 1) s = Show(v.scale()) + " x " + s;
   if (v.offset() != 0) s += (v.offset() > 0 ? " + " : " - ") + Show(std::fabs(v.offset()));
   return s;
 }
@@ -361,8 +376,10 @@ const char* OpText(v1::RecipeCheck::Comparison op) {
   }
 }
 
-Json WithOffset(Json j, double offset) {
-  if (offset != 0 && j.is_number()) return j.get<double>() + offset;
+Json Adjusted(Json j, const v1::RecipeValue& v) {
+  if (j.is_number() && (v.offset() != 0 || v.scale() != 0)) {
+    return j.get<double>() * (v.scale() != 0 ? v.scale() : 1.0) + v.offset();
+  }
   return j;
 }
 
@@ -421,6 +438,7 @@ Json FieldAt(const Json& doc, const std::string& path) {
   std::function<Json(const Json&, size_t)> walk = [&](const Json& at, size_t i) -> Json {
     if (i == parts.size()) return at;
     const std::string& p = parts[i];
+    if (p == "#" && i + 1 == parts.size()) return at.is_array() ? Json(at.size()) : Json();
     if (p == "*") {
       if (!at.is_array()) return nullptr;
       Json out = Json::array();
@@ -446,7 +464,7 @@ std::vector<Json> ValuePerSeed(const v1::RecipeValue& value, const Tables& table
                                std::vector<std::string>* why) {
   std::vector<Json> out(seeds);
   if (value.has_constant()) {
-    for (Json& j : out) j = WithOffset(ToJson(value.constant()), value.offset());
+    for (Json& j : out) j = Adjusted(ToJson(value.constant()), value);
     return out;
   }
   const v1::ColumnValue& c = value.column();
@@ -463,8 +481,8 @@ std::vector<Json> ValuePerSeed(const v1::RecipeValue& value, const Tables& table
   }
   for (int k = 0; k < seeds; ++k) {
     std::string reason;
-    out[k] = WithOffset(c.group_by().empty() ? Reduce(view, rows[k], c, &reason) : Grouped(view, rows[k], c, &reason),
-                        value.offset());
+    out[k] = Adjusted(c.group_by().empty() ? Reduce(view, rows[k], c, &reason) : Grouped(view, rows[k], c, &reason),
+                      value);
     if (out[k].is_null() && why != nullptr) {
       why->push_back("seed " + std::to_string(k + 1) + ": " + (reason.empty() ? c.column() + " missing" : reason));
     }

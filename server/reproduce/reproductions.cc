@@ -73,7 +73,7 @@ std::map<std::string, Needed> NeededColumns(const v1::RecipeScale& scale) {
     for (const std::string& column : {c.column(), c.other()}) {
       if (column.empty()) continue;
       const v1::RecipeAnalysis* a = nullptr;
-      if (column.rfind("series:", 0) == 0) {
+      if (IsSeriesColumn(column)) {
         n.series.insert(column);
       } else if (IsAnalysisColumn(scale, column, &a)) {
         n.analysis_paths[a->name()].insert(column.substr(a->name().size() + 1));
@@ -248,6 +248,28 @@ bool ReproductionCore::Train(v1::Reproduction* r) {
   return changed;
 }
 
+Json ReproductionCore::Series(const std::string& run_id, const std::string& column) {
+  std::vector<std::pair<uint64_t, double>> points;
+  if (column.rfind("series:", 0) == 0) {
+    v1::GetMetricsRequest q;
+    q.set_run_id(run_id);
+    q.add_names(column.substr(7));
+    absl::StatusOr<v1::GetMetricsResponse> m = runs_->GetMetrics(q);
+    if (!m.ok() || m->series_size() != 1) return nullptr;
+    for (int i = 0; i < m->series(0).steps_size(); ++i) points.emplace_back(m->series(0).steps(i), m->series(0).values(i));
+  } else {
+    v1::GetTrajectoryRequest q;
+    q.set_run_id(run_id);
+    q.add_names(column.substr(11));  // after "trajectory:"
+    absl::StatusOr<v1::GetTrajectoryResponse> t = analyses_->GetTrajectory(q);
+    if (!t.ok() || t->series_size() != 1) return nullptr;
+    for (int i = 0; i < t->series(0).steps_size(); ++i) points.emplace_back(t->series(0).steps(i), t->series(0).values(i));
+  }
+  Json out = Json::array();
+  for (const auto& [step, value] : points) out.push_back(Json::array({static_cast<double>(step), value}));
+  return out;
+}
+
 bool ReproductionCore::Analyse(v1::Reproduction* r) {
   const v1::RecipeScale& scale = ScaleOf(*r);
   const std::map<std::string, Needed> needed = NeededColumns(scale);
@@ -324,16 +346,7 @@ bool ReproductionCore::Analyse(v1::Reproduction* r) {
           }
           cell = FieldAt(answers[a], p);
         } else if (succeeded) {
-          v1::GetMetricsRequest mq;
-          mq.set_run_id(row.run_id());
-          mq.add_names(p.substr(7));  // after "series:"
-          absl::StatusOr<v1::GetMetricsResponse> m = runs_->GetMetrics(mq);
-          if (m.ok() && m->series_size() == 1) {
-            cell = Json::array();
-            for (int i = 0; i < m->series(0).steps_size(); ++i) {
-              cell.push_back(Json::array({static_cast<double>(m->series(0).steps(i)), m->series(0).values(i)}));
-            }
-          }
+          cell = Series(row.run_id(), p);
         }
         *row.add_values() = FromJson(cell);
       }

@@ -26,6 +26,7 @@
 
 #include "absl/status/statusor.h"
 #include "circuitlab/v1/reproduce.pb.h"
+#include "nlohmann/json.hpp"
 #include "server/scheduler/analysis_core.h"
 #include "server/scheduler/scheduler.h"
 #include "server/scheduler/sweeps.h"
@@ -75,6 +76,9 @@ class ReproductionCore {
   bool Train(v1::Reproduction* r);
   bool Analyse(v1::Reproduction* r);
   absl::Status Save(const v1::Reproduction& r);
+  // A "series:<metric>" or "trajectory:<coordinate>" column of one run:
+  // [[step, value], ...], or null when the run has none.
+  nlohmann::json Series(const std::string& run_id, const std::string& column);
 
   store::Store* const store_;
   scheduler::Scheduler* const runs_;

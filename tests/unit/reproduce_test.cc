@@ -81,6 +81,25 @@ TEST(ReproduceReportTest, EachReduceMeasuresPerSeed) {
                             "where": {"a": 0, "b": 0}}})",
              t, 1);
   EXPECT_DOUBLE_EQ(v[0].get<double>(), -1.0);
+  // First value; first step at 60% of the last |value| (3, 2, 1: step 0).
+  v = Values(R"({"column": {"sweep": "plane", "column": "series:loss", "reduce": "REDUCE_SERIES_FIRST",
+                            "where": {"a": 0, "b": 1}}, "scale": 2})", t, 1);
+  EXPECT_EQ(v[0], 6.0);
+  v = Values(R"({"column": {"sweep": "plane", "column": "series:loss", "reduce": "REDUCE_SERIES_RISE",
+                            "fraction": 0.9, "where": {"a": 0, "b": 1}}})", t, 1);
+  EXPECT_EQ(v[0], 0.0);  // |3| >= 0.9 * 2.5 at step 0
+  v = Values(R"({"column": {"sweep": "plane", "column": "series:loss", "reduce": "REDUCE_SERIES_RISE",
+                            "fraction": 1, "where": {"a": 0, "b": 0}}})", t, 1);
+  EXPECT_EQ(v[0], 0.0);
+}
+
+TEST(ReproduceReportTest, ARiseIsTheFirstStepNearTheEndValue) {
+  const Tables t = {{"g", Parse<v1::GetSweepSummaryResponse>(R"({
+    "axes": ["seed"], "columns": ["trajectory:gamma"],
+    "rows": [{"swept": [1], "values": [[[0, 0], [10, -0.05], [20, -0.5], [30, -1.0]]]}]})")}};
+  auto v = Values(R"({"column": {"sweep": "g", "column": "trajectory:gamma", "reduce": "REDUCE_SERIES_RISE",
+                                 "fraction": 0.1}, "scale": 4})", t, 1);
+  EXPECT_EQ(v[0], 80.0);  // 4 x step 20 (|-0.05| < 0.1)
 }
 
 TEST(ReproduceReportTest, SlopeOfALogLogFit) {
@@ -144,6 +163,7 @@ TEST(ReproduceReportTest, FieldPathsReachIntoAnalysisAnswers) {
   EXPECT_EQ(FieldAt(doc, "circuit.*.coordinate.canonical"), nlohmann::json::array({"beta", "alpha"}));
   EXPECT_TRUE(FieldAt(doc, "effects.1.accuracy").is_null());
   EXPECT_TRUE(FieldAt(doc, "nope").is_null());
+  EXPECT_EQ(FieldAt(doc, "circuit.#"), 3);
 }
 
 TEST(ReproduceRecipeTest, ErrorsNameTheField) {
