@@ -217,3 +217,37 @@ def test_installed_stubs_match_the_protos(tmp_path):
         got = descriptor_pb2.FileDescriptorProto()
         module.DESCRIPTOR.CopyToProto(got)
         assert got == expected[name], f"{name}: the installed stub differs from proto/{name}"
+
+
+def test_reproductions(client):
+    """A recipe of one's own (two tiny runs, a label analysis, three checks) carried to its report, as a
+    DataFrame; the compiled-in recipes are listed; errors name the field."""
+    from circuitlab.v1 import reproduce_pb2 as rpb
+    ids = [r.id for r in client.recipes().recipes]
+    assert "E.9" in ids
+    with pytest.raises(circuitlab.InvalidArgument, match="scale must be one of"):
+        client.reproduce("E.9", scale="gpu")
+    recipe = {"id": "PY.1", "title": "tiny", "scales": {"ci": {
+        "sweeps": [{"name": "tiny", "sweep": {"base": dict(TINY, training=dict(TINY["training"], steps=40)),
+                                              "axes": [{"field": "training.learning_rate", "name": "lr",
+                                                        "values": [1, 4]}]}}],
+        "analyses": [{"name": "label", "sweep": "tiny", "label_run": {}}],
+        "checks": [
+            {"id": "trained", "value": {"column": {"sweep": "tiny", "column": "train/loss", "reduce": "REDUCE_COUNT"}},
+             "comparison": "COMPARISON_EQ", "against": {"constant": 2}},
+            {"id": "labelled", "value": {"column": {"sweep": "tiny", "column": "label.label", "reduce": "REDUCE_COUNT"}},
+             "comparison": "COMPARISON_EQ", "against": {"constant": 2}},
+            {"id": "impossible", "value": {"column": {"sweep": "tiny", "column": "train/loss", "reduce": "REDUCE_MIN"}},
+             "comparison": "COMPARISON_LT", "against": {"constant": 0}}]}}}
+    seen = []
+    r = client.reproduce(recipe, seeds=2, progress=lambda f, resp: seen.append(f), deadline=300, poll=0.5)
+    assert r.state == rpb.REPRODUCTION_STATE_DONE, (r.phase, r.error)
+    assert seen and seen[-1] == 1.0
+    assert (r.report.passed, r.report.failed) == (2, 1)
+    df = client.reproduction_df(r.reproduction_id)
+    assert list(df["seed"].unique()) == [1, 2]
+    assert set(df["check"]) == {"trained", "labelled", "impossible"}
+    assert df[df.check == "impossible"]["outcome"].unique().tolist() == ["FAIL"]
+    table = client.reproduction_table_df(r, "tiny")
+    assert len(table) == 4 and {"lr", "seed", "train/loss", "label.label"} <= set(table.columns)
+    assert client.reproductions()[0].reproduction_id == r.reproduction_id

@@ -21,6 +21,8 @@ from circuitlab.v1 import analysis_service_pb2 as apb
 from circuitlab.v1 import analysis_service_pb2_grpc as apb_grpc
 from circuitlab.v1 import experiment_service_pb2 as pb
 from circuitlab.v1 import experiment_service_pb2_grpc as pb_grpc
+from circuitlab.v1 import reproduce_pb2 as rpb
+from circuitlab.v1 import reproduce_pb2_grpc as rpb_grpc
 from circuitlab.v1 import spec_pb2
 from circuitlab.v1 import worker_service_pb2 as wpb
 from circuitlab.v1 import worker_service_pb2_grpc as wpb_grpc
@@ -131,6 +133,7 @@ class Client:
         self._analysis = apb_grpc.AnalysisServiceStub(self._channel)
         self._health = health_pb2_grpc.HealthStub(self._channel)
         self._workers = wpb_grpc.WorkerServiceStub(self._channel)
+        self._reproductions = rpb_grpc.ReproductionServiceStub(self._channel)
         self.timeout = timeout
         self._metadata = [("authorization", f"Bearer {token}")] if token else []
         self._metadata.append(("x-circuitlab-client", "python"))
@@ -343,6 +346,51 @@ class Client:
         """ListAnalysisJobs: the jobs queued and running now, and the executor's load."""
         return self._call(self._analysis.ListAnalysisJobs, apb.ListAnalysisJobsRequest())
 
+    # -------------------------------------------------------- reproductions --
+
+    def recipes(self):
+        """ListRecipes: the server's recipes (one per claim of SCIENCE.md E, with their scales)."""
+        return self._call(self._reproductions.ListRecipes, rpb.ListRecipesRequest())
+
+    def reproduce(self, recipe, scale="ci", seeds=0, wait=True, progress=None, deadline=None, poll=2.0):
+        """StartReproduction of `recipe` (an id such as "E.9", or a Recipe as a message, dict, JSON text or
+        path) at `scale` ("ci", "cpu" or "paper") with `seeds` (0: the scale's default). With `wait`, follows
+        it to the end (progress as for analyses; Timeout after `deadline` seconds, the reproduction goes on)
+        and returns the final Reproduction, whose report holds every check per seed."""
+        if isinstance(recipe, str) and not recipe.lstrip().startswith("{") and not os.path.exists(recipe):
+            req = rpb.StartReproductionRequest(recipe_id=recipe, scale=scale, seeds=seeds)
+        else:
+            req = rpb.StartReproductionRequest(recipe=message(rpb.Recipe, recipe), scale=scale, seeds=seeds)
+        r = self._call(self._reproductions.StartReproduction, req)
+        if not wait:
+            return r
+        start, shown = time.monotonic(), _Progress(f"{r.recipe_id} ({r.reproduction_id})", progress)
+        try:
+            while r.state in (rpb.REPRODUCTION_STATE_TRAINING, rpb.REPRODUCTION_STATE_ANALYSING):
+                shown(r.progress, r)
+                if deadline is not None and time.monotonic() - start > deadline:
+                    raise errors.Timeout(f"{r.reproduction_id} still {rpb.ReproductionState.Name(r.state)} after "
+                                         f"{deadline} s: {r.phase} (it goes on)")
+                time.sleep(poll)
+                r = self.get_reproduction(r.reproduction_id)
+            shown(1.0, r)
+        finally:
+            shown.close()
+        return r
+
+    def get_reproduction(self, reproduction_id):
+        return self._call(self._reproductions.GetReproduction,
+                          rpb.GetReproductionRequest(reproduction_id=reproduction_id))
+
+    def reproductions(self, mine=False, page_size=0):
+        """ListReproductions, newest first (without their recipes and tables)."""
+        req = rpb.ListReproductionsRequest(mine=mine, page_size=page_size)
+        return list(self._call(self._reproductions.ListReproductions, req).reproductions)
+
+    def cancel_reproduction(self, reproduction_id):
+        return self._call(self._reproductions.CancelReproduction,
+                          rpb.CancelReproductionRequest(reproduction_id=reproduction_id))
+
     # ------------------------------------------------- DataFrames and plots --
 
     def runs_df(self, state=(), tags=(), sweep=None, mine=False):
@@ -367,6 +415,18 @@ class Client:
         seconds) for label columns (circuit, pair) the server computes on demand."""
         from circuitlab import frames
         return frames.sweep_summary_df(self, sweep_id, values, pivot, filters, deadline)
+
+    def reproduction_df(self, reproduction):
+        """A reproduction's report (an id or a Reproduction) as a long DataFrame: one row per check and seed
+        (reproduction_id, recipe, scale, check, description, expected, seed, value, against, passed, outcome)."""
+        from circuitlab import frames
+        return frames.reproduction_df(self, reproduction)
+
+    def reproduction_table_df(self, reproduction, sweep):
+        """The data of one recipe sweep of a finished reproduction (the figure's data): one row per run
+        (run_id, state, axes including seed, every column the checks read)."""
+        from circuitlab import frames
+        return frames.reproduction_table_df(self, reproduction, sweep)
 
     def task_vectors_df(self, run_id=None, sweep_id=None, **fields):
         """AnalyzeTaskVectors as a long DataFrame: run_id, step, name, layer, position, value (+ swept values)."""

@@ -160,3 +160,38 @@ def patch_df(client, run_id, hooks, reference_set="", positions=(), mask=None, h
     df.attrs["base"], df.attrs["source"] = base, source
     return df
 
+
+
+def _reproduction(client, reproduction):
+    return client.get_reproduction(reproduction) if isinstance(reproduction, str) else reproduction
+
+
+def reproduction_df(client, reproduction):
+    from circuitlab.v1 import reproduce_pb2 as rpb
+    pd = _pd()
+    r = _reproduction(client, reproduction)
+    rows = []
+    for c in r.report.checks:
+        for k, v in enumerate(c.values):
+            rows.append({"reproduction_id": r.reproduction_id, "recipe": r.recipe_id, "scale": r.scale, "check": c.id,
+                         "description": c.description, "expected": c.expected, "seed": k + 1, "value": _value(v),
+                         "against": _value(c.against[k]) if k < len(c.against) else None,
+                         "passed": bool(c.passed[k]) if k < len(c.passed) else False,
+                         "outcome": rpb.CheckOutcome.Name(c.outcome).replace("CHECK_OUTCOME_", "")})
+    return pd.DataFrame(rows, columns=["reproduction_id", "recipe", "scale", "check", "description", "expected",
+                                       "seed", "value", "against", "passed", "outcome"])
+
+
+def reproduction_table_df(client, reproduction, sweep):
+    pd = _pd()
+    r = _reproduction(client, reproduction)
+    if sweep not in r.report.tables:
+        raise KeyError(f"{r.reproduction_id} has no table {sweep!r} (it has {sorted(r.report.tables)})")
+    t = r.report.tables[sweep]
+    rows = []
+    for row in t.rows:
+        out = {"run_id": row.run_id, "state": row.state}
+        out.update({a: _value(v) for a, v in zip(t.axes, row.swept)})
+        out.update({c: _value(v) for c, v in zip(t.columns, row.values)})
+        rows.append(out)
+    return pd.DataFrame(rows, columns=["run_id", "state"] + list(t.axes) + list(t.columns))
