@@ -7,6 +7,7 @@
 #include <map>
 #include <regex>
 #include <set>
+#include <tuple>
 
 #include "server/common/status_macros.h"
 
@@ -34,6 +35,13 @@ absl::Status CheckValue(const v1::RecipeValue& v, const v1::RecipeScale& scale, 
       return absl::OkStatus();
     case v1::RecipeValue::kColumn: {
       const v1::ColumnValue& c = v.column();
+      if (c.column().size() > 256 || c.other().size() > 256) {
+        return absl::InvalidArgumentError(field + ".column: column and other must have at most 256 characters");
+      }
+      if (c.unlabelled_size() > 64 || c.group_by_size() > 8 || c.where_size() > 8) {
+        return absl::InvalidArgumentError(field + ".column: at most 64 unlabelled values, 8 group_by axes and 8 "
+                                          "where entries");
+      }
       if (!sweeps.count(c.sweep())) {
         return absl::InvalidArgumentError(field + ".column.sweep names no sweep of the scale, got \"" + c.sweep() +
                                           "\"");
@@ -75,6 +83,15 @@ absl::Status ValidateScale(const v1::RecipeScale& scale, const std::string& wher
                                       std::to_string(scale.default_seeds()));
   }
   if (scale.sweeps().empty()) return absl::InvalidArgumentError(where + ".sweeps must name at least one experiment");
+  for (const auto& [field, size, most] : {std::tuple<const char*, int, int>{"sweeps", scale.sweeps_size(), 16},
+                                          {"analyses", scale.analyses_size(), 32},
+                                          {"checks", scale.checks_size(), 128}}) {
+    if (size > most) {
+      return absl::InvalidArgumentError(where + "." + field + " must have at most " + std::to_string(most) +
+                                        " entries, got " + std::to_string(size));
+    }
+  }
+  if (scale.note().size() > 4096) return absl::InvalidArgumentError(where + ".note must have at most 4096 characters");
   std::set<std::string> sweeps, names;
   for (int i = 0; i < scale.sweeps_size(); ++i) {
     const v1::RecipeSweep& s = scale.sweeps(i);
@@ -164,6 +181,14 @@ absl::Status ValidateRecipe(const v1::Recipe& recipe) {
     return absl::InvalidArgumentError("recipe.id must be 1-32 of [A-Za-z0-9._-], got \"" + recipe.id() + "\"");
   }
   if (recipe.scales().empty()) return absl::InvalidArgumentError("recipe " + recipe.id() + " has no scales");
+  if (recipe.scales_size() > 8) return absl::InvalidArgumentError("recipe.scales must have at most 8 entries");
+  for (const auto& [field, text] : {std::pair<const char*, const std::string*>{"title", &recipe.title()},
+                                    {"claim", &recipe.claim()},
+                                    {"source", &recipe.source()}}) {
+    if (text->size() > 4096) {
+      return absl::InvalidArgumentError(std::string("recipe.") + field + " must have at most 4096 characters");
+    }
+  }
   for (const auto& [name, scale] : recipe.scales()) {
     CL_RETURN_IF_ERROR(CheckName(name, "recipe " + recipe.id() + " scale name"));
     CL_RETURN_IF_ERROR(ValidateScale(scale, "recipe " + recipe.id() + " scales." + name));

@@ -34,6 +34,7 @@
 
 #include "circuitlab/v1/analysis_service.pb.h"
 #include "circuitlab/v1/experiment_service.grpc.pb.h"
+#include "circuitlab/v1/reproduce.pb.h"
 #include "circuitlab/v1/worker_service.grpc.pb.h"
 #include "tests/test_util/process.h"
 #include "tests/test_util/temp_dir.h"
@@ -68,7 +69,7 @@ struct Seed {
   std::unique_ptr<pb::Message> message;
 };
 
-// One valid request for every method of both services.
+// One valid request for every method of the services.
 std::vector<Seed> Seeds() {
   std::vector<Seed> seeds;
   auto add = [&](const std::string& service, const std::string& method, std::unique_ptr<pb::Message> m) {
@@ -152,6 +153,31 @@ std::vector<Seed> Seeds() {
   auto watch = std::make_unique<v1::WatchRunRequest>();
   watch->set_run_id("r1");
   add("ExperimentService", "WatchRun", std::move(watch));
+  // Reproductions: a valid recipe of one's own (two steps of the induction
+  // example, one check), so that mutations reach the recipe's validation.
+  auto start = std::make_unique<v1::StartReproductionRequest>();
+  start->set_scale("ci");
+  v1::Recipe* recipe = start->mutable_recipe();
+  recipe->set_id("F.1");
+  v1::RecipeScale& scale = (*recipe->mutable_scales())["ci"];
+  v1::RecipeSweep* sw = scale.add_sweeps();
+  sw->set_name("one");
+  *sw->mutable_sweep()->mutable_base() = spec;
+  sw->mutable_sweep()->mutable_base()->mutable_training()->set_steps(2);
+  v1::RecipeCheck* check = scale.add_checks();
+  check->set_id("loss");
+  check->mutable_value()->mutable_column()->set_sweep("one");
+  check->mutable_value()->mutable_column()->set_column("train/loss");
+  check->mutable_against()->mutable_constant()->set_number_value(0);
+  add("ReproductionService", "StartReproduction", std::move(start));
+  auto get_rep = std::make_unique<v1::GetReproductionRequest>();
+  get_rep->set_reproduction_id("p1");
+  add("ReproductionService", "GetReproduction", std::move(get_rep));
+  add("ReproductionService", "ListReproductions", std::make_unique<v1::ListReproductionsRequest>());
+  add("ReproductionService", "ListRecipes", std::make_unique<v1::ListRecipesRequest>());
+  auto cancel_rep = std::make_unique<v1::CancelReproductionRequest>();
+  cancel_rep->set_reproduction_id("p1");
+  add("ReproductionService", "CancelReproduction", std::move(cancel_rep));
   return seeds;
 }
 
