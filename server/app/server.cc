@@ -199,7 +199,8 @@ absl::Status Server::Serve(const ServerOptions& o) {
                                                         reproductions_.get()}));
   if (f.http.listen.empty()) return absl::OkStatus();
   absl::StatusOr<std::unique_ptr<http::HttpGateway>> gateway = http::HttpGateway::Start(
-      f.http, f.tls, {security_.get(), scheduler_.get(), sweeps_.get(), analysis_.get(), telemetry_.get()});
+      f.http, f.tls,
+      {security_.get(), scheduler_.get(), sweeps_.get(), analysis_.get(), telemetry_.get(), reproductions_.get()});
   if (gateway.ok()) {
     http_ = std::move(*gateway);
   } else if (absl::IsUnavailable(gateway.status()) && !f.http.required) {

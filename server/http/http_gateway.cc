@@ -468,6 +468,32 @@ void HttpGateway::AnalysisReads(const std::string& name, const std::string& verb
             });
 }
 
+// Reproductions (issue 34): the recipes, the list and one reproduction with
+// its report (read as on gRPC: a private server shows a user its own).
+void HttpGateway::Reproductions() {
+  reproduce::ReproductionCore* core = cores_.reproductions;
+  if (core == nullptr) return;
+  const Security& security = *cores_.security;
+  Read<v1::ListRecipesRequest>("/api/v1/recipes", "recipes", {},
+                               [core](const auto&, const Caller&) -> absl::StatusOr<v1::ListRecipesResponse> {
+                                 return core->Recipes();
+                               });
+  Read<v1::ListReproductionsRequest>("/api/v1/reproductions", "reproductions", {},
+                                     [core, &security](const auto& r, const Caller& c) {
+                                       return core->List(r, security.ListFilter(c, r.mine()).value_or(""));
+                                     });
+  Read<v1::GetReproductionRequest>(
+      R"(/api/v1/reproductions/([^/]+))", "reproductions/{id}", {"reproduction_id"},
+      [core, &security](const auto& r, const Caller& c) -> absl::StatusOr<v1::Reproduction> {
+        absl::StatusOr<std::string> owner = core->OwnerOf(r.reproduction_id());
+        if (!owner.ok()) return owner.status();
+        if (!MayRead(c.principal, *owner, security.private_runs())) {
+          return absl::NotFoundError("reproduction " + Clip(r.reproduction_id(), 64) + " not found");
+        }
+        return core->Get(r.reproduction_id());
+      });
+}
+
 // A run's interventions over HTTP (issue 36): GET lists the stored Intervene
 // answers with their requests; POST runs one from the browser.
 void HttpGateway::Interventions() {
@@ -625,6 +651,7 @@ void HttpGateway::Routes() {
             [&](const v1::AnalysisJob& job) { return MayRead(c.principal, job.owner(), security.private_runs()); });
       });
   Interventions();
+  Reproductions();
   Get(R"(/api/.*)", "api/unknown", true, [](const httplib::Request& req, httplib::Response&, const Caller&) {
     return absl::NotFoundError("no such API endpoint: " + Quote(Clip(req.path, 128)) +
                                " (the routes: docs/reference/http.md)");

@@ -41,6 +41,7 @@
 #include "server/scheduler/analysis_core.h"
 #include "server/scheduler/scheduler.h"
 #include "server/scheduler/sweeps.h"
+#include "server/reproduce/reproductions.h"
 
 namespace httplib {
 class Server;
@@ -66,6 +67,7 @@ struct HttpCores {
   scheduler::SweepCore* sweeps = nullptr;
   scheduler::AnalysisCore* analysis = nullptr;
   telemetry::Telemetry* telemetry = nullptr;
+  reproduce::ReproductionCore* reproductions = nullptr;  // null: no /api/v1/reproductions
 };
 
 class HttpGateway {
@@ -97,6 +99,8 @@ class HttpGateway {
   // `handler` behind authentication (unless `open`), errors as JSON, the security headers, telemetry.
   std::function<void(const httplib::Request&, httplib::Response&)> Wrap(const std::string& route, bool open, Handler handler);
   void Interventions();
+  // GET /api/v1/recipes, /api/v1/reproductions[?mine=], /api/v1/reproductions/{id}.
+  void Reproductions();
   // A JSON read: `fn(request, caller)` answers absl::StatusOr<a message>.
   template <typename Req, typename Fn>
   void Read(const std::string& pattern, const std::string& route, std::vector<std::string> path_fields, Fn fn);

@@ -68,4 +68,9 @@ for _ in $(seq 50); do scrape >"$tmp/scrape2.txt"; grep -q 'result="cancelled"} 
 promtool check metrics <"$tmp/scrape2.txt" || fail "promtool check metrics (second scrape)"
 grep -q '^circuitlab_runs_finished_total{result="cancelled"} 1$' "$tmp/scrape2.txt" || fail "the cancelled counter did not move"
 grep -q '^circuitlab_http_event_streams 0$' "$tmp/scrape2.txt" || fail "event streams left open: $(grep event_streams "$tmp/scrape2.txt")"
+# Reproductions (issue 34): E.4 and E.9 at ci scale, then their pages.
+cp "$repo/tests/browser/reproduction_check.cjs" "$cache/"
+cli reproduce run E.4 --scale ci --watch >/dev/null || fail "E.4 at ci scale did not pass"
+cli reproduce run E.9 --scale ci --watch >/dev/null || fail "E.9 at ci scale did not pass"
+node "$cache/reproduction_check.cjs" "$url" "$out" || fail "the reproduction pages"
 echo "browser_test: PASS (screenshots in $out)"

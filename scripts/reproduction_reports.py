@@ -1,0 +1,75 @@
+#!/usr/bin/env python3
+"""Writes the reproduction reports under docs/reproductions/ from finished
+reproductions on a server: one page per recipe (`circuitlab reproduce show
+ID --markdown`) and index.md, the table of outcomes.
+
+    scripts/reproduction_reports.py --server 127.0.0.1:50051 p1 p6 p7
+    scripts/reproduction_reports.py --cli build/client/circuitlab --out docs/reproductions p1
+
+Later ids of the same recipe replace earlier ones. The index keeps the rows
+of recipes not named this time (it is rebuilt from every page's header).
+"""
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+
+HEADER = """# Reproductions: the reports
+
+Each page is the report of one recipe (`examples/reproduce/`, see
+[reproduce the papers' claims](../howto/reproduce.md)) run by this service at
+the scale it names, written by `circuitlab reproduce show ID --markdown`
+(`scripts/reproduction_reports.py`). A failed or inconclusive check is
+reported as measured: thresholds are SCIENCE.md's and the science tests',
+fixed before these runs.
+
+| claim | title | scale | seeds | passed | failed | inconclusive | wall time |
+|---|---|---|---|---|---|---|---|
+"""
+
+
+def cli(args, *argv):
+    return subprocess.run([args.cli, "--server", args.server, *argv], check=True, capture_output=True, text=True).stdout
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("ids", nargs="+", help="finished reproductions, e.g. p1")
+    p.add_argument("--server", default=os.environ.get("CIRCUITLAB_TARGET", "127.0.0.1:50051"))
+    p.add_argument("--cli", default="build/client/circuitlab")
+    p.add_argument("--out", default="docs/reproductions")
+    args = p.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    for rid in args.ids:
+        r = json.loads(cli(args, "--json", "reproduce", "show", rid))
+        if r.get("state") != "REPRODUCTION_STATE_DONE":
+            sys.exit(f"{rid} is {r.get('state')}, not DONE")
+        page = os.path.join(args.out, r["recipe_id"] + ".md")
+        with open(page, "w", encoding="utf-8") as f:
+            f.write(cli(args, "reproduce", "show", rid, "--markdown"))
+        rep = r.get("report", {})
+        meta = {"id": r["recipe_id"], "title": r.get("title", ""), "scale": r["scale"], "seeds": r.get("seeds", 1),
+                "passed": rep.get("passed", 0), "failed": rep.get("failed", 0),
+                "inconclusive": rep.get("inconclusive", 0), "wall": rep.get("wall_seconds", 0)}
+        with open(page, "a", encoding="utf-8") as f:
+            f.write("\n<!-- report: " + json.dumps(meta) + " -->\n")
+        print(f"{rid}: wrote {page}")
+    rows = []
+    for name in os.listdir(args.out):
+        if not name.endswith(".md") or name == "index.md":
+            continue
+        m = re.search(r"<!-- report: (.*) -->", open(os.path.join(args.out, name), encoding="utf-8").read())
+        if m:
+            rows.append(json.loads(m.group(1)))
+    key = lambda m: (m["id"].split(".")[0], int(re.sub(r"\D", "", m["id"].split(".")[-1]) or 0))
+    with open(os.path.join(args.out, "index.md"), "w", encoding="utf-8") as f:
+        f.write(HEADER)
+        for m in sorted(rows, key=key):
+            f.write(f"| [{m['id']}]({m['id']}.md) | {m['title']} | `{m['scale']}` | {m['seeds']} | {m['passed']} | "
+                    f"{m['failed']} | {m['inconclusive']} | {m['wall'] / 60:.1f} min |\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,90 @@
+// The dashboard's reproduction pages in headless chromium (issue 34):
+//   node reproduction_check.cjs BASE_URL OUT_DIR
+// The server has p1 (E.4 at ci: two runs, coordinate trajectories) and p2
+// (E.9 at ci: a 4 x 4 plane and the outside-coordinate cells), both DONE.
+// Screenshots: OUT_DIR/reproductions.png, reproduction-e4.png, reproduction-e9.png.
+'use strict';
+const puppeteer = require('puppeteer-core');
+
+const [base, out] = process.argv.slice(2);
+const failures = [];
+const check = (ok, what) => { if (!ok) failures.push(what); console.log(`${ok ? 'ok  ' : 'FAIL'} ${what}`); };
+
+async function waitFor(page, fn, arg, what, timeout = 20000) {
+  try {
+    await page.waitForFunction(fn, { timeout, polling: 100 }, arg);
+    return true;
+  } catch (e) {
+    check(false, `${what} (timed out)`);
+    return false;
+  }
+}
+
+(async () => {
+  const browser = await puppeteer.launch({ executablePath: '/usr/bin/chromium', headless: true,
+                                           args: ['--no-sandbox', '--disable-gpu'] });
+  const page = await browser.newPage();
+  await page.setViewport({ width: 1280, height: 900 });
+  const errors = [];
+  page.on('console', (m) => { if (m.type() === 'error') errors.push(m.text()); });
+  page.on('pageerror', (e) => errors.push(String(e)));
+  page.on('response', (r) => { if (r.status() >= 400) errors.push(`HTTP ${r.status()} ${r.url()}`); });
+
+  // ---- the list: both reproductions DONE, the recipes with a command each ----
+  await page.goto(base + '#/reproductions');
+  await waitFor(page, () => document.querySelectorAll('#reproductions tr[data-reproduction]').length === 2, null,
+                'the reproductions table lists p1 and p2');
+  const listed = await page.evaluate(() => [...document.querySelectorAll('#reproductions tr[data-reproduction]')]
+    .map((tr) => tr.textContent));
+  check(listed.every((t) => t.includes('DONE')), `both DONE: ${listed.join(' | ')}`);
+  const recipes = await page.evaluate(() => [...document.querySelectorAll('#recipes tbody tr')].map((tr) => tr.textContent));
+  check(recipes.length >= 5 && recipes.some((t) => t.includes('circuitlab reproduce run E.9')),
+        `recipes listed with their command (${recipes.length})`);
+  await page.screenshot({ path: `${out}/reproductions.png`, fullPage: true });
+
+  // ---- E.4: every check PASS, the coordinate trajectories drawn ----
+  await page.goto(base + '#/reproduction/p1');
+  await waitFor(page, () => document.querySelectorAll('#checks tr[data-outcome]').length === 5, null, 'E.4: five checks');
+  const outcomes = await page.evaluate(() => [...document.querySelectorAll('#checks tr[data-outcome]')]
+    .map((tr) => tr.getAttribute('data-outcome')));
+  check(outcomes.every((o) => o === 'PASS'), `E.4 outcomes ${outcomes.join(',')}`);
+  await waitFor(page, () => Object.keys(window.__charts).some((t) => t.includes('trajectory:')), null,
+                'E.4: a trajectory chart');
+  const charts = await page.evaluate(() => Object.entries(window.__charts).map(([title, u]) => {
+    const c = u.ctx.canvas;
+    const d = u.ctx.getImageData(0, 0, c.width, c.height).data;
+    let painted = 0;
+    for (let i = 3; i < d.length; i += 4) if (d[i]) painted++;
+    return { title, points: u.data[0].length, series: u.data.length - 1, painted };
+  }));
+  for (const name of ['unit · trajectory:gamma', 'unit · trajectory:beta', 'prototype · trajectory:alpha']) {
+    const c = charts.find((x) => x.title === name);
+    check(c && c.points > 50 && c.painted > 500, `E.4 chart ${name}: ${JSON.stringify(c)}`);
+  }
+  await page.screenshot({ path: `${out}/reproduction-e4.png`, fullPage: true });
+
+  // ---- E.9: the label maps of the plane, coloured, y upward ----
+  await page.goto(base + '#/reproduction/p2');
+  await waitFor(page, () => document.querySelectorAll('.figure[data-table="plane"] .label-map').length >= 1, null,
+                'E.9: the plane has a label map');
+  const map = await page.evaluate(() => {
+    const m = document.querySelector('.figure[data-table="plane"] .label-map');
+    const cells = [...m.querySelectorAll('td.cell')];
+    const ys = [...m.querySelectorAll('tbody th')].map((th) => Number(th.textContent));
+    return { cells: cells.length, labelled: cells.filter((c) => c.getAttribute('data-value')).length,
+             colours: new Set(cells.map((c) => c.style.background)).size, ys };
+  });
+  check(map.cells === 16 && map.labelled === 16, `E.9 plane map: 16 cells, all labelled (${JSON.stringify(map)})`);
+  check(map.colours >= 2, `E.9 map has >= 2 colours (${map.colours})`);
+  check(map.ys[0] > map.ys[map.ys.length - 1], `E.9 map's y axis grows upward (${map.ys})`);
+  const e9 = await page.evaluate(() => [...document.querySelectorAll('#checks tr[data-outcome]')].map((tr) => tr.getAttribute('data-outcome')));
+  check(e9.length === 5 && e9.every((o) => o === 'PASS'), `E.9 outcomes ${e9.join(',')}`);
+  await page.screenshot({ path: `${out}/reproduction-e9.png`, fullPage: true });
+
+  check(errors.length === 0, `no console errors or failed requests (${errors.slice(0, 3).join('; ')})`);
+  await browser.close();
+  if (failures.length) {
+    console.log(`${failures.length} check(s) failed`);
+    process.exit(1);
+  }
+})().catch((e) => { console.error(e); process.exit(1); });
