@@ -1542,7 +1542,10 @@ function reproductionView(id) {
                          h('p', {}, `${rep.passed || 0} passed, ${rep.failed || 0} failed, ${rep.inconclusive || 0} inconclusive; ${fmt(rep.wall_seconds || 0)} s`),
                          checks, (rep.notes || []).length ? h('ul', {}, rep.notes.map((n) => h('li', {class: 'muted'}, n))) : '',
                          h('h3', {}, 'Figures'), figures);
-    for (const [name, table] of Object.entries(rep.tables || {}).sort()) {
+    // In the recipe's order (the experiment the claim is about comes first).
+    const order = (scale.sweeps || []).map((sw) => sw.name);
+    const rank = (n) => (order.indexOf(n) + order.length + 1) % (order.length + 1);
+    for (const [name, table] of Object.entries(rep.tables || {}).sort((a, b) => rank(a[0]) - rank(b[0]))) {
       const seedAxis = (table.axes || []).indexOf('seed');
       const others = (table.axes || []).length - (seedAxis >= 0 ? 1 : 0);
       const seeds = [...new Set((table.rows || []).map((r) => seedAxis >= 0 ? r.swept[seedAxis] : 0))].sort((a, b) => a - b);
@@ -1558,12 +1561,12 @@ function reproductionView(id) {
           seriesChart(name, table, col, box);
         }
       });
-      box.append(h('div', {class: 'scroll'}, h('table', {class: 'grid'},
+      box.append(h('details', {}, h('summary', {}, `the data: ${(table.rows || []).length} runs`), h('div', {class: 'scroll'}, h('table', {class: 'grid'},
         h('thead', {}, h('tr', {}, h('th', {}, 'run'), (table.axes || []).map((a) => h('th', {}, a)),
                          (table.columns || []).map((c) => h('th', {}, c)))),
         h('tbody', {}, (table.rows || []).map((r) => h('tr', {}, h('td', {}, h('a', {href: `#/run/${r.run_id}`}, r.run_id)),
           (r.swept || []).map((v) => h('td', {}, fmt(v))),
-          (r.values || []).map((v) => h('td', {class: 'num'}, Array.isArray(v) ? `[${v.length}]` : fmt(v)))))))));
+          (r.values || []).map((v) => h('td', {class: 'num'}, Array.isArray(v) ? `[${v.length}]` : fmt(v))))))))));
     }
   }
   $view.replaceChildren(body);

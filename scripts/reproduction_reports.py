@@ -23,7 +23,10 @@ Each page is the report of one recipe (`examples/reproduce/`, see
 the scale it names, written by `circuitlab reproduce show ID --markdown`
 (`scripts/reproduction_reports.py`). A failed or inconclusive check is
 reported as measured: thresholds are SCIENCE.md's and the science tests',
-fixed before these runs.
+fixed before these runs; [the science implemented](../science.md#reproductions-at-larger-scale)
+says what each failure means.
+
+![E.9 at paper scale in the dashboard](../img/dashboard-reproduction.png)
 
 | claim | title | scale | seeds | passed | failed | inconclusive | wall time |
 |---|---|---|---|---|---|---|---|
@@ -31,7 +34,11 @@ fixed before these runs.
 
 
 def cli(args, *argv):
-    return subprocess.run([args.cli, "--server", args.server, *argv], check=True, capture_output=True, text=True).stdout
+    # `reproduce show` exits 3 when a check failed: the report is still printed.
+    p = subprocess.run([args.cli, "--server", args.server, *argv], capture_output=True, text=True)
+    if p.returncode not in (0, 3):
+        sys.exit(f"{' '.join(argv)}: exit {p.returncode}: {p.stderr.strip()}")
+    return p.stdout
 
 
 def main():

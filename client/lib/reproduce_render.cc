@@ -26,6 +26,13 @@ std::string Cell(const google::protobuf::Value& v) {
     case google::protobuf::Value::kBoolValue:
       return v.bool_value() ? "true" : "false";
     case google::protobuf::Value::kListValue: {
+      const auto& l = v.list_value().values();
+      // A series ([step, value] pairs): its length and its first and last values.
+      if (!l.empty() && l[0].has_list_value() && l[0].list_value().values_size() == 2) {
+        const auto& last = l[l.size() - 1].list_value().values();
+        return std::to_string(l.size()) + " points, " + Cell(l[0].list_value().values(1)) + " → " +
+               Cell(last[last.size() - 1]) + " at step " + Cell(last[0]);
+      }
       std::string s = "[";
       const int n = v.list_value().values_size();
       for (int i = 0; i < std::min(n, 8); ++i) s += (i ? ", " : "") + Cell(v.list_value().values(i));

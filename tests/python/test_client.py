@@ -193,7 +193,7 @@ def test_environment_configuration_tls_and_token(tmp_path, monkeypatch):
 def test_installed_stubs_match_the_protos(tmp_path):
     """The package's generated modules describe exactly the files in proto/ (protoc's descriptors)."""
     from google.protobuf import descriptor_pb2
-    from circuitlab.v1 import spec_pb2, experiment_service_pb2, analysis_service_pb2, worker_service_pb2
+    from circuitlab.v1 import spec_pb2, experiment_service_pb2, analysis_service_pb2, worker_service_pb2, reproduce_pb2
     assert os.path.dirname(circuitlab.__file__) != os.path.join(REPO, "client", "python", "circuitlab"), \
         "the test must run against the installed package"
     out = tmp_path / "set.pb"
@@ -211,7 +211,8 @@ def test_installed_stubs_match_the_protos(tmp_path):
     for f in fds.file:
         without_json_names(f.message_type)
     expected = {f.name: f for f in fds.file}
-    modules = {m.DESCRIPTOR.name: m for m in (spec_pb2, experiment_service_pb2, analysis_service_pb2, worker_service_pb2)}
+    modules = {m.DESCRIPTOR.name: m
+               for m in (spec_pb2, experiment_service_pb2, analysis_service_pb2, worker_service_pb2, reproduce_pb2)}
     assert set(modules) == set(expected), "a proto without a stub (or the reverse)"
     for name, module in modules.items():
         got = descriptor_pb2.FileDescriptorProto()

@@ -8,7 +8,7 @@
     df = c.metrics_df([run.run_id], ["train/loss"])
     ax = c.plot_coordinates([run.run_id])
 
-Every RPC of ExperimentService, AnalysisService and WorkerService.ListWorkers
+Every RPC of ExperimentService, AnalysisService, ReproductionService and WorkerService.ListWorkers
 is a method (see Client); results are the proto messages
 (circuitlab.v1.*_pb2); errors are CircuitlabError subclasses.
 """
@@ -16,10 +16,10 @@ from circuitlab.client import Client, spec, sweep_spec, FINAL_STATES
 from circuitlab.errors import (CircuitlabError, InvalidArgument, NotFound, AlreadyExists, PermissionDenied,
                                Unauthenticated, ResourceExhausted, FailedPrecondition, OutOfRange, Unavailable,
                                DeadlineExceeded, Cancelled, Internal, AnalysisFailed, Timeout)
-from circuitlab.v1 import spec_pb2, experiment_service_pb2, analysis_service_pb2, worker_service_pb2
+from circuitlab.v1 import spec_pb2, experiment_service_pb2, analysis_service_pb2, worker_service_pb2, reproduce_pb2
 
 __version__ = "0.1.0"
 __all__ = ["Client", "spec", "sweep_spec", "FINAL_STATES", "CircuitlabError", "InvalidArgument", "NotFound",
            "AlreadyExists", "PermissionDenied", "Unauthenticated", "ResourceExhausted", "FailedPrecondition",
            "OutOfRange", "Unavailable", "DeadlineExceeded", "Cancelled", "Internal", "AnalysisFailed", "Timeout",
-           "spec_pb2", "experiment_service_pb2", "analysis_service_pb2", "worker_service_pb2"]
+           "spec_pb2", "experiment_service_pb2", "analysis_service_pb2", "worker_service_pb2", "reproduce_pb2"]
