@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <map>
 #include <regex>
 #include <set>
@@ -39,7 +40,8 @@ absl::Status CheckValue(const v1::RecipeValue& v, const v1::RecipeScale& scale, 
         return absl::InvalidArgumentError(field + ".column: column and other must have at most 256 characters");
       }
       if (c.unlabelled_size() > 64 || c.group_by_size() > 8 || c.where_size() > 8) {
-        return absl::InvalidArgumentError(field + ".column: at most 64 unlabelled values, 8 group_by axes and 8 "
+        return absl::InvalidArgumentError(field +
+                                          ".column: at most 64 unlabelled values, 8 group_by axes and 8 "
                                           "where entries");
       }
       if (!sweeps.count(c.sweep())) {

@@ -3,7 +3,11 @@
 #include <google/protobuf/util/json_util.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
 #include <numeric>
 #include <optional>
 #include <set>
@@ -481,8 +485,8 @@ std::vector<Json> ValuePerSeed(const v1::RecipeValue& value, const Tables& table
   }
   for (int k = 0; k < seeds; ++k) {
     std::string reason;
-    out[k] = Adjusted(c.group_by().empty() ? Reduce(view, rows[k], c, &reason) : Grouped(view, rows[k], c, &reason),
-                      value);
+    out[k] =
+        Adjusted(c.group_by().empty() ? Reduce(view, rows[k], c, &reason) : Grouped(view, rows[k], c, &reason), value);
     if (out[k].is_null() && why != nullptr) {
       why->push_back("seed " + std::to_string(k + 1) + ": " + (reason.empty() ? c.column() + " missing" : reason));
     }

@@ -4,7 +4,10 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cstdlib>
 #include <map>
+#include <memory>
 #include <set>
 
 #include "server/common/status_macros.h"
@@ -256,14 +259,16 @@ Json ReproductionCore::Series(const std::string& run_id, const std::string& colu
     q.add_names(column.substr(7));
     absl::StatusOr<v1::GetMetricsResponse> m = runs_->GetMetrics(q);
     if (!m.ok() || m->series_size() != 1) return nullptr;
-    for (int i = 0; i < m->series(0).steps_size(); ++i) points.emplace_back(m->series(0).steps(i), m->series(0).values(i));
+    for (int i = 0; i < m->series(0).steps_size(); ++i)
+      points.emplace_back(m->series(0).steps(i), m->series(0).values(i));
   } else {
     v1::GetTrajectoryRequest q;
     q.set_run_id(run_id);
     q.add_names(column.substr(11));  // after "trajectory:"
     absl::StatusOr<v1::GetTrajectoryResponse> t = analyses_->GetTrajectory(q);
     if (!t.ok() || t->series_size() != 1) return nullptr;
-    for (int i = 0; i < t->series(0).steps_size(); ++i) points.emplace_back(t->series(0).steps(i), t->series(0).values(i));
+    for (int i = 0; i < t->series(0).steps_size(); ++i)
+      points.emplace_back(t->series(0).steps(i), t->series(0).values(i));
   }
   Json out = Json::array();
   for (const auto& [step, value] : points) out.push_back(Json::array({static_cast<double>(step), value}));

@@ -26,7 +26,7 @@ mkdir -p "$cache" "$out"
 if [ ! -d "$cache/node_modules/puppeteer-core" ]; then
   (cd "$cache" && npm init -y >/dev/null && npm install --no-audit --no-fund puppeteer-core@25 >/dev/null 2>&1)
 fi
-cp "$repo/tests/browser/dashboard_check.cjs" "$cache/"
+cp "$repo/tests/browser/dashboard_check.cjs" "$repo/tests/browser/browser_util.cjs" "$cache/"
 
 tmp=$(mktemp -d)
 server_pid=

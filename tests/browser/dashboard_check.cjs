@@ -10,19 +10,8 @@
 const puppeteer = require('puppeteer-core');
 
 const [base, out] = process.argv.slice(2);
-const failures = [];
-const check = (ok, what) => { if (!ok) failures.push(what); console.log(`${ok ? 'ok  ' : 'FAIL'} ${what}`); };
+const { failures, check, waitFor } = require('./browser_util.cjs');
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
-
-async function waitFor(page, fn, arg, what, timeout = 20000) {
-  try {
-    await page.waitForFunction(fn, { timeout, polling: 100 }, arg);
-    return true;
-  } catch (e) {
-    check(false, `${what} (timed out)`);
-    return false;
-  }
-}
 
 // Points a chart holds and pixels its canvas painted.
 function chartStats(title) {

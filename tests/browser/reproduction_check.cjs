@@ -7,18 +7,7 @@
 const puppeteer = require('puppeteer-core');
 
 const [base, out] = process.argv.slice(2);
-const failures = [];
-const check = (ok, what) => { if (!ok) failures.push(what); console.log(`${ok ? 'ok  ' : 'FAIL'} ${what}`); };
-
-async function waitFor(page, fn, arg, what, timeout = 20000) {
-  try {
-    await page.waitForFunction(fn, { timeout, polling: 100 }, arg);
-    return true;
-  } catch (e) {
-    check(false, `${what} (timed out)`);
-    return false;
-  }
-}
+const { failures, check, waitFor } = require('./browser_util.cjs');
 
 (async () => {
   const browser = await puppeteer.launch({ executablePath: '/usr/bin/chromium', headless: true,

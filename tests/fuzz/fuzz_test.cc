@@ -11,12 +11,12 @@
 // field set to an extreme: 0, -1, 2^63, NaN, a 10 KB or control-character
 // string; a repeated field grown). The seed is fixed (CIRCUITLAB_FUZZ_SEED
 // overrides it); failures print the method and the request bytes in hex.
+#include <arpa/inet.h>
 #include <google/protobuf/util/json_util.h>
 #include <grpcpp/create_channel.h>
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/security/credentials.h>
 #include <grpcpp/support/byte_buffer.h>
-#include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
 #include <netinet/in.h>
@@ -191,10 +191,11 @@ void MutateField(pb::Message* m, std::mt19937_64& gen, int depth = 0) {
   if (f->is_map()) return;
   if (f->cpp_type() == pb::FieldDescriptor::CPPTYPE_MESSAGE) {
     if (depth > 6) return;
-    pb::Message* sub = f->is_repeated() ? (r->FieldSize(*m, f) > 0 && gen() % 2
-                                               ? r->MutableRepeatedMessage(m, f, static_cast<int>(gen() % r->FieldSize(*m, f)))
-                                               : r->AddMessage(m, f))
-                                        : r->MutableMessage(m, f);
+    pb::Message* sub = f->is_repeated()
+                           ? (r->FieldSize(*m, f) > 0 && gen() % 2
+                                  ? r->MutableRepeatedMessage(m, f, static_cast<int>(gen() % r->FieldSize(*m, f)))
+                                  : r->AddMessage(m, f))
+                           : r->MutableMessage(m, f);
     return MutateField(sub, gen, depth + 1);
   }
   const int pick = static_cast<int>(gen() % 6);
@@ -207,7 +208,8 @@ void MutateField(pb::Message* m, std::mt19937_64& gen, int depth = 0) {
       break;
     }
     case pb::FieldDescriptor::CPPTYPE_INT64: {
-      const int64_t v[] = {0, -1, std::numeric_limits<int64_t>::max(), std::numeric_limits<int64_t>::min(), 7, 1LL << 40};
+      const int64_t v[] = {0, -1,       std::numeric_limits<int64_t>::max(), std::numeric_limits<int64_t>::min(),
+                           7, 1LL << 40};
       rep ? r->AddInt64(m, f, v[pick]) : r->SetInt64(m, f, v[pick]);
       break;
     }
@@ -288,7 +290,11 @@ void MutateBytes(std::string& b, std::mt19937_64& gen) {
         tag >>= 7;
       }
       b += static_cast<char>(tag);
-      b += wire == 2 ? std::string("\x03" "abc", 4) : std::string("\x05", 1);
+      b += wire == 2 ? std::string(
+                           "\x03"
+                           "abc",
+                           4)
+                     : std::string("\x05", 1);
       break;
     }
   }
@@ -368,23 +374,22 @@ TEST(FuzzTest, MutatedRequestsToEveryRpcNeverBreakTheBoundary) {
     grpc::Slice slice(bytes);
     call->request = grpc::ByteBuffer(&slice, 1);
     const std::string method = s.method;
-    stub.UnaryCall(&call->ctx, method, grpc::StubOptions(), &call->request, &call->response,
-                   [&, call, method, bytes, watch](grpc::Status st) {
-                     std::lock_guard<std::mutex> lock(mu);
-                     const grpc::StatusCode c = st.error_code();
-                     ++codes[std::to_string(c)];
-                     const bool bad_code = c == grpc::StatusCode::UNIMPLEMENTED || c == grpc::StatusCode::UNKNOWN ||
-                                           c == grpc::StatusCode::INTERNAL ||
-                                           (c == grpc::StatusCode::DEADLINE_EXCEEDED && !watch);
-                     if ((bad_code || st.error_message().size() > 1024) && failures.size() < 20) {
-                       failures.push_back(method + " -> " + std::to_string(c) + " '" +
-                                          st.error_message().substr(0, 300) + "' (" +
-                                          std::to_string(st.error_message().size()) + " chars) for " + Hex(bytes));
-                     }
-                     --in_flight;
-                     ++done;
-                     cv.notify_all();
-                   });
+    stub.UnaryCall(
+        &call->ctx, method, grpc::StubOptions(), &call->request, &call->response,
+        [&, call, method, bytes, watch](grpc::Status st) {
+          std::lock_guard<std::mutex> lock(mu);
+          const grpc::StatusCode c = st.error_code();
+          ++codes[std::to_string(c)];
+          const bool bad_code = c == grpc::StatusCode::UNIMPLEMENTED || c == grpc::StatusCode::UNKNOWN ||
+                                c == grpc::StatusCode::INTERNAL || (c == grpc::StatusCode::DEADLINE_EXCEEDED && !watch);
+          if ((bad_code || st.error_message().size() > 1024) && failures.size() < 20) {
+            failures.push_back(method + " -> " + std::to_string(c) + " '" + st.error_message().substr(0, 300) + "' (" +
+                               std::to_string(st.error_message().size()) + " chars) for " + Hex(bytes));
+          }
+          --in_flight;
+          ++done;
+          cv.notify_all();
+        });
     if (i == 300) rss_after_warmup = RssKb(server.pid());
   }
   {
@@ -545,8 +550,8 @@ TEST(FuzzTest, MutatedWorkerSessionsNeverBreakTheBoundary) {
     const grpc::Status st = stream->Finish();
     const grpc::StatusCode c = st.error_code();
     ++codes[std::to_string(c)];
-    const bool bad = c == grpc::StatusCode::UNIMPLEMENTED || c == grpc::StatusCode::UNKNOWN ||
-                     c == grpc::StatusCode::INTERNAL;
+    const bool bad =
+        c == grpc::StatusCode::UNIMPLEMENTED || c == grpc::StatusCode::UNKNOWN || c == grpc::StatusCode::INTERNAL;
     if ((bad || st.error_message().size() > 1024) && failures.size() < 20) {
       failures.push_back("session " + std::to_string(i) + " -> " + std::to_string(c) + " '" +
                          st.error_message().substr(0, 300) + "'");
@@ -592,13 +597,36 @@ TEST(FuzzTest, MutatedHttpRequestsNeverBreakTheBoundary) {
   uint64_t seed = 20261204;
   if (const char* e = std::getenv("CIRCUITLAB_FUZZ_SEED")) seed = std::stoull(e);
   std::mt19937_64 gen(seed);
-  const std::vector<std::string> routes = {
-      "/healthz", "/readyz", "/metrics", "/", "/index.html", "/api/v1/whoami", "/api/v1/runs", "/api/v1/runs/r1",
-      "/api/v1/runs/r1/metrics", "/api/v1/runs/r1/events", "/api/v1/runs/r1/coordinates", "/api/v1/sweeps/s1",
-      "/api/v1/sweeps/s1/summary", "/api/v1/analyses"};
-  const std::vector<std::string> pieces = {"%00", "%ff", "..", "//", "?", "&", "=", "r-1", "r99999999999999999999",
-                                           "\x7f", "%2e%2e", std::string(3000, 'a'), "page_size=-1",
-                                           "max_points=1000000000", "values=circuit,pair", "step=18446744073709551615"};
+  const std::vector<std::string> routes = {"/healthz",
+                                           "/readyz",
+                                           "/metrics",
+                                           "/",
+                                           "/index.html",
+                                           "/api/v1/whoami",
+                                           "/api/v1/runs",
+                                           "/api/v1/runs/r1",
+                                           "/api/v1/runs/r1/metrics",
+                                           "/api/v1/runs/r1/events",
+                                           "/api/v1/runs/r1/coordinates",
+                                           "/api/v1/sweeps/s1",
+                                           "/api/v1/sweeps/s1/summary",
+                                           "/api/v1/analyses"};
+  const std::vector<std::string> pieces = {"%00",
+                                           "%ff",
+                                           "..",
+                                           "//",
+                                           "?",
+                                           "&",
+                                           "=",
+                                           "r-1",
+                                           "r99999999999999999999",
+                                           "\x7f",
+                                           "%2e%2e",
+                                           std::string(3000, 'a'),
+                                           "page_size=-1",
+                                           "max_points=1000000000",
+                                           "values=circuit,pair",
+                                           "step=18446744073709551615"};
   httplib::Client http("127.0.0.1", port);
   http.set_read_timeout(std::chrono::seconds(5));
   std::map<int, int> statuses;
@@ -616,10 +644,9 @@ TEST(FuzzTest, MutatedHttpRequestsNeverBreakTheBoundary) {
     if (gen() % 3 == 0) headers.emplace("Authorization", gen() % 2 ? "Bearer x" : std::string(5000, 'B'));
     if (gen() % 5 == 0) headers.emplace("Last-Event-ID", pieces[gen() % pieces.size()]);
     if (gen() % 7 == 0) headers.emplace("Range", "bytes=" + std::to_string(gen()) + "-");
-    httplib::Result r = gen() % 4 == 0
-                            ? http.Post(path, headers, std::string(static_cast<size_t>(gen() % 70000), '{'),
-                                        gen() % 2 ? "application/json" : "text/plain")
-                            : http.Get(path, headers);
+    httplib::Result r = gen() % 4 == 0 ? http.Post(path, headers, std::string(static_cast<size_t>(gen() % 70000), '{'),
+                                                   gen() % 2 ? "application/json" : "text/plain")
+                                       : http.Get(path, headers);
     if (!r) {
       // httplib refuses some paths itself (bad characters): not the server's doing.
       continue;

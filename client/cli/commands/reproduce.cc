@@ -2,6 +2,7 @@
 // claims as server-side jobs (ReproductionService).
 #include <fstream>
 #include <iostream>
+#include <string>
 #include <thread>
 
 #include "client/cli/commands/commands.h"
