@@ -39,13 +39,24 @@ for spec in examples/induction.json bench/specs/imir_medium.json; do
   /usr/bin/python3 -c "import json,sys; c=json.load(open('$tmp/c.json')); p=json.load(open('$tmp/p.json'))
 print(json.dumps({'kind': 'imir', 'spec': '$spec', 'cpp': c, 'py': p}))" >>"$rows"
 done
-for spec in examples/dice_task_vectors.json bench/specs/dice_tv_small.json bench/specs/regression_tv_small_e2.json; do
-  echo "== decoder $spec" >&2
-  n=$([ $quick = 1 ] && echo 20 || echo 100)
-  "$build/bench/decoder_train_bench" --spec "$spec" --steps "$n" --dump "$tmp/d.bin" >"$tmp/c.json"
-  /usr/bin/python3 bench/decoder_peer.py "$tmp/d.bin" --steps "$n" >"$tmp/p.json"
-  /usr/bin/python3 -c "import json,sys; c=json.load(open('$tmp/c.json')); p=json.load(open('$tmp/p.json'))
-print(json.dumps({'kind': 'decoder', 'spec': '$spec', 'cpp': c, 'py': p}))" >>"$rows"
+# The decoder: the CPU sizes (SCIENCE.md B.4) and the papers' B.2 and B.3, at
+# one thread and at two (the run's batch split over two threads, against the
+# peer at torch.set_num_threads(2)). B.3 is ~20 s a step on one core: a few steps.
+for entry in examples/dice_task_vectors.json:100 bench/specs/dice_tv_small.json:100 \
+  bench/specs/regression_tv_small_e2.json:100 bench/specs/tv_paper_b2.json:20 bench/specs/tv_paper_b3_e2.json:2; do
+  spec=${entry%:*}
+  n=${entry##*:}
+  [ $quick = 1 ] && n=$(( n > 20 ? 20 : n ))
+  w=$(( n >= 20 ? 5 : 1 ))
+  for threads in 1 2; do
+    echo "== decoder $spec, $threads thread(s)" >&2
+    "$build/bench/decoder_train_bench" --spec "$spec" --steps "$n" --warmup "$w" --fixed-batches 2 --threads "$threads" \
+      --dump "$tmp/d.bin" >"$tmp/c.json"
+    OPENBLAS_NUM_THREADS=$threads OMP_NUM_THREADS=$threads /usr/bin/python3 bench/decoder_peer.py "$tmp/d.bin" \
+      --steps "$n" --warmup "$w" --threads "$threads" >"$tmp/p.json"
+    /usr/bin/python3 -c "import json,sys; c=json.load(open('$tmp/c.json')); p=json.load(open('$tmp/p.json'))
+print(json.dumps({'kind': 'decoder', 'spec': '$spec', 'threads': $threads, 'cpp': c, 'py': p}))" >>"$rows"
+  done
 done
 if [ $models = 0 ]; then
   echo "== store ingest" >&2
@@ -75,21 +86,39 @@ print("| # | figure | measured | target | met |")
 print("|---|---|---|---|---|")
 def line(n, what, value, target, ok):
     print(f"| {n} | {what} | {value} | {target} | {'yes' if ok else '**no**'} |")
-STEP_RATIO = {"imir": (1, "IMIR", 3.0), "decoder": (2, "decoder", 1.2)}  # row, model, target ratio
+STEP_RATIO = {"imir": (1, "IMIR", 3.0), "decoder": (2, "decoder", 1.5)}  # row, model, target ratio
 for kind in STEP_RATIO:
     for r in (r for r in rows if r["kind"] == kind):
         n, model, target = STEP_RATIO[kind]
+        threads = r.get("threads", 1)
+        if kind == "decoder" and "b3" in r["spec"]:
+            target = 1.3  # issue 37: B.3 >= 1.3x
         c, p = r["cpp"], r["py"]
         ratio = c["model_steps_per_s"] / p["model_steps_per_s"]
         # IMIR: the dense step's FLOPs at the achieved rate over one core's GEMM rate
         # (> 1: the kernel skips work the dense formulation does).
         roof = (f"; dense-step FLOPs at {c['dense_roofline_fraction']:.2f}x the {c['gemm_gflops']:.0f} GFLOP/s "
                 f"GEMM roofline" if "dense_roofline_fraction" in c else "")
-        line(n, f"{model} model step C++/Python, `{r['spec']}`",
+        line(n, f"{model} model step C++/Python, `{r['spec']}`" + (f", {threads} threads each" if threads > 1 else ""),
              f"{ratio:.2f} ({c['model_steps_per_s']:.1f} / {p['model_steps_per_s']:.1f} steps/s{roof})",
              f">= {target:g}", ratio >= target)
+one = {r["spec"]: r for r in rows if r["kind"] == "decoder" and r["threads"] == 1}
 for r in rows:
-    if r["kind"] in ("imir", "decoder"):
+    if r["kind"] == "decoder" and r["threads"] > 1 and r["spec"] in one:
+        # Scaling of one run with its threads (the batch split), and the peer's for context.
+        c1, p1 = one[r["spec"]]["cpp"], one[r["spec"]]["py"]
+        sc = r["cpp"]["model_steps_per_s"] / c1["model_steps_per_s"]
+        sp = r["py"]["model_steps_per_s"] / p1["model_steps_per_s"]
+        line(8, f"decoder step, {r['threads']} threads / 1 thread, `{r['spec']}`",
+             f"{sc:.2f} (peer {sp:.2f})", ">= 1.6", sc >= 1.6)
+for r in rows:
+    if r["kind"] == "decoder":
+        # A 30k-step run (the papers' E1/E2 length) at the server's full step rate.
+        hours = 30000 / r["cpp"]["full_steps_per_s"] / 3600
+        line(9, f"hours for 30k steps, `{r['spec']}`, {r['threads']} thread(s)", f"{hours:.2f} h "
+             f"(peer {30000 / r['py']['model_steps_per_s'] / 3600:.2f} h)", "-", True)
+for r in rows:
+    if r["kind"] in ("imir", "decoder") and r.get("threads", 1) == 1:
         # The share of the full step spent waiting for the training batch (data generation the
         # prefetch thread did not hide), and for context the whole gap between the server's
         # step and the bare model step (which also counts the trainer's own per-step work).

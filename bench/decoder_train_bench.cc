@@ -14,6 +14,7 @@
 #include "client/lib/client.h"
 #include "server/engine/families/family.h"
 #include "server/engine/spec.h"
+#include "server/engine/train/batch_split.h"
 #include "server/engine/train/latent_trainer.h"
 #include "server/engine/train/regression_trainer.h"
 
@@ -35,15 +36,17 @@ void Write(std::ofstream& out, const torch::Tensor& t) {
 int main(int argc, char** argv) {
   CLI::App app{"Decoder training-step benchmark (C++ side)"};
   std::string spec_path;
-  int steps = 100, warmup = 10, fixed_batches = 8;
+  int steps = 100, warmup = 10, fixed_batches = 8, threads = 1;
   std::string dump;
   app.add_option("--spec", spec_path, "ExperimentSpec JSON (task.latent)")->required()->check(CLI::ExistingFile);
   app.add_option("--steps", steps, "Timed steps");
   app.add_option("--warmup", warmup, "Untimed steps first");
   app.add_option("--fixed-batches", fixed_batches, "Pre-generated batches cycled in mode (b)");
   app.add_option("--dump", dump, "Write batches and initial weights here for the Python peer");
+  app.add_option("--threads", threads, "Threads per run (the server's --threads-per-run): the batch split")
+      ->check(CLI::Range(1, 64));
   CLI11_PARSE(app, argc, argv);
-  at::set_num_threads(1);
+  at::set_num_threads(threads);  // the trainer takes them over (batch_split.h)
 
   auto spec = circuitlab::client::ReadSpecFile(spec_path);
   if (!spec.ok() || !ce::ResolveSpec({}, &*spec).ok() || !ce::SpecFamilyOf(*spec).has_task_vectors()) {
@@ -67,7 +70,7 @@ int main(int argc, char** argv) {
   // Data generation's share of the full step: the time the step waited for its batch.
   const double data_wait_share = (trainer->data_wait_seconds() - waited0) / full_s;
 
-  // (b) the model step alone: forward, next-token CE, backward, AdamW.
+  // (b) the model step alone: forward, next-token CE, backward (split as the trainer splits it), AdamW.
   auto model = ce::MakeDecoder(*spec, 1, torch::kCPU);
   ce::InitializeDecoder({spec->seed()}, *model);
   const auto& tr = spec->training();
@@ -108,27 +111,27 @@ int main(int argc, char** argv) {
   std::vector<double> first_losses;
   auto step = [&](int i) {
     const size_t k = static_cast<size_t>(i % fixed_batches);
-    torch::Tensor loss;
-    if (regression) {
-      torch::Tensor y = targets[k].unsqueeze(0);
-      loss = (ce::PredictRegression(*model, batches[k].unsqueeze(0), y) - y).pow(2).mean();
-    } else {
-      torch::Tensor tokens = batches[k].unsqueeze(0);
-      loss = ce::NextTokenLoss(model->Forward(tokens), tokens).mean();
-    }
     opt.zero_grad();
-    loss.backward();
+    ce::PartOutput out = ce::BackwardInParts(threads, tr.batch_size(), model->parameters(), [&](int64_t lo, int64_t n) {
+      if (regression) {
+        torch::Tensor y = targets[k].narrow(0, lo, n).unsqueeze(0);
+        torch::Tensor x = batches[k].narrow(0, lo, n).unsqueeze(0);
+        return ce::PartOutput{(ce::PredictRegression(*model, x, y) - y).pow(2).mean(at::IntArrayRef{1, 2}), {}};
+      }
+      torch::Tensor tokens = batches[k].narrow(0, lo, n).unsqueeze(0);
+      return ce::PartOutput{ce::NextTokenLoss(model->Forward(tokens), tokens).mean(1), {}};
+    });
     opt.step();
-    if (first_losses.size() < 5) first_losses.push_back(loss.item<double>());
+    if (first_losses.size() < 5) first_losses.push_back(out.loss.sum().item<double>());
   };
   for (int i = 0; i < warmup; ++i) step(i);
   t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < steps; ++i) step(i);
   const double model_rate = steps / Seconds(t0, std::chrono::steady_clock::now());
   std::printf(
-      "{\"side\": \"cpp\", \"full_steps_per_s\": %.3f, \"model_steps_per_s\": %.3f, \"data_wait_share\": %.4f, "
+      "{\"side\": \"cpp\", \"threads\": %d, \"full_steps_per_s\": %.3f, \"model_steps_per_s\": %.3f, \"data_wait_share\": %.4f, "
       "\"first_losses\": [",
-      full, model_rate, data_wait_share);
+      threads, full, model_rate, data_wait_share);
   for (size_t i = 0; i < first_losses.size(); ++i) std::printf("%s%.6f", i ? ", " : "", first_losses[i]);
   std::printf("]}\n");
   return 0;

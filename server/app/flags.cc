@@ -181,7 +181,9 @@ void DefineFlags(CLI::App& app, ServerFlags& f) {
   app.add_option("--cpu-slots", f.server.scheduler.cpu_slots, "Runs trained at once on CPU (one worker per slot)")
       ->capture_default_str()
       ->check(CLI::Range(0, 256));
-  app.add_option("--threads-per-run", f.server.scheduler.intra_op_threads, "LibTorch/BLAS threads per run")
+  app.add_option("--threads-per-run", f.server.scheduler.intra_op_threads,
+                 "Threads per run: an IMIR run's LibTorch and OpenBLAS threads; a decoder run splits each "
+                 "training batch over them (one LibTorch and one OpenBLAS thread each)")
       ->capture_default_str()
       ->check(CLI::Range(1, 256));
   app.add_flag("--cuda,!--no-cuda", f.server.use_cuda, "Use the CUDA devices LibTorch reports (default on)");

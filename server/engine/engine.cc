@@ -169,12 +169,7 @@ void ConfigureCuda(bool deterministic) {
 }
 
 void ConfigureRuntime(int blas_threads) {
-  // OpenBLAS reads OPENBLAS_NUM_THREADS when it loads, before main(); pin its
-  // pool explicitly when it is the BLAS behind libblas.so.3.
-  using SetThreads = void (*)(int);
-  if (auto* set = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"))) {
-    set(std::max(1, blas_threads));
-  }
+  SetBlasThreads(blas_threads);  // a decoder run that splits its batch sets 1 (batch_split.h)
   // Keep freed activation buffers in the heap instead of unmapping them and
   // faulting them back every step (measured in bench/RESULTS.md).
   mallopt(M_MMAP_THRESHOLD, 32 << 20);

@@ -5,7 +5,10 @@
 #pragma once
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <dlfcn.h>
 #include <torch/torch.h>
+
+#include <algorithm>
 
 #include <cstdint>
 #include <vector>
@@ -14,6 +17,13 @@ namespace circuitlab::engine {
 
 inline const torch::TensorOptions kF64 = torch::TensorOptions().dtype(torch::kDouble);
 inline const torch::TensorOptions kI64 = torch::TensorOptions().dtype(torch::kLong);
+
+// OpenBLAS's thread count, when it is the BLAS behind libblas.so.3 (it reads
+// OPENBLAS_NUM_THREADS when it loads, before main()); process-wide.
+inline void SetBlasThreads(int n) {
+  using SetThreads = void (*)(int);
+  if (auto* set = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"))) set(std::max(1, n));
+}
 
 // A CPU generator seeded with `seed`.
 inline torch::Generator MakeGenerator(uint64_t seed) { return at::make_generator<at::CPUGeneratorImpl>(seed); }

@@ -11,6 +11,7 @@
 #include "server/engine/models/decoder_model.h"
 #include "server/engine/spec.h"
 #include "server/engine/tasks/latent_task.h"
+#include "server/engine/train/batch_split.h"
 #include "server/engine/train/latent_trainer.h"
 #include "tests/test_util/engine_util.h"
 
@@ -218,6 +219,62 @@ TEST(LatentTrainerTest, EnsembleMembersTrainAsTheirOwnRuns) {
   ASSERT_TRUE(resumed.LoadCheckpoint(pack.SaveMemberCheckpoint(1)).ok());
   const auto pr = resumed.model().parameters(), pa = alone.model().parameters();
   for (size_t i = 0; i < pr.size(); ++i) EXPECT_TRUE(torch::allclose(pr[i], pa[i], 1e-5, 1e-6));
+}
+
+TEST(BatchSplitTest, SlicesCoverTheRowsInOrder) {
+  for (int parts : {1, 2, 3, 7}) {
+    int64_t next = 0;
+    for (int part = 0; part < parts; ++part) {
+      const auto [lo, count] = SliceOf(20, parts, part);
+      EXPECT_EQ(lo, next);
+      EXPECT_GE(count, 20 / parts);
+      EXPECT_LE(count, 20 / parts + 1);
+      next = lo + count;
+    }
+    EXPECT_EQ(next, 20);
+  }
+}
+
+// The batch split over threads (--threads-per-run on a decoder run) is the
+// same gradient and the same metrics as one pass, to float rounding, and is
+// bit-for-bit repeatable at a given thread count.
+TEST(BatchSplitTest, SplitStepsMatchOnePassAndRepeat) {
+  const v1::ExperimentSpec spec = TinyDecoderSpec(6);
+  std::vector<std::vector<Metric>> one_m, two_m, three_m, again_m;
+  auto train = [&](int threads, std::vector<std::vector<Metric>>* metrics) {
+    at::set_num_threads(threads);
+    auto t = std::make_unique<LatentTrainer>(spec, std::vector<uint64_t>{9, 10}, torch::kCPU);
+    EXPECT_EQ(t->parts(), threads);
+    for (int s = 0; s < 6; ++s) *metrics = t->Step(true);
+    at::set_num_threads(1);
+    return t;
+  };
+  auto one = train(1, &one_m), two = train(2, &two_m), three = train(3, &three_m), again = train(3, &again_m);
+  const auto p1 = one->model().parameters(), p2 = two->model().parameters(), p3 = three->model().parameters(),
+             pa = again->model().parameters();
+  for (size_t i = 0; i < p1.size(); ++i) {
+    const std::string& name = one->model().parameter_names()[i];
+    EXPECT_TRUE(torch::allclose(p1[i], p2[i], 1e-4, 1e-5)) << name;
+    EXPECT_TRUE(torch::allclose(p1[i], p3[i], 1e-4, 1e-5)) << name;
+    EXPECT_TRUE(torch::equal(p3[i], pa[i])) << name;
+  }
+  for (const char* m : {"train/loss", "train/accuracy", "train/grad_norm"}) {
+    for (size_t e = 0; e < 2; ++e) {
+      EXPECT_NEAR(testing::MetricValue(one_m[e], m), testing::MetricValue(two_m[e], m), 1e-5) << m;
+      EXPECT_NEAR(testing::MetricValue(one_m[e], m), testing::MetricValue(three_m[e], m), 1e-5) << m;
+      EXPECT_EQ(testing::MetricValue(three_m[e], m), testing::MetricValue(again_m[e], m)) << m;
+    }
+  }
+}
+
+TEST(BatchSplitTest, AnErrorOnAPartsThreadIsRethrown) {
+  torch::Tensor w = torch::ones({3}, torch::requires_grad());
+  auto fails_on_the_last_part = [&](int64_t lo, int64_t count) {
+    if (lo + count == 8) throw std::runtime_error("part failed");
+    return PartOutput{(w * static_cast<double>(count)).sum().unsqueeze(0), {}};
+  };
+  EXPECT_THROW(BackwardInParts(3, 8, {w}, fails_on_the_last_part), std::runtime_error);
+  at::set_num_threads(1);
 }
 
 TEST(TaskVectorMathTest, SimplexProjectionAndAffineWeights) {

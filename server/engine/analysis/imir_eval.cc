@@ -2,6 +2,7 @@
 
 #include <cctype>
 
+#include "absl/strings/str_cat.h"
 #include "server/common/seeds.h"
 #include "server/engine/train/trainer.h"
 
@@ -182,7 +183,7 @@ std::string HeadBlock(int64_t i, int64_t h, int64_t layers, int64_t heads) {
 }
 
 std::string KqLabel(int64_t layer, int64_t head, const std::string& q, const std::string& k, const std::string& e) {
-  return "L" + std::to_string(layer) + "H" + std::to_string(head) + ":[" + q + "→" + k + "]:" + e;
+  return absl::StrCat("L", layer, "H", head, ":[", q, "→", k, "]:", e);
 }
 
 std::string OutLabel(const std::string& block, const std::string& e) { return "OUT:[" + block + "]:" + e; }

@@ -101,16 +101,17 @@ LatentTrainer::LatentTrainer(const v1::ExperimentSpec& spec, std::vector<uint64_
 std::vector<std::vector<Metric>> LatentTrainer::Step(bool record) {
   const int64_t next = step_ + 1;
   torch::Tensor tokens = Upload(batches_.Take(next, total_steps()), device_);  // [E, B, T]
-  torch::Tensor logits = model_->Forward(tokens);          // [E, B, T, V]
-  torch::Tensor member_loss = NextTokenLoss(logits, tokens).mean(1);  // [E]
-  return FinishStep(member_loss, next, record, [&]() -> ExtraMetrics {
-    const int64_t T = tokens.size(2);
-    torch::Tensor acc = (logits.narrow(2, 0, T - 1).argmax(-1) == tokens.narrow(2, 1, T - 1))
-                            .to(torch::kDouble)
-                            .flatten(1)
-                            .mean(1)
-                            .cpu();
-    return {{"train/accuracy", acc}};
+  return TrainStep(tokens.size(1), next, record, [&](int64_t lo, int64_t count) {
+    torch::Tensor part = tokens.narrow(1, lo, count);
+    torch::Tensor logits = model_->Forward(part);  // [E, b, T, V]
+    PartOutput out{NextTokenLoss(logits, part).mean(1), {}};  // [E]
+    if (record) {
+      torch::NoGradGuard no_grad;
+      const int64_t T = part.size(2);
+      torch::Tensor hit = logits.narrow(2, 0, T - 1).argmax(-1) == part.narrow(2, 1, T - 1);
+      out.extra.push_back({"train/accuracy", hit.to(torch::kDouble).flatten(1).mean(1)});
+    }
+    return out;
   });
 }
 

@@ -16,6 +16,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -23,6 +24,7 @@
 #include "server/common/seeds.h"
 #include "server/engine/models/decoder_model.h"
 #include "server/engine/tasks/latent_task.h"
+#include "server/engine/train/batch_split.h"
 #include "server/engine/train/trainer_base.h"
 
 namespace circuitlab::engine {
@@ -69,31 +71,45 @@ class DecoderTrainer : public TrainerBase {
     model_ = MakeDecoder(spec_, ensemble(), device_);
     InitializeDecoder(seeds_, *model_);
     MakeOptimizer(model_->parameters(), model_->parameter_names());
+    // The threads the engine gave this run (--threads-per-run) split the
+    // batch on the CPU; LibTorch's pool and OpenBLAS's (process-wide) then
+    // stay at one thread while it trains, so that the parts do not
+    // oversubscribe the cores.
+    if (device_.is_cpu() && at::get_num_threads() > 1) {
+      parts_ = at::get_num_threads();
+      at::set_num_threads(1);
+      single_blas_.emplace(parts_);
+    }
   }
+  // Threads a training step's batch is split over (batch_split.h).
+  int parts() const { return parts_; }
 
   const DecoderModel& model() const { return *model_; }
   const Task& task(int64_t member) const { return *tasks_[static_cast<size_t>(member)]; }
   double data_wait_seconds() const override { return batches_.waited_seconds(); }
 
  protected:
-  // The rest of training step `step` once the members' losses [E] are
-  // computed: backward, the optimiser's update; when `record`, the step's
-  // metrics (DecoderTrainMetrics, `extra` computed without gradients).
-  using ExtraMetrics = std::vector<std::pair<const char*, torch::Tensor>>;
-  std::vector<std::vector<Metric>> FinishStep(const torch::Tensor& member_loss, int64_t step, bool record,
-                                              const std::function<ExtraMetrics()>& extra) {
+  // Training step `step` on a batch of `rows` rows: `loss_of(lo, count)`
+  // gives the members' mean loss over rows [lo, lo + count) and, when
+  // `record`, the extra metrics there; the rows are split over the run's
+  // threads (BackwardInParts). Then the optimiser's update and, when
+  // `record`, the step's metrics (DecoderTrainMetrics).
+  std::vector<std::vector<Metric>> TrainStep(int64_t rows, int64_t step, bool record, const PartLoss& loss_of) {
     ZeroGrad();
-    member_loss.sum().backward();
+    PartOutput out = BackwardInParts(parts_, rows, model_->parameters(), loss_of);
     torch::Tensor sq;
     const double lr = ScheduledLearningRate(spec_.training(), step);
     Update(record ? &sq : nullptr);
     if (!record) return {};
     torch::NoGradGuard no_grad;
-    return DecoderTrainMetrics(member_loss, sq, lr, extra ? extra() : ExtraMetrics{});
+    for (auto& [name, value] : out.extra) value = value.cpu();
+    return DecoderTrainMetrics(out.loss, sq, lr, out.extra);
   }
 
   std::vector<std::unique_ptr<Task>> tasks_;
   std::unique_ptr<DecoderModel> model_;
+  int parts_ = 1;
+  std::optional<BlasSingleThreaded> single_blas_;
   BatchPrefetcher<Batch> batches_;  // declared last: its sampler stops before tasks_ go
 };
 

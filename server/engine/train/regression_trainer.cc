@@ -68,9 +68,11 @@ std::vector<std::vector<Metric>> RegressionTrainer::Step(bool record) {
   const auto [xs, ys] = batches_.Take(next, total_steps());
   torch::Tensor x = Upload(xs, device_);  // [E, B, n, d]
   torch::Tensor y = Upload(ys, device_);  // [E, B, n]
-  torch::Tensor pred = PredictRegression(*model_, x, y);
-  torch::Tensor member_loss = (pred - y).pow(2).mean(at::IntArrayRef{1, 2});  // [E]
-  return FinishStep(member_loss, next, record, nullptr);
+  return TrainStep(x.size(1), next, record, [&](int64_t lo, int64_t count) {
+    torch::Tensor xp = x.narrow(1, lo, count), yp = y.narrow(1, lo, count);
+    torch::Tensor pred = PredictRegression(*model_, xp, yp);
+    return PartOutput{(pred - yp).pow(2).mean(at::IntArrayRef{1, 2}), {}};  // [E]
+  });
 }
 
 std::vector<std::vector<Metric>> RegressionTrainer::Evaluate() const {
