@@ -36,7 +36,7 @@ void Write(std::ofstream& out, const torch::Tensor& t) {
 int main(int argc, char** argv) {
   CLI::App app{"Decoder training-step benchmark (C++ side)"};
   std::string spec_path;
-  int steps = 100, warmup = 10, fixed_batches = 8, threads = 1;
+  int steps = 100, warmup = 10, fixed_batches = 8, threads = 1, batch = 0;
   std::string dump;
   app.add_option("--spec", spec_path, "ExperimentSpec JSON (task.latent)")->required()->check(CLI::ExistingFile);
   app.add_option("--steps", steps, "Timed steps");
@@ -45,12 +45,16 @@ int main(int argc, char** argv) {
   app.add_option("--dump", dump, "Write batches and initial weights here for the Python peer");
   app.add_option("--threads", threads, "Threads per run (the server's --threads-per-run): the batch split")
       ->check(CLI::Range(1, 64));
+  app.add_option("--batch", batch, "Batch size instead of the spec's (B.3's 256 needs ~19 GB; 0: the spec's)")
+      ->check(CLI::Range(0, 65536));
   CLI11_PARSE(app, argc, argv);
   at::set_num_threads(threads);  // the trainer takes them over (batch_split.h)
 
   auto spec = circuitlab::client::ReadSpecFile(spec_path);
-  if (!spec.ok() || !ce::ResolveSpec({}, &*spec).ok() || !ce::SpecFamilyOf(*spec).has_task_vectors()) {
-    std::fprintf(stderr, "bad spec (a task.latent spec is needed)\n");
+  if (spec.ok() && batch > 0) spec->mutable_training()->set_batch_size(static_cast<uint32_t>(batch));
+  absl::Status resolved = spec.ok() ? ce::ResolveSpec({}, &*spec) : spec.status();
+  if (!resolved.ok() || !ce::SpecFamilyOf(*spec).has_task_vectors()) {
+    std::fprintf(stderr, "bad spec (a task.latent spec is needed): %s\n", std::string(resolved.message()).c_str());
     return 2;
   }
   spec->mutable_training()->set_steps(static_cast<uint64_t>(steps + warmup) * 4);
@@ -129,9 +133,9 @@ int main(int argc, char** argv) {
   for (int i = 0; i < steps; ++i) step(i);
   const double model_rate = steps / Seconds(t0, std::chrono::steady_clock::now());
   std::printf(
-      "{\"side\": \"cpp\", \"threads\": %d, \"full_steps_per_s\": %.3f, \"model_steps_per_s\": %.3f, \"data_wait_share\": %.4f, "
+      "{\"side\": \"cpp\", \"threads\": %d, \"batch\": %u, \"full_steps_per_s\": %.3f, \"model_steps_per_s\": %.3f, \"data_wait_share\": %.4f, "
       "\"first_losses\": [",
-      threads, full, model_rate, data_wait_share);
+      threads, tr.batch_size(), full, model_rate, data_wait_share);
   for (size_t i = 0; i < first_losses.size(); ++i) std::printf("%s%.6f", i ? ", " : "", first_losses[i]);
   std::printf("]}\n");
   return 0;
