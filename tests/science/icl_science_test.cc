@@ -125,42 +125,23 @@ AssocRecallConfig GradientCheckTask(int64_t common, double rare_fraction) {
   return cfg;
 }
 
-// SCIENCE.md E.2 (C.6, G.5): at a point of the complete span (the commutant
-// of the task's symmetry group) the expected gradient lies in the span: the
-// off-span fraction falls like 1/N (pure Monte-Carlo noise) towards a zero
-// plateau, in every matrix. The controls must fail: (a) a point pushed off
-// the span by 30% relative noise, (b) a span built for a symmetry the data
-// does not have (fixed pairs treated as exchangeable, i.e. without C).
-// Measured (N = 2^8..2^18, s = 1): complete plateaus <= 4.7e-4 (L1H1; 0 for
-// L2H1 and OUT), slopes -0.96 to -1.03; paper plateau 0.93 overall
-// (reported, as G.5 says: large with un-centred one-hots); controls (a) 0.82
-// and (b) 0.92. Asserted: G.5's gate, plateau <= 1e-3 and slope in
-// [-1.2, -0.8] for every matrix; controls >= 0.01.
-TEST(ScienceTest, ExpectedGradientStaysInTheSpan) {
+// SCIENCE.md E.2 (C.6, G.5) is decided by its recipe
+// (examples/reproduce/E.2.json) in reproduction_science_test.cc: at a point
+// of the complete span the off-span fraction of the expected gradient falls
+// like 1/N to a plateau <= 1e-3 in every matrix, and the off-span control
+// fails as it must. What a recipe cannot express is here: control (b), a
+// span built for a symmetry the data does not have (fixed pairs treated as
+// exchangeable, i.e. without C), must fail too (measured plateau 0.92,
+// asserted >= 0.01); and the paper span's plateau is reported (0.93: large
+// with un-centred one-hots, as G.5 says).
+TEST(ScienceTest, ASpanWithoutTheRelationLosesTheGradient) {
   const AssocRecallConfig cfg = GradientCheckTask(/*common=*/0, /*rare_fraction=*/1.0);
   AssocRecallTask task(cfg, 1);
-  InvarianceConfig ic;
-  ic.sample_sizes = {256, 1024, 4096, 16384, 65536, 262144};
-  const Basis complete = BuildBasis(task.Symmetry(), 2, 1, Selection::kComplete);
-  const Basis paper = BuildBasis(task.Symmetry(), 2, 1, Selection::kPaper);
-
-  const InvarianceResult in_span = CheckInvariance(task, complete, complete, ic);
-  PrintLadder("complete", in_span);
-  for (const InvarianceSeries& s : in_span.series) {
-    EXPECT_LE(s.plateau, 1e-3) << s.matrix;
-    EXPECT_GE(s.slope, -1.2) << s.matrix;
-    EXPECT_LE(s.slope, -0.8) << s.matrix;
-  }
-  InvarianceConfig short_ladder = ic;  // the controls plateau early
+  InvarianceConfig short_ladder;  // the controls plateau early
   short_ladder.sample_sizes = {256, 1024, 4096, 16384, 65536};
+  const Basis paper = BuildBasis(task.Symmetry(), 2, 1, Selection::kPaper);
   const InvarianceResult paper_span = CheckInvariance(task, paper, paper, short_ladder);
   PrintLadder("paper (reported)", paper_span);
-
-  InvarianceConfig off = short_ladder;
-  off.off_manifold_noise = 0.3;
-  const InvarianceResult control_a = CheckInvariance(task, complete, complete, off);
-  PrintLadder("control a (off span)", control_a);
-  EXPECT_GE(control_a.max_matrix_plateau(), 0.01);
 
   AssocRecallConfig fixed = cfg;
   fixed.num_common = 8;
