@@ -253,7 +253,7 @@ TEST(BatchSplitTest, SplitStepsMatchOnePassAndRepeat) {
   const auto p1 = one->model().parameters(), p2 = two->model().parameters(), p3 = three->model().parameters(),
              pa = again->model().parameters();
   for (size_t i = 0; i < p1.size(); ++i) {
-    const std::string& name = one->model().parameter_names()[i];
+    const std::string name = one->model().parameter_names()[i];
     EXPECT_TRUE(torch::allclose(p1[i], p2[i], 1e-4, 1e-5)) << name;
     EXPECT_TRUE(torch::allclose(p1[i], p3[i], 1e-4, 1e-5)) << name;
     EXPECT_TRUE(torch::equal(p3[i], pa[i])) << name;
