@@ -24,8 +24,11 @@ using Tables = std::map<std::string, v1::GetSweepSummaryResponse>;
 // The axis a reproduction adds to each sweep.
 inline constexpr char kSeedAxis[] = "seed";
 
-// The field at `path` ("a.b.0.c"; "*" collects every element of an array)
-// of a JSON document; null when there is none.
+// The field at `path` of a JSON document; null when there is none.
+// "a.b.0.c": fields and list indices; "*" collects every element of a
+// list; "values[name=p0/resid_ratio,layer=1]" is the first element whose
+// fields have those values, "*[layer=1]" every such element; a last "#" is
+// the length of the list.
 nlohmann::json FieldAt(const nlohmann::json& doc, const std::string& path);
 
 // Between protobuf's Value and JSON.

@@ -83,13 +83,16 @@ TEST(ReproduceReportTest, EachReduceMeasuresPerSeed) {
   EXPECT_DOUBLE_EQ(v[0].get<double>(), -1.0);
   // First value; first step at 60% of the last |value| (3, 2, 1: step 0).
   v = Values(R"({"column": {"sweep": "plane", "column": "series:loss", "reduce": "REDUCE_SERIES_FIRST",
-                            "where": {"a": 0, "b": 1}}, "scale": 2})", t, 1);
+                            "where": {"a": 0, "b": 1}}, "scale": 2})",
+             t, 1);
   EXPECT_EQ(v[0], 6.0);
   v = Values(R"({"column": {"sweep": "plane", "column": "series:loss", "reduce": "REDUCE_SERIES_RISE",
-                            "fraction": 0.9, "where": {"a": 0, "b": 1}}})", t, 1);
+                            "fraction": 0.9, "where": {"a": 0, "b": 1}}})",
+             t, 1);
   EXPECT_EQ(v[0], 0.0);  // |3| >= 0.9 * 2.5 at step 0
   v = Values(R"({"column": {"sweep": "plane", "column": "series:loss", "reduce": "REDUCE_SERIES_RISE",
-                            "fraction": 1, "where": {"a": 0, "b": 0}}})", t, 1);
+                            "fraction": 1, "where": {"a": 0, "b": 0}}})",
+             t, 1);
   EXPECT_EQ(v[0], 0.0);
 }
 
@@ -98,7 +101,8 @@ TEST(ReproduceReportTest, ARiseIsTheFirstStepNearTheEndValue) {
     "axes": ["seed"], "columns": ["trajectory:gamma"],
     "rows": [{"swept": [1], "values": [[[0, 0], [10, -0.05], [20, -0.5], [30, -1.0]]]}]})")}};
   auto v = Values(R"({"column": {"sweep": "g", "column": "trajectory:gamma", "reduce": "REDUCE_SERIES_RISE",
-                                 "fraction": 0.1}, "scale": 4})", t, 1);
+                                 "fraction": 0.1}, "scale": 4})",
+                  t, 1);
   EXPECT_EQ(v[0], 80.0);  // 4 x step 20 (|-0.05| < 0.1)
 }
 
@@ -164,6 +168,26 @@ TEST(ReproduceReportTest, FieldPathsReachIntoAnalysisAnswers) {
   EXPECT_TRUE(FieldAt(doc, "effects.1.accuracy").is_null());
   EXPECT_TRUE(FieldAt(doc, "nope").is_null());
   EXPECT_EQ(FieldAt(doc, "circuit.#"), 3);
+}
+
+// Rows picked by their fields, as the task-vector recipes read
+// AnalyzeTaskVectors' values and E.1 counts coordinates per layer.
+TEST(ReproduceReportTest, FieldAtSelectsElementsByTheirFields) {
+  const nlohmann::json doc = nlohmann::json::parse(R"({"values": [
+      {"name": "p0/resid_ratio", "layer": 1, "position": 4, "value": 0.5},
+      {"name": "p0/resid_ratio", "layer": 1, "position": 46, "value": 0.1},
+      {"name": "p0/resid_ratio", "layer": 0, "position": 46, "value": 0.9},
+      {"name": "a.b", "layer": -1, "position": -1, "value": 7, "gauge": true}]})");
+  EXPECT_EQ(FieldAt(doc, "values[name=p0/resid_ratio,layer=1,position=46].value"), 0.1);
+  EXPECT_EQ(FieldAt(doc, "values.[name=p0/resid_ratio,layer=1,position=46].value"), 0.1);
+  EXPECT_EQ(FieldAt(doc, "values[name=a.b].value"), 7);  // a dot inside brackets does not split
+  EXPECT_EQ(FieldAt(doc, "values[gauge=true,layer=-1].value"), 7);
+  EXPECT_EQ(FieldAt(doc, "values.*[name=p0/resid_ratio].#"), 3);
+  EXPECT_EQ(FieldAt(doc, "values.*[layer=1].position"), nlohmann::json::array({4, 46}));
+  EXPECT_TRUE(FieldAt(doc, "values[name=p0/resid_ratio,layer=2].value").is_null());
+  EXPECT_TRUE(FieldAt(doc, "values[layer].value").is_null());  // a term without "=" matches nothing
+  EXPECT_TRUE(FieldAt(doc, "values[layer=x].value").is_null());
+  EXPECT_EQ(FieldAt(doc, "values.*[layer=5].#"), 0);
 }
 
 TEST(ReproduceRecipeTest, ErrorsNameTheField) {
