@@ -8,6 +8,10 @@ ID --markdown`) and index.md, the table of outcomes.
 
 Later ids of the same recipe replace earlier ones. The index keeps the rows
 of recipes not named this time (it is rebuilt from every page's header).
+With --figures, each page also gets its figure, E.N.png, drawn by the Python
+package's plot_reproduction (run the script with a Python that has the
+package and matplotlib, e.g. build/python-venv/bin/python after the python
+tier).
 """
 import argparse
 import json
@@ -41,12 +45,23 @@ def cli(args, *argv):
     return p.stdout
 
 
+def figure(args, rid, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import circuitlab
+    ax = circuitlab.Client(args.server).plot_reproduction(rid)
+    ax.figure.savefig(path, dpi=110)
+    plt.close("all")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("ids", nargs="+", help="finished reproductions, e.g. p1")
     p.add_argument("--server", default=os.environ.get("CIRCUITLAB_TARGET", "127.0.0.1:50051"))
     p.add_argument("--cli", default="build/client/circuitlab")
     p.add_argument("--out", default="docs/reproductions")
+    p.add_argument("--figures", action="store_true", help="draw E.N.png with circuitlab.plot_reproduction")
     args = p.parse_args()
     os.makedirs(args.out, exist_ok=True)
     for rid in args.ids:
@@ -60,6 +75,11 @@ def main():
         meta = {"id": r["recipe_id"], "title": r.get("title", ""), "scale": r["scale"], "seeds": r.get("seeds", 1),
                 "passed": rep.get("passed", 0), "failed": rep.get("failed", 0),
                 "inconclusive": rep.get("inconclusive", 0), "wall": rep.get("wall_seconds", 0)}
+        if args.figures:
+            png = r["recipe_id"] + ".png"
+            figure(args, rid, os.path.join(args.out, png))
+            with open(page, "a", encoding="utf-8") as f:
+                f.write(f"\n## Figure\n\n![{r['recipe_id']}: each check's margin per seed]({png})\n")
         with open(page, "a", encoding="utf-8") as f:
             f.write("\n<!-- report: " + json.dumps(meta) + " -->\n")
         print(f"{rid}: wrote {page}")

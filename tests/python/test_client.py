@@ -220,7 +220,7 @@ def test_installed_stubs_match_the_protos(tmp_path):
         assert got == expected[name], f"{name}: the installed stub differs from proto/{name}"
 
 
-def test_reproductions(client):
+def test_reproductions(client, tmp_path_factory):
     """A recipe of one's own (two tiny runs, a label analysis, three checks) carried to its report, as a
     DataFrame; the compiled-in recipes are listed; errors name the field."""
     from circuitlab.v1 import reproduce_pb2 as rpb
@@ -252,3 +252,13 @@ def test_reproductions(client):
     table = client.reproduction_table_df(r, "tiny")
     assert len(table) == 4 and {"lr", "seed", "train/loss", "label.label"} <= set(table.columns)
     assert client.reproductions()[0].reproduction_id == r.reproduction_id
+    import matplotlib
+    matplotlib.use("Agg")
+    ax = client.plot_reproduction(r)
+    # one dot per check and seed: two passes and the impossible check failing on both seeds
+    colours = [tuple(c.get_facecolor()[0][:3]) for c in ax.collections]
+    assert len(colours) == 6
+    red = matplotlib.colors.to_rgb("tab:red")
+    assert sum(c == red for c in colours) == 2
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["trained", "labelled", "impossible"]
+    ax.figure.savefig(str(tmp_path_factory.mktemp("fig") / "report.png"))

@@ -1,21 +1,26 @@
 // The recipes' ci scale (examples/reproduce/), run as a user runs them: an
 // in-process server on the real engine, StartReproduction, the report. One
-// definition of each experiment: E.2 (with control b in icl_science_test),
-// E.3, E.6 (long), E.7, E.8, E.9 and E.10 are decided here
-// only (their engine-level tests were these same experiments); E.4 and E.5 also
-// keep engine-level tests that assert more than a recipe can yet (the three
-// largest coordinates, the restricted model; three ensemble seeds).
-// Expected: every check passes at ci scale, as measured (closing note of
+// definition of each experiment: E.1, E.2 (with control b in
+// icl_science_test), E.3, E.6 (long), E.7, E.8, E.9, E.10 and the
+// task-vector claims E.11-E.20 are decided here only (their engine-level
+// tests were these same experiments); E.4 and E.5 also keep engine-level
+// tests that assert more than a recipe can yet (the three largest
+// coordinates, the restricted model; three ensemble seeds).
+// Expected: every check passes at ci scale, as measured (closing notes of
 // issue 34: E.3 rho 0.988 -> 0.053, Spearman -1, icl_rare 0.996 / 0.991;
 // E.4 4 t_gamma 36 <= t_beta, t_beta 79 < t_alpha 90; E.8 t_ICL 2550 for
 // the ticket, icl_rare 0.963, iwl 1, BOTH_IWL_WINS as the dense model; E.9 four labels, 16
 // of 16 labelled, 3 crossings, P_mag wrong on 8, the outside coordinate
-// flips 2 cells; E.10 two_hop_chain with 7 of 71 kept, m(K*) 0.952).
+// flips 2 cells; E.10 two_hop_chain with 7 of 71 kept, m(K*) 0.952;
+// E.11 P0 ratio 0.017 at t = 46; E.15 KL ratio of the untrained control
+// 0.9999), except the checks KnownFailures() names, which fail as measured.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <map>
+#include <set>
 #include <thread>
 
 #include "client/lib/client.h"
@@ -26,7 +31,20 @@
 namespace circuitlab {
 namespace {
 
-// Runs recipe `id` at its ci scale through an in-process server; every check must pass.
+// Checks of a [P] proposal that fail at ci scale on the fixed seed, as the
+// report says. Asserted to fail, so that a change that makes one pass is
+// seen (and the report and docs/science.md updated), never to hide it.
+const std::map<std::string, std::set<std::string>>& KnownFailures() {
+  static const std::map<std::string, std::set<std::string>> known = {
+      // E.20: V_opt's R2 is 0.816 (>= 0.5 holds), but a random direction of
+      // the orthogonal complement reaches 0.660 at d_model 48, not half of it.
+      {"E.20", {"r2_vs_random"}},
+  };
+  return known;
+}
+
+// Runs recipe `id` at its ci scale through an in-process server; every check
+// must pass, except KnownFailures(), which must fail.
 void ExpectEveryCheckPassesAtCiScale(const std::string& id) {
   testing::TempDir dir;
   app::ServerOptions o;
@@ -57,8 +75,10 @@ void ExpectEveryCheckPassesAtCiScale(const std::string& id) {
   ASSERT_TRUE(r.ok()) << r.status();
   std::printf("%s", client::ReproductionText(*r).c_str());
   ASSERT_EQ(r->state(), v1::REPRODUCTION_STATE_DONE) << r->phase() << " " << r->error();
+  const auto known = KnownFailures().find(id);
   for (const v1::CheckResult& check : r->report().checks()) {
-    EXPECT_EQ(check.outcome(), v1::CHECK_OUTCOME_PASS)
+    const bool fails = known != KnownFailures().end() && known->second.contains(check.id());
+    EXPECT_EQ(check.outcome(), fails ? v1::CHECK_OUTCOME_FAIL : v1::CHECK_OUTCOME_PASS)
         << check.id() << ": " << check.expected() << "; " << check.note();
   }
   (*server)->Shutdown(std::chrono::milliseconds(100));
@@ -73,7 +93,9 @@ std::string RecipeTestName(const ::testing::TestParamInfo<std::string>& info) {
 class ReproductionScienceTest : public ::testing::TestWithParam<std::string> {};
 TEST_P(ReproductionScienceTest, EveryCheckPassesAtCiScale) { ExpectEveryCheckPassesAtCiScale(GetParam()); }
 INSTANTIATE_TEST_SUITE_P(Recipes, ReproductionScienceTest,
-                         ::testing::Values("E.2", "E.3", "E.4", "E.7", "E.8", "E.9", "E.10"), RecipeTestName);
+                         ::testing::Values("E.1", "E.2", "E.3", "E.4", "E.7", "E.8", "E.9", "E.10", "E.11", "E.12",
+                                           "E.13", "E.14", "E.15", "E.16", "E.17", "E.18", "E.19", "E.20"),
+                         RecipeTestName);
 
 // Label `long` (not in CI): E.6's ci scale is the science tier's long
 // configuration (8 points of 65536 sequences, ~3 min on a core); measured

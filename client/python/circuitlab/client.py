@@ -459,6 +459,11 @@ class Client:
         from circuitlab import plots
         return plots.plot_phase_diagram(self, sweep_id, x, y, value, aggregate=aggregate, ax=ax)
 
+    def plot_reproduction(self, reproduction, ax=None):
+        """A finished reproduction's checks as a figure: each seed's margin to its threshold, passing side right."""
+        from circuitlab import plots
+        return plots.plot_reproduction(self, reproduction, ax=ax)
+
 
 def _state(s):
     if isinstance(s, int):

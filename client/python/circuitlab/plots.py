@@ -87,3 +87,52 @@ def plot_phase_diagram(client, sweep_id, x, y, value, aggregate=None, ax=None):
     ax.set_ylabel(y)
     ax.set_title(f"{value} ({sweep_id})")
     return ax
+
+
+_DIRECTION = {"COMPARISON_GE": 1, "COMPARISON_GT": 1, "COMPARISON_LE": -1, "COMPARISON_LT": -1}
+
+
+def _margin(value, against, sign):
+    """How far a value is from its threshold in the claim's direction, in [-1, 1] (> 0: on the passing side)."""
+    scale = max(abs(value), abs(against), 1e-12)
+    return max(-1.0, min(1.0, sign * (value - against) / scale))
+
+
+def plot_reproduction(client, reproduction, ax=None):
+    """A reproduction's report as a figure: one row per check, one dot per seed at its margin, (value - threshold)
+    / max(|value|, |threshold|) turned so that the passing side is to the right (equality and "contains" checks sit
+    at +1 when they hold, -1 when not); green passed, red failed, grey not measured."""
+    from circuitlab.v1 import reproduce_pb2 as rpb
+    plt = _plt()
+    r = client.get_reproduction(reproduction) if isinstance(reproduction, str) else reproduction
+    comparisons = {}
+    for scale in r.recipe.scales.values():
+        for c in scale.checks:
+            comparisons[c.id] = rpb.RecipeCheck.Comparison.Name(c.comparison)
+    df = client.reproduction_df(r)
+    checks = list(dict.fromkeys(df["check"]))
+    if ax is None:
+        _, ax = plt.subplots(figsize=(8, 0.9 + 0.32 * max(1, len(checks))))
+    for row, check in enumerate(checks):
+        for _, m in df[df.check == check].iterrows():
+            numeric = isinstance(m["value"], (int, float)) and isinstance(m["against"], (int, float)) \
+                and not isinstance(m["value"], bool)
+            sign = _DIRECTION.get(comparisons.get(check, ""), 0)
+            if m["value"] is None:
+                x, colour = 0.0, "0.6"
+            else:
+                x = _margin(float(m["value"]), float(m["against"]), sign) if numeric and sign \
+                    else (1.0 if m["passed"] else -1.0)
+                colour = "tab:green" if m["passed"] else "tab:red"
+            ax.scatter([x], [row + (m["seed"] - (r.seeds + 1) / 2) * 0.12], color=colour, s=28, zorder=3)
+    ax.axvline(0, color="0.3", lw=1)
+    ax.set_xlim(-1.08, 1.08)
+    ax.set_ylim(len(checks) - 0.5, -0.5)
+    ax.set_yticks(range(len(checks)), checks, fontsize="small")
+    ax.set_xlabel("margin in the claim's direction (right of 0: passes)")
+    rep = r.report
+    ax.set_title(f"{r.recipe_id} at {r.scale} scale, {r.seeds} seed(s): {rep.passed} passed, {rep.failed} failed, "
+                 f"{rep.inconclusive} inconclusive", fontsize="medium")
+    ax.grid(axis="x", alpha=0.3)
+    ax.figure.tight_layout()
+    return ax
