@@ -1501,6 +1501,76 @@ function seriesChart(name, table, col, holder) {
   }, data, el);
 }
 
+// A numeric column against the table's one axis besides the seed (E.5's N,
+// E.16's kappa): one line per seed, as the papers draw these claims.
+function axisChart(name, table, col, axis, seedAxis, holder) {
+  const rows = (table.rows || []).filter((r) => typeof r.values[col] === 'number');
+  if (rows.length < 2) return;
+  const xs = [...new Set(rows.map((r) => r.swept[axis]))].filter((x) => typeof x === 'number').sort((a, b) => a - b);
+  if (xs.length < 2) return;
+  const seeds = [...new Set(rows.map((r) => seedAxis >= 0 ? r.swept[seedAxis] : 0))].sort((a, b) => a - b);
+  const data = [xs];
+  for (const seed of seeds) {
+    const at = new Map(rows.filter((r) => seedAxis < 0 || r.swept[seedAxis] === seed).map((r) => [r.swept[axis], r.values[col]]));
+    data.push(xs.map((x) => at.has(x) ? at.get(x) : null));
+  }
+  const title = `${name} · ${table.columns[col]} by ${table.axes[axis]}`;
+  const el = h('div', {class: 'chart'});
+  holder.append(el);
+  window.__charts[title] = new uPlot({
+    title, width: Math.min(900, holder.clientWidth || 900), height: 240,
+    series: [{label: table.axes[axis]}].concat(seeds.map((seed, i) => ({
+      label: seedAxis >= 0 ? `seed ${fmt(seed)}` : table.columns[col], stroke: PALETTE[i % PALETTE.length], spanGaps: true,
+      points: {show: true, size: 6}}))),
+    scales: {x: {time: false}},
+    axes: [{label: table.axes[axis]}, {}],
+  }, data, el);
+}
+
+// Each check's margin per seed, (value - threshold) / max(|value|,
+// |threshold|) turned so that the passing side is right of the line
+// (equality and "contains" checks sit at the ends), as the Python package's
+// plot_reproduction draws it.
+const DIRECTION = {COMPARISON_GE: 1, COMPARISON_GT: 1, COMPARISON_LE: -1, COMPARISON_LT: -1};
+function marginStrip(checks, comparisons) {
+  const W = 640, left = 190, rowH = 18, H = 30 + rowH * checks.length;
+  const svg = document.createElementNS('http://www.w3.org/2000/svg', 'svg');
+  svg.setAttribute('width', W);
+  svg.setAttribute('height', H);
+  svg.setAttribute('id', 'margins');
+  const add = (tag, attrs, text) => {
+    const el = document.createElementNS('http://www.w3.org/2000/svg', tag);
+    for (const [k, v] of Object.entries(attrs)) el.setAttribute(k, v);
+    if (text !== undefined) el.textContent = text;
+    svg.append(el);
+    return el;
+  };
+  const x = (m) => left + (W - left - 20) * (m + 1) / 2;
+  add('line', {x1: x(0), x2: x(0), y1: 4, y2: H - 22, stroke: '#555'});
+  add('text', {x: x(-1), y: H - 6, 'font-size': 11, fill: '#666'}, 'fails');
+  add('text', {x: x(1) - 34, y: H - 6, 'font-size': 11, fill: '#666'}, 'passes');
+  checks.forEach((c, row) => {
+    const y = 14 + row * rowH;
+    add('text', {x: 4, y: y + 4, 'font-size': 12}, c.id);
+    const values = c.values || [], against = c.against || [], passed = c.passed || [];
+    values.forEach((v, k) => {
+      const a = against[k], sign = DIRECTION[comparisons[c.id]] || 0;
+      let m;
+      if (v === null || v === undefined) m = 0;
+      else if (typeof v === 'number' && typeof a === 'number' && sign)
+        m = Math.max(-1, Math.min(1, sign * (v - a) / Math.max(Math.abs(v), Math.abs(a), 1e-12)));
+      else m = passed[k] ? 1 : -1;
+      const colour = v === null || v === undefined ? '#999' : passed[k] ? '#00805a' : '#c0392b';
+      const dot = add('circle', {cx: x(m), cy: y + (k - (values.length - 1) / 2) * 4, r: 4, fill: colour,
+                                 'data-passed': String(!!passed[k])});
+      const t = document.createElementNS('http://www.w3.org/2000/svg', 'title');
+      t.textContent = `${c.id}, seed ${k + 1}: ${fmt(v)} against ${fmt(a)}`;
+      dot.append(t);
+    });
+  });
+  return svg;
+}
+
 // #/reproduction/{id}: the claim, the checks per seed with their outcome, and
 // the figures drawn from the report's tables (label maps, series).
 function reproductionView(id) {
@@ -1542,6 +1612,9 @@ function reproductionView(id) {
                          h('p', {}, `${rep.passed || 0} passed, ${rep.failed || 0} failed, ${rep.inconclusive || 0} inconclusive; ${fmt(rep.wall_seconds || 0)} s`),
                          checks, (rep.notes || []).length ? h('ul', {}, rep.notes.map((n) => h('li', {class: 'muted'}, n))) : '',
                          h('h3', {}, 'Figures'), figures);
+    const comparisons = Object.fromEntries((scale.checks || []).map((c) => [c.id, c.comparison || 'COMPARISON_GE']));
+    figures.append(h('div', {class: 'figure', 'data-table': 'margins'}, h('h4', {}, 'each check\'s margin per seed'),
+                     marginStrip(rep.checks || [], comparisons)));
     // In the recipe's order (the experiment the claim is about comes first).
     const order = (scale.sweeps || []).map((sw) => sw.name);
     const rank = (n) => (order.indexOf(n) + order.length + 1) % (order.length + 1);
@@ -1559,6 +1632,8 @@ function reproductionView(id) {
           for (const seed of seeds) box.append(labelMap(table, col, seed, seedAxis, labels));
         } else if (cells.some((v) => Array.isArray(v) && v.length && Array.isArray(v[0]))) {
           seriesChart(name, table, col, box);
+        } else if (others === 1 && cells.some((v) => typeof v === 'number')) {
+          axisChart(name, table, col, (table.axes || []).findIndex((a, i) => i !== seedAxis), seedAxis, box);
         }
       });
       box.append(h('details', {}, h('summary', {}, `the data: ${(table.rows || []).length} runs`), h('div', {class: 'scroll'}, h('table', {class: 'grid'},

@@ -72,5 +72,8 @@ grep -q '^circuitlab_http_event_streams 0$' "$tmp/scrape2.txt" || fail "event st
 cp "$repo/tests/browser/reproduction_check.cjs" "$cache/"
 cli reproduce run E.4 --scale ci --watch >/dev/null || fail "E.4 at ci scale did not pass"
 cli reproduce run E.9 --scale ci --watch >/dev/null || fail "E.9 at ci scale did not pass"
+# A recipe of one's own with one failing check: `run --watch` exits 3.
+rc=0; cli reproduce run --recipe-file "$repo/tests/browser/axis_recipe.json" --scale ci --watch >/dev/null || rc=$?
+[ "$rc" = 3 ] || fail "the axis recipe: exit $rc, expected 3 (one check fails)"
 node "$cache/reproduction_check.cjs" "$url" "$out" || fail "the reproduction pages"
 echo "browser_test: PASS (screenshots in $out)"

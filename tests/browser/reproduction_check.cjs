@@ -1,8 +1,10 @@
 // The dashboard's reproduction pages in headless chromium (issue 34):
 //   node reproduction_check.cjs BASE_URL OUT_DIR
-// The server has p1 (E.4 at ci: two runs, coordinate trajectories) and p2
-// (E.9 at ci: a 4 x 4 plane and the outside-coordinate cells), both DONE.
-// Screenshots: OUT_DIR/reproductions.png, reproduction-e4.png, reproduction-e9.png.
+// The server has p1 (E.4 at ci: two runs, coordinate trajectories), p2
+// (E.9 at ci: a 4 x 4 plane and the outside-coordinate cells) and p3
+// (axis_recipe.json: one axis besides the seed, two seeds, one check
+// failing), all DONE.
+// Screenshots: OUT_DIR/reproductions.png, reproduction-e4.png, reproduction-e9.png, reproduction-axis.png.
 'use strict';
 const puppeteer = require('puppeteer-core');
 
@@ -21,8 +23,8 @@ const { failures, check, waitFor } = require('./browser_util.cjs');
 
   // ---- the list: both reproductions DONE, the recipes with a command each ----
   await page.goto(base + '#/reproductions');
-  await waitFor(page, () => document.querySelectorAll('#reproductions tr[data-reproduction]').length === 2, null,
-                'the reproductions table lists p1 and p2');
+  await waitFor(page, () => document.querySelectorAll('#reproductions tr[data-reproduction]').length === 3, null,
+                'the reproductions table lists p1, p2 and p3');
   const listed = await page.evaluate(() => [...document.querySelectorAll('#reproductions tr[data-reproduction]')]
     .map((tr) => tr.textContent));
   check(listed.every((t) => t.includes('DONE')), `both DONE: ${listed.join(' | ')}`);
@@ -50,6 +52,8 @@ const { failures, check, waitFor } = require('./browser_util.cjs');
     const c = charts.find((x) => x.title === name);
     check(c && c.points > 50 && c.painted > 500, `E.4 chart ${name}: ${JSON.stringify(c)}`);
   }
+  const strip = await page.evaluate(() => [...document.querySelectorAll('#margins circle')].map((c) => c.getAttribute('data-passed')));
+  check(strip.length === 5 && strip.every((p) => p === 'true'), `E.4 margin strip: 5 green dots (${strip})`);
   await page.screenshot({ path: `${out}/reproduction-e4.png`, fullPage: true });
 
   // ---- E.9: the label maps of the plane, coloured, y upward ----
@@ -69,6 +73,19 @@ const { failures, check, waitFor } = require('./browser_util.cjs');
   const e9 = await page.evaluate(() => [...document.querySelectorAll('#checks tr[data-outcome]')].map((tr) => tr.getAttribute('data-outcome')));
   check(e9.length === 5 && e9.every((o) => o === 'PASS'), `E.9 outcomes ${e9.join(',')}`);
   await page.screenshot({ path: `${out}/reproduction-e9.png`, fullPage: true });
+
+  // ---- one axis besides the seed: a line per seed; the failing check red ----
+  await page.goto(base + '#/reproduction/p3');
+  await waitFor(page, () => Object.keys(window.__charts).some((t) => t === 'lr · train/loss by lr'), null,
+                'axis recipe: the loss drawn against lr');
+  const axis = await page.evaluate(() => {
+    const u = window.__charts['lr · train/loss by lr'];
+    return { xs: u.data[0], lines: u.data.length - 1, finite: u.data.slice(1).every((ys) => ys.every((y) => Number.isFinite(y))) };
+  });
+  check(JSON.stringify(axis.xs) === '[1,4]' && axis.lines === 2 && axis.finite, `axis chart: x = lr, a line per seed (${JSON.stringify(axis)})`);
+  const dots = await page.evaluate(() => [...document.querySelectorAll('#margins circle')].map((c) => c.getAttribute('data-passed')));
+  check(dots.length === 4 && dots.filter((p) => p === 'false').length === 2, `axis recipe strip: 4 dots, 2 red (${dots})`);
+  await page.screenshot({ path: `${out}/reproduction-axis.png`, fullPage: true });
 
   check(errors.length === 0, `no console errors or failed requests (${errors.slice(0, 3).join('; ')})`);
   await browser.close();
