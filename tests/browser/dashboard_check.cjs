@@ -7,37 +7,18 @@
 // live. Screenshots: OUT_DIR/{runs,run,attention,circuit,task-vectors,live,
 // sweep,sweep-labels,compare}.png.
 'use strict';
-const puppeteer = require('puppeteer-core');
 
 const [base, out] = process.argv.slice(2);
-const { failures, check, waitFor } = require('./browser_util.cjs');
+const { check, waitFor, openPage, chartStats, finish, main } = require('./browser_util.cjs');
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
-// Points a chart holds and pixels its canvas painted.
-function chartStats(title) {
-  const u = window.__charts[title];
-  if (!u) return null;
-  const series = u.data.slice(1).map((ys) => ys.filter((v) => v !== null && v !== undefined).length);
-  const c = u.ctx.canvas;
-  const d = u.ctx.getImageData(0, 0, c.width, c.height).data;
-  let painted = 0;
-  for (let i = 3; i < d.length; i += 4) if (d[i]) painted++;
-  return { series, labels: u.series.slice(1).map((s) => s.label), points: u.data[0].length, painted };
-}
-
-(async () => {
-  const browser = await puppeteer.launch({ executablePath: '/usr/bin/chromium', headless: true,
-                                           args: ['--no-sandbox', '--disable-gpu'] });
-  const page = await browser.newPage();
-  await page.setViewport({ width: 1280, height: 900 });
-  const errors = [];
-  // The deliberate 415 (a POST without a JSON Content-Type) is the one error expected.
-  page.on('console', (m) => { if (m.type() === 'error' && !m.text().includes('status of 415')) errors.push(m.text()); });
-  page.on('pageerror', (e) => errors.push(String(e)));
-  page.on('response', (r) => {
-    if (r.status() >= 400 && !(r.status() === 415 && r.request().method() === 'POST')) errors.push(`HTTP ${r.status()} ${r.url()}`);
-  });
-  page.on('requestfailed', (r) => { if (!r.url().includes('/events')) errors.push('request failed: ' + r.url()); });
+main(async () => {
+  // The deliberate 415 (a POST without a JSON Content-Type) is the one error
+  // expected; run event streams end when a page is left.
+  const { browser, page, errors } = await openPage((kind, text, request) =>
+    (kind === 'console' && text.includes('status of 415')) ||
+    (kind === 'response' && text === '415' && request.method() === 'POST') ||
+    (kind === 'requestfailed' && text.includes('/events')));
 
   // ---- runs table ----
   await page.goto(base + '#/');
@@ -235,10 +216,5 @@ function chartStats(title) {
   check(cmp && cmp.painted > 2000, `compare canvas painted (${cmp && cmp.painted} px)`);
   await page.screenshot({ path: `${out}/compare.png` });
 
-  check(errors.length === 0, `no console errors ${JSON.stringify(errors)}`);
-  await browser.close();
-  if (failures.length) {
-    console.log(`${failures.length} check(s) failed`);
-    process.exit(1);
-  }
-})().catch((e) => { console.error(e); process.exit(1); });
+  await finish(browser, errors);
+});

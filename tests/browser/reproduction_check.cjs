@@ -6,20 +6,12 @@
 // failing), all DONE.
 // Screenshots: OUT_DIR/reproductions.png, reproduction-e4.png, reproduction-e9.png, reproduction-axis.png.
 'use strict';
-const puppeteer = require('puppeteer-core');
 
 const [base, out] = process.argv.slice(2);
-const { failures, check, waitFor } = require('./browser_util.cjs');
+const { check, waitFor, openPage, chartStats, finish, main } = require('./browser_util.cjs');
 
-(async () => {
-  const browser = await puppeteer.launch({ executablePath: '/usr/bin/chromium', headless: true,
-                                           args: ['--no-sandbox', '--disable-gpu'] });
-  const page = await browser.newPage();
-  await page.setViewport({ width: 1280, height: 900 });
-  const errors = [];
-  page.on('console', (m) => { if (m.type() === 'error') errors.push(m.text()); });
-  page.on('pageerror', (e) => errors.push(String(e)));
-  page.on('response', (r) => { if (r.status() >= 400) errors.push(`HTTP ${r.status()} ${r.url()}`); });
+main(async () => {
+  const { browser, page, errors } = await openPage();
 
   // ---- the list: both reproductions DONE, the recipes with a command each ----
   await page.goto(base + '#/reproductions');
@@ -41,15 +33,8 @@ const { failures, check, waitFor } = require('./browser_util.cjs');
   check(outcomes.every((o) => o === 'PASS'), `E.4 outcomes ${outcomes.join(',')}`);
   await waitFor(page, () => Object.keys(window.__charts).some((t) => t.includes('trajectory:')), null,
                 'E.4: a trajectory chart');
-  const charts = await page.evaluate(() => Object.entries(window.__charts).map(([title, u]) => {
-    const c = u.ctx.canvas;
-    const d = u.ctx.getImageData(0, 0, c.width, c.height).data;
-    let painted = 0;
-    for (let i = 3; i < d.length; i += 4) if (d[i]) painted++;
-    return { title, points: u.data[0].length, series: u.data.length - 1, painted };
-  }));
   for (const name of ['unit · trajectory:gamma', 'unit · trajectory:beta', 'prototype · trajectory:alpha']) {
-    const c = charts.find((x) => x.title === name);
+    const c = await page.evaluate(chartStats, name);
     check(c && c.points > 50 && c.painted > 500, `E.4 chart ${name}: ${JSON.stringify(c)}`);
   }
   const strip = await page.evaluate(() => [...document.querySelectorAll('#margins circle')].map((c) => c.getAttribute('data-passed')));
@@ -87,10 +72,5 @@ const { failures, check, waitFor } = require('./browser_util.cjs');
   check(dots.length === 4 && dots.filter((p) => p === 'false').length === 2, `axis recipe strip: 4 dots, 2 red (${dots})`);
   await page.screenshot({ path: `${out}/reproduction-axis.png`, fullPage: true });
 
-  check(errors.length === 0, `no console errors or failed requests (${errors.slice(0, 3).join('; ')})`);
-  await browser.close();
-  if (failures.length) {
-    console.log(`${failures.length} check(s) failed`);
-    process.exit(1);
-  }
-})().catch((e) => { console.error(e); process.exit(1); });
+  await finish(browser, errors);
+});
