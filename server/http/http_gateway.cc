@@ -661,9 +661,9 @@ void HttpGateway::Routes() {
   Get(R"(/([A-Za-z0-9_./-]*))", "static", true,
       [](const httplib::Request& req, httplib::Response& res, const Caller&) -> absl::Status {
         const std::string path = req.path == "/" ? "/index.html" : req.path;
-        const DashboardAsset* a = FindDashboardAsset(path);
-        if (a == nullptr) return absl::NotFoundError("no such page: " + Quote(Clip(req.path, 128)));
-        res.set_content(reinterpret_cast<const char*>(a->data), a->size, a->content_type);
+        const std::optional<DashboardAsset> a = FindDashboardAsset(path);
+        if (!a) return absl::NotFoundError("no such page: " + Quote(Clip(req.path, 128)));
+        res.set_content(a->bytes.data(), a->bytes.size(), std::string(a->content_type));
         res.set_header("Cache-Control", "no-cache");
         res.set_header("Content-Security-Policy",
                        "default-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "

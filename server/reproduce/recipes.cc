@@ -211,7 +211,7 @@ const std::vector<v1::Recipe>& BuiltInRecipes() {
   static const std::vector<v1::Recipe> recipes = [] {
     std::vector<v1::Recipe> out;
     for (const EmbeddedFile& f : EmbeddedRecipeFiles()) {
-      absl::StatusOr<v1::Recipe> r = ParseRecipe(f.text, f.name);
+      absl::StatusOr<v1::Recipe> r = ParseRecipe(f.bytes, f.name);
       absl::Status valid = r.ok() ? ValidateRecipe(*r) : r.status();
       if (!valid.ok()) {
         spdlog::error("recipe {} left out: {}", f.name, std::string(valid.message()));

@@ -1,25 +1,24 @@
 // Recipes (SCIENCE.md §E as data): the compiled-in ones under
 // examples/reproduce/ (one file per claim, a circuitlab.v1.Recipe in
-// protobuf's JSON form, embedded by cmake/embed_recipes.cmake), and the
+// protobuf's JSON form, embedded by cmake/embed_files.cmake), and the
 // checks every recipe passes before a reproduction runs it, whether
 // compiled in or sent by a client.
 #pragma once
 
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "circuitlab/v1/reproduce.pb.h"
+#include "server/common/embedded_file.h"
 
 namespace circuitlab::reproduce {
 
-struct EmbeddedFile {
-  std::string_view name;  // "E.9.json"
-  std::string_view text;
-};
-// Generated (recipes_embedded.cc).
-std::vector<EmbeddedFile> EmbeddedRecipeFiles();
+// examples/reproduce/*.json, by file name ("E.9.json"); generated
+// (recipes_embedded.cc, cmake/embed_files.cmake).
+std::span<const EmbeddedFile> EmbeddedRecipeFiles();
 
 // The compiled-in recipes, parsed and validated once, in claim order (E.1,
 // E.2, ..., E.10, ...). A file that does not parse or validate is a build

@@ -162,6 +162,11 @@ TEST(HttpTest, JsonApiAnswersWhatGrpcAnswers) {
   auto uplot = http.Get("/vendor/uplot/uPlot.iife.min.js");
   EXPECT_EQ(uplot->status, 200);
   EXPECT_GT(uplot->body.size(), 40000u);
+  EXPECT_EQ(index->get_header_value("Content-Type"), "text/html; charset=utf-8");
+  EXPECT_EQ(uplot->get_header_value("Content-Type"), "text/javascript; charset=utf-8");
+  EXPECT_EQ(http.Get("/style.css")->get_header_value("Content-Type"), "text/css; charset=utf-8");
+  EXPECT_EQ(http.Get("/index.html")->body, index->body);
+  EXPECT_EQ(http.Get("/vendor/uplot")->status, 404) << "a directory is no file";
   EXPECT_EQ(http.Get("/../etc/passwd")->status, 404);
   EXPECT_EQ(http.Get("/healthz")->status, 200);
   EXPECT_EQ(http.Get("/readyz")->status, 200);
