@@ -1,6 +1,7 @@
 #include "server/reproduce/reproductions.h"
 
 #include <google/protobuf/util/json_util.h>
+#include <google/protobuf/util/message_differencer.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -8,6 +9,7 @@
 #include <cstdlib>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 
 #include "server/common/status_macros.h"
@@ -59,6 +61,17 @@ v1::SweepSpec SeededSweep(const v1::RecipeSweep& s, const v1::Reproduction& r, u
 
 // The key of seed k's sweep in Reproduction.sweeps: "plane/1".
 std::string SweepKey(const v1::RecipeSweep& s, uint32_t k) { return s.name() + "/" + std::to_string(k + 1); }
+
+// What seed k's sweep trains, without the names and tags that only say who
+// asked: two reproductions whose experiments are equal train the same runs.
+v1::SweepSpec ExperimentOf(const v1::RecipeSweep& s, const v1::Reproduction& r, uint32_t k) {
+  v1::SweepSpec out = SeededSweep(s, r, k);
+  out.clear_name();
+  out.mutable_base()->clear_name();
+  out.mutable_base()->clear_tags();
+  for (const std::string& tag : s.sweep().base().tags()) out.mutable_base()->add_tags(tag);
+  return out;
+}
 
 // The columns of each sweep the checks read, by kind.
 struct Needed {
@@ -195,12 +208,52 @@ bool ReproductionCore::Advance(v1::Reproduction* r) {
   return Analyse(r);
 }
 
+std::optional<std::string> ReproductionCore::Reusable(const v1::SweepSpec& experiment, const v1::Reproduction& r) {
+  absl::StatusOr<std::vector<store::ReproductionRow>> rows = store_->ListReproductions(
+      r.owner(), {v1::REPRODUCTION_STATE_TRAINING, v1::REPRODUCTION_STATE_ANALYSING, v1::REPRODUCTION_STATE_DONE},
+      kReuseWindow);
+  if (!rows.ok()) return std::nullopt;
+  for (const store::ReproductionRow& row : *rows) {
+    v1::Reproduction other;
+    if (!other.ParseFromString(row.body) || other.reproduction_id() == r.reproduction_id() ||
+        !other.recipe().scales().contains(other.scale()))
+      continue;
+    for (const v1::RecipeSweep& s : ScaleOf(other).sweeps()) {
+      for (uint32_t k = 0; k < other.seeds(); ++k) {
+        auto id = other.sweeps().find(SweepKey(s, k));
+        if (id == other.sweeps().end() ||
+            !google::protobuf::util::MessageDifferencer::Equals(ExperimentOf(s, other, k), experiment))
+          continue;
+        // Only a sweep whose runs are still there and none of which failed
+        // or was cancelled.
+        absl::StatusOr<v1::Sweep> sweep = sweeps_->Get(id->second);
+        if (!sweep.ok()) continue;
+        bool sound = true;
+        for (const auto& [state, count] : sweep->states()) {
+          if (count > 0 &&
+              (state == v1::RunState_Name(v1::RUN_STATE_FAILED) || state == v1::RunState_Name(v1::RUN_STATE_CANCELLED)))
+            sound = false;
+        }
+        if (sound) return id->second;
+      }
+    }
+  }
+  return std::nullopt;
+}
+
 bool ReproductionCore::Train(v1::Reproduction* r) {
   const v1::RecipeScale& scale = ScaleOf(*r);
   bool changed = false;
   for (const v1::RecipeSweep& s : scale.sweeps()) {
     for (uint32_t k = 0; k < r->seeds(); ++k) {
       if (r->sweeps().contains(SweepKey(s, k))) continue;
+      // The same experiment, trained or training for another of the owner's
+      // reproductions: its runs (and the analyses stored on them) are used.
+      if (std::optional<std::string> same = Reusable(ExperimentOf(s, *r, k), *r)) {
+        (*r->mutable_sweeps())[SweepKey(s, k)] = *same;
+        changed = true;
+        continue;
+      }
       absl::StatusOr<v1::Sweep> sweep = sweeps_->Submit(SeededSweep(s, *r, k), r->owner());
       if (absl::IsResourceExhausted(sweep.status()) || absl::IsUnavailable(sweep.status())) {
         const std::string phase =
@@ -514,7 +567,17 @@ absl::StatusOr<v1::Reproduction> ReproductionCore::Cancel(const std::string& id)
   if (Ended(r.state())) {
     return absl::FailedPreconditionError(id + " has already ended (" + v1::ReproductionState_Name(r.state()) + ")");
   }
+  // Sweeps another unfinished reproduction of the owner shares stay.
+  std::set<std::string> shared;
+  absl::StatusOr<std::vector<store::ReproductionRow>> others = store_->ListReproductions(
+      r.owner(), {v1::REPRODUCTION_STATE_TRAINING, v1::REPRODUCTION_STATE_ANALYSING}, kReuseWindow);
+  for (const store::ReproductionRow& row : others.ok() ? *others : std::vector<store::ReproductionRow>()) {
+    v1::Reproduction other;
+    if (!other.ParseFromString(row.body) || other.reproduction_id() == r.reproduction_id()) continue;
+    for (const auto& [name, sweep] : other.sweeps()) shared.insert(sweep);
+  }
   for (const auto& [name, sweep] : r.sweeps()) {
+    if (shared.contains(sweep)) continue;
     absl::StatusOr<v1::Sweep> s = sweeps_->Cancel(sweep);
     if (!s.ok() && !absl::IsNotFound(s.status()))
       spdlog::warn("{}: cancel {}: {}", id, sweep, std::string(s.status().message()));

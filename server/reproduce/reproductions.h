@@ -20,6 +20,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -74,6 +75,11 @@ class ReproductionCore {
   // One step of `r`; true when its record changed.
   bool Advance(v1::Reproduction* r);
   bool Train(v1::Reproduction* r);
+  // The id of a sweep of another of r's owner's reproductions (among the
+  // newest kReuseWindow, not failed or cancelled) that trains `experiment`
+  // (ExperimentOf), and none of whose runs failed or was cancelled.
+  std::optional<std::string> Reusable(const v1::SweepSpec& experiment, const v1::Reproduction& r);
+  static constexpr int kReuseWindow = 200;
   bool Analyse(v1::Reproduction* r);
   absl::Status Save(const v1::Reproduction& r);
   // A "series:<metric>" or "trajectory:<coordinate>" column of one run:

@@ -155,5 +155,47 @@ TEST(ReproductionTest, ARestartResumesWithoutRetraining) {
   EXPECT_EQ(done.report().passed(), 2u) << done.report().checks(0).note();
 }
 
+// Two reproductions of one experiment train it once: the second uses the
+// first's sweep (a recipe of its own id and title, names aside, the same
+// spec and seed), whether it is still training or done; cancelling one
+// leaves the sweep the other still needs; a different seed trains anew.
+TEST(ReproductionTest, TheSameExperimentTrainsOnce) {
+  TempDir dir;
+  FakeExecutor exec;
+  exec.step_time = std::chrono::milliseconds(10);
+  Server server(dir.path(), &exec);
+  auto c = MakeClient(server.address());
+  v1::StartReproductionRequest req;
+  *req.mutable_recipe() = TwoRunRecipe();
+  req.set_scale("ci");
+  ASSERT_TRUE(c.StartReproduction(req).ok());  // p1
+  req.mutable_recipe()->set_id("T.2");
+  req.mutable_recipe()->set_title("the same runs, another claim");
+  (*req.mutable_recipe()->mutable_scales())["ci"].mutable_sweeps(0)->mutable_sweep()->mutable_base()->set_name("other");
+  auto second = c.StartReproduction(req);  // p2, while p1 trains
+  ASSERT_TRUE(second.ok()) << second.status();
+  ASSERT_TRUE(WaitFor([&] {
+    auto p2 = c.GetReproduction("p2");
+    return p2.ok() && p2->sweeps().contains("runs/1");
+  }));
+  const std::string shared = c.GetReproduction("p1")->sweeps().at("runs/1");
+  EXPECT_EQ(c.GetReproduction("p2")->sweeps().at("runs/1"), shared);
+  // Cancelling p2 leaves p1's sweep training.
+  ASSERT_TRUE(c.CancelReproduction("p2").ok());
+  const v1::Reproduction done = WaitForReproduction(c, "p1", v1::REPRODUCTION_STATE_DONE);
+  ASSERT_EQ(done.state(), v1::REPRODUCTION_STATE_DONE) << done.error();
+  EXPECT_EQ(done.report().passed(), 2u);
+  EXPECT_EQ(exec.started(), 2) << "two runs, trained once";
+  // Done, it is still used; a second seed is a new experiment.
+  req.set_seeds(2);
+  ASSERT_TRUE(c.StartReproduction(req).ok());  // p3
+  const v1::Reproduction third = WaitForReproduction(c, "p3", v1::REPRODUCTION_STATE_DONE);
+  ASSERT_EQ(third.state(), v1::REPRODUCTION_STATE_DONE) << third.error();
+  EXPECT_EQ(third.sweeps().at("runs/1"), shared);
+  EXPECT_NE(third.sweeps().at("runs/2"), shared);
+  EXPECT_EQ(exec.started(), 4) << "only seed 2's runs trained";
+  EXPECT_EQ(third.report().passed(), 2u);
+}
+
 }  // namespace
 }  // namespace circuitlab::testing
