@@ -576,12 +576,18 @@ absl::StatusOr<v1::Reproduction> ReproductionCore::Cancel(const std::string& id)
     if (!other.ParseFromString(row.body) || other.reproduction_id() == r.reproduction_id()) continue;
     for (const auto& [name, sweep] : other.sweeps()) shared.insert(sweep);
   }
+  std::set<std::string> runs;  // of the sweeps cancelled
   for (const auto& [name, sweep] : r.sweeps()) {
     if (shared.contains(sweep)) continue;
     absl::StatusOr<v1::Sweep> s = sweeps_->Cancel(sweep);
     if (!s.ok() && !absl::IsNotFound(s.status()))
       spdlog::warn("{}: cancel {}: {}", id, sweep, std::string(s.status().message()));
+    if (s.ok()) runs.insert(s->run_ids().begin(), s->run_ids().end());
   }
+  // And the analysis jobs it started on their runs, queued or running.
+  const v1::ListAnalysisJobsResponse jobs = analyses_->jobs().List(
+      [&](const v1::AnalysisJob& j) { return j.owner() == r.owner() && runs.contains(j.run_id()); });
+  for (const v1::AnalysisJob& j : jobs.jobs()) (void)analyses_->jobs().Cancel(j.job_id());
   r.set_state(v1::REPRODUCTION_STATE_CANCELLED);
   r.set_phase("cancelled");
   SetTime(NowUs(), r.mutable_finished_at());

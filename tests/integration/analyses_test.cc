@@ -12,22 +12,6 @@
 namespace circuitlab::testing {
 namespace {
 
-// Interventions that cannot finish until they are cancelled (the executor
-// installs the job's token on its worker thread, as for the real engine).
-class GatedAnalyzer : public UnimplementedAnalyzer {
- public:
-  GatedAnalyzer() {
-    On<v1::InterveneRequest, v1::InterveneResponse>(
-        [this](const engine::AnalysisInput&, const v1::InterveneRequest&, const Progress&,
-               const CancelToken*) -> absl::StatusOr<v1::InterveneResponse> {
-          ++started;
-          while (!ThreadCancelToken()->stop_requested()) std::this_thread::sleep_for(std::chrono::milliseconds(2));
-          return absl::CancelledError("stopped");
-        });
-  }
-  std::atomic<int> started{0};
-};
-
 // Coordinates recorded during training and the projection of the final
 // checkpoint agree; a second projection comes from the store.
 TEST(IntegrationTest, CoordinatesOverTrainingAndCheckpointProjection) {

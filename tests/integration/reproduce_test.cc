@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include "tests/integration/integration_util.h"
+#include "tests/test_util/fake_analyzer.h"
 
 namespace circuitlab::testing {
 namespace {
@@ -195,6 +196,36 @@ TEST(ReproductionTest, TheSameExperimentTrainsOnce) {
   EXPECT_NE(third.sweeps().at("runs/2"), shared);
   EXPECT_EQ(exec.started(), 4) << "only seed 2's runs trained";
   EXPECT_EQ(third.report().passed(), 2u);
+}
+
+// Cancelling a reproduction cancels the analysis jobs it started, not only
+// its sweeps: an intervention that would never end is stopped.
+TEST(ReproductionTest, CancelStopsItsAnalysisJobs) {
+  TempDir dir;
+  auto exec = engine::MakeTorchExecutor();  // a real checkpoint to analyse
+  GatedAnalyzer analyzer;
+  Server server(dir.path(), exec.get(), {}, {}, &analyzer);
+  auto c = MakeClient(server.address());
+  v1::StartReproductionRequest req;
+  *req.mutable_recipe() = TwoRunRecipe();
+  v1::RecipeScale& scale = (*req.mutable_recipe()->mutable_scales())["ci"];
+  scale.mutable_sweeps(0)->mutable_sweep()->clear_axes();
+  v1::RecipeAnalysis* a = scale.add_analyses();
+  a->set_name("ablate");
+  a->set_sweep("runs");
+  a->mutable_intervene()->add_interventions()->set_op(v1::Intervention::OP_ABLATE_HEAD);
+  a->mutable_intervene()->mutable_interventions(0)->set_layer(1);
+  scale.mutable_checks(0)->mutable_value()->mutable_column()->set_column("ablate.effects.0.accuracy");
+  req.set_scale("ci");
+  auto started = c.StartReproduction(req);
+  ASSERT_TRUE(started.ok()) << started.status();
+  ASSERT_TRUE(WaitFor([&] { return analyzer.started.load() == 1; }, std::chrono::seconds(30)));
+  ASSERT_TRUE(c.CancelReproduction("p1").ok());
+  EXPECT_TRUE(WaitFor([&] {
+    auto jobs = c.ListAnalysisJobs();
+    return jobs.ok() && jobs->jobs().empty();
+  })) << "the intervention job was not cancelled";
+  EXPECT_EQ(c.GetReproduction("p1")->state(), v1::REPRODUCTION_STATE_CANCELLED);
 }
 
 }  // namespace

@@ -3,10 +3,14 @@
 // with On<Request, Response>(f).
 #pragma once
 
+#include <atomic>
+#include <chrono>
 #include <functional>
 #include <map>
 #include <string>
+#include <thread>
 
+#include "server/common/thread_cancel.h"
 #include "server/engine/engine.h"
 
 namespace circuitlab::testing {
@@ -39,6 +43,22 @@ class UnimplementedAnalyzer : public engine::Analyzer {
   std::map<std::string, std::function<absl::Status(const engine::AnalysisInput&, const google::protobuf::Message&,
                                                    google::protobuf::Message*, const Progress&, const CancelToken*)>>
       answers_;
+};
+
+// Interventions that cannot finish until they are cancelled (the executor
+// installs the job's token on its worker thread, as for the real engine).
+class GatedAnalyzer : public UnimplementedAnalyzer {
+ public:
+  GatedAnalyzer() {
+    On<v1::InterveneRequest, v1::InterveneResponse>(
+        [this](const engine::AnalysisInput&, const v1::InterveneRequest&, const Progress&,
+               const CancelToken*) -> absl::StatusOr<v1::InterveneResponse> {
+          ++started;
+          while (!ThreadCancelToken()->stop_requested()) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+          return absl::CancelledError("stopped");
+        });
+  }
+  std::atomic<int> started{0};
 };
 
 }  // namespace circuitlab::testing
