@@ -1039,17 +1039,13 @@ async function askAnalysis(id, name, params, start, onProgress, isStopped) {
 const GREEK = {alpha: 'α', beta: 'β', gamma: 'γ', delta: 'δ'};
 const ROLE_COLOUR = {canonical: '#2855c7', shortcut: '#d1495b', aiding: '#8c8c8c'};
 
-// The circuit as a graph: columns input, layer 1..L, out; each kept
-// coordinate an edge into its layer (QK: from the layer before; the
-// read-out: from the last layer to out), its width proportional to
-// |value| (`values`: label -> value at the replayed step, else the
-// detected one).
-function circuitGraph(answer, layers, values) {
-  const W = 160 * (layers + 2), H = 260, colX = (c) => 60 + c * 160;
+// An SVG element of W x H with `id`, and add(tag, attrs, text) appending a
+// child element (returned) to it.
+function svgCanvas(W, H, id) {
   const svg = document.createElementNS('http://www.w3.org/2000/svg', 'svg');
   svg.setAttribute('width', W);
   svg.setAttribute('height', H);
-  svg.setAttribute('id', 'circuit-graph');
+  svg.setAttribute('id', id);
   const add = (tag, attrs, text) => {
     const el = document.createElementNS('http://www.w3.org/2000/svg', tag);
     for (const [k, v] of Object.entries(attrs)) el.setAttribute(k, v);
@@ -1057,6 +1053,17 @@ function circuitGraph(answer, layers, values) {
     svg.append(el);
     return el;
   };
+  return [svg, add];
+}
+
+// The circuit as a graph: columns input, layer 1..L, out; each kept
+// coordinate an edge into its layer (QK: from the layer before; the
+// read-out: from the last layer to out), its width proportional to
+// |value| (`values`: label -> value at the replayed step, else the
+// detected one).
+function circuitGraph(answer, layers, values) {
+  const W = 160 * (layers + 2), H = 260, colX = (c) => 60 + c * 160;
+  const [svg, add] = svgCanvas(W, H, 'circuit-graph');
   // The residual stream: every layer reads and writes it, so a path may
   // skip a layer (a 3-layer model's 1-2 circuit reaches the read-out
   // through layer 3 untouched).
@@ -1534,17 +1541,7 @@ function axisChart(name, table, col, axis, seedAxis, holder) {
 const DIRECTION = {COMPARISON_GE: 1, COMPARISON_GT: 1, COMPARISON_LE: -1, COMPARISON_LT: -1};
 function marginStrip(checks, comparisons) {
   const W = 640, left = 190, rowH = 18, H = 30 + rowH * checks.length;
-  const svg = document.createElementNS('http://www.w3.org/2000/svg', 'svg');
-  svg.setAttribute('width', W);
-  svg.setAttribute('height', H);
-  svg.setAttribute('id', 'margins');
-  const add = (tag, attrs, text) => {
-    const el = document.createElementNS('http://www.w3.org/2000/svg', tag);
-    for (const [k, v] of Object.entries(attrs)) el.setAttribute(k, v);
-    if (text !== undefined) el.textContent = text;
-    svg.append(el);
-    return el;
-  };
+  const [svg, add] = svgCanvas(W, H, 'margins');
   const x = (m) => left + (W - left - 20) * (m + 1) / 2;
   add('line', {x1: x(0), x2: x(0), y1: 4, y2: H - 22, stroke: '#555'});
   add('text', {x: x(-1), y: H - 6, 'font-size': 11, fill: '#666'}, 'fails');

@@ -36,6 +36,14 @@ v1::Recipe TwoRunRecipe() {
   return r;
 }
 
+// StartReproduction of TwoRunRecipe at ci scale.
+v1::StartReproductionRequest TwoRunRequest() {
+  v1::StartReproductionRequest req;
+  *req.mutable_recipe() = TwoRunRecipe();
+  req.set_scale("ci");
+  return req;
+}
+
 v1::Reproduction WaitForReproduction(client::Client& c, const std::string& id, v1::ReproductionState want) {
   v1::Reproduction r;
   WaitFor(
@@ -127,10 +135,7 @@ TEST(ReproductionTest, ARestartResumesWithoutRetraining) {
     exec.step_time = std::chrono::milliseconds(10);
     Server server(dir.path(), &exec);
     auto c = MakeClient(server.address());
-    v1::StartReproductionRequest req;
-    *req.mutable_recipe() = TwoRunRecipe();
-    req.set_scale("ci");
-    ASSERT_TRUE(c.StartReproduction(req).ok());
+    ASSERT_TRUE(c.StartReproduction(TwoRunRequest()).ok());
     ASSERT_TRUE(WaitFor([&] {
       v1::ListRunsRequest q;
       q.add_states(v1::RUN_STATE_SUCCEEDED);
@@ -166,9 +171,7 @@ TEST(ReproductionTest, TheSameExperimentTrainsOnce) {
   exec.step_time = std::chrono::milliseconds(10);
   Server server(dir.path(), &exec);
   auto c = MakeClient(server.address());
-  v1::StartReproductionRequest req;
-  *req.mutable_recipe() = TwoRunRecipe();
-  req.set_scale("ci");
+  v1::StartReproductionRequest req = TwoRunRequest();
   ASSERT_TRUE(c.StartReproduction(req).ok());  // p1
   req.mutable_recipe()->set_id("T.2");
   req.mutable_recipe()->set_title("the same runs, another claim");
@@ -206,8 +209,7 @@ TEST(ReproductionTest, CancelStopsItsAnalysisJobs) {
   GatedAnalyzer analyzer;
   Server server(dir.path(), exec.get(), {}, {}, &analyzer);
   auto c = MakeClient(server.address());
-  v1::StartReproductionRequest req;
-  *req.mutable_recipe() = TwoRunRecipe();
+  v1::StartReproductionRequest req = TwoRunRequest();
   v1::RecipeScale& scale = (*req.mutable_recipe()->mutable_scales())["ci"];
   scale.mutable_sweeps(0)->mutable_sweep()->clear_axes();
   v1::RecipeAnalysis* a = scale.add_analyses();
@@ -216,7 +218,6 @@ TEST(ReproductionTest, CancelStopsItsAnalysisJobs) {
   a->mutable_intervene()->add_interventions()->set_op(v1::Intervention::OP_ABLATE_HEAD);
   a->mutable_intervene()->mutable_interventions(0)->set_layer(1);
   scale.mutable_checks(0)->mutable_value()->mutable_column()->set_column("ablate.effects.0.accuracy");
-  req.set_scale("ci");
   auto started = c.StartReproduction(req);
   ASSERT_TRUE(started.ok()) << started.status();
   ASSERT_TRUE(WaitFor([&] { return analyzer.started.load() == 1; }, std::chrono::seconds(30)));
