@@ -60,9 +60,26 @@ std::string State(v1::ReproductionState s) {
   return v1::ReproductionState_Name(s).substr(19);
 }  // after "REPRODUCTION_STATE_"
 
-std::string Measured(const v1::CheckResult& c) {
+// Whether check `id` of the reproduction's scale compares with a measured
+// value (a column) rather than a constant.
+bool AgainstMeasured(const v1::Reproduction& r, const std::string& id) {
+  auto scale = r.recipe().scales().find(r.scale());
+  if (scale == r.recipe().scales().end()) return false;
+  for (const v1::RecipeCheck& c : scale->second.checks()) {
+    if (c.id() == id) return c.against().has_column();
+  }
+  return false;
+}
+
+// The values per seed; "value vs against" when the check compares with a
+// measured value (E.14: beta at the last position vs beta at position 4 +
+// 0.1), since the threshold then differs by seed.
+std::string Measured(const v1::CheckResult& c, bool against_measured) {
   std::string s;
-  for (const auto& v : c.values()) s += (s.empty() ? "" : ", ") + Cell(v);
+  for (int k = 0; k < c.values_size(); ++k) {
+    s += (s.empty() ? "" : ", ") + Cell(c.values(k));
+    if (against_measured && k < c.against_size()) s += " vs " + Cell(c.against(k));
+  }
   if (c.values_size() > 1 && c.stddev() > 0) s += " (mean " + Num(c.mean()) + " ± " + Num(c.stddev()) + ")";
   return s;
 }
@@ -175,7 +192,7 @@ std::string ReproductionText(const v1::Reproduction& r) {
     char head[64];
     std::snprintf(head, sizeof head, "  %-12s %s", Outcome(c.outcome()).c_str(), c.id().c_str());
     out << head << "\n      " << c.description() << "\n      expected " << c.expected() << "\n      measured "
-        << Measured(c) << "\n";
+        << Measured(c, AgainstMeasured(r, c.id())) << "\n";
     if (!c.note().empty()) out << "      note: " << c.note() << "\n";
   }
   for (const std::string& n : rep.notes()) out << "  note: " << n << "\n";
@@ -205,7 +222,7 @@ std::string ReproductionMarkdown(const v1::Reproduction& r) {
   out << "| Check | Expected | Measured (per seed) | Outcome |\n|---|---|---|---|\n";
   for (const v1::CheckResult& c : rep.checks()) {
     out << "| **" << c.id() << "**: " << Escape(c.description()) << " | " << Escape(c.expected()) << " | "
-        << Escape(Measured(c)) << " | " << Outcome(c.outcome())
+        << Escape(Measured(c, AgainstMeasured(r, c.id()))) << " | " << Outcome(c.outcome())
         << (c.note().empty() ? "" : " (" + Escape(c.note()) + ")") << " |\n";
   }
   if (!rep.notes().empty()) {

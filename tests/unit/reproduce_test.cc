@@ -8,6 +8,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "client/lib/reproduce_render.h"
 #include "server/reproduce/recipes.h"
 #include "server/reproduce/report.h"
 
@@ -245,6 +246,25 @@ TEST(ReproduceRecipeTest, EveryRecipeFileIsCompiledInAndValid) {
   EXPECT_TRUE(ClaimOrder("E.2", "E.10"));
   EXPECT_FALSE(ClaimOrder("E.10", "E.9"));
   EXPECT_TRUE(absl::IsNotFound(FindRecipe("E.99").status()));
+}
+
+// A check that compares with a measured value shows it beside each seed's
+// value (the threshold differs by seed); a constant threshold does not.
+TEST(ReproduceRenderTest, ChecksAgainstAMeasuredValueShowIt) {
+  const auto r = Parse<v1::Reproduction>(R"({"reproduction_id": "p1", "recipe_id": "X.1", "scale": "ci",
+    "seeds": 2, "state": "REPRODUCTION_STATE_DONE",
+    "recipe": {"id": "X.1", "scales": {"ci": {"checks": [
+      {"id": "rises", "value": {"column": {"sweep": "a", "column": "late"}},
+       "comparison": "COMPARISON_GT", "against": {"column": {"sweep": "a", "column": "early"}, "offset": 0.1}},
+      {"id": "small", "value": {"column": {"sweep": "a", "column": "late"}},
+       "comparison": "COMPARISON_LE", "against": {"constant": 1}}]}}},
+    "report": {"checks": [
+      {"id": "rises", "outcome": "CHECK_OUTCOME_FAIL", "values": [0.99, 0.98], "against": [0.5, 0.995]},
+      {"id": "small", "outcome": "CHECK_OUTCOME_PASS", "values": [0.99, 0.98], "against": [1, 1]}]}})");
+  const std::string md = client::ReproductionMarkdown(r), text = client::ReproductionText(r);
+  EXPECT_NE(md.find("0.99 vs 0.5, 0.98 vs 0.995"), std::string::npos) << md;
+  EXPECT_NE(text.find("measured 0.99 vs 0.5, 0.98 vs 0.995"), std::string::npos) << text;
+  EXPECT_EQ(md.find("vs 1"), std::string::npos) << "a constant threshold is in Expected: " << md;
 }
 
 }  // namespace
