@@ -120,7 +120,10 @@ scontrol show job "$(job_of r1)" 2>/dev/null | grep "Comment=circuitlab-slurm-te
 say "6 runs SUCCEEDED on Slurm pilots (at most $max_pilots at once) in $(( $(date +%s) - t0 )) s"
 
 # 2. A pilot signalled USR2 (what --signal=B:USR2@120 does before its end).
-long_spec=$(spec long 7 1500)
+# Long enough (~13 s on a quiet core) that it is still training when the
+# checks below look at it on a loaded machine: at 1500 steps it once ended
+# between wait_step and `circuitlab workers`.
+long_spec=$(spec long 7 5000)
 "${cli[@]}" submit "$long_spec" >/dev/null  # r7
 wait_step r7 300
 job=$(job_of r7)
@@ -163,7 +166,7 @@ c0=$(date +%s%N)
 for _ in $(seq 100); do [ "$(json r10 'r["state"]')" = RUN_STATE_CANCELLED ] && break; sleep 0.1; done
 [ "$(json r10 'r["state"]')" = RUN_STATE_CANCELLED ] || fail "r10 not cancelled within 10 s"
 cancel_ms=$(( ($(date +%s%N) - c0) / 1000000 ))
-[ "$(step r10)" -lt 1500 ] || fail "r10 ran to the end"
+[ "$(step r10)" -lt 5000 ] || fail "r10 ran to the end"
 say "cancel of r10 took effect on its worker in $cancel_ms ms"
 
 # 1-4: the same specs on a local-executor server give the same metrics.
