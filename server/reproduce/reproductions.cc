@@ -208,16 +208,26 @@ bool ReproductionCore::Advance(v1::Reproduction* r) {
   return Analyse(r);
 }
 
-std::optional<std::string> ReproductionCore::Reusable(const v1::SweepSpec& experiment, const v1::Reproduction& r) {
+std::vector<v1::Reproduction> ReproductionCore::ReuseCandidates(const v1::Reproduction& r) {
+  std::vector<v1::Reproduction> out;
   absl::StatusOr<std::vector<store::ReproductionRow>> rows = store_->ListReproductions(
       r.owner(), {v1::REPRODUCTION_STATE_TRAINING, v1::REPRODUCTION_STATE_ANALYSING, v1::REPRODUCTION_STATE_DONE},
       kReuseWindow);
-  if (!rows.ok()) return std::nullopt;
+  if (!rows.ok()) return out;
   for (const store::ReproductionRow& row : *rows) {
     v1::Reproduction other;
     if (!other.ParseFromString(row.body) || other.reproduction_id() == r.reproduction_id() ||
         !other.recipe().scales().contains(other.scale()))
       continue;
+    other.clear_report();  // only the recipe and the sweeps are read
+    out.push_back(std::move(other));
+  }
+  return out;
+}
+
+std::optional<std::string> ReproductionCore::Reusable(const v1::SweepSpec& experiment,
+                                                      const std::vector<v1::Reproduction>& candidates) {
+  for (const v1::Reproduction& other : candidates) {
     for (const v1::RecipeSweep& s : ScaleOf(other).sweeps()) {
       for (uint32_t k = 0; k < other.seeds(); ++k) {
         auto id = other.sweeps().find(SweepKey(s, k));
@@ -244,12 +254,14 @@ std::optional<std::string> ReproductionCore::Reusable(const v1::SweepSpec& exper
 bool ReproductionCore::Train(v1::Reproduction* r) {
   const v1::RecipeScale& scale = ScaleOf(*r);
   bool changed = false;
+  std::optional<std::vector<v1::Reproduction>> candidates;  // read once per call, when a sweep is still to submit
   for (const v1::RecipeSweep& s : scale.sweeps()) {
     for (uint32_t k = 0; k < r->seeds(); ++k) {
       if (r->sweeps().contains(SweepKey(s, k))) continue;
       // The same experiment, trained or training for another of the owner's
       // reproductions: its runs (and the analyses stored on them) are used.
-      if (std::optional<std::string> same = Reusable(ExperimentOf(s, *r, k), *r)) {
+      if (!candidates) candidates = ReuseCandidates(*r);
+      if (std::optional<std::string> same = Reusable(ExperimentOf(s, *r, k), *candidates)) {
         (*r->mutable_sweeps())[SweepKey(s, k)] = *same;
         changed = true;
         continue;

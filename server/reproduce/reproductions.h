@@ -75,10 +75,13 @@ class ReproductionCore {
   // One step of `r`; true when its record changed.
   bool Advance(v1::Reproduction* r);
   bool Train(v1::Reproduction* r);
-  // The id of a sweep of another of r's owner's reproductions (among the
-  // newest kReuseWindow, not failed or cancelled) that trains `experiment`
+  // r's owner's other reproductions whose sweeps r may reuse: the newest
+  // kReuseWindow that did not fail and were not cancelled, without reports.
+  std::vector<v1::Reproduction> ReuseCandidates(const v1::Reproduction& r);
+  // The id of a sweep of one of `candidates` that trains `experiment`
   // (ExperimentOf), and none of whose runs failed or was cancelled.
-  std::optional<std::string> Reusable(const v1::SweepSpec& experiment, const v1::Reproduction& r);
+  std::optional<std::string> Reusable(const v1::SweepSpec& experiment,
+                                      const std::vector<v1::Reproduction>& candidates);
   static constexpr int kReuseWindow = 200;
   bool Analyse(v1::Reproduction* r);
   absl::Status Save(const v1::Reproduction& r);
