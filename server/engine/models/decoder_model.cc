@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/common/thread_cancel.h"
+#include "server/engine/models/decoder_kernels.h"
 #include "server/engine/families/spec/spec_family.h"
 #include "server/engine/tasks/catalog.h"
 
@@ -234,11 +235,16 @@ torch::Tensor DecoderModel::Forward(const torch::Tensor& tokens, const HookFn* h
   torch::Tensor causal = torch::ones({T, T}, torch::TensorOptions().dtype(torch::kBool).device(tokens.device()))
                              .triu(1);
   const double scale = 1.0 / std::sqrt(static_cast<double>(dh));
+  // The fused kernels (decoder_kernels.h) when no hook reads what they fuse.
+  const bool fused = hook == nullptr && FusedKernelsApply(x);
+  auto norm = [&](const torch::Tensor& in, const torch::Tensor& w, const torch::Tensor& bias) {
+    return fused ? MemberLayerNorm(in, w, bias) : LayerNorm(in, w, bias);
+  };
   for (int64_t l = 0; l < cfg_.layers; ++l) {
     const Block& b = blocks_[static_cast<size_t>(l)];
     const std::string p = absl::StrCat("L", l, ".");
     if (hook != nullptr) x = ApplyHook(hook, p + "resid_pre", x);
-    torch::Tensor h = LayerNorm(x, b.ln1_w, b.ln1_b);
+    torch::Tensor h = norm(x, b.ln1_w, b.ln1_b);
     auto heads = [&](const torch::Tensor& w, const torch::Tensor& bias) {
       torch::Tensor y = bias.defined() ? AddBias(Linear(h, w), bias) : Linear(h, w);
       return y.view({E, B, T, H, dh}).permute({0, 1, 3, 2, 4});
@@ -252,13 +258,18 @@ torch::Tensor DecoderModel::Forward(const torch::Tensor& tokens, const HookFn* h
     torch::Tensor attn = Linear(out.reshape({E, B, T, D}), b.wo);
     x = x + (b.bo.defined() ? AddBias(attn, b.bo) : attn);
     if (hook != nullptr) x = ApplyHook(hook, p + "post_attn", x);
-    torch::Tensor m = AddBias(Linear(LayerNorm(x, b.ln2_w, b.ln2_b), b.w1), b.b1);
-    m = cfg_.gelu ? torch::gelu(m, "tanh") : torch::silu(m);
+    torch::Tensor m = Linear(norm(x, b.ln2_w, b.ln2_b), b.w1);
+    if (fused) {
+      m = BiasActivation(m, b.b1, cfg_.gelu ? MlpActivation::kGeluTanh : MlpActivation::kSilu);
+    } else {
+      m = AddBias(m, b.b1);
+      m = cfg_.gelu ? torch::gelu(m, "tanh") : torch::silu(m);
+    }
     x = x + AddBias(Linear(m, b.w2), b.b2);
     if (hook != nullptr) x = ApplyHook(hook, p + "post_mlp", x);
     if (upto >= 0 && l == upto) return x;
   }
-  if (cfg_.final_ln) x = ApplyHook(hook, "final_ln", LayerNorm(x, lnf_w_, lnf_b_));
+  if (cfg_.final_ln) x = ApplyHook(hook, "final_ln", norm(x, lnf_w_, lnf_b_));
   torch::Tensor logits = Linear(x, head_w_);
   if (head_b_.defined()) logits = AddBias(logits, head_b_);
   return ApplyHook(hook, "logits", logits);

@@ -4,17 +4,13 @@
 #include <cmath>
 #include <cstring>
 
+#include "server/engine/models/cpu_clones.h"
+
 namespace circuitlab::engine {
 namespace {
 
-// The two vector primitives the per-sequence products run on. Compiled twice
-// (AVX2+FMA and the baseline) and picked at load time by the CPU, as ATen
-// picks its own kernels.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define CIRCUITLAB_CPU_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
-#else
-#define CIRCUITLAB_CPU_CLONES
-#endif
+// The two vector primitives the per-sequence products run on, compiled for
+// AVX2+FMA and the baseline (cpu_clones.h).
 
 // Eight independent partial sums: the compiler vectorises this without
 // reassociating a single sum.

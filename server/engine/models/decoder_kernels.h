@@ -1,0 +1,36 @@
+// Fused CPU kernels of the decoder's training step (issue 37), each one
+// autograd node with a hand-written backward. DecoderModel::Forward picks them
+// for float32 tensors on the CPU when no hook reads the intermediate tensors
+// (FusedKernelsApply); hooks, other dtypes and other devices keep the
+// reference path of ATen ops, which computes the same math.
+//
+// What they replace, and why it pays (bench/RESULTS.md, "Fused decoder
+// kernels"): Debian's LibTorch computes SiLU's and tanh-GELU's backward one
+// element at a time (~17 ns an element, a fifth of a TV-small or B.2 step),
+// and the per-member LayerNorm affine and bias adds are extra passes over the
+// activations, forward and backward.
+//
+// Engine-private (includes LibTorch).
+#pragma once
+
+#include <torch/torch.h>
+
+namespace circuitlab::engine {
+
+enum class MlpActivation { kSilu, kGeluTanh };
+
+// Whether the fused kernels take tensors like `x` (float32 on the CPU).
+bool FusedKernelsApply(const torch::Tensor& x);
+
+// act(h + bias) for h [E, ..., F] and a per-member bias [E, F]: the MLP's
+// first linear map's bias and activation in one pass. The node saves h + bias
+// and recomputes the activation's derivative from it.
+torch::Tensor BiasActivation(const torch::Tensor& h, const torch::Tensor& bias, MlpActivation act);
+
+// LayerNorm over the last dimension with a per-member gain and bias:
+// (x - mean) / sqrt(var + eps) * w + b for x [E, ..., D], w, b [E, D]. The
+// node saves the normalised x and 1 / sqrt(var + eps) per row.
+torch::Tensor MemberLayerNorm(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b,
+                              double eps = 1e-5);
+
+}  // namespace circuitlab::engine

@@ -1,0 +1,132 @@
+// The decoder's fused CPU kernels (server/engine/models/decoder_kernels.h)
+// against the reference ATen ops: forward values and gradients in float32.
+// Tolerances: 2e-6 absolute plus 2e-5 relative per element for one kernel
+// (float rounding of a few dozen operations and the exp polynomial's
+// ~2e-7); 1e-4 relative to the tensor's largest entry for a whole model,
+// whose gradients pass through every block.
+#include "server/engine/models/decoder_kernels.h"
+
+#include <gtest/gtest.h>
+
+#include "server/engine/models/decoder_model.h"
+
+namespace circuitlab::engine {
+namespace {
+
+void ExpectClose(const torch::Tensor& got, const torch::Tensor& want, double atol, double rtol,
+                 const std::string& what) {
+  ASSERT_EQ(got.sizes(), want.sizes()) << what;
+  const torch::Tensor err = (got - want).abs(), bound = atol + rtol * want.abs();
+  EXPECT_TRUE((err <= bound).all().item<bool>())
+      << what << ": max error " << err.max().item<double>() << " at index " << err.flatten().argmax().item<int64_t>()
+      << " where the bound is " << bound.flatten()[err.flatten().argmax()].item<double>() << " (value "
+      << want.flatten()[err.flatten().argmax()].item<double>() << ")";
+}
+
+// Inputs with a spread that reaches the exp's clamp (|x| up to ~90) and
+// widths that are not a multiple of the vector width.
+torch::Tensor Spread(std::vector<int64_t> shape, uint64_t seed) {
+  torch::manual_seed(seed);
+  torch::Tensor x = torch::randn(shape) * 3;
+  x.view(-1)[0] = 95.0;
+  x.view(-1)[1] = -95.0;
+  x.view(-1)[2] = 12.0;
+  x.view(-1)[3] = -12.0;
+  return x;
+}
+
+TEST(DecoderKernelsTest, BiasActivationMatchesAtenForwardAndBackward) {
+  for (MlpActivation act : {MlpActivation::kSilu, MlpActivation::kGeluTanh}) {
+    const std::string name = act == MlpActivation::kSilu ? "silu" : "gelu";
+    torch::Tensor h = Spread({2, 3, 5, 37}, 1).requires_grad_(true);
+    torch::Tensor b = (torch::randn({2, 37}) * 0.5).requires_grad_(true);
+    torch::Tensor up = torch::randn({2, 3, 5, 37});
+    torch::Tensor y = BiasActivation(h, b, act);
+    auto g = torch::autograd::grad({(y * up).sum()}, {h, b});
+
+    // The reference in double: ATen's float kernels round too (tanh-GELU's
+    // derivative at |x| ~ 10 loses ~1e-6 to 1 - tanh^2 in float either way).
+    torch::Tensor h2 = h.detach().to(torch::kDouble).requires_grad_(true),
+                  b2 = b.detach().to(torch::kDouble).requires_grad_(true);
+    torch::Tensor z = h2 + b2.view({2, 1, 1, 37});
+    torch::Tensor ref = act == MlpActivation::kSilu ? torch::silu(z) : torch::gelu(z, "tanh");
+    auto g2 = torch::autograd::grad({(ref * up.to(torch::kDouble)).sum()}, {h2, b2});
+    ExpectClose(y.to(torch::kDouble), ref, 2e-6, 2e-5, name + " forward");
+    ExpectClose(g[0].to(torch::kDouble), g2[0], 2e-6, 2e-5, name + " d h");
+    ExpectClose(g[1].to(torch::kDouble), g2[1], 2e-5, 2e-5, name + " d bias");  // sums of 15 rows
+    EXPECT_TRUE(torch::isfinite(g[0]).all().item<bool>()) << name;
+  }
+}
+
+TEST(DecoderKernelsTest, MemberLayerNormMatchesAtenForwardAndBackward) {
+  for (int64_t D : {64, 37}) {
+    torch::Tensor x = (torch::randn({2, 4, 6, D}) * 2 + 0.5).requires_grad_(true);
+    torch::Tensor w = (torch::randn({2, D}) + 1).requires_grad_(true), b = torch::randn({2, D}).requires_grad_(true);
+    torch::Tensor up = torch::randn({2, 4, 6, D});
+    torch::Tensor y = MemberLayerNorm(x, w, b);
+    auto g = torch::autograd::grad({(y * up).sum()}, {x, w, b});
+
+    torch::Tensor x2 = x.detach().clone().requires_grad_(true), w2 = w.detach().clone().requires_grad_(true),
+                  b2 = b.detach().clone().requires_grad_(true);
+    torch::Tensor ref = torch::layer_norm(x2, {D}, {}, {}, 1e-5) * w2.view({2, 1, 1, D}) + b2.view({2, 1, 1, D});
+    auto g2 = torch::autograd::grad({(ref * up).sum()}, {x2, w2, b2});
+    const std::string name = "D " + std::to_string(D);
+    ExpectClose(y, ref, 2e-6, 2e-5, name + " forward");
+    ExpectClose(g[0], g2[0], 1e-5, 2e-5, name + " d x");
+    ExpectClose(g[1], g2[1], 2e-5, 2e-5, name + " d w");
+    ExpectClose(g[2], g2[2], 2e-5, 2e-5, name + " d b");
+  }
+}
+
+TEST(DecoderKernelsTest, ApplyOnlyToFloatOnTheCpu) {
+  EXPECT_TRUE(FusedKernelsApply(torch::zeros({2}, torch::kFloat)));
+  EXPECT_FALSE(FusedKernelsApply(torch::zeros({2}, torch::kDouble)));
+  EXPECT_THROW(BiasActivation(torch::zeros({1, 2, 3}, torch::kDouble), torch::zeros({1, 3}, torch::kDouble),
+                              MlpActivation::kSilu),
+               c10::Error);
+}
+
+// The whole model: its forward without a hook (the fused kernels) against the
+// same forward with a hook that changes nothing (the reference ops), for the
+// token model (B.2: SiLU) and the regression model (B.3: GELU, attention
+// biases, final LayerNorm).
+TEST(DecoderKernelsTest, FusedForwardMatchesTheReferenceModel) {
+  for (bool regression : {false, true}) {
+    DecoderConfig cfg;
+    cfg.vocab = regression ? 1 : 7;
+    cfg.d_model = 32;
+    cfg.heads = 2;
+    cfg.mlp = 96;
+    cfg.layers = 3;
+    cfg.max_len = 12;
+    if (regression) {
+      cfg.input_dim = 5;
+      cfg.gelu = cfg.attn_bias = cfg.final_ln = true;
+    }
+    DecoderModel model(cfg, 2, torch::kCPU);
+    model.Initialize({11, 12});
+    {  // non-zero biases and gains, so that their gradients are checked through the data
+      torch::NoGradGuard no_grad;
+      for (torch::Tensor& p : model.parameters()) p.add_(torch::randn(p.sizes()) * 0.05);
+    }
+    torch::manual_seed(3);
+    torch::Tensor in = regression ? torch::randn({2, 4, 12, 5}) : torch::randint(0, 7, {2, 4, 12}, torch::kLong);
+    const HookFn identity = [](const std::string&, const torch::Tensor&) { return torch::Tensor(); };
+    torch::Tensor fast = model.Forward(in), ref = model.Forward(in, &identity);
+    const std::string name = regression ? "regression" : "tokens";
+    ExpectClose(fast, ref, 1e-4 * ref.abs().max().item<double>(), 0, name + " outputs");
+    torch::Tensor up = torch::randn(fast.sizes());
+    // allow_unused: the regression model's pad is read by MapstoInputs only.
+    auto g = torch::autograd::grad({(fast * up).sum()}, model.parameters(), {}, {}, false, true);
+    auto g2 = torch::autograd::grad({(ref * up).sum()}, model.parameters(), {}, {}, false, true);
+    for (size_t i = 0; i < g.size(); ++i) {
+      ASSERT_EQ(g[i].defined(), g2[i].defined()) << model.parameter_names()[i];
+      if (!g[i].defined()) continue;
+      ExpectClose(g[i], g2[i], 1e-4 * g2[i].abs().max().item<double>() + 1e-7, 0,
+                  name + " d " + model.parameter_names()[i]);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace circuitlab::engine
