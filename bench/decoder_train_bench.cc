@@ -13,6 +13,7 @@
 
 #include "client/lib/client.h"
 #include "server/engine/families/family.h"
+#include "server/engine/models/decoder_kernels.h"
 #include "server/engine/spec.h"
 #include "server/engine/train/batch_split.h"
 #include "server/engine/train/latent_trainer.h"
@@ -47,7 +48,11 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 64));
   app.add_option("--batch", batch, "Batch size instead of the spec's (B.3's 256 needs ~19 GB; 0: the spec's)")
       ->check(CLI::Range(0, 65536));
+  bool reference_ops = false;
+  app.add_flag("--reference-ops", reference_ops,
+               "The decoder's reference ATen ops instead of its fused CPU kernels (models/decoder_kernels.h)");
   CLI11_PARSE(app, argc, argv);
+  ce::SetFusedKernelsEnabled(!reference_ops);
   at::set_num_threads(threads);  // the trainer takes them over (batch_split.h)
 
   auto spec = circuitlab::client::ReadSpecFile(spec_path);
@@ -81,9 +86,17 @@ int main(int argc, char** argv) {
   if (!dump.empty()) {
     std::ofstream out(dump, std::ios::binary);
     // input_dim (0: tokens), attention biases, final LayerNorm, GELU: the B.3 switches.
-    const int64_t header[] = {fixed_batches, tr.batch_size(), ce::ShapeOf(*spec).seq_len, ce::ShapeOf(*spec).vocab,
-                              m.num_layers(), m.d_model(), m.num_heads(), m.mlp_width(),
-                              model->config().input_dim, m.attention_bias(), m.final_layernorm(),
+    const int64_t header[] = {fixed_batches,
+                              tr.batch_size(),
+                              ce::ShapeOf(*spec).seq_len,
+                              ce::ShapeOf(*spec).vocab,
+                              m.num_layers(),
+                              m.d_model(),
+                              m.num_heads(),
+                              m.mlp_width(),
+                              model->config().input_dim,
+                              m.attention_bias(),
+                              m.final_layernorm(),
                               m.activation() == circuitlab::v1::ACTIVATION_GELU};
     out.write(reinterpret_cast<const char*>(header), sizeof(header));
     const double hyper[] = {tr.learning_rate(), tr.weight_decay()};
@@ -133,7 +146,8 @@ int main(int argc, char** argv) {
   for (int i = 0; i < steps; ++i) step(i);
   const double model_rate = steps / Seconds(t0, std::chrono::steady_clock::now());
   std::printf(
-      "{\"side\": \"cpp\", \"threads\": %d, \"batch\": %u, \"full_steps_per_s\": %.3f, \"model_steps_per_s\": %.3f, \"data_wait_share\": %.4f, "
+      "{\"side\": \"cpp\", \"threads\": %d, \"batch\": %u, \"full_steps_per_s\": %.3f, \"model_steps_per_s\": %.3f, "
+      "\"data_wait_share\": %.4f, "
       "\"first_losses\": [",
       threads, tr.batch_size(), full, model_rate, data_wait_share);
   for (size_t i = 0; i < first_losses.size(); ++i) std::printf("%s%.6f", i ? ", " : "", first_losses[i]);

@@ -8,6 +8,10 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <limits>
+#include <tuple>
+
 #include "server/engine/models/decoder_model.h"
 
 namespace circuitlab::engine {
@@ -75,6 +79,51 @@ TEST(DecoderKernelsTest, MemberLayerNormMatchesAtenForwardAndBackward) {
     ExpectClose(g[0], g2[0], 1e-5, 2e-5, name + " d x");
     ExpectClose(g[1], g2[1], 2e-5, 2e-5, name + " d w");
     ExpectClose(g[2], g2[2], 2e-5, 2e-5, name + " d b");
+  }
+}
+
+// The reference attention of DecoderModel: RoPE (half split), causal
+// softmax, heads side by side.
+torch::Tensor ReferenceAttention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                 const torch::Tensor& cos, const torch::Tensor& sin, int64_t H) {
+  const int64_t E = q.size(0), B = q.size(1), T = q.size(2), D = q.size(3), dh = D / H, half = dh / 2;
+  auto heads = [&](const torch::Tensor& x) { return x.view({E, B, T, H, dh}).permute({0, 1, 3, 2, 4}); };
+  auto rope = [&](const torch::Tensor& x) {
+    torch::Tensor c = cos.narrow(0, 0, T), s = sin.narrow(0, 0, T);
+    torch::Tensor x1 = x.narrow(-1, 0, half), x2 = x.narrow(-1, half, half);
+    return torch::cat({x1 * c - x2 * s, x1 * s + x2 * c}, -1);
+  };
+  torch::Tensor scores = torch::matmul(rope(heads(q)), rope(heads(k)).transpose(-1, -2)) / std::sqrt(double(dh));
+  torch::Tensor mask = torch::ones({T, T}, torch::kBool).triu(1);
+  torch::Tensor p = torch::softmax(scores.masked_fill(mask, -std::numeric_limits<double>::infinity()), -1);
+  return torch::matmul(p, heads(v)).permute({0, 1, 3, 2, 4}).reshape({E, B, T, D});
+}
+
+TEST(DecoderKernelsTest, CausalAttentionMatchesTheReferenceForwardAndBackward) {
+  for (auto [T, D, H] : {std::tuple<int64_t, int64_t, int64_t>{13, 12, 2}, {40, 128, 2}, {9, 48, 3}}) {
+    const std::string name = "T " + std::to_string(T) + " D " + std::to_string(D) + " H " + std::to_string(H);
+    torch::manual_seed(T * D);
+    torch::Tensor q = (torch::randn({2, 3, T, D}) * 2).requires_grad_(true),
+                  k = torch::randn({2, 3, T, D}).requires_grad_(true),
+                  v = torch::randn({2, 3, T, D}).requires_grad_(true);
+    const int64_t half = D / H / 2;
+    torch::Tensor angle = torch::arange(T + 3, torch::kDouble).unsqueeze(1) *
+                          torch::pow(10000.0, -torch::arange(half, torch::kDouble) / double(half)).unsqueeze(0);
+    torch::Tensor cos = angle.cos().to(torch::kFloat),
+                  sin = angle.sin().to(torch::kFloat);  // longer than T, as the model's
+    torch::Tensor up = torch::randn({2, 3, T, D});
+    torch::Tensor y = CausalAttention(q, k, v, cos, sin, H);
+    auto g = torch::autograd::grad({(y * up).sum()}, {q, k, v});
+    // The reference in double.
+    std::vector<torch::Tensor> in;
+    for (const torch::Tensor& t : {q, k, v}) in.push_back(t.detach().to(torch::kDouble).requires_grad_(true));
+    torch::Tensor ref = ReferenceAttention(in[0], in[1], in[2], cos.to(torch::kDouble), sin.to(torch::kDouble), H);
+    auto g2 = torch::autograd::grad({(ref * up.to(torch::kDouble)).sum()}, in);
+    ExpectClose(y.to(torch::kDouble), ref, 1e-5, 1e-4, name + " forward");
+    for (int i = 0; i < 3; ++i) {
+      ExpectClose(g[i].to(torch::kDouble), g2[i], 1e-5 * g2[i].abs().max().item<double>(), 1e-4,
+                  name + " d " + "qkv"[i]);
+    }
   }
 }
 

@@ -1,6 +1,7 @@
 #include "server/engine/models/decoder_kernels.h"
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -32,40 +33,43 @@ namespace {
 constexpr float kGeluC = 0.7978845608028654f;  // sqrt(2 / pi)
 constexpr float kGeluA = 0.044715f;
 
-// One row: z = h + b, y = act(z).
-CIRCUITLAB_CPU_CLONES void SiluRow(const float* h, const float* b, float* z, float* y, int64_t n) {
+// One row: y = act(h + b).
+CIRCUITLAB_CPU_CLONES void SiluRow(const float* __restrict h, const float* __restrict b, float* __restrict y,
+                                   int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     const float v = h[i] + b[i];
-    z[i] = v;
     y[i] = v / (1.0f + ExpApprox(-v));
   }
 }
 
-CIRCUITLAB_CPU_CLONES void GeluRow(const float* h, const float* b, float* z, float* y, int64_t n) {
+CIRCUITLAB_CPU_CLONES void GeluRow(const float* __restrict h, const float* __restrict b, float* __restrict y,
+                                   int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     const float v = h[i] + b[i];
-    z[i] = v;
     const float e = ExpApprox(2.0f * kGeluC * (v + kGeluA * v * v * v));
     y[i] = v * (e / (1.0f + e));  // v (1 + tanh(u)) / 2, e / (1 + e) first: e may be ~1e38
   }
 }
 
-// One row of the backward: dz = dy * act'(z); db += dz.
-CIRCUITLAB_CPU_CLONES void SiluGradRow(const float* z, const float* dy, float* dz, float* db, int64_t n) {
+// One row of the backward: dz = dy * act'(z) for z = h + b; db += dz.
+CIRCUITLAB_CPU_CLONES void SiluGradRow(const float* __restrict h, const float* __restrict b, const float* __restrict dy,
+                                       float* __restrict dz, float* __restrict db, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
-    const float s = 1.0f / (1.0f + ExpApprox(-z[i]));
-    const float g = dy[i] * s * (1.0f + z[i] * (1.0f - s));
+    const float v = h[i] + b[i];
+    const float s = 1.0f / (1.0f + ExpApprox(-v));
+    const float g = dy[i] * s * (1.0f + v * (1.0f - s));
     dz[i] = g;
     db[i] += g;
   }
 }
 
-CIRCUITLAB_CPU_CLONES void GeluGradRow(const float* z, const float* dy, float* dz, float* db, int64_t n) {
+CIRCUITLAB_CPU_CLONES void GeluGradRow(const float* __restrict h, const float* __restrict b, const float* __restrict dy,
+                                       float* __restrict dz, float* __restrict db, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     // With p = (1 + tanh(u)) / 2 = e / (1 + e), e = exp(2u): the derivative
     // p + v (1 - tanh^2) / 2 u' has 1 - tanh^2 = 4 p (1 - p), 1 - p = 1 / (1 + e),
     // which keeps its precision at either tail (1 - t * t would cancel).
-    const float v = z[i];
+    const float v = h[i] + b[i];
     const float e = ExpApprox(2.0f * kGeluC * (v + kGeluA * v * v * v)), inv = 1.0f / (1.0f + e), p = e * inv;
     const float d = p + 2.0f * v * p * inv * kGeluC * (1.0f + 3.0f * kGeluA * v * v);
     const float g = dy[i] * d;
@@ -89,7 +93,8 @@ CIRCUITLAB_CPU_CLONES void GeluGradRow(const float* z, const float* dy, float* d
 
 // One row of the LayerNorm: xhat = (x - mean) * rstd, y = xhat * w + b.
 // Returns rstd. Two passes (mean, then the centred variance), as ATen.
-CIRCUITLAB_CPU_CLONES float LayerNormRow(const float* x, const float* w, const float* b, float* xhat, float* y,
+CIRCUITLAB_CPU_CLONES float LayerNormRow(const float* __restrict x, const float* __restrict w,
+                                         const float* __restrict b, float* __restrict xhat, float* __restrict y,
                                          int64_t n, float eps) {
   const float mean = SumBody(x, n) / static_cast<float>(n);
   for (int64_t i = 0; i < n; ++i) xhat[i] = x[i] - mean;
@@ -111,8 +116,10 @@ CIRCUITLAB_CPU_CLONES float LayerNormRow(const float* x, const float* w, const f
 
 // One row of its backward: g = dy * w; dx = rstd (g - mean(g) - xhat mean(g
 // xhat)); dw += dy xhat; db += dy. `g` is scratch of n floats.
-CIRCUITLAB_CPU_CLONES void LayerNormGradRow(const float* xhat, const float* dy, const float* w, float rstd, float* g,
-                                            float* dx, float* dw, float* db, int64_t n) {
+CIRCUITLAB_CPU_CLONES void LayerNormGradRow(const float* __restrict xhat, const float* __restrict dy,
+                                            const float* __restrict w, float rstd, float* __restrict g,
+                                            float* __restrict dx, float* __restrict dw, float* __restrict db,
+                                            int64_t n) {
   float gs[8] = {}, gx[8] = {};
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
@@ -141,6 +148,133 @@ CIRCUITLAB_CPU_CLONES void LayerNormGradRow(const float* xhat, const float* dy, 
   }
 }
 
+// Causal attention of one (member, sequence, head), T positions, dh
+// dimensions per head, rows of the [.., T, D] tensors `stride` = D apart.
+struct HeadView {
+  int64_t T = 0, dh = 0, stride = 0;
+  float scale = 1;
+  const float *cos = nullptr, *sin = nullptr;  // [T, dh / 2]
+};
+
+// y = rope(x) for one row at position t (half-split rotation, as
+// DecoderModel::Rope); `inverse` applies the transpose (the backward).
+[[gnu::always_inline]] inline void RopeRow(const HeadView& v, int64_t t, const float* __restrict x, float* __restrict y,
+                                           bool inverse) {
+  const int64_t half = v.dh / 2;
+  const float *c = v.cos + t * half, *s = v.sin + t * half;
+  const float sign = inverse ? -1.0f : 1.0f;
+  for (int64_t i = 0; i < half; ++i) {
+    const float x1 = x[i], x2 = x[half + i], si = sign * s[i];
+    y[i] = x1 * c[i] - x2 * si;
+    y[half + i] = x1 * si + x2 * c[i];
+  }
+}
+
+// Row reductions with eight partial results (vectorised without
+// reassociating one chain).
+[[gnu::always_inline]] inline float MaxBody(const float* x, int64_t n) {
+  float acc[8];
+  for (int k = 0; k < 8; ++k) acc[k] = x[0];
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (int k = 0; k < 8; ++k) acc[k] = x[i + k] > acc[k] ? x[i + k] : acc[k];
+  }
+  float m = x[0];
+  for (; i < n; ++i) m = x[i] > m ? x[i] : m;
+  for (int k = 0; k < 8; ++k) m = acc[k] > m ? acc[k] : m;
+  return m;
+}
+
+// Forward of one head. q, k, v, out: the head's first column of row 0 in
+// [T, D]-strided storage; qr, kr: the rotated q and k, written in the same
+// layout (saved for the backward); p: [T, T] probabilities (zero above the
+// diagonal). kt, vt: scratch [dh, T]. Every inner loop runs along the keys
+// j (or the head's dh columns), contiguous in the scratch.
+CIRCUITLAB_CPU_CLONES void AttentionHeadForward(const HeadView& v, const float* q, const float* k, const float* val,
+                                                float* qr, float* kr, float* p, float* out, float* kt, float* vt) {
+  const int64_t T = v.T, dh = v.dh, D = v.stride;
+  const float scale = v.scale;
+  for (int64_t t = 0; t < T; ++t) {
+    RopeRow(v, t, q + t * D, qr + t * D, false);
+    RopeRow(v, t, k + t * D, kr + t * D, false);
+    for (int64_t i = 0; i < dh; ++i) {
+      kt[i * T + t] = kr[t * D + i];
+      vt[i * T + t] = val[t * D + i];
+    }
+  }
+  for (int64_t t = 0; t < T; ++t) {
+    float* __restrict row = p + t * T;
+    const int64_t n = t + 1;
+    for (int64_t j = 0; j < T; ++j) row[j] = 0.0f;
+    const float* qt = qr + t * D;
+    for (int64_t i = 0; i < dh; ++i) {  // row[j] = scale qr[t] . kr[j]
+      const float a = qt[i] * scale;
+      const float* __restrict col = kt + i * T;
+      for (int64_t j = 0; j < n; ++j) row[j] += a * col[j];
+    }
+    const float m = MaxBody(row, n);
+    for (int64_t j = 0; j < n; ++j) row[j] = ExpApprox(row[j] - m);
+    const float inv = 1.0f / SumBody(row, n);
+    for (int64_t j = 0; j < n; ++j) row[j] *= inv;
+    float* o = out + t * D;
+    for (int64_t i = 0; i < dh; ++i) o[i] = DotBody(row, vt + i * T, n);
+  }
+}
+
+// Backward of one head: dq, dk, dv (q's layout) from dout, given the saved
+// qr, kr, v and p. Scratch: kt, vt, dkt, dvt [dh, T]; g [T].
+CIRCUITLAB_CPU_CLONES void AttentionHeadBackward(const HeadView& v, const float* qr, const float* kr, const float* val,
+                                                 const float* p, const float* dout, float* dq, float* dk, float* dv,
+                                                 float* kt, float* vt, float* dkt, float* dvt, float* g) {
+  const int64_t T = v.T, dh = v.dh, D = v.stride, half = dh / 2;
+  const float scale = v.scale;
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t i = 0; i < dh; ++i) {
+      kt[i * T + t] = kr[t * D + i];
+      vt[i * T + t] = val[t * D + i];
+    }
+  }
+  for (int64_t x = 0; x < dh * T; ++x) dkt[x] = dvt[x] = 0.0f;
+  float dqr[kMaxFusedHeadWidth];  // one query's gradient before the inverse rotation
+  for (int64_t t = 0; t < T; ++t) {
+    const float* __restrict row = p + t * T;
+    const float* go = dout + t * D;
+    const float* qt = qr + t * D;
+    const int64_t n = t + 1;
+    for (int64_t j = 0; j < n; ++j) g[j] = 0.0f;
+    for (int64_t i = 0; i < dh; ++i) {  // g[j] = dout[t] . v[j]; dv[j] += p[t, j] dout[t]
+      const float a = go[i];
+      const float* __restrict col = vt + i * T;
+      float* __restrict dcol = dvt + i * T;
+      for (int64_t j = 0; j < n; ++j) {
+        g[j] += a * col[j];
+        dcol[j] += a * row[j];
+      }
+    }
+    const float dot = DotBody(row, g, n);
+    for (int64_t j = 0; j < n; ++j) g[j] = row[j] * (g[j] - dot) * scale;  // the score gradient, scaled
+    for (int64_t i = 0; i < dh; ++i) {  // dq[t] = sum_j g[j] kr[j]; dk[j] += g[j] qr[t]
+      dqr[i] = DotBody(g, kt + i * T, n);
+      const float a = qt[i];
+      float* __restrict dcol = dkt + i * T;
+      for (int64_t j = 0; j < n; ++j) dcol[j] += a * g[j];
+    }
+    RopeRow(v, t, dqr, dq + t * D, true);
+  }
+  // dk (inverse rotation) and dv back to rows.
+  for (int64_t t = 0; t < T; ++t) {
+    const float *c = v.cos + t * half, *s = v.sin + t * half;
+    float* dkrow = dk + t * D;
+    float* dvrow = dv + t * D;
+    for (int64_t i = 0; i < half; ++i) {
+      const float x1 = dkt[i * T + t], x2 = dkt[(half + i) * T + t];
+      dkrow[i] = x1 * c[i] + x2 * s[i];
+      dkrow[half + i] = -x1 * s[i] + x2 * c[i];
+    }
+    for (int64_t i = 0; i < dh; ++i) dvrow[i] = dvt[i * T + t];
+  }
+}
+
 // [E, rows, width] views of a tensor [E, ..., width] and its member's rows.
 int64_t RowsPerMember(const torch::Tensor& x) { return x.numel() / (x.size(0) * x.size(-1)); }
 
@@ -150,40 +284,41 @@ class BiasActivationFn : public torch::autograd::Function<BiasActivationFn> {
                                const torch::Tensor& bias_in, int64_t act) {
     const torch::Tensor h = h_in.contiguous(), bias = bias_in.contiguous();
     const int64_t E = h.size(0), F = h.size(-1), N = RowsPerMember(h);
-    torch::Tensor z = torch::empty_like(h), y = torch::empty_like(h);
+    torch::Tensor y = torch::empty_like(h);
     const float *hp = h.data_ptr<float>(), *bp = bias.data_ptr<float>();
-    float *zp = z.data_ptr<float>(), *yp = y.data_ptr<float>();
+    float* yp = y.data_ptr<float>();
     for (int64_t e = 0; e < E; ++e) {
       for (int64_t r = 0; r < N; ++r) {
         const int64_t off = (e * N + r) * F;
         if (act == static_cast<int64_t>(MlpActivation::kSilu)) {
-          SiluRow(hp + off, bp + e * F, zp + off, yp + off, F);
+          SiluRow(hp + off, bp + e * F, yp + off, F);
         } else {
-          GeluRow(hp + off, bp + e * F, zp + off, yp + off, F);
+          GeluRow(hp + off, bp + e * F, yp + off, F);
         }
       }
     }
-    ctx->save_for_backward({z});
+    ctx->save_for_backward({h, bias});
     ctx->saved_data["act"] = act;
     return y;
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
-    const torch::Tensor z = ctx->get_saved_variables()[0];
+    const std::vector<torch::Tensor> saved = ctx->get_saved_variables();
+    const torch::Tensor &h = saved[0], &bias = saved[1];
     const int64_t act = ctx->saved_data["act"].toInt();
     const torch::Tensor dy = grads[0].contiguous();
-    const int64_t E = z.size(0), F = z.size(-1), N = RowsPerMember(z);
-    torch::Tensor dz = torch::empty_like(z), db = torch::zeros({E, F}, z.options());
-    const float *zp = z.data_ptr<float>(), *gp = dy.data_ptr<float>();
+    const int64_t E = h.size(0), F = h.size(-1), N = RowsPerMember(h);
+    torch::Tensor dz = torch::empty_like(h), db = torch::zeros({E, F}, h.options());
+    const float *hp = h.data_ptr<float>(), *bp = bias.data_ptr<float>(), *gp = dy.data_ptr<float>();
     float *dzp = dz.data_ptr<float>(), *dbp = db.data_ptr<float>();
     for (int64_t e = 0; e < E; ++e) {
       for (int64_t r = 0; r < N; ++r) {
         const int64_t off = (e * N + r) * F;
         if (act == static_cast<int64_t>(MlpActivation::kSilu)) {
-          SiluGradRow(zp + off, gp + off, dzp + off, dbp + e * F, F);
+          SiluGradRow(hp + off, bp + e * F, gp + off, dzp + off, dbp + e * F, F);
         } else {
-          GeluGradRow(zp + off, gp + off, dzp + off, dbp + e * F, F);
+          GeluGradRow(hp + off, bp + e * F, gp + off, dzp + off, dbp + e * F, F);
         }
       }
     }
@@ -233,23 +368,108 @@ class MemberLayerNormFn : public torch::autograd::Function<MemberLayerNormFn> {
   }
 };
 
+class CausalAttentionFn : public torch::autograd::Function<CausalAttentionFn> {
+ public:
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& q_in,
+                               const torch::Tensor& k_in, const torch::Tensor& v_in, const torch::Tensor& cos,
+                               const torch::Tensor& sin, int64_t heads) {
+    const torch::Tensor q = q_in.contiguous(), k = k_in.contiguous(), v = v_in.contiguous();
+    const int64_t E = q.size(0), B = q.size(1), T = q.size(2), D = q.size(3), H = heads;
+    HeadView view = View(T, D, H, cos, sin);
+    torch::Tensor qr = torch::empty_like(q), kr = torch::empty_like(k), out = torch::empty_like(q);
+    torch::Tensor p = torch::empty({E, B, H, T, T}, q.options());
+    std::vector<float> kt(static_cast<size_t>(view.dh * T)), vt(kt.size());
+    const float *qp = q.data_ptr<float>(), *kp = k.data_ptr<float>(), *vp = v.data_ptr<float>();
+    float *qrp = qr.data_ptr<float>(), *krp = kr.data_ptr<float>(), *pp = p.data_ptr<float>(),
+          *op = out.data_ptr<float>();
+    for (int64_t s = 0; s < E * B; ++s) {
+      for (int64_t h = 0; h < H; ++h) {
+        const int64_t off = s * T * D + h * view.dh;
+        AttentionHeadForward(view, qp + off, kp + off, vp + off, qrp + off, krp + off, pp + (s * H + h) * T * T,
+                             op + off, kt.data(), vt.data());
+      }
+    }
+    ctx->save_for_backward({qr, kr, v, p, cos, sin});
+    ctx->saved_data["heads"] = heads;
+    return out;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const std::vector<torch::Tensor> saved = ctx->get_saved_variables();
+    const torch::Tensor &qr = saved[0], &kr = saved[1], &v = saved[2], &p = saved[3];
+    const int64_t H = ctx->saved_data["heads"].toInt();
+    const torch::Tensor dout = grads[0].contiguous();
+    const int64_t E = qr.size(0), B = qr.size(1), T = qr.size(2), D = qr.size(3);
+    HeadView view = View(T, D, H, saved[4], saved[5]);
+    torch::Tensor dq = torch::empty_like(qr), dk = torch::empty_like(kr), dv = torch::empty_like(v);
+    const size_t n = static_cast<size_t>(view.dh * T);
+    std::vector<float> kt(n), vt(n), dkt(n), dvt(n), g(static_cast<size_t>(T));
+    const float *qrp = qr.data_ptr<float>(), *krp = kr.data_ptr<float>(), *vp = v.data_ptr<float>(),
+                *pp = p.data_ptr<float>(), *gp = dout.data_ptr<float>();
+    float *dqp = dq.data_ptr<float>(), *dkp = dk.data_ptr<float>(), *dvp = dv.data_ptr<float>();
+    for (int64_t s = 0; s < E * B; ++s) {
+      for (int64_t h = 0; h < H; ++h) {
+        const int64_t off = s * T * D + h * view.dh;
+        AttentionHeadBackward(view, qrp + off, krp + off, vp + off, pp + (s * H + h) * T * T, gp + off, dqp + off,
+                              dkp + off, dvp + off, kt.data(), vt.data(), dkt.data(), dvt.data(), g.data());
+      }
+    }
+    return {dq, dk, dv, torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+
+ private:
+  static HeadView View(int64_t T, int64_t D, int64_t H, const torch::Tensor& cos, const torch::Tensor& sin) {
+    HeadView view;
+    view.T = T;
+    view.dh = D / H;
+    view.stride = D;
+    view.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(view.dh)));
+    view.cos = cos.data_ptr<float>();
+    view.sin = sin.data_ptr<float>();
+    return view;
+  }
+};
+
+std::atomic<bool> fused_kernels_enabled{true};
+
+bool Supported(const torch::Tensor& x) { return x.device().is_cpu() && x.scalar_type() == torch::kFloat; }
+
 }  // namespace
 
-bool FusedKernelsApply(const torch::Tensor& x) { return x.device().is_cpu() && x.scalar_type() == torch::kFloat; }
+bool FusedKernelsApply(const torch::Tensor& x) {
+  return fused_kernels_enabled.load(std::memory_order_relaxed) && Supported(x);
+}
+
+void SetFusedKernelsEnabled(bool enabled) { fused_kernels_enabled.store(enabled); }
 
 torch::Tensor BiasActivation(const torch::Tensor& h, const torch::Tensor& bias, MlpActivation act) {
-  TORCH_CHECK(FusedKernelsApply(h) && FusedKernelsApply(bias), "BiasActivation: float32 CPU tensors only");
+  TORCH_CHECK(Supported(h) && Supported(bias), "BiasActivation: float32 CPU tensors only");
   TORCH_CHECK(bias.dim() == 2 && h.size(0) == bias.size(0) && h.size(-1) == bias.size(1),
               "BiasActivation: bias must be [E, F] for h [E, ..., F]");
   return BiasActivationFn::apply(h, bias, static_cast<int64_t>(act));
 }
 
 torch::Tensor MemberLayerNorm(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b, double eps) {
-  TORCH_CHECK(FusedKernelsApply(x) && FusedKernelsApply(w) && FusedKernelsApply(b),
-              "MemberLayerNorm: float32 CPU tensors only");
+  TORCH_CHECK(Supported(x) && Supported(w) && Supported(b), "MemberLayerNorm: float32 CPU tensors only");
   TORCH_CHECK(w.dim() == 2 && w.sizes() == b.sizes() && x.size(0) == w.size(0) && x.size(-1) == w.size(1),
               "MemberLayerNorm: w and b must be [E, D] for x [E, ..., D]");
   return MemberLayerNormFn::apply(x, w, b, eps);
+}
+
+torch::Tensor CausalAttention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                              const torch::Tensor& cos, const torch::Tensor& sin, int64_t heads) {
+  TORCH_CHECK(Supported(q) && Supported(k) && Supported(v) && Supported(cos) && Supported(sin),
+              "CausalAttention: float32 CPU tensors only");
+  TORCH_CHECK(q.dim() == 4 && k.sizes() == q.sizes() && v.sizes() == q.sizes(),
+              "CausalAttention: q, k and v must be [E, B, T, D] alike");
+  const int64_t T = q.size(2), D = q.size(3);
+  TORCH_CHECK(heads > 0 && D % heads == 0 && (D / heads) % 2 == 0 && D / heads <= kMaxFusedHeadWidth,
+              "CausalAttention: the heads must split D into even widths of at most 256");
+  TORCH_CHECK(cos.dim() == 2 && cos.size(0) >= T && cos.size(1) == D / heads / 2 && sin.sizes() == cos.sizes(),
+              "CausalAttention: cos and sin must be [>= T, D / heads / 2]");
+  const torch::Tensor c = cos.narrow(0, 0, T).contiguous(), s = sin.narrow(0, 0, T).contiguous();
+  return CausalAttentionFn::apply(q, k, v, c, s, heads);
 }
 
 }  // namespace circuitlab::engine

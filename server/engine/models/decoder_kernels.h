@@ -19,12 +19,17 @@ namespace circuitlab::engine {
 
 enum class MlpActivation { kSilu, kGeluTanh };
 
-// Whether the fused kernels take tensors like `x` (float32 on the CPU).
+// Whether the fused kernels take tensors like `x` (float32 on the CPU, and
+// not switched off).
 bool FusedKernelsApply(const torch::Tensor& x);
 
+// Process-wide switch, on by default: off, every forward takes the reference
+// ops (decoder_train_bench --reference-ops measures both in one run).
+void SetFusedKernelsEnabled(bool enabled);
+
 // act(h + bias) for h [E, ..., F] and a per-member bias [E, F]: the MLP's
-// first linear map's bias and activation in one pass. The node saves h + bias
-// and recomputes the activation's derivative from it.
+// first linear map's bias and activation in one pass. The node saves h and
+// the bias and recomputes the activation's derivative from them.
 torch::Tensor BiasActivation(const torch::Tensor& h, const torch::Tensor& bias, MlpActivation act);
 
 // LayerNorm over the last dimension with a per-member gain and bias:
@@ -32,5 +37,18 @@ torch::Tensor BiasActivation(const torch::Tensor& h, const torch::Tensor& bias, 
 // node saves the normalised x and 1 / sqrt(var + eps) per row.
 torch::Tensor MemberLayerNorm(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b,
                               double eps = 1e-5);
+
+// Causal softmax attention with RoPE on q and k, all heads: q, k, v
+// [E, B, T, D] (the q/k/v maps' outputs, biases added; head h in columns
+// [h dh, (h + 1) dh)), cos, sin [>= T, dh / 2] (DecoderModel's tables).
+// Returns the heads' outputs side by side, [E, B, T, D], what W_O reads.
+// One pass per (member, sequence, head) that keeps the head's rows in the
+// cache and computes only the scores at or below the diagonal; the node
+// saves the rotated q and k, v and the probabilities (as the reference's
+// softmax does) and runs its backward the same way.
+// Heads up to this width (d_model / heads) take it; wider ones the reference.
+constexpr int64_t kMaxFusedHeadWidth = 256;
+torch::Tensor CausalAttention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                              const torch::Tensor& cos, const torch::Tensor& sin, int64_t heads);
 
 }  // namespace circuitlab::engine

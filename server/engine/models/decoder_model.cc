@@ -6,8 +6,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/common/thread_cancel.h"
-#include "server/engine/models/decoder_kernels.h"
 #include "server/engine/families/spec/spec_family.h"
+#include "server/engine/models/decoder_kernels.h"
 #include "server/engine/tasks/catalog.h"
 
 namespace circuitlab::engine {
@@ -43,22 +43,31 @@ torch::Tensor LayerNorm(const torch::Tensor& x, const torch::Tensor& w, const to
 std::string HookPoint::name() const {
   const std::string L = absl::StrCat("L", layer);
   switch (kind) {
-    case Kind::kEmbed: return "embed";
-    case Kind::kResidPre: return L + ".resid_pre";
-    case Kind::kPattern: return L + ".attn.pattern";
-    case Kind::kHead: return L + ".attn.head";
-    case Kind::kPostAttn: return L + ".post_attn";
-    case Kind::kPostMlp: return L + ".post_mlp";
-    case Kind::kFinalLn: return "final_ln";
-    case Kind::kLogits: return "logits";
+    case Kind::kEmbed:
+      return "embed";
+    case Kind::kResidPre:
+      return L + ".resid_pre";
+    case Kind::kPattern:
+      return L + ".attn.pattern";
+    case Kind::kHead:
+      return L + ".attn.head";
+    case Kind::kPostAttn:
+      return L + ".post_attn";
+    case Kind::kPostMlp:
+      return L + ".post_mlp";
+    case Kind::kFinalLn:
+      return "final_ln";
+    case Kind::kLogits:
+      return "logits";
   }
   return "";
 }
 
 absl::StatusOr<HookPoint> ParseHookPoint(const std::string& name, int64_t layers, bool final_ln) {
-  const std::string allowed = "embed, L{l}.resid_pre, L{l}.attn.pattern, L{l}.attn.head, L{l}.post_attn, "
-                              "L{l}.post_mlp, " + std::string(final_ln ? "final_ln, " : "") +
-                              "or logits with l in [0, " + std::to_string(layers - 1) + "]";
+  const std::string allowed =
+      "embed, L{l}.resid_pre, L{l}.attn.pattern, L{l}.attn.head, L{l}.post_attn, "
+      "L{l}.post_mlp, " +
+      std::string(final_ln ? "final_ln, " : "") + "or logits with l in [0, " + std::to_string(layers - 1) + "]";
   HookPoint p;
   if (name == "embed") return p;
   if (name == "final_ln" && final_ln) {
@@ -219,10 +228,31 @@ torch::Tensor DecoderModel::Predictions(const torch::Tensor& outputs) {
   return outputs.squeeze(-1).slice(2, 1, outputs.size(2), 3);
 }
 
+torch::Tensor DecoderModel::Attention(const Block& b, const torch::Tensor& h, const HookFn* hook,
+                                      const std::string& prefix, bool fused) const {
+  const int64_t E = h.size(0), B = h.size(1), T = h.size(2), D = cfg_.d_model, H = cfg_.heads, dh = D / H;
+  auto project = [&](const torch::Tensor& w, const torch::Tensor& bias) {
+    return bias.defined() ? AddBias(Linear(h, w), bias) : Linear(h, w);  // [E, B, T, D]
+  };
+  if (fused && dh <= kMaxFusedHeadWidth)
+    return CausalAttention(project(b.wq, b.bq), project(b.wk, b.bk), project(b.wv, b.bv), cos_, sin_, H);
+  auto heads = [&](const torch::Tensor& w, const torch::Tensor& bias) {
+    return project(w, bias).view({E, B, T, H, dh}).permute({0, 1, 3, 2, 4});
+  };
+  torch::Tensor q = Rope(heads(b.wq, b.bq)), k = Rope(heads(b.wk, b.bk)), v = heads(b.wv, b.bv);  // [E, B, H, T, dh]
+  torch::Tensor causal = torch::ones({T, T}, torch::TensorOptions().dtype(torch::kBool).device(h.device())).triu(1);
+  torch::Tensor scores = torch::matmul(q, k.transpose(-1, -2)) * (1.0 / std::sqrt(static_cast<double>(dh)));
+  torch::Tensor pattern = torch::softmax(scores.masked_fill(causal, -std::numeric_limits<float>::infinity()), -1);
+  if (hook != nullptr) pattern = ApplyHook(hook, prefix + "attn.pattern", pattern);
+  torch::Tensor out = torch::matmul(pattern, v).permute({0, 1, 3, 2, 4});  // [E, B, T, H, dh]
+  if (hook != nullptr) out = ApplyHook(hook, prefix + "attn.head", out);
+  return out.reshape({E, B, T, D});
+}
+
 torch::Tensor DecoderModel::Forward(const torch::Tensor& tokens, const HookFn* hook, int upto) const {
   ThrowIfThreadCancelled();  // a cancelled analysis stops here (server/common/thread_cancel.h)
   const int64_t E = tokens.size(0), B = tokens.size(1), T = tokens.size(2);
-  const int64_t D = cfg_.d_model, H = cfg_.heads, dh = D / H, V = cfg_.vocab;
+  const int64_t D = cfg_.d_model, V = cfg_.vocab;
   torch::Tensor x;
   if (cfg_.input_dim > 0) {
     x = Linear(tokens.to(embed_.scalar_type()), embed_);
@@ -232,9 +262,6 @@ torch::Tensor DecoderModel::Forward(const torch::Tensor& tokens, const HookFn* h
     x = embed_.reshape({E * V, D}).index_select(0, (tokens + offset).flatten()).view({E, B, T, D});
   }
   x = ApplyHook(hook, "embed", x);
-  torch::Tensor causal = torch::ones({T, T}, torch::TensorOptions().dtype(torch::kBool).device(tokens.device()))
-                             .triu(1);
-  const double scale = 1.0 / std::sqrt(static_cast<double>(dh));
   // The fused kernels (decoder_kernels.h) when no hook reads what they fuse.
   const bool fused = hook == nullptr && FusedKernelsApply(x);
   auto norm = [&](const torch::Tensor& in, const torch::Tensor& w, const torch::Tensor& bias) {
@@ -245,17 +272,8 @@ torch::Tensor DecoderModel::Forward(const torch::Tensor& tokens, const HookFn* h
     const std::string p = absl::StrCat("L", l, ".");
     if (hook != nullptr) x = ApplyHook(hook, p + "resid_pre", x);
     torch::Tensor h = norm(x, b.ln1_w, b.ln1_b);
-    auto heads = [&](const torch::Tensor& w, const torch::Tensor& bias) {
-      torch::Tensor y = bias.defined() ? AddBias(Linear(h, w), bias) : Linear(h, w);
-      return y.view({E, B, T, H, dh}).permute({0, 1, 3, 2, 4});
-    };
-    torch::Tensor q = Rope(heads(b.wq, b.bq)), k = Rope(heads(b.wk, b.bk)), v = heads(b.wv, b.bv);  // [E, B, H, T, dh]
-    torch::Tensor scores = torch::matmul(q, k.transpose(-1, -2)) * scale;
-    torch::Tensor pattern = torch::softmax(scores.masked_fill(causal, -std::numeric_limits<float>::infinity()), -1);
-    if (hook != nullptr) pattern = ApplyHook(hook, p + "attn.pattern", pattern);
-    torch::Tensor out = torch::matmul(pattern, v).permute({0, 1, 3, 2, 4});  // [E, B, T, H, dh]
-    if (hook != nullptr) out = ApplyHook(hook, p + "attn.head", out);
-    torch::Tensor attn = Linear(out.reshape({E, B, T, D}), b.wo);
+    torch::Tensor out = Attention(b, h, hook, p, fused);  // [E, B, T, D]: the heads side by side
+    torch::Tensor attn = Linear(out, b.wo);
     x = x + (b.bo.defined() ? AddBias(attn, b.bo) : attn);
     if (hook != nullptr) x = ApplyHook(hook, p + "post_attn", x);
     torch::Tensor m = Linear(norm(x, b.ln2_w, b.ln2_b), b.w1);

@@ -87,6 +87,10 @@ class DecoderModel {
   };
   torch::Tensor& Add(const std::string& name, torch::Tensor t);
   torch::Tensor Rope(const torch::Tensor& x) const;  // x [E, B, H, T, dh]
+  // Block b's attention heads on h [E, B, T, D] (the first LayerNorm's
+  // output), side by side [E, B, T, D] before W_O; `fused`: CausalAttention.
+  torch::Tensor Attention(const Block& b, const torch::Tensor& h, const HookFn* hook, const std::string& prefix,
+                          bool fused) const;
 
   DecoderConfig cfg_;
   int64_t ensemble_;

@@ -12,26 +12,6 @@ namespace {
 // The two vector primitives the per-sequence products run on, compiled for
 // AVX2+FMA and the baseline (cpu_clones.h).
 
-// Eight independent partial sums: the compiler vectorises this without
-// reassociating a single sum.
-template <typename S>
-[[gnu::always_inline]] inline S DotBody(const S* a, const S* b, int64_t n) {
-  S acc[8] = {};
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    for (int k = 0; k < 8; ++k) acc[k] += a[i + k] * b[i + k];
-  }
-  S s = 0;
-  for (; i < n; ++i) s += a[i] * b[i];
-  for (int k = 0; k < 8; ++k) s += acc[k];
-  return s;
-}
-
-template <typename S>
-[[gnu::always_inline]] inline void AxpyBody(S alpha, const S* x, S* y, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
-}
-
 CIRCUITLAB_CPU_CLONES float Dot(const float* a, const float* b, int64_t n) { return DotBody(a, b, n); }
 CIRCUITLAB_CPU_CLONES double Dot(const double* a, const double* b, int64_t n) { return DotBody(a, b, n); }
 CIRCUITLAB_CPU_CLONES void Axpy(float alpha, const float* x, float* y, int64_t n) { AxpyBody(alpha, x, y, n); }
