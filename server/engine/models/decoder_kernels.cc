@@ -148,30 +148,60 @@ CIRCUITLAB_CPU_CLONES void LayerNormGradRow(const float* __restrict xhat, const 
   }
 }
 
-// Causal attention of one (member, sequence, head), T positions, dh
-// dimensions per head, rows of the [.., T, D] tensors `stride` = D apart.
-struct HeadView {
-  int64_t T = 0, dh = 0, stride = 0;
-  float scale = 1;
+// The attention's layout changes, fused with RoPE (half-split rotation, as
+// DecoderModel::Rope). Rows of [N, T, D] (heads side by side) go to and from
+// [N * H, T, dh] (one matrix per head, what the batched GEMMs read).
+struct Heads {
+  int64_t N = 0, T = 0, D = 0, H = 0, dh = 0;
   const float *cos = nullptr, *sin = nullptr;  // [T, dh / 2]
 };
 
-// y = rope(x) for one row at position t (half-split rotation, as
-// DecoderModel::Rope); `inverse` applies the transpose (the backward).
-[[gnu::always_inline]] inline void RopeRow(const HeadView& v, int64_t t, const float* __restrict x, float* __restrict y,
-                                           bool inverse) {
-  const int64_t half = v.dh / 2;
-  const float *c = v.cos + t * half, *s = v.sin + t * half;
-  const float sign = inverse ? -1.0f : 1.0f;
-  for (int64_t i = 0; i < half; ++i) {
-    const float x1 = x[i], x2 = x[half + i], si = sign * s[i];
-    y[i] = x1 * c[i] - x2 * si;
-    y[half + i] = x1 * si + x2 * c[i];
+// dst[n * H + h, t] = rope(src[n, t, h dh : (h + 1) dh]) (a plain copy when
+// `rotate` is false).
+CIRCUITLAB_CPU_CLONES void SplitHeads(const Heads& a, const float* __restrict src, float* __restrict dst, bool rotate) {
+  const int64_t half = a.dh / 2;
+  for (int64_t n = 0; n < a.N; ++n) {
+    for (int64_t t = 0; t < a.T; ++t) {
+      const float *c = a.cos + t * half, *s = a.sin + t * half;
+      for (int64_t h = 0; h < a.H; ++h) {
+        const float* x = src + (n * a.T + t) * a.D + h * a.dh;
+        float* y = dst + ((n * a.H + h) * a.T + t) * a.dh;
+        if (!rotate) {
+          for (int64_t i = 0; i < a.dh; ++i) y[i] = x[i];
+          continue;
+        }
+        for (int64_t i = 0; i < half; ++i) {
+          y[i] = x[i] * c[i] - x[half + i] * s[i];
+          y[half + i] = x[i] * s[i] + x[half + i] * c[i];
+        }
+      }
+    }
   }
 }
 
-// Row reductions with eight partial results (vectorised without
-// reassociating one chain).
+// The transpose: dst[n, t, h dh : (h + 1) dh] = rope^T(src[n * H + h, t]).
+CIRCUITLAB_CPU_CLONES void MergeHeads(const Heads& a, const float* __restrict src, float* __restrict dst, bool rotate) {
+  const int64_t half = a.dh / 2;
+  for (int64_t n = 0; n < a.N; ++n) {
+    for (int64_t t = 0; t < a.T; ++t) {
+      const float *c = a.cos + t * half, *s = a.sin + t * half;
+      for (int64_t h = 0; h < a.H; ++h) {
+        const float* x = src + ((n * a.H + h) * a.T + t) * a.dh;
+        float* y = dst + (n * a.T + t) * a.D + h * a.dh;
+        if (!rotate) {
+          for (int64_t i = 0; i < a.dh; ++i) y[i] = x[i];
+          continue;
+        }
+        for (int64_t i = 0; i < half; ++i) {
+          y[i] = x[i] * c[i] + x[half + i] * s[i];
+          y[half + i] = -x[i] * s[i] + x[half + i] * c[i];
+        }
+      }
+    }
+  }
+}
+
+// Row maximum with eight partial results (vectorised).
 [[gnu::always_inline]] inline float MaxBody(const float* x, int64_t n) {
   float acc[8];
   for (int k = 0; k < 8; ++k) acc[k] = x[0];
@@ -185,93 +215,36 @@ struct HeadView {
   return m;
 }
 
-// Forward of one head. q, k, v, out: the head's first column of row 0 in
-// [T, D]-strided storage; qr, kr: the rotated q and k, written in the same
-// layout (saved for the backward); p: [T, T] probabilities (zero above the
-// diagonal). kt, vt: scratch [dh, T]. Every inner loop runs along the keys
-// j (or the head's dh columns), contiguous in the scratch.
-CIRCUITLAB_CPU_CLONES void AttentionHeadForward(const HeadView& v, const float* q, const float* k, const float* val,
-                                                float* qr, float* kr, float* p, float* out, float* kt, float* vt) {
-  const int64_t T = v.T, dh = v.dh, D = v.stride;
-  const float scale = v.scale;
-  for (int64_t t = 0; t < T; ++t) {
-    RopeRow(v, t, q + t * D, qr + t * D, false);
-    RopeRow(v, t, k + t * D, kr + t * D, false);
-    for (int64_t i = 0; i < dh; ++i) {
-      kt[i * T + t] = kr[t * D + i];
-      vt[i * T + t] = val[t * D + i];
+// In place on `count` [T, T] score matrices: row t becomes the softmax of
+// scale * its first t + 1 entries, zeros after (the causal mask).
+CIRCUITLAB_CPU_CLONES void CausalSoftmax(float* __restrict s, int64_t count, int64_t T, float scale) {
+  for (int64_t m = 0; m < count; ++m) {
+    for (int64_t t = 0; t < T; ++t) {
+      float* row = s + (m * T + t) * T;
+      const int64_t n = t + 1;
+      for (int64_t j = 0; j < n; ++j) row[j] *= scale;
+      const float mx = MaxBody(row, n);
+      for (int64_t j = 0; j < n; ++j) row[j] = ExpApprox(row[j] - mx);
+      const float inv = 1.0f / SumBody(row, n);
+      for (int64_t j = 0; j < n; ++j) row[j] *= inv;
+      for (int64_t j = n; j < T; ++j) row[j] = 0.0f;
     }
-  }
-  for (int64_t t = 0; t < T; ++t) {
-    float* __restrict row = p + t * T;
-    const int64_t n = t + 1;
-    for (int64_t j = 0; j < T; ++j) row[j] = 0.0f;
-    const float* qt = qr + t * D;
-    for (int64_t i = 0; i < dh; ++i) {  // row[j] = scale qr[t] . kr[j]
-      const float a = qt[i] * scale;
-      const float* __restrict col = kt + i * T;
-      for (int64_t j = 0; j < n; ++j) row[j] += a * col[j];
-    }
-    const float m = MaxBody(row, n);
-    for (int64_t j = 0; j < n; ++j) row[j] = ExpApprox(row[j] - m);
-    const float inv = 1.0f / SumBody(row, n);
-    for (int64_t j = 0; j < n; ++j) row[j] *= inv;
-    float* o = out + t * D;
-    for (int64_t i = 0; i < dh; ++i) o[i] = DotBody(row, vt + i * T, n);
   }
 }
 
-// Backward of one head: dq, dk, dv (q's layout) from dout, given the saved
-// qr, kr, v and p. Scratch: kt, vt, dkt, dvt [dh, T]; g [T].
-CIRCUITLAB_CPU_CLONES void AttentionHeadBackward(const HeadView& v, const float* qr, const float* kr, const float* val,
-                                                 const float* p, const float* dout, float* dq, float* dk, float* dv,
-                                                 float* kt, float* vt, float* dkt, float* dvt, float* g) {
-  const int64_t T = v.T, dh = v.dh, D = v.stride, half = dh / 2;
-  const float scale = v.scale;
-  for (int64_t t = 0; t < T; ++t) {
-    for (int64_t i = 0; i < dh; ++i) {
-      kt[i * T + t] = kr[t * D + i];
-      vt[i * T + t] = val[t * D + i];
+// In place: the probabilities' gradient g becomes the scores' (the scale
+// included): p (g - p . g) scale, zero where p is (above the diagonal).
+CIRCUITLAB_CPU_CLONES void CausalSoftmaxBackward(const float* __restrict p, float* __restrict g, int64_t count,
+                                                 int64_t T, float scale) {
+  for (int64_t m = 0; m < count; ++m) {
+    for (int64_t t = 0; t < T; ++t) {
+      const float* prow = p + (m * T + t) * T;
+      float* grow = g + (m * T + t) * T;
+      const int64_t n = t + 1;
+      const float dot = DotBody(prow, grow, n);
+      for (int64_t j = 0; j < n; ++j) grow[j] = prow[j] * (grow[j] - dot) * scale;
+      for (int64_t j = n; j < T; ++j) grow[j] = 0.0f;
     }
-  }
-  for (int64_t x = 0; x < dh * T; ++x) dkt[x] = dvt[x] = 0.0f;
-  float dqr[kMaxFusedHeadWidth];  // one query's gradient before the inverse rotation
-  for (int64_t t = 0; t < T; ++t) {
-    const float* __restrict row = p + t * T;
-    const float* go = dout + t * D;
-    const float* qt = qr + t * D;
-    const int64_t n = t + 1;
-    for (int64_t j = 0; j < n; ++j) g[j] = 0.0f;
-    for (int64_t i = 0; i < dh; ++i) {  // g[j] = dout[t] . v[j]; dv[j] += p[t, j] dout[t]
-      const float a = go[i];
-      const float* __restrict col = vt + i * T;
-      float* __restrict dcol = dvt + i * T;
-      for (int64_t j = 0; j < n; ++j) {
-        g[j] += a * col[j];
-        dcol[j] += a * row[j];
-      }
-    }
-    const float dot = DotBody(row, g, n);
-    for (int64_t j = 0; j < n; ++j) g[j] = row[j] * (g[j] - dot) * scale;  // the score gradient, scaled
-    for (int64_t i = 0; i < dh; ++i) {  // dq[t] = sum_j g[j] kr[j]; dk[j] += g[j] qr[t]
-      dqr[i] = DotBody(g, kt + i * T, n);
-      const float a = qt[i];
-      float* __restrict dcol = dkt + i * T;
-      for (int64_t j = 0; j < n; ++j) dcol[j] += a * g[j];
-    }
-    RopeRow(v, t, dqr, dq + t * D, true);
-  }
-  // dk (inverse rotation) and dv back to rows.
-  for (int64_t t = 0; t < T; ++t) {
-    const float *c = v.cos + t * half, *s = v.sin + t * half;
-    float* dkrow = dk + t * D;
-    float* dvrow = dv + t * D;
-    for (int64_t i = 0; i < half; ++i) {
-      const float x1 = dkt[i * T + t], x2 = dkt[(half + i) * T + t];
-      dkrow[i] = x1 * c[i] + x2 * s[i];
-      dkrow[half + i] = -x1 * s[i] + x2 * c[i];
-    }
-    for (int64_t i = 0; i < dh; ++i) dvrow[i] = dvt[i * T + t];
   }
 }
 
@@ -368,67 +341,66 @@ class MemberLayerNormFn : public torch::autograd::Function<MemberLayerNormFn> {
   }
 };
 
+// The GEMMs are LibTorch's batched ones (one [T, T] or [T, dh] product per
+// head); what the node fuses is everything around them: RoPE and the
+// layout changes in one pass each way, the scale, the causal mask and the
+// softmax in one pass over the scores, and the backward of each.
 class CausalAttentionFn : public torch::autograd::Function<CausalAttentionFn> {
  public:
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& q_in,
                                const torch::Tensor& k_in, const torch::Tensor& v_in, const torch::Tensor& cos,
                                const torch::Tensor& sin, int64_t heads) {
     const torch::Tensor q = q_in.contiguous(), k = k_in.contiguous(), v = v_in.contiguous();
-    const int64_t E = q.size(0), B = q.size(1), T = q.size(2), D = q.size(3), H = heads;
-    HeadView view = View(T, D, H, cos, sin);
-    torch::Tensor qr = torch::empty_like(q), kr = torch::empty_like(k), out = torch::empty_like(q);
-    torch::Tensor p = torch::empty({E, B, H, T, T}, q.options());
-    std::vector<float> kt(static_cast<size_t>(view.dh * T)), vt(kt.size());
-    const float *qp = q.data_ptr<float>(), *kp = k.data_ptr<float>(), *vp = v.data_ptr<float>();
-    float *qrp = qr.data_ptr<float>(), *krp = kr.data_ptr<float>(), *pp = p.data_ptr<float>(),
-          *op = out.data_ptr<float>();
-    for (int64_t s = 0; s < E * B; ++s) {
-      for (int64_t h = 0; h < H; ++h) {
-        const int64_t off = s * T * D + h * view.dh;
-        AttentionHeadForward(view, qp + off, kp + off, vp + off, qrp + off, krp + off, pp + (s * H + h) * T * T,
-                             op + off, kt.data(), vt.data());
-      }
-    }
-    ctx->save_for_backward({qr, kr, v, p, cos, sin});
+    const Heads a = Layout(q, heads, cos, sin);
+    const auto opts = q.options();
+    torch::Tensor qh = torch::empty({a.N * a.H, a.T, a.dh}, opts), kh = torch::empty_like(qh),
+                  vh = torch::empty_like(qh);
+    SplitHeads(a, q.data_ptr<float>(), qh.data_ptr<float>(), true);
+    SplitHeads(a, k.data_ptr<float>(), kh.data_ptr<float>(), true);
+    SplitHeads(a, v.data_ptr<float>(), vh.data_ptr<float>(), false);
+    torch::Tensor p = at::bmm(qh, kh.transpose(1, 2));  // [N H, T, T]
+    CausalSoftmax(p.data_ptr<float>(), a.N * a.H, a.T, Scale(a));
+    const torch::Tensor o = at::bmm(p, vh);  // [N H, T, dh]
+    torch::Tensor out = torch::empty_like(q);
+    MergeHeads(a, o.data_ptr<float>(), out.data_ptr<float>(), false);
+    ctx->save_for_backward({qh, kh, vh, p, cos, sin});
     ctx->saved_data["heads"] = heads;
+    ctx->saved_data["d"] = q.size(3);
     return out;
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const std::vector<torch::Tensor> saved = ctx->get_saved_variables();
-    const torch::Tensor &qr = saved[0], &kr = saved[1], &v = saved[2], &p = saved[3];
-    const int64_t H = ctx->saved_data["heads"].toInt();
+    const torch::Tensor &qh = saved[0], &kh = saved[1], &vh = saved[2], &p = saved[3];
     const torch::Tensor dout = grads[0].contiguous();
-    const int64_t E = qr.size(0), B = qr.size(1), T = qr.size(2), D = qr.size(3);
-    HeadView view = View(T, D, H, saved[4], saved[5]);
-    torch::Tensor dq = torch::empty_like(qr), dk = torch::empty_like(kr), dv = torch::empty_like(v);
-    const size_t n = static_cast<size_t>(view.dh * T);
-    std::vector<float> kt(n), vt(n), dkt(n), dvt(n), g(static_cast<size_t>(T));
-    const float *qrp = qr.data_ptr<float>(), *krp = kr.data_ptr<float>(), *vp = v.data_ptr<float>(),
-                *pp = p.data_ptr<float>(), *gp = dout.data_ptr<float>();
-    float *dqp = dq.data_ptr<float>(), *dkp = dk.data_ptr<float>(), *dvp = dv.data_ptr<float>();
-    for (int64_t s = 0; s < E * B; ++s) {
-      for (int64_t h = 0; h < H; ++h) {
-        const int64_t off = s * T * D + h * view.dh;
-        AttentionHeadBackward(view, qrp + off, krp + off, vp + off, pp + (s * H + h) * T * T, gp + off, dqp + off,
-                              dkp + off, dvp + off, kt.data(), vt.data(), dkt.data(), dvt.data(), g.data());
-      }
-    }
+    const Heads a = Layout(dout, ctx->saved_data["heads"].toInt(), saved[4], saved[5]);
+    torch::Tensor doh = torch::empty_like(qh);
+    SplitHeads(a, dout.data_ptr<float>(), doh.data_ptr<float>(), false);
+    torch::Tensor ds = at::bmm(doh, vh.transpose(1, 2));  // d p, then d scores in place
+    const torch::Tensor dvh = at::bmm(p.transpose(1, 2), doh);
+    CausalSoftmaxBackward(p.data_ptr<float>(), ds.data_ptr<float>(), a.N * a.H, a.T, Scale(a));
+    const torch::Tensor dqh = at::bmm(ds, kh), dkh = at::bmm(ds.transpose(1, 2), qh);
+    torch::Tensor dq = torch::empty_like(dout), dk = torch::empty_like(dout), dv = torch::empty_like(dout);
+    MergeHeads(a, dqh.data_ptr<float>(), dq.data_ptr<float>(), true);
+    MergeHeads(a, dkh.data_ptr<float>(), dk.data_ptr<float>(), true);
+    MergeHeads(a, dvh.data_ptr<float>(), dv.data_ptr<float>(), false);
     return {dq, dk, dv, torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 
  private:
-  static HeadView View(int64_t T, int64_t D, int64_t H, const torch::Tensor& cos, const torch::Tensor& sin) {
-    HeadView view;
-    view.T = T;
-    view.dh = D / H;
-    view.stride = D;
-    view.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(view.dh)));
-    view.cos = cos.data_ptr<float>();
-    view.sin = sin.data_ptr<float>();
-    return view;
+  static Heads Layout(const torch::Tensor& x, int64_t heads, const torch::Tensor& cos, const torch::Tensor& sin) {
+    Heads a;
+    a.N = x.size(0) * x.size(1);
+    a.T = x.size(2);
+    a.D = x.size(3);
+    a.H = heads;
+    a.dh = a.D / heads;
+    a.cos = cos.data_ptr<float>();
+    a.sin = sin.data_ptr<float>();
+    return a;
   }
+  static float Scale(const Heads& a) { return static_cast<float>(1.0 / std::sqrt(static_cast<double>(a.dh))); }
 };
 
 std::atomic<bool> fused_kernels_enabled{true};
@@ -464,8 +436,8 @@ torch::Tensor CausalAttention(const torch::Tensor& q, const torch::Tensor& k, co
   TORCH_CHECK(q.dim() == 4 && k.sizes() == q.sizes() && v.sizes() == q.sizes(),
               "CausalAttention: q, k and v must be [E, B, T, D] alike");
   const int64_t T = q.size(2), D = q.size(3);
-  TORCH_CHECK(heads > 0 && D % heads == 0 && (D / heads) % 2 == 0 && D / heads <= kMaxFusedHeadWidth,
-              "CausalAttention: the heads must split D into even widths of at most 256");
+  TORCH_CHECK(heads > 0 && D % heads == 0 && (D / heads) % 2 == 0,
+              "CausalAttention: the heads must split D into even widths");
   TORCH_CHECK(cos.dim() == 2 && cos.size(0) >= T && cos.size(1) == D / heads / 2 && sin.sizes() == cos.sizes(),
               "CausalAttention: cos and sin must be [>= T, D / heads / 2]");
   const torch::Tensor c = cos.narrow(0, 0, T).contiguous(), s = sin.narrow(0, 0, T).contiguous();

@@ -42,12 +42,10 @@ torch::Tensor MemberLayerNorm(const torch::Tensor& x, const torch::Tensor& w, co
 // [E, B, T, D] (the q/k/v maps' outputs, biases added; head h in columns
 // [h dh, (h + 1) dh)), cos, sin [>= T, dh / 2] (DecoderModel's tables).
 // Returns the heads' outputs side by side, [E, B, T, D], what W_O reads.
-// One pass per (member, sequence, head) that keeps the head's rows in the
-// cache and computes only the scores at or below the diagonal; the node
-// saves the rotated q and k, v and the probabilities (as the reference's
-// softmax does) and runs its backward the same way.
-// Heads up to this width (d_model / heads) take it; wider ones the reference.
-constexpr int64_t kMaxFusedHeadWidth = 256;
+// The products are LibTorch's batched GEMMs; RoPE with the change of
+// layout, and the scale, causal mask and softmax, are one pass each, forward
+// and backward. The node saves the rotated q and k, v and the
+// probabilities (as the reference's softmax does).
 torch::Tensor CausalAttention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                               const torch::Tensor& cos, const torch::Tensor& sin, int64_t heads);
 

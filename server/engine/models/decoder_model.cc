@@ -234,8 +234,7 @@ torch::Tensor DecoderModel::Attention(const Block& b, const torch::Tensor& h, co
   auto project = [&](const torch::Tensor& w, const torch::Tensor& bias) {
     return bias.defined() ? AddBias(Linear(h, w), bias) : Linear(h, w);  // [E, B, T, D]
   };
-  if (fused && dh <= kMaxFusedHeadWidth)
-    return CausalAttention(project(b.wq, b.bq), project(b.wk, b.bk), project(b.wv, b.bv), cos_, sin_, H);
+  if (fused) return CausalAttention(project(b.wq, b.bq), project(b.wk, b.bk), project(b.wv, b.bv), cos_, sin_, H);
   auto heads = [&](const torch::Tensor& w, const torch::Tensor& bias) {
     return project(w, bias).view({E, B, T, H, dh}).permute({0, 1, 3, 2, 4});
   };
