@@ -111,19 +111,27 @@ TEST(DecoderKernelsTest, CausalAttentionMatchesTheReferenceForwardAndBackward) {
                           torch::pow(10000.0, -torch::arange(half, torch::kDouble) / double(half)).unsqueeze(0);
     torch::Tensor cos = angle.cos().to(torch::kFloat),
                   sin = angle.sin().to(torch::kFloat);  // longer than T, as the model's
+    torch::Tensor bias = (torch::randn({2, 3 * D}) * 0.3).requires_grad_(true);
     torch::Tensor up = torch::randn({2, 3, T, D});
-    torch::Tensor y = CausalAttention(q, k, v, cos, sin, H);
-    auto g = torch::autograd::grad({(y * up).sum()}, {q, k, v});
-    // The reference in double.
+    torch::Tensor y = CausalAttention(torch::cat({q, k, v}, 3), bias, cos, sin, H);
+    auto g = torch::autograd::grad({(y * up).sum()}, {q, k, v, bias});
+    // The reference in double, the bias added to q, k and v.
     std::vector<torch::Tensor> in;
-    for (const torch::Tensor& t : {q, k, v}) in.push_back(t.detach().to(torch::kDouble).requires_grad_(true));
-    torch::Tensor ref = ReferenceAttention(in[0], in[1], in[2], cos.to(torch::kDouble), sin.to(torch::kDouble), H);
+    for (const torch::Tensor& t : {q, k, v, bias}) in.push_back(t.detach().to(torch::kDouble).requires_grad_(true));
+    auto biased = [&](int i) { return in[i] + in[3].narrow(1, i * D, D).view({2, 1, 1, D}); };
+    torch::Tensor ref =
+        ReferenceAttention(biased(0), biased(1), biased(2), cos.to(torch::kDouble), sin.to(torch::kDouble), H);
     auto g2 = torch::autograd::grad({(ref * up.to(torch::kDouble)).sum()}, in);
     ExpectClose(y.to(torch::kDouble), ref, 1e-5, 1e-4, name + " forward");
-    for (int i = 0; i < 3; ++i) {
+    const char* names[] = {"q", "k", "v", "bias"};
+    for (int i = 0; i < 4; ++i) {
       ExpectClose(g[i].to(torch::kDouble), g2[i], 1e-5 * g2[i].abs().max().item<double>(), 1e-4,
-                  name + " d " + "qkv"[i]);
+                  name + " d " + names[i]);
     }
+    // Without a bias: the same as a zero bias.
+    torch::Tensor y0 = CausalAttention(torch::cat({q, k, v}, 3), torch::Tensor(), cos, sin, H);
+    torch::Tensor yz = CausalAttention(torch::cat({q, k, v}, 3), torch::zeros({2, 3 * D}), cos, sin, H);
+    EXPECT_TRUE(torch::equal(y0, yz)) << name;
   }
 }
 

@@ -153,33 +153,41 @@ CIRCUITLAB_CPU_CLONES void LayerNormGradRow(const float* __restrict xhat, const 
 // [N * H, T, dh] (one matrix per head, what the batched GEMMs read).
 struct Heads {
   int64_t N = 0, T = 0, D = 0, H = 0, dh = 0;
+  int64_t ld = 0;          // the row stride of the [N, T, ...] side (D, or 3 D for q, k and v side by side)
+  int64_t per_member = 1;  // sequences per member (B): the bias is member n / B's
   const float *cos = nullptr, *sin = nullptr;  // [T, dh / 2]
 };
 
-// dst[n * H + h, t] = rope(src[n, t, h dh : (h + 1) dh]) (a plain copy when
-// `rotate` is false).
-CIRCUITLAB_CPU_CLONES void SplitHeads(const Heads& a, const float* __restrict src, float* __restrict dst, bool rotate) {
+// dst[n * H + h, t] = rope(src[n, t, h dh : (h + 1) dh] + bias[n / B, h dh :
+// (h + 1) dh]) (a plain copy when `rotate` is false). `bias` rows are
+// `bias_ld` apart (0: one row for every member).
+CIRCUITLAB_CPU_CLONES void SplitHeads(const Heads& a, const float* __restrict src, const float* __restrict bias,
+                                      int64_t bias_ld, float* __restrict dst, bool rotate) {
   const int64_t half = a.dh / 2;
   for (int64_t n = 0; n < a.N; ++n) {
+    const float* bn = bias + (n / a.per_member) * bias_ld;
     for (int64_t t = 0; t < a.T; ++t) {
       const float *c = a.cos + t * half, *s = a.sin + t * half;
       for (int64_t h = 0; h < a.H; ++h) {
-        const float* x = src + (n * a.T + t) * a.D + h * a.dh;
+        const float* x = src + (n * a.T + t) * a.ld + h * a.dh;
+        const float* bh = bn + h * a.dh;
         float* y = dst + ((n * a.H + h) * a.T + t) * a.dh;
         if (!rotate) {
-          for (int64_t i = 0; i < a.dh; ++i) y[i] = x[i];
+          for (int64_t i = 0; i < a.dh; ++i) y[i] = x[i] + bh[i];
           continue;
         }
         for (int64_t i = 0; i < half; ++i) {
-          y[i] = x[i] * c[i] - x[half + i] * s[i];
-          y[half + i] = x[i] * s[i] + x[half + i] * c[i];
+          const float x1 = x[i] + bh[i], x2 = x[half + i] + bh[half + i];
+          y[i] = x1 * c[i] - x2 * s[i];
+          y[half + i] = x1 * s[i] + x2 * c[i];
         }
       }
     }
   }
 }
 
-// The transpose: dst[n, t, h dh : (h + 1) dh] = rope^T(src[n * H + h, t]).
+// The transpose (without the bias): dst[n, t, h dh : (h + 1) dh] =
+// rope^T(src[n * H + h, t]), dst's rows a.ld apart.
 CIRCUITLAB_CPU_CLONES void MergeHeads(const Heads& a, const float* __restrict src, float* __restrict dst, bool rotate) {
   const int64_t half = a.dh / 2;
   for (int64_t n = 0; n < a.N; ++n) {
@@ -187,7 +195,7 @@ CIRCUITLAB_CPU_CLONES void MergeHeads(const Heads& a, const float* __restrict sr
       const float *c = a.cos + t * half, *s = a.sin + t * half;
       for (int64_t h = 0; h < a.H; ++h) {
         const float* x = src + ((n * a.H + h) * a.T + t) * a.dh;
-        float* y = dst + (n * a.T + t) * a.D + h * a.dh;
+        float* y = dst + (n * a.T + t) * a.ld + h * a.dh;
         if (!rotate) {
           for (int64_t i = 0; i < a.dh; ++i) y[i] = x[i];
           continue;
@@ -347,25 +355,31 @@ class MemberLayerNormFn : public torch::autograd::Function<MemberLayerNormFn> {
 // softmax in one pass over the scores, and the backward of each.
 class CausalAttentionFn : public torch::autograd::Function<CausalAttentionFn> {
  public:
-  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& q_in,
-                               const torch::Tensor& k_in, const torch::Tensor& v_in, const torch::Tensor& cos,
-                               const torch::Tensor& sin, int64_t heads) {
-    const torch::Tensor q = q_in.contiguous(), k = k_in.contiguous(), v = v_in.contiguous();
-    const Heads a = Layout(q, heads, cos, sin);
-    const auto opts = q.options();
-    torch::Tensor qh = torch::empty({a.N * a.H, a.T, a.dh}, opts), kh = torch::empty_like(qh),
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& qkv_in,
+                               const torch::Tensor& bias_in, const torch::Tensor& cos, const torch::Tensor& sin,
+                               int64_t heads) {
+    const torch::Tensor qkv = qkv_in.contiguous();
+    Heads a = Layout(qkv.size(0), qkv.size(1), qkv.size(2), qkv.size(3) / 3, heads, cos, sin);
+    a.ld = 3 * a.D;
+    // No bias: a zero row read by every member.
+    const bool has_bias = bias_in.numel() > 0;
+    const torch::Tensor bias = has_bias ? bias_in.contiguous() : torch::zeros({3 * a.D}, qkv.options());
+    const int64_t bias_ld = has_bias ? 3 * a.D : 0;
+    const float *src = qkv.data_ptr<float>(), *bp = bias.data_ptr<float>();
+    torch::Tensor qh = torch::empty({a.N * a.H, a.T, a.dh}, qkv.options()), kh = torch::empty_like(qh),
                   vh = torch::empty_like(qh);
-    SplitHeads(a, q.data_ptr<float>(), qh.data_ptr<float>(), true);
-    SplitHeads(a, k.data_ptr<float>(), kh.data_ptr<float>(), true);
-    SplitHeads(a, v.data_ptr<float>(), vh.data_ptr<float>(), false);
+    SplitHeads(a, src, bp, bias_ld, qh.data_ptr<float>(), true);
+    SplitHeads(a, src + a.D, bp + a.D, bias_ld, kh.data_ptr<float>(), true);
+    SplitHeads(a, src + 2 * a.D, bp + 2 * a.D, bias_ld, vh.data_ptr<float>(), false);
     torch::Tensor p = at::bmm(qh, kh.transpose(1, 2));  // [N H, T, T]
     CausalSoftmax(p.data_ptr<float>(), a.N * a.H, a.T, Scale(a));
     const torch::Tensor o = at::bmm(p, vh);  // [N H, T, dh]
-    torch::Tensor out = torch::empty_like(q);
+    torch::Tensor out = torch::empty({qkv.size(0), qkv.size(1), a.T, a.D}, qkv.options());
+    a.ld = a.D;
     MergeHeads(a, o.data_ptr<float>(), out.data_ptr<float>(), false);
     ctx->save_for_backward({qh, kh, vh, p, cos, sin});
     ctx->saved_data["heads"] = heads;
-    ctx->saved_data["d"] = q.size(3);
+    ctx->saved_data["bias"] = has_bias;
     return out;
   }
 
@@ -373,29 +387,37 @@ class CausalAttentionFn : public torch::autograd::Function<CausalAttentionFn> {
                                                  torch::autograd::variable_list grads) {
     const std::vector<torch::Tensor> saved = ctx->get_saved_variables();
     const torch::Tensor &qh = saved[0], &kh = saved[1], &vh = saved[2], &p = saved[3];
-    const torch::Tensor dout = grads[0].contiguous();
-    const Heads a = Layout(dout, ctx->saved_data["heads"].toInt(), saved[4], saved[5]);
+    const torch::Tensor dout = grads[0].contiguous();  // [E, B, T, D]
+    const int64_t E = dout.size(0), B = dout.size(1);
+    Heads a = Layout(E, B, dout.size(2), dout.size(3), ctx->saved_data["heads"].toInt(), saved[4], saved[5]);
+    a.ld = a.D;
     torch::Tensor doh = torch::empty_like(qh);
-    SplitHeads(a, dout.data_ptr<float>(), doh.data_ptr<float>(), false);
+    const torch::Tensor zero = torch::zeros({a.D}, dout.options());
+    SplitHeads(a, dout.data_ptr<float>(), zero.data_ptr<float>(), 0, doh.data_ptr<float>(), false);
     torch::Tensor ds = at::bmm(doh, vh.transpose(1, 2));  // d p, then d scores in place
     const torch::Tensor dvh = at::bmm(p.transpose(1, 2), doh);
     CausalSoftmaxBackward(p.data_ptr<float>(), ds.data_ptr<float>(), a.N * a.H, a.T, Scale(a));
     const torch::Tensor dqh = at::bmm(ds, kh), dkh = at::bmm(ds.transpose(1, 2), qh);
-    torch::Tensor dq = torch::empty_like(dout), dk = torch::empty_like(dout), dv = torch::empty_like(dout);
-    MergeHeads(a, dqh.data_ptr<float>(), dq.data_ptr<float>(), true);
-    MergeHeads(a, dkh.data_ptr<float>(), dk.data_ptr<float>(), true);
-    MergeHeads(a, dvh.data_ptr<float>(), dv.data_ptr<float>(), false);
-    return {dq, dk, dv, torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    torch::Tensor dqkv = torch::empty({E, B, a.T, 3 * a.D}, dout.options());
+    a.ld = 3 * a.D;
+    float* dst = dqkv.data_ptr<float>();
+    MergeHeads(a, dqh.data_ptr<float>(), dst, true);
+    MergeHeads(a, dkh.data_ptr<float>(), dst + a.D, true);
+    MergeHeads(a, dvh.data_ptr<float>(), dst + 2 * a.D, false);
+    torch::Tensor dbias = ctx->saved_data["bias"].toBool() ? dqkv.view({E, B * a.T, 3 * a.D}).sum(1) : torch::Tensor();
+    return {dqkv, dbias, torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 
  private:
-  static Heads Layout(const torch::Tensor& x, int64_t heads, const torch::Tensor& cos, const torch::Tensor& sin) {
+  static Heads Layout(int64_t E, int64_t B, int64_t T, int64_t D, int64_t heads, const torch::Tensor& cos,
+                      const torch::Tensor& sin) {
     Heads a;
-    a.N = x.size(0) * x.size(1);
-    a.T = x.size(2);
-    a.D = x.size(3);
+    a.N = E * B;
+    a.per_member = B;
+    a.T = T;
+    a.D = D;
     a.H = heads;
-    a.dh = a.D / heads;
+    a.dh = D / heads;
     a.cos = cos.data_ptr<float>();
     a.sin = sin.data_ptr<float>();
     return a;
@@ -429,19 +451,21 @@ torch::Tensor MemberLayerNorm(const torch::Tensor& x, const torch::Tensor& w, co
   return MemberLayerNormFn::apply(x, w, b, eps);
 }
 
-torch::Tensor CausalAttention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                              const torch::Tensor& cos, const torch::Tensor& sin, int64_t heads) {
-  TORCH_CHECK(Supported(q) && Supported(k) && Supported(v) && Supported(cos) && Supported(sin),
+torch::Tensor CausalAttention(const torch::Tensor& qkv, const torch::Tensor& bias, const torch::Tensor& cos,
+                              const torch::Tensor& sin, int64_t heads) {
+  TORCH_CHECK(Supported(qkv) && Supported(cos) && Supported(sin) && (!bias.defined() || Supported(bias)),
               "CausalAttention: float32 CPU tensors only");
-  TORCH_CHECK(q.dim() == 4 && k.sizes() == q.sizes() && v.sizes() == q.sizes(),
-              "CausalAttention: q, k and v must be [E, B, T, D] alike");
-  const int64_t T = q.size(2), D = q.size(3);
+  TORCH_CHECK(qkv.dim() == 4 && qkv.size(3) % 3 == 0, "CausalAttention: qkv must be [E, B, T, 3 D]");
+  const int64_t T = qkv.size(2), D = qkv.size(3) / 3;
+  TORCH_CHECK(!bias.defined() || (bias.dim() == 2 && bias.size(0) == qkv.size(0) && bias.size(1) == 3 * D),
+              "CausalAttention: the bias must be [E, 3 D]");
   TORCH_CHECK(heads > 0 && D % heads == 0 && (D / heads) % 2 == 0,
               "CausalAttention: the heads must split D into even widths");
   TORCH_CHECK(cos.dim() == 2 && cos.size(0) >= T && cos.size(1) == D / heads / 2 && sin.sizes() == cos.sizes(),
               "CausalAttention: cos and sin must be [>= T, D / heads / 2]");
   const torch::Tensor c = cos.narrow(0, 0, T).contiguous(), s = sin.narrow(0, 0, T).contiguous();
-  return CausalAttentionFn::apply(q, k, v, c, s, heads);
+  // An empty tensor for no bias: apply() takes defined tensors only.
+  return CausalAttentionFn::apply(qkv, bias.defined() ? bias : torch::empty({0}, qkv.options()), c, s, heads);
 }
 
 }  // namespace circuitlab::engine

@@ -38,15 +38,17 @@ torch::Tensor BiasActivation(const torch::Tensor& h, const torch::Tensor& bias, 
 torch::Tensor MemberLayerNorm(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b,
                               double eps = 1e-5);
 
-// Causal softmax attention with RoPE on q and k, all heads: q, k, v
-// [E, B, T, D] (the q/k/v maps' outputs, biases added; head h in columns
-// [h dh, (h + 1) dh)), cos, sin [>= T, dh / 2] (DecoderModel's tables).
-// Returns the heads' outputs side by side, [E, B, T, D], what W_O reads.
-// The products are LibTorch's batched GEMMs; RoPE with the change of
-// layout, and the scale, causal mask and softmax, are one pass each, forward
-// and backward. The node saves the rotated q and k, v and the
+// Causal softmax attention with RoPE on q and k, all heads. qkv
+// [E, B, T, 3 D]: the q, k and v maps' outputs side by side (one GEMM with
+// the three weights concatenated), head h of each in columns [h dh, (h + 1)
+// dh) of its third; bias: [E, 3 D] or undefined (added before RoPE); cos,
+// sin [>= T, dh / 2] (DecoderModel's tables). Returns the heads' outputs
+// side by side, [E, B, T, D], what W_O reads.
+// The products are LibTorch's batched GEMMs; the bias, RoPE and the change
+// of layout, and the scale, causal mask and softmax, are one pass each,
+// forward and backward. The node saves the rotated q and k, v and the
 // probabilities (as the reference's softmax does).
-torch::Tensor CausalAttention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                              const torch::Tensor& cos, const torch::Tensor& sin, int64_t heads);
+torch::Tensor CausalAttention(const torch::Tensor& qkv, const torch::Tensor& bias, const torch::Tensor& cos,
+                              const torch::Tensor& sin, int64_t heads);
 
 }  // namespace circuitlab::engine

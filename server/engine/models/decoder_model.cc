@@ -234,7 +234,10 @@ torch::Tensor DecoderModel::Attention(const Block& b, const torch::Tensor& h, co
   auto project = [&](const torch::Tensor& w, const torch::Tensor& bias) {
     return bias.defined() ? AddBias(Linear(h, w), bias) : Linear(h, w);  // [E, B, T, D]
   };
-  if (fused) return CausalAttention(project(b.wq, b.bq), project(b.wk, b.bk), project(b.wv, b.bv), cos_, sin_, H);
+  if (fused) {  // one GEMM for q, k and v
+    const torch::Tensor bias = b.bq.defined() ? torch::cat({b.bq, b.bk, b.bv}, 1) : torch::Tensor();
+    return CausalAttention(Linear(h, torch::cat({b.wq, b.wk, b.wv}, 2)), bias, cos_, sin_, H);
+  }
   auto heads = [&](const torch::Tensor& w, const torch::Tensor& bias) {
     return project(w, bias).view({E, B, T, H, dh}).permute({0, 1, 3, 2, 4});
   };
