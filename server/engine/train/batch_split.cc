@@ -1,6 +1,8 @@
 #include "server/engine/train/batch_split.h"
 
+#include <condition_variable>
 #include <exception>
+#include <functional>
 #include <mutex>
 #include <thread>
 
@@ -11,6 +13,69 @@ namespace {
 
 std::mutex blas_mu;
 int blas_single = 0;  // BlasSingleThreaded objects alive
+
+// The helper threads of one calling thread (a run's), kept between steps: a
+// thread made anew each step paid for its first touches of memory every
+// step (OpenBLAS's per-thread packing buffers, a fresh malloc arena), ~16% of
+// a B.2 step in page faults (bench/RESULTS.md). They end with the calling
+// thread.
+class SliceHelpers {
+ public:
+  ~SliceHelpers() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    wake_.notify_all();
+    for (std::thread& t : threads_) t.join();
+  }
+
+  // fn(1) .. fn(n - 1) on the helpers, fn(0) on the caller; returns when all
+  // returned (fn must not throw).
+  void Run(int n, const std::function<void(int)>& fn) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      while (static_cast<int>(threads_.size()) < n - 1) {
+        const int part = static_cast<int>(threads_.size()) + 1;
+        threads_.emplace_back([this, part] { Loop(part); });
+      }
+      job_ = &fn;
+      parts_ = n;
+      pending_ = n - 1;
+      ++generation_;
+    }
+    wake_.notify_all();
+    fn(0);
+    std::unique_lock<std::mutex> lock(mu_);
+    done_.wait(lock, [&] { return pending_ == 0; });
+    job_ = nullptr;
+  }
+
+ private:
+  void Loop(int part) {
+    uint64_t seen = 0;
+    std::unique_lock<std::mutex> lock(mu_);
+    while (true) {
+      wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
+      if (stop_) return;
+      seen = generation_;
+      if (part >= parts_) continue;
+      const std::function<void(int)>* job = job_;
+      lock.unlock();
+      (*job)(part);
+      lock.lock();
+      if (--pending_ == 0) done_.notify_one();
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable wake_, done_;
+  std::vector<std::thread> threads_;
+  const std::function<void(int)>* job_ = nullptr;
+  uint64_t generation_ = 0;
+  int parts_ = 0, pending_ = 0;
+  bool stop_ = false;
+};
 
 }  // namespace
 
@@ -41,7 +106,7 @@ PartOutput BackwardInParts(int parts, int64_t rows, const std::vector<torch::Ten
   std::vector<PartOutput> outs(static_cast<size_t>(n));
   std::vector<std::vector<torch::Tensor>> grads(static_cast<size_t>(n));
   std::vector<std::exception_ptr> errors(static_cast<size_t>(n));
-  auto run = [&](int part) {
+  const std::function<void(int)> run = [&](int part) {
     try {
       at::set_num_threads(1);  // this thread's LibTorch ops: the parallelism is the split
       const auto [lo, count] = SliceOf(rows, n, part);
@@ -56,10 +121,8 @@ PartOutput BackwardInParts(int parts, int64_t rows, const std::vector<torch::Ten
       errors[part] = std::current_exception();
     }
   };
-  std::vector<std::thread> threads;
-  for (int part = 1; part < n; ++part) threads.emplace_back(run, part);
-  run(0);
-  for (std::thread& t : threads) t.join();
+  thread_local SliceHelpers helpers;
+  helpers.Run(n, run);
   for (const std::exception_ptr& e : errors) {
     if (e) std::rethrow_exception(e);
   }
