@@ -98,14 +98,7 @@ CIRCUITLAB_CPU_CLONES float LayerNormRow(const float* __restrict x, const float*
                                          int64_t n, float eps) {
   const float mean = SumBody(x, n) / static_cast<float>(n);
   for (int64_t i = 0; i < n; ++i) xhat[i] = x[i] - mean;
-  float acc[8] = {};
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    for (int k = 0; k < 8; ++k) acc[k] += xhat[i + k] * xhat[i + k];
-  }
-  float var = 0;
-  for (; i < n; ++i) var += xhat[i] * xhat[i];
-  for (int k = 0; k < 8; ++k) var += acc[k];
+  const float var = DotBody(xhat, xhat, n);
   const float rstd = 1.0f / std::sqrt(var / static_cast<float>(n) + eps);
   for (int64_t j = 0; j < n; ++j) {
     xhat[j] *= rstd;
