@@ -135,6 +135,26 @@ TEST(DecoderKernelsTest, CausalAttentionMatchesTheReferenceForwardAndBackward) {
   }
 }
 
+TEST(DecoderKernelsTest, NextTokenCrossEntropyMatchesTheReference) {
+  for (int64_t V : {6, 37}) {
+    torch::manual_seed(V);
+    torch::Tensor logits = (torch::randn({2, 3, 11, V}) * 3).requires_grad_(true);
+    torch::Tensor tokens = torch::randint(0, V, {2, 3, 11}, torch::kLong);
+    torch::Tensor up = torch::randn({2, 3});
+    torch::Tensor loss = NextTokenCrossEntropy(logits, tokens);
+    torch::Tensor g = torch::autograd::grad({(loss * up).sum()}, {logits})[0];
+    torch::Tensor x = logits.detach().to(torch::kDouble).requires_grad_(true);
+    torch::Tensor logp = torch::log_softmax(x.narrow(2, 0, 10), -1);
+    torch::Tensor ref = -logp.gather(-1, tokens.narrow(2, 1, 10).unsqueeze(-1)).squeeze(-1).mean(-1);
+    torch::Tensor g2 = torch::autograd::grad({(ref * up.to(torch::kDouble)).sum()}, {x})[0];
+    const std::string name = "V " + std::to_string(V);
+    ExpectClose(loss.to(torch::kDouble), ref, 2e-6, 2e-5, name + " loss");
+    ExpectClose(g.to(torch::kDouble), g2, 2e-7, 2e-5, name + " d logits");
+    EXPECT_TRUE(torch::all(g.select(2, 10) == 0).item<bool>()) << name << ": the last position has no next token";
+  }
+  EXPECT_THROW(NextTokenCrossEntropy(torch::zeros({1, 4, 3}), torch::full({1, 4}, 3, torch::kLong)), c10::Error);
+}
+
 TEST(DecoderKernelsTest, ApplyOnlyToFloatOnTheCpu) {
   EXPECT_TRUE(FusedKernelsApply(torch::zeros({2}, torch::kFloat)));
   EXPECT_FALSE(FusedKernelsApply(torch::zeros({2}, torch::kDouble)));

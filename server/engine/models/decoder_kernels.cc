@@ -249,6 +249,43 @@ CIRCUITLAB_CPU_CLONES void CausalSoftmaxBackward(const float* __restrict p, floa
   }
 }
 
+// Next-token cross-entropy of one sequence: logits [T, V] (rows V apart),
+// tokens [T]; returns the sum over positions t < T - 1 of logsumexp(x_t) -
+// x_t[tokens[t + 1]], and writes each position's logsumexp to lse.
+CIRCUITLAB_CPU_CLONES float NextTokenRow(const float* __restrict x, const int64_t* __restrict tokens, int64_t T,
+                                         int64_t V, float* __restrict lse) {
+  float total = 0.0f;
+  for (int64_t t = 0; t + 1 < T; ++t) {
+    const float* row = x + t * V;
+    const float m = MaxBody(row, V);
+    float acc[8] = {};
+    int64_t j = 0;
+    for (; j + 8 <= V; j += 8) {
+      for (int k = 0; k < 8; ++k) acc[k] += ExpApprox(row[j + k] - m);
+    }
+    float sum = 0.0f;
+    for (; j < V; ++j) sum += ExpApprox(row[j] - m);
+    for (int k = 0; k < 8; ++k) sum += acc[k];
+    lse[t] = m + std::log(sum);
+    total += lse[t] - row[tokens[t + 1]];
+  }
+  return total;
+}
+
+// Its backward: dx_t = scale (softmax(x_t) - onehot(tokens[t + 1])) for
+// t < T - 1, zero at the last position.
+CIRCUITLAB_CPU_CLONES void NextTokenGradRow(const float* __restrict x, const int64_t* __restrict tokens,
+                                            const float* __restrict lse, int64_t T, int64_t V, float scale,
+                                            float* __restrict dx) {
+  for (int64_t t = 0; t + 1 < T; ++t) {
+    const float* row = x + t * V;
+    float* d = dx + t * V;
+    for (int64_t j = 0; j < V; ++j) d[j] = scale * ExpApprox(row[j] - lse[t]);
+    d[tokens[t + 1]] -= scale;
+  }
+  for (int64_t j = 0; j < V; ++j) dx[(T - 1) * V + j] = 0.0f;
+}
+
 // [E, rows, width] views of a tensor [E, ..., width] and its member's rows.
 int64_t RowsPerMember(const torch::Tensor& x) { return x.numel() / (x.size(0) * x.size(-1)); }
 
@@ -418,6 +455,42 @@ class CausalAttentionFn : public torch::autograd::Function<CausalAttentionFn> {
   static float Scale(const Heads& a) { return static_cast<float>(1.0 / std::sqrt(static_cast<double>(a.dh))); }
 };
 
+class NextTokenFn : public torch::autograd::Function<NextTokenFn> {
+ public:
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& logits_in,
+                               const torch::Tensor& tokens_in) {
+    const torch::Tensor logits = logits_in.contiguous(), tokens = tokens_in.contiguous();
+    const int64_t T = tokens.size(-1), V = logits.size(-1), R = tokens.numel() / T;
+    std::vector<int64_t> shape = tokens.sizes().vec();
+    shape.pop_back();
+    torch::Tensor out = torch::empty(shape, logits.options()), lse = torch::empty({R, T}, logits.options());
+    const float* xp = logits.data_ptr<float>();
+    const int64_t* tp = tokens.data_ptr<int64_t>();
+    float *op = out.data_ptr<float>(), *lp = lse.data_ptr<float>();
+    for (int64_t r = 0; r < R; ++r) {
+      op[r] = NextTokenRow(xp + r * T * V, tp + r * T, T, V, lp + r * T) / static_cast<float>(T - 1);
+    }
+    ctx->save_for_backward({logits, tokens, lse});
+    return out;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const std::vector<torch::Tensor> saved = ctx->get_saved_variables();
+    const torch::Tensor &logits = saved[0], &tokens = saved[1], &lse = saved[2];
+    const torch::Tensor g = grads[0].contiguous();
+    const int64_t T = tokens.size(-1), V = logits.size(-1), R = tokens.numel() / T;
+    torch::Tensor dx = torch::empty_like(logits);
+    const float *xp = logits.data_ptr<float>(), *lp = lse.data_ptr<float>(), *gp = g.data_ptr<float>();
+    const int64_t* tp = tokens.data_ptr<int64_t>();
+    float* dp = dx.data_ptr<float>();
+    for (int64_t r = 0; r < R; ++r) {
+      NextTokenGradRow(xp + r * T * V, tp + r * T, lp + r * T, T, V, gp[r] / static_cast<float>(T - 1), dp + r * T * V);
+    }
+    return {dx, torch::Tensor()};
+  }
+};
+
 std::atomic<bool> fused_kernels_enabled{true};
 
 bool Supported(const torch::Tensor& x) { return x.device().is_cpu() && x.scalar_type() == torch::kFloat; }
@@ -459,6 +532,18 @@ torch::Tensor CausalAttention(const torch::Tensor& qkv, const torch::Tensor& bia
   const torch::Tensor c = cos.narrow(0, 0, T).contiguous(), s = sin.narrow(0, 0, T).contiguous();
   // An empty tensor for no bias: apply() takes defined tensors only.
   return CausalAttentionFn::apply(qkv, bias.defined() ? bias : torch::empty({0}, qkv.options()), c, s, heads);
+}
+
+torch::Tensor NextTokenCrossEntropy(const torch::Tensor& logits, const torch::Tensor& tokens) {
+  TORCH_CHECK(Supported(logits) && tokens.scalar_type() == torch::kLong && tokens.device().is_cpu(),
+              "NextTokenCrossEntropy: float32 logits and int64 tokens on the CPU only");
+  TORCH_CHECK(tokens.dim() >= 1 && logits.dim() == tokens.dim() + 1 &&
+                  logits.sizes().slice(0, tokens.dim()) == tokens.sizes() && tokens.size(-1) >= 2,
+              "NextTokenCrossEntropy: logits must be tokens' shape + [V], with at least 2 positions");
+  const int64_t V = logits.size(-1);
+  TORCH_CHECK(tokens.numel() == 0 || (tokens.min().item<int64_t>() >= 0 && tokens.max().item<int64_t>() < V),
+              "NextTokenCrossEntropy: a token outside [0, ", V, ")");
+  return NextTokenFn::apply(logits, tokens);
 }
 
 }  // namespace circuitlab::engine

@@ -51,4 +51,11 @@ torch::Tensor MemberLayerNorm(const torch::Tensor& x, const torch::Tensor& w, co
 torch::Tensor CausalAttention(const torch::Tensor& qkv, const torch::Tensor& bias, const torch::Tensor& cos,
                               const torch::Tensor& sin, int64_t heads);
 
+// The mean next-token cross-entropy of each sequence: logits [..., T, V],
+// tokens [..., T] (int64, in [0, V)); returns [...], the mean over t < T - 1
+// of -log softmax(logits[t])[tokens[t + 1]], the positions whose next token
+// is known. One pass per sequence each way (the node saves the logits and
+// each position's logsumexp).
+torch::Tensor NextTokenCrossEntropy(const torch::Tensor& logits, const torch::Tensor& tokens);
+
 }  // namespace circuitlab::engine

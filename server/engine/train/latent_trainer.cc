@@ -1,6 +1,7 @@
 #include "server/engine/train/latent_trainer.h"
 
 #include "server/common/seeds.h"
+#include "server/engine/models/decoder_kernels.h"
 #include "server/engine/spec.h"
 
 namespace circuitlab::engine {
@@ -40,6 +41,9 @@ void InitializeDecoder(const std::vector<uint64_t>& member_seeds, DecoderModel& 
 }
 
 torch::Tensor NextTokenLoss(const torch::Tensor& logits, const torch::Tensor& tokens) {
+  if (FusedKernelsApply(logits) && tokens.scalar_type() == torch::kLong && tokens.device().is_cpu()) {
+    return NextTokenCrossEntropy(logits, tokens);  // decoder_kernels.h: the same mean, one pass each way
+  }
   const int64_t T = tokens.size(-1);
   torch::Tensor logp = torch::log_softmax(logits.narrow(-2, 0, T - 1), -1);
   torch::Tensor next = tokens.narrow(-1, 1, T - 1).unsqueeze(-1);
@@ -88,8 +92,8 @@ LatentTrainer::LatentTrainer(const v1::ExperimentSpec& spec, std::vector<uint64_
       std::vector<torch::Tensor> parts;
       for (int64_t b = 0; b < n; b += kLatentEvalBayesChunk) {
         torch::Tensor chunk = tokens.narrow(0, b, std::min(kLatentEvalBayesChunk, n - b));
-        torch::Tensor probs = defs[i].pool == LatentPool::kMajor ? task.KnownPool(chunk).probs
-                                                                 : task.Extrapolation(chunk);
+        torch::Tensor probs =
+            defs[i].pool == LatentPool::kMajor ? task.KnownPool(chunk).probs : task.Extrapolation(chunk);
         parts.push_back(NextLogProb(probs, chunk));
       }
       set.bayes.push_back(torch::cat(parts, 0));
@@ -103,7 +107,7 @@ std::vector<std::vector<Metric>> LatentTrainer::Step(bool record) {
   torch::Tensor tokens = Upload(batches_.Take(next, total_steps()), device_);  // [E, B, T]
   return TrainStep(tokens.size(1), next, record, [&](int64_t lo, int64_t count) {
     torch::Tensor part = tokens.narrow(1, lo, count);
-    torch::Tensor logits = model_->Forward(part);  // [E, b, T, V]
+    torch::Tensor logits = model_->Forward(part);             // [E, b, T, V]
     PartOutput out{NextTokenLoss(logits, part).mean(1), {}};  // [E]
     if (record) {
       torch::NoGradGuard no_grad;
@@ -128,11 +132,8 @@ std::vector<std::vector<Metric>> LatentTrainer::Evaluate() const {
       torch::Tensor tokens = torch::stack(parts).to(device_);
       torch::Tensor logits = model_->Forward(tokens);
       loss += NextTokenLoss(logits, tokens).to(torch::kDouble).sum(1).cpu();
-      acc += (logits.narrow(2, 0, T - 1).argmax(-1) == tokens.narrow(2, 1, T - 1))
-                 .to(torch::kDouble)
-                 .mean(2)
-                 .sum(1)
-                 .cpu();
+      acc +=
+          (logits.narrow(2, 0, T - 1).argmax(-1) == tokens.narrow(2, 1, T - 1)).to(torch::kDouble).mean(2).sum(1).cpu();
     }
     const std::string prefix = "eval/" + set.name + "/";
     for (int64_t e = 0; e < ensemble(); ++e) {
