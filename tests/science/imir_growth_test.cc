@@ -12,36 +12,42 @@
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <stdexcept>
+#include <string>
 
 #include "client/lib/client.h"
-#include "tests/test_util/engine_util.h"
 #include "server/engine/manifold/projection.h"
 #include "server/engine/spec.h"
 #include "server/engine/train/trainer.h"
+#include "server/reproduce/recipes.h"
+#include "tests/test_util/engine_util.h"
 
 namespace circuitlab::engine {
 namespace {
 
-// The E.4 configuration: N pairs, 19-coordinate paper model, zero init, plain
-// SGD, MSE on the one-hot label.
-v1::ExperimentSpec MinimalIcl(int pairs, const char* scaling, double lr, int steps, int batch) {
-  char json[1024];
-  std::snprintf(json, sizeof(json), R"({
-    "task": {"minimal_icl": {"num_pairs": %d}},
-    "model": {"imir": {"num_layers": 2, "num_heads": 1, "parameterisation": "PARAMETERISATION_COORDINATES",
-                       "init": "INIT_SCHEME_ZERO", "coordinate_scaling": "%s"}},
-    "training": {"optimizer": "OPTIMIZER_KIND_SGD", "learning_rate": %g, "batch_size": %d, "steps": %d,
-                 "loss": "LOSS_KIND_MSE"},
-    "recording": {"eval_size": 4096}
-  })", pairs, scaling, lr, batch, steps);
-  return testing::ResolvedSpec(json);
+// An experiment as its recipe defines it at `ci` scale (one definition: the
+// sweep `sweep` of examples/reproduce/`id`.json, whose checks the
+// reproduction tier runs), resolved. These tests assert what a recipe's
+// checks cannot (every coordinate's magnitude, a restricted model, the
+// step-size reconciliation) on the same experiments.
+v1::ExperimentSpec RecipeExperiment(const std::string& id, const std::string& sweep) {
+  absl::StatusOr<v1::Recipe> recipe = reproduce::FindRecipe(id);
+  if (!recipe.ok()) throw std::runtime_error(std::string(recipe.status().message()));
+  for (const v1::RecipeSweep& s : recipe->scales().at("ci").sweeps()) {
+    if (s.name() != sweep) continue;
+    v1::ExperimentSpec spec = s.sweep().base();
+    const absl::Status resolved = ResolveSpec({}, &spec);
+    if (!resolved.ok()) throw std::runtime_error(std::string(resolved.message()));
+    return spec;
+  }
+  throw std::runtime_error(id + " has no sweep " + sweep + " at ci scale");
 }
 
 struct Growth {
   std::map<std::string, std::vector<double>> series;  // canonical name -> value per step (index = step)
-  std::vector<double> accuracy;                        // eval/test/accuracy per evaluation
-  int64_t reached = -1;                                // first evaluated step with accuracy >= target
-  std::vector<double> final_values;                    // every coordinate at the end (basis order)
+  std::vector<double> accuracy;                       // eval/test/accuracy per evaluation
+  int64_t reached = -1;                               // first evaluated step with accuracy >= target
+  std::vector<double> final_values;                   // every coordinate at the end (basis order)
 };
 
 // Trains member `member`'s ensemble until every member reached `target`
@@ -130,7 +136,7 @@ double RestrictedAccuracy(const v1::ExperimentSpec& spec, const EnsembleTrainer&
 // step size (alpha crosses 10% first here); the test below reconciles the
 // order with the reference prototype: it depends on the step size.
 TEST(ImirGrowthTest, GammaFirstAndThreeCoordinatesCarryTheInductionHead) {
-  const v1::ExperimentSpec spec = MinimalIcl(8, "COORDINATE_SCALING_UNIT_NORM", 20.0, 1500, 512);
+  const v1::ExperimentSpec spec = RecipeExperiment("E.4", "unit");  // N 8, unit norm, lr 20, 1500 steps
   const std::vector<uint64_t> seeds = {1, 2, 3};
   EnsembleTrainer* trainer = nullptr;
   const std::vector<Growth> runs = TrainToTarget(spec, seeds, 0.95, 25, &trainer);
@@ -154,12 +160,12 @@ TEST(ImirGrowthTest, GammaFirstAndThreeCoordinatesCarryTheInductionHead) {
     const double full = g.accuracy.back();
     const double restricted =
         RestrictedAccuracy(spec, *trainer, static_cast<int64_t>(e), g.final_values, {"alpha", "beta", "gamma"});
-    std::printf("seed %llu: acc >= 0.95 at step %lld (%.4f); 10%% of final: t_gamma %lld t_beta %lld t_alpha %lld; "
-                "alpha %.3f beta %.3f gamma %.3f; next largest / gamma %.3f; restricted accuracy %.4f\n",
-                static_cast<unsigned long long>(seeds[e]), static_cast<long long>(g.reached), full,
-                static_cast<long long>(tg), static_cast<long long>(tb), static_cast<long long>(ta),
-                g.series.at("alpha").back(), g.series.at("beta").back(), g.series.at("gamma").back(),
-                largest_other / gamma_mag, restricted);
+    std::printf(
+        "seed %llu: acc >= 0.95 at step %lld (%.4f); 10%% of final: t_gamma %lld t_beta %lld t_alpha %lld; "
+        "alpha %.3f beta %.3f gamma %.3f; next largest / gamma %.3f; restricted accuracy %.4f\n",
+        static_cast<unsigned long long>(seeds[e]), static_cast<long long>(g.reached), full, static_cast<long long>(tg),
+        static_cast<long long>(tb), static_cast<long long>(ta), g.series.at("alpha").back(), g.series.at("beta").back(),
+        g.series.at("gamma").back(), largest_other / gamma_mag, restricted);
     EXPECT_GE(tg, 0);
     EXPECT_LE(4 * tg, tb);
     EXPECT_LE(4 * tg, ta);
@@ -192,7 +198,8 @@ TEST(ImirGrowthTest, BetaBeforeAlphaAtThePrototypesStepSize) {
     bool beta_first;
   };
   for (const Regime& regime : {Regime{0.5, true}, Regime{1.0, false}}) {
-    const v1::ExperimentSpec spec = MinimalIcl(8, "COORDINATE_SCALING_RAW", regime.lr, 3000, 512);
+    v1::ExperimentSpec spec = RecipeExperiment("E.4", "prototype");  // N 8, raw, lr 0.5, 3000 steps
+    spec.mutable_training()->set_learning_rate(regime.lr);
     const std::vector<uint64_t> seeds = {1, 2, 3};
     const std::vector<Growth> runs = TrainToTarget(spec, seeds, 0.95, 10);
     for (size_t e = 0; e < seeds.size(); ++e) {
@@ -222,7 +229,8 @@ TEST(ImirGrowthLongTest, EmergenceTimeGrowsLikeNSquared) {
   const std::vector<uint64_t> seeds = {1, 2, 3};
   std::vector<double> log_n, log_t;
   for (int n : ns) {
-    const v1::ExperimentSpec spec = MinimalIcl(n, "COORDINATE_SCALING_UNIT_NORM", 20.0, 6000, 512);
+    v1::ExperimentSpec spec = RecipeExperiment("E.5", "contexts");  // the recipe's base; its axis is N
+    spec.mutable_task()->mutable_minimal_icl()->set_num_pairs(n);
     const std::vector<Growth> runs = TrainToTarget(spec, seeds, 0.5, 5);
     for (size_t e = 0; e < seeds.size(); ++e) {
       std::printf("N %d seed %llu: t* %lld\n", n, static_cast<unsigned long long>(seeds[e]),

@@ -4,8 +4,9 @@
 // icl_science_test), E.3, E.6 (long), E.7, E.8, E.9, E.10 and the
 // task-vector claims E.11-E.20 are decided here only (their engine-level
 // tests were these same experiments); E.4 and E.5 also keep engine-level
-// tests that assert more than a recipe can yet (the three largest
-// coordinates, the restricted model; three ensemble seeds).
+// tests (imir_growth_test.cc) that assert more than a recipe can yet (the
+// three largest coordinates, the restricted model; three ensemble seeds),
+// on the experiments they read from these same recipes.
 // Expected: every check passes at ci scale, as measured (closing notes of
 // issue 34: E.3 rho 0.988 -> 0.053, Spearman -1, icl_rare 0.996 / 0.991;
 // E.4 4 t_gamma 36 <= t_beta, t_beta 79 < t_alpha 90; E.8 t_ICL 2550 for
