@@ -10,9 +10,12 @@
 
 #include <cmath>
 #include <limits>
+#include <set>
+#include <string>
 #include <tuple>
 
 #include "server/engine/models/decoder_model.h"
+#include "server/engine/train/latent_trainer.h"
 
 namespace circuitlab::engine {
 namespace {
@@ -25,6 +28,22 @@ void ExpectClose(const torch::Tensor& got, const torch::Tensor& want, double ato
       << what << ": max error " << err.max().item<double>() << " at index " << err.flatten().argmax().item<int64_t>()
       << " where the bound is " << bound.flatten()[err.flatten().argmax()].item<double>() << " (value "
       << want.flatten()[err.flatten().argmax()].item<double>() << ")";
+}
+
+// The autograd node names of the graph that produced `t` (the fused kernels'
+// nodes carry their Function's type name).
+std::string GraphNodeNames(const torch::Tensor& t) {
+  std::string names;
+  std::set<const torch::autograd::Node*> seen;
+  std::vector<torch::autograd::Node*> todo = {t.grad_fn().get()};
+  while (!todo.empty()) {
+    torch::autograd::Node* n = todo.back();
+    todo.pop_back();
+    if (n == nullptr || !seen.insert(n).second) continue;
+    names += n->name() + " ";
+    for (const torch::autograd::Edge& e : n->next_edges()) todo.push_back(e.function.get());
+  }
+  return names;
 }
 
 // Inputs with a spread that reaches the exp's clamp (|x| up to ~90) and
@@ -153,6 +172,14 @@ TEST(DecoderKernelsTest, NextTokenCrossEntropyMatchesTheReference) {
     EXPECT_TRUE(torch::all(g.select(2, 10) == 0).item<bool>()) << name << ": the last position has no next token";
   }
   EXPECT_THROW(NextTokenCrossEntropy(torch::zeros({1, 4, 3}), torch::full({1, 4}, 3, torch::kLong)), c10::Error);
+  // The trainers' NextTokenLoss takes the kernel for float32 CPU logits and
+  // the reference ops for float64, with the same values.
+  torch::Tensor logits = torch::randn({2, 3, 11, 6}).requires_grad_(true);
+  torch::Tensor tokens = torch::randint(0, 6, {2, 3, 11}, torch::kLong);
+  torch::Tensor fused = NextTokenLoss(logits, tokens), ref = NextTokenLoss(logits.to(torch::kDouble), tokens);
+  EXPECT_NE(GraphNodeNames(fused).find("NextTokenFn"), std::string::npos) << "float32: the kernel not taken";
+  EXPECT_EQ(GraphNodeNames(ref).find("NextTokenFn"), std::string::npos) << "float64: the kernel taken";
+  ExpectClose(fused.to(torch::kDouble), ref, 2e-6, 2e-5, "NextTokenLoss");
 }
 
 TEST(DecoderKernelsTest, ApplyOnlyToFloatOnTheCpu) {
@@ -191,6 +218,12 @@ TEST(DecoderKernelsTest, FusedForwardMatchesTheReferenceModel) {
     const HookFn identity = [](const std::string&, const torch::Tensor&) { return torch::Tensor(); };
     torch::Tensor fast = model.Forward(in), ref = model.Forward(in, &identity);
     const std::string name = regression ? "regression" : "tokens";
+    // Without a hook the model takes every fused kernel; with one, none.
+    const std::string fast_nodes = GraphNodeNames(fast), ref_nodes = GraphNodeNames(ref);
+    for (const char* kernel : {"CausalAttentionFn", "MemberLayerNormFn", "BiasActivationFn"}) {
+      EXPECT_NE(fast_nodes.find(kernel), std::string::npos) << name << ": " << kernel << " not taken";
+      EXPECT_EQ(ref_nodes.find(kernel), std::string::npos) << name << ": " << kernel << " taken under a hook";
+    }
     ExpectClose(fast, ref, 1e-4 * ref.abs().max().item<double>(), 0, name + " outputs");
     torch::Tensor up = torch::randn(fast.sizes());
     // allow_unused: the regression model's pad is read by MapstoInputs only.
