@@ -1,4 +1,4 @@
-// The IMIR family's coordinate system, torch-free (SCIENCE.md A.3): the
+// The IMIR family's coordinate system, torch-free (SCIENCE.md B.1, C.3): the
 // basis a COORDINATES model is parameterised on and the coordinates it
 // trains. The family itself is ImirSpecFamily() (spec_family.h).
 #pragma once
