@@ -1,26 +1,34 @@
 #!/usr/bin/env bash
-# The main job on a fresh machine: set up, start circuitlab-server on its
+# The main job on a fresh machine: set up (Debian packages, build, and
+# `cmake --install` into CIRCUITLAB_PREFIX, default /usr/local: circuitlab,
+# circuitlab-server and circuitlab-worker on PATH, the Python package
+# importable), start circuitlab-server on its
 # embedded SQLite default (./data), run the demo experiment from examples/
 # through the client with a live progress bar, print its results, then (with
 # the default spec) train the task-vector demo (examples/dice_task_vectors.json)
 # and print its geometry, then stop the server cleanly (SIGTERM). Re-running
 # adds new runs to the same ./data.
 #   scripts/demo.sh [SPEC.json]     # default examples/induction.json
-# Environment: CIRCUITLAB_DATA (default ./data), CIRCUITLAB_PORT (default 50051).
+# Environment: CIRCUITLAB_DATA (default ./data), CIRCUITLAB_PORT (default 50051),
+# CIRCUITLAB_PREFIX (default /usr/local), CIRCUITLAB_HTTP (the HTTP port; default the server's, 127.0.0.1:8080).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 spec="${1:-examples/induction.json}"
 data="${CIRCUITLAB_DATA:-./data}"
 port="${CIRCUITLAB_PORT:-50051}"
-scripts/setup.sh --binaries   # the server, CLI and worker only (no test binaries)
-server=build/server/circuitlab-server
-cli="build/client/circuitlab --server 127.0.0.1:${port}"
+prefix="${CIRCUITLAB_PREFIX:-/usr/local}"
+http_flag=()   # the server's default HTTP port (8080; left off, with a warning, when taken)
+if [ -n "${CIRCUITLAB_HTTP:-}" ]; then http_flag=(--http "$CIRCUITLAB_HTTP"); fi
+# The server, CLI, worker and Python package only (no test binaries), installed.
+scripts/setup.sh --binaries --python --install
+server="$prefix/bin/circuitlab-server"
+cli="$prefix/bin/circuitlab --server 127.0.0.1:${port}"
 
 mkdir -p "$data"
 echo "==> starting circuitlab-server (data: $data, listening on 127.0.0.1:${port}, log: $data/server.log)"
 ready="$data/server.ready"
 rm -f "$ready"
-"$server" --data "$data" --listen "127.0.0.1:${port}" >"$ready" 2>>"$data/server.log" &
+"$server" --data "$data" --listen "127.0.0.1:${port}" "${http_flag[@]}" >"$ready" 2>>"$data/server.log" &
 pid=$!
 trap 'kill -TERM $pid 2>/dev/null || true; wait $pid 2>/dev/null || true' EXIT
 # Our own server says "listening port=N" once it serves (another process on
@@ -57,4 +65,17 @@ if [ -n "$dashboard" ]; then echo "==> the run's dashboard page: $($cli open "$r
 kill -TERM $pid
 wait $pid
 trap - EXIT
-echo "==> server stopped cleanly; restart it with: $server --data $data --listen 127.0.0.1:${port}"
+echo "==> server stopped cleanly; restart it with: circuitlab-server --data $data"
+echo "==> installed in $prefix: bin/circuitlab, bin/circuitlab-server, bin/circuitlab-worker, the Python"
+echo "    package circuitlab, the examples (share/circuitlab) and the docs (share/doc/circuitlab)"
+case ":$PATH:" in
+  *":$prefix/bin:"*) ;;
+  *) echo "==> $prefix/bin is not on your PATH; every page of the docs calls the commands by name:"
+     echo "    export PATH=\"$prefix/bin:\$PATH\"" ;;
+esac
+pydir="$prefix/lib/$(python3 -c 'import sys; print(f"python{sys.version_info[0]}.{sys.version_info[1]}")')/dist-packages"
+if ! (cd / && python3 -c 'import circuitlab' 2>/dev/null); then
+  echo "==> python3 does not look in $pydir; for the Python pages:"
+  echo "    export PYTHONPATH=\"$pydir\${PYTHONPATH:+:\$PYTHONPATH}\""
+fi
+echo "==> next: docs/tutorials/train-and-watch.md (the docs site: scripts/docs.sh serve)"

@@ -10,7 +10,7 @@ here="$(cd "$(dirname "$0")/.." && pwd)"
 list="${PACKAGES_FILE:-$here/deploy/packages.txt}"
 release=$(. /etc/os-release 2>/dev/null && echo "${VERSION_CODENAME:-}")
 torch=cpu
-usage() { echo "usage: $0 [--release bookworm|trixie] [--torch cpu|cuda] STAGE [STAGE...]  (stages: build runtime check test bench)" >&2; exit 2; }
+usage() { echo "usage: $0 [--release bookworm|trixie] [--torch cpu|cuda] STAGE [STAGE...]  (stages: build runtime check test python docs bench)" >&2; exit 2; }
 while [ $# -gt 0 ]; do
   case $1 in
     --release) release=${2:-}; shift 2 ;;

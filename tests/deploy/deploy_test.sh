@@ -183,7 +183,7 @@ docker volume create "$tag-wdata" >/dev/null
 docker run -d --name "$tag-ws" --network host --read-only --tmpfs /tmp -v "$tag-wdata:/data" \
   -v "$tmp/secrets:/run/secrets:ro" -e "CIRCUITLAB_TARGET=127.0.0.1:$port" "$image" \
   --data /data --listen "127.0.0.1:$port" --tls-cert /run/secrets/server.pem --tls-key /run/secrets/server.key \
-  --auth-tokens-file /run/secrets/tokens.txt --executor workers >/dev/null
+  --auth-tokens-file /run/secrets/tokens.txt --executor workers --http "" >/dev/null
 healthy "$tag-ws"
 docker run -d --name "$tag-ww" --network host --read-only --tmpfs /tmp -v "$tmp/worker:/run/secrets/worker:ro" \
   --entrypoint circuitlab-worker "$image" --server "127.0.0.1:$port" --ca-cert /run/secrets/worker/ca.pem \

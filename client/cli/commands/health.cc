@@ -1,5 +1,7 @@
 // circuitlab health
+#include <chrono>
 #include <iostream>
+#include <thread>
 
 #include "absl/strings/str_join.h"
 #include "client/cli/commands/commands.h"
@@ -9,10 +11,19 @@ namespace circuitlab::cli {
 namespace {
 namespace health_cmd {
 
-struct Options {};
+struct Options {
+  double wait_seconds = 0;
+};
 
-int Run(Context& ctx, const Options&) {
+int Run(Context& ctx, const Options& o) {
+  // --wait: a server just started in the background takes a moment to serve;
+  // ask again every 0.2 s until it answers SERVING or the time is up.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(o.wait_seconds);
   absl::Status s = ctx.client.Health();
+  while (!s.ok() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    s = ctx.client.Health();
+  }
   if (!s.ok()) return ReportError(s);
   std::cout << "SERVING " << ctx.g.server << "\n";
   // Health needs no token; WhoAmI does. What the server runs on, and its
@@ -36,9 +47,16 @@ int Run(Context& ctx, const Options&) {
 }  // namespace
 
 void AddHealth(CLI::App& app, Action* chosen) {
-  AddVerb(app, chosen, "health", "Check that the server is up and serving; with a token, also what it runs on (LibTorch, CUDA\n"
-          "devices, slots).\n  circuitlab health",
-          std::make_shared<health_cmd::Options>(), health_cmd::Run);
+  auto opts = std::make_shared<health_cmd::Options>();
+  CLI::App* sub = AddVerb(app, chosen, "health",
+                          "Check that the server is up and serving; with a token, also what it runs on (LibTorch,\n"
+                          "CUDA devices, slots).\n  circuitlab health\n"
+                          "  circuitlab-server --data \"$(mktemp -d)\" & circuitlab health --wait 30   # until it serves",
+                          opts, health_cmd::Run);
+  sub->add_option("--wait", opts->wait_seconds,
+                  "Keep asking, every 0.2 s, for up to this many seconds until the server answers (for a server "
+                  "just started)")
+      ->check(CLI::Range(0.0, 3600.0));
 }
 
 }  // namespace circuitlab::cli

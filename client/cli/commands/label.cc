@@ -32,6 +32,31 @@ void PrintAblations(const v1::CheckpointLabel& last) {
   std::printf("\n");
 }
 
+// OTHER and MIXED surprise a reader whose `detect` named a circuit: say what
+// the rule measured and what to try (the rule: the proto's CheckpointLabel.pair).
+void ExplainPair(const std::string& run_id, const v1::CheckpointLabel& last) {
+  if (last.pair() != "OTHER" && last.pair() != "MIXED") return;
+  std::string best;
+  double most = -1;
+  for (const auto& [name, share] : last.pair_ablation()) {
+    if (share > most) most = share, best = name;
+  }
+  if (last.pair() == "OTHER") {
+    std::printf("why OTHER: a pair carries the induction head when zeroing its path's match coordinate removes at\n"
+                "  least 0.5 of the accuracy above chance (alone, or with up to two other pairs); here no set of\n"
+                "  up to three did");
+    if (most >= 0) std::printf(" (the most, %.2f, by %s)", most, best.c_str());
+    std::printf(".\n  The circuit is carried by coordinates beyond the pair paths' match (%s's behaviour survives\n"
+                "  them): `circuitlab detect %s` finds the coordinates that carry it (SCIENCE.md D.1) and\n"
+                "  `circuitlab intervene %s --zero beta` ablates one; docs/concepts/circuits.md has the rule.\n",
+                run_id.c_str(), run_id.c_str(), run_id.c_str());
+  } else {
+    std::printf("why MIXED: two sets of pair paths of the same size each remove about as much of the accuracy\n"
+                "  above chance (the most, %.2f, by %s): the model uses both routes; see the pair paths above and\n"
+                "  docs/concepts/circuits.md.\n", most, best.c_str());
+  }
+}
+
 int Run(Context& ctx, const Options& o) {
   v1::LabelRunRequest req;
   req.set_run_id(o.run_id);
@@ -55,6 +80,7 @@ int Run(Context& ctx, const Options& o) {
   }
   if (resp.checkpoints_size() > 0 && resp.checkpoints().rbegin()->head_ablation_size() > 0) {
     PrintAblations(*resp.checkpoints().rbegin());
+    ExplainPair(o.run_id, *resp.checkpoints().rbegin());
   }
   return 0;
 }
