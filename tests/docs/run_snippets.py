@@ -304,9 +304,9 @@ def run_demo(build, prefix, env):
         s.close()
     start = time.time()
     r = subprocess.run(["bash", os.path.join(ROOT, "scripts", "demo.sh")], cwd=ROOT, env=denv,
-                       capture_output=True, text=True, timeout=1800)
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=1800)
     took = time.time() - start
-    output = r.stdout + r.stderr
+    output = r.stdout   # standard error merged in order, as a terminal shows it
     shutil.rmtree(workdir, ignore_errors=True)
     if r.returncode != 0:
         print(f"FAIL scripts/demo.sh exited {r.returncode} after {took:.0f} s:\n{output}")

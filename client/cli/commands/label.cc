@@ -1,4 +1,5 @@
 // circuitlab label RUN [--force]
+#include <algorithm>
 #include <cstdio>
 #include <map>
 
@@ -42,14 +43,12 @@ void ExplainPair(const std::string& run_id, const v1::CheckpointLabel& last) {
     if (share > most) most = share, best = name;
   }
   if (last.pair() == "OTHER") {
-    std::printf("why OTHER: a pair carries the induction head when zeroing its path's match coordinate removes at\n"
-                "  least 0.5 of the accuracy above chance (alone, or with up to two other pairs); here no set of\n"
-                "  up to three did");
-    if (most >= 0) std::printf(" (the most, %.2f, by %s)", most, best.c_str());
-    std::printf(".\n  The circuit is carried by coordinates beyond the pair paths' match (%s's behaviour survives\n"
-                "  them): `circuitlab detect %s` finds the coordinates that carry it (SCIENCE.md D.1) and\n"
-                "  `circuitlab intervene %s --zero beta` ablates one; docs/concepts/circuits.md has the rule.\n",
-                run_id.c_str(), run_id.c_str(), run_id.c_str());
+    std::printf("why OTHER: a layer pair is named when zeroing its path's match coordinate (alone, or with up to\n"
+                "  two other pairs') removes at least 0.5 of the accuracy above chance; here the most any set\n"
+                "  removed was %.2f (%s). The behaviour does not hang on the match coordinate alone:\n"
+                "  `circuitlab detect %s` shows which coordinates carry it (SCIENCE.md D.1), `circuitlab\n"
+                "  intervene %s --zero beta` what zeroing one does; docs/concepts/circuits.md states the rule.\n",
+                std::max(most, 0.0), best.empty() ? "no pair path" : best.c_str(), run_id.c_str(), run_id.c_str());
   } else {
     std::printf("why MIXED: two sets of pair paths of the same size each remove about as much of the accuracy\n"
                 "  above chance (the most, %.2f, by %s): the model uses both routes; see the pair paths above and\n"
