@@ -59,7 +59,7 @@ port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0));
 cli=("$cli_bin" --server "127.0.0.1:$port" --ca-cert "$tmp/secrets/ca.pem" --token-file "$tmp/tester.token")
 
 start_server() {
-  "$server_bin" --data "$tmp/data" --listen "127.0.0.1:$port" \
+  "$server_bin" --data "$tmp/data" --listen "127.0.0.1:$port" --http "" \
     --tls-cert "$tmp/secrets/server.pem" --tls-key "$tmp/secrets/server.key" \
     --auth-tokens-file "$tmp/secrets/tokens.txt" --audit-log "$tmp/audit.jsonl" \
     --executor slurm --slurm-max-workers 2 --slurm-job-name cltest --slurm-poll-seconds 1 --slurm-idle-exit 30 \
@@ -170,7 +170,7 @@ cancel_ms=$(( ($(date +%s%N) - c0) / 1000000 ))
 say "cancel of r10 took effect on its worker in $cancel_ms ms"
 
 # 1-4: the same specs on a local-executor server give the same metrics.
-"$server_bin" --data "$tmp/local" --listen 127.0.0.1:0 --cpu-slots 2 >"$tmp/local.log" 2>&1 &
+"$server_bin" --data "$tmp/local" --listen 127.0.0.1:0 --http "" --cpu-slots 2 >"$tmp/local.log" 2>&1 &
 local_pid=$!
 for _ in $(seq 100); do lport=$(grep -o "port=[0-9]*" "$tmp/local.log" | cut -d= -f2 || true); [ -n "$lport" ] && break; sleep 0.1; done
 lcli=("$cli_bin" --server "127.0.0.1:$lport")
