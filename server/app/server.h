@@ -98,6 +98,8 @@ class Server {
   void ReloadTokens();
   // Ends the open streams of revoked tokens (after the caller re-read them).
   int RevalidateStreams() { return security_->RevalidateStreams(); }
+  // Streams (gRPC watches, HTTP event streams, worker sessions) open now.
+  int OpenStreamCount() const { return security_->OpenStreamCount(); }
   // Health and /readyz answer NOT_SERVING from now on (calls still work).
   void MarkNotServing();
   // Drains in order: not serving; queued analyses end, running ones at their

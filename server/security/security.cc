@@ -1,5 +1,7 @@
 #include "server/security/security.h"
 
+#include <algorithm>
+
 #include <spdlog/spdlog.h>
 
 #include "server/common/status_macros.h"
@@ -167,6 +169,12 @@ std::shared_ptr<StreamTicket> Security::OpenStream(const Caller& caller, std::fu
   std::erase_if(streams_, [](const std::weak_ptr<StreamTicket>& t) { return t.expired(); });
   streams_.push_back(ticket);
   return ticket;
+}
+
+int Security::OpenStreamCount() const {
+  std::lock_guard<std::mutex> lock(streams_mu_);
+  return static_cast<int>(std::count_if(streams_.begin(), streams_.end(),
+                                        [](const std::weak_ptr<StreamTicket>& t) { return !t.expired(); }));
 }
 
 int Security::RevalidateStreams() const {

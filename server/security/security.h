@@ -119,6 +119,8 @@ class Security {
   // credential no longer names the same principal with the same role
   // (issue 32 item 6). Returns how many it ended.
   int RevalidateStreams() const;
+  // How many streams are registered and open now.
+  int OpenStreamCount() const;
 
  private:
   const Authenticator* const auth_;

@@ -468,7 +468,10 @@ TEST(SecurityTest, RevokingATokenEndsItsOpenStreams) {
     sse_closed = true;
   });
   ASSERT_TRUE(WaitFor([&] { return sse_open.load(); }));
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // both watches are streaming
+  // Both watches and the event stream are registered (not a fixed sleep: a
+  // loaded CI machine took longer than 300 ms to open them).
+  ASSERT_TRUE(WaitFor([&] { return server.app().OpenStreamCount() == 3; }, std::chrono::seconds(20)))
+      << server.app().OpenStreamCount() << " streams open";
   ASSERT_EQ(bob_watch.wait_for(std::chrono::seconds(0)), std::future_status::timeout);
 
   std::ofstream(principals.path) << Principal("alice", "user");
