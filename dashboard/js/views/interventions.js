@@ -1,0 +1,168 @@
+// A run's interventions (#/run/ID/interventions): the form, the stored answers, patch heatmaps.
+import {ApiError, api, apiPost, errorBox} from '../api.js';
+import {Chart, smooth} from '../charts.js';
+import {$view, fmt, h, short, sleep} from '../util.js';
+
+// One line per edit of a request: "OP_ZERO_COORDINATE beta", "OP_ABLATE_HEAD L2H1", ...
+function describeRequest(rq) {
+  const edits = (rq.interventions || []).map((i) => {
+    const what = (i.coordinates || []).join(',') || (i.hook ? `${i.hook}${i.positions && i.positions.length ? '@' + i.positions.join(',') : ''}` : '') ||
+        (i.layer ? `L${i.layer}H${i.head || 1}` : '');
+    return `${short(i.op, 'OP_').toLowerCase()} ${what}`.trim();
+  });
+  if (rq.patch && (rq.patch.hooks || []).length) edits.push(`patch sweep over ${rq.patch.hooks.join(', ')}`);
+  return `${edits.join('; ') || '(no edit)'} · step ${rq.step} · ${rq.n_eval} sequences per set`;
+}
+
+// The patch sweep of one evaluation set as a heatmap: hooks (rows) x
+// positions (columns), the normalised effect on the logit difference (or
+// the loss), white 0 to blue 1.
+function patchHeat(effect) {
+  const sites = effect.patch || [];
+  const hooks = [...new Set(sites.map((p) => p.hook))];
+  const positions = [...new Set(sites.map((p) => Number(p.position)))].sort((a, b) => a - b);
+  const value = (p) => (effect.has_logit_diff ? p.effect_logit_diff : p.effect_loss);
+  return h('table', {class: 'heat patch'},
+           h('thead', {}, h('tr', {}, h('th', {}, `${effect.eval_set}: hook \\ position`),
+                            positions.map((q) => h('th', {}, q < 0 ? 'all' : q)))),
+           h('tbody', {}, hooks.map((hook) => h('tr', {}, h('th', {}, hook), positions.map((q) => {
+             const p = sites.find((x) => x.hook === hook && Number(x.position) === q);
+             const v = p ? value(p) : null;
+             const t = v === null ? 0 : Math.max(0, Math.min(1, v));
+             const bg = `rgb(${Math.round(255 - 215 * t)},${Math.round(255 - 170 * t)},${Math.round(255 - 56 * t)})`;
+             return h('td', {class: 'cell', style: `background:${bg}`, title: p ? `loss ${fmt(p.loss)}, accuracy ${fmt(p.accuracy)}` : ''},
+                      v === null ? '' : fmt(v));
+           })))));
+}
+
+function interventionCard(item) {
+  const rs = item.response, rq = item.request;
+  const effects = rs.effects || [];
+  const rows = effects.map((e) => h('tr', {}, h('td', {}, e.eval_set),
+    h('td', {class: 'num'}, fmt(e.accuracy_clean)), h('td', {class: 'num'}, fmt(e.accuracy)),
+    h('td', {class: 'num'}, fmt(e.loss_clean)), h('td', {class: 'num'}, fmt(e.loss)), h('td', {class: 'num'}, fmt(e.kl_clean)),
+    h('td', {class: 'num'}, e.has_logit_diff ? `${fmt(e.logit_diff_clean)} → ${fmt(e.logit_diff)}` : '')));
+  const card = h('div', {class: 'chart intervention'},
+    h('h3', {}, describeRequest(rq)),
+    h('table', {class: 'grid effects'},
+      h('thead', {}, h('tr', {}, ['set', 'acc clean', 'acc', 'loss clean', 'loss', 'KL', 'logit diff'].map((c) => h('th', {}, c)))),
+      h('tbody', {}, rows)));
+  for (const e of effects) {
+    if ((e.patch || []).length) card.append(patchHeat(e));
+    if ((e.positions || []).length > 1) {
+      const box = h('div');
+      card.append(box);
+      new Chart(box, `${describeRequest(rq)} · ${e.eval_set} per position`, {logY: false, smooth: 0, xLabel: 'position'}).set([
+        {label: 'loss clean', xs: e.positions.map((p) => Number(p.position)), ys: e.positions.map((p) => p.loss_clean)},
+        {label: 'loss', xs: e.positions.map((p) => Number(p.position)), ys: e.positions.map((p) => p.loss)},
+      ]);
+    }
+  }
+  return card;
+}
+
+// #/run/{id}/interventions: every stored Intervene answer of the run (its
+// request, clean vs intervened metrics per evaluation set, per-position
+// effects, patch sweeps as hook x position heatmaps), and a form that runs a
+// new ablation for a caller who may start analyses (POST
+// /api/v1/runs/{id}/interventions; a reader's is refused).
+export function interventionsView(id) {
+  const head = h('div'), form = h('div', {id: 'intervene-form'}), status = h('p', {class: 'muted', id: 'intervene-status'});
+  const list = h('div', {id: 'interventions'});
+  let stopped = false;
+  window.__interventions = {state: 'loading', count: 0};
+
+  async function loadList() {
+    const r = await api(`/api/v1/runs/${encodeURIComponent(id)}/interventions`);
+    list.replaceChildren(...(r.interventions || []).map(interventionCard));
+    if (!(r.interventions || []).length) list.replaceChildren(h('p', {class: 'muted'}, 'no intervention stored for this run yet'));
+    window.__interventions = {state: 'done', count: (r.interventions || []).length,
+                              first: (r.interventions || [])[0] || null};
+  }
+
+  function buildForm(run) {
+    const imir = !(run.spec && run.spec.model && run.spec.model.decoder);
+    const op = h('select', {id: 'intervene-op'}, imir ?
+      [h('option', {value: 'zero'}, 'zero coordinates'), h('option', {value: 'ablate'}, 'ablate a head')] :
+      [h('option', {value: 'json'}, 'a request as JSON')]);
+    const target = h('input', {id: 'intervene-target', value: imir ? 'beta' : '', size: 30,
+                               placeholder: imir ? 'alpha, beta, gamma, delta or a label; or the layer (1..L)' : ''});
+    const sets = h('input', {id: 'intervene-sets', value: '', size: 24, placeholder: 'all sets'});
+    const json = h('textarea', {id: 'intervene-json', rows: 6, cols: 80});
+    const requestOf = () => {
+      if (op.value === 'json') return JSON.parse(json.value || '{}');
+      const rq = {eval_sets: sets.value.split(',').map((x) => x.trim()).filter(Boolean)};
+      rq.interventions = op.value === 'zero' ?
+          [{op: 'OP_ZERO_COORDINATE', coordinates: target.value.split(',').map((x) => x.trim()).filter(Boolean)}] :
+          [{op: 'OP_ABLATE_HEAD', layer: Number(target.value) || 1}];
+      return rq;
+    };
+    const sync = () => {
+      if (op.value !== 'json') json.value = JSON.stringify(requestOf(), null, 1);
+    };
+    [op, target, sets].forEach((el) => el.addEventListener('input', sync));
+    op.addEventListener('change', sync);
+    if (!imir) json.value = JSON.stringify({interventions: [{op: 'OP_ZERO', hook: 'post_mlp', layer: 0}]}, null, 1);
+    const run_ = h('button', {id: 'intervene-run', type: 'button'}, 'Run');
+    run_.addEventListener('click', async () => {
+      let body;
+      try {
+        body = op.value === 'json' || json.dataset.edited ? JSON.parse(json.value) : requestOf();
+      } catch (e) {
+        status.replaceChildren(errorBox('the request is not JSON: ' + e.message));
+        return;
+      }
+      run_.disabled = true;
+      try {
+        for (;;) {
+          const r = await apiPost(`/api/v1/runs/${encodeURIComponent(id)}/interventions`, body);
+          if (stopped) return;
+          if (r.state === 'ANALYSIS_STATE_QUEUED' || r.state === 'ANALYSIS_STATE_RUNNING') {
+            status.textContent = `${short(r.state, 'ANALYSIS_STATE_').toLowerCase()} (job ${r.job_id}): ` +
+                `${Math.round(100 * (r.progress || 0))}%`;
+            await sleep(600);
+            continue;
+          }
+          if (r.state !== 'ANALYSIS_STATE_DONE') throw new Error(r.error || r.state);
+          status.textContent = `done${r.from_store ? ' (stored)' : ''}: step ${r.step}`;
+          break;
+        }
+        await loadList();
+      } catch (e) {
+        status.replaceChildren(errorBox(e));
+        window.__interventions.error = e instanceof ApiError ? e.status : String(e);
+      } finally {
+        run_.disabled = false;
+      }
+    });
+    json.addEventListener('input', () => (json.dataset.edited = '1'));
+    form.replaceChildren(h('h3', {}, 'Run an intervention'),
+      h('div', {class: 'filters'}, h('label', {}, 'edit ', op), imir ? h('label', {}, 'on ', target) : '',
+        h('label', {}, 'evaluation sets ', sets), run_),
+      h('details', {}, h('summary', {}, 'the request as JSON (InterveneRequest; edit for hook-point ops, patches, ' +
+                                        'attention masses: examples/intervene_*.json)'), json));
+    sync();
+  }
+
+  (async () => {
+    try {
+      const run = await api(`/api/v1/runs/${encodeURIComponent(id)}`);
+      head.replaceChildren(h('h2', {}, `${run.run_id} · ${run.name || ''} · interventions`),
+                           h('p', {}, h('a', {href: `#/run/${id}`}, 'back to the run')));
+      const who = await api('/api/v1/whoami').catch(() => null);
+      if (who && who.role && /reader/i.test(who.role)) {
+        form.replaceChildren(h('p', {class: 'muted'}, 'your role reads stored interventions only'));
+      } else {
+        buildForm(run);
+      }
+      await loadList();
+    } catch (e) {
+      status.replaceChildren(errorBox(e));
+      window.__interventions = {state: 'error'};
+    }
+  })();
+  $view.replaceChildren(head, form, status, list);
+  return () => {
+    stopped = true;
+  };
+}
