@@ -14,8 +14,8 @@ export class ApiError extends Error {
   }
 }
 
-export async function api(path) {
-  const r = await fetch(path, {headers: authHeaders()});
+// A response's JSON body, or an ApiError (a 401 shows the token form).
+async function answer(r) {
   let body = null;
   try {
     body = await r.json();
@@ -24,6 +24,10 @@ export async function api(path) {
   if (r.status === 401) showLogin();
   if (!r.ok) throw new ApiError(r.status, body);
   return body;
+}
+
+export async function api(path) {
+  return answer(await fetch(path, {headers: authHeaders()}));
 }
 
 function showLogin() {
@@ -111,14 +115,6 @@ export async function askAnalysis(id, name, params, start, onProgress, isStopped
 
 // POST a JSON body with the tab's token; the server's answer or an ApiError.
 export async function apiPost(path, body) {
-  const r = await fetch(path, {method: 'POST', headers: {...authHeaders(), 'Content-Type': 'application/json'},
-                               body: JSON.stringify(body)});
-  let out = null;
-  try {
-    out = await r.json();
-  } catch (e) { /* not JSON */
-  }
-  if (r.status === 401) showLogin();
-  if (!r.ok) throw new ApiError(r.status, out);
-  return out;
+  return answer(await fetch(path, {method: 'POST', headers: {...authHeaders(), 'Content-Type': 'application/json'},
+                                   body: JSON.stringify(body)}));
 }
