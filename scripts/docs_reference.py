@@ -264,6 +264,14 @@ def check(build):
                 if verb not in verbs and not verb.startswith("circuitlab"):  # `docker exec circuitlab circuitlab-server`
                     problems.append(f"{os.path.relpath(path, ROOT)}:{n}: 'circuitlab {verb}' is not a CLI verb")
 
+    # Issue 45: every how-to and tutorial opens with the command that makes it
+    # work on a fresh machine (before its first section heading).
+    for path in sorted(glob.glob(os.path.join(DOCS, "howto", "*.md")) + glob.glob(os.path.join(DOCS, "tutorials", "*.md"))):
+        opening = re.split(r"^## ", open(path, encoding="utf-8").read(), maxsplit=1, flags=re.M)[0]
+        if not re.search(r"scripts/(demo|setup)\.sh|apt-get install", opening):
+            problems.append(f"{os.path.relpath(path, ROOT)}: the opening (before the first '## ') names no set-up "
+                            "command (scripts/demo.sh, scripts/setup.sh or apt-get install) for a fresh machine")
+
     http = open(os.path.join(DOCS, "reference", "http.md"), encoding="utf-8").read()
     for row in re.findall(r"^\| `(?:GET|POST|PUT|DELETE) [^|]*\| ([^|]*)\|", http, re.M):
         for name in re.findall(r"`([A-Z][a-z][A-Za-z]+)`", row):  # RPCs are CamelCase, states UPPER_CASE
