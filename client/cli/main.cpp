@@ -23,6 +23,7 @@ int main(int argc, char** argv) {
       "130 waiting stopped by Ctrl-C (the run or analysis job goes on).",
       "circuitlab"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", "circuitlab " CIRCUITLAB_VERSION);
   Globals g;
   app.add_option("--server", g.server, "Server address host:port")->capture_default_str()->envname("CIRCUITLAB_TARGET");
   app.add_option("--timeout", g.timeout_s, "Deadline of each call, in seconds (0 < t <= 86400)")
