@@ -55,7 +55,7 @@ int main(int argc, char** argv) {
   for (auto add : {AddSubmit,     AddLs,        AddShow,      AddWatch,          AddCancel,
                    AddRm,         AddMetrics,   AddCoords,    AddOpen,           AddProject,
                    AddInvariance, AddSweep,     AddSweepShow, AddSweepCancel,    AddSweepSummary,
-                   AddDetect,     AddIntervene, AddLabel,     AddDataDependence, AddTaskVectors, AddAttention,
+                   AddDetect,     AddIntervene, AddLabel,     AddDataDependence, AddTaskVectors, AddAttention, AddActivations, AddExport, AddCompare,
                    AddHealth,     AddWhoAmI,    AddAnalyses,  AddCancelAnalysis, AddWorkers, AddReproduce}) {
     add(app, &chosen);
   }

@@ -203,6 +203,14 @@ absl::StatusOr<v1::GetAttentionPatternsResponse> Client::GetAttentionPatterns(
   return impl_->Call(impl_->analysis.get(), &v1::AnalysisService::Stub::GetAttentionPatterns, request);
 }
 
+absl::StatusOr<v1::ExportWeightsResponse> Client::ExportWeights(const v1::ExportWeightsRequest& request) {
+  return impl_->Call(impl_->analysis.get(), &v1::AnalysisService::Stub::ExportWeights, request);
+}
+
+absl::StatusOr<v1::GetActivationsResponse> Client::GetActivations(const v1::GetActivationsRequest& request) {
+  return impl_->Call(impl_->analysis.get(), &v1::AnalysisService::Stub::GetActivations, request);
+}
+
 absl::StatusOr<v1::InterveneResponse> Client::Intervene(const v1::InterveneRequest& request) {
   return impl_->Call(impl_->analysis.get(), &v1::AnalysisService::Stub::Intervene, request);
 }

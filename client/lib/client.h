@@ -81,6 +81,8 @@ class Client {
   absl::StatusOr<v1::CheckDataDependenceResponse> CheckDataDependence(const v1::CheckDataDependenceRequest& request);
   absl::StatusOr<v1::AnalyzeTaskVectorsResponse> AnalyzeTaskVectors(const v1::AnalyzeTaskVectorsRequest& request);
   absl::StatusOr<v1::GetAttentionPatternsResponse> GetAttentionPatterns(const v1::GetAttentionPatternsRequest& request);
+  absl::StatusOr<v1::ExportWeightsResponse> ExportWeights(const v1::ExportWeightsRequest& request);
+  absl::StatusOr<v1::GetActivationsResponse> GetActivations(const v1::GetActivationsRequest& request);
   absl::StatusOr<v1::CancelAnalysisResponse> CancelAnalysis(const std::string& job_id);
   absl::StatusOr<v1::ListAnalysisJobsResponse> ListAnalysisJobs();
 

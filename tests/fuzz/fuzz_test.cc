@@ -30,6 +30,7 @@
 #include <limits>
 #include <mutex>
 #include <random>
+#include <set>
 #include <sstream>
 
 #include "circuitlab/v1/analysis_service.pb.h"
@@ -150,6 +151,27 @@ std::vector<Seed> Seeds() {
   cancel_job->set_job_id("a1");
   add("AnalysisService", "CancelAnalysis", std::move(cancel_job));
   add("AnalysisService", "ListAnalysisJobs", std::make_unique<v1::ListAnalysisJobsRequest>());
+  add("ExperimentService", "WhoAmI", std::make_unique<v1::WhoAmIRequest>());
+  auto attention = std::make_unique<v1::GetAttentionPatternsRequest>();
+  attention->set_run_id("r1");
+  attention->set_sequences(2);
+  attention->add_layers(1);
+  add("AnalysisService", "GetAttentionPatterns", std::move(attention));
+  auto export_weights = std::make_unique<v1::ExportWeightsRequest>();
+  export_weights->set_run_id("r1");
+  add("AnalysisService", "ExportWeights", std::move(export_weights));
+  auto activations = std::make_unique<v1::GetActivationsRequest>();
+  activations->set_run_id("r1");
+  for (int b = 0; b < 2; ++b) {
+    v1::InputSequence* seq = activations->add_sequences();
+    for (int t = 0; t < 6; ++t) {
+      seq->add_tokens(4 + t);
+      seq->add_positions(t % 2);
+    }
+  }
+  activations->add_hooks("L2.attn");
+  activations->add_hooks("logits");
+  add("AnalysisService", "GetActivations", std::move(activations));
   auto watch = std::make_unique<v1::WatchRunRequest>();
   watch->set_run_id("r1");
   add("ExperimentService", "WatchRun", std::move(watch));
@@ -317,6 +339,22 @@ std::string Hex(const std::string& b) {
     out += digits[c & 15];
   }
   return out;
+}
+
+// A new RPC gets a seed here, or this fails: every method of the client
+// services is fuzzed.
+TEST(FuzzTest, EveryRpcHasASeed) {
+  std::set<std::string> seeded;
+  for (const Seed& s : Seeds()) seeded.insert(s.method);
+  for (const char* name : {"circuitlab.v1.ExperimentService", "circuitlab.v1.AnalysisService"}) {
+    const pb::ServiceDescriptor* service = pb::DescriptorPool::generated_pool()->FindServiceByName(name);
+    ASSERT_NE(service, nullptr) << name;
+    for (int i = 0; i < service->method_count(); ++i) {
+      const pb::MethodDescriptor* m = service->method(i);
+      EXPECT_TRUE(seeded.count("/circuitlab.v1." + service->name() + "/" + m->name()))
+          << service->name() << "." << m->name() << " has no fuzz seed";
+    }
+  }
 }
 
 TEST(FuzzTest, MutatedRequestsToEveryRpcNeverBreakTheBoundary) {

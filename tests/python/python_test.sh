@@ -11,5 +11,5 @@ rm -rf "$venv"
 /usr/bin/python3 -m venv --system-site-packages "$venv"
 "$venv/bin/pip" install --quiet --no-build-isolation --no-deps "$repo/client/python"
 cd "$build"   # not the source tree: the tests must import the installed package
-CIRCUITLAB_SERVER_BIN=$build/server/circuitlab-server exec "$venv/bin/python" -m pytest -q -p no:cacheprovider \
+CIRCUITLAB_SERVER_BIN=$build/server/circuitlab-server CIRCUITLAB_CLI_BIN=$build/client/circuitlab exec "$venv/bin/python" -m pytest -q -p no:cacheprovider \
   --rootdir "$repo/tests/python" "$repo/tests/python" "$@"

@@ -25,6 +25,7 @@ CLI::App* AddVerb(CLI::App& app, Action* chosen, const std::string& name, const 
 void AddSubmit(CLI::App& app, Action* chosen);
 void AddLs(CLI::App& app, Action* chosen);
 void AddShow(CLI::App& app, Action* chosen);
+void AddCompare(CLI::App& app, Action* chosen);
 void AddWatch(CLI::App& app, Action* chosen);
 void AddCancel(CLI::App& app, Action* chosen);
 void AddRm(CLI::App& app, Action* chosen);
@@ -45,6 +46,8 @@ void AddLabel(CLI::App& app, Action* chosen);
 void AddDataDependence(CLI::App& app, Action* chosen);
 void AddTaskVectors(CLI::App& app, Action* chosen);
 void AddAttention(CLI::App& app, Action* chosen);
+void AddActivations(CLI::App& app, Action* chosen);
+void AddExport(CLI::App& app, Action* chosen);
 void AddReproduce(CLI::App& app, Action* chosen);
 void AddAnalyses(CLI::App& app, Action* chosen);
 void AddCancelAnalysis(CLI::App& app, Action* chosen);

@@ -7,6 +7,7 @@
     c.wait(run.run_id)
     df = c.metrics_df([run.run_id], ["train/loss"])
     ax = c.plot_coordinates([run.run_id])
+    model = c.load_model(run.run_id)             # a torch.nn.Module (needs python3-torch)
 
 Every RPC of ExperimentService, AnalysisService, ReproductionService and WorkerService.ListWorkers
 is a method (see Client); results are the proto messages
@@ -16,10 +17,11 @@ from circuitlab.client import Client, spec, sweep_spec, FINAL_STATES
 from circuitlab.errors import (CircuitlabError, InvalidArgument, NotFound, AlreadyExists, PermissionDenied,
                                Unauthenticated, ResourceExhausted, FailedPrecondition, OutOfRange, Unavailable,
                                DeadlineExceeded, Cancelled, Internal, AnalysisFailed, Timeout)
+from circuitlab.models import load_model, read_safetensors
 from circuitlab.v1 import spec_pb2, experiment_service_pb2, analysis_service_pb2, worker_service_pb2, reproduce_pb2
 
 __version__ = "0.1.0"
-__all__ = ["Client", "spec", "sweep_spec", "FINAL_STATES", "CircuitlabError", "InvalidArgument", "NotFound",
+__all__ = ["Client", "load_model", "read_safetensors", "spec", "sweep_spec", "FINAL_STATES", "CircuitlabError", "InvalidArgument", "NotFound",
            "AlreadyExists", "PermissionDenied", "Unauthenticated", "ResourceExhausted", "FailedPrecondition",
            "OutOfRange", "Unavailable", "DeadlineExceeded", "Cancelled", "Internal", "AnalysisFailed", "Timeout",
            "spec_pb2", "experiment_service_pb2", "analysis_service_pb2", "worker_service_pb2", "reproduce_pb2"]

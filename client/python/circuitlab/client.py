@@ -99,6 +99,10 @@ class _Progress:
             self.bar.close()
 
 
+# Answers up to 64 MiB (an exported model, activations), as the C++ client accepts.
+_CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 64 << 20)]
+
+
 class Client:
     """A connection to a circuitlab-server.
 
@@ -126,9 +130,9 @@ class Client:
                 private_key=_read(client_key) if client_key else None,
                 certificate_chain=_read(client_cert) if client_cert else None)
             options = [("grpc.ssl_target_name_override", tls_server_name)] if tls_server_name else []
-            self._channel = grpc.secure_channel(self.target, creds, options=options)
+            self._channel = grpc.secure_channel(self.target, creds, options=options + _CHANNEL_OPTIONS)
         else:
-            self._channel = grpc.insecure_channel(self.target)
+            self._channel = grpc.insecure_channel(self.target, options=_CHANNEL_OPTIONS)
         self._runs = pb_grpc.ExperimentServiceStub(self._channel)
         self._analysis = apb_grpc.AnalysisServiceStub(self._channel)
         self._health = health_pb2_grpc.HealthStub(self._channel)
@@ -338,6 +342,36 @@ class Client:
         req = message(apb.GetAttentionPatternsRequest, run_id=run_id, **fields)
         return self._job(self._analysis.GetAttentionPatterns, req, "attention patterns", progress, deadline, poll)
 
+    def export_weights(self, run_id, step=0, progress=None, deadline=600.0, poll=0.2, **fields):
+        """ExportWeights (a job): the checkpoint's weights as a safetensors file (response.safetensors) and
+        the model's configuration (response.config_json). load_model() makes a torch module of them."""
+        req = message(apb.ExportWeightsRequest, run_id=run_id, step=step, **fields)
+        return self._job(self._analysis.ExportWeights, req, "export", progress, deadline, poll)
+
+    def load_model(self, run_id, step=0, **kw):
+        """The run's model at a stored checkpoint (the newest when step is 0) as a torch.nn.Module whose
+        forward pass is the engine's; .run_with_cache(...) gives GetActivations' hook points
+        (circuitlab.models; needs PyTorch, Debian's python3-torch)."""
+        from circuitlab import models
+        return models.load_model(self.export_weights(run_id, step, **kw).safetensors)
+
+    def activations(self, run_id, tokens, hooks=("logits",), positions=None, step=0, progress=None,
+                    deadline=600.0, poll=0.2, **fields):
+        """GetActivations (a job) on your own sequences: {hook: numpy array, batch first} (shapes as in
+        the response's HookActivation). tokens: a list of token-id lists of one length (or one list);
+        positions: the IMIR model's position ids, the same shape (decoders: None)."""
+        import numpy as np
+        tokens = [list(map(int, t)) for t in (tokens if tokens and hasattr(tokens[0], "__len__") else [tokens])]
+        if positions is not None:
+            positions = [list(map(int, p)) for p in (positions if hasattr(positions[0], "__len__") else [positions])]
+        seqs = [apb.InputSequence(tokens=t, positions=positions[i] if positions is not None else [])
+                for i, t in enumerate(tokens)]
+        req = message(apb.GetActivationsRequest, run_id=run_id, step=step, **fields)
+        req.sequences.extend(seqs)
+        req.hooks.extend([hooks] if isinstance(hooks, str) else list(hooks))
+        resp = self._job(self._analysis.GetActivations, req, "activations", progress, deadline, poll)
+        return {a.hook: np.asarray(a.values, dtype=np.float32).reshape(tuple(a.shape)) for a in resp.activations}
+
     def cancel_analysis(self, job_id):
         """CancelAnalysis: stops a queued or running analysis job."""
         return self._call(self._analysis.CancelAnalysis, apb.CancelAnalysisRequest(job_id=job_id))
@@ -399,9 +433,12 @@ class Client:
         from circuitlab import frames
         return frames.runs_df(self, state, tags, sweep, mine)
 
-    def metrics_df(self, runs, names=(), max_points=0):
-        """Metric series of `runs` (ids or Runs) as a long DataFrame: run_id, name, step, value."""
+    def metrics_df(self, runs=(), names=(), max_points=0, sweep=None):
+        """Metric series of `runs` (ids or Runs), or of every member of `sweep`, as a long DataFrame:
+        run_id, name, step, value."""
         from circuitlab import frames
+        if sweep is not None:
+            runs = list(runs) + list(self.get_sweep(sweep).run_ids)
         return frames.metrics_df(self, runs, names, max_points)
 
     def coordinates_df(self, runs, names=("alpha", "beta", "gamma", "delta"), max_points=0):
@@ -439,6 +476,11 @@ class Client:
         (layer, head, sequence) is the heatmap."""
         from circuitlab import frames
         return frames.attention_df(self, run_id, **fields)
+
+    def activations_df(self, run_id, tokens, hooks=("logits",), positions=None, **fields):
+        """GetActivations as a long DataFrame: hook, sequence, axis1..axis3, value (see activations())."""
+        from circuitlab import frames
+        return frames.activations_df(self, run_id, tokens, hooks, positions, **fields)
 
     def patch_df(self, run_id, hooks, reference_set="", positions=(), mask=None, head=0, **fields):
         """D.6 patch_effect as a DataFrame: eval_set, hook, position (-1: all at once), the patched run's

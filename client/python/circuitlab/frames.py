@@ -135,6 +135,26 @@ def attention_df(client, run_id, **fields):
     return df
 
 
+def activations_df(client, run_id, tokens, hooks=("logits",), positions=None, **fields):
+    """GetActivations as a long DataFrame: hook, sequence, axis1, axis2, axis3 (the axes after the
+    sequence; -1 where a hook has fewer), value. df.attrs: run_id, step, shapes {hook: shape}."""
+    import numpy as np
+    pd = _pd()
+    arrays = client.activations(run_id, tokens, hooks, positions, **fields)
+    parts = []
+    for hook, a in arrays.items():
+        idx = np.indices(a.shape).reshape(a.ndim, -1)
+        cols = {"hook": hook, "sequence": idx[0]}
+        for i in range(1, 4):
+            cols[f"axis{i}"] = idx[i] if i < a.ndim else -1
+        cols["value"] = a.reshape(-1)
+        parts.append(pd.DataFrame(cols))
+    df = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(
+        columns=["hook", "sequence", "axis1", "axis2", "axis3", "value"])
+    df.attrs.update(run_id=run_id, shapes={h: tuple(a.shape) for h, a in arrays.items()})
+    return df
+
+
 _PATCH_COLUMNS = ["eval_set", "hook", "position", "accuracy", "loss", "logit_diff", "effect_accuracy", "effect_loss",
                   "effect_logit_diff"]
 
