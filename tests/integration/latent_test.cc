@@ -345,7 +345,7 @@ TEST(IntegrationTest, RegressionRunTrainsAndAnswersItsAnalyses) {
   att.set_run_id(run->run_id());
   auto lacks = Analysis(c, &client::Client::GetAttentionPatterns, att);
   EXPECT_EQ(lacks.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_NE(lacks.status().message().find("regression model family; it has AnalyzeTaskVectors and Intervene"),
+  EXPECT_NE(lacks.status().message().find("regression model family; it has AnalyzeTaskVectors, ExportWeights and Intervene"),
             std::string::npos)
       << lacks.status();
   // Hook ops on the B.3 model: squared-error effects against the set's

@@ -69,7 +69,7 @@ constexpr int64_t kMaxAttention = int64_t{1} << 26;  // the forward's attention 
 // decoder_model.h), which checks them again when the job runs.
 absl::StatusOr<int64_t> HookWidth(const v1::ExperimentSpec& spec, const std::string& hook, int64_t T, int i) {
   const engine::TaskShape shape = engine::ShapeOf(spec);
-  const bool imir = spec.model().has_imir();
+  const bool imir = engine::SpecFamilyOf(spec).has_coordinates();  // the IMIR block model
   const int64_t L = imir ? spec.model().imir().num_layers() : spec.model().decoder().num_layers();
   const int64_t H = imir ? spec.model().imir().num_heads() : spec.model().decoder().num_heads();
   if (hook == "logits") return shape.vocab;
@@ -121,13 +121,13 @@ absl::StatusOr<int64_t> HookWidth(const v1::ExperimentSpec& spec, const std::str
 // Token and position ids in range, the context length, the hooks and the
 // answer's size, against the run's model.
 absl::Status CheckAgainstModel(const v1::ExperimentSpec& spec, const v1::GetActivationsRequest& r) {
-  if (!spec.model().has_imir() && engine::SpecFamilyOf(spec).ContinuousInputWidth(spec) > 0) {
+  if (engine::SpecFamilyOf(spec).ContinuousInputWidth(spec) > 0) {
     return absl::FailedPreconditionError(
         "GetActivations reads IMIR and latent-task decoder runs, whose inputs are tokens; this run's decoder reads "
         "continuous vectors (the regression family)");
   }
   const engine::TaskShape shape = engine::ShapeOf(spec);
-  const bool imir = spec.model().has_imir();
+  const bool imir = engine::SpecFamilyOf(spec).has_coordinates();  // the IMIR block model
   const int64_t vocab = shape.vocab;
   const int64_t B = r.sequences_size(), T = r.sequences(0).tokens_size();
   if (!imir && T > shape.seq_len) {
