@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A Docker engine for the deploy tier and for trying the image on a machine
-# without one running (no systemd here; ../shared/RECIPES.md). Idempotent.
+# without one running (no systemd on these machines). Idempotent.
 #
 #   deploy/docker-env.sh start [SUITE...]  # prints `export DOCKER_HOST=...`; eval it
 #   deploy/docker-env.sh stop              # stops the engine this script started (by pid)

@@ -176,7 +176,7 @@ TEST(ImirGrowthTest, GammaFirstAndThreeCoordinatesCarryTheInductionHead) {
 }
 
 // SCIENCE.md E.4's order gamma -> beta -> alpha, reconciled with the reference
-// prototype (../shared/proto/check_e4.py: raw coordinates, zero init, SGD lr
+// Python prototype kept outside the repository (raw coordinates, zero init, SGD lr
 // 1, batch 512, N 8, loss 0.5 * sum_v (logit_v - onehot_v)^2; with one BOS
 // token it measured t_gamma 6 < t_beta 100 < t_alpha 121, stopping at step
 // 250). This service's MSE is sum_v (logit_v - onehot_v)^2 without the 1/2,
