@@ -26,6 +26,11 @@ t1=$SECONDS
   set -euo pipefail
   say() { echo "cuda_build_test: $*"; }
   say "$(g++ --version | head -1); $(dpkg-query -W -f="libtorch-cuda-dev \${Version}, " libtorch-cuda-dev)$(nvcc --version | tail -1)"
+  # The build tree stays in the root between runs; a run from another
+  # checkout starts it again (ninja compares times, and another checkout'"'"'s
+  # older files would look up to date against this one'"'"'s outputs).
+  if [ "$(cat /build/.checkout 2>/dev/null)" != "'"$(cd "$here/../.." && pwd)"'" ]; then rm -rf /build/* /build/.checkout; fi
+  mkdir -p /build && echo "'"$(cd "$here/../.." && pwd)"'" >/build/.checkout
   cmake -S /src -B /build -G Ninja -DCMAKE_BUILD_TYPE=Release -DCIRCUITLAB_BENCH=OFF >/tmp/configure.log 2>&1 ||
     { cat /tmp/configure.log; exit 1; }
   grep -q "^CUDA_CUDART_LIBRARY:FILEPATH=/" /build/CMakeCache.txt ||

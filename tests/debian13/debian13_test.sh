@@ -17,6 +17,11 @@ t1=$SECONDS
 "$here/root.sh" run cpu bash -c '
   set -euo pipefail
   echo "debian13_test: $(g++ --version | head -1); LibTorch $(dpkg-query -W -f="\${Version}" libtorch-dev)"
+  # The build tree stays in the root between runs; a run from another
+  # checkout starts it again (ninja compares times, and another checkout'"'"'s
+  # older files would look up to date against this one'"'"'s outputs).
+  if [ "$(cat /build/.checkout 2>/dev/null)" != "'"$(cd "$here/../.." && pwd)"'" ]; then rm -rf /build/* /build/.checkout; fi
+  mkdir -p /build && echo "'"$(cd "$here/../.." && pwd)"'" >/build/.checkout
   cmake -S /src -B /build -G Ninja -DCMAKE_BUILD_TYPE=Release >/tmp/configure.log 2>&1 ||
     { cat /tmp/configure.log; exit 1; }
   cmake --build /build'
