@@ -9,13 +9,10 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "server/common/seeds.h"
 #include "server/engine/analysis/activation_ops.h"
 #include "server/engine/analysis/decoder_analysis.h"
 #include "server/engine/analysis/imir_eval.h"
 #include "server/engine/analysis/registry.h"
-#include "server/engine/models/imir_factory.h"
-#include "server/engine/train/trainer.h"
 
 namespace circuitlab::engine {
 namespace {
@@ -125,7 +122,10 @@ absl::StatusOr<v1::GetActivationsResponse> ImirActivations(const AnalysisInput& 
                                                            const v1::GetActivationsRequest& r) {
   torch::NoGradGuard no_grad;
   const v1::ExperimentSpec& spec = in.spec;
-  const std::unique_ptr<BlockTask> task = MakeBlockTask(spec, PoolSeedOf(spec.seed()));
+  absl::StatusOr<DenseCheckpoint> opened = OpenDense(spec, in.checkpoint());
+  if (!opened.ok()) return opened.status();
+  const BlockTask* task = opened->task.get();
+  const ImirModel* dense = opened->dense.get();
   const int64_t layers = spec.model().imir().num_layers(), heads = spec.model().imir().num_heads();
   const int64_t V = task->vocab_size(), P = task->num_positions();
   absl::StatusOr<Inputs> x = ReadInputs(r, V, P, 0);
@@ -142,10 +142,6 @@ absl::StatusOr<v1::GetActivationsResponse> ImirActivations(const AnalysisInput& 
     values += g->pattern ? x->B * heads * x->T * x->T : x->B * x->T * g->width;
   }
   if (absl::Status s = CheckSizes(values, x->B * x->T * x->T * heads * layers); !s.ok()) return s;
-  std::unique_ptr<ImirModel> model = MakeModel(spec, *task, 1, torch::kCPU);
-  if (absl::Status s = LoadWeights(in.checkpoint(), *model); !s.ok()) return s;
-  std::unique_ptr<ImirModel> dense = DenseLike(*task, layers, heads);
-  CopyDense(*model, *dense);
   return Collect(
       hooks, [&](const HookFn& keep) { dense->Forward(x->tokens, x->pids, true, nullptr, &keep); },
       [](const std::string& point, const torch::Tensor& v) {

@@ -88,12 +88,11 @@ absl::StatusOr<v1::GetAttentionPatternsResponse> ImirAttention(const AnalysisInp
                                                                const v1::GetAttentionPatternsRequest& r) {
   torch::NoGradGuard no_grad;
   const v1::ExperimentSpec& spec = in.spec;
-  const std::unique_ptr<BlockTask> task = MakeBlockTask(spec, PoolSeedOf(spec.seed()));
-  std::unique_ptr<ImirModel> model = MakeModel(spec, *task, 1, torch::kCPU);
-  if (absl::Status s = LoadWeights(in.checkpoint(), *model); !s.ok()) return s;
+  absl::StatusOr<DenseCheckpoint> opened = OpenDense(spec, in.checkpoint());
+  if (!opened.ok()) return opened.status();
+  const BlockTask* task = opened->task.get();
+  const ImirModel* dense = opened->dense.get();
   const int64_t layers = spec.model().imir().num_layers(), heads = spec.model().imir().num_heads();
-  std::unique_ptr<ImirModel> dense = DenseLike(*task, layers, heads);
-  CopyDense(*model, *dense);
   const std::string set = r.eval_set().empty() ? PrimaryEvalSet(spec) : r.eval_set();
   absl::StatusOr<EvalData> d = MakeEval(*task, set, r.sequences(), r.seed());
   if (!d.ok()) return d.status();

@@ -18,12 +18,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/util/json_util.h"
-#include "server/common/seeds.h"
 #include "server/engine/analysis/decoder_analysis.h"
 #include "server/engine/analysis/imir_eval.h"
 #include "server/engine/analysis/registry.h"
-#include "server/engine/models/imir_factory.h"
-#include "server/engine/train/trainer.h"
 
 namespace circuitlab::engine {
 namespace {
@@ -110,12 +107,11 @@ absl::StatusOr<v1::ExportWeightsResponse> Answer(const std::string& family, cons
 absl::StatusOr<v1::ExportWeightsResponse> ImirExport(const AnalysisInput& in) {
   torch::NoGradGuard no_grad;
   const v1::ExperimentSpec& spec = in.spec;
-  const std::unique_ptr<BlockTask> task = MakeBlockTask(spec, PoolSeedOf(spec.seed()));
-  std::unique_ptr<ImirModel> model = MakeModel(spec, *task, 1, torch::kCPU);
-  if (absl::Status s = LoadWeights(in.checkpoint(), *model); !s.ok()) return s;
+  absl::StatusOr<DenseCheckpoint> opened = OpenDense(spec, in.checkpoint());
+  if (!opened.ok()) return opened.status();
+  const BlockTask* task = opened->task.get();
+  const ImirModel* dense = opened->dense.get();
   const int64_t layers = spec.model().imir().num_layers(), heads = spec.model().imir().num_heads();
-  std::unique_ptr<ImirModel> dense = DenseLike(*task, layers, heads);
-  CopyDense(*model, *dense);
   std::vector<std::pair<std::string, torch::Tensor>> tensors;
   for (int64_t l = 0; l < layers; ++l) tensors.emplace_back(absl::StrCat("L", l + 1, ".kq"), dense->kq(l)[0]);
   tensors.emplace_back("out", dense->readout()[0]);

@@ -21,6 +21,16 @@ void CopyDense(const ImirModel& model, ImirModel& dense) {
   dense.AssignDense(0, kq, model.readout()[0].detach());
 }
 
+absl::StatusOr<DenseCheckpoint> OpenDense(const v1::ExperimentSpec& spec, const std::string& checkpoint) {
+  DenseCheckpoint d;
+  d.task = MakeBlockTask(spec, PoolSeedOf(spec.seed()));
+  std::unique_ptr<ImirModel> model = MakeModel(spec, *d.task, 1, torch::kCPU);
+  if (absl::Status s = LoadWeights(checkpoint, *model); !s.ok()) return s;
+  d.dense = DenseLike(*d.task, spec.model().imir().num_layers(), spec.model().imir().num_heads());
+  CopyDense(*model, *d.dense);
+  return d;
+}
+
 absl::StatusOr<Opened> Open(const v1::ExperimentSpec& spec, const std::string& checkpoint, Selection selection) {
   Opened o;
   const auto& m = spec.model().imir();

@@ -52,6 +52,14 @@ struct Opened {
 std::unique_ptr<ImirModel> DenseLike(const BlockTask& task, int64_t layers, int64_t heads);
 void CopyDense(const ImirModel& model, ImirModel& dense);
 
+// A checkpoint as a FULL one-member model (whatever the run's
+// parameterisation), with the run's task (its own pool).
+struct DenseCheckpoint {
+  std::unique_ptr<BlockTask> task;
+  std::unique_ptr<ImirModel> dense;
+};
+absl::StatusOr<DenseCheckpoint> OpenDense(const v1::ExperimentSpec& spec, const std::string& checkpoint);
+
 // The checkpoint over its own coordinate basis (COORDINATES runs) or the
 // `selection` basis of its task (FULL runs).
 absl::StatusOr<Opened> Open(const v1::ExperimentSpec& spec, const std::string& checkpoint, Selection selection);
