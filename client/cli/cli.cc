@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <atomic>
 #include <csignal>
+#include <sstream>
+#include <stdexcept>
 #include <cstdio>
 
 #include "client/lib/run_render.h"
@@ -38,6 +40,22 @@ v1::RunState ParseState(const std::string& text) {
   v1::RunState s;
   if (v1::RunState_Parse("RUN_STATE_" + up, &s) || v1::RunState_Parse(up, &s)) return s;
   throw CLI::ValidationError("--state", "unknown state '" + text + "' (queued|running|succeeded|failed|cancelled)");
+}
+
+std::vector<int64_t> ParseIds(const std::string& text, const std::string& flag) {
+  std::vector<int64_t> out;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    try {
+      size_t used = 0;
+      out.push_back(std::stoll(item, &used));
+      if (used != item.size()) throw std::invalid_argument(item);
+    } catch (const std::exception&) {
+      throw CLI::ValidationError(flag, "expects comma-separated integers, got '" + text + "'");
+    }
+  }
+  return out;
 }
 
 std::vector<std::string> SplitList(const std::vector<std::string>& items) {

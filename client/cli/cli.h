@@ -49,6 +49,8 @@ v1::RunState ParseState(const std::string& text);
 // Splits comma-separated lists, keeping commas inside () and [] (coordinate
 // labels such as "OUT:[(0,1,0)]:I" hold them).
 std::vector<std::string> SplitList(const std::vector<std::string>& items);
+// "4,9,12" -> ids; CLI::ValidationError naming `flag` for anything else.
+std::vector<int64_t> ParseIds(const std::string& text, const std::string& flag);
 
 // Ctrl-C: installed while a command waits; the wait ends, the work goes on.
 void CatchInterrupt(bool on);

@@ -1,6 +1,9 @@
 #include "server/security/security.h"
 
 #include <algorithm>
+#include <string_view>
+#include <utility>
+#include <vector>
 
 #include <spdlog/spdlog.h>
 
@@ -33,6 +36,40 @@ std::string TargetOf(const google::protobuf::Message& m) {
     }
   }
   return "";
+}
+
+// The runs and sweeps a request names below its top level: every singular
+// string field called run_id or sweep_id, or ending in _run_id or _sweep_id
+// (source_run_id, ...), in nested messages at any depth (an Intervene op's
+// swap source, an inline recipe's steps); (id, is_sweep), each once. The
+// walk is bounded by the request's size (the transport's limits).
+void NestedReferences(const google::protobuf::Message& m, bool top,
+                      std::vector<std::pair<std::string, bool>>& out) {
+  using FD = google::protobuf::FieldDescriptor;
+  const google::protobuf::Reflection* r = m.GetReflection();
+  std::vector<const FD*> fields;
+  r->ListFields(m, &fields);
+  auto ends_with = [](const std::string& s, std::string_view tail) {
+    return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+  };
+  for (const FD* f : fields) {
+    if (f->cpp_type() == FD::CPPTYPE_MESSAGE) {
+      if (!f->is_repeated()) {
+        NestedReferences(r->GetMessage(m, f), false, out);
+        continue;
+      }
+      for (int i = 0; i < r->FieldSize(m, f); ++i) NestedReferences(r->GetRepeatedMessage(m, f, i), false, out);
+      continue;
+    }
+    if (f->is_repeated() || f->cpp_type() != FD::CPPTYPE_STRING) continue;
+    const std::string& name = f->name();
+    const bool run = name == "run_id" || ends_with(name, "_run_id");
+    const bool sweep = name == "sweep_id" || ends_with(name, "_sweep_id");
+    if (!run && !sweep) continue;
+    if (top && (name == "run_id" || name == "sweep_id")) continue;  // the request's own target
+    std::pair<std::string, bool> ref{r->GetString(m, f), sweep};
+    if (!ref.first.empty() && std::find(out.begin(), out.end(), ref) == out.end()) out.push_back(std::move(ref));
+  }
 }
 
 }  // namespace
@@ -105,6 +142,17 @@ absl::Status Security::Check(const Caller& caller, Access access, const google::
       return absl::NotFoundError(std::string(t.kind) + " " + Clip(EscapeControl(t.id), 64) + " not found");
     }
     if (access == Access::kChange) CL_RETURN_IF_ERROR(MayChange(who, owner, std::string(t.kind) + " " + t.id));
+  }
+  if (!options_.private_runs) return absl::OkStatus();
+  // Every other run or sweep the request reads (a swap's source, a recipe's
+  // steps) is checked as a read of it, answered as a missing one when refused.
+  std::vector<std::pair<std::string, bool>> refs;
+  NestedReferences(request, true, refs);
+  for (const auto& [id, sweep] : refs) {
+    absl::StatusOr<std::string> owner = sweep ? sweeps_->OwnerOf(id) : runs_->OwnerOf(id);
+    if (!owner.ok() || !MayRead(who, *owner, options_.private_runs)) {
+      return absl::NotFoundError(std::string(sweep ? "sweep " : "run ") + Clip(EscapeControl(id), 64) + " not found");
+    }
   }
   return absl::OkStatus();
 }

@@ -362,6 +362,24 @@ TEST(SecurityTest, PrivateRunsHideOtherUsersRuns) {
   EXPECT_TRUE(MakeClient(server.address(), Token("carol")).GetRun(run->run_id()).ok()) << "readers read all";
   EXPECT_EQ(MakeClient(server.address(), Token("root")).ListRuns({})->runs_size(), 1);
   EXPECT_TRUE(bob.WhoAmI()->private_runs());
+  // Issue 51 item 3: a run named below the top level (a swap's source) is
+  // read like the top-level one: bob's intervention on his own run cannot
+  // swap from alice's, and the refusal reads as a missing run's.
+  auto own = bob.SubmitRun(TinySpec());
+  ASSERT_TRUE(own.ok()) << own.status();
+  auto swap_from = [&](const std::string& source) {
+    v1::InterveneRequest req;
+    req.set_run_id(own->run_id());
+    v1::Intervention* op = req.add_interventions();
+    op->set_op(v1::Intervention::OP_SWAP_COORDINATES);
+    op->set_source_run_id(source);
+    return bob.Intervene(req).status();
+  };
+  const absl::Status refused = swap_from(run->run_id()), missing = swap_from("r999");
+  EXPECT_EQ(refused.code(), absl::StatusCode::kNotFound) << refused;
+  EXPECT_EQ(refused.message(), "run " + run->run_id() + " not found");
+  EXPECT_EQ(missing.code(), absl::StatusCode::kNotFound) << missing;
+  EXPECT_EQ(missing.message(), "run r999 not found");
 }
 
 TEST(SecurityTest, ARevokedTokenFailsAfterReloadWithoutARestart) {

@@ -22,23 +22,6 @@ struct Options {
   bool csv = false, force = false;
 };
 
-// "4,9,12" -> ids; CLI::ValidationError naming the flag for anything else.
-std::vector<int64_t> Ids(const std::string& text, const std::string& flag) {
-  std::vector<int64_t> out;
-  std::stringstream in(text);
-  std::string item;
-  while (std::getline(in, item, ',')) {
-    try {
-      size_t used = 0;
-      out.push_back(std::stoll(item, &used));
-      if (used != item.size()) throw std::invalid_argument(item);
-    } catch (const std::exception&) {
-      throw CLI::ValidationError(flag, "expects comma-separated integers, got '" + text + "'");
-    }
-  }
-  return out;
-}
-
 absl::Status Build(const Options& o, v1::GetActivationsRequest* req) {
   req->set_run_id(o.run_id);
   req->set_step(o.step);
@@ -61,9 +44,9 @@ absl::Status Build(const Options& o, v1::GetActivationsRequest* req) {
   }
   for (size_t i = 0; i < o.tokens.size(); ++i) {
     v1::InputSequence* s = req->add_sequences();
-    for (int64_t t : Ids(o.tokens[i], "--tokens")) s->add_tokens(t);
+    for (int64_t t : ParseIds(o.tokens[i], "--tokens")) s->add_tokens(t);
     if (!o.positions.empty()) {
-      for (int64_t p : Ids(o.positions[i], "--positions")) s->add_positions(p);
+      for (int64_t p : ParseIds(o.positions[i], "--positions")) s->add_positions(p);
     }
   }
   if (req->sequences_size() == 0) return absl::InvalidArgumentError("give sequences: --tokens or --sequences-file");

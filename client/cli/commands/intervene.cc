@@ -1,5 +1,6 @@
 // circuitlab intervene RUN [--spec FILE] [--zero C,...] [--ablate-head L,...] [--patch HOOK,... [--patch-from SET]
 //   [--positions P,...]] [--per-position] [--eval-sets S,...] [--csv] ...
+//   [--clean IDS [--clean-positions IDS] ... --answer IDS [--wrong IDS] [--corrupted IDS ...]]
 #include <cstdio>
 #include <iostream>
 
@@ -12,11 +13,49 @@ namespace intervene_cmd {
 struct Options {
   std::string run_id, spec_file, patch_from;
   std::vector<std::string> zero, eval_sets, patch;
+  // The caller's prompts: one sequence per --clean / --corrupted.
+  std::vector<std::string> clean, clean_positions, corrupted, corrupted_positions;
+  std::string answer, wrong;
   std::vector<uint32_t> heads, positions;
   uint64_t step = 0;
   uint32_t n_eval = 0;
   bool force = false, per_position = false, csv = false;
 };
+
+// --clean/--corrupted (one sequence each) with their position ids; a
+// corrupted prompt without its own takes its clean partner's (the same
+// layout). An error message, or empty.
+std::string AddPrompts(const Options& o, v1::Prompts* p) {
+  auto add = [](const std::vector<std::string>& seqs, const std::vector<std::string>& pos, const std::string& flag,
+                const std::vector<std::string>* fallback, google::protobuf::RepeatedPtrField<v1::InputSequence>* out) {
+    if (!pos.empty() && pos.size() != seqs.size()) {
+      return flag + "-positions: give one per " + flag + " (" + std::to_string(seqs.size()) + "), got " +
+             std::to_string(pos.size());
+    }
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      v1::InputSequence* s = out->Add();
+      for (int64_t t : ParseIds(seqs[i], flag)) s->add_tokens(t);
+      const std::string* ids = !pos.empty()                                  ? &pos[i]
+                               : fallback != nullptr && i < fallback->size() ? &(*fallback)[i]
+                                                                             : nullptr;
+      if (ids != nullptr) {
+        for (int64_t q : ParseIds(*ids, flag + "-positions")) s->add_positions(q);
+      }
+    }
+    return std::string();
+  };
+  if (std::string e = add(o.clean, o.clean_positions, "--clean", nullptr, p->mutable_clean()); !e.empty()) return e;
+  if (std::string e = add(o.corrupted, o.corrupted_positions, "--corrupted", &o.clean_positions, p->mutable_corrupted());
+      !e.empty()) {
+    return e;
+  }
+  for (int64_t t : ParseIds(o.answer, "--answer")) p->add_answers(static_cast<uint32_t>(t));
+  if (!o.wrong.empty()) {
+    for (int64_t t : ParseIds(o.wrong, "--wrong")) p->add_wrong(static_cast<uint32_t>(t));
+  }
+  if (p->answers_size() == 0) return "--answer: name the correct next token of the prompts (one, or one per --clean)";
+  return "";
+}
 
 // The request from --spec and the quick flags; nullopt (usage error printed) when it holds no intervention.
 std::optional<v1::InterveneRequest> BuildRequest(const Options& o) {
@@ -51,6 +90,15 @@ std::optional<v1::InterveneRequest> BuildRequest(const Options& o) {
     return std::nullopt;
   }
   if (o.per_position) req.set_per_position(true);
+  if (!o.clean.empty()) {
+    if (std::string e = AddPrompts(o, req.mutable_prompts()); !e.empty()) {
+      std::cerr << "error: " << e << "\n";
+      return std::nullopt;
+    }
+  } else if (!o.corrupted.empty() || !o.answer.empty() || !o.wrong.empty() || !o.clean_positions.empty()) {
+    std::cerr << "error: --corrupted, --answer, --wrong and --clean-positions belong to prompts: add --clean IDS\n";
+    return std::nullopt;
+  }
   if (req.interventions_size() == 0 && !req.has_patch()) {
     std::cerr << "error: no intervention given: use --spec FILE, --zero, --ablate-head or --patch\n";
     return std::nullopt;
@@ -61,8 +109,13 @@ std::optional<v1::InterveneRequest> BuildRequest(const Options& o) {
 // The patch sweep's sites and the per-position series, one table each.
 void PrintSeries(const v1::InterventionEffect& e) {
   if (e.patch_size() > 0) {
-    std::printf("%-12s patch_effect: base (this set) acc %.4f loss %.4f, source acc %.4f loss %.4f\n", "",
-                e.accuracy_clean(), e.loss_clean(), e.patch_source_accuracy(), e.patch_source_loss());
+    // On the caller's prompts the base is the corrupted prompts, the source the clean ones.
+    const bool prompts = e.eval_set() == "prompts";
+    std::printf("%-12s patch_effect: %s acc %.4f loss %.4f, %s acc %.4f loss %.4f", "",
+                prompts ? "corrupted" : "base (this set)", e.accuracy_clean(), e.loss_clean(),
+                prompts ? "clean" : "source", e.patch_source_accuracy(), e.patch_source_loss());
+    if (e.has_logit_diff()) std::printf(" (logit diff %.3f -> %.3f)", e.logit_diff_clean(), e.patch_source_logit_diff());
+    std::printf("\n");
     std::printf("%-12s %-18s %5s %9s %9s %9s %9s%s\n", "", "HOOK", "POS", "ACC", "EFF(ACC)", "LOSS", "EFF(LOSS)",
                 e.has_logit_diff() ? "  LOGIT DIFF  EFF(LD)" : "");
     for (const auto& p : e.patch()) {
@@ -209,7 +262,13 @@ void AddIntervene(CLI::App& app, Action* chosen) {
               "another seed); each site's effect is (m_patched - m_base) / (m_source - m_base): 1 when the site\n"
               "alone carries the difference between the two runs.\n"
               "  circuitlab intervene r3 --patch L1.H1.out,L2.attn --patch-from iwl --eval-sets icl_rare\n"
-              "  circuitlab intervene r3 --patch L1.post_attn --positions 0,8,16 --per-position --csv > p.csv",
+              "  circuitlab intervene r3 --patch L1.post_attn --positions 0,8,16 --per-position --csv > p.csv\n"
+              "Your own prompts instead of the evaluation sets: --clean (one sequence each; IMIR runs add\n"
+              "--clean-positions), the correct next token --answer and a competing --wrong (logit difference =\n"
+              "answer - wrong at the last position). With --patch, --corrupted prompts (paired with --clean) are\n"
+              "patched from the clean ones: effect 1 where one site restores the clean logit difference.\n"
+              "  circuitlab intervene r1 --patch L1.H1.out,L2.H1.out --clean 0,14,30,22,25,14 \\\n"
+              "      --clean-positions 0,3,4,9,10,12 --corrupted 0,14,30,22,25,16 --answer 30 --wrong 25",
               o, intervene_cmd::Run);
   sub->add_option("RUN", o->run_id, "Run id")->required();
   sub->add_option("--spec", o->spec_file, "InterveneRequest as JSON")->check(CLI::ExistingFile);
@@ -223,6 +282,18 @@ void AddIntervene(CLI::App& app, Action* chosen) {
   sub->add_option("--positions", o->positions, "Positions the sweep patches one at a time (default: every position)")
       ->delimiter(',');
   sub->add_flag("--per-position", o->per_position, "Also report every metric per answer position");
+  sub->add_option("--clean", o->clean, "A prompt of your own: token ids, comma-separated; repeat for more")
+      ->type_name("IDS");
+  sub->add_option("--clean-positions", o->clean_positions, "IMIR: a prompt's position ids, one per --clean")
+      ->type_name("IDS");
+  sub->add_option("--corrupted", o->corrupted, "With --patch: the corrupted partner of each --clean")
+      ->type_name("IDS");
+  sub->add_option("--corrupted-positions", o->corrupted_positions,
+                  "IMIR: a corrupted prompt's position ids (default: its clean partner's)")
+      ->type_name("IDS");
+  sub->add_option("--answer", o->answer, "The correct next token after the prompts: one, or one per --clean")
+      ->type_name("IDS");
+  sub->add_option("--wrong", o->wrong, "The competing token (logit difference = answer - wrong)")->type_name("IDS");
   sub->add_flag("--csv", o->csv, "CSV: eval_set,kind,hook,position,metric,value");
   sub->add_flag("--force", o->force, "Recompute even if stored");
 }

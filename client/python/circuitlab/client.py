@@ -57,7 +57,9 @@ def message(cls, value=None, **fields):
             raise errors.InvalidArgument(f"not a {cls.DESCRIPTOR.name} (JSON text or file): {e}") from None
     else:
         raise TypeError(f"a {cls.DESCRIPTOR.name} is a message, dict, JSON text or path, not {type(value).__name__}")
-    data.update({k: v for k, v in fields.items() if v is not None})
+    # A message among the fields (prompts=client.prompts(...)) goes in as its dict.
+    data.update({k: json_format.MessageToDict(v, preserving_proto_field_name=True) if hasattr(v, "DESCRIPTOR") else v
+                 for k, v in fields.items() if v is not None})
     try:
         return json_format.ParseDict(data, cls())
     except json_format.ParseError as e:
@@ -482,10 +484,33 @@ class Client:
         from circuitlab import frames
         return frames.activations_df(self, run_id, tokens, hooks, positions, **fields)
 
+    @staticmethod
+    def prompts(clean, answers, wrong=None, corrupted=None, positions=None, corrupted_positions=None):
+        """An InterveneRequest.Prompts of your own sequences, for intervene(prompts=...) and
+        patch_df(prompts=...): clean (and, for a patch sweep, corrupted) token-id lists of one length, the
+        correct next token `answers` and the competing `wrong` token (one, or one per prompt); the IMIR
+        model's position ids in `positions` (corrupted prompts take them too unless given their own)."""
+        def seqs(tokens, pos):
+            tokens = [list(map(int, t)) for t in (tokens if hasattr(tokens[0], "__len__") else [tokens])]
+            if pos is not None:
+                pos = [list(map(int, p)) for p in (pos if hasattr(pos[0], "__len__") else [pos])]
+                if len(pos) == 1 and len(tokens) > 1:
+                    pos = pos * len(tokens)
+            return [apb.InputSequence(tokens=t, positions=pos[i] if pos is not None else [])
+                    for i, t in enumerate(tokens)]
+        ids = lambda v: [] if v is None else [int(v)] if isinstance(v, int) else list(map(int, v))  # noqa: E731
+        p = apb.Prompts(answers=ids(answers), wrong=ids(wrong))
+        p.clean.extend(seqs(clean, positions))
+        if corrupted is not None:
+            p.corrupted.extend(seqs(corrupted, corrupted_positions if corrupted_positions is not None else positions))
+        return p
+
     def patch_df(self, run_id, hooks, reference_set="", positions=(), mask=None, head=0, **fields):
         """D.6 patch_effect as a DataFrame: eval_set, hook, position (-1: all at once), the patched run's
         accuracy, loss, logit_diff and their normalised effects (m_patched - m_base) / (m_source - m_base).
-        Other InterveneRequest fields (eval_sets, n_eval, ...) as keywords."""
+        Other InterveneRequest fields (eval_sets, n_eval, ...) as keywords; prompts=client.prompts(...) patches
+        your clean prompts into your corrupted ones (one row set, eval_set "prompts"). A heatmap:
+        df.pivot(index="hook", columns="position", values="effect_logit_diff")."""
         from circuitlab import frames
         return frames.patch_df(self, run_id, hooks, reference_set, positions, mask, head, **fields)
 

@@ -12,6 +12,7 @@
 #include "server/engine/analysis/activation_ops.h"
 #include "server/engine/analysis/decoder_analysis.h"
 #include "server/engine/analysis/imir_eval.h"
+#include "server/engine/analysis/prompts.h"
 #include "server/engine/analysis/registry.h"
 
 namespace circuitlab::engine {
@@ -22,58 +23,6 @@ constexpr int64_t kMaxValues = int64_t{1} << 22;
 // The forward's attention probabilities, sequences x T^2 x heads x layers
 // (256 MiB of floats): what bounds the job's working memory.
 constexpr int64_t kMaxAttention = int64_t{1} << 26;
-
-// The request's sequences as [1, B, T] token ids, and position ids when
-// `positions` > 0 (IMIR) or none (a decoder: InvalidArgument when given).
-struct Inputs {
-  torch::Tensor tokens, pids;
-  int64_t B = 0, T = 0;
-};
-absl::StatusOr<Inputs> ReadInputs(const v1::GetActivationsRequest& r, int64_t vocab, int64_t positions,
-                                  int64_t max_len) {
-  Inputs in;
-  in.B = r.sequences_size();
-  in.T = in.B == 0 ? 0 : r.sequences(0).tokens_size();
-  if (max_len > 0 && in.T > max_len) {
-    return absl::InvalidArgumentError(absl::StrCat("sequences have ", in.T, " tokens; this model reads at most ",
-                                                   max_len, " (its context length)"));
-  }
-  std::vector<int64_t> tokens, pids;
-  for (int b = 0; b < r.sequences_size(); ++b) {
-    const v1::InputSequence& s = r.sequences(b);
-    for (int t = 0; t < s.tokens_size(); ++t) {
-      if (s.tokens(t) < 0 || s.tokens(t) >= vocab) {
-        return absl::InvalidArgumentError(absl::StrCat("sequences[", b, "].tokens[", t, "] must be in [0, ", vocab - 1,
-                                                       "] (this model's vocabulary), got ", s.tokens(t)));
-      }
-      tokens.push_back(s.tokens(t));
-    }
-    if (positions == 0) {
-      if (s.positions_size() > 0) {
-        return absl::InvalidArgumentError(absl::StrCat("sequences[", b,
-                                                       "].positions: a decoder's positions are implicit (RoPE); "
-                                                       "send tokens only"));
-      }
-      continue;
-    }
-    if (s.positions_size() != s.tokens_size()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "sequences[", b, "].positions must have one position id per token (", s.tokens_size(), "), got ",
-          s.positions_size(), ": the IMIR model reads a token and a position id at every position"));
-    }
-    for (int t = 0; t < s.positions_size(); ++t) {
-      if (s.positions(t) < 0 || s.positions(t) >= positions) {
-        return absl::InvalidArgumentError(absl::StrCat("sequences[", b, "].positions[", t, "] must be in [0, ",
-                                                       positions - 1, "] (this model's position ids), got ",
-                                                       s.positions(t)));
-      }
-      pids.push_back(s.positions(t));
-    }
-  }
-  in.tokens = torch::tensor(tokens, torch::kLong).view({1, in.B, in.T});
-  if (positions > 0) in.pids = torch::tensor(pids, torch::kLong).view({1, in.B, in.T});
-  return in;
-}
 
 // The hooks asked for ("logits" when none).
 std::vector<std::string> HooksOf(const v1::GetActivationsRequest& r) {
@@ -128,7 +77,7 @@ absl::StatusOr<v1::GetActivationsResponse> ImirActivations(const AnalysisInput& 
   const ImirModel* dense = opened->dense.get();
   const int64_t layers = spec.model().imir().num_layers(), heads = spec.model().imir().num_heads();
   const int64_t V = task->vocab_size(), P = task->num_positions();
-  absl::StatusOr<Inputs> x = ReadInputs(r, V, P, 0);
+  absl::StatusOr<Sequences> x = ReadSequences(r.sequences(), "sequences", V, P, 0);
   if (!x.ok()) return x.status();
   const std::vector<std::string> hooks = HooksOf(r);
   int64_t values = 0;
@@ -156,7 +105,7 @@ absl::StatusOr<v1::GetActivationsResponse> DecoderActivations(const AnalysisInpu
   absl::StatusOr<std::unique_ptr<DecoderModel>> model = LoadDecoder(in.spec, in.checkpoint());
   if (!model.ok()) return model.status();
   const DecoderConfig& c = (*model)->config();
-  absl::StatusOr<Inputs> x = ReadInputs(r, c.vocab, 0, c.max_len);
+  absl::StatusOr<Sequences> x = ReadSequences(r.sequences(), "sequences", c.vocab, 0, c.max_len);
   if (!x.ok()) return x.status();
   const std::vector<std::string> hooks = HooksOf(r);
   int64_t values = 0;

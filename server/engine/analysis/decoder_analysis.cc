@@ -14,6 +14,24 @@ absl::StatusOr<std::unique_ptr<DecoderModel>> LoadDecoder(const v1::ExperimentSp
   return model;
 }
 
+HookGeometry DecoderHookGeometry(const HookPoint& hp, const std::string& name, const DecoderConfig& cfg) {
+  HookGeometry g;
+  g.name = name;
+  g.width = cfg.d_model;
+  if (hp.kind == HookPoint::Kind::kPattern) {  // [E, B, H, T, T]
+    g.pos_axis = 3;
+    g.head_axis = 2;
+    g.heads = cfg.heads;
+    g.pattern = true;
+    g.width = 0;
+  } else if (hp.kind == HookPoint::Kind::kHead) {  // [E, B, T, H, d_head]
+    g.head_axis = 3;
+    g.heads = cfg.heads;
+    g.width = cfg.d_model / cfg.heads;
+  }
+  return g;
+}
+
 absl::Status CheckVectorRequest(const v1::ExperimentSpec& spec, const v1::AnalyzeTaskVectorsRequest& request) {
   const int64_t layers = spec.model().decoder().num_layers();
   for (const std::string& kind :

@@ -11,6 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "server/common/seeds.h"
+#include "server/engine/analysis/activation_ops.h"
 #include "server/engine/analysis/registry.h"
 #include "server/engine/engine.h"
 #include "server/engine/models/decoder_model.h"
@@ -20,6 +21,9 @@ namespace circuitlab::engine {
 // A decoder checkpoint loaded for analysis (one member, no gradients).
 absl::StatusOr<std::unique_ptr<DecoderModel>> LoadDecoder(const v1::ExperimentSpec& spec,
                                                           const std::string& checkpoint);
+
+// The tensor at a decoder hook point `name` parsed as `hp` (decoder_model.h).
+HookGeometry DecoderHookGeometry(const HookPoint& hp, const std::string& name, const DecoderConfig& cfg);
 
 // f(model, task) on the input's checkpoint and its run's task (`Task`: the
 // family's task generator, built as the trainer builds it).

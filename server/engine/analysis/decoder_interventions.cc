@@ -20,25 +20,6 @@ constexpr int64_t kInterveneChunk = 256;
 // Sequences per chunk of the reference law (the known-pool posterior is [chunk, T, tasks]).
 constexpr int64_t kInterveneBayesChunk = 64;
 
-// The tensor at a decoder hook point (see decoder_model.h).
-HookGeometry GeometryOf(const HookPoint& hp, const std::string& name, const DecoderConfig& cfg) {
-  HookGeometry g;
-  g.name = name;
-  g.width = cfg.d_model;
-  if (hp.kind == HookPoint::Kind::kPattern) {  // [E, B, H, T, T]
-    g.pos_axis = 3;
-    g.head_axis = 2;
-    g.heads = cfg.heads;
-    g.pattern = true;
-    g.width = 0;
-  } else if (hp.kind == HookPoint::Kind::kHead) {  // [E, B, T, H, d_head]
-    g.head_axis = 3;
-    g.heads = cfg.heads;
-    g.width = cfg.d_model / cfg.heads;
-  }
-  return g;
-}
-
 // Task vectors of a replace-convex op from its captured reference (the
 // majors' sequences, task b % K): theta_k(p) = mean_k(p) - mean over k; then
 // the per-sequence edit for `lambda` [n, K] (SCIENCE.md D.5.7).
@@ -111,7 +92,7 @@ absl::StatusOr<std::vector<PreparedOp>> PrepareOps(
     if (hp->kind == HookPoint::Kind::kLogits) {
       return absl::InvalidArgumentError(field + ".hook: logits is read, not edited; edit an earlier point");
     }
-    absl::StatusOr<PreparedOp> p = PrepareActivationOp(op, field, GeometryOf(*hp, op.hook(), cfg), T);
+    absl::StatusOr<PreparedOp> p = PrepareActivationOp(op, field, DecoderHookGeometry(*hp, op.hook(), cfg), T);
     if (!p.ok()) return p.status();
     if (absl::Status s = check(op, *hp, field); !s.ok()) return s;
     if (!op.reference_set().empty() && index.Find(op.reference_set()) < 0) {
@@ -137,7 +118,7 @@ absl::StatusOr<std::vector<AttentionMassMeter>> PrepareMass(const v1::InterveneR
     absl::StatusOr<HookPoint> hp = ParseHookPoint(spec.pattern(), cfg.layers, cfg.final_ln);
     if (!hp.ok()) return absl::InvalidArgumentError(field + ".pattern: " + std::string(hp.status().message()));
     absl::StatusOr<AttentionMassMeter> m =
-        PrepareAttentionMass(spec, field, GeometryOf(*hp, spec.pattern(), cfg), T, every, answer);
+        PrepareAttentionMass(spec, field, DecoderHookGeometry(*hp, spec.pattern(), cfg), T, every, answer);
     if (!m.ok()) return m.status();
     meters.push_back(std::move(*m));
   }
@@ -196,7 +177,7 @@ absl::StatusOr<PatchPlan> PreparePatch(const v1::InterveneRequest& request, cons
         if (hp->kind == HookPoint::Kind::kLogits) {
           return absl::InvalidArgumentError("logits is read, not patched; patch an earlier point");
         }
-        return GeometryOf(*hp, name, cfg);
+        return DecoderHookGeometry(*hp, name, cfg);
       },
       T, answer);
 }
@@ -633,8 +614,10 @@ absl::StatusOr<v1::InterveneResponse> InterveneRegression(const DecoderModel& mo
 
 // The analysis table's entries (analysis/registry.h).
 CIRCUITLAB_ENGINE_ANALYSIS("latent", v1::InterveneRequest, v1::InterveneResponse,
-                           [](const AnalysisInput& in, const v1::InterveneRequest& r, const AnalysisProgress&, const CancelToken*) { return WithDecoder<LatentTaskGenerator>(in, [&](const DecoderModel& m, const LatentTaskGenerator& t) { return InterveneDecoder(m, t, r); }); });
+                           [](const AnalysisInput& in, const v1::InterveneRequest& r, const AnalysisProgress&, const CancelToken*) { return WithDecoder<LatentTaskGenerator>(in, [&](const DecoderModel& m, const LatentTaskGenerator& t) { return r.has_prompts() ? InterveneDecoderPrompts(m, r) : InterveneDecoder(m, t, r); }); });
 CIRCUITLAB_ENGINE_ANALYSIS("regression", v1::InterveneRequest, v1::InterveneResponse,
-                           [](const AnalysisInput& in, const v1::InterveneRequest& r, const AnalysisProgress&, const CancelToken*) { return WithDecoder<RegressionTaskGenerator>(in, [&](const DecoderModel& m, const RegressionTaskGenerator& t) { return InterveneRegression(m, t, r); }); });
+                           [](const AnalysisInput& in, const v1::InterveneRequest& r, const AnalysisProgress&, const CancelToken*) { return WithDecoder<RegressionTaskGenerator>(in, [&](const DecoderModel& m, const RegressionTaskGenerator& t) {
+                             if (r.has_prompts()) return absl::StatusOr<v1::InterveneResponse>(absl::FailedPreconditionError("prompts: a regression run reads vectors, not token prompts"));
+                             return InterveneRegression(m, t, r); }); });
 
 }  // namespace circuitlab::engine

@@ -19,6 +19,12 @@ namespace circuitlab::engine {
 absl::StatusOr<v1::InterveneResponse> InterveneDecoder(const DecoderModel& model, const LatentTaskGenerator& task,
                                                        const v1::InterveneRequest& request);
 
+// The same ops (but replace-convex) on the caller's prompts
+// (request.prompts), read at each prompt's last position: one effect named
+// "prompts" (decoder_prompts.cc).
+absl::StatusOr<v1::InterveneResponse> InterveneDecoderPrompts(const DecoderModel& model,
+                                                              const v1::InterveneRequest& request);
+
 // The same ops on the regression decoder of an E2 run (B.3; positions are
 // sequence positions of the mapsto layout, 3i + 1 predicts y_i). Effects
 // with the squared-error analogues: loss = the squared error of every y_i,

@@ -3,10 +3,12 @@
 // activations on top; every evaluation set is measured clean against
 // intervened on the same sequences.
 #include <map>
+#include <optional>
 
 #include "server/common/seeds.h"
 #include "server/engine/analysis/imir_analyses.h"
 #include "server/engine/analysis/imir_eval.h"
+#include "server/engine/analysis/prompts.h"
 #include "server/engine/train/trainer.h"
 #include "server/engine/analysis/registry.h"
 
@@ -43,7 +45,7 @@ absl::StatusOr<std::vector<double>> SwapSource(const Opened& o, const StoredChec
 
 // One op applied to `e` (InvalidArgument naming the op's field).
 absl::Status ApplyOp(const Opened& o, const Op& op, const std::string& field, const StoredCheckpoint* source,
-                     WeightEdits& e) {
+                     int64_t T, WeightEdits& e) {
   std::vector<int32_t> ids;
   for (int k = 0; k < op.coordinates_size(); ++k) {
     const int32_t id = FindCoordinate(o.basis, op.coordinates(k));
@@ -114,15 +116,15 @@ absl::Status ApplyOp(const Opened& o, const Op& op, const std::string& field, co
   absl::StatusOr<HookGeometry> g =
       ImirHookGeometry(op.hook(), o.layers, o.heads, o.task->vocab_size() + o.task->num_positions());
   if (!g.ok()) return absl::InvalidArgumentError(field + ".hook: " + std::string(g.status().message()));
-  absl::StatusOr<PreparedOp> p = PrepareActivationOp(op, field, *g, o.task->seq_len());
+  absl::StatusOr<PreparedOp> p = PrepareActivationOp(op, field, *g, T);
   if (!p.ok()) return p.status();
   e.activations.push_back(std::move(*p));
   return absl::OkStatus();
 }
 
 // D.6 attention_mass meters, at the query unless other queries are named.
-absl::StatusOr<std::vector<AttentionMassMeter>> MassMeters(const Opened& o, const v1::InterveneRequest& req) {
-  const int64_t T = o.task->seq_len();
+absl::StatusOr<std::vector<AttentionMassMeter>> MassMeters(const Opened& o, const v1::InterveneRequest& req,
+                                                           int64_t T) {
   std::vector<AttentionMassMeter> meters;
   for (int i = 0; i < req.attention_mass_size(); ++i) {
     const std::string field = "attention_mass[" + std::to_string(i) + "]";
@@ -138,10 +140,13 @@ absl::StatusOr<std::vector<AttentionMassMeter>> MassMeters(const Opened& o, cons
 
 // Reference activations of the hook-point ops for evaluated set `i`: from
 // the weight-edited model on sequences drawn with another seed (the
-// evaluated set unless reference_set), shared by the ops that read one set.
+// evaluated set unless reference_set), shared by the ops that read one set;
+// on the caller's prompts, the clean prompts themselves (`own`).
 absl::Status CaptureImirReferences(const Opened& o, const ImirModel& edited, const v1::InterveneRequest& req,
-                                   const EvalData& data, size_t i, std::vector<PreparedOp>& activations) {
+                                   const EvalData& data, size_t i, const EvalData* own,
+                                   std::vector<PreparedOp>& activations) {
   std::map<std::string, EvalData> drawn;
+  if (own != nullptr) drawn.emplace(data.name, *own);
   for (PreparedOp& p : activations) {
     p.ref = p.mean = p.perm = torch::Tensor();
     if (!NeedsReference(p)) continue;
@@ -153,7 +158,7 @@ absl::Status CaptureImirReferences(const Opened& o, const ImirModel& edited, con
       if (!d.ok()) return d.status();
       ref = drawn.emplace(ref_name, std::move(*d)).first;
     }
-    absl::Status s = CaptureReference(p, req.n_eval(), kImirChunk, o.task->seq_len(),
+    absl::Status s = CaptureReference(p, ref->second.tokens.size(1), kImirChunk, data.tokens.size(2),
                                       DeriveSeed63(req.seed(), "intervene/resample", i),
                                       [&](int64_t b, int64_t count, const HookFn& hook) {
                                         torch::NoGradGuard no_grad;
@@ -213,7 +218,7 @@ v1::InterventionEffect ImirEffect(const Opened& o, const ImirModel& edited, cons
   }
   if (req.per_position()) {  // the block model reads out at the query only
     v1::PositionEffect* p = e.add_positions();
-    p->set_position(static_cast<uint32_t>(o.task->seq_len() - 1));
+    p->set_position(static_cast<uint32_t>(data.tokens.size(2) - 1));
     p->set_loss_clean(e.loss_clean());
     p->set_loss(e.loss());
     p->set_accuracy_clean(e.accuracy_clean());
@@ -227,18 +232,18 @@ v1::InterventionEffect ImirEffect(const Opened& o, const ImirModel& edited, cons
 
 // D.6 patch_effect on one evaluated set (the unedited model): the sweep's
 // sites patched one at a time from the paired source sequences.
-absl::Status ImirPatch(const Opened& o, const v1::InterveneRequest& req, const EvalData& data, PatchPlan& plan,
-                       v1::InterventionEffect& e) {
+absl::Status ImirPatch(const Opened& o, const v1::InterveneRequest& req, const EvalData& data, const EvalData* own,
+                       PatchPlan& plan, v1::InterventionEffect& e) {
   const std::string source_set = req.patch().reference_set().empty() ? data.name : req.patch().reference_set();
   absl::StatusOr<EvalData> source =
-      MakeEval(*o.task, source_set, req.n_eval(), DeriveSeed63(req.seed(), "intervene/reference"));
+      own != nullptr ? *own : MakeEval(*o.task, source_set, req.n_eval(), DeriveSeed63(req.seed(), "intervene/reference"));
   if (!source.ok()) return absl::InvalidArgumentError("patch.reference_set: " + std::string(source.status().message()));
   const auto& pair = req.logit_diff_tokens();
   const bool diff = e.has_logit_diff();
   const PatchScores base{e.loss_clean(), e.accuracy_clean(), e.logit_diff_clean()};
   const PatchScores from = ScoresOf(Logits(*o.dense, *source), data, pair, diff);
   return RunPatchSweep(
-      plan, req.n_eval(), kImirChunk, o.task->seq_len(),
+      plan, data.tokens.size(1), kImirChunk, data.tokens.size(2),
       [&](int64_t b, int64_t count, const HookFn& hook) {
         torch::NoGradGuard no_grad;
         o.dense->Forward(source->tokens.narrow(1, b, count), source->pids.narrow(1, b, count), false, nullptr, &hook);
@@ -246,6 +251,29 @@ absl::Status ImirPatch(const Opened& o, const v1::InterveneRequest& req, const E
       base, from,
       [&](const std::vector<PreparedOp>& ops) { return ScoresOf(EditedLogits(*o.dense, data, ops), data, pair, diff); },
       e);
+}
+
+// Intervene's Prompts on the block model: `scored` is what the metrics read
+// (the corrupted prompts under a patch sweep, else the clean ones), `clean`
+// the patch's source and the ops' reference; both answer the prompts'
+// answers at the query (the last position).
+struct PromptData {
+  EvalData scored, clean;
+};
+absl::StatusOr<PromptData> ImirPrompts(const Opened& o, const v1::InterveneRequest& req) {
+  absl::StatusOr<PromptSet> p = ReadPrompts(req, o.task->vocab_size(), o.task->num_positions(), 0);
+  if (!p.ok()) return p.status();
+  auto data = [&](const Sequences& x) {
+    EvalData d;
+    d.name = "prompts";
+    d.alt_name = p->wrong.defined() ? "wrong" : "";
+    d.tokens = x.tokens;
+    d.pids = x.pids;
+    d.target = p->answers;
+    d.alt_target = p->wrong.defined() ? p->wrong : p->answers;
+    return d;
+  };
+  return PromptData{data(req.has_patch() ? p->corrupted : p->clean), data(p->clean)};
 }
 
 }  // namespace
@@ -257,11 +285,18 @@ absl::StatusOr<v1::InterveneResponse> ImirIntervene(const v1::ExperimentSpec& sp
   absl::StatusOr<Opened> opened = Open(spec, checkpoint, SelectionOf(req.selection()));
   if (!opened.ok()) return opened.status();
   Opened& o = *opened;
+  std::optional<PromptData> prompts;
+  if (req.has_prompts()) {
+    absl::StatusOr<PromptData> p = ImirPrompts(o, req);
+    if (!p.ok()) return p.status();
+    prompts = std::move(*p);
+  }
+  const int64_t T = prompts ? prompts->scored.tokens.size(2) : o.task->seq_len();
   WeightEdits edits{o.values, {}, {}};
   for (int i = 0; i < req.interventions_size(); ++i) {
     const auto source = swap_sources.find(i);
     absl::Status s = ApplyOp(o, req.interventions(i), "interventions[" + std::to_string(i) + "]",
-                             source == swap_sources.end() ? nullptr : &source->second, edits);
+                             source == swap_sources.end() ? nullptr : &source->second, T, edits);
     if (!s.ok()) return s;
   }
   // W' = W + W_S(c') - W_S(c), then the head ablations; without weight
@@ -275,7 +310,7 @@ absl::StatusOr<v1::InterveneResponse> ImirIntervene(const v1::ExperimentSpec& sp
   }
 
   if (absl::Status s = CheckLogitDiffTokens(req.logit_diff_tokens(), o.task->vocab_size()); !s.ok()) return s;
-  absl::StatusOr<std::vector<AttentionMassMeter>> meters = MassMeters(o, req);
+  absl::StatusOr<std::vector<AttentionMassMeter>> meters = MassMeters(o, req, T);
   if (!meters.ok()) return meters.status();
 
   v1::InterveneResponse response;
@@ -286,10 +321,11 @@ absl::StatusOr<v1::InterveneResponse> ImirIntervene(const v1::ExperimentSpec& sp
     response.add_edited_before(before);
   }
   std::vector<std::string> sets(req.eval_sets().begin(), req.eval_sets().end());
-  if (sets.empty()) {
+  if (prompts) {
+    sets = {"prompts"};
+  } else if (sets.empty()) {
     for (const EvalSetInfo& info : o.task->EvalSets()) sets.push_back(info.name);
   }
-  const int64_t T = o.task->seq_len();
   PatchPlan plan;
   if (req.has_patch()) {
     absl::StatusOr<PatchPlan> prepared = PreparePatchSweep(
@@ -312,17 +348,19 @@ absl::StatusOr<v1::InterveneResponse> ImirIntervene(const v1::ExperimentSpec& sp
       return absl::InvalidArgumentError(p.field + ".reference_set: " + std::string(probe.status().message()));
     }
   }
+  const EvalData* own = prompts ? &prompts->clean : nullptr;
   for (size_t i = 0; i < sets.size(); ++i) {
-    absl::StatusOr<EvalData> data = MakeEval(*o.task, sets[i], req.n_eval(), req.seed());
+    absl::StatusOr<EvalData> data =
+        prompts ? prompts->scored : MakeEval(*o.task, sets[i], req.n_eval(), req.seed());
     if (!data.ok()) {
       return absl::InvalidArgumentError("eval_sets[" + std::to_string(i) +
                                         "]: " + std::string(data.status().message()));
     }
-    if (absl::Status s = CaptureImirReferences(o, *edited, req, *data, i, edits.activations); !s.ok()) return s;
+    if (absl::Status s = CaptureImirReferences(o, *edited, req, *data, i, own, edits.activations); !s.ok()) return s;
     v1::InterventionEffect& e = *response.add_effects();
     e = ImirEffect(o, *edited, req, *data, edits.activations, *meters);
     if (req.has_patch()) {
-      if (absl::Status s = ImirPatch(o, req, *data, plan, e); !s.ok()) return s;
+      if (absl::Status s = ImirPatch(o, req, *data, own, plan, e); !s.ok()) return s;
     }
   }
   return response;

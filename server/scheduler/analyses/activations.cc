@@ -20,33 +20,11 @@
 namespace circuitlab::scheduler {
 namespace {
 
-constexpr int kMaxSequences = 64;
-constexpr int kMaxLength = 1024;
 constexpr int kMaxHooks = 32;
 constexpr size_t kMaxHookName = 64;
 
 absl::Status CheckShape(const v1::GetActivationsRequest& r) {
-  if (r.sequences_size() < 1 || r.sequences_size() > kMaxSequences) {
-    return absl::InvalidArgumentError("sequences must have 1 to " + std::to_string(kMaxSequences) + " entries, got " +
-                                      std::to_string(r.sequences_size()));
-  }
-  const int T = r.sequences(0).tokens_size();
-  for (int b = 0; b < r.sequences_size(); ++b) {
-    const int n = r.sequences(b).tokens_size();
-    if (n < 1 || n > kMaxLength) {
-      return absl::InvalidArgumentError("sequences[" + std::to_string(b) + "].tokens must have 1 to " +
-                                        std::to_string(kMaxLength) + " ids, got " + std::to_string(n));
-    }
-    if (n != T) {
-      return absl::InvalidArgumentError("sequences[" + std::to_string(b) + "] has " + std::to_string(n) +
-                                        " tokens, sequences[0] " + std::to_string(T) +
-                                        ": every sequence of a request has the same length");
-    }
-    if (r.sequences(b).positions_size() > kMaxLength) {
-      return absl::InvalidArgumentError("sequences[" + std::to_string(b) + "].positions must have at most " +
-                                        std::to_string(kMaxLength) + " ids");
-    }
-  }
+  CL_RETURN_IF_ERROR(CheckSequenceShape(r.sequences(), "sequences"));
   if (r.hooks_size() > kMaxHooks) {
     return absl::InvalidArgumentError("hooks must have at most " + std::to_string(kMaxHooks) + " entries, got " +
                                       std::to_string(r.hooks_size()));
@@ -121,46 +99,9 @@ absl::StatusOr<int64_t> HookWidth(const v1::ExperimentSpec& spec, const std::str
 // Token and position ids in range, the context length, the hooks and the
 // answer's size, against the run's model.
 absl::Status CheckAgainstModel(const v1::ExperimentSpec& spec, const v1::GetActivationsRequest& r) {
-  if (engine::SpecFamilyOf(spec).ContinuousInputWidth(spec) > 0) {
-    return absl::FailedPreconditionError(
-        "GetActivations reads IMIR and latent-task decoder runs, whose inputs are tokens; this run's decoder reads "
-        "continuous vectors (the regression family)");
-  }
-  const engine::TaskShape shape = engine::ShapeOf(spec);
+  CL_RETURN_IF_ERROR(CheckSequencesFit(spec, r.sequences(), "sequences", "GetActivations"));
   const bool imir = engine::SpecFamilyOf(spec).has_coordinates();  // the IMIR block model
-  const int64_t vocab = shape.vocab;
   const int64_t B = r.sequences_size(), T = r.sequences(0).tokens_size();
-  if (!imir && T > shape.seq_len) {
-    return absl::InvalidArgumentError("sequences have " + std::to_string(T) + " tokens; this model reads at most " +
-                                      std::to_string(shape.seq_len) + " (its context length)");
-  }
-  for (int b = 0; b < B; ++b) {
-    const v1::InputSequence& s = r.sequences(b);
-    const std::string at = "sequences[" + std::to_string(b) + "]";
-    for (int t = 0; t < s.tokens_size(); ++t) {
-      if (s.tokens(t) < 0 || s.tokens(t) >= vocab) {
-        return absl::InvalidArgumentError(at + ".tokens[" + std::to_string(t) + "] must be in [0, " +
-                                          std::to_string(vocab - 1) + "] (this model's vocabulary), got " +
-                                          std::to_string(s.tokens(t)));
-      }
-    }
-    if (!imir && s.positions_size() > 0) {
-      return absl::InvalidArgumentError(at + ".positions: a decoder's positions are implicit (RoPE); send tokens only");
-    }
-    if (imir && s.positions_size() != s.tokens_size()) {
-      return absl::InvalidArgumentError(at + ".positions must have one position id per token (" +
-                                        std::to_string(s.tokens_size()) + "), got " +
-                                        std::to_string(s.positions_size()) +
-                                        ": the IMIR model reads a token and a position id at every position");
-    }
-    for (int t = 0; imir && t < s.positions_size(); ++t) {
-      if (s.positions(t) < 0 || s.positions(t) >= shape.positions) {
-        return absl::InvalidArgumentError(at + ".positions[" + std::to_string(t) + "] must be in [0, " +
-                                          std::to_string(shape.positions - 1) + "] (this model's position ids), got " +
-                                          std::to_string(s.positions(t)));
-      }
-    }
-  }
   int64_t values = 0;
   for (int i = 0; i < r.hooks_size(); ++i) {
     CL_ASSIGN_OR_RETURN(int64_t width, HookWidth(spec, r.hooks(i), T, i));

@@ -33,4 +33,19 @@ uint64_t JobMemory(const v1::ExperimentSpec& spec, uint64_t extra);
 // n_eval 0 (the default) or in [min, kMaxEval]; InvalidArgument names `field`.
 absl::Status CheckEvalSize(uint32_t n, uint32_t min, const std::string& field);
 
+// The caller's own sequences (GetActivations' `sequences`, Intervene's
+// prompts), before anything is loaded: 1 to kMaxUserSequences of one length
+// in [1, kMaxUserLength]; InvalidArgument naming `field`.
+constexpr int kMaxUserSequences = 64;
+constexpr int kMaxUserLength = 1024;
+absl::Status CheckSequenceShape(const google::protobuf::RepeatedPtrField<v1::InputSequence>& seqs,
+                                const std::string& field);
+// The same sequences against the run's model (torch-free, from its spec):
+// token ids in its vocabulary, the IMIR model's position ids (one per token,
+// in range), a decoder's context length; a regression run reads vectors
+// (FailedPrecondition naming `what`).
+absl::Status CheckSequencesFit(const v1::ExperimentSpec& spec,
+                               const google::protobuf::RepeatedPtrField<v1::InputSequence>& seqs,
+                               const std::string& field, const std::string& what);
+
 }  // namespace circuitlab::scheduler

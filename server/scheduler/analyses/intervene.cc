@@ -21,8 +21,7 @@ bool IsActivationOp(v1::Intervention::Op op) {
 
 // Reference activations are kept whole: n_eval x T x width floats (an
 // attention pattern: T x heads).
-uint64_t ReferenceBytes(const v1::ExperimentSpec& spec, uint64_t n_eval) {
-  const uint64_t T = engine::ShapeOf(spec).seq_len;
+uint64_t ReferenceBytes(const v1::ExperimentSpec& spec, uint64_t n_eval, uint64_t T) {
   const uint64_t heads = static_cast<uint64_t>(engine::SpecFamilyOf(spec).NumHeads(spec));
   return 4ULL * n_eval * T * std::max<uint64_t>(static_cast<uint64_t>(engine::ResidualWidth(spec)), T * heads);
 }
@@ -69,7 +68,7 @@ absl::Status CheckOp(const v1::Intervention& in, const std::string& field, bool 
 
 // A patch sweep's size (the engine checks hooks and positions against the
 // model): each site is one forward pass over n_eval sequences per evaluated set.
-absl::Status CheckPatch(const v1::PatchSweep& patch, const v1::ExperimentSpec& spec, uint64_t n_eval) {
+absl::Status CheckPatch(const v1::PatchSweep& patch, uint64_t T, uint64_t n_eval) {
   constexpr uint64_t kMaxSequences = 4194304;
   if (patch.hooks().empty() || patch.hooks_size() > 16) {
     return absl::InvalidArgumentError("patch.hooks must have 1 to 16 entries, got " +
@@ -79,7 +78,6 @@ absl::Status CheckPatch(const v1::PatchSweep& patch, const v1::ExperimentSpec& s
     return absl::InvalidArgumentError("patch.positions must have at most 1024 entries, got " +
                                       std::to_string(patch.positions_size()));
   }
-  const uint64_t T = engine::ShapeOf(spec).seq_len;
   const uint64_t positions = patch.positions().empty() ? T : static_cast<uint64_t>(patch.positions_size());
   const uint64_t sequences = static_cast<uint64_t>(patch.hooks_size()) * (positions + 1) * n_eval;
   if (sequences > kMaxSequences) {
@@ -92,6 +90,67 @@ absl::Status CheckPatch(const v1::PatchSweep& patch, const v1::ExperimentSpec& s
   return absl::OkStatus();
 }
 
+// Intervene's prompts before anything is loaded: the sequences' shapes,
+// the pairing a patch sweep needs, one answer (and competing token) per
+// prompt or one for all, and the fields that name the service's own
+// sequences left empty.
+absl::Status CheckPromptShape(const v1::InterveneRequest& r) {
+  const v1::Prompts& p = r.prompts();
+  if (r.n_eval() != 0) {
+    return absl::InvalidArgumentError("n_eval must be 0 with prompts (the prompts are the evaluated sequences), got " +
+                                      std::to_string(r.n_eval()));
+  }
+  if (!r.eval_sets().empty()) {
+    return absl::InvalidArgumentError("eval_sets must be empty with prompts: the prompts are the evaluated sequences");
+  }
+  CL_RETURN_IF_ERROR(CheckSequenceShape(p.clean(), "prompts.clean"));
+  if (r.has_patch() != (p.corrupted_size() > 0)) {
+    return absl::InvalidArgumentError(r.has_patch() ? "prompts.corrupted: a patch sweep patches the clean prompts "
+                                                      "into corrupted ones; give one per clean prompt"
+                                                    : "prompts.corrupted is read by a patch sweep only; add patch "
+                                                      "or leave it empty");
+  }
+  if (r.has_patch()) {
+    CL_RETURN_IF_ERROR(CheckSequenceShape(p.corrupted(), "prompts.corrupted"));
+    if (p.corrupted_size() != p.clean_size() || p.corrupted(0).tokens_size() != p.clean(0).tokens_size()) {
+      return absl::InvalidArgumentError(
+          "prompts.corrupted must pair one to one with prompts.clean (" + std::to_string(p.clean_size()) +
+          " sequences of " + std::to_string(p.clean(0).tokens_size()) + " tokens), got " +
+          std::to_string(p.corrupted_size()) + " of " + std::to_string(p.corrupted(0).tokens_size()));
+    }
+  }
+  if (p.answers_size() != 1 && p.answers_size() != p.clean_size()) {
+    return absl::InvalidArgumentError("prompts.answers must hold one token id per clean prompt (" +
+                                      std::to_string(p.clean_size()) + ") or one for all, got " +
+                                      std::to_string(p.answers_size()));
+  }
+  if (p.wrong_size() > 1 && p.wrong_size() != p.clean_size()) {
+    return absl::InvalidArgumentError("prompts.wrong must be empty, one token id for all or one per clean prompt (" +
+                                      std::to_string(p.clean_size()) + "), got " + std::to_string(p.wrong_size()));
+  }
+  return absl::OkStatus();
+}
+
+// The prompts against the run's model: token and position ids, the
+// answers' and competing tokens' ids in the vocabulary.
+absl::Status CheckPromptsFit(const v1::ExperimentSpec& spec, const v1::Prompts& p) {
+  CL_RETURN_IF_ERROR(CheckSequencesFit(spec, p.clean(), "prompts.clean", "Intervene with prompts"));
+  if (p.corrupted_size() > 0) {
+    CL_RETURN_IF_ERROR(CheckSequencesFit(spec, p.corrupted(), "prompts.corrupted", "Intervene with prompts"));
+  }
+  const uint64_t vocab = static_cast<uint64_t>(engine::ShapeOf(spec).vocab);
+  for (const auto& [ids, name] : {std::pair{&p.answers(), "prompts.answers"}, std::pair{&p.wrong(), "prompts.wrong"}}) {
+    for (int i = 0; i < ids->size(); ++i) {
+      if ((*ids)[i] >= vocab) {
+        return absl::InvalidArgumentError(std::string(name) + "[" + std::to_string(i) + "] must be in [0, " +
+                                          std::to_string(vocab - 1) + "] (this model's vocabulary), got " +
+                                          std::to_string((*ids)[i]));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 namespace {
@@ -99,7 +158,12 @@ namespace {
 absl::StatusOr<AnalysisPlan<v1::InterveneResponse>> PlanIntervene(AnalysisCore& core, const v1::InterveneRequest& request) {
   CL_ASSIGN_OR_RETURN(int64_t id, ParseRunId(request.run_id()));
   CL_RETURN_IF_ERROR(CheckSelection(request.selection()));
-  CL_RETURN_IF_ERROR(CheckEvalSize(request.n_eval(), 16, "n_eval"));
+  const bool prompts = request.has_prompts();
+  if (prompts) {
+    CL_RETURN_IF_ERROR(CheckPromptShape(request));
+  } else {
+    CL_RETURN_IF_ERROR(CheckEvalSize(request.n_eval(), 16, "n_eval"));
+  }
   if (request.interventions_size() > kMaxInterventions) {
     return absl::InvalidArgumentError("interventions must have at most " + std::to_string(kMaxInterventions) +
                                       " entries, got " + std::to_string(request.interventions_size()));
@@ -115,10 +179,15 @@ absl::StatusOr<AnalysisPlan<v1::InterveneResponse>> PlanIntervene(AnalysisCore& 
   CL_ASSIGN_OR_RETURN(auto found, core.RunCheckpoint(id, request.step(), request.run_id()));
   const v1::ExperimentSpec& spec = found.first;
   const bool has_coordinates = engine::SpecFamilyOf(spec).has_coordinates();
+  if (prompts) CL_RETURN_IF_ERROR(CheckPromptsFit(spec, request.prompts()));
   v1::InterveneRequest canonical = request;
   canonical.set_run_id(FormatRunId(id));
   canonical.set_step(static_cast<uint64_t>(found.second.step));
-  canonical.set_n_eval(request.n_eval() == 0 ? 2048 : request.n_eval());
+  if (!prompts) canonical.set_n_eval(request.n_eval() == 0 ? 2048 : request.n_eval());
+  // The sequences each evaluated set holds and their length.
+  const uint64_t n = prompts ? static_cast<uint64_t>(request.prompts().clean_size()) : canonical.n_eval();
+  const uint64_t T = prompts ? static_cast<uint64_t>(request.prompts().clean(0).tokens_size())
+                             : static_cast<uint64_t>(engine::ShapeOf(spec).seq_len);
   canonical.set_seed(request.seed() == 0 ? spec.seed() : request.seed());
   canonical.set_selection(request.selection() == v1::BASIS_SELECTION_COMPLETE ? v1::BASIS_SELECTION_COMPLETE
                                                                               : v1::BASIS_SELECTION_PAPER);
@@ -130,7 +199,7 @@ absl::StatusOr<AnalysisPlan<v1::InterveneResponse>> PlanIntervene(AnalysisCore& 
     const std::string field = "interventions[" + std::to_string(i) + "]";
     CL_RETURN_IF_ERROR(CheckOp(*in, field, has_coordinates));
     if (IsActivationOp(in->op())) {
-      const uint64_t need = ReferenceBytes(spec, canonical.n_eval());
+      const uint64_t need = ReferenceBytes(spec, n, T);
       if (need > core.limits().max_run_memory_bytes) {
         return absl::ResourceExhaustedError(field + ": the reference activations need about " +
                                             std::to_string(need >> 20) + " MiB, more than --max-run-memory-mb; "
@@ -158,8 +227,8 @@ absl::StatusOr<AnalysisPlan<v1::InterveneResponse>> PlanIntervene(AnalysisCore& 
     }
   }
   if (request.has_patch()) {
-    CL_RETURN_IF_ERROR(CheckPatch(request.patch(), spec, canonical.n_eval()));
-    reference_bytes += ReferenceBytes(spec, canonical.n_eval());  // one hook's source activations at a time
+    CL_RETURN_IF_ERROR(CheckPatch(request.patch(), T, n));
+    reference_bytes += ReferenceBytes(spec, n, T);  // one hook's source activations at a time
   }
   if (request.logit_diff_tokens_size() > 2) {  // bounded before copying; the engine checks the pair
     return absl::InvalidArgumentError("logit_diff_tokens must be empty or two token ids (t1, t2), got " +
@@ -168,7 +237,7 @@ absl::StatusOr<AnalysisPlan<v1::InterveneResponse>> PlanIntervene(AnalysisCore& 
   // The clean and intervened logits of one evaluation set (float32, n_eval x
   // T x vocab at most) come on top of the reference activations.
   const uint64_t memory =
-      JobMemory(spec, reference_bytes + 8ULL * canonical.n_eval() * engine::ShapeOf(spec).seq_len *
+      JobMemory(spec, reference_bytes + 8ULL * n * T *
                                              static_cast<uint64_t>(engine::ShapeOf(spec).vocab));
   engine::AnalysisInput input{spec, {{found.second.step, std::move(found.second.bytes)}}, std::move(swap_sources)};
   return EnginePlan<v1::InterveneResponse>(core.analyzer(), id, canonical, std::move(input), memory,
