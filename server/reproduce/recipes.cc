@@ -11,6 +11,7 @@
 #include <tuple>
 
 #include "server/common/status_macros.h"
+#include "server/common/text.h"
 
 namespace circuitlab::reproduce {
 namespace {
@@ -177,7 +178,68 @@ absl::StatusOr<v1::Recipe> ParseRecipe(std::string_view json, std::string_view w
   return r;
 }
 
+namespace {
+
+// Every string of a recipe (texts, names, selectors) free of control
+// characters: C0 but newline and tab, DEL, C1 and the bidirectional
+// formatting characters (issue 51 item 8: a report's title printed raw must
+// not drive or reorder the reader's terminal). `path` names the field.
+absl::Status CheckTexts(const google::protobuf::Message& m, const std::string& path) {
+  using FD = google::protobuf::FieldDescriptor;
+  const google::protobuf::Reflection* r = m.GetReflection();
+  std::vector<const FD*> fields;
+  r->ListFields(m, &fields);
+  auto clean = [&](const std::string& text, const std::string& field) -> absl::Status {
+    for (size_t i = 0; i < text.size(); ++i) {
+      const size_t n = ControlAt(text, i);
+      if (n == 0 || text[i] == '\n' || text[i] == '\t') continue;
+      return absl::InvalidArgumentError(field + " must not hold control characters (C0 but newline and tab, DEL, "
+                                        "C1, bidirectional formatting), got " + Quote(text));
+    }
+    return absl::OkStatus();
+  };
+  for (const FD* f : fields) {
+    const std::string at = path + "." + f->name();
+    if (f->is_map()) {  // map<string, RecipeScale>: recipe.scales.ci.checks[0]...
+      for (int i = 0; i < r->FieldSize(m, f); ++i) {
+        const google::protobuf::Message& entry = r->GetRepeatedMessage(m, f, i);
+        const FD* key = entry.GetDescriptor()->map_key();
+        const FD* value = entry.GetDescriptor()->map_value();
+        const std::string name =
+            key->cpp_type() == FD::CPPTYPE_STRING ? entry.GetReflection()->GetString(entry, key) : std::to_string(i);
+        CL_RETURN_IF_ERROR(clean(name, at + " key"));
+        if (value->cpp_type() == FD::CPPTYPE_MESSAGE) {
+          CL_RETURN_IF_ERROR(CheckTexts(entry.GetReflection()->GetMessage(entry, value), at + "." + name));
+        }
+      }
+      continue;
+    }
+    if (f->cpp_type() == FD::CPPTYPE_MESSAGE) {
+      if (!f->is_repeated()) {
+        CL_RETURN_IF_ERROR(CheckTexts(r->GetMessage(m, f), at));
+        continue;
+      }
+      for (int i = 0; i < r->FieldSize(m, f); ++i) {
+        CL_RETURN_IF_ERROR(CheckTexts(r->GetRepeatedMessage(m, f, i), at + "[" + std::to_string(i) + "]"));
+      }
+      continue;
+    }
+    if (f->cpp_type() != FD::CPPTYPE_STRING || f->type() == FD::TYPE_BYTES) continue;
+    if (!f->is_repeated()) {
+      CL_RETURN_IF_ERROR(clean(r->GetString(m, f), at));
+      continue;
+    }
+    for (int i = 0; i < r->FieldSize(m, f); ++i) {
+      CL_RETURN_IF_ERROR(clean(r->GetRepeatedString(m, f, i), at + "[" + std::to_string(i) + "]"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status ValidateRecipe(const v1::Recipe& recipe) {
+  CL_RETURN_IF_ERROR(CheckTexts(recipe, "recipe"));
   static const std::regex id_re("[A-Za-z0-9._-]{1,32}");
   if (!std::regex_match(recipe.id(), id_re)) {
     return absl::InvalidArgumentError("recipe.id must be 1-32 of [A-Za-z0-9._-], got \"" + recipe.id() + "\"");

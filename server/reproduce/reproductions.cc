@@ -12,6 +12,7 @@
 #include <optional>
 #include <set>
 
+#include "server/common/text.h"
 #include "server/common/status_macros.h"
 #include "server/reproduce/recipes.h"
 #include "server/reproduce/report.h"
@@ -121,14 +122,15 @@ std::unique_ptr<google::protobuf::Message> RequestFor(const v1::RecipeAnalysis& 
 }  // namespace
 
 absl::StatusOr<int64_t> ParseReproductionId(const std::string& text) {
-  std::string digits = text;
-  if (!digits.empty() && digits[0] == 'p') digits = digits.substr(1);
-  char* end = nullptr;
-  const long long id = std::strtoll(digits.c_str(), &end, 10);
-  if (digits.empty() || *end != '\0' || id <= 0 || digits.size() > 18) {
-    return absl::InvalidArgumentError("reproduction_id must look like \"p3\", got \"" + text + "\"");
+  // One spelling per id (issue 51 item 9): "p" and a number without sign,
+  // space or leading zero, nothing after it.
+  const bool canonical = text.size() >= 2 && text.size() <= 19 && text[0] == 'p' && text[1] != '0' &&
+                         std::all_of(text.begin() + 1, text.end(), [](unsigned char c) { return c >= '0' && c <= '9'; });
+  if (!canonical) {
+    return absl::InvalidArgumentError("reproduction_id must look like \"p3\" (p and a number, no sign, space or "
+                                      "leading zero), got " + Quote(text));
   }
-  return id;
+  return std::stoll(text.substr(1));
 }
 
 std::string FormatReproductionId(int64_t id) { return "p" + std::to_string(id); }

@@ -177,12 +177,16 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const GrpcOptions&
   // Health answers for the server as a whole ("") and for each service by
   // its full name, as gRPC's health convention has clients ask (issue 32 item
   // 10); draining turns all of them NOT_SERVING.
-  std::vector<std::string> services = {v1::ExperimentService::service_full_name(),
-                                       v1::AnalysisService::service_full_name()};
-  if (cores.workers != nullptr) services.push_back(v1::WorkerService::service_full_name());
+  // Every registered service answers (issue 51 item 12): WorkerService is
+  // NOT_SERVING on a server without remote workers (its calls are refused).
+  std::vector<std::pair<std::string, bool>> services = {{v1::ExperimentService::service_full_name(), true},
+                                                        {v1::AnalysisService::service_full_name(), true},
+                                                        {v1::WorkerService::service_full_name(), cores.workers != nullptr}};
+  if (server->reproductions_) services.emplace_back(v1::ReproductionService::service_full_name(), true);
   auto serving = [&services](grpc::Server& s) {
-    for (const std::string& name : services) s.GetHealthCheckService()->SetServingStatus(name, true);
+    // The overall status first: SetServingStatus(bool) sets every service's.
     s.GetHealthCheckService()->SetServingStatus(true);
+    for (const auto& [name, up] : services) s.GetHealthCheckService()->SetServingStatus(name, up);
   };
   serving(*server->server_);
   if (!options.health_listen.empty()) {

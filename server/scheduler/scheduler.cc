@@ -49,10 +49,12 @@ v1::RunEvent StateEvent(int state, const std::string& device, const std::string&
 namespace {
 
 absl::StatusOr<int64_t> ParseId(const std::string& text, const std::string& field, char prefix) {
+  // One spelling per id but the documented bare number ("17" for r17):
+  // a lower-case prefix, digits without sign, space or leading zero.
   std::string digits = text;
-  if (!digits.empty() && std::tolower(static_cast<unsigned char>(digits[0])) == prefix) digits.erase(0, 1);
-  if (digits.empty() || digits.size() > 18 ||
-      !std::all_of(digits.begin(), digits.end(), [](unsigned char c) { return std::isdigit(c); })) {
+  if (!digits.empty() && digits[0] == prefix) digits.erase(0, 1);
+  if (digits.empty() || digits.size() > 18 || digits[0] == '0' ||
+      !std::all_of(digits.begin(), digits.end(), [](unsigned char c) { return c >= '0' && c <= '9'; })) {
     return absl::InvalidArgumentError(field + " must look like " + prefix + "<number> (e.g. " + prefix + "17), got " +
                                       Quote(text));
   }

@@ -136,6 +136,21 @@ std::vector<Seed> Seeds() {
       FromJson<v1::InterveneRequest>(ReadFile(kExamples + "/intervene_imir_hooks.json")));
   intervene->set_run_id("r1");
   add("AnalysisService", "Intervene", std::move(intervene));
+  // A patch sweep on the caller's own clean/corrupted prompts.
+  auto prompts = std::make_unique<v1::InterveneRequest>();
+  prompts->set_run_id("r1");
+  prompts->mutable_patch()->add_hooks("L2.H1.out");
+  for (const auto& tokens : {std::vector<int64_t>{0, 14, 30, 22, 25, 14}, std::vector<int64_t>{0, 14, 30, 22, 25, 22}}) {
+    v1::InputSequence* seq = tokens[5] == 14 ? prompts->mutable_prompts()->add_clean()
+                                             : prompts->mutable_prompts()->add_corrupted();
+    for (size_t t = 0; t < tokens.size(); ++t) {
+      seq->add_tokens(tokens[t]);
+      seq->add_positions(static_cast<int64_t>(t));
+    }
+  }
+  prompts->mutable_prompts()->add_answers(30);
+  prompts->mutable_prompts()->add_wrong(25);
+  add("AnalysisService", "Intervene", std::move(prompts));
   auto data = std::make_unique<v1::CheckDataDependenceRequest>();
   data->set_run_id("r1");
   data->set_samples(256);

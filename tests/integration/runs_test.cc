@@ -258,12 +258,15 @@ TEST(IntegrationTest, HealthReportsNotServingWhileDraining) {
   auto c = MakeClient(server.address());
   ASSERT_TRUE(c.Health().ok());
   // Each service by its full name too (issue 32 item 10).
-  for (const char* service : {"circuitlab.v1.ExperimentService", "circuitlab.v1.AnalysisService"}) {
+  for (const char* service :
+       {"circuitlab.v1.ExperimentService", "circuitlab.v1.AnalysisService", "circuitlab.v1.ReproductionService"}) {
     EXPECT_TRUE(c.Health(service).ok()) << service << ": " << c.Health(service);
   }
   EXPECT_EQ(c.Health("circuitlab.v1.NoSuchService").code(), absl::StatusCode::kNotFound);
-  EXPECT_EQ(c.Health("circuitlab.v1.WorkerService").code(), absl::StatusCode::kNotFound)
-      << "not served without remote workers";
+  // Every registered service answers (issue 51 item 12): WorkerService is
+  // registered but NOT_SERVING without remote workers.
+  EXPECT_EQ(c.Health("circuitlab.v1.WorkerService").code(), absl::StatusCode::kUnavailable)
+      << "not serving without remote workers";
   server.app().MarkNotServing();
   EXPECT_EQ(c.Health().code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(c.Health("circuitlab.v1.ExperimentService").code(), absl::StatusCode::kUnavailable);

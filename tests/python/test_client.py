@@ -159,6 +159,23 @@ def test_errors_map_to_classes(client):
         circuitlab.Client("127.0.0.1:1", timeout=2).get_run("r1")
 
 
+def test_every_service_answers_health(client, tmp_path):
+    """Issue 51 item 12: each registered service answers by its full name; WorkerService serves only on
+    a server with remote workers (NOT_SERVING otherwise, never NOT_FOUND)."""
+    from conftest import ServerProcess
+    names = ["circuitlab.v1." + s for s in ("ExperimentService", "AnalysisService", "ReproductionService")]
+    assert client.health() and all(client.health(n) for n in names)
+    assert not client.health("circuitlab.v1.WorkerService")
+    with pytest.raises(circuitlab.NotFound):
+        client.health("circuitlab.v1.NoSuchService")
+    remote = ServerProcess(str(tmp_path / "data"), "--executor", "workers")
+    try:
+        with circuitlab.Client(remote.target, timeout=20) as c:
+            assert all(c.health(n) for n in names + ["circuitlab.v1.WorkerService"])
+    finally:
+        remote.stop()
+
+
 def test_environment_configuration_tls_and_token(tmp_path, monkeypatch):
     scripts = os.path.join(REPO, "scripts")
     subprocess.run([os.path.join(scripts, "dev-certs.sh"), str(tmp_path / "certs")], check=True,

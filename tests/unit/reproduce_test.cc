@@ -10,6 +10,7 @@
 
 #include "client/lib/reproduce_render.h"
 #include "server/reproduce/recipes.h"
+#include "server/reproduce/reproductions.h"
 #include "server/reproduce/report.h"
 
 namespace circuitlab::reproduce {
@@ -222,6 +223,35 @@ TEST(ReproduceRecipeTest, ErrorsNameTheField) {
     EXPECT_NE(s.message().find(c.error), std::string::npos) << s.message();
   }
   EXPECT_TRUE(ValidateRecipe(recipe(R"({"sweeps": [)" + sweep + "], \"checks\": [" + check + "]}")).ok());
+  // Texts refuse ESC (an OSC sequence would set the reader's terminal
+  // title), C1 and bidi characters, wherever they are (issue 51 item 8).
+  v1::Recipe texts = recipe(R"({"sweeps": [)" + sweep + "], \"checks\": [" + check + "]}");
+  texts.set_title("line one\nline two\twith a tab");
+  EXPECT_TRUE(ValidateRecipe(texts).ok());
+  for (const std::string& bad : {std::string("\x1b]0;owned\x07"), std::string("\xc2\x9b" "2J"),
+                                 std::string("abc\xe2\x80\xaetxt.exe")}) {
+    v1::Recipe r = texts;
+    r.set_claim(bad);
+    absl::Status s = ValidateRecipe(r);
+    EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+    EXPECT_NE(s.message().find("recipe.claim must not hold control characters"), std::string::npos) << s.message();
+    r = texts;
+    (*r.mutable_scales())["ci"].mutable_checks(0)->set_description(bad);
+    s = ValidateRecipe(r);
+    EXPECT_NE(s.message().find("recipe.scales.ci.checks[0].description must not"), std::string::npos) << s;
+  }
+}
+
+// Issue 51 item 9: one spelling per reproduction id.
+TEST(ReproduceRecipeTest, ReproductionIdsAreCanonical) {
+  EXPECT_EQ(*ParseReproductionId("p1"), 1);
+  EXPECT_EQ(*ParseReproductionId("p120"), 120);
+  for (const std::string& bad : {std::string("p+1"), std::string(" 1"), std::string("1"), std::string("p01"),
+                                 std::string("p1\0", 3), std::string("P1"), std::string("p"), std::string("p-1"),
+                                 std::string("p1 "), std::string("p0"), std::string("p99999999999999999999")}) {
+    absl::StatusOr<int64_t> id = ParseReproductionId(bad);
+    EXPECT_TRUE(absl::IsInvalidArgument(id.status())) << bad;
+  }
 }
 
 // Every file under examples/reproduce/ is compiled in, parses and validates

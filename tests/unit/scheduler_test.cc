@@ -55,7 +55,8 @@ TEST(RunIdTest, ParsesAndFormats) {
   EXPECT_EQ(*ParseRunId("r17"), 17);
   EXPECT_EQ(*ParseRunId("17"), 17);
   EXPECT_EQ(FormatRunId(17), "r17");
-  for (const char* bad : {"", "r", "rx", "r-1", "r0", "17a", "r99999999999999999999"}) {
+  for (const char* bad : {"", "r", "rx", "r-1", "r0", "17a", "r99999999999999999999", "r017", "R17", "r+1", " r1",
+                          "r1 "}) {
     auto id = ParseRunId(bad);
     EXPECT_EQ(id.status().code(), absl::StatusCode::kInvalidArgument) << bad;
     EXPECT_NE(id.status().message().find("run_id"), std::string::npos);

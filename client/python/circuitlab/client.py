@@ -161,9 +161,10 @@ class Client:
 
     # ------------------------------------------------------------ the server --
 
-    def health(self):
-        """True when the server serves (grpc.health.v1; no token needed)."""
-        resp = self._call(self._health.Check, health_pb2.HealthCheckRequest())
+    def health(self, service=""):
+        """True when the server serves (grpc.health.v1; no token needed); `service` asks one service by its
+        full name ("circuitlab.v1.WorkerService": serving only on a server with remote workers)."""
+        resp = self._call(self._health.Check, health_pb2.HealthCheckRequest(service=service))
         return resp.status == health_pb2.HealthCheckResponse.SERVING
 
     def whoami(self):
