@@ -403,6 +403,7 @@ std::function<void(const httplib::Request&, httplib::Response&)> HttpGateway::Wr
                                         "http:" + req.remote_addr + ":" + std::to_string(req.remote_port), tls_, "http");
       if (c.ok()) {
         caller = std::move(*c);
+        s = security::MayUseResearchSurface(caller.principal);  // no HTTP route is the workers'
       } else {
         s = c.status();
       }

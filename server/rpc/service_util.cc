@@ -17,7 +17,7 @@ std::string Metadata(const grpc::CallbackServerContext* ctx, const std::string& 
 
 }  // namespace
 
-absl::StatusOr<Caller> Authenticate(const Security& security, const grpc::CallbackServerContext* ctx) {
+absl::StatusOr<Caller> Authenticate(const Security& security, const grpc::CallbackServerContext* ctx, bool workers) {
   bool tls = false;
   if (std::shared_ptr<const grpc::AuthContext> auth = ctx->auth_context()) {
     for (const grpc::string_ref& v : auth->FindPropertyValues("transport_security_type")) {
@@ -26,7 +26,12 @@ absl::StatusOr<Caller> Authenticate(const Security& security, const grpc::Callba
       tls = tls || type == "tls" || type == "ssl";
     }
   }
-  return security.Authenticate(Metadata(ctx, "authorization"), ctx->peer(), tls, Metadata(ctx, "x-circuitlab-client"));
+  absl::StatusOr<Caller> caller =
+      security.Authenticate(Metadata(ctx, "authorization"), ctx->peer(), tls, Metadata(ctx, "x-circuitlab-client"));
+  if (caller.ok() && !workers) {
+    if (absl::Status s = security::MayUseResearchSurface(caller->principal); !s.ok()) return s;
+  }
+  return caller;
 }
 
 grpc::Status ToGrpcStatus(const absl::Status& status) {

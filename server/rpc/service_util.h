@@ -32,8 +32,10 @@ using security::Security;
 using security::StreamTicket;
 
 // The caller of a gRPC call: its `authorization` and `x-circuitlab-client`
-// metadata, its peer, and whether the transport is TLS.
-absl::StatusOr<Caller> Authenticate(const Security& security, const grpc::CallbackServerContext* ctx);
+// metadata, its peer, and whether the transport is TLS. Every service but
+// WorkerService (`workers` true) refuses the worker role (PermissionDenied).
+absl::StatusOr<Caller> Authenticate(const Security& security, const grpc::CallbackServerContext* ctx,
+                                    bool workers = false);
 
 // The codes share numbers. The message is capped at kMaxStatusMessage
 // characters (a longer one ends in "…"): gRPC refuses trailing metadata past

@@ -78,7 +78,7 @@ class SessionReactor final : public Reactor {
  public:
   SessionReactor(grpc::CallbackServerContext* ctx, remote::WorkerBroker* broker, const Security* security)
       : broker_(broker), security_(security), link_(std::make_shared<Link>(this)) {
-    absl::StatusOr<Caller> caller = Authenticate(*security, ctx);
+    absl::StatusOr<Caller> caller = Authenticate(*security, ctx, /*workers=*/true);
     if (!caller.ok()) {
       link_->Close(caller.status());
       return;
@@ -158,7 +158,7 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::ListWorkers(grpc::CallbackServerCon
                                                          const v1::ListWorkersRequest*,
                                                          v1::ListWorkersResponse* response) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  absl::StatusOr<Caller> caller = Authenticate(*security_, ctx);
+  absl::StatusOr<Caller> caller = Authenticate(*security_, ctx, /*workers=*/true);
   if (!caller.ok()) {
     reactor->Finish(ToGrpcStatus(caller.status()));
     return reactor;

@@ -246,6 +246,13 @@ absl::Status MayWrite(const Principal& who, const std::string& method) {
                                      " role: it may read but not " + method);
 }
 
+absl::Status MayUseResearchSurface(const Principal& who) {
+  if (who.role != Role::kWorker) return absl::OkStatus();
+  return absl::PermissionDeniedError("'" + who.name +
+                                     "' has the worker role: it reaches WorkerService only (a circuitlab-worker's "
+                                     "session), not runs, analyses or reproductions");
+}
+
 bool MayRead(const Principal& who, const std::string& owner, bool private_runs) {
   return !private_runs || who.role != Role::kUser || who.name == owner;
 }

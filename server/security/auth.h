@@ -100,6 +100,9 @@ class Authenticator {
 absl::Status MayChange(const Principal& who, const std::string& owner, const std::string& what);
 // PermissionDenied for a reader: it may read but not `method`.
 absl::Status MayWrite(const Principal& who, const std::string& method);
+// Least privilege (issue 51 item 11): the worker role reaches WorkerService
+// only; PermissionDenied on every other service and HTTP route.
+absl::Status MayUseResearchSurface(const Principal& who);
 // Whether `who` may read what `owner` owns: always, unless the server keeps
 // runs private (--private-runs), where a user reads only its own (admins and
 // readers, whose role is to read, still read everything).

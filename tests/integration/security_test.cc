@@ -2,6 +2,10 @@
 // scripts/dev-certs.sh (openssl), principals and roles from a tokens file,
 // ownership, per-principal quotas, private runs, the audit log, reflection.
 #include <gtest/gtest.h>
+#include <grpcpp/create_channel.h>
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/security/credentials.h>
+#include <grpcpp/support/byte_buffer.h>
 #include <httplib.h>
 
 #include <cstdlib>
@@ -380,6 +384,61 @@ TEST(SecurityTest, PrivateRunsHideOtherUsersRuns) {
   EXPECT_EQ(refused.message(), "run " + run->run_id() + " not found");
   EXPECT_EQ(missing.code(), absl::StatusCode::kNotFound) << missing;
   EXPECT_EQ(missing.message(), "run r999 not found");
+}
+
+// Issue 51 item 11: a worker token reaches WorkerService only. Every other
+// RPC of every service, over gRPC, and the HTTP routes answer
+// PERMISSION_DENIED (403), before the request is even parsed.
+TEST(SecurityTest, TheWorkerRoleReachesWorkerServiceOnly) {
+  TempDir dir;
+  FakeExecutor exec;
+  Principals principals(dir.path(), Principal("node", "worker") + Principal("root", "admin"));
+  app::FrontOptions http;
+  http.http.listen = "127.0.0.1:0";
+  Server server(dir.path(), &exec, {}, http, nullptr, principals.auth.get());
+  auto channel = grpc::CreateChannel(server.address(), grpc::InsecureChannelCredentials());
+  grpc::GenericStub stub(channel);
+  auto call = [&](const std::string& method) {
+    grpc::Slice slice(std::string{});
+    grpc::ByteBuffer request(&slice, 1), response;
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("authorization", "Bearer " + Token("node"));
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    std::promise<grpc::Status> done;
+    stub.UnaryCall(&ctx, method, grpc::StubOptions(), &request, &response,
+                   [&](grpc::Status st) { done.set_value(std::move(st)); });
+    return done.get_future().get();
+  };
+  int checked = 0;
+  for (const char* name :
+       {"circuitlab.v1.ExperimentService", "circuitlab.v1.AnalysisService", "circuitlab.v1.ReproductionService"}) {
+    const google::protobuf::ServiceDescriptor* service =
+        google::protobuf::DescriptorPool::generated_pool()->FindServiceByName(name);
+    ASSERT_NE(service, nullptr) << name;
+    for (int i = 0; i < service->method_count(); ++i) {
+      const google::protobuf::MethodDescriptor* m = service->method(i);
+      if (m->server_streaming() || m->client_streaming()) continue;  // WatchRun: below
+      const grpc::Status s = call("/" + std::string(name) + "/" + m->name());
+      EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << m->full_name() << ": " << s.error_message();
+      EXPECT_NE(s.error_message().find("worker role: it reaches WorkerService only"), std::string::npos)
+          << s.error_message();
+      ++checked;
+    }
+  }
+  EXPECT_GE(checked, 30);
+  auto node = MakeClient(server.address(), Token("node"));
+  std::atomic<bool> stop{false};
+  v1::WatchRunRequest watch;
+  watch.set_run_id("r1");
+  EXPECT_EQ(node.Watch(watch, [](const v1::RunEvent&) {}, stop).code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_TRUE(node.ListWorkers().ok()) << "WorkerService itself answers";
+  EXPECT_TRUE(MakeClient(server.address(), Token("root")).ListRuns({}).ok());
+  httplib::Client h("127.0.0.1", server.http_port());
+  for (const char* path : {"/api/v1/runs", "/api/v1/recipes", "/api/v1/reproductions", "/api/v1/whoami", "/api/v1/analyses"}) {
+    auto got = h.Get(path, {{"Authorization", "Bearer " + Token("node")}});
+    ASSERT_TRUE(got) << path;
+    EXPECT_EQ(got->status, 403) << path << ": " << got->body;
+  }
 }
 
 TEST(SecurityTest, ARevokedTokenFailsAfterReloadWithoutARestart) {
