@@ -86,6 +86,16 @@ class TorchAnalyzer : public Analyzer {
     }
     return Guarded(name, [&] { return (*fn)(input, request, response, progress, cancel); });
   }
+  std::vector<std::string> EvalSets(const v1::ExperimentSpec& resolved) override {
+    std::vector<std::string> sets;
+    for (const std::string& m : FamilyOf(resolved).EvalMetricNames(resolved)) {
+      const size_t slash = m.find('/', 5);
+      if (m.rfind("eval/", 0) != 0 || slash == std::string::npos) continue;
+      std::string set = m.substr(5, slash - 5);
+      if (std::find(sets.begin(), sets.end(), set) == sets.end()) sets.push_back(std::move(set));
+    }
+    return sets;
+  }
 
  private:
   // LibTorch reports failures by throwing; analyses turn them into statuses.

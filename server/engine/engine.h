@@ -154,6 +154,11 @@ class Analyzer {
   virtual absl::Status Analyze(const AnalysisInput& input, const google::protobuf::Message& request,
                                google::protobuf::Message* response, const Progress& progress,
                                const CancelToken* cancel) = 0;
+  // The evaluation sets a run of the resolved spec has (the <set> of its
+  // eval/<set>/<metric> names), so that a request naming another one is
+  // refused before a job is queued. Empty (nothing checked) when the
+  // analyzer cannot tell.
+  virtual std::vector<std::string> EvalSets(const v1::ExperimentSpec& resolved) { return {}; }
 };
 
 // Analyzer::Analyze, typed: `Response` must be the request's response type.

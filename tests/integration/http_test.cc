@@ -224,6 +224,28 @@ TEST(HttpTest, AnalysesAreJobsAndInterventionsArePosted) {
   EXPECT_TRUE(same->from_store());
   EXPECT_EQ(same->patterns_size(), att.patterns_size());
   EXPECT_EQ(http.Get("/api/v1/runs/r1/attention?sequences=17")->status, 400);
+  // Issue 51 item 10: an evaluation set the run does not have is refused
+  // before any job, over HTTP as over gRPC, naming the field and the sets.
+  const int queued_before = c.ListAnalysisJobs()->jobs_size();
+  for (const char* bad : {"..%2F..%2Fetc%2Fpasswd", "%1B%5B2J", "nope"}) {
+    auto refused = http.Get(std::string("/api/v1/runs/r1/attention?sequences=2&eval_set=") + bad);
+    ASSERT_TRUE(refused);
+    EXPECT_EQ(refused->status, 400) << refused->body;
+    EXPECT_NE(refused->body.find("eval_set must name one of this run's evaluation sets (icl"), std::string::npos)
+        << refused->body;
+    auto circuit = http.Get(std::string("/api/v1/runs/r1/circuit?eval_set=") + bad);
+    EXPECT_EQ(circuit->status, 400) << circuit->body;
+  }
+  v1::InterveneRequest bad_sets;
+  bad_sets.set_run_id("r1");
+  bad_sets.add_eval_sets("icl_rare");
+  bad_sets.add_eval_sets("../../etc/passwd");
+  bad_sets.add_interventions()->set_op(v1::Intervention::OP_ABLATE_HEAD);
+  bad_sets.mutable_interventions(0)->set_layer(1);
+  const absl::Status grpc_refusal = c.Intervene(bad_sets).status();
+  EXPECT_TRUE(absl::IsInvalidArgument(grpc_refusal)) << grpc_refusal;
+  EXPECT_NE(grpc_refusal.message().find("eval_sets[1] must name one of"), std::string::npos) << grpc_refusal;
+  EXPECT_EQ(c.ListAnalysisJobs()->jobs_size(), queued_before) << "a refused request queued a job";
 
   // The circuit (DetectCircuit): .../stored never starts a job (none stored:
   // an answer that says how to make one); the plain route is a job, as on

@@ -1,5 +1,8 @@
 #include "server/scheduler/analyses/analysis_util.h"
 
+#include <algorithm>
+
+#include "server/common/text.h"
 #include "server/engine/families/spec/spec_family.h"
 #include "server/engine/spec.h"
 
@@ -49,6 +52,16 @@ absl::Status CheckEvalSize(uint32_t n, uint32_t min, const std::string& field) {
                                       "] (0 = default), got " + std::to_string(n));
   }
   return absl::OkStatus();
+}
+
+absl::Status CheckEvalSet(engine::Analyzer& analyzer, const v1::ExperimentSpec& spec, const std::string& name,
+                          const std::string& field) {
+  const std::vector<std::string> sets = analyzer.EvalSets(spec);
+  if (sets.empty() || std::find(sets.begin(), sets.end(), name) != sets.end()) return absl::OkStatus();
+  std::string names;
+  for (const std::string& s : sets) names += (names.empty() ? "" : ", ") + s;
+  return absl::InvalidArgumentError(field + " must name one of this run's evaluation sets (" + names + "), got " +
+                                    Quote(name));
 }
 
 absl::Status CheckSequenceShape(const google::protobuf::RepeatedPtrField<v1::InputSequence>& seqs,

@@ -33,6 +33,13 @@ uint64_t JobMemory(const v1::ExperimentSpec& spec, uint64_t extra);
 // n_eval 0 (the default) or in [min, kMaxEval]; InvalidArgument names `field`.
 absl::Status CheckEvalSize(uint32_t n, uint32_t min, const std::string& field);
 
+// `name` one of the evaluation sets of a run of `spec` (the analyzer's
+// EvalSets; nothing checked when it cannot tell), before any job: HTTP and
+// gRPC alike refuse an unknown set with InvalidArgument naming `field` and
+// listing the sets, no job queued and no quota spent (issue 51 item 10).
+absl::Status CheckEvalSet(engine::Analyzer& analyzer, const v1::ExperimentSpec& spec, const std::string& name,
+                          const std::string& field);
+
 // The caller's own sequences (GetActivations' `sequences`, Intervene's
 // prompts), before anything is loaded: 1 to kMaxUserSequences of one length
 // in [1, kMaxUserLength]; InvalidArgument naming `field`.

@@ -44,6 +44,7 @@ absl::StatusOr<AnalysisPlan<v1::GetAttentionPatternsResponse>> PlanAttention(
   if (request.eval_set().size() > 64) return absl::InvalidArgumentError("eval_set must be at most 64 bytes");
   CL_ASSIGN_OR_RETURN(auto found, core.RunCheckpoint(id, request.step(), request.run_id()));
   const v1::ExperimentSpec& spec = found.first;
+  if (!request.eval_set().empty()) CL_RETURN_IF_ERROR(CheckEvalSet(core.analyzer(), spec, request.eval_set(), "eval_set"));
   // The canonical request: every default resolved, the indices sorted and
   // unique, force dropped.
   v1::GetAttentionPatternsRequest canonical;

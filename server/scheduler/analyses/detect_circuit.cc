@@ -45,6 +45,7 @@ absl::StatusOr<AnalysisPlan<v1::DetectCircuitResponse>> PlanDetectCircuit(Analys
   CL_ASSIGN_OR_RETURN(auto found, core.RunCheckpoint(id, request.step(), request.run_id()));
   CL_RETURN_IF_ERROR(NeedsCoordinates(found.first, "DetectCircuit"));
   const v1::ExperimentSpec& spec = found.first;
+  if (!request.eval_set().empty()) CL_RETURN_IF_ERROR(CheckEvalSet(core.analyzer(), spec, request.eval_set(), "eval_set"));
   // The canonical request: every default resolved, force dropped.
   v1::DetectCircuitRequest canonical;
   canonical.set_run_id(FormatRunId(id));

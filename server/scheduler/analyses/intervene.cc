@@ -180,6 +180,18 @@ absl::StatusOr<AnalysisPlan<v1::InterveneResponse>> PlanIntervene(AnalysisCore& 
   const v1::ExperimentSpec& spec = found.first;
   const bool has_coordinates = engine::SpecFamilyOf(spec).has_coordinates();
   if (prompts) CL_RETURN_IF_ERROR(CheckPromptsFit(spec, request.prompts()));
+  for (int i = 0; i < request.eval_sets_size(); ++i) {
+    CL_RETURN_IF_ERROR(CheckEvalSet(core.analyzer(), spec, request.eval_sets(i), "eval_sets[" + std::to_string(i) + "]"));
+  }
+  if (!request.patch().reference_set().empty()) {
+    CL_RETURN_IF_ERROR(CheckEvalSet(core.analyzer(), spec, request.patch().reference_set(), "patch.reference_set"));
+  }
+  for (int i = 0; i < request.interventions_size(); ++i) {
+    if (const std::string& r = request.interventions(i).reference_set(); !r.empty()) {
+      CL_RETURN_IF_ERROR(
+          CheckEvalSet(core.analyzer(), spec, r, "interventions[" + std::to_string(i) + "].reference_set"));
+    }
+  }
   v1::InterveneRequest canonical = request;
   canonical.set_run_id(FormatRunId(id));
   canonical.set_step(static_cast<uint64_t>(found.second.step));
