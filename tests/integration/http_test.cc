@@ -308,6 +308,31 @@ TEST(HttpTest, AnalysesAreJobsAndInterventionsArePosted) {
   EXPECT_EQ(kept_list["interventions"][0]["request"]["interventions"][0]["coordinates"][0], "beta");
   EXPECT_EQ(kept_list["interventions"][0]["response"]["effects"][0]["accuracy"], edited.effects(0).accuracy());
   EXPECT_EQ(http.Get("/api/v1/runs/r99/interventions")->status, 404);
+  // Issue 46 item 3: the browser's POST takes the caller's own prompts too
+  // (a patch sweep of clean into corrupted), answered as on gRPC.
+  const std::string patch = R"({"patch": {"hooks": ["L2.H1.out"]},
+      "prompts": {"clean": [{"tokens": [0, 5, 6, 7, 8, 5], "positions": [0, 1, 2, 3, 4, 5]}],
+                  "corrupted": [{"tokens": [0, 5, 6, 7, 8, 7], "positions": [0, 1, 2, 3, 4, 5]}],
+                  "answers": [6], "wrong": [8]}})";
+  auto unpaired = http.Post("/api/v1/runs/r1/interventions",
+                            R"({"patch": {"hooks": ["L2.H1.out"]}, "prompts": {"clean": [{"tokens": [0, 5],
+                                "positions": [0, 1]}], "answers": [6]}})",
+                            "application/json");
+  EXPECT_EQ(unpaired->status, 400) << unpaired->body;
+  EXPECT_NE(unpaired->body.find("prompts.corrupted: a patch sweep"), std::string::npos) << unpaired->body;
+  v1::InterveneResponse patched;
+  for (int i = 0; i < 240 && patched.state() != v1::ANALYSIS_STATE_DONE; ++i) {
+    auto got = http.Post("/api/v1/runs/r1/interventions", patch, "application/json");
+    ASSERT_TRUE(got);
+    ASSERT_EQ(got->status, 200) << got->body;
+    patched = FromJson<v1::InterveneResponse>(got->body);
+    if (patched.state() != v1::ANALYSIS_STATE_DONE) std::this_thread::sleep_for(std::chrono::milliseconds(250));
+  }
+  ASSERT_EQ(patched.state(), v1::ANALYSIS_STATE_DONE) << patched.error();
+  ASSERT_EQ(patched.effects_size(), 1);
+  EXPECT_EQ(patched.effects(0).eval_set(), "prompts");
+  EXPECT_TRUE(patched.effects(0).has_logit_diff());
+  EXPECT_EQ(patched.effects(0).patch_size(), 6 + 1) << "one site per position, then all at once";
 }
 
 // Issue 32 item 1: 200 connections that each drip one header line every
