@@ -103,6 +103,21 @@ absl::Status CheckPromptShape(const v1::InterveneRequest& r) {
   if (!r.eval_sets().empty()) {
     return absl::InvalidArgumentError("eval_sets must be empty with prompts: the prompts are the evaluated sequences");
   }
+  if (!r.logit_diff_tokens().empty()) {
+    return absl::InvalidArgumentError(
+        "logit_diff_tokens must be empty with prompts: name the competing tokens in prompts.wrong");
+  }
+  if (!r.patch().reference_set().empty()) {
+    return absl::InvalidArgumentError("patch.reference_set must be empty with prompts: the clean prompts are the "
+                                      "run patched from");
+  }
+  for (int i = 0; i < r.interventions_size(); ++i) {
+    if (!r.interventions(i).reference_set().empty()) {
+      return absl::InvalidArgumentError("interventions[" + std::to_string(i) +
+                                        "].reference_set must be empty with prompts: the clean prompts are the "
+                                        "reference");
+    }
+  }
   CL_RETURN_IF_ERROR(CheckSequenceShape(p.clean(), "prompts.clean"));
   if (r.has_patch() != (p.corrupted_size() > 0)) {
     return absl::InvalidArgumentError(r.has_patch() ? "prompts.corrupted: a patch sweep patches the clean prompts "
