@@ -109,6 +109,7 @@ class Server {
   void Shutdown(std::chrono::milliseconds grace);
 
   scheduler::Scheduler& scheduler() { return *scheduler_; }
+  store::Store& store() { return *store_; }  // for tests and tools
 
  private:
   Server() = default;

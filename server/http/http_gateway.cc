@@ -2,6 +2,7 @@
 
 #include <google/protobuf/util/json_util.h>
 #include <httplib.h>
+#include <malloc.h>
 #include <spdlog/spdlog.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -19,6 +20,7 @@
 #include "server/common/status_macros.h"
 #include "server/common/text.h"
 #include "server/http/dashboard_assets.h"
+#include "server/http/json_writer.h"
 
 namespace circuitlab::http {
 
@@ -83,19 +85,34 @@ void WriteError(httplib::Response& res, const absl::Status& s) {
 }
 
 absl::StatusOr<std::string> ToJson(const pb::Message& m) {
-  pb::util::JsonPrintOptions o;
-  o.preserve_proto_field_names = true;
-  o.always_print_primitive_fields = true;
   std::string out;
-  if (pb::util::Status s = pb::util::MessageToJsonString(m, &out, o); !s.ok()) {
-    return absl::InternalError("cannot write " + m.GetDescriptor()->name() + " as JSON: " + s.ToString());
-  }
+  CL_RETURN_IF_ERROR(AppendJson(m, &out));
   return out;
 }
 
+// The answer as JSON (json_writer.h: memory linear in its size), sent from
+// its one buffer (set_content would copy it).
 absl::Status Reply(httplib::Response& res, const pb::Message& m) {
-  CL_ASSIGN_OR_RETURN(std::string json, ToJson(m));
-  res.set_content(json + "\n", "application/json");
+  auto body = std::make_shared<std::string>();
+  CL_RETURN_IF_ERROR(AppendJson(m, body.get()));
+  body->push_back('\n');
+  if (body->size() < kDelegateJsonBelow) {
+    res.set_content(*body, "application/json");
+    return absl::OkStatus();
+  }
+  const size_t n = body->size();
+  res.set_content_provider(
+      n, "application/json",
+      [body](size_t offset, size_t length, httplib::DataSink& sink) {
+        return sink.write(body->data() + offset, std::min(length, body->size() - offset));
+      },
+      [body](bool) {
+        // Sent: the buffer goes now, and what the answer's parts left free
+        // in malloc's arenas goes back to the system (with the two arenas
+        // app/server.cc allows, five GETs of a 50 MB answer keep nothing).
+        std::string().swap(*body);
+        ::malloc_trim(0);
+      });
   return absl::OkStatus();
 }
 

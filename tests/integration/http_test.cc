@@ -18,10 +18,12 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <regex>
 #include <thread>
 #include <utility>
 
+#include "server/common/seeds.h"
 #include "tests/integration/integration_util.h"
 
 namespace circuitlab::testing {
@@ -334,6 +336,97 @@ TEST(HttpTest, AnalysesAreJobsAndInterventionsArePosted) {
   EXPECT_EQ(patched.effects(0).eval_set(), "prompts");
   EXPECT_TRUE(patched.effects(0).has_logit_diff());
   EXPECT_EQ(patched.effects(0).patch_size(), 6 + 1) << "one site per position, then all at once";
+}
+
+
+// This process's resident memory and its peak since the last reset, in bytes
+// (/proc/self/status; writing 5 to clear_refs resets the peak).
+struct Rss {
+  int64_t now = 0, peak = 0;
+};
+Rss ReadRss() {
+  std::ifstream in("/proc/self/status");
+  Rss r;
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("VmRSS:", 0) == 0) r.now = std::stoll(line.substr(6)) * 1024;
+    if (line.rfind("VmHWM:", 0) == 0) r.peak = std::stoll(line.substr(6)) * 1024;
+  }
+  return r;
+}
+bool ResetPeakRss() {
+  std::ofstream out("/proc/self/clear_refs");
+  out << "5";
+  out.flush();
+  return static_cast<bool>(out);
+}
+
+// Issue 51 item 2: a stored attention answer of the documented maximum
+// (4,194,304 weights, 33 MB of JSON) cost ~1.25 GB per GET, never given back
+// (protobuf's JSON printer built a tree node per weight). Served now at a
+// peak of at most 3x the bytes answered, and five GETs in a row leave the
+// server's memory where one left it.
+TEST(HttpTest, ALargeStoredAnswerCostsAtMostThreeTimesItsSize) {
+  TempDir dir;
+  auto exec = engine::MakeTorchExecutor();
+  Server server(dir.path(), exec.get(), {}, WithHttp());
+  auto c = MakeClient(server.address());
+  auto run = c.SubmitRun(TinySpec(20));
+  ASSERT_TRUE(run.ok());
+  ASSERT_EQ(WaitForEnd(c, run->run_id()), v1::RUN_STATE_SUCCEEDED);
+  v1::GetAttentionPatternsRequest req;
+  req.set_run_id("r1");
+  req.set_sequences(2);
+  auto small = Analysis(c, &client::Client::GetAttentionPatterns, req);
+  ASSERT_TRUE(small.ok()) << small.status();
+  // The stored answer grown to the maximum, under the same request.
+  auto rows = server.app().store().ListAnalyses(1, "attention", 1);
+  ASSERT_TRUE(rows.ok() && rows->size() == 1u);
+  v1::GetAttentionPatternsResponse big = *small;
+  big.clear_patterns();
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> u(0.0f, 1.0f);
+  for (int k = 0; k < 4; ++k) {
+    v1::AttentionPattern* p = big.add_patterns();
+    p->set_layer(k / 2);
+    p->set_head(k % 2);
+    p->set_size(1024);
+    p->mutable_weights()->Reserve(1 << 20);
+    for (int i = 0; i < (1 << 20); ++i) p->add_weights(u(rng));
+  }
+  const int64_t hash = static_cast<int64_t>(HashPurpose((*rows)[0].request) >> 1);
+  ASSERT_TRUE(server.app().store().PutAnalysis(1, "attention", hash, (*rows)[0].request, big.SerializeAsString()).ok());
+  ASSERT_TRUE(server.app().store().Flush().ok());
+  big.Clear();
+
+  httplib::Client http("127.0.0.1", server.http_port());
+  http.set_read_timeout(std::chrono::seconds(60));
+  auto get = [&] {  // the body counted, not kept (this process is the server too)
+    int64_t bytes = 0;
+    std::string head;
+    auto r = http.Get("/api/v1/runs/r1/attention/stored?sequences=2", [&](const char* data, size_t n) {
+      if (head.size() < 200) head.append(data, std::min<size_t>(n, 200));
+      bytes += static_cast<int64_t>(n);
+      return true;
+    });
+    EXPECT_TRUE(r && r->status == 200) << head;
+    return bytes;
+  };
+  ASSERT_TRUE(ResetPeakRss()) << "/proc/self/clear_refs cannot be written";
+  const Rss before = ReadRss();
+  const int64_t bytes = get();
+  const Rss after = ReadRss();
+  EXPECT_GT(bytes, 30'000'000) << "the answer is not the large one";
+  std::printf("one GET of %lld bytes: peak resident growth %lld bytes (%.2fx)\n", static_cast<long long>(bytes),
+              static_cast<long long>(after.peak - before.now), static_cast<double>(after.peak - before.now) / bytes);
+  EXPECT_LE(after.peak - before.now, 3 * bytes)
+      << "peak resident growth " << (after.peak - before.now) / 1'000'000 << " MB for " << bytes / 1'000'000
+      << " MB answered";
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(get(), bytes);
+  // Given back once the server's thread has sent the last one (it frees the
+  // answer after the client has it all, so this waits a moment).
+  int64_t kept = 0;
+  EXPECT_TRUE(WaitFor([&] { return (kept = ReadRss().now - before.now) <= 100'000'000; }))
+      << "memory kept after five GETs: " << kept / 1'000'000 << " MB";
 }
 
 // Issue 32 item 1: 200 connections that each drip one header line every
