@@ -81,10 +81,6 @@ absl::Status CompleteSlurmOptions(const ServerOptions& o, remote::SlurmOptions& 
   return absl::OkStatus();
 }
 
-}  // namespace
-
-namespace {
-
 // glibc's malloc, tuned once per process for a server that answers large
 // buffers from many threads (issue 51 item 2). By default every thread that
 // allocates gets an arena of its own (up to 8 per core), and glibc gives
@@ -95,11 +91,7 @@ namespace {
 // gives; the environment variable still wins when set) keep that to one
 // answer's worth: measured by HttpTest.ALargeStoredAnswerCostsAtMostThreeTimesItsSize.
 void TuneMalloc() {
-  static const bool done = [] {
-    if (std::getenv("MALLOC_ARENA_MAX") == nullptr) ::mallopt(M_ARENA_MAX, 2);
-    return true;
-  }();
-  (void)done;
+  if (std::getenv("MALLOC_ARENA_MAX") == nullptr) ::mallopt(M_ARENA_MAX, 2);
 }
 
 }  // namespace

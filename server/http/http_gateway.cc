@@ -35,6 +35,8 @@ namespace {
 
 namespace pb = google::protobuf;
 
+// Answers this large are sent from their buffer and given back once sent.
+constexpr size_t kStreamAnswersFrom = 1 << 20;
 // The largest request body read (the API's writes are small JSON).
 constexpr uint64_t kMaxBody = 64 << 10;
 // Stored interventions GET /api/v1/runs/{id}/interventions lists (newest).
@@ -96,7 +98,7 @@ absl::Status Reply(httplib::Response& res, const pb::Message& m) {
   auto body = std::make_shared<std::string>();
   CL_RETURN_IF_ERROR(AppendJson(m, body.get()));
   body->push_back('\n');
-  if (body->size() < kDelegateJsonBelow) {
+  if (body->size() < kStreamAnswersFrom) {
     res.set_content(*body, "application/json");
     return absl::OkStatus();
   }
