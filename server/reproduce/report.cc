@@ -1,5 +1,6 @@
 #include "server/reproduce/report.h"
 
+#include <google/protobuf/io/coded_stream.h>
 #include <google/protobuf/util/json_util.h>
 
 #include <algorithm>
@@ -650,6 +651,69 @@ v1::ReproductionReport EvaluateChecks(const v1::RecipeScale& scale, const Tables
   for (const auto& [name, table] : tables) (*report.mutable_tables())[name] = table;
   for (std::string& n : notes) report.add_notes(std::move(n));
   return report;
+}
+
+int64_t MinReportBytes(const v1::RecipeScale& scale, int seeds) {
+  const auto constant = [](const v1::RecipeValue& v) -> int64_t {
+    return v.has_constant() ? static_cast<int64_t>(v.constant().ByteSizeLong()) : 0;
+  };
+  int64_t bytes = 0;
+  for (const v1::RecipeCheck& c : scale.checks()) {
+    bytes += static_cast<int64_t>(c.id().size() + c.description().size()) +
+             (seeds + 1) * (constant(c.value()) + constant(c.against()));
+  }
+  return bytes;
+}
+
+void BoundReport(v1::ReproductionReport* report, int64_t max_bytes) {
+  const auto size = [&] { return static_cast<int64_t>(report->ByteSizeLong()); };
+  if (size() <= max_bytes) return;
+  const std::string limit = " (a report holds at most " + std::to_string(max_bytes) + " bytes)";
+  std::vector<std::string> notes;
+  // The largest tables first: each is its sweep's summary, which
+  // GetSweepSummary answers again.
+  std::vector<std::pair<int64_t, std::string>> tables;
+  for (const auto& [name, t] : report->tables()) tables.emplace_back(static_cast<int64_t>(t.ByteSizeLong()), name);
+  std::sort(tables.rbegin(), tables.rend());
+  for (const auto& [bytes, name] : tables) {
+    if (size() <= max_bytes) break;
+    report->mutable_tables()->erase(name);
+    notes.push_back("table " + name + " left out: " + std::to_string(bytes) + " bytes" + limit +
+                    "; circuitlab sweep-summary on its sweeps gives it");
+  }
+  std::vector<std::pair<int64_t, int>> checks;
+  for (int i = 0; i < report->checks_size(); ++i) {
+    const v1::CheckResult& c = report->checks(i);
+    int64_t bytes = 0;
+    for (const auto& v : c.values()) bytes += static_cast<int64_t>(v.ByteSizeLong());
+    for (const auto& v : c.against()) bytes += static_cast<int64_t>(v.ByteSizeLong());
+    checks.emplace_back(bytes, i);
+  }
+  std::sort(checks.rbegin(), checks.rend());
+  for (const auto& [bytes, i] : checks) {
+    if (size() <= max_bytes) break;
+    v1::CheckResult* c = report->mutable_checks(i);
+    c->clear_values();
+    c->clear_against();
+    notes.push_back("check " + c->id() + ": its per-seed values left out (" + std::to_string(bytes) + " bytes)" +
+                    limit + "; its outcome and statistics stay");
+  }
+  // Notes last, the newest kept: they say what was dropped.
+  auto* kept = report->mutable_notes();
+  for (std::string& n : notes) kept->Add(std::move(n));
+  const int64_t over = size() - max_bytes;
+  if (over <= 0) return;
+  const std::string last = " earlier notes left out" + limit;
+  const int64_t room = static_cast<int64_t>(last.size()) + 16;  // the note saying so, its count, tag and length
+  int dropped = 0;
+  int64_t freed = 0;
+  while (dropped < kept->size() - 1 && freed < over + room) {
+    const size_t n = kept->Get(dropped).size();
+    freed += static_cast<int64_t>(n + 1 + google::protobuf::io::CodedOutputStream::VarintSize64(n));
+    ++dropped;
+  }
+  kept->DeleteSubrange(0, dropped);
+  kept->Add(std::to_string(dropped) + last);
 }
 
 }  // namespace circuitlab::reproduce

@@ -49,4 +49,18 @@ v1::CheckResult EvaluateCheck(const v1::RecipeCheck& check, const Tables& tables
 v1::ReproductionReport EvaluateChecks(const v1::RecipeScale& scale, const Tables& tables, int seeds,
                                       std::vector<std::string> notes);
 
+// The most a stored report holds (docs/reference/limits.md).
+inline constexpr int64_t kMaxReportBytes = 1 << 20;
+
+// The least the report of `scale` at `seeds` seeds holds whatever the runs
+// measure: each check's texts once and its constants once per seed and in
+// `expected`. A recipe over kMaxReportBytes is refused before it starts.
+int64_t MinReportBytes(const v1::RecipeScale& scale, int seeds);
+
+// Brings `report` to at most `max_bytes` serialized: drops the largest
+// tables first, then the largest checks' per-seed values (their outcome,
+// mean, min and max stay), then notes, each with a note that says what went
+// and where to find it.
+void BoundReport(v1::ReproductionReport* report, int64_t max_bytes);
+
 }  // namespace circuitlab::reproduce

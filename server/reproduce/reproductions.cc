@@ -24,6 +24,11 @@ using Json = nlohmann::json;
 
 constexpr uint32_t kMaxSeeds = 16;
 constexpr int64_t kMaxTotalRuns = 4096;  // every member of every sweep, all seeds
+// A list page ends before the reproduction that would take it over this
+// many stored bytes (summaries, or with the FULL view whole records).
+constexpr int64_t kMaxListBytes = 1 << 20;
+// What reuse reads of the owner's earlier reproductions' records at most.
+constexpr int64_t kMaxReuseBytes = 64 << 20;
 
 int64_t NowUs() {
   return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch())
@@ -43,6 +48,32 @@ bool Ended(v1::ReproductionState s) {
 }
 
 const v1::RecipeScale& ScaleOf(const v1::Reproduction& r) { return r.recipe().scales().at(r.scale()); }
+
+// The record in the BASIC view: no recipe and, of the report, its counts.
+v1::Reproduction Summary(const v1::Reproduction& r) {
+  v1::Reproduction out = r;
+  out.clear_recipe();
+  out.clear_report();
+  if (r.has_report()) {
+    v1::ReproductionReport* rep = out.mutable_report();
+    rep->set_passed(r.report().passed());
+    rep->set_failed(r.report().failed());
+    rep->set_inconclusive(r.report().inconclusive());
+    rep->set_wall_seconds(r.report().wall_seconds());
+  }
+  return out;
+}
+
+std::vector<int> Unfinished() { return {v1::REPRODUCTION_STATE_TRAINING, v1::REPRODUCTION_STATE_ANALYSING}; }
+
+// The summaries of `owner`'s (everyone's when empty) newest `limit` in `states`.
+store::ReproductionQuery Summaries(std::string owner, std::vector<int> states, int limit) {
+  store::ReproductionQuery q;
+  q.owner = std::move(owner);
+  q.states = std::move(states);
+  q.limit = limit;
+  return q;
+}
 
 // The sweep of seed `k` (0-based) as the reproduction submits it: named
 // after the reproduction, tagged with its id, with a one-value seed axis
@@ -176,14 +207,14 @@ void ReproductionCore::Loop() {
 }
 
 void ReproductionCore::AdvanceAll() {
-  absl::StatusOr<std::vector<store::ReproductionRow>> rows = store_->ListReproductions(
-      "", {v1::REPRODUCTION_STATE_TRAINING, v1::REPRODUCTION_STATE_ANALYSING}, options_.max_active + 1);
-  if (!rows.ok()) {
-    spdlog::warn("reproductions: cannot list the unfinished ones: {}", std::string(rows.status().message()));
+  absl::StatusOr<store::ReproductionPage> page =
+      store_->ListReproductions(Summaries("", Unfinished(), options_.max_active + 1));
+  if (!page.ok()) {
+    spdlog::warn("reproductions: cannot list the unfinished ones: {}", std::string(page.status().message()));
     return;
   }
-  std::reverse(rows->begin(), rows->end());  // oldest first
-  for (const store::ReproductionRow& row : *rows) {
+  std::reverse(page->rows.begin(), page->rows.end());  // oldest first
+  for (const store::ReproductionRow& row : page->rows) {
     std::lock_guard<std::mutex> lock(advance_mu_);
     v1::Reproduction r;
     absl::StatusOr<store::ReproductionRow> fresh = store_->GetReproduction(row.id);  // Cancel may have ended it
@@ -197,7 +228,7 @@ void ReproductionCore::AdvanceAll() {
 
 absl::Status ReproductionCore::Save(const v1::Reproduction& r) {
   CL_ASSIGN_OR_RETURN(int64_t id, ParseReproductionId(r.reproduction_id()));
-  return store_->UpdateReproduction(id, r.state(), r.SerializeAsString());
+  return store_->UpdateReproduction(id, r.state(), r.SerializeAsString(), Summary(r).SerializeAsString());
 }
 
 bool ReproductionCore::Advance(v1::Reproduction* r) {
@@ -212,11 +243,14 @@ bool ReproductionCore::Advance(v1::Reproduction* r) {
 
 std::vector<v1::Reproduction> ReproductionCore::ReuseCandidates(const v1::Reproduction& r) {
   std::vector<v1::Reproduction> out;
-  absl::StatusOr<std::vector<store::ReproductionRow>> rows = store_->ListReproductions(
+  store::ReproductionQuery q = Summaries(
       r.owner(), {v1::REPRODUCTION_STATE_TRAINING, v1::REPRODUCTION_STATE_ANALYSING, v1::REPRODUCTION_STATE_DONE},
       kReuseWindow);
-  if (!rows.ok()) return out;
-  for (const store::ReproductionRow& row : *rows) {
+  q.with_body = true;
+  q.max_bytes = kMaxReuseBytes;
+  absl::StatusOr<store::ReproductionPage> page = store_->ListReproductions(q);
+  if (!page.ok()) return out;
+  for (const store::ReproductionRow& row : page->rows) {
     v1::Reproduction other;
     if (!other.ParseFromString(row.body) || other.reproduction_id() == r.reproduction_id() ||
         !other.recipe().scales().contains(other.scale()))
@@ -434,6 +468,7 @@ bool ReproductionCore::Analyse(v1::Reproduction* r) {
     return changed;
   }
   *r->mutable_report() = EvaluateChecks(scale, tables, static_cast<int>(r->seeds()), std::move(notes));
+  BoundReport(r->mutable_report(), kMaxReportBytes);
   const int64_t now = NowUs();
   SetTime(now, r->mutable_finished_at());
   r->mutable_report()->set_wall_seconds(static_cast<double>(now - MicrosOf(r->created_at())) / 1e6);
@@ -484,6 +519,12 @@ absl::StatusOr<v1::Reproduction> ReproductionCore::Begin(const v1::StartReproduc
     return absl::InvalidArgumentError("seeds must be in [1, " + std::to_string(kMaxSeeds) + "], got " +
                                       std::to_string(seeds));
   }
+  if (const int64_t least = MinReportBytes(scale, static_cast<int>(seeds)); least > kMaxReportBytes) {
+    return absl::ResourceExhaustedError(
+        "recipe " + recipe.id() + " scale " + request.scale() + ": its report would hold at least " +
+        std::to_string(least) + " bytes (the checks' texts, and their constants once per seed), more than a "
+        "report may (" + std::to_string(kMaxReportBytes) + "); shorten the constants or lower seeds");
+  }
   recipe.mutable_scales()->clear();
   (*recipe.mutable_scales())[request.scale()] = scale;
   v1::Reproduction r;
@@ -524,16 +565,16 @@ absl::StatusOr<v1::Reproduction> ReproductionCore::Begin(const v1::StartReproduc
     return absl::ResourceExhaustedError("the reproduction has " + std::to_string(total) + " runs; at most " +
                                         std::to_string(kMaxTotalRuns) + " (lower seeds)");
   }
-  const std::vector<int> active = {v1::REPRODUCTION_STATE_TRAINING, v1::REPRODUCTION_STATE_ANALYSING};
-  CL_ASSIGN_OR_RETURN(auto mine, store_->ListReproductions(owner, active, options_.max_active_per_owner));
-  if (static_cast<int>(mine.size()) >= options_.max_active_per_owner) {
-    return absl::ResourceExhaustedError(owner + " has " + std::to_string(mine.size()) +
+  CL_ASSIGN_OR_RETURN(auto mine,
+                      store_->ListReproductions(Summaries(owner, Unfinished(), options_.max_active_per_owner)));
+  if (static_cast<int>(mine.rows.size()) >= options_.max_active_per_owner) {
+    return absl::ResourceExhaustedError(owner + " has " + std::to_string(mine.rows.size()) +
                                         " unfinished reproductions (at most " +
                                         std::to_string(options_.max_active_per_owner) + "); wait or cancel one");
   }
-  CL_ASSIGN_OR_RETURN(auto all, store_->ListReproductions("", active, options_.max_active));
-  if (static_cast<int>(all.size()) >= options_.max_active) {
-    return absl::ResourceExhaustedError("the server has " + std::to_string(all.size()) +
+  CL_ASSIGN_OR_RETURN(auto all, store_->ListReproductions(Summaries("", Unfinished(), options_.max_active)));
+  if (static_cast<int>(all.rows.size()) >= options_.max_active) {
+    return absl::ResourceExhaustedError("the server has " + std::to_string(all.rows.size()) +
                                         " unfinished reproductions (at most " + std::to_string(options_.max_active) +
                                         ")");
   }
@@ -541,10 +582,10 @@ absl::StatusOr<v1::Reproduction> ReproductionCore::Begin(const v1::StartReproduc
   SetTime(now, r.mutable_created_at());
   r.set_state(v1::REPRODUCTION_STATE_TRAINING);
   r.set_phase("queued");
-  store::ReproductionRow row{0, owner, r.state(), now, r.SerializeAsString()};
+  store::ReproductionRow row{0, owner, r.state(), now, r.SerializeAsString(), Summary(r).SerializeAsString()};
   CL_ASSIGN_OR_RETURN(int64_t id, store_->InsertReproduction(row));
   r.set_reproduction_id(FormatReproductionId(id));
-  CL_RETURN_IF_ERROR(store_->UpdateReproduction(id, r.state(), r.SerializeAsString()));
+  CL_RETURN_IF_ERROR(Save(r));
   spdlog::info("{}: {} at scale {} with {} seed(s), {} runs, for {}", r.reproduction_id(), r.recipe_id(), r.scale(),
                seeds, total, owner);
   Wake();
@@ -564,14 +605,44 @@ absl::StatusOr<v1::ListReproductionsResponse> ReproductionCore::List(const v1::L
   if (request.page_size() < 0 || request.page_size() > 200) {
     return absl::InvalidArgumentError("page_size must be in [0, 200], got " + std::to_string(request.page_size()));
   }
-  CL_ASSIGN_OR_RETURN(auto rows, store_->ListReproductions(owner, {}, request.page_size() ? request.page_size() : 50));
-  v1::ListReproductionsResponse out;
-  for (const store::ReproductionRow& row : rows) {
-    v1::Reproduction* r = out.add_reproductions();
-    if (!r->ParseFromString(row.body)) return absl::DataLossError("stored reproduction p" + std::to_string(row.id));
-    r->clear_recipe();
-    r->mutable_report()->clear_tables();
+  if (!v1::ReproductionView_IsValid(request.view())) {
+    return absl::InvalidArgumentError("view must be REPRODUCTION_VIEW_BASIC or REPRODUCTION_VIEW_FULL, got " +
+                                      std::to_string(request.view()));
   }
+  const bool full = request.view() == v1::REPRODUCTION_VIEW_FULL;
+  store::ReproductionQuery q = Summaries(owner, {}, request.page_size() ? request.page_size() : 50);
+  q.with_body = full;
+  q.max_bytes = kMaxListBytes;
+  if (!request.page_token().empty()) {
+    absl::StatusOr<int64_t> before = ParseReproductionId(request.page_token());
+    if (!before.ok()) {
+      return absl::InvalidArgumentError("page_token must be a previous answer's next_page_token, got \"" +
+                                        request.page_token() + "\"");
+    }
+    q.before_id = *before;
+  }
+  // One more than the page, to know whether another follows.
+  ++q.limit;
+  CL_ASSIGN_OR_RETURN(store::ReproductionPage page, store_->ListReproductions(q));
+  bool more = page.cut;
+  if (static_cast<int>(page.rows.size()) == q.limit) {
+    page.rows.pop_back();
+    more = true;
+  }
+  v1::ListReproductionsResponse out;
+  for (const store::ReproductionRow& row : page.rows) {
+    v1::Reproduction r;
+    if (!r.ParseFromString(full ? row.body : row.summary)) {
+      return absl::DataLossError("stored reproduction p" + std::to_string(row.id) + " does not parse");
+    }
+    if (full) {
+      r.mutable_report()->clear_tables();
+    } else if (r.has_recipe()) {
+      r = Summary(r);  // stored before summaries were
+    }
+    *out.add_reproductions() = std::move(r);
+  }
+  if (more && !page.rows.empty()) out.set_next_page_token(FormatReproductionId(page.rows.back().id));
   return out;
 }
 
@@ -583,11 +654,11 @@ absl::StatusOr<v1::Reproduction> ReproductionCore::Cancel(const std::string& id)
   }
   // Sweeps another unfinished reproduction of the owner shares stay.
   std::set<std::string> shared;
-  absl::StatusOr<std::vector<store::ReproductionRow>> others = store_->ListReproductions(
-      r.owner(), {v1::REPRODUCTION_STATE_TRAINING, v1::REPRODUCTION_STATE_ANALYSING}, kReuseWindow);
-  for (const store::ReproductionRow& row : others.ok() ? *others : std::vector<store::ReproductionRow>()) {
+  absl::StatusOr<store::ReproductionPage> others =
+      store_->ListReproductions(Summaries(r.owner(), Unfinished(), kReuseWindow));
+  for (const store::ReproductionRow& row : others.ok() ? others->rows : std::vector<store::ReproductionRow>()) {
     v1::Reproduction other;
-    if (!other.ParseFromString(row.body) || other.reproduction_id() == r.reproduction_id()) continue;
+    if (!other.ParseFromString(row.summary) || other.reproduction_id() == r.reproduction_id()) continue;
     for (const auto& [name, sweep] : other.sweeps()) shared.insert(sweep);
   }
   std::set<std::string> runs;  // of the sweeps cancelled

@@ -61,7 +61,9 @@ class ReproductionCore {
   v1::ListRecipesResponse Recipes() const;
   absl::StatusOr<v1::Reproduction> Begin(const v1::StartReproductionRequest& request, const std::string& owner);
   absl::StatusOr<v1::Reproduction> Get(const std::string& id);
-  // Newest first; only `owner`'s when it is not empty. Recipes left out.
+  // Newest first, a page of at most page_size and kMaxListBytes; only
+  // `owner`'s when it is not empty. The BASIC view reads only the stored
+  // summaries; FULL has the recipes and reports but their tables.
   absl::StatusOr<v1::ListReproductionsResponse> List(const v1::ListReproductionsRequest& request,
                                                      const std::string& owner);
   // Cancels the sweeps' runs that have not ended; FailedPrecondition for a

@@ -162,6 +162,12 @@ CREATE TABLE reproductions (
 );
 CREATE INDEX reproductions_by_state ON reproductions(state, id);
 )sql",
+    // 8: a reproduction's summary (the record in the BASIC view, a few
+    // hundred bytes), what listings read instead of the whole record; NULL
+    // for one stored before, whose listing reads the body.
+    R"sql(
+ALTER TABLE reproductions ADD COLUMN summary BLOB;
+)sql",
 };
 
 constexpr int kLatest = static_cast<int>(sizeof(kMigrations) / sizeof(kMigrations[0]));

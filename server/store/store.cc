@@ -678,9 +678,10 @@ absl::StatusOr<std::pair<int64_t, std::vector<int64_t>>> Store::InsertSweep(cons
 absl::StatusOr<int64_t> Store::InsertReproduction(const ReproductionRow& row) {
   int64_t id = 0;
   CL_RETURN_IF_ERROR(impl_->Write([&](Connection& c) -> absl::Status {
-    CL_ASSIGN_OR_RETURN(Statement st,
-                        c.Prepare("INSERT INTO reproductions(owner, state, created_at, body) VALUES (?,?,?,?)"));
+    CL_ASSIGN_OR_RETURN(
+        Statement st, c.Prepare("INSERT INTO reproductions(owner, state, created_at, body, summary) VALUES (?,?,?,?,?)"));
     st.Bind(1, row.owner).Bind(2, static_cast<int64_t>(row.state)).Bind(3, row.created_at_us).BindBlob(4, row.body);
+    st.BindBlob(5, row.summary);
     CL_RETURN_IF_ERROR(st.Run());
     id = c.LastInsertRowId();
     return absl::OkStatus();
@@ -688,61 +689,59 @@ absl::StatusOr<int64_t> Store::InsertReproduction(const ReproductionRow& row) {
   return id;
 }
 
-absl::Status Store::UpdateReproduction(int64_t id, int state, const std::string& body) {
+absl::Status Store::UpdateReproduction(int64_t id, int state, const std::string& body, const std::string& summary) {
   return impl_->Write([&](Connection& c) -> absl::Status {
-    CL_ASSIGN_OR_RETURN(Statement st, c.Prepare("UPDATE reproductions SET state = ?, body = ? WHERE id = ?"));
-    st.Bind(1, static_cast<int64_t>(state)).BindBlob(2, body).Bind(3, id);
+    CL_ASSIGN_OR_RETURN(Statement st,
+                        c.Prepare("UPDATE reproductions SET state = ?, body = ?, summary = ? WHERE id = ?"));
+    st.Bind(1, static_cast<int64_t>(state)).BindBlob(2, body).BindBlob(3, summary).Bind(4, id);
     CL_RETURN_IF_ERROR(st.Run());
     if (c.Changes() == 0) return absl::NotFoundError("reproduction p" + std::to_string(id) + " not found");
     return absl::OkStatus();
   });
 }
 
-namespace {
-ReproductionRow ReadReproductionRow(Statement& st) {
-  ReproductionRow row;
-  row.id = st.ColumnInt(0);
-  row.owner = st.ColumnText(1);
-  row.state = static_cast<int>(st.ColumnInt(2));
-  row.created_at_us = st.ColumnInt(3);
-  row.body = st.ColumnBlob(4);
-  return row;
-}
-}  // namespace
-
 absl::StatusOr<ReproductionRow> Store::GetReproduction(int64_t id) {
   CL_ASSIGN_OR_RETURN(Impl::Reader r, impl_->AcquireReader());
-  CL_ASSIGN_OR_RETURN(Statement st,
-                      r->Prepare("SELECT id, owner, state, created_at, body FROM reproductions WHERE id = ?"));
+  CL_ASSIGN_OR_RETURN(Statement st, r->Prepare("SELECT id, owner, state, created_at, body, COALESCE(summary, '') "
+                                               "FROM reproductions WHERE id = ?"));
   st.Bind(1, id);
   CL_ASSIGN_OR_RETURN(bool found, st.Step());
   if (!found) return absl::NotFoundError("reproduction p" + std::to_string(id) + " not found");
-  return ReadReproductionRow(st);
+  return ReproductionRow{st.ColumnInt(0), st.ColumnText(1), static_cast<int>(st.ColumnInt(2)), st.ColumnInt(3),
+                         st.ColumnBlob(4), st.ColumnBlob(5)};
 }
 
-absl::StatusOr<std::vector<ReproductionRow>> Store::ListReproductions(const std::string& owner,
-                                                                      const std::vector<int>& states, int limit) {
-  std::string sql = "SELECT id, owner, state, created_at, body FROM reproductions WHERE (? = '' OR owner = ?)";
-  if (!states.empty()) {
+absl::StatusOr<ReproductionPage> Store::ListReproductions(const ReproductionQuery& q) {
+  // A row stored before the summary column lists its body as its summary.
+  std::string sql = std::string("SELECT id, owner, state, created_at, ") + (q.with_body ? "body" : "''") +
+                    ", CASE WHEN length(summary) > 0 THEN summary ELSE body END FROM reproductions WHERE (? = '' OR owner = ?) AND (? = 0 OR id < ?)";
+  if (!q.states.empty()) {
     sql += " AND state IN (";
-    for (size_t i = 0; i < states.size(); ++i) sql += (i ? ",?" : "?");
+    for (size_t i = 0; i < q.states.size(); ++i) sql += (i ? ",?" : "?");
     sql += ")";
   }
   sql += " ORDER BY id DESC LIMIT ?";
   CL_ASSIGN_OR_RETURN(Impl::Reader r, impl_->AcquireReader());
   CL_ASSIGN_OR_RETURN(Statement st, r->Prepare(sql));
-  int k = 1;
-  st.Bind(1, owner).Bind(2, owner);
-  k = 3;
-  for (int s : states) st.Bind(k++, static_cast<int64_t>(s));
-  st.Bind(k, static_cast<int64_t>(limit));
-  std::vector<ReproductionRow> rows;
+  st.Bind(1, q.owner).Bind(2, q.owner).Bind(3, q.before_id).Bind(4, q.before_id);
+  int k = 5;
+  for (int s : q.states) st.Bind(k++, static_cast<int64_t>(s));
+  st.Bind(k, static_cast<int64_t>(q.limit));
+  ReproductionPage page;
+  int64_t bytes = 0;
   while (true) {
     CL_ASSIGN_OR_RETURN(bool more, st.Step());
     if (!more) break;
-    rows.push_back(ReadReproductionRow(st));
+    ReproductionRow row{st.ColumnInt(0), st.ColumnText(1), static_cast<int>(st.ColumnInt(2)),
+                        st.ColumnInt(3),  st.ColumnBlob(4), st.ColumnBlob(5)};
+    bytes += static_cast<int64_t>(row.body.size() + row.summary.size());
+    if (q.max_bytes > 0 && bytes > q.max_bytes && !page.rows.empty()) {
+      page.cut = true;
+      break;
+    }
+    page.rows.push_back(std::move(row));
   }
-  return rows;
+  return page;
 }
 
 absl::StatusOr<SweepRow> Store::GetSweep(int64_t sweep_id) {

@@ -108,7 +108,25 @@ struct ReproductionRow {
   std::string owner;
   int state = 0;
   int64_t created_at_us = 0;
-  std::string body;
+  std::string body;     // empty when a listing read only the summary
+  std::string summary;  // the record in the BASIC view; a listing of a row stored before gets its body here
+};
+
+// Which reproductions a listing reads, newest first.
+struct ReproductionQuery {
+  std::string owner;        // all when empty
+  std::vector<int> states;  // all when empty
+  int limit = 50;
+  int64_t before_id = 0;    // only ids below it (the next page); 0: from the newest
+  bool with_body = false;   // the whole records too (else only their summaries)
+  // The page ends before the row that would take its bytes (bodies and
+  // summaries) over this many; 0: no budget. A page has at least one row.
+  int64_t max_bytes = 0;
+};
+
+struct ReproductionPage {
+  std::vector<ReproductionRow> rows;
+  bool cut = false;  // ended by max_bytes (more rows may follow)
 };
 
 // A state transition. Unset optionals leave the column unchanged.
@@ -240,7 +258,7 @@ class Store {
   // A new reproduction (its id is returned; row.id is ignored), and its
   // record rewritten as it goes (NotFound for an unknown id).
   absl::StatusOr<int64_t> InsertReproduction(const ReproductionRow& row);
-  absl::Status UpdateReproduction(int64_t id, int state, const std::string& body);
+  absl::Status UpdateReproduction(int64_t id, int state, const std::string& body, const std::string& summary);
   // Waits until everything queued so far is committed.
   absl::Status Flush();
 
@@ -290,10 +308,7 @@ class Store {
   absl::StatusOr<std::vector<LastValue>> LastCoordinateOfRuns(const std::vector<int64_t>& run_ids,
                                                               const std::string& selection, const std::string& label);
   absl::StatusOr<ReproductionRow> GetReproduction(int64_t id);
-  // Newest first, at most `limit`: those of `owner` (all when empty) whose
-  // state is one of `states` (all when empty).
-  absl::StatusOr<std::vector<ReproductionRow>> ListReproductions(const std::string& owner,
-                                                                 const std::vector<int>& states, int limit);
+  absl::StatusOr<ReproductionPage> ListReproductions(const ReproductionQuery& query);
   // A stored analysis result; nullopt when none.
   absl::StatusOr<std::optional<std::string>> GetAnalysis(int64_t run_id, const std::string& kind,
                                                          int64_t request_hash);

@@ -339,27 +339,6 @@ TEST(HttpTest, AnalysesAreJobsAndInterventionsArePosted) {
 }
 
 
-// This process's resident memory and its peak since the last reset, in bytes
-// (/proc/self/status; writing 5 to clear_refs resets the peak).
-struct Rss {
-  int64_t now = 0, peak = 0;
-};
-Rss ReadRss() {
-  std::ifstream in("/proc/self/status");
-  Rss r;
-  for (std::string line; std::getline(in, line);) {
-    if (line.rfind("VmRSS:", 0) == 0) r.now = std::stoll(line.substr(6)) * 1024;
-    if (line.rfind("VmHWM:", 0) == 0) r.peak = std::stoll(line.substr(6)) * 1024;
-  }
-  return r;
-}
-bool ResetPeakRss() {
-  std::ofstream out("/proc/self/clear_refs");
-  out << "5";
-  out.flush();
-  return static_cast<bool>(out);
-}
-
 // Issue 51 item 2: a stored attention answer of the documented maximum
 // (4,194,304 weights, 33 MB of JSON) cost ~1.25 GB per GET, never given back
 // (protobuf's JSON printer built a tree node per weight). Served now at a

@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <cmath>
+#include <fstream>
 #include <map>
 #include <set>
 #include <thread>
@@ -205,6 +206,27 @@ inline v1::SweepSpec SeedSweep(const v1::ExperimentSpec& base, std::initializer_
   axis->set_field("seed");
   for (int s : seeds) axis->add_values()->set_number_value(s);
   return sweep;
+}
+
+// This process's resident memory and its peak since the last reset, in bytes
+// (/proc/self/status; writing 5 to clear_refs resets the peak).
+struct Rss {
+  int64_t now = 0, peak = 0;
+};
+inline Rss ReadRss() {
+  std::ifstream in("/proc/self/status");
+  Rss r;
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("VmRSS:", 0) == 0) r.now = std::stoll(line.substr(6)) * 1024;
+    if (line.rfind("VmHWM:", 0) == 0) r.peak = std::stoll(line.substr(6)) * 1024;
+  }
+  return r;
+}
+inline bool ResetPeakRss() {
+  std::ofstream out("/proc/self/clear_refs");
+  out << "5";
+  out.flush();
+  return static_cast<bool>(out);
 }
 
 }  // namespace circuitlab::testing

@@ -4,6 +4,9 @@
 // (issue 34).
 #include <google/protobuf/util/json_util.h>
 #include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <chrono>
 
 #include "tests/integration/integration_util.h"
 #include "tests/test_util/fake_analyzer.h"
@@ -199,6 +202,101 @@ TEST(ReproductionTest, TheSameExperimentTrainsOnce) {
   EXPECT_NE(third.sweeps().at("runs/2"), shared);
   EXPECT_EQ(exec.started(), 4) << "only seed 2's runs trained";
   EXPECT_EQ(third.report().passed(), 2u);
+}
+
+// Issue 51 item 1: a writer's 3.7 MB recipe with large constants and 16
+// seeds stored a 69.5 MB report, and every list carried the reports whole
+// (one GET took the server from 1.4 to 8.5 GB). Now a report that would
+// exceed 1 MiB is refused before it starts, and lists are pages of stored
+// summaries within a byte budget: three 3.7 MB recipes listed again and
+// again cost nothing.
+TEST(ReproductionTest, ListsArePagesOfSummariesWithinTheirBudget) {
+  TempDir dir;
+  FakeExecutor exec;
+  app::FrontOptions fronts;
+  fronts.http.listen = "127.0.0.1:0";
+  Server server(dir.path(), &exec, {}, fronts);
+  auto c = MakeClient(server.address());
+
+  // A 200 KB constant in every seed's check: refused up front, no quota spent.
+  v1::StartReproductionRequest req = TwoRunRequest();
+  (*req.mutable_recipe()->mutable_scales())["ci"].mutable_checks(2)->mutable_against()->mutable_constant()
+      ->set_string_value(std::string(200000, 'x'));
+  req.set_seeds(16);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto refused = c.StartReproduction(req);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));
+  EXPECT_TRUE(absl::IsResourceExhausted(refused.status())) << refused.status();
+  EXPECT_NE(refused.status().message().find("1048576"), std::string::npos) << refused.status();
+  EXPECT_NE(refused.status().message().find("lower seeds"), std::string::npos) << refused.status();
+  EXPECT_EQ(c.ListRuns(v1::ListRunsRequest())->total_size(), 0);
+
+  // 3.7 MB recipes whose bulk no report copies (a check's `where`).
+  req = TwoRunRequest();
+  v1::RecipeCheck* wide = (*req.mutable_recipe()->mutable_scales())["ci"].add_checks();
+  *wide = req.recipe().scales().at("ci").checks(2);
+  wide->set_id("wide");
+  (*wide->mutable_value()->mutable_column()->mutable_where())["steps"].set_string_value(std::string(3700000, 'w'));
+  for (int i = 1; i <= 3; ++i) {
+    auto started = c.StartReproduction(req);
+    ASSERT_TRUE(started.ok()) << started.status();
+  }
+  for (const char* id : {"p1", "p2", "p3"}) {
+    ASSERT_EQ(WaitForReproduction(c, id, v1::REPRODUCTION_STATE_DONE).state(), v1::REPRODUCTION_STATE_DONE) << id;
+  }
+
+  ASSERT_TRUE(ResetPeakRss()) << "/proc/self/clear_refs cannot be written";
+  const Rss before = ReadRss();
+  httplib::Client http("127.0.0.1", server.http_port());
+  for (int i = 0; i < 20; ++i) {
+    auto listed = c.ListReproductions(v1::ListReproductionsRequest());
+    ASSERT_TRUE(listed.ok()) << listed.status();
+    EXPECT_LE(listed->ByteSizeLong(), 1u << 20);
+    ASSERT_EQ(listed->reproductions_size(), 3);
+    EXPECT_TRUE(listed->next_page_token().empty());
+    const v1::Reproduction& r = listed->reproductions(0);
+    EXPECT_EQ(r.reproduction_id(), "p3");
+    EXPECT_FALSE(r.has_recipe());
+    EXPECT_EQ(r.report().passed(), 2u) << "the counts stay";
+    EXPECT_EQ(r.report().checks_size(), 0) << "the BASIC view has no checks";
+    EXPECT_EQ(r.state(), v1::REPRODUCTION_STATE_DONE);
+    auto got = http.Get("/api/v1/reproductions");
+    ASSERT_TRUE(got && got->status == 200);
+    EXPECT_LE(got->body.size(), 1u << 20);
+  }
+  // FULL: a page of at most 1 MiB, so one 3.7 MB reproduction a page.
+  v1::ListReproductionsRequest full;
+  full.set_view(v1::REPRODUCTION_VIEW_FULL);
+  std::vector<std::string> ids;
+  for (int page = 0; page < 5; ++page) {
+    auto listed = c.ListReproductions(full);
+    ASSERT_TRUE(listed.ok()) << listed.status();
+    ASSERT_EQ(listed->reproductions_size(), 1);
+    EXPECT_TRUE(listed->reproductions(0).has_recipe());
+    EXPECT_EQ(listed->reproductions(0).report().checks_size(), 4);
+    EXPECT_TRUE(listed->reproductions(0).report().tables().empty());
+    ids.push_back(listed->reproductions(0).reproduction_id());
+    if (listed->next_page_token().empty()) break;
+    full.set_page_token(listed->next_page_token());
+  }
+  EXPECT_EQ(ids, (std::vector<std::string>{"p3", "p2", "p1"}));
+  const Rss after = ReadRss();
+  EXPECT_LE(after.peak - before.now, int64_t{100} << 20) << "peak " << (after.peak >> 20) << " MB, from "
+                                                         << (before.now >> 20) << " MB";
+  // Pages of one at a time, and the errors that name the field.
+  v1::ListReproductionsRequest one;
+  one.set_page_size(1);
+  one.set_page_token("p3");
+  auto second = c.ListReproductions(one);
+  ASSERT_TRUE(second.ok());
+  ASSERT_EQ(second->reproductions_size(), 1);
+  EXPECT_EQ(second->reproductions(0).reproduction_id(), "p2");
+  EXPECT_EQ(second->next_page_token(), "p2");
+  one.set_page_token("runs");
+  EXPECT_NE(c.ListReproductions(one).status().message().find("page_token"), std::string::npos);
+  one.clear_page_token();
+  one.set_view(static_cast<v1::ReproductionView>(7));
+  EXPECT_NE(c.ListReproductions(one).status().message().find("view must be"), std::string::npos);
 }
 
 // Cancelling a reproduction cancels the analysis jobs it started, not only

@@ -268,7 +268,11 @@ def test_reproductions(client, tmp_path_factory):
     assert df[df.check == "impossible"]["outcome"].unique().tolist() == ["FAIL"]
     table = client.reproduction_table_df(r, "tiny")
     assert len(table) == 4 and {"lr", "seed", "train/loss", "label.label"} <= set(table.columns)
-    assert client.reproductions()[0].reproduction_id == r.reproduction_id
+    listed = client.reproductions()[0]
+    assert listed.reproduction_id == r.reproduction_id
+    assert not listed.HasField("recipe") and listed.report.passed == 2 and not listed.report.checks
+    full = client.reproductions(full=True, limit=1)
+    assert len(full) == 1 and full[0].recipe.id and len(full[0].report.checks) == 3
     import matplotlib
     matplotlib.use("Agg")
     ax = client.plot_reproduction(r)

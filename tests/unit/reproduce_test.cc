@@ -192,6 +192,72 @@ TEST(ReproduceReportTest, FieldAtSelectsElementsByTheirFields) {
   EXPECT_EQ(FieldAt(doc, "values.*[layer=5].#"), 0);
 }
 
+// Issue 51 item 1: a stored report holds at most kMaxReportBytes. The
+// largest tables go first (GetSweepSummary answers them again), then the
+// largest checks' per-seed values; outcomes, statistics and the notes that
+// say what went stay.
+TEST(ReproduceReportTest, AReportOverItsBoundLosesTablesThenValuesAndSaysSo) {
+  v1::ReproductionReport report;
+  const std::string cell(3000, 'x');
+  v1::GetSweepSummaryResponse big = Grid(), small = Grid();
+  for (int i = 0; i < 300; ++i) big.add_rows()->add_values()->set_string_value(cell);
+  (*report.mutable_tables())["big"] = big;
+  (*report.mutable_tables())["small"] = small;
+  v1::CheckResult* check = report.add_checks();
+  check->set_id("wide");
+  check->set_outcome(v1::CHECK_OUTCOME_PASS);
+  check->set_mean(0.5);
+  for (int k = 0; k < 16; ++k) check->add_values()->set_string_value(std::string(20000, 'v'));
+  report.add_notes("an earlier note");
+  const v1::ReproductionReport whole = report;
+
+  BoundReport(&report, 1 << 20);  // the tables fit without "big"
+  EXPECT_LE(report.ByteSizeLong(), 1u << 20);
+  EXPECT_FALSE(report.tables().contains("big"));
+  EXPECT_TRUE(report.tables().contains("small"));
+  EXPECT_EQ(report.checks(0).values_size(), 16) << "values go only when the tables were not enough";
+  ASSERT_EQ(report.notes_size(), 2);
+  EXPECT_EQ(report.notes(0), "an earlier note");
+  EXPECT_NE(report.notes(1).find("table big left out"), std::string::npos) << report.notes(1);
+  EXPECT_NE(report.notes(1).find("1048576"), std::string::npos) << report.notes(1);
+
+  report = whole;
+  BoundReport(&report, 100000);
+  EXPECT_LE(report.ByteSizeLong(), 100000u);
+  EXPECT_TRUE(report.tables().empty());
+  EXPECT_EQ(report.checks(0).values_size(), 0);
+  EXPECT_EQ(report.checks(0).outcome(), v1::CHECK_OUTCOME_PASS);
+  EXPECT_DOUBLE_EQ(report.checks(0).mean(), 0.5);
+  EXPECT_NE(report.notes(report.notes_size() - 1).find("check wide: its per-seed values left out"), std::string::npos);
+
+  // Notes past the bound: the newest stay (they say what was left out).
+  report = whole;
+  report.clear_tables();
+  report.mutable_checks(0)->clear_values();
+  for (int i = 0; i < 5000; ++i) report.add_notes("analysis circuit on r" + std::to_string(i) + ": " + cell);
+  BoundReport(&report, 1 << 20);
+  EXPECT_LE(report.ByteSizeLong(), 1u << 20);
+  EXPECT_NE(report.notes(report.notes_size() - 1).find("earlier notes left out"), std::string::npos);
+
+  report = whole;
+  report.clear_tables();
+  report.mutable_checks(0)->clear_values();
+  const v1::ReproductionReport fits = report;
+  BoundReport(&report, 1 << 20);
+  EXPECT_EQ(report.SerializeAsString(), fits.SerializeAsString()) << "a report within the bound is left alone";
+}
+
+// The least a report holds is known from the recipe: its checks' constants
+// once per seed and once in `expected`.
+TEST(ReproduceReportTest, AReportsLeastSizeCountsEachConstantPerSeed) {
+  v1::RecipeScale scale = Parse<v1::RecipeScale>(R"({"checks": [
+      {"id": "a", "description": "four", "value": {"column": {"sweep": "s", "column": "acc"}},
+       "against": {"constant": "0123456789"}}]})");
+  const int64_t constant = static_cast<int64_t>(scale.checks(0).against().constant().ByteSizeLong());
+  EXPECT_EQ(MinReportBytes(scale, 1), 1 + 4 + 2 * constant);
+  EXPECT_EQ(MinReportBytes(scale, 16), 1 + 4 + 17 * constant);
+}
+
 TEST(ReproduceRecipeTest, ErrorsNameTheField) {
   auto recipe = [](const std::string& scale) {
     return Parse<v1::Recipe>(R"({"id": "X.1", "scales": {"ci": )" + scale + "}}");

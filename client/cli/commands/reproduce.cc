@@ -23,6 +23,7 @@ struct Options {
   bool markdown = false, csv = false;
   std::string out;  // show: write here instead of stdout
   bool mine = false;
+  std::string page_token;  // list: from the line that says more follow
 };
 
 // 0 when DONE with no failed check, 3 when a check failed, 1 when the
@@ -66,6 +67,7 @@ int List(Context& ctx, const Options& o) {
   if (!recipes.ok()) return ReportError(recipes.status());
   v1::ListReproductionsRequest req;
   req.set_mine(o.mine);
+  req.set_page_token(o.page_token);
   absl::StatusOr<v1::ListReproductionsResponse> mine = ctx.client.ListReproductions(req);
   if (!mine.ok()) return ReportError(mine.status());
   if (ctx.g.json) {
@@ -85,6 +87,9 @@ int List(Context& ctx, const Options& o) {
   if (!mine->reproductions().empty()) std::cout << "\nReproductions:\n";
   for (const v1::Reproduction& r : mine->reproductions()) {
     std::cout << "  " << client::EscapeForTerminal(client::ReproductionProgressLine(r)) << "\n";
+  }
+  if (!mine->next_page_token().empty()) {
+    std::cout << "  (older ones: circuitlab reproduce list --page-token " << mine->next_page_token() << ")\n";
   }
   return 0;
 }
@@ -159,6 +164,7 @@ void AddReproduce(CLI::App& app, Action* chosen) {
                         "the reproductions so far.",
                         list, reproduce_cmd::List);
   l->add_flag("--mine", list->mine, "Only my reproductions");
+  l->add_option("--page-token", list->page_token, "The next page of reproductions, from the line that ends a list");
   auto run = std::make_shared<Options>();
   CLI::App* r =
       AddVerb(*rep, chosen, "run", "Start a reproduction.\n  circuitlab reproduce run E.9 --scale cpu --seeds 3", run,

@@ -419,10 +419,19 @@ class Client:
         return self._call(self._reproductions.GetReproduction,
                           rpb.GetReproductionRequest(reproduction_id=reproduction_id))
 
-    def reproductions(self, mine=False, page_size=0):
-        """ListReproductions, newest first (without their recipes and tables)."""
-        req = rpb.ListReproductionsRequest(mine=mine, page_size=page_size)
-        return list(self._call(self._reproductions.ListReproductions, req).reproductions)
+    def reproductions(self, mine=False, full=False, limit=None):
+        """ListReproductions, newest first, every page (at most `limit`). Summaries (no recipe; of the
+        report, its counts) unless `full` (the recipe and report, but the tables: get_reproduction has them)."""
+        view = rpb.REPRODUCTION_VIEW_FULL if full else rpb.REPRODUCTION_VIEW_BASIC
+        req = rpb.ListReproductionsRequest(mine=mine, view=view)
+        out = []
+        while limit is None or len(out) < limit:
+            page = self._call(self._reproductions.ListReproductions, req)
+            out.extend(page.reproductions)
+            if not page.next_page_token:
+                break
+            req.page_token = page.next_page_token
+        return out if limit is None else out[:limit]
 
     def cancel_reproduction(self, reproduction_id):
         return self._call(self._reproductions.CancelReproduction,
