@@ -39,8 +39,13 @@ namespace pb = google::protobuf;
 constexpr size_t kStreamAnswersFrom = 1 << 20;
 // The largest request body read (the API's writes are small JSON).
 constexpr uint64_t kMaxBody = 64 << 10;
-// Stored interventions GET /api/v1/runs/{id}/interventions lists (newest).
-constexpr int kMaxListedInterventions = 50;
+// GET /api/v1/runs/{id}/interventions: a page of stored interventions ends
+// before the one that would take its JSON over this, or its stored bytes
+// (what is read to make it) over the second.
+constexpr size_t kMaxInterventionPageJson = 1 << 20;
+constexpr int64_t kMaxInterventionPageStored = 16 << 20;
+// In a listed request, a repeated field's first elements (see StoredIntervention).
+constexpr int kListedElements = 16;
 // How long a client may pause within its request (each read).
 constexpr std::chrono::seconds kReadTimeout{2};
 // Admit counted this thread's request for its peer (the pre-routing handler,
@@ -275,6 +280,107 @@ std::string Hostname() {
   char buf[256] = {0};
   if (gethostname(buf, sizeof(buf) - 1) != 0) return "localhost";
   return buf;
+}
+
+// Cuts every repeated field of `m`, at any depth, to its first `keep`
+// elements (but `skip`, at the top); true when anything was cut.
+bool ClipRepeated(pb::Message* m, int keep, const pb::FieldDescriptor* skip = nullptr) {
+  const pb::Reflection* r = m->GetReflection();
+  std::vector<const pb::FieldDescriptor*> fields;
+  r->ListFields(*m, &fields);
+  bool cut = false;
+  for (const pb::FieldDescriptor* f : fields) {
+    if (f->is_repeated() && f != skip && r->FieldSize(*m, f) > keep) {
+      while (r->FieldSize(*m, f) > keep) r->RemoveLast(m, f);
+      cut = true;
+    }
+    if (f->cpp_type() != pb::FieldDescriptor::CPPTYPE_MESSAGE) continue;
+    if (!f->is_repeated()) {
+      cut |= ClipRepeated(r->MutableMessage(m, f), keep);
+      continue;
+    }
+    for (int i = 0; i < r->FieldSize(*m, f); ++i) cut |= ClipRepeated(r->MutableRepeatedMessage(m, f, i), keep);
+  }
+  return cut;
+}
+
+// A stored intervention as the HTTP API answers it; `whole`: its request
+// as stored, else its summary (StoredIntervention).
+absl::StatusOr<v1::StoredIntervention> StoredInterventionFrom(const store::Store::StoredAnalysis& row,
+                                                              const std::string& run_id, bool whole) {
+  v1::StoredIntervention out;
+  if (!out.mutable_request()->ParseFromString(row.request) || !out.mutable_response()->ParseFromString(row.result)) {
+    return absl::DataLossError("a stored intervention of " + run_id + " does not parse");
+  }
+  out.set_key(std::to_string(row.request_hash));
+  out.set_stored_at_us(row.created_at);
+  out.set_request_bytes(static_cast<int64_t>(row.request.size()));
+  if (!whole) {
+    out.set_request_clipped(ClipRepeated(out.mutable_request(), kListedElements,
+                                         v1::InterveneRequest::descriptor()->FindFieldByName("interventions")));
+  }
+  v1::InterveneResponse* rs = out.mutable_response();
+  rs->set_state(v1::ANALYSIS_STATE_DONE);
+  rs->set_progress(1.0);
+  rs->set_from_store(true);
+  return out;
+}
+
+absl::StatusOr<v1::ListStoredInterventionsResponse> StoredInterventions(
+    store::Store& store, const v1::ListStoredInterventionsRequest& r) {
+  if (r.page_size() < 0 || r.page_size() > 50) {
+    return absl::InvalidArgumentError("page_size must be in [0, 50], got " + std::to_string(r.page_size()));
+  }
+  std::optional<store::Store::AnalysisCursor> after;
+  if (!r.page_token().empty()) {
+    const std::vector<std::string> parts = absl::StrSplit(r.page_token(), '.');
+    store::Store::AnalysisCursor c;
+    if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &c.created_at) || !absl::SimpleAtoi(parts[1], &c.request_hash)) {
+      return absl::InvalidArgumentError("page_token must be a previous answer's next_page_token, got " +
+                                        Quote(Clip(r.page_token(), 64)));
+    }
+    after = c;
+  }
+  CL_ASSIGN_OR_RETURN(const int64_t id, scheduler::ParseRunId(r.run_id()));
+  CL_RETURN_IF_ERROR(store.GetRun(id).status());
+  const int size = r.page_size() ? r.page_size() : 10;
+  bool cut = false;
+  CL_ASSIGN_OR_RETURN(std::vector<store::Store::StoredAnalysis> rows,
+                      store.ListAnalyses(id, "intervene", size + 1, after, kMaxInterventionPageStored, &cut));
+  v1::ListStoredInterventionsResponse out;
+  out.set_run_id(scheduler::FormatRunId(id));
+  size_t json = 0;
+  bool more = cut || static_cast<int>(rows.size()) > size;
+  for (size_t i = 0; i < rows.size() && static_cast<int>(i) < size; ++i) {
+    CL_ASSIGN_OR_RETURN(v1::StoredIntervention item, StoredInterventionFrom(rows[i], out.run_id(), false));
+    json += item.ByteSizeLong() * 3;  // JSON is about three times the wire size
+    if (json > kMaxInterventionPageJson && out.interventions_size() > 0) {
+      more = true;
+      break;
+    }
+    *out.add_interventions() = std::move(item);
+  }
+  if (more) {
+    const v1::StoredIntervention& last = out.interventions(out.interventions_size() - 1);
+    out.set_next_page_token(std::to_string(last.stored_at_us()) + "." + last.key());
+  }
+  return out;
+}
+
+absl::StatusOr<v1::StoredIntervention> StoredInterventionOf(store::Store& store,
+                                                            const v1::GetStoredInterventionRequest& r) {
+  int64_t hash = 0;
+  if (!absl::SimpleAtoi(r.key(), &hash)) {
+    return absl::InvalidArgumentError("key must be a listed intervention's key, got " + Quote(Clip(r.key(), 64)));
+  }
+  CL_ASSIGN_OR_RETURN(const int64_t id, scheduler::ParseRunId(r.run_id()));
+  CL_RETURN_IF_ERROR(store.GetRun(id).status());
+  CL_ASSIGN_OR_RETURN(std::optional<store::Store::StoredAnalysis> row, store.GetStoredAnalysis(id, "intervene", hash));
+  if (!row.has_value()) {
+    return absl::NotFoundError("run " + scheduler::FormatRunId(id) + " has no stored intervention " +
+                               Quote(Clip(r.key(), 64)));
+  }
+  return StoredInterventionFrom(*row, scheduler::FormatRunId(id), true);
 }
 
 }  // namespace
@@ -520,34 +626,15 @@ void HttpGateway::Interventions() {
   const Security& security = *cores_.security;
   scheduler::AnalysisCore* analysis = cores_.analysis;
   const std::string pattern = R"(/api/v1/runs/([^/]+)/interventions)";
-  Get(pattern, "runs/{id}/interventions", false,
-      [this, analysis](const httplib::Request& req, httplib::Response& res, const Caller& c) -> absl::Status {
-        v1::InterveneRequest probe;
-        probe.set_run_id(req.matches[1]);
-        CL_RETURN_IF_ERROR(cores_.security->Check(c, Access::kRead, probe));
-        CL_ASSIGN_OR_RETURN(const int64_t id, scheduler::ParseRunId(probe.run_id()));
-        CL_RETURN_IF_ERROR(analysis->store().GetRun(id).status());
-        CL_ASSIGN_OR_RETURN(std::vector<store::Store::StoredAnalysis> rows,
-                            analysis->store().ListAnalyses(id, "intervene", kMaxListedInterventions));
-        nlohmann::json list = nlohmann::json::array();
-        for (const store::Store::StoredAnalysis& row : rows) {
-          v1::InterveneRequest request;
-          v1::InterveneResponse response;
-          if (!request.ParseFromString(row.request) || !response.ParseFromString(row.result)) {
-            return absl::DataLossError("a stored intervention of " + probe.run_id() + " does not parse");
-          }
-          response.set_state(v1::ANALYSIS_STATE_DONE);
-          response.set_progress(1.0);
-          response.set_from_store(true);
-          CL_ASSIGN_OR_RETURN(std::string rq, ToJson(request));
-          CL_ASSIGN_OR_RETURN(std::string rs, ToJson(response));
-          list.push_back({{"request", nlohmann::json::parse(rq)},
-                          {"response", nlohmann::json::parse(rs)},
-                          {"stored_at_us", std::to_string(row.created_at)}});
-        }
-        const nlohmann::json body = {{"run_id", scheduler::FormatRunId(id)}, {"interventions", std::move(list)}};
-        res.set_content(body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n", "application/json");
-        return absl::OkStatus();
+  Read<v1::ListStoredInterventionsRequest>(
+      pattern, "runs/{id}/interventions", {"run_id"},
+      [analysis](const auto& r, const Caller&) -> absl::StatusOr<v1::ListStoredInterventionsResponse> {
+        return StoredInterventions(analysis->store(), r);
+      });
+  Read<v1::GetStoredInterventionRequest>(
+      R"(/api/v1/runs/([^/]+)/interventions/([^/]+))", "runs/{id}/interventions/{key}", {"run_id", "key"},
+      [analysis](const auto& r, const Caller&) -> absl::StatusOr<v1::StoredIntervention> {
+        return StoredInterventionOf(analysis->store(), r);
       });
   // Writes from a browser: a bearer token only (no cookie is ever read, so
   // another site's page cannot ride a session) and a JSON body (a cross-site

@@ -1318,18 +1318,42 @@ absl::StatusOr<std::optional<std::string>> Store::GetAnalysis(int64_t run_id, co
 }
 
 absl::StatusOr<std::vector<Store::StoredAnalysis>> Store::ListAnalyses(int64_t run_id, const std::string& kind,
-                                                                      int limit) {
+                                                                      int limit, std::optional<AnalysisCursor> after,
+                                                                      int64_t max_bytes, bool* cut) {
+  if (cut != nullptr) *cut = false;
   CL_ASSIGN_OR_RETURN(Impl::Reader r, impl_->AcquireReader());
-  CL_ASSIGN_OR_RETURN(Statement st, r->Prepare("SELECT request, result, created_at FROM analyses WHERE run_id = ? AND "
-                                               "kind = ? ORDER BY created_at DESC, request_hash LIMIT ?"));
-  st.Bind(1, run_id).Bind(2, kind).Bind(3, static_cast<int64_t>(limit));
+  CL_ASSIGN_OR_RETURN(Statement st,
+                      r->Prepare("SELECT request, result, created_at, request_hash FROM analyses WHERE run_id = ? AND "
+                                 "kind = ? AND (? = 0 OR created_at < ? OR (created_at = ? AND request_hash > ?)) "
+                                 "ORDER BY created_at DESC, request_hash LIMIT ?"));
+  const AnalysisCursor from = after.value_or(AnalysisCursor{});
+  st.Bind(1, run_id).Bind(2, kind).Bind(3, static_cast<int64_t>(after.has_value())).Bind(4, from.created_at);
+  st.Bind(5, from.created_at).Bind(6, from.request_hash).Bind(7, static_cast<int64_t>(limit));
   std::vector<StoredAnalysis> out;
+  int64_t bytes = 0;
   for (;;) {
     CL_ASSIGN_OR_RETURN(bool found, st.Step());
     if (!found) break;
-    out.push_back({st.ColumnBlob(0), st.ColumnBlob(1), st.ColumnInt(2)});
+    StoredAnalysis row{st.ColumnBlob(0), st.ColumnBlob(1), st.ColumnInt(2), st.ColumnInt(3)};
+    bytes += static_cast<int64_t>(row.request.size() + row.result.size());
+    if (max_bytes > 0 && bytes > max_bytes && !out.empty()) {
+      if (cut != nullptr) *cut = true;
+      break;
+    }
+    out.push_back(std::move(row));
   }
   return out;
+}
+
+absl::StatusOr<std::optional<Store::StoredAnalysis>> Store::GetStoredAnalysis(int64_t run_id, const std::string& kind,
+                                                                             int64_t request_hash) {
+  CL_ASSIGN_OR_RETURN(Impl::Reader r, impl_->AcquireReader());
+  CL_ASSIGN_OR_RETURN(Statement st, r->Prepare("SELECT request, result, created_at FROM analyses WHERE run_id = ? AND "
+                                               "kind = ? AND request_hash = ?"));
+  st.Bind(1, run_id).Bind(2, kind).Bind(3, request_hash);
+  CL_ASSIGN_OR_RETURN(bool found, st.Step());
+  if (!found) return std::optional<StoredAnalysis>();
+  return std::optional<StoredAnalysis>(StoredAnalysis{st.ColumnBlob(0), st.ColumnBlob(1), st.ColumnInt(2), request_hash});
 }
 
 }  // namespace circuitlab::store

@@ -313,14 +313,28 @@ class Store {
   absl::StatusOr<std::optional<std::string>> GetAnalysis(int64_t run_id, const std::string& kind,
                                                          int64_t request_hash);
   // The stored analyses of one kind on a run, newest first, at most `limit`:
-  // the canonical request (serialized, as PutAnalysis got it), the result
-  // and when it was stored (microseconds since the epoch).
+  // the canonical request (serialized, as PutAnalysis got it), the result,
+  // when it was stored (microseconds since the epoch) and the request's
+  // hash (its key). `after`: only those listed after that one (the next
+  // page). `max_bytes`: the list ends before the row that would take its
+  // requests and results over this many bytes (always one row); 0: none.
   struct StoredAnalysis {
     std::string request;
     std::string result;
     int64_t created_at = 0;
+    int64_t request_hash = 0;
   };
-  absl::StatusOr<std::vector<StoredAnalysis>> ListAnalyses(int64_t run_id, const std::string& kind, int limit);
+  struct AnalysisCursor {
+    int64_t created_at = 0;
+    int64_t request_hash = 0;
+  };
+  // `cut` (may be null): set when max_bytes ended the list.
+  absl::StatusOr<std::vector<StoredAnalysis>> ListAnalyses(int64_t run_id, const std::string& kind, int limit,
+                                                           std::optional<AnalysisCursor> after = std::nullopt,
+                                                           int64_t max_bytes = 0, bool* cut = nullptr);
+  // One stored analysis with its request; nullopt when none.
+  absl::StatusOr<std::optional<StoredAnalysis>> GetStoredAnalysis(int64_t run_id, const std::string& kind,
+                                                                  int64_t request_hash);
 
   // A consistent copy of the data directory `data_dir` (database snapshot,
   // then checkpoint files) into the new directory `dest_dir`, which is then a

@@ -72,12 +72,23 @@ export function interventionsView(id) {
   let stopped = false;
   window.__interventions = {state: 'loading', count: 0};
 
+  // A page at a time (the newest ten, then "older" for the next page).
   async function loadList() {
-    const r = await api(`/api/v1/runs/${encodeURIComponent(id)}/interventions`);
-    list.replaceChildren(...(r.interventions || []).map(interventionCard));
-    if (!(r.interventions || []).length) list.replaceChildren(h('p', {class: 'muted'}, 'no intervention stored for this run yet'));
-    window.__interventions = {state: 'done', count: (r.interventions || []).length,
-                              first: (r.interventions || [])[0] || null};
+    const base = `/api/v1/runs/${encodeURIComponent(id)}/interventions`;
+    const r = await api(base);
+    const shown = r.interventions || [];
+    list.replaceChildren(...shown.map(interventionCard));
+    if (!shown.length) list.replaceChildren(h('p', {class: 'muted'}, 'no intervention stored for this run yet'));
+    let token = r.next_page_token;
+    const more = h('button', {type: 'button', id: 'interventions-older'}, 'older');
+    more.addEventListener('click', async () => {
+      const page = await api(`${base}?page_token=${encodeURIComponent(token)}`);
+      more.before(...(page.interventions || []).map(interventionCard));
+      token = page.next_page_token;
+      if (!token) more.remove();
+    });
+    if (token) list.append(more);
+    window.__interventions = {state: 'done', count: shown.length, first: shown[0] || null};
   }
 
   function buildForm(run) {
