@@ -535,10 +535,34 @@ absl::StatusOr<v1::Reproduction> ReproductionCore::Begin(const v1::StartReproduc
   r.set_seeds(seeds);
   r.set_owner(owner);
   *r.mutable_recipe() = recipe;
-  // Every member of every sweep is checked now, as SubmitRun would check it.
+  // The sizes first, from the sweeps' shapes (axes x values x seeds), before
+  // anything is expanded: an oversized recipe costs nothing to refuse.
   const int max_runs = sweeps_->MaxRunsFor(owner);
-  int64_t total = 0;
   const int queue = runs_->QueueLimitFor(owner);
+  int64_t total = 0;
+  bool capped = false;
+  const v1::RecipeSweep* too_wide = nullptr;
+  int64_t too_wide_members = 0;
+  for (const v1::RecipeSweep& s : scale.sweeps()) {
+    const int64_t members = scheduler::SweepMemberCount(s.sweep(), kMaxTotalRuns);
+    capped = capped || members > kMaxTotalRuns;
+    total += members * seeds;
+    if (members > queue && too_wide == nullptr) {
+      too_wide = &s;
+      too_wide_members = members;
+    }
+  }
+  if (total > kMaxTotalRuns) {
+    return absl::ResourceExhaustedError("the reproduction has " + std::string(capped ? "more than " : "") +
+                                        std::to_string(total) + " runs; at most " + std::to_string(kMaxTotalRuns) +
+                                        " (lower seeds)");
+  }
+  if (too_wide != nullptr) {
+    return absl::ResourceExhaustedError("sweep " + too_wide->name() + " has " + std::to_string(too_wide_members) +
+                                        " runs per seed, more than " + owner + " may queue (" + std::to_string(queue) +
+                                        ", --max-queued-per-client)");
+  }
+  // Then every member of every sweep is checked, as SubmitRun would check it.
   for (const v1::RecipeSweep& s : scale.sweeps()) {
     absl::StatusOr<std::vector<scheduler::SweepMember>> members =
         scheduler::ExpandSweep(SeededSweep(s, r, 0), max_runs);
@@ -546,12 +570,6 @@ absl::StatusOr<v1::Reproduction> ReproductionCore::Begin(const v1::StartReproduc
       return absl::Status(members.status().code(),
                           "sweep " + s.name() + ": " + std::string(members.status().message()));
     }
-    if (static_cast<int>(members->size()) > queue) {
-      return absl::ResourceExhaustedError("sweep " + s.name() + " has " + std::to_string(members->size()) +
-                                          " runs per seed, more than " + owner + " may queue (" +
-                                          std::to_string(queue) + ", --max-queued-per-client)");
-    }
-    total += static_cast<int64_t>(members->size()) * seeds;
     for (scheduler::SweepMember& m : *members) {
       const std::string who = m.spec.name();
       absl::StatusOr<store::NewRun> ok = runs_->PrepareRun(std::move(m.spec), owner);
@@ -560,10 +578,6 @@ absl::StatusOr<v1::Reproduction> ReproductionCore::Begin(const v1::StartReproduc
                             "sweep " + s.name() + " member " + who + ": " + std::string(ok.status().message()));
       }
     }
-  }
-  if (total > kMaxTotalRuns) {
-    return absl::ResourceExhaustedError("the reproduction has " + std::to_string(total) + " runs; at most " +
-                                        std::to_string(kMaxTotalRuns) + " (lower seeds)");
   }
   CL_ASSIGN_OR_RETURN(auto mine,
                       store_->ListReproductions(Summaries(owner, Unfinished(), options_.max_active_per_owner)));

@@ -196,9 +196,9 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* ExperimentServiceImpl::WatchRun(grpc
 
 grpc::ServerUnaryReactor* ExperimentServiceImpl::SubmitSweep(grpc::CallbackServerContext* ctx,
                                                              const grpc::ByteBuffer* in, grpc::ByteBuffer* out) {
-  return Unary<v1::SubmitSweepRequest, v1::Sweep>(
-      ctx, Access::kCreate, in, out,
-      [&](const v1::SubmitSweepRequest& req, v1::Sweep* resp, const Caller& caller) -> absl::Status {
+  return SlowUnaryCall<v1::SubmitSweepRequest, v1::Sweep>(
+      *slow_, ctx, *security_, Access::kCreate, in, out,
+      [this](const v1::SubmitSweepRequest& req, v1::Sweep* resp, const Caller& caller) -> absl::Status {
         CL_ASSIGN_OR_RETURN(*resp, sweeps_->Submit(req.sweep(), caller.principal.name));
         return absl::OkStatus();
       });

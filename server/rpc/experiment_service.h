@@ -33,8 +33,10 @@ using RawExperimentService = v1::ExperimentService::WithRawCallbackMethod_Submit
 class ExperimentServiceImpl final : public RawExperimentService {
  public:
   // All must outlive the service.
-  ExperimentServiceImpl(scheduler::Scheduler* core, scheduler::SweepCore* sweeps, const security::Security* security)
-      : core_(core), sweeps_(sweeps), security_(security) {}
+  // SubmitSweep runs on `slow`.
+  ExperimentServiceImpl(scheduler::Scheduler* core, scheduler::SweepCore* sweeps, const security::Security* security,
+                        SlowCalls* slow)
+      : core_(core), sweeps_(sweeps), security_(security), slow_(slow) {}
 
   grpc::ServerUnaryReactor* SubmitRun(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in,
                                       grpc::ByteBuffer* out) override;
@@ -74,6 +76,7 @@ class ExperimentServiceImpl final : public RawExperimentService {
   scheduler::Scheduler* const core_;
   scheduler::SweepCore* const sweeps_;
   const security::Security* const security_;
+  SlowCalls* const slow_;
 };
 
 }  // namespace circuitlab::rpc

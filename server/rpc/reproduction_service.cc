@@ -27,9 +27,9 @@ grpc::ServerUnaryReactor* ReproductionServiceImpl::ListRecipes(grpc::CallbackSer
 grpc::ServerUnaryReactor* ReproductionServiceImpl::StartReproduction(grpc::CallbackServerContext* ctx,
                                                                      const grpc::ByteBuffer* in,
                                                                      grpc::ByteBuffer* out) {
-  return UnaryCall<v1::StartReproductionRequest, v1::Reproduction>(
-      ctx, *security_, Access::kCreate, in, out,
-      [&](const v1::StartReproductionRequest& req, v1::Reproduction* resp, const Caller& caller) -> absl::Status {
+  return SlowUnaryCall<v1::StartReproductionRequest, v1::Reproduction>(
+      *slow_, ctx, *security_, Access::kCreate, in, out,
+      [this](const v1::StartReproductionRequest& req, v1::Reproduction* resp, const Caller& caller) -> absl::Status {
         CL_ASSIGN_OR_RETURN(*resp, core_->Begin(req, caller.principal.name));
         return absl::OkStatus();
       });

@@ -21,8 +21,9 @@ using RawReproductionService = v1::ReproductionService::WithRawCallbackMethod_Li
 class ReproductionServiceImpl final : public RawReproductionService {
  public:
   // Both must outlive the service.
-  ReproductionServiceImpl(reproduce::ReproductionCore* core, const security::Security* security)
-      : core_(core), security_(security) {}
+  // All must outlive the service; StartReproduction runs on `slow`.
+  ReproductionServiceImpl(reproduce::ReproductionCore* core, const security::Security* security, SlowCalls* slow)
+      : core_(core), security_(security), slow_(slow) {}
 
   grpc::ServerUnaryReactor* ListRecipes(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in,
                                         grpc::ByteBuffer* out) override;
@@ -42,6 +43,7 @@ class ReproductionServiceImpl final : public RawReproductionService {
 
   reproduce::ReproductionCore* const core_;
   const security::Security* const security_;
+  SlowCalls* const slow_;
 };
 
 }  // namespace circuitlab::rpc

@@ -20,6 +20,10 @@ namespace circuitlab::rpc {
 
 namespace {
 
+// StartReproduction and SubmitSweep at once (SlowCalls), and how many may wait.
+constexpr int kSlowCallThreads = 2;
+constexpr size_t kMaxSlowCallsWaiting = 64;
+
 bool IsReflectionPath(std::string_view path) { return path.rfind("/grpc.reflection.", 0) == 0; }
 
 // Runs on the transport for every call on a TLS or local port, before any
@@ -139,10 +143,13 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const GrpcOptions&
   const bool plaintext_beyond_loopback = !loopback && !tls;
   const security::Authenticator* auth = cores.auth;
   std::unique_ptr<GrpcServer> server(new GrpcServer());
-  server->experiments_ = std::make_unique<ExperimentServiceImpl>(cores.runs, cores.sweeps, cores.security);
+  server->slow_ = std::make_unique<SlowCalls>(kSlowCallThreads, kMaxSlowCallsWaiting);
+  server->experiments_ =
+      std::make_unique<ExperimentServiceImpl>(cores.runs, cores.sweeps, cores.security, server->slow_.get());
   server->analysis_ = std::make_unique<AnalysisServiceImpl>(cores.analysis, cores.security);
   if (cores.reproductions != nullptr) {
-    server->reproductions_ = std::make_unique<ReproductionServiceImpl>(cores.reproductions, cores.security);
+    server->reproductions_ =
+        std::make_unique<ReproductionServiceImpl>(cores.reproductions, cores.security, server->slow_.get());
   }
   server->workers_ = std::make_unique<WorkerServiceImpl>(cores.workers, cores.runs, options.executor, cores.security);
   grpc::EnableDefaultHealthCheckService(true);

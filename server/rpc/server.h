@@ -19,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "server/remote/workers.h"
 #include "server/reproduce/reproductions.h"
+#include "server/rpc/service_util.h"
 #include "server/scheduler/analysis_core.h"
 #include "server/scheduler/scheduler.h"
 #include "server/scheduler/sweeps.h"
@@ -76,6 +77,9 @@ class GrpcServer {
 
  private:
   GrpcServer() = default;
+  // Before the services and the server: destroyed after them (the server's
+  // shutdown waits for the calls it runs).
+  std::unique_ptr<SlowCalls> slow_;
   std::unique_ptr<grpc::Service> experiments_;
   std::unique_ptr<grpc::Service> analysis_;
   std::unique_ptr<grpc::Service> workers_;

@@ -87,4 +87,41 @@ grpc::Status WriteResponse(const google::protobuf::Message& resp, grpc::ByteBuff
   return grpc::Status::OK;
 }
 
+SlowCalls::SlowCalls(int threads, size_t max_waiting) : max_waiting_(max_waiting) {
+  for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { Work(); });
+}
+
+SlowCalls::~SlowCalls() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  for (std::thread& t : threads_) t.join();
+}
+
+bool SlowCalls::Run(std::function<void()> call) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (queue_.size() >= max_waiting_) return false;
+    queue_.push_back(std::move(call));
+  }
+  cv_.notify_one();
+  return true;
+}
+
+void SlowCalls::Work() {
+  for (;;) {
+    std::function<void()> call;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping, and nothing left
+      call = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    call();
+  }
+}
+
 }  // namespace circuitlab::rpc
