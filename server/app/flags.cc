@@ -163,7 +163,8 @@ void DefineFlags(CLI::App& app, ServerFlags& f) {
       ->capture_default_str()
       ->check(CLI::Range(1, 4096));
   app.add_option("--http-max-per-peer", f.server.fronts.http.max_per_peer,
-                 "HTTP requests in progress from one address; more are answered 429")
+                 "HTTP connections and requests in progress from one address, those still sending their headers "
+                 "included (at most half of --http-threads applies); more are answered 429 and closed")
       ->capture_default_str()
       ->check(CLI::Range(1, 4096));
   app.add_option("--http-max-streams", f.server.fronts.http.max_streams,

@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -417,7 +418,13 @@ absl::StatusOr<std::unique_ptr<HttpGateway>> HttpGateway::Start(const HttpOption
   std::string host = options.listen.substr(0, colon);
   if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
 
-  std::unique_ptr<HttpGateway> g(new HttpGateway(options, cores));
+  HttpOptions effective = options;
+  effective.max_per_peer = std::min(options.max_per_peer, std::max(1, options.threads / 2));
+  if (effective.max_per_peer != options.max_per_peer) {
+    spdlog::info("http: --http-max-per-peer {} applies as {} (at most half of --http-threads {})", options.max_per_peer,
+                 effective.max_per_peer, options.threads);
+  }
+  std::unique_ptr<HttpGateway> g(new HttpGateway(effective, cores));
   if (tls.enabled()) {
     auto ssl = std::make_unique<httplib::SSLServer>(tls.cert.c_str(), tls.key.c_str(),
                                                     tls.client_ca.empty() ? nullptr : tls.client_ca.c_str());
@@ -458,6 +465,14 @@ absl::StatusOr<std::unique_ptr<HttpGateway>> HttpGateway::Start(const HttpOption
     return absl::UnavailableError("cannot listen on --http " + options.listen + " (address in use or invalid)");
   }
   if (listen_fd >= 0) ::listen(listen_fd, SOMAXCONN);
+  telemetry::Telemetry* telemetry = cores.telemetry;
+  g->guard_ = std::make_unique<ConnectionGuard>(
+      ConnectionGuard::Options{g->port_, effective.max_per_peer, effective.request_deadline, std::chrono::milliseconds(250),
+                               g->tls_},
+      [telemetry](const char* reason) {
+        if (telemetry != nullptr) telemetry->HttpRejected(reason);
+      });
+  g->guard_->Start();
   const std::string shown = host == "0.0.0.0" || host == "::" || host.empty() ? Hostname()
                             : host.find(':') != std::string::npos             ? "[" + host + "]"
                                                                               : host;
@@ -495,6 +510,7 @@ bool HttpGateway::Admit(const httplib::Request& req, httplib::Response& res) {
 }
 
 void HttpGateway::Done(const httplib::Request& req) {
+  if (guard_) guard_->LeaveHandler(req.remote_addr, req.remote_port);
   if (!std::exchange(tls_counted, false)) return;
   std::lock_guard<std::mutex> lock(streams_mu_);
   auto it = per_peer_.find(req.remote_addr);
@@ -511,6 +527,7 @@ void HttpGateway::Shutdown() {
     stopping_ = true;
   }
   ready_ = false;
+  if (guard_) guard_->Stop();  // before the sockets it watches go
   if (server_) server_->stop();
   if (thread_.joinable()) thread_.join();
   server_.reset();  // joins the pool: every stream has ended
@@ -519,6 +536,9 @@ void HttpGateway::Shutdown() {
 std::function<void(const httplib::Request&, httplib::Response&)> HttpGateway::Wrap(const std::string& route, bool open,
                                                                                Handler handler) {
   return [this, route, open, handler = std::move(handler)](const httplib::Request& req, httplib::Response& res) {
+    // The request has arrived whole (headers and body): no deadline from now
+    // on (an event stream is long by design).
+    if (guard_) guard_->EnterHandler(req.remote_addr, req.remote_port);
     const auto started = std::chrono::steady_clock::now();
     absl::Status s;
     Caller caller;

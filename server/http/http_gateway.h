@@ -14,18 +14,22 @@
 // key (and client CA). /healthz, /readyz and the static files answer without
 // a token; everything else needs one whenever the server has tokens.
 //
-// Threads and slow clients (issue 32 item 1): each connection is served on
+// Threads and slow clients (issues 32 and 51): each connection is served on
 // one of `threads` pooled threads (event streams included); at most
 // `max_streams` streams are open at once (503 beyond, with Retry-After). A
-// client must send each piece of its request within kReadTimeout (else the
-// connection is closed: a client that drips its headers holds a thread for
-// seconds, not for as long as it likes), and one address has at most
-// `max_per_peer` requests in progress (429 beyond). A declared body larger
-// than kMaxBody is refused (413) before it is read. What is turned away is
-// counted (circuitlab_http_rejected_total{reason}).
+// client must send each piece of its request within kReadTimeout, and the
+// whole request within `request_deadline` (else 408 and the connection is
+// closed: a client that drips its headers holds a thread for seconds, not
+// for as long as it likes). One address has at most `max_per_peer`
+// connections (those still sending their headers or waiting for a thread
+// count, connection_guard.h) and requests in progress (429 beyond); never
+// more than half the threads, so one address cannot hold the pool. A
+// declared body larger than kMaxBody is refused (413) before it is read.
+// What is turned away is counted (circuitlab_http_rejected_total{reason}).
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <functional>
 #include <map>
 #include <memory>
@@ -35,6 +39,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "server/http/connection_guard.h"
 #include "server/security/security.h"
 #include "server/telemetry/telemetry.h"
 #include "server/security/tls.h"
@@ -55,7 +60,11 @@ struct HttpOptions {
   std::string listen;    // host:port (port 0 picks one); empty = no HTTP port (--http's default: 127.0.0.1:8080)
   int threads = 256;      // connections served at once, each on a pooled thread, in [1, 4096]
   int max_streams = 16;   // open event streams, in [0, 1024]
-  int max_per_peer = 32;  // requests in progress from one address (429 beyond), in [1, 4096]
+  // Connections and requests in progress from one address (429 beyond), in
+  // [1, 4096]; at most half of `threads` apply.
+  int max_per_peer = 32;
+  // How long one request may take to arrive whole (headers and body), at any pace.
+  std::chrono::milliseconds request_deadline{10000};
   // False: an address that cannot be bound leaves the server without an HTTP
   // port (a warning) instead of failing its start (the default --http).
   bool required = true;
@@ -117,6 +126,7 @@ class HttpGateway {
   const HttpOptions options_;
   const HttpCores cores_;
   std::unique_ptr<httplib::Server> server_;
+  std::unique_ptr<ConnectionGuard> guard_;  // from the port's binding until Shutdown
   std::thread thread_;
   int port_ = 0;
   bool tls_ = false;

@@ -18,6 +18,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <random>
 #include <regex>
 #include <set>
@@ -629,6 +630,91 @@ TEST(HttpTest, SlowClientsDoNotTakeThePortDown) {
   const size_t at = metrics.find(peer);
   ASSERT_NE(at, std::string::npos) << metrics;
   EXPECT_GE(std::stol(metrics.substr(at + peer.size())), 1) << metrics;
+}
+
+// Issue 51 item 6: with --http-threads 24, 40 connections that each send a
+// header line every second (under the per-read timeout), or 32 slow-body
+// POSTs, kept /healthz from answering for 25-30 s: connections still in their
+// headers counted toward no limit and no deadline covered a whole request.
+// Now one address has at most half the threads (12 here) counting those, the
+// rest closed with 429 at once, and a request must arrive whole within its
+// deadline (3 s here, 10 s by default) or is closed with 408; another
+// address's /healthz answers throughout.
+TEST(HttpTest, TricklingClientsCannotHoldThePool) {
+  TempDir dir;
+  FakeExecutor exec;
+  app::FrontOptions opts = WithHttp();
+  opts.http.threads = 24;
+  opts.http.request_deadline = std::chrono::seconds(3);
+  Server server(dir.path(), &exec, {}, opts);
+  const int port = server.http_port();
+  // From 127.0.0.2: another address than the /healthz below.
+  auto connect_from = [port](const char* source) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in from{};
+    from.sin_family = AF_INET;
+    ::inet_pton(AF_INET, source, &from.sin_addr);
+    EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&from), sizeof from), 0) << source;
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+    return fd;
+  };
+  std::vector<int> trickle;
+  for (int i = 0; i < 40; ++i) {
+    const int fd = connect_from("127.0.0.2");
+    const std::string start = i < 20 ? "GET /healthz HTTP/1.1\r\nHost: x\r\n"
+                                     : "POST /api/v1/runs/r1/interventions HTTP/1.1\r\nHost: x\r\n"
+                                       "Content-Type: application/json\r\nContent-Length: 60000\r\n\r\n";
+    ::send(fd, start.data(), start.size(), MSG_NOSIGNAL);
+    trickle.push_back(fd);
+  }
+  // What each connection got back, once it is closed.
+  std::map<int, std::string> answers;
+  std::set<int> open(trickle.begin(), trickle.end());
+  auto drain = [&] {
+    for (auto it = open.begin(); it != open.end();) {
+      char buf[512];
+      ssize_t n;
+      while ((n = ::recv(*it, buf, sizeof buf, MSG_DONTWAIT)) > 0) answers[*it].append(buf, static_cast<size_t>(n));
+      if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) {
+        it = open.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  };
+  httplib::Client http("127.0.0.1", port);
+  http.set_connection_timeout(std::chrono::seconds(10));
+  http.set_read_timeout(std::chrono::seconds(10));
+  double slowest = 0;
+  const auto start = std::chrono::steady_clock::now();
+  while (std::chrono::steady_clock::now() - start < std::chrono::seconds(6)) {
+    for (int fd : open) ::send(fd, "X-Drip: 1\r\n", 11, MSG_NOSIGNAL);  // a header line, or 11 bytes of body
+    const auto t = std::chrono::steady_clock::now();
+    auto r = http.Get("/healthz");
+    slowest = std::max(slowest, std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count());
+    ASSERT_TRUE(r) << "/healthz unanswered";
+    EXPECT_EQ(r->status, 200);
+    std::this_thread::sleep_for(std::chrono::milliseconds(900));
+    drain();
+  }
+  std::printf("trickling: /healthz slowest %.3f s; %zu of 40 closed\n", slowest, 40 - open.size());
+  EXPECT_LT(slowest, 5.0) << "the pool was held";
+  EXPECT_TRUE(open.empty()) << open.size() << " trickling connections still open after 6 s";
+  int crowded = 0, late = 0;
+  for (const auto& [fd, text] : answers) {
+    crowded += text.rfind("HTTP/1.1 429", 0) == 0;
+    late += text.rfind("HTTP/1.1 408", 0) == 0;
+  }
+  EXPECT_GE(crowded, 20) << "40 from one address, 12 allowed";
+  EXPECT_GE(late, 1) << "the 12 allowed ran out of time";
+  for (int fd : trickle) ::close(fd);
+  const std::string metrics = http.Get("/metrics")->body;
+  EXPECT_NE(metrics.find("circuitlab_http_rejected_total{reason=\"peer_limit\"}"), std::string::npos);
+  EXPECT_NE(metrics.find("circuitlab_http_rejected_total{reason=\"request_deadline\"}"), std::string::npos);
 }
 
 // Issue 32 item 10: /readyz answers 503 while checkpoints cannot be written
