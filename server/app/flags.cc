@@ -246,6 +246,11 @@ void DefineFlags(CLI::App& app, ServerFlags& f) {
                  "larger than this alone is refused")
       ->capture_default_str()
       ->check(CLI::Range(uint64_t{16}, uint64_t{1} << 24));
+  app.add_option("--max-stored-analyses-mb", f.max_stored_analyses_mb,
+                 "Stored analysis answers of one principal; past it, storing a new answer deletes that principal's "
+                 "oldest (asked again, they are computed again); 0 = no limit")
+      ->capture_default_str()
+      ->check(CLI::Range(uint64_t{0}, uint64_t{1} << 30));
   DefineRemoteFlags(app, f);
   app.add_option("--log-level", f.log_level, "trace|debug|info|warn|error|off")->capture_default_str();
   app.set_version_flag("--version", "circuitlab-server " + f.server.version);
@@ -257,6 +262,7 @@ void FinishFlags(ServerFlags& f) {
   o.audit_log_max_bytes = f.audit_log_max_mb << 20;
   o.scheduler.limits.max_run_memory_bytes = f.max_run_memory_mb << 20;
   o.jobs.memory_budget_bytes = f.analysis_memory_mb << 20;
+  o.jobs.max_stored_bytes_per_owner = static_cast<int64_t>(f.max_stored_analyses_mb << 20);
   remote::BrokerOptions& b = o.remote.broker;
   b.quarantine = std::chrono::seconds(f.quarantine_s);
   b.heartbeat = std::chrono::seconds(f.heartbeat_s);

@@ -27,6 +27,7 @@ struct ServerFlags {
   uint64_t audit_log_max_mb = 64;
   uint64_t max_run_memory_mb = 4096;
   uint64_t analysis_memory_mb = scheduler::AnalysisJobOptions().memory_budget_bytes >> 20;
+  uint64_t max_stored_analyses_mb = scheduler::AnalysisJobOptions().max_stored_bytes_per_owner >> 20;
   int lease_timeout_s = 60;
   int heartbeat_s = 10;
   int quarantine_s = 600;

@@ -341,8 +341,14 @@ void AnalysisJobs::Run(const std::shared_ptr<Job>& job) {
   if (result.ok() && job->run_deleted) status = absl::CancelledError("cancelled: its run was deleted");
   if (status.ok()) {
     // Stored before it is forgotten: later requests find it in the store.
-    status = store_->PutAnalysis(job->request.run_id, job->request.kind, job->hash, job->request.key, *result);
+    int evicted = 0;
+    status = store_->PutAnalysis(job->request.run_id, job->request.kind, job->hash, job->request.key, *result,
+                                 job->request.owner, options_.max_stored_bytes_per_owner, &evicted);
     if (!status.ok()) status = absl::InternalError("cannot store the result: " + status.ToString());
+    if (evicted > 0) {
+      spdlog::info("analysis job {}: {}'s stored answers past {} MiB: {} of the oldest deleted", job->id,
+                   EscapeControl(job->request.owner), options_.max_stored_bytes_per_owner >> 20, evicted);
+    }
   }
   const bool cancelled = job->cancel.stop_requested();
   if (!status.ok() && !cancelled) {

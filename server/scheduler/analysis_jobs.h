@@ -54,6 +54,10 @@ struct AnalysisJobOptions {
   const Quotas* quotas = nullptr;  // per-principal overrides of max_active_per_client (may be null)
   uint64_t memory_budget_bytes = 8ULL << 30;  // running jobs' estimates together
   int max_ended = 256;             // FAILED/CANCELLED answers kept until reported
+  // The stored answers of one owner, in bytes (0: no limit); past it, the
+  // owner's oldest are deleted as a new one is stored (asked again, they are
+  // computed again).
+  int64_t max_stored_bytes_per_owner = int64_t{1} << 30;
 };
 
 // The work of a job: the serialized DONE response. `progress(fraction)` may

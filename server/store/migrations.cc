@@ -168,6 +168,15 @@ CREATE INDEX reproductions_by_state ON reproductions(state, id);
     R"sql(
 ALTER TABLE reproductions ADD COLUMN summary BLOB;
 )sql",
+    // 9: a stored analysis answer belongs to the principal whose job computed
+    // it and counts its bytes against that principal's storage quota
+    // (answers stored before belong to no one and count for no one).
+    R"sql(
+ALTER TABLE analyses ADD COLUMN owner TEXT NOT NULL DEFAULT '';
+ALTER TABLE analyses ADD COLUMN bytes INTEGER NOT NULL DEFAULT 0;
+UPDATE analyses SET bytes = length(request) + length(result);
+CREATE INDEX analyses_by_owner ON analyses(owner, created_at);
+)sql",
 };
 
 constexpr int kLatest = static_cast<int>(sizeof(kMigrations) / sizeof(kMigrations[0]));

@@ -253,8 +253,15 @@ class Store {
   void AppendCoordinates(int64_t run_id, int64_t step, std::vector<int64_t> ids, std::vector<double> values);
   // Analyses of a spec alone (no run) use run_id kNoRun.
   static constexpr int64_t kNoRun = 0;
+  // `owner` (may be empty: no one's) is charged its request and result's
+  // bytes; with `max_owner_bytes` > 0, the owner's oldest other answers are
+  // deleted until its answers hold at most that many (`evicted`, may be
+  // null: how many). A run-less analysis belongs to no one.
   absl::Status PutAnalysis(int64_t run_id, const std::string& kind, int64_t request_hash, const std::string& request,
-                           const std::string& result);
+                           const std::string& result, const std::string& owner = "", int64_t max_owner_bytes = 0,
+                           int* evicted = nullptr);
+  // The bytes of `owner`'s stored answers.
+  absl::StatusOr<int64_t> StoredAnalysisBytes(const std::string& owner);
   // A new reproduction (its id is returned; row.id is ignored), and its
   // record rewritten as it goes (NotFound for an unknown id).
   absl::StatusOr<int64_t> InsertReproduction(const ReproductionRow& row);

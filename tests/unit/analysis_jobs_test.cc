@@ -89,6 +89,36 @@ TEST_F(AnalysisJobsTest, DoneIsStoredAndAnsweredFromTheStore) {
   EXPECT_EQ(gate.started.load(), 1) << "asking again never recomputes";
 }
 
+// Issue 51 item 7: a job's stored answer is charged to its owner; past the
+// owner's quota the oldest of theirs go (here 3 of 2 KB answers fit 5 KB).
+TEST_F(AnalysisJobsTest, StoredAnswersCountAgainstTheirOwnersQuota) {
+  store::NewRun run;
+  run.name = "quota";
+  run.spec = "spec";
+  run.spec_json = "{}";
+  run.state = 1;
+  run.owner = "ana";
+  const int64_t id = *store_->InsertRun(run);
+  AnalysisJobOptions o;
+  o.max_stored_bytes_per_owner = 5000;
+  AnalysisJobs jobs(store_.get(), o);
+  Gate gate;
+  gate.open = true;
+  for (int i = 0; i < 4; ++i) {
+    AnalysisJobRequest r = Job("k" + std::to_string(i), gate.Work(std::string(2000, 'x')), "ana");
+    r.run_id = id;
+    ASSERT_TRUE(jobs.Submit(std::move(r), false).ok());
+    ASSERT_TRUE(WaitFor([&] { return jobs.Submit([&] {
+                                  AnalysisJobRequest again = Job("k" + std::to_string(i), gate.Work(), "ana");
+                                  again.run_id = id;
+                                  return again;
+                                }(), false)->from_store; }));
+  }
+  EXPECT_LE(*store_->StoredAnalysisBytes("ana"), 5000);
+  EXPECT_GT(*store_->StoredAnalysisBytes("ana"), 4000) << "two answers of 2,002 bytes stay";
+  EXPECT_EQ(store_->ListAnalyses(id, "test", 10)->size(), 2u);
+}
+
 TEST_F(AnalysisJobsTest, AwaitAnswersTheResultOrTheStateAtTheDeadline) {
   AnalysisJobs jobs(store_.get(), {});
   Gate gate;

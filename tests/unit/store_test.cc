@@ -443,6 +443,70 @@ TEST(StoreTest, AnalysesOfOneKindAreListedNewestFirst) {
   EXPECT_EQ((*two)[1].request, "request-1");
 }
 
+// Pages of a run's stored answers: each one once, in order; a byte budget
+// ends a page early (always one), saying so.
+TEST(StoreTest, StoredAnswersListInPages) {
+  TempDir dir;
+  auto store = Store::Open(dir.path());
+  ASSERT_TRUE(store.ok());
+  const int64_t id = *(*store)->InsertRun(SampleRun("paged"));
+  for (int i = 0; i < 5; ++i) {
+    ASSERT_TRUE((*store)->PutAnalysis(id, "intervene", 10 + i, std::string(1000, 'a' + i), "r").ok());
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  std::vector<int64_t> seen;
+  std::optional<Store::AnalysisCursor> after;
+  for (int page = 0; page < 10; ++page) {
+    bool cut = false;
+    auto rows = (*store)->ListAnalyses(id, "intervene", 2, after, 0, &cut);
+    ASSERT_TRUE(rows.ok());
+    EXPECT_FALSE(cut);
+    for (const auto& r : *rows) seen.push_back(r.request_hash);
+    if (rows->size() < 2u) break;
+    after = Store::AnalysisCursor{rows->back().created_at, rows->back().request_hash};
+  }
+  EXPECT_EQ(seen, (std::vector<int64_t>{14, 13, 12, 11, 10}));
+  bool cut = false;
+  auto budget = (*store)->ListAnalyses(id, "intervene", 5, std::nullopt, 2500, &cut);
+  ASSERT_EQ(budget->size(), 2u) << "1001 + 1001 bytes fit 2500, a third does not";
+  EXPECT_TRUE(cut);
+  auto one = (*store)->ListAnalyses(id, "intervene", 5, std::nullopt, 10, &cut);
+  EXPECT_EQ(one->size(), 1u) << "a page has at least one";
+  auto got = (*store)->GetStoredAnalysis(id, "intervene", 12);
+  ASSERT_TRUE(got.ok() && got->has_value());
+  EXPECT_EQ((*got)->request, std::string(1000, 'c'));
+  EXPECT_FALSE((*store)->GetStoredAnalysis(id, "intervene", 99)->has_value());
+}
+
+// Issue 51 item 7: stored answers grew the store without bound (each
+// distinct attention seed added 16.8 MB). They count against the quota of
+// the principal whose job computed them: storing past it deletes that
+// principal's oldest, never another's, never the one just stored.
+TEST(StoreTest, StoredAnswersStayWithinTheirOwnersQuota) {
+  TempDir dir;
+  auto store = Store::Open(dir.path());
+  ASSERT_TRUE(store.ok());
+  const int64_t id = *(*store)->InsertRun(SampleRun("quota"));
+  const std::string mb(1 << 20, 'x');
+  ASSERT_TRUE((*store)->PutAnalysis(id, "attention", 1, "bob", mb, "bob", 3 << 20).ok());
+  for (int seed = 2; seed <= 10; ++seed) {
+    int evicted = 0;
+    ASSERT_TRUE((*store)->PutAnalysis(id, "attention", 100 + seed, "seed", mb, "ana", 3 << 20, &evicted).ok());
+    EXPECT_EQ(evicted, seed <= 3 ? 0 : 1) << "seed " << seed;
+    EXPECT_LE(*(*store)->StoredAnalysisBytes("ana"), 3 << 20);
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  EXPECT_FALSE((*store)->GetAnalysis(id, "attention", 102)->has_value()) << "ana's oldest went";
+  EXPECT_TRUE((*store)->GetAnalysis(id, "attention", 110)->has_value()) << "the newest stays";
+  EXPECT_TRUE((*store)->GetAnalysis(id, "attention", 1)->has_value()) << "bob's is not ana's to lose";
+  EXPECT_EQ(*(*store)->StoredAnalysisBytes("bob"), (1 << 20) + 3);
+  // One answer larger than the quota alone is still stored (the others go).
+  int evicted = 0;
+  ASSERT_TRUE((*store)->PutAnalysis(id, "attention", 200, "big", std::string(4 << 20, 'y'), "ana", 3 << 20, &evicted).ok());
+  EXPECT_EQ(evicted, 2);
+  EXPECT_TRUE((*store)->GetAnalysis(id, "attention", 200)->has_value());
+}
+
 TEST(StoreTest, SecondOpenOfTheSameDirectoryIsRefused) {
   TempDir dir;
   auto first = Store::Open(dir.path());
