@@ -2,7 +2,9 @@
 // requests to every RPC of a real circuitlab-server process and checks that
 // the boundary holds: no crash (the server answers health checks to the end),
 // no UNIMPLEMENTED, UNKNOWN or INTERNAL answer, every error message at most
-// 1 KiB, and resident memory growing by at most 50 MB.
+// 1 KiB, resident memory growing by at most 50 MB over the run, and its peak
+// never more than 256 MB above where it started (issue 51: a monitor reads
+// the server's high-water mark every 20 ms and names the requests in flight).
 //
 // Seeds are valid requests built from the shipped examples; each request
 // applies 1-4 mutations: wire mutations of the serialized bytes (bit flips,
@@ -26,6 +28,9 @@
 #include <atomic>
 #include <cmath>
 #include <condition_variable>
+#include <cstring>
+#include <functional>
+#include <thread>
 #include <fstream>
 #include <limits>
 #include <mutex>
@@ -207,6 +212,30 @@ std::vector<Seed> Seeds() {
   check->mutable_value()->mutable_column()->set_column("train/loss");
   check->mutable_against()->mutable_constant()->set_number_value(0);
   add("ReproductionService", "StartReproduction", std::move(start));
+  // And one with an analysis, selectors, groups and a where (what the path
+  // mutations below aim at).
+  auto richer = std::make_unique<v1::StartReproductionRequest>();
+  *richer = *static_cast<const v1::StartReproductionRequest*>(seeds.back().message.get());
+  v1::RecipeScale& rs = (*richer->mutable_recipe()->mutable_scales())["ci"];
+  v1::SweepAxis* axis = rs.mutable_sweeps(0)->mutable_sweep()->add_axes();
+  axis->set_field("training.learning_rate");
+  axis->set_name("lr");
+  axis->add_values()->set_number_value(0.001);
+  axis->add_values()->set_number_value(0.002);
+  v1::RecipeAnalysis* an = rs.add_analyses();
+  an->set_name("circuit");
+  an->set_sweep("one");
+  an->mutable_detect_circuit();
+  v1::RecipeCheck* sel = rs.add_checks();
+  sel->set_id("selected");
+  sel->mutable_value()->mutable_column()->set_sweep("one");
+  sel->mutable_value()->mutable_column()->set_column("circuit.circuit.*[layer=1].coordinate.canonical");
+  sel->mutable_value()->mutable_column()->set_reduce(v1::ColumnValue::REDUCE_DISTINCT);
+  sel->mutable_value()->mutable_column()->add_group_by("lr");
+  sel->mutable_value()->mutable_column()->set_across(v1::ColumnValue::REDUCE_MAX);
+  (*sel->mutable_value()->mutable_column()->mutable_where())["lr"].set_number_value(0.001);
+  sel->mutable_against()->mutable_constant()->set_number_value(1);
+  add("ReproductionService", "StartReproduction", std::move(richer));
   auto get_rep = std::make_unique<v1::GetReproductionRequest>();
   get_rep->set_reproduction_id("p1");
   add("ReproductionService", "GetReproduction", std::move(get_rep));
@@ -288,6 +317,51 @@ void MutateField(pb::Message* m, std::mt19937_64& gen, int depth = 0) {
   }
 }
 
+// A recipe's paths and selectors (its checks' columns, axes' fields, where
+// keys, group_by, analysis and sweep names) set to hostile ones.
+void MutateRecipePaths(v1::StartReproductionRequest* req, std::mt19937_64& gen) {
+  static const std::vector<std::string> paths = {
+      "a.b.*.#", "circuit.circuit.*.coordinate.canonical", "tv.values[name=p0/resid_ratio,layer=1,position=46].value",
+      "*[layer=1].#", "[", "a[", "a[=]", "a[x=1", "a..b", ".", "#", "*.*.*.*.*.*.*.*.*.*.*.*", "series:",
+      "trajectory:", "first:train/loss>=", "first:train/loss>=nan", "coord:", "circuit.", ".circuit",
+      "x[a=1,a=2,a=3]", std::string(3000, '*'), std::string(2000, '[') + std::string(2000, ']'),
+      "circuit.circuit.99999999999999999999", "circuit.circuit.-1", "/model/../x", "training.steps.0.0",
+      "model", "", "seed", "one", "\x1b[31m", "a\u202e"};
+  auto pick = [&] { return paths[gen() % paths.size()]; };
+  if (!req->has_recipe() || req->recipe().scales().empty()) return;
+  v1::RecipeScale& scale = req->mutable_recipe()->mutable_scales()->begin()->second;
+  switch (gen() % 6) {
+    case 0:
+      if (scale.checks_size()) {
+        scale.mutable_checks(static_cast<int>(gen() % scale.checks_size()))->mutable_value()->mutable_column()->set_column(pick());
+      }
+      break;
+    case 1:
+      if (scale.sweeps_size() && scale.sweeps(0).sweep().axes_size()) {
+        scale.mutable_sweeps(0)->mutable_sweep()->mutable_axes(0)->set_field(pick());
+      }
+      break;
+    case 2:
+      if (scale.checks_size()) {
+        (*scale.mutable_checks(0)->mutable_value()->mutable_column()->mutable_where())[pick()].set_string_value(pick());
+      }
+      break;
+    case 3:
+      if (scale.checks_size()) scale.mutable_checks(0)->mutable_value()->mutable_column()->add_group_by(pick());
+      break;
+    case 4:
+      if (scale.analyses_size()) scale.mutable_analyses(0)->set_sweep(pick());
+      break;
+    default:
+      if (scale.checks_size()) {
+        scale.mutable_checks(0)->mutable_value()->mutable_column()->set_other(pick());
+        scale.mutable_checks(0)->mutable_value()->mutable_column()->set_reduce(
+            static_cast<v1::ColumnValue::Reduce>(gen() % 13));
+      }
+      break;
+  }
+}
+
 // Wire mutations of serialized bytes.
 void MutateBytes(std::string& b, std::mt19937_64& gen) {
   const size_t n = b.size();
@@ -337,14 +411,65 @@ void MutateBytes(std::string& b, std::mt19937_64& gen) {
   }
 }
 
-int64_t RssKb(pid_t pid) {
+int64_t StatusKb(pid_t pid, const char* field) {
   std::ifstream in("/proc/" + std::to_string(pid) + "/status");
   std::string line;
   while (std::getline(in, line)) {
-    if (line.rfind("VmRSS:", 0) == 0) return std::stoll(line.substr(6));
+    if (line.rfind(field, 0) == 0) return std::stoll(line.substr(std::strlen(field)));
   }
   return -1;
 }
+int64_t RssKb(pid_t pid) { return StatusKb(pid, "VmRSS:"); }
+
+// Issue 51: the server's peak memory watched while requests run. Every 20 ms
+// it reads the high-water mark (VmHWM, reset through clear_refs after each
+// reading); a peak more than `limit_kb` above `base_kb` is a failure naming
+// the requests in flight then (`in_flight()`, called under no lock of ours).
+class PeakGuard {
+ public:
+  PeakGuard(pid_t pid, int64_t limit_kb, std::function<std::string()> in_flight)
+      : pid_(pid), limit_kb_(limit_kb), in_flight_(std::move(in_flight)) {
+    base_kb_ = RssKb(pid);
+    thread_ = std::thread([this] {
+      while (!stop_.load()) {
+        std::ofstream("/proc/" + std::to_string(pid_) + "/clear_refs") << "5";
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        const int64_t peak = StatusKb(pid_, "VmHWM:");
+        if (peak > worst_kb_.load()) worst_kb_ = peak;
+        if (peak - base_kb_ > limit_kb_) {
+          std::lock_guard<std::mutex> lock(mu_);
+          if (failures_.size() < 5) {
+            failures_.push_back("peak RSS " + std::to_string(peak / 1024) + " MB, " +
+                                std::to_string((peak - base_kb_) / 1024) + " MB above the start, with in flight: " +
+                                in_flight_());
+          }
+        }
+      }
+    });
+  }
+  ~PeakGuard() { Stop(); }
+  void Stop() {
+    stop_ = true;
+    if (thread_.joinable()) thread_.join();
+  }
+  int64_t base_kb() const { return base_kb_; }
+  int64_t worst_kb() const { return worst_kb_.load(); }
+  std::vector<std::string> failures() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return failures_;
+  }
+
+ private:
+  const pid_t pid_;
+  const int64_t limit_kb_;
+  const std::function<std::string()> in_flight_;
+  int64_t base_kb_ = 0;
+  std::atomic<int64_t> worst_kb_{0};
+  std::atomic<bool> stop_{false};
+  std::mutex mu_;
+  std::vector<std::string> failures_;
+  std::thread thread_;
+};
 
 std::string Hex(const std::string& b) {
   static const char* digits = "0123456789abcdef";
@@ -361,7 +486,8 @@ std::string Hex(const std::string& b) {
 TEST(FuzzTest, EveryRpcHasASeed) {
   std::set<std::string> seeded;
   for (const Seed& s : Seeds()) seeded.insert(s.method);
-  for (const char* name : {"circuitlab.v1.ExperimentService", "circuitlab.v1.AnalysisService"}) {
+  for (const char* name :
+       {"circuitlab.v1.ExperimentService", "circuitlab.v1.AnalysisService", "circuitlab.v1.ReproductionService"}) {
     const pb::ServiceDescriptor* service = pb::DescriptorPool::generated_pool()->FindServiceByName(name);
     ASSERT_NE(service, nullptr) << name;
     for (int i = 0; i < service->method_count(); ++i) {
@@ -392,10 +518,22 @@ TEST(FuzzTest, MutatedRequestsToEveryRpcNeverBreakTheBoundary) {
   std::map<std::string, int> codes;
   std::vector<std::string> failures;
   int64_t rss_after_warmup = -1;
+  std::multiset<std::string> flying;  // methods in flight, for the peak guard (under mu)
+  PeakGuard peak(server.pid(), 256 * 1024, [&] {
+    std::lock_guard<std::mutex> lock(mu);
+    std::map<std::string, int> n;
+    for (const std::string& f : flying) ++n[f.substr(f.rfind('/') + 1)];
+    std::string out;
+    for (const auto& [method, k] : n) out += (out.empty() ? "" : ", ") + method + " x" + std::to_string(k);
+    return out;
+  });
   for (int i = 0; i < kRequests; ++i) {
     const Seed& s = seeds[gen() % seeds.size()];
     std::unique_ptr<pb::Message> m(s.message->New());
     m->CopyFrom(*s.message);
+    if (auto* start = dynamic_cast<v1::StartReproductionRequest*>(m.get()); start != nullptr && gen() % 2 == 0) {
+      MutateRecipePaths(start, gen);
+    }
     std::string bytes;
     const int mutations = 1 + static_cast<int>(gen() % 4);
     bool serialized = false;
@@ -415,6 +553,7 @@ TEST(FuzzTest, MutatedRequestsToEveryRpcNeverBreakTheBoundary) {
       std::unique_lock<std::mutex> lock(mu);
       cv.wait(lock, [&] { return in_flight < kInFlight; });
       ++in_flight;
+      flying.insert(s.method);
     }
     struct Call {
       grpc::ClientContext ctx;
@@ -440,6 +579,7 @@ TEST(FuzzTest, MutatedRequestsToEveryRpcNeverBreakTheBoundary) {
                                std::to_string(st.error_message().size()) + " chars) for " + Hex(bytes));
           }
           --in_flight;
+          flying.erase(flying.find(method));
           ++done;
           cv.notify_all();
         });
@@ -449,12 +589,15 @@ TEST(FuzzTest, MutatedRequestsToEveryRpcNeverBreakTheBoundary) {
     std::unique_lock<std::mutex> lock(mu);
     cv.wait(lock, [&] { return in_flight == 0; });
   }
+  peak.Stop();
   const int64_t rss_end = RssKb(server.pid());
   std::string summary;
   for (const auto& [code, n] : codes) summary += " " + code + ":" + std::to_string(n);
-  std::printf("%d requests (seed %llu); status codes%s; RSS %lld -> %lld KB\n", done,
-              static_cast<unsigned long long>(seed), summary.c_str(), static_cast<long long>(rss_after_warmup),
-              static_cast<long long>(rss_end));
+  std::printf("%d requests (seed %llu); status codes%s; RSS %lld -> %lld KB; highest peak %lld KB (from %lld)\n",
+              done, static_cast<unsigned long long>(seed), summary.c_str(), static_cast<long long>(rss_after_warmup),
+              static_cast<long long>(rss_end), static_cast<long long>(peak.worst_kb()),
+              static_cast<long long>(peak.base_kb()));
+  for (const std::string& f : peak.failures()) ADD_FAILURE() << f;
   EXPECT_EQ(done, kRequests);
   for (const std::string& f : failures) ADD_FAILURE() << f;
   EXPECT_LE(rss_end - rss_after_warmup, 50 * 1024) << "RSS growth over the run";
