@@ -228,6 +228,12 @@ void DefineFlags(CLI::App& app, ServerFlags& f) {
                  "Largest request accepted, in bytes (a larger one is RESOURCE_EXHAUSTED before it is parsed)")
       ->capture_default_str()
       ->check(CLI::Range(1 << 16, 64 << 20));
+  app.add_option("--max-response-bytes", f.server.fronts.max_response_bytes,
+                 "Bytes of answers being serialized and sent at once over gRPC and HTTP (HTTP counts an answer as "
+                 "three times its protobuf size); an answer that does not fit is RESOURCE_EXHAUSTED (429) naming the "
+                 "numbers")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{64} << 20, int64_t{1} << 40));
   app.add_option("--analysis-workers", f.server.jobs.workers,
                  "Analysis jobs run at once (one thread each, one LibTorch thread; they share the machine's cores "
                  "with the --cpu-slots training workers)")

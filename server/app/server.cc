@@ -98,6 +98,7 @@ void TuneMalloc() {
 
 absl::StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options) {
   TuneMalloc();
+  ResponseBudget::Process().SetLimit(options.fronts.max_response_bytes);
   std::unique_ptr<Server> server(new Server());
   if (absl::Status s = server->Build(std::move(options)); !s.ok()) {
     server->Shutdown(std::chrono::milliseconds(0));

@@ -13,6 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "server/common/quotas.h"
+#include "server/common/response_budget.h"
 #include "server/engine/engine.h"
 #include "server/http/http_gateway.h"
 #include "server/remote/slurm.h"
@@ -34,6 +35,8 @@ namespace circuitlab::app {
 struct FrontOptions {
   std::string listen = "127.0.0.1:50051";  // gRPC; port 0 picks a free one
   int max_message_bytes = 4 << 20;         // largest request accepted (both fronts)
+  // Answers being serialized and sent at once, both fronts (ResponseBudget).
+  int64_t max_response_bytes = ResponseBudget::kDefaultLimit;
   security::TlsFiles tls;                  // no cert = plaintext (local credentials on loopback)
   bool insecure_plaintext = false;         // allow plaintext beyond loopback
   bool private_runs = false;               // users read only their own runs

@@ -18,6 +18,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "server/common/response_budget.h"
 #include "server/common/status_macros.h"
 #include "server/common/text.h"
 #include "server/http/dashboard_assets.h"
@@ -101,6 +102,11 @@ absl::StatusOr<std::string> ToJson(const pb::Message& m) {
 // The answer as JSON (json_writer.h: memory linear in its size), sent from
 // its one buffer (set_content would copy it).
 absl::Status Reply(httplib::Response& res, const pb::Message& m) {
+  // JSON is at most about three times the wire size (floats as text); the
+  // lease is held until the answer is sent.
+  CL_ASSIGN_OR_RETURN(ResponseBudget::Lease lease,
+                      ResponseBudget::Process().Acquire(3 * static_cast<int64_t>(m.ByteSizeLong()),
+                                                        std::string(m.GetDescriptor()->name())));
   auto body = std::make_shared<std::string>();
   CL_RETURN_IF_ERROR(AppendJson(m, body.get()));
   body->push_back('\n');
@@ -109,16 +115,18 @@ absl::Status Reply(httplib::Response& res, const pb::Message& m) {
     return absl::OkStatus();
   }
   const size_t n = body->size();
+  auto held = std::make_shared<ResponseBudget::Lease>(std::move(lease));
   res.set_content_provider(
       n, "application/json",
       [body](size_t offset, size_t length, httplib::DataSink& sink) {
         return sink.write(body->data() + offset, std::min(length, body->size() - offset));
       },
-      [body](bool) {
+      [body, held](bool) {
         // Sent: the buffer goes now, and what the answer's parts left free
         // in malloc's arenas goes back to the system (with the two arenas
         // app/server.cc allows, five GETs of a 50 MB answer keep nothing).
         std::string().swap(*body);
+        held->Release();
         ::malloc_trim(0);
       });
   return absl::OkStatus();

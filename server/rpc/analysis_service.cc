@@ -65,11 +65,11 @@ grpc::ServerUnaryReactor* JobCall(grpc::CallbackServerContext* ctx, const Securi
             // answer.
             s = scheduler::UpdatePending(*a, resp.get());
           }
-          reactor->Finish(s.ok() ? WriteResponse(*resp, out) : ToGrpcStatus(s));
+          FinishWithin(reactor, s, *resp, out);
         });
         return reactor;
       }
-      reactor->Finish(WriteResponse(*resp, out));
+      FinishWithin(reactor, absl::OkStatus(), *resp, out);
       return reactor;
     }
   }

@@ -87,6 +87,22 @@ grpc::Status WriteResponse(const google::protobuf::Message& resp, grpc::ByteBuff
   return grpc::Status::OK;
 }
 
+void FinishWithin(grpc::ServerUnaryReactor* reactor, const absl::Status& s, const google::protobuf::Message& resp,
+                  grpc::ByteBuffer* out) {
+  if (!s.ok()) {
+    reactor->Finish(ToGrpcStatus(s));
+    return;
+  }
+  absl::StatusOr<ResponseBudget::Lease> lease = ResponseBudget::Process().Acquire(
+      static_cast<int64_t>(resp.ByteSizeLong()), std::string(resp.GetDescriptor()->name()));
+  if (!lease.ok()) {
+    reactor->Finish(ToGrpcStatus(lease.status()));
+    return;
+  }
+  // Serialized into gRPC's buffer; the lease ends as gRPC takes it over.
+  reactor->Finish(WriteResponse(resp, out));
+}
+
 SlowCalls::SlowCalls(int threads, size_t max_waiting) : max_waiting_(max_waiting) {
   for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { Work(); });
 }

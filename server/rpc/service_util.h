@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "server/common/response_budget.h"
 #include "server/common/status_macros.h"
 #include "server/security/security.h"
 
@@ -61,6 +62,12 @@ std::string FirstUnknownField(const google::protobuf::Message& m, const std::str
 // `resp` serialized into `out` (Internal when it cannot be).
 grpc::Status WriteResponse(const google::protobuf::Message& resp, grpc::ByteBuffer* out);
 
+// Finishes a unary call: with `s` when it failed, else with `resp` written
+// into `out` within the process's ResponseBudget (RESOURCE_EXHAUSTED, naming
+// the numbers, when it does not fit).
+void FinishWithin(grpc::ServerUnaryReactor* reactor, const absl::Status& s, const google::protobuf::Message& resp,
+                  grpc::ByteBuffer* out);
+
 // A unary method: authenticate the caller, parse `in` as Req, check the
 // caller's `access` to what it names, `fn(req, &resp, caller)` (an exception
 // is INTERNAL with its message), `resp` into `out`, finish. A call that is not
@@ -77,7 +84,7 @@ grpc::ServerUnaryReactor* UnaryCall(grpc::CallbackServerContext* ctx, const Secu
   if (s.ok()) s = security.Check(*caller, access, req);
   if (s.ok()) s = CallCatching([&] { return fn(req, &resp, *caller); });
   if (caller.ok() && access != Access::kRead) security.Audit(*caller, req, &resp, s);
-  reactor->Finish(s.ok() ? WriteResponse(resp, out) : ToGrpcStatus(s));
+  FinishWithin(reactor, s, resp, out);
   return reactor;
 }
 
@@ -126,7 +133,7 @@ grpc::ServerUnaryReactor* SlowUnaryCall(SlowCalls& slow, grpc::CallbackServerCon
       Resp resp;
       const absl::Status done = CallCatching([&] { return fn(*req, &resp, who); });
       if (access != Access::kRead) security.Audit(who, *req, &resp, done);
-      reactor->Finish(done.ok() ? WriteResponse(resp, out) : ToGrpcStatus(done));
+      FinishWithin(reactor, done, resp, out);
     });
     if (queued) return reactor;
     s = absl::ResourceExhaustedError("the server is busy: " + std::to_string(slow.max_waiting()) +

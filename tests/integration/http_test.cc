@@ -346,10 +346,9 @@ TEST(HttpTest, AnalysesAreJobsAndInterventionsArePosted) {
 // (protobuf's JSON printer built a tree node per weight). Served now at a
 // peak of at most 3x the bytes answered, and five GETs in a row leave the
 // server's memory where one left it.
-TEST(HttpTest, ALargeStoredAnswerCostsAtMostThreeTimesItsSize) {
-  TempDir dir;
-  auto exec = engine::MakeTorchExecutor();
-  Server server(dir.path(), exec.get(), {}, WithHttp());
+// Run r1 (trained), with its stored attention answer for sequences=2 grown
+// to the documented maximum: 4 patterns of 1,048,576 weights (16.8 MB).
+void StoreTheLargestAttentionAnswer(Server& server) {
   auto c = MakeClient(server.address());
   auto run = c.SubmitRun(TinySpec(20));
   ASSERT_TRUE(run.ok());
@@ -377,7 +376,14 @@ TEST(HttpTest, ALargeStoredAnswerCostsAtMostThreeTimesItsSize) {
   const int64_t hash = static_cast<int64_t>(HashPurpose((*rows)[0].request) >> 1);
   ASSERT_TRUE(server.app().store().PutAnalysis(1, "attention", hash, (*rows)[0].request, big.SerializeAsString()).ok());
   ASSERT_TRUE(server.app().store().Flush().ok());
-  big.Clear();
+}
+
+TEST(HttpTest, ALargeStoredAnswerCostsAtMostThreeTimesItsSize) {
+  TempDir dir;
+  auto exec = engine::MakeTorchExecutor();
+  Server server(dir.path(), exec.get(), {}, WithHttp());
+  StoreTheLargestAttentionAnswer(server);
+  if (::testing::Test::HasFatalFailure()) return;
 
   httplib::Client http("127.0.0.1", server.http_port());
   http.set_read_timeout(std::chrono::seconds(60));
@@ -408,6 +414,46 @@ TEST(HttpTest, ALargeStoredAnswerCostsAtMostThreeTimesItsSize) {
   int64_t kept = 0;
   EXPECT_TRUE(WaitFor([&] { return (kept = ReadRss().now - before.now) <= 100'000'000; }))
       << "memory kept after five GETs: " << kept / 1'000'000 << " MB";
+}
+
+// Issue 51 item 1: a server-wide budget for answers being sent at once
+// (--max-response-bytes). With 40 MB, the 16.8 MB stored attention answer is
+// served over gRPC; over HTTP it counts three times (50 MB of JSON) and is
+// refused with 429 naming the budget, as gRPC refuses it under 10 MB; nothing
+// stays held once answered.
+TEST(HttpTest, AnswersAreServedWithinTheServersResponseBudget) {
+  TempDir dir;
+  auto exec = engine::MakeTorchExecutor();
+  app::FrontOptions fronts = WithHttp();
+  fronts.max_response_bytes = 40 << 20;
+  Server server(dir.path(), exec.get(), {}, fronts);
+  StoreTheLargestAttentionAnswer(server);
+  if (::testing::Test::HasFatalFailure()) return;
+  client::ClientOptions big;
+  big.server = server.address();
+  big.timeout = std::chrono::seconds(60);
+  client::Client c(big);
+  v1::GetAttentionPatternsRequest req;
+  req.set_run_id("r1");
+  req.set_sequences(2);
+  auto served = c.GetAttentionPatterns(req);
+  ASSERT_TRUE(served.ok()) << served.status();
+  EXPECT_EQ(served->patterns_size(), 4);
+  httplib::Client http("127.0.0.1", server.http_port());
+  http.set_read_timeout(std::chrono::seconds(60));
+  auto refused = http.Get("/api/v1/runs/r1/attention/stored?sequences=2");
+  ASSERT_TRUE(refused);
+  EXPECT_EQ(refused->status, 429) << refused->body.substr(0, 300);
+  EXPECT_NE(refused->body.find("--max-response-bytes"), std::string::npos) << refused->body.substr(0, 300);
+  EXPECT_NE(refused->body.find("41943040"), std::string::npos) << refused->body.substr(0, 300);
+  EXPECT_EQ(ResponseBudget::Process().in_use(), 0) << "every lease given back";
+  ResponseBudget::Process().SetLimit(10 << 20);
+  auto small = c.GetAttentionPatterns(req);
+  EXPECT_TRUE(absl::IsResourceExhausted(small.status())) << small.status();
+  EXPECT_NE(small.status().message().find("10485760"), std::string::npos) << small.status();
+  ResponseBudget::Process().SetLimit(ResponseBudget::kDefaultLimit);
+  EXPECT_EQ(http.Get("/api/v1/runs/r1/attention/stored?sequences=2")->status, 200);
+  EXPECT_TRUE(WaitFor([] { return ResponseBudget::Process().in_use() == 0; })) << "the sent answer's lease given back";
 }
 
 // Issue 51 item 5: GET /api/v1/runs/{id}/interventions returned the stored
