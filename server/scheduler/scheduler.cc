@@ -483,7 +483,8 @@ absl::StatusOr<v1::Run> Scheduler::ToRun(const store::RunRow& row) {
   std::lock_guard<std::mutex> lock(mu_);
   if (auto it = active_.find(row.id); it != active_.end()) {
     const Active& a = *it->second;
-    p->set_step(static_cast<uint64_t>(std::max(a.step, row.step)));
+    // A checkpoint written since the last progress report is progress too.
+    p->set_step(static_cast<uint64_t>(std::max({a.step, row.step, row.checkpoint_step})));
     p->set_steps_per_second(a.rate);
     if (a.rate > 0) p->set_eta_seconds(static_cast<double>(a.total - a.step) / a.rate);
   }

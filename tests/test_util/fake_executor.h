@@ -20,6 +20,7 @@ class FakeExecutor : public engine::Executor {
  public:
   std::chrono::milliseconds step_time{0};
   int checkpoint_every = 5;
+  int progress_every = 1;  // progress reported every this many steps (an engine throttles its reports)
   // When set, Train fails with this status after `fail_after` steps.
   absl::Status fail_with = absl::OkStatus();
   int fail_after = 0;
@@ -51,7 +52,7 @@ class FakeExecutor : public engine::Executor {
       ++step;
       if (!fail_with.ok() && step >= fail_after) return fail_with;
       obs.OnMetrics(step, {{"train/loss", 1.0 / static_cast<double>(step)}, {"train/step", static_cast<double>(step)}});
-      obs.OnProgress(step, 100.0);
+      if (step % progress_every == 0 || step == total) obs.OnProgress(step, 100.0);
       if (step % checkpoint_every == 0 || step == total) {
         if (absl::Status s = obs.OnCheckpoint(step, "step=" + std::to_string(step)); !s.ok()) return s;
       }

@@ -281,6 +281,29 @@ TEST_F(SchedulerTest, RunsLeftRunningByACrashAreRequeuedAndResumed) {
   EXPECT_EQ(executor_.resumed_from(), 10);
 }
 
+// Issue 51 item 12: a run's progress never shows less than its checkpoint:
+// an engine reports progress every few steps, and a checkpoint written
+// between two reports (or a resumed run's, before its first report) showed
+// a progress.step behind checkpoint_step.
+TEST_F(SchedulerTest, ARunsProgressNeverLagsItsCheckpoint) {
+  executor_.step_time = std::chrono::milliseconds(10);
+  executor_.progress_every = 7;
+  executor_.checkpoint_every = 5;
+  ASSERT_TRUE(scheduler_->Start().ok());
+  ASSERT_TRUE(scheduler_->Submit(SmallSpec(120), "a").ok());
+  int looks = 0, lagging = 0;
+  ASSERT_TRUE(WaitFor([&] {
+    auto run = scheduler_->GetRun("r1");
+    if (run->state() == v1::RUN_STATE_RUNNING) {
+      ++looks;
+      lagging += run->progress().step() < run->checkpoint_step();
+    }
+    return run->state() == v1::RUN_STATE_SUCCEEDED;
+  }));
+  EXPECT_GT(looks, 10);
+  EXPECT_EQ(lagging, 0) << "of " << looks << " looks";
+}
+
 // Issue 14 item 7: a truncated newest checkpoint (a torn write before a
 // crash) no longer fails the run: it resumes from the newest intact one and
 // says so.
