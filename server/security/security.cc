@@ -123,7 +123,12 @@ absl::StatusOr<Caller> Security::Authenticate(std::string_view authorization, st
 
 absl::Status Security::Check(const Caller& caller, Access access, const google::protobuf::Message& request) const {
   const Principal& who = caller.principal;
-  if (access == Access::kCreate) return MayWrite(who, MethodOf(request));
+  if (access == Access::kCreate) {
+    // What it creates is the caller's; what it names (a recipe's analyses, a
+    // swap's source) is read like any other reference.
+    CL_RETURN_IF_ERROR(MayWrite(who, MethodOf(request)));
+    return CheckReferences(who, request, false);
+  }
   const std::string run_id = StringField(request, "run_id");
   const std::string sweep_id = StringField(request, "sweep_id");
   if (access == Access::kRead && !options_.private_runs) return absl::OkStatus();
@@ -143,11 +148,17 @@ absl::Status Security::Check(const Caller& caller, Access access, const google::
     }
     if (access == Access::kChange) CL_RETURN_IF_ERROR(MayChange(who, owner, std::string(t.kind) + " " + t.id));
   }
+  return CheckReferences(who, request, true);
+}
+
+absl::Status Security::CheckReferences(const Principal& who, const google::protobuf::Message& request,
+                                       bool skip_top) const {
   if (!options_.private_runs) return absl::OkStatus();
   // Every other run or sweep the request reads (a swap's source, a recipe's
-  // steps) is checked as a read of it, answered as a missing one when refused.
+  // analyses) is checked as a read of it, answered as a missing one when
+  // refused.
   std::vector<std::pair<std::string, bool>> refs;
-  NestedReferences(request, true, refs);
+  NestedReferences(request, skip_top, refs);
   for (const auto& [id, sweep] : refs) {
     absl::StatusOr<std::string> owner = sweep ? sweeps_->OwnerOf(id) : runs_->OwnerOf(id);
     if (!owner.ok() || !MayRead(who, *owner, options_.private_runs)) {

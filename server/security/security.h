@@ -123,6 +123,10 @@ class Security {
   int OpenStreamCount() const;
 
  private:
+  // Under --private-runs: every run and sweep `request` names below its top
+  // level (at it too, unless `skip_top`) may be read by `who`; NotFound, as
+  // for a missing one, when not.
+  absl::Status CheckReferences(const Principal& who, const google::protobuf::Message& request, bool skip_top) const;
   const Authenticator* const auth_;
   AuditLog* const audit_;
   scheduler::Scheduler* const runs_;

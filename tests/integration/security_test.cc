@@ -8,12 +8,14 @@
 #include <grpcpp/support/byte_buffer.h>
 #include <httplib.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <future>
 #include <thread>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 
 #include "tests/integration/integration_util.h"
@@ -384,6 +386,142 @@ TEST(SecurityTest, PrivateRunsHideOtherUsersRuns) {
   EXPECT_EQ(refused.message(), "run " + run->run_id() + " not found");
   EXPECT_EQ(missing.code(), absl::StatusCode::kNotFound) << missing;
   EXPECT_EQ(missing.message(), "run r999 not found");
+}
+
+// A path from a request type to each string field naming a run or a sweep
+// ("run_id", "source_run_id", "sweep_id", ...), through sub-messages (a
+// repeated one or a map: its first element; well-known types skipped).
+struct RefPath {
+  std::vector<const google::protobuf::FieldDescriptor*> fields;
+  bool sweep = false;
+};
+void RefPaths(const google::protobuf::Descriptor* d, std::vector<const google::protobuf::FieldDescriptor*>& path,
+              std::vector<const google::protobuf::Descriptor*>& seen, std::vector<RefPath>& out) {
+  using FD = google::protobuf::FieldDescriptor;
+  if (path.size() > 6 || d->file()->package() == "google.protobuf" ||
+      std::find(seen.begin(), seen.end(), d) != seen.end()) {
+    return;
+  }
+  seen.push_back(d);
+  for (int i = 0; i < d->field_count(); ++i) {
+    const FD* f = d->field(i);
+    path.push_back(f);
+    if (f->cpp_type() == FD::CPPTYPE_MESSAGE) {
+      RefPaths(f->message_type(), path, seen, out);  // a map: its entry's value
+    } else if (f->cpp_type() == FD::CPPTYPE_STRING && !f->is_repeated()) {
+      const std::string& n = f->name();
+      const auto ends = [&](const char* tail) {
+        const std::string t = tail;
+        return n.size() >= t.size() && n.compare(n.size() - t.size(), t.size(), t) == 0;
+      };
+      if (n == "run_id" || ends("_run_id")) out.push_back({path, false});
+      if (n == "sweep_id" || ends("_sweep_id")) out.push_back({path, true});
+    }
+    path.pop_back();
+  }
+  seen.pop_back();
+}
+void SetAlong(google::protobuf::Message* m, const RefPath& p, const std::string& value) {
+  for (size_t i = 0; i < p.fields.size(); ++i) {
+    const google::protobuf::FieldDescriptor* f = p.fields[i];
+    const google::protobuf::Reflection* r = m->GetReflection();
+    if (i + 1 == p.fields.size()) {
+      r->SetString(m, f, value);
+      return;
+    }
+    m = !f->is_repeated()          ? r->MutableMessage(m, f)
+        : r->FieldSize(*m, f) > 0 ? r->MutableRepeatedMessage(m, f, 0)
+                                  : r->AddMessage(m, f);
+  }
+}
+
+// Issue 51 item 2, table-driven: under --private-runs every run or sweep a
+// request names, at any depth of any RPC's request (a swap's source, an
+// inline recipe's analyses, whatever a later request adds), is read-checked
+// like the request's own; bob naming alice's gets the very answer a run that
+// does not exist gets, for every such field of every method, writes too.
+TEST(SecurityTest, EveryRunAndSweepARequestNamesIsPrivate) {
+  TempDir dir;
+  FakeExecutor exec;
+  Principals principals(dir.path(), Principal("alice", "user") + Principal("bob", "user"));
+  app::FrontOptions opts;
+  opts.private_runs = true;
+  opts.http.listen = "127.0.0.1:0";
+  Server server(dir.path(), &exec, {}, opts, nullptr, principals.auth.get());
+  auto alice = MakeClient(server.address(), Token("alice"));
+  ASSERT_TRUE(alice.SubmitRun(TinySpec()).ok());                             // r1
+  ASSERT_TRUE(alice.SubmitSweep(SeedSweep(TinySpec(), {1})).ok());           // s1
+  auto channel = grpc::CreateChannel(server.address(), grpc::InsecureChannelCredentials());
+  grpc::GenericStub stub(channel);
+  auto call = [&](const std::string& method, const google::protobuf::Message& req) {
+    grpc::Slice slice(req.SerializeAsString());
+    grpc::ByteBuffer request(&slice, 1), response;
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("authorization", "Bearer " + Token("bob"));
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    std::promise<grpc::Status> done;
+    stub.UnaryCall(&ctx, method, grpc::StubOptions(), &request, &response,
+                   [&](grpc::Status st) { done.set_value(std::move(st)); });
+    return done.get_future().get();
+  };
+  int checked = 0;
+  std::set<std::string> methods;
+  for (const char* name :
+       {"circuitlab.v1.ExperimentService", "circuitlab.v1.AnalysisService", "circuitlab.v1.ReproductionService"}) {
+    const google::protobuf::ServiceDescriptor* service =
+        google::protobuf::DescriptorPool::generated_pool()->FindServiceByName(name);
+    ASSERT_NE(service, nullptr) << name;
+    for (int i = 0; i < service->method_count(); ++i) {
+      const google::protobuf::MethodDescriptor* m = service->method(i);
+      if (m->server_streaming() || m->client_streaming()) continue;  // WatchRun: PrivateRunsHideOtherUsersRuns
+      std::vector<RefPath> paths;
+      std::vector<const google::protobuf::FieldDescriptor*> path;
+      std::vector<const google::protobuf::Descriptor*> seen;
+      RefPaths(m->input_type(), path, seen, paths);
+      for (const RefPath& p : paths) {
+        std::string where;
+        for (const auto* f : p.fields) where += (where.empty() ? "" : ".") + f->name();
+        const std::string hidden = p.sweep ? "s1" : "r1", none = p.sweep ? "s999" : "r999";
+        std::unique_ptr<google::protobuf::Message> req(
+            google::protobuf::MessageFactory::generated_factory()->GetPrototype(m->input_type())->New());
+        SetAlong(req.get(), p, hidden);
+        const grpc::Status refused = call("/" + std::string(name) + "/" + m->name(), *req);
+        SetAlong(req.get(), p, none);
+        const grpc::Status missing = call("/" + std::string(name) + "/" + m->name(), *req);
+        const std::string kind = p.sweep ? "sweep " : "run ";
+        EXPECT_EQ(refused.error_code(), grpc::StatusCode::NOT_FOUND)
+            << m->name() << " " << where << ": " << refused.error_message();
+        EXPECT_EQ(refused.error_message(), kind + hidden + " not found") << m->name() << " " << where;
+        EXPECT_EQ(missing.error_message(), kind + none + " not found") << m->name() << " " << where;
+        methods.insert(m->name());
+        ++checked;
+      }
+    }
+  }
+  std::printf("%d references in %zu methods\n", checked, methods.size());
+  EXPECT_GE(checked, 25);
+  EXPECT_TRUE(methods.contains("StartReproduction")) << "a recipe's analyses name runs";
+  EXPECT_TRUE(methods.contains("Intervene"));
+  // Over HTTP: the POST names a source in its body, the GETs their run.
+  httplib::Client h("127.0.0.1", server.http_port());
+  const httplib::Headers bob = {{"Authorization", "Bearer " + Token("bob")}};
+  auto own = MakeClient(server.address(), Token("bob")).SubmitRun(TinySpec());
+  ASSERT_TRUE(own.ok());
+  for (const std::string source : {"r1", "r999"}) {
+    auto got = h.Post("/api/v1/runs/" + own->run_id() + "/interventions", bob,
+                      R"({"interventions": [{"op": "OP_SWAP_COORDINATES", "source_run_id": ")" + source + R"("}]})",
+                      "application/json");
+    ASSERT_TRUE(got);
+    EXPECT_EQ(got->status, 404) << got->body;
+    EXPECT_NE(got->body.find("run " + source + " not found"), std::string::npos) << source << ": " << got->body;
+  }
+  for (const std::string route : {"", "/metrics", "/coordinates", "/interventions", "/attention/stored"}) {
+    auto got = h.Get("/api/v1/runs/r1" + route, bob);
+    ASSERT_TRUE(got) << route;
+    EXPECT_EQ(got->status, 404) << route << ": " << got->body;
+  }
+  EXPECT_EQ(h.Get("/api/v1/sweeps/s1", bob)->status, 404);
+  EXPECT_EQ(h.Get("/api/v1/sweeps/s1/summary", bob)->status, 404);
 }
 
 // Issue 51 item 11: a worker token reaches WorkerService only. Every other
