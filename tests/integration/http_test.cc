@@ -83,6 +83,24 @@ std::vector<Frame> Frames(const std::string& body) {
 }
 uint64_t SequenceOf(const Frame& f) { return std::stoull(f.id.substr(f.id.rfind('/') + 1)); }
 
+// A raw TCP connection to 127.0.0.1:`port`, from `source` when given (any
+// 127.0.0.0/8 address: another peer to the server).
+int ConnectTo(int port, const char* source = nullptr) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (source != nullptr) {
+    sockaddr_in from{};
+    from.sin_family = AF_INET;
+    ::inet_pton(AF_INET, source, &from.sin_addr);
+    EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&from), sizeof from), 0) << source;
+  }
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  return fd;
+}
+
 TEST(HttpTest, JsonApiAnswersWhatGrpcAnswers) {
   TempDir dir;
   auto exec = engine::MakeTorchExecutor();
@@ -572,18 +590,9 @@ TEST(HttpTest, SlowClientsDoNotTakeThePortDown) {
   opts.http.max_per_peer = 4;
   Server server(dir.path(), &exec, {}, opts);
   const int port = server.http_port();
-  auto connect_raw = [port] {
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(static_cast<uint16_t>(port));
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
-    return fd;
-  };
   std::vector<int> drippers;
   for (int i = 0; i < 200; ++i) {
-    const int fd = connect_raw();
+    const int fd = ConnectTo(port);
     const std::string start = "GET /api/v1/runs HTTP/1.1\r\nHost: x\r\n";
     ::send(fd, start.data(), start.size(), MSG_NOSIGNAL);
     drippers.push_back(fd);
@@ -631,7 +640,7 @@ TEST(HttpTest, SlowClientsDoNotTakeThePortDown) {
   EXPECT_EQ(closed, static_cast<int>(drippers.size())) << "drippers the server still holds";
 
   // A 100 MB body is refused before a byte of it is read (none is sent).
-  const int fd = connect_raw();
+  const int fd = ConnectTo(port);
   const std::string big =
       "POST /api/v1/runs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 104857600\r\n\r\n";
   ::send(fd, big.data(), big.size(), MSG_NOSIGNAL);
@@ -694,23 +703,9 @@ TEST(HttpTest, TricklingClientsCannotHoldThePool) {
   opts.http.request_deadline = std::chrono::seconds(3);
   Server server(dir.path(), &exec, {}, opts);
   const int port = server.http_port();
-  // From 127.0.0.2: another address than the /healthz below.
-  auto connect_from = [port](const char* source) {
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in from{};
-    from.sin_family = AF_INET;
-    ::inet_pton(AF_INET, source, &from.sin_addr);
-    EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&from), sizeof from), 0) << source;
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(static_cast<uint16_t>(port));
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
-    return fd;
-  };
   std::vector<int> trickle;
   for (int i = 0; i < 40; ++i) {
-    const int fd = connect_from("127.0.0.2");
+    const int fd = ConnectTo(port, "127.0.0.2");  // another address than the /healthz below
     const std::string start = i < 20 ? "GET /healthz HTTP/1.1\r\nHost: x\r\n"
                                      : "POST /api/v1/runs/r1/interventions HTTP/1.1\r\nHost: x\r\n"
                                        "Content-Type: application/json\r\nContent-Length: 60000\r\n\r\n";

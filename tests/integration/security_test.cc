@@ -388,6 +388,37 @@ TEST(SecurityTest, PrivateRunsHideOtherUsersRuns) {
   EXPECT_EQ(missing.message(), "run r999 not found");
 }
 
+// The unary methods of the research services (all but WorkerService).
+std::vector<const google::protobuf::MethodDescriptor*> ResearchUnaryMethods() {
+  std::vector<const google::protobuf::MethodDescriptor*> out;
+  for (const char* name :
+       {"circuitlab.v1.ExperimentService", "circuitlab.v1.AnalysisService", "circuitlab.v1.ReproductionService"}) {
+    const google::protobuf::ServiceDescriptor* service =
+        google::protobuf::DescriptorPool::generated_pool()->FindServiceByName(name);
+    EXPECT_NE(service, nullptr) << name;
+    for (int i = 0; service != nullptr && i < service->method_count(); ++i) {
+      const google::protobuf::MethodDescriptor* m = service->method(i);
+      if (!m->server_streaming() && !m->client_streaming()) out.push_back(m);
+    }
+  }
+  return out;
+}
+
+// One unary call of `method` with these request bytes and bearer token (the
+// request is not parsed here: what the server answers to bytes).
+grpc::Status RawCall(grpc::GenericStub& stub, const std::string& token, const std::string& method,
+                     const std::string& bytes) {
+  grpc::Slice slice(bytes);
+  grpc::ByteBuffer request(&slice, 1), response;
+  grpc::ClientContext ctx;
+  ctx.AddMetadata("authorization", "Bearer " + token);
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  std::promise<grpc::Status> done;
+  stub.UnaryCall(&ctx, method, grpc::StubOptions(), &request, &response,
+                 [&](grpc::Status st) { done.set_value(std::move(st)); });
+  return done.get_future().get();
+}
+
 // A path from a request type to each string field naming a run or a sweep
 // ("run_id", "source_run_id", "sweep_id", ...), through sub-messages (a
 // repeated one or a map: its first element; well-known types skipped).
@@ -451,51 +482,35 @@ TEST(SecurityTest, EveryRunAndSweepARequestNamesIsPrivate) {
   auto alice = MakeClient(server.address(), Token("alice"));
   ASSERT_TRUE(alice.SubmitRun(TinySpec()).ok());                             // r1
   ASSERT_TRUE(alice.SubmitSweep(SeedSweep(TinySpec(), {1})).ok());           // s1
-  auto channel = grpc::CreateChannel(server.address(), grpc::InsecureChannelCredentials());
-  grpc::GenericStub stub(channel);
+  grpc::GenericStub stub(grpc::CreateChannel(server.address(), grpc::InsecureChannelCredentials()));
   auto call = [&](const std::string& method, const google::protobuf::Message& req) {
-    grpc::Slice slice(req.SerializeAsString());
-    grpc::ByteBuffer request(&slice, 1), response;
-    grpc::ClientContext ctx;
-    ctx.AddMetadata("authorization", "Bearer " + Token("bob"));
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-    std::promise<grpc::Status> done;
-    stub.UnaryCall(&ctx, method, grpc::StubOptions(), &request, &response,
-                   [&](grpc::Status st) { done.set_value(std::move(st)); });
-    return done.get_future().get();
+    return RawCall(stub, Token("bob"), method, req.SerializeAsString());
   };
   int checked = 0;
   std::set<std::string> methods;
-  for (const char* name :
-       {"circuitlab.v1.ExperimentService", "circuitlab.v1.AnalysisService", "circuitlab.v1.ReproductionService"}) {
-    const google::protobuf::ServiceDescriptor* service =
-        google::protobuf::DescriptorPool::generated_pool()->FindServiceByName(name);
-    ASSERT_NE(service, nullptr) << name;
-    for (int i = 0; i < service->method_count(); ++i) {
-      const google::protobuf::MethodDescriptor* m = service->method(i);
-      if (m->server_streaming() || m->client_streaming()) continue;  // WatchRun: PrivateRunsHideOtherUsersRuns
-      std::vector<RefPath> paths;
-      std::vector<const google::protobuf::FieldDescriptor*> path;
-      std::vector<const google::protobuf::Descriptor*> seen;
-      RefPaths(m->input_type(), path, seen, paths);
-      for (const RefPath& p : paths) {
-        std::string where;
-        for (const auto* f : p.fields) where += (where.empty() ? "" : ".") + f->name();
-        const std::string hidden = p.sweep ? "s1" : "r1", none = p.sweep ? "s999" : "r999";
-        std::unique_ptr<google::protobuf::Message> req(
-            google::protobuf::MessageFactory::generated_factory()->GetPrototype(m->input_type())->New());
-        SetAlong(req.get(), p, hidden);
-        const grpc::Status refused = call("/" + std::string(name) + "/" + m->name(), *req);
-        SetAlong(req.get(), p, none);
-        const grpc::Status missing = call("/" + std::string(name) + "/" + m->name(), *req);
-        const std::string kind = p.sweep ? "sweep " : "run ";
-        EXPECT_EQ(refused.error_code(), grpc::StatusCode::NOT_FOUND)
-            << m->name() << " " << where << ": " << refused.error_message();
-        EXPECT_EQ(refused.error_message(), kind + hidden + " not found") << m->name() << " " << where;
-        EXPECT_EQ(missing.error_message(), kind + none + " not found") << m->name() << " " << where;
-        methods.insert(m->name());
-        ++checked;
-      }
+  for (const google::protobuf::MethodDescriptor* m : ResearchUnaryMethods()) {  // WatchRun: PrivateRunsHideOtherUsersRuns
+    const std::string name = m->service()->full_name();
+    std::vector<RefPath> paths;
+    std::vector<const google::protobuf::FieldDescriptor*> path;
+    std::vector<const google::protobuf::Descriptor*> seen;
+    RefPaths(m->input_type(), path, seen, paths);
+    for (const RefPath& p : paths) {
+      std::string where;
+      for (const auto* f : p.fields) where += (where.empty() ? "" : ".") + f->name();
+      const std::string hidden = p.sweep ? "s1" : "r1", none = p.sweep ? "s999" : "r999";
+      std::unique_ptr<google::protobuf::Message> req(
+          google::protobuf::MessageFactory::generated_factory()->GetPrototype(m->input_type())->New());
+      SetAlong(req.get(), p, hidden);
+      const grpc::Status refused = call("/" + std::string(name) + "/" + m->name(), *req);
+      SetAlong(req.get(), p, none);
+      const grpc::Status missing = call("/" + std::string(name) + "/" + m->name(), *req);
+      const std::string kind = p.sweep ? "sweep " : "run ";
+      EXPECT_EQ(refused.error_code(), grpc::StatusCode::NOT_FOUND)
+          << m->name() << " " << where << ": " << refused.error_message();
+      EXPECT_EQ(refused.error_message(), kind + hidden + " not found") << m->name() << " " << where;
+      EXPECT_EQ(missing.error_message(), kind + none + " not found") << m->name() << " " << where;
+      methods.insert(m->name());
+      ++checked;
     }
   }
   std::printf("%d references in %zu methods\n", checked, methods.size());
@@ -534,34 +549,15 @@ TEST(SecurityTest, TheWorkerRoleReachesWorkerServiceOnly) {
   app::FrontOptions http;
   http.http.listen = "127.0.0.1:0";
   Server server(dir.path(), &exec, {}, http, nullptr, principals.auth.get());
-  auto channel = grpc::CreateChannel(server.address(), grpc::InsecureChannelCredentials());
-  grpc::GenericStub stub(channel);
-  auto call = [&](const std::string& method) {
-    grpc::Slice slice(std::string{});
-    grpc::ByteBuffer request(&slice, 1), response;
-    grpc::ClientContext ctx;
-    ctx.AddMetadata("authorization", "Bearer " + Token("node"));
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-    std::promise<grpc::Status> done;
-    stub.UnaryCall(&ctx, method, grpc::StubOptions(), &request, &response,
-                   [&](grpc::Status st) { done.set_value(std::move(st)); });
-    return done.get_future().get();
-  };
+  grpc::GenericStub stub(grpc::CreateChannel(server.address(), grpc::InsecureChannelCredentials()));
+  auto call = [&](const std::string& method) { return RawCall(stub, Token("node"), method, ""); };
   int checked = 0;
-  for (const char* name :
-       {"circuitlab.v1.ExperimentService", "circuitlab.v1.AnalysisService", "circuitlab.v1.ReproductionService"}) {
-    const google::protobuf::ServiceDescriptor* service =
-        google::protobuf::DescriptorPool::generated_pool()->FindServiceByName(name);
-    ASSERT_NE(service, nullptr) << name;
-    for (int i = 0; i < service->method_count(); ++i) {
-      const google::protobuf::MethodDescriptor* m = service->method(i);
-      if (m->server_streaming() || m->client_streaming()) continue;  // WatchRun: below
-      const grpc::Status s = call("/" + std::string(name) + "/" + m->name());
-      EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << m->full_name() << ": " << s.error_message();
-      EXPECT_NE(s.error_message().find("worker role: it reaches WorkerService only"), std::string::npos)
-          << s.error_message();
-      ++checked;
-    }
+  for (const google::protobuf::MethodDescriptor* m : ResearchUnaryMethods()) {  // WatchRun: below
+    const grpc::Status s = call("/" + m->service()->full_name() + "/" + m->name());
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << m->full_name() << ": " << s.error_message();
+    EXPECT_NE(s.error_message().find("worker role: it reaches WorkerService only"), std::string::npos)
+        << s.error_message();
+    ++checked;
   }
   EXPECT_GE(checked, 30);
   auto node = MakeClient(server.address(), Token("node"));
