@@ -806,7 +806,13 @@ TEST(FuzzTest, MutatedHttpRequestsNeverBreakTheBoundary) {
                                            "/api/v1/runs/r1/coordinates",
                                            "/api/v1/sweeps/s1",
                                            "/api/v1/sweeps/s1/summary",
-                                           "/api/v1/analyses"};
+                                           "/api/v1/analyses",
+                                           "/api/v1/recipes",
+                                           "/api/v1/reproductions",
+                                           "/api/v1/reproductions/p1",
+                                           "/api/v1/runs/r1/interventions",
+                                           "/api/v1/runs/r1/interventions/123",
+                                           "/api/v1/runs/r1/attention/stored"};
   const std::vector<std::string> pieces = {"%00",
                                            "%ff",
                                            "..",
@@ -822,12 +828,23 @@ TEST(FuzzTest, MutatedHttpRequestsNeverBreakTheBoundary) {
                                            "page_size=-1",
                                            "max_points=1000000000",
                                            "values=circuit,pair",
-                                           "step=18446744073709551615"};
+                                           "step=18446744073709551615",
+                                           "page_token=p0",
+                                           "page_token=1.-9223372036854775808",
+                                           "view=REPRODUCTION_VIEW_FULL",
+                                           "view=7",
+                                           "page_size=51"};
   httplib::Client http("127.0.0.1", port);
   http.set_read_timeout(std::chrono::seconds(5));
   std::map<int, int> statuses;
   std::vector<std::string> failures;
   constexpr int kRequests = 1500;
+  std::mutex current_mu;
+  std::string current;  // the request in flight, for the peak guard
+  PeakGuard peak(server.pid(), 256 * 1024, [&] {
+    std::lock_guard<std::mutex> lock(current_mu);
+    return current.substr(0, 200);
+  });
   for (int i = 0; i < kRequests; ++i) {
     std::string path = routes[gen() % routes.size()];
     const int mutations = static_cast<int>(gen() % 3);
@@ -840,6 +857,10 @@ TEST(FuzzTest, MutatedHttpRequestsNeverBreakTheBoundary) {
     if (gen() % 3 == 0) headers.emplace("Authorization", gen() % 2 ? "Bearer x" : std::string(5000, 'B'));
     if (gen() % 5 == 0) headers.emplace("Last-Event-ID", pieces[gen() % pieces.size()]);
     if (gen() % 7 == 0) headers.emplace("Range", "bytes=" + std::to_string(gen()) + "-");
+    {
+      std::lock_guard<std::mutex> lock(current_mu);
+      current = path;
+    }
     httplib::Result r = gen() % 4 == 0 ? http.Post(path, headers, std::string(static_cast<size_t>(gen() % 70000), '{'),
                                                    gen() % 2 ? "application/json" : "text/plain")
                                        : http.Get(path, headers);
@@ -881,9 +902,12 @@ TEST(FuzzTest, MutatedHttpRequestsNeverBreakTheBoundary) {
   }
   std::string summary;
   for (const auto& [status, n] : statuses) summary += " " + std::to_string(status) + ":" + std::to_string(n);
-  std::printf("%d HTTP requests + %d raw (seed %llu); statuses%s\n", kRequests, kRaw,
-              static_cast<unsigned long long>(seed), summary.c_str());
+  peak.Stop();
+  std::printf("%d HTTP requests + %d raw (seed %llu); statuses%s; highest peak %lld KB (from %lld)\n", kRequests,
+              kRaw, static_cast<unsigned long long>(seed), summary.c_str(), static_cast<long long>(peak.worst_kb()),
+              static_cast<long long>(peak.base_kb()));
   for (const std::string& f : failures) ADD_FAILURE() << f;
+  for (const std::string& f : peak.failures()) ADD_FAILURE() << f;
   auto health = httplib::Client("127.0.0.1", port).Get("/healthz");
   ASSERT_TRUE(health);
   EXPECT_EQ(health->status, 200);
