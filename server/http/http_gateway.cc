@@ -46,6 +46,9 @@ constexpr uint64_t kMaxBody = 64 << 10;
 // (what is read to make it) over the second.
 constexpr size_t kMaxInterventionPageJson = 1 << 20;
 constexpr int64_t kMaxInterventionPageStored = 16 << 20;
+// An answer's JSON is at most about this many times its protobuf size
+// (floats as text): what the response budget and the page budgets count.
+constexpr int64_t kJsonPerWireByte = 3;
 // In a listed request, a repeated field's first elements (see StoredIntervention).
 constexpr int kListedElements = 16;
 // How long a client may pause within its request (each read).
@@ -102,10 +105,9 @@ absl::StatusOr<std::string> ToJson(const pb::Message& m) {
 // The answer as JSON (json_writer.h: memory linear in its size), sent from
 // its one buffer (set_content would copy it).
 absl::Status Reply(httplib::Response& res, const pb::Message& m) {
-  // JSON is at most about three times the wire size (floats as text); the
-  // lease is held until the answer is sent.
+  // The lease is held until the answer is sent.
   CL_ASSIGN_OR_RETURN(ResponseBudget::Lease lease,
-                      ResponseBudget::Process().Acquire(3 * static_cast<int64_t>(m.ByteSizeLong()),
+                      ResponseBudget::Process().Acquire(kJsonPerWireByte * static_cast<int64_t>(m.ByteSizeLong()),
                                                         std::string(m.GetDescriptor()->name())));
   auto body = std::make_shared<std::string>();
   CL_RETURN_IF_ERROR(AppendJson(m, body.get()));
@@ -362,7 +364,7 @@ absl::StatusOr<v1::ListStoredInterventionsResponse> StoredInterventions(
   bool more = cut || static_cast<int>(rows.size()) > size;
   for (size_t i = 0; i < rows.size() && static_cast<int>(i) < size; ++i) {
     CL_ASSIGN_OR_RETURN(v1::StoredIntervention item, StoredInterventionFrom(rows[i], out.run_id(), false));
-    json += item.ByteSizeLong() * 3;  // JSON is about three times the wire size
+    json += item.ByteSizeLong() * kJsonPerWireByte;
     if (json > kMaxInterventionPageJson && out.interventions_size() > 0) {
       more = true;
       break;
