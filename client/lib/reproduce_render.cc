@@ -51,6 +51,8 @@ std::string Outcome(v1::CheckOutcome o) {
       return "FAIL";
     case v1::CHECK_OUTCOME_INCONCLUSIVE:
       return "INCONCLUSIVE";
+    case v1::CHECK_OUTCOME_REPORTED:
+      return "REPORTED";
     default:
       return "?";
   }
@@ -186,7 +188,8 @@ std::string ReproductionText(const v1::Reproduction& r) {
   }
   if (r.state() != v1::REPRODUCTION_STATE_DONE) return out.str();
   const v1::ReproductionReport& rep = r.report();
-  out << "  " << rep.passed() << " passed, " << rep.failed() << " failed, " << rep.inconclusive() << " inconclusive; "
+  out << "  " << rep.passed() << " passed, " << rep.failed() << " failed, " << rep.inconclusive() << " inconclusive"
+      << (rep.reported() ? ", " + std::to_string(rep.reported()) + " reported only" : "") << "; "
       << Num(rep.wall_seconds()) << " s\n\n";
   for (const v1::CheckResult& c : rep.checks()) {
     char head[64];
@@ -218,7 +221,8 @@ std::string ReproductionMarkdown(const v1::Reproduction& r) {
   }
   const v1::ReproductionReport& rep = r.report();
   out << "**Outcome:** " << rep.passed() << " passed, " << rep.failed() << " failed, " << rep.inconclusive()
-      << " inconclusive.\n\n";
+      << " inconclusive"
+      << (rep.reported() ? ", " + std::to_string(rep.reported()) + " reported only (not gates)" : "") << ".\n\n";
   out << "| Check | Expected | Measured (per seed) | Outcome |\n|---|---|---|---|\n";
   for (const v1::CheckResult& c : rep.checks()) {
     out << "| **" << c.id() << "**: " << Escape(c.description()) << " | " << Escape(c.expected()) << " | "

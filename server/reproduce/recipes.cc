@@ -40,10 +40,16 @@ absl::Status CheckValue(const v1::RecipeValue& v, const v1::RecipeScale& scale, 
       if (c.column().size() > 256 || c.other().size() > 256) {
         return absl::InvalidArgumentError(field + ".column: column and other must have at most 256 characters");
       }
-      if (c.unlabelled_size() > 64 || c.group_by_size() > 8 || c.where_size() > 8) {
+      if (c.unlabelled_size() > 64 || c.order_size() > 64 || c.group_by_size() > 8 || c.where_size() > 8) {
         return absl::InvalidArgumentError(field +
-                                          ".column: at most 64 unlabelled values, 8 group_by axes and 8 "
-                                          "where entries");
+                                          ".column: at most 64 unlabelled values, 64 order labels, 8 group_by "
+                                          "axes and 8 where entries");
+      }
+      if ((c.reduce() == v1::ColumnValue::REDUCE_ORDER_REVERSALS) != (c.order_size() > 0)) {
+        return absl::InvalidArgumentError(field + ".column.order ranks the labels for REDUCE_ORDER_REVERSALS, " +
+                                          "which needs at least one, and only it: got " +
+                                          std::to_string(c.order_size()) + " with " +
+                                          v1::ColumnValue::Reduce_Name(c.reduce()));
       }
       if (!sweeps.count(c.sweep())) {
         return absl::InvalidArgumentError(field + ".column.sweep names no sweep of the scale, got \"" + c.sweep() +
@@ -123,7 +129,7 @@ absl::Status ValidateScale(const v1::RecipeScale& scale, const std::string& wher
     }
   }
   if (scale.checks().empty()) return absl::InvalidArgumentError(where + ".checks must hold at least one check");
-  std::set<std::string> checks;
+  std::set<std::string> checks, reported;
   for (int i = 0; i < scale.checks_size(); ++i) {
     const v1::RecipeCheck& c = scale.checks(i);
     const std::string f = where + ".checks[" + std::to_string(i) + "]";
@@ -132,6 +138,18 @@ absl::Status ValidateScale(const v1::RecipeScale& scale, const std::string& wher
       if (!checks.count(r)) {
         return absl::InvalidArgumentError(f + ".needs names no earlier check, got \"" + r + "\"");
       }
+      if (reported.count(r)) {
+        return absl::InvalidArgumentError(f + ".needs names \"" + r +
+                                          "\", a report_only check, which never passes or fails");
+      }
+    }
+    if (c.report_only()) reported.insert(c.id());
+    if (!v1::RecipeCheck::Aggregate_IsValid(c.aggregate())) {
+      return absl::InvalidArgumentError(f + ".aggregate is not a known value: " + std::to_string(c.aggregate()));
+    }
+    if ((c.aggregate() == v1::RecipeCheck::AGGREGATE_AT_LEAST) != (c.at_least() > 0) || c.at_least() > 16) {
+      return absl::InvalidArgumentError(f + ".at_least must be in [1, 16] with AGGREGATE_AT_LEAST, and 0 " +
+                                        "otherwise, got " + std::to_string(c.at_least()));
     }
     if (!checks.insert(c.id()).second) return absl::InvalidArgumentError(f + ".id repeats \"" + c.id() + "\"");
     CL_RETURN_IF_ERROR(CheckValue(c.value(), scale, sweeps, f + ".value"));

@@ -145,6 +145,44 @@ std::optional<double> Crossings(const SeedView& view, const std::vector<const v1
   return most;
 }
 
+// SCIENCE.md G.6: along each line of the grid of the first two non-seed
+// axes, the ranked labels' steps up or down; per axis the direction most
+// steps take, and the steps against it.
+std::optional<double> OrderReversals(const SeedView& view, const std::vector<const v1::SweepRow*>& rows, int col,
+                                     const v1::ColumnValue& c) {
+  std::vector<int> axes;
+  for (int i = 0; i < view.table->axes_size() && axes.size() < 2; ++i) {
+    if (i != view.seed_axis) axes.push_back(i);
+  }
+  if (axes.size() < 2) return std::nullopt;
+  std::map<std::string, int> rank;
+  for (int i = 0; i < c.order_size(); ++i) rank.emplace(c.order(i), i);
+  std::map<double, std::map<double, int>> by_x, by_y;  // line -> position -> rank
+  for (const v1::SweepRow* r : rows) {
+    const Json cell = ToJson(r->values(col));
+    if (!IsLabel(cell, c)) continue;
+    const auto k = rank.find(cell.get<std::string>());
+    if (k == rank.end()) continue;
+    const double x = r->swept(axes[0]).number_value(), y = r->swept(axes[1]).number_value();
+    by_x[y][x] = k->second;  // lines of constant y run along x
+    by_y[x][y] = k->second;
+  }
+  int reversals = 0;
+  for (const auto* lines : {&by_x, &by_y}) {
+    int up = 0, down = 0;
+    for (const auto& [line, cells] : *lines) {
+      const int* last = nullptr;
+      for (const auto& [pos, r] : cells) {
+        if (last != nullptr && r > *last) ++up;
+        if (last != nullptr && r < *last) ++down;
+        last = &r;
+      }
+    }
+    reversals += std::min(up, down);
+  }
+  return reversals;
+}
+
 Json Reduce(const SeedView& view, const std::vector<const v1::SweepRow*>& rows, const v1::ColumnValue& c,
             std::string* why) {
   const int col = view.Column(c.column());
@@ -207,6 +245,11 @@ Json Reduce(const SeedView& view, const std::vector<const v1::SweepRow*>& rows, 
     }
     case v1::ColumnValue::REDUCE_CROSSINGS: {
       std::optional<double> n = Crossings(view, rows, col, c);
+      if (!n) *why = "sweep " + c.sweep() + " has fewer than two axes besides the seed";
+      return n ? Json(*n) : Json();
+    }
+    case v1::ColumnValue::REDUCE_ORDER_REVERSALS: {
+      std::optional<double> n = OrderReversals(view, rows, col, c);
       if (!n) *why = "sweep " + c.sweep() + " has fewer than two axes besides the seed";
       return n ? Json(*n) : Json();
     }
@@ -557,8 +600,12 @@ v1::CheckResult EvaluateCheck(const v1::RecipeCheck& check, const Tables& tables
   r.set_id(check.id());
   r.set_description(check.description());
   static const char* kAggregate[] = {"every seed", "mean of the seeds", "most seeds"};
+  const std::string aggregate =
+      check.aggregate() == v1::RecipeCheck::AGGREGATE_AT_LEAST
+          ? "at least " + std::to_string(check.at_least()) + " of " + std::to_string(seeds) + " seeds"
+          : kAggregate[std::clamp(static_cast<int>(check.aggregate()), 0, 2)];
   r.set_expected(Describe(check.value()) + " " + OpText(check.comparison()) + " " + Describe(check.against()) + " (" +
-                 kAggregate[std::clamp(static_cast<int>(check.aggregate()), 0, 2)] + ")");
+                 aggregate + ")");
   std::vector<std::string> why;
   const std::vector<Json> values = ValuePerSeed(check.value(), tables, seeds, &why);
   const std::vector<Json> against = ValuePerSeed(check.against(), tables, seeds, &why);
@@ -597,6 +644,14 @@ v1::CheckResult EvaluateCheck(const v1::RecipeCheck& check, const Tables& tables
       else if (2 * fail >= seeds)
         outcome = v1::CHECK_OUTCOME_FAIL;
       break;
+    case v1::RecipeCheck::AGGREGATE_AT_LEAST: {
+      const int need = static_cast<int>(check.at_least());
+      if (pass >= need)
+        outcome = v1::CHECK_OUTCOME_PASS;
+      else if (fail > seeds - need)
+        outcome = v1::CHECK_OUTCOME_FAIL;
+      break;
+    }
     default:
       if (fail > 0)
         outcome = v1::CHECK_OUTCOME_FAIL;
@@ -613,16 +668,22 @@ v1::CheckResult EvaluateCheck(const v1::RecipeCheck& check, const Tables& tables
       note += (note.empty() ? "" : "; ") + std::string("needs ") + n + ", which did not pass";
     }
   }
-  if (fail > 0 && outcome == v1::CHECK_OUTCOME_FAIL) {
+  if (fail > 0 && (outcome == v1::CHECK_OUTCOME_FAIL || check.aggregate() != v1::RecipeCheck::AGGREGATE_ALL_SEEDS)) {
     std::string seeds_failed;
     for (int k = 0; k < seeds; ++k) {
       if (!r.passed(k) && !values[k].is_null() && !against[k].is_null()) {
         seeds_failed += (seeds_failed.empty() ? "" : ", ") + std::to_string(k + 1);
       }
     }
-    note += (note.empty() ? "" : "; ") + std::string("failed on seed ") + seeds_failed;
+    note += (note.empty() ? "" : "; ") + std::string(check.report_only() ? "outside the reference on seed "
+                                                                        : "failed on seed ") +
+            seeds_failed;
   }
   for (const std::string& w : why) note += (note.empty() ? "" : "; ") + w;
+  if (check.report_only()) {
+    outcome = v1::CHECK_OUTCOME_REPORTED;
+    r.set_expected(r.expected() + ", reported, not a gate");
+  }
   r.set_note(note);
   r.set_outcome(outcome);
   return r;
@@ -641,6 +702,9 @@ v1::ReproductionReport EvaluateChecks(const v1::RecipeScale& scale, const Tables
         break;
       case v1::CHECK_OUTCOME_FAIL:
         report.set_failed(report.failed() + 1);
+        break;
+      case v1::CHECK_OUTCOME_REPORTED:
+        report.set_reported(report.reported() + 1);
         break;
       default:
         report.set_inconclusive(report.inconclusive() + 1);

@@ -519,6 +519,13 @@ absl::StatusOr<v1::Reproduction> ReproductionCore::Begin(const v1::StartReproduc
     return absl::InvalidArgumentError("seeds must be in [1, " + std::to_string(kMaxSeeds) + "], got " +
                                       std::to_string(seeds));
   }
+  for (const v1::RecipeCheck& c : scale.checks()) {
+    if (c.aggregate() == v1::RecipeCheck::AGGREGATE_AT_LEAST && c.at_least() > seeds) {
+      return absl::InvalidArgumentError("seeds must be at least " + std::to_string(c.at_least()) + " for check " +
+                                        c.id() + " of recipe " + recipe.id() + " (it holds when " +
+                                        std::to_string(c.at_least()) + " seeds pass), got " + std::to_string(seeds));
+    }
+  }
   if (const int64_t least = MinReportBytes(scale, static_cast<int>(seeds)); least > kMaxReportBytes) {
     return absl::ResourceExhaustedError(
         "recipe " + recipe.id() + " scale " + request.scale() + ": its report would hold at least " +

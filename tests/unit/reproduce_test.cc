@@ -124,6 +124,73 @@ TEST(ReproduceReportTest, SlopeOfALogLogFit) {
   EXPECT_NE(why[0].find("seed 2"), std::string::npos) << why[0];
 }
 
+// SCIENCE.md G.6's order rule on a 3 x 3 plane: seed 1 is ordered (rank
+// falls along a, rises along b, with a compound band and a skipped MIXED
+// cell); seed 2 has one cell out of order, which makes one step against
+// each axis's direction. The crossings rule counts the ordered map's
+// intermediate band as changes.
+TEST(ReproduceReportTest, OrderReversalsCountStepsAgainstEachAxissDirection) {
+  const Tables t = {{"plane", Parse<v1::GetSweepSummaryResponse>(R"({
+    "axes": ["a", "b", "seed"], "columns": ["pair"],
+    "rows": [
+      {"swept": [0, 0, 1], "values": ["1-3+2-3"]}, {"swept": [0, 1, 1], "values": ["2-3"]},
+      {"swept": [0, 2, 1], "values": ["2-3"]},
+      {"swept": [1, 0, 1], "values": ["1-2"]}, {"swept": [1, 1, 1], "values": ["1-2+1-3"]},
+      {"swept": [1, 2, 1], "values": ["MIXED"]},
+      {"swept": [2, 0, 1], "values": ["1-2"]}, {"swept": [2, 1, 1], "values": ["1-2"]},
+      {"swept": [2, 2, 1], "values": ["1-2+1-3+2-3"]},
+      {"swept": [0, 0, 2], "values": ["2-3"]}, {"swept": [0, 1, 2], "values": ["2-3"]},
+      {"swept": [0, 2, 2], "values": ["2-3"]},
+      {"swept": [1, 0, 2], "values": ["1-2"]}, {"swept": [1, 1, 2], "values": ["2-3"]},
+      {"swept": [1, 2, 2], "values": ["2-3"]},
+      {"swept": [2, 0, 2], "values": ["1-2"]}, {"swept": [2, 1, 2], "values": ["1-2"]},
+      {"swept": [2, 2, 2], "values": ["1-3"]}]})")}};
+  const std::string order = R"(, "order": ["1-2", "1-2+1-3", "1-2+1-3+2-3", "1-3+2-3", "2-3"])";
+  auto v = Values(R"({"column": {"sweep": "plane", "column": "pair", "reduce": "REDUCE_ORDER_REVERSALS",
+                                 "unlabelled": ["MIXED"])" + order + "}}",
+                  t);
+  EXPECT_EQ(v[0], 0) << "an ordered map, its compound band included";
+  EXPECT_EQ(v[1], 0) << "1-3 is not ranked, so it is skipped";
+  // Seed 2 with the (2, 2) cell ranked low on b's line a = 2 and high on a's
+  // line b = 2: put 2-3 at (2, 0) instead of 1-2, against both directions.
+  v1::GetSweepSummaryResponse flipped = t.at("plane");
+  for (v1::SweepRow& r : *flipped.mutable_rows()) {
+    if (r.swept(0).number_value() == 2 && r.swept(1).number_value() == 0 && r.swept(2).number_value() == 2) {
+      r.mutable_values(0)->set_string_value("2-3");
+    }
+  }
+  v = Values(R"({"column": {"sweep": "plane", "column": "pair", "reduce": "REDUCE_ORDER_REVERSALS")" + order + "}}",
+             {{"plane", flipped}});
+  // Along a at b = 0: 2-3, 1-2, 2-3 (one step against the fall); along b
+  // at a = 2: 2-3, 1-2 (one against the rise).
+  EXPECT_EQ(v[1], 2);
+  v = Values(R"({"column": {"sweep": "plane", "column": "pair", "reduce": "REDUCE_CROSSINGS",
+                            "unlabelled": ["MIXED"]}})",
+             t);
+  EXPECT_EQ(v[0], 2) << "the ordered map's b = 1 line changes label twice";
+}
+
+TEST(ReproduceReportTest, AReportOnlyCheckIsShownAndCountedApart) {
+  const Tables t = {{"plane", Grid()}};
+  const v1::RecipeScale scale = Parse<v1::RecipeScale>(R"({
+    "sweeps": [{"name": "plane"}],
+    "checks": [
+      {"id": "gate", "value": {"constant": 1}, "comparison": "COMPARISON_EQ", "against": {"constant": 1}},
+      {"id": "shown", "report_only": true,
+       "value": {"column": {"sweep": "plane", "column": "pair", "reduce": "REDUCE_DISTINCT", "unlabelled": ["MIXED"]}},
+       "comparison": "COMPARISON_GE", "against": {"constant": 2}}]})");
+  const v1::ReproductionReport r = EvaluateChecks(scale, t, 2, {});
+  ASSERT_EQ(r.checks_size(), 2);
+  EXPECT_EQ(r.checks(1).outcome(), v1::CHECK_OUTCOME_REPORTED);
+  EXPECT_TRUE(r.checks(1).passed(0));
+  EXPECT_FALSE(r.checks(1).passed(1));
+  EXPECT_NE(r.checks(1).note().find("outside the reference on seed 2"), std::string::npos) << r.checks(1).note();
+  EXPECT_NE(r.checks(1).expected().find("not a gate"), std::string::npos) << r.checks(1).expected();
+  EXPECT_EQ(r.passed(), 1u);
+  EXPECT_EQ(r.failed(), 0u);
+  EXPECT_EQ(r.reported(), 1u);
+}
+
 TEST(ReproduceReportTest, ChecksAggregateSeedsAndNeedTheirPrerequisites) {
   const Tables t = {{"plane", Grid()}};
   const v1::RecipeScale scale = Parse<v1::RecipeScale>(R"({
@@ -283,6 +350,16 @@ TEST(ReproduceRecipeTest, ErrorsNameTheField) {
            {R"({"sweeps": [)" + sweep + R"(], "checks": [{"id": "c", "value": {"constant": 1},
                  "against": {"constant": 1}, "needs": ["later"]}]})",
             "needs names no earlier check"},
+           {R"({"sweeps": [)" + sweep + R"(], "checks": [{"id": "c", "report_only": true, "value": {"constant": 1},
+                 "against": {"constant": 1}}, {"id": "d", "value": {"constant": 1}, "against": {"constant": 1},
+                 "needs": ["c"]}]})",
+            "checks[1].needs names \"c\", a report_only check"},
+           {R"({"sweeps": [{"name": "a"}], "checks": [{"id": "c", "value": {"column": {"sweep": "a",
+                 "column": "pair", "reduce": "REDUCE_ORDER_REVERSALS"}}, "against": {"constant": 1}}]})",
+            "checks[0].value.column.order ranks the labels for REDUCE_ORDER_REVERSALS"},
+           {R"({"sweeps": [{"name": "a"}], "checks": [{"id": "c", "value": {"column": {"sweep": "a",
+                 "column": "pair", "order": ["1-2"]}}, "against": {"constant": 1}}]})",
+            "got 1 with REDUCE_VALUE"},
            {R"({"sweeps": [)" + sweep + R"(], "default_seeds": 17, "checks": [)" + check + "]}", "default_seeds"}}) {
     const absl::Status s = ValidateRecipe(recipe(c.scale));
     EXPECT_TRUE(absl::IsInvalidArgument(s)) << c.scale;

@@ -132,7 +132,8 @@ def plot_reproduction(client, reproduction, ax=None):
     ax.set_xlabel("margin in the claim's direction (right of 0: passes)")
     rep = r.report
     ax.set_title(f"{r.recipe_id} at {r.scale} scale, {r.seeds} seed(s): {rep.passed} passed, {rep.failed} failed, "
-                 f"{rep.inconclusive} inconclusive", fontsize="medium")
+                 f"{rep.inconclusive} inconclusive" + (f", {rep.reported} reported only" if rep.reported else ""),
+                 fontsize="medium")
     ax.grid(axis="x", alpha=0.3)
     ax.figure.tight_layout()
     return ax

@@ -203,7 +203,7 @@ export function reproductionView(id) {
                        h('td', {class: 'muted'}, c.note || '')))));
     const figures = h('div', {id: 'figures'});
     body.replaceChildren(...head,
-                         h('p', {}, `${rep.passed || 0} passed, ${rep.failed || 0} failed, ${rep.inconclusive || 0} inconclusive; ${fmt(rep.wall_seconds || 0)} s`),
+                         h('p', {}, `${rep.passed || 0} passed, ${rep.failed || 0} failed, ${rep.inconclusive || 0} inconclusive${rep.reported ? `, ${rep.reported} reported only` : ''}; ${fmt(rep.wall_seconds || 0)} s`),
                          checks, (rep.notes || []).length ? h('ul', {}, rep.notes.map((n) => h('li', {class: 'muted'}, n))) : '',
                          h('h3', {}, 'Figures'), figures);
     const comparisons = Object.fromEntries((scale.checks || []).map((c) => [c.id, c.comparison || 'COMPARISON_GE']));
