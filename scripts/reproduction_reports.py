@@ -8,8 +8,9 @@ ID --markdown`) and index.md, the table of outcomes.
 
 Later ids of the same recipe replace earlier ones. The index keeps the rows
 of recipes not named this time (it is rebuilt from every page's header).
-With --figures, each page also gets its figure, E.N.png, drawn by the Python
-package's plot_reproduction (run the script with a Python that has the
+With --figures, each page also gets the paper's figures its recipe names
+(E.N.png, E.N-2.png, ...; plot_reproduction_figure) and the checks' margins
+(E.N-margins.png; plot_reproduction), drawn by the Python package (run the script with a Python that has the
 package and matplotlib, e.g. build/python-venv/bin/python after the python
 tier).
 """
@@ -32,8 +33,8 @@ says what each failure means.
 
 ![E.9 at paper scale in the dashboard](../img/dashboard-reproduction.png)
 
-| claim | title | scale | seeds | passed | failed | inconclusive | wall time |
-|---|---|---|---|---|---|---|---|
+| claim | title | scale | seeds | passed | failed | inconclusive | reported only | wall time |
+|---|---|---|---|---|---|---|---|---|
 """
 
 
@@ -45,14 +46,26 @@ def cli(args, *argv):
     return p.stdout
 
 
-def figure(args, rid, path):
+def figures(args, rid, out, stem):
+    """The recipe's own figures (E.N.png, E.N-2.png, ...) and the checks' margins (E.N-margins.png); the
+    markdown that shows them."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import circuitlab
-    ax = circuitlab.Client(args.server).plot_reproduction(rid)
-    ax.figure.savefig(path, dpi=110)
+    c = circuitlab.Client(args.server)
+    r = c.get_reproduction(rid)
+    md = ["\n## Figures\n"]
+    for i, fig in enumerate(r.recipe.scales[r.scale].figures):
+        png = stem + (".png" if i == 0 else f"-{i + 1}.png")
+        c.plot_reproduction_figure(r, i).savefig(os.path.join(out, png), dpi=110, bbox_inches="tight")
+        md.append(f"![{r.recipe_id}: {fig.title}]({png})\n")
+        plt.close("all")
+    png = stem + "-margins.png"
+    c.plot_reproduction(r).figure.savefig(os.path.join(out, png), dpi=110, bbox_inches="tight")
     plt.close("all")
+    md.append(f"![{r.recipe_id}: each check's margin per seed]({png})\n")
+    return "\n".join(md)
 
 
 def main():
@@ -61,7 +74,7 @@ def main():
     p.add_argument("--server", default=os.environ.get("CIRCUITLAB_TARGET", "127.0.0.1:50051"))
     p.add_argument("--cli", default="build/client/circuitlab")
     p.add_argument("--out", default="docs/reproductions")
-    p.add_argument("--figures", action="store_true", help="draw E.N.png with circuitlab.plot_reproduction")
+    p.add_argument("--figures", action="store_true", help="draw the recipe's figures (E.N.png, ...) and the margins (E.N-margins.png)")
     args = p.parse_args()
     os.makedirs(args.out, exist_ok=True)
     for rid in args.ids:
@@ -74,12 +87,12 @@ def main():
         rep = r.get("report", {})
         meta = {"id": r["recipe_id"], "title": r.get("title", ""), "scale": r["scale"], "seeds": r.get("seeds", 1),
                 "passed": rep.get("passed", 0), "failed": rep.get("failed", 0),
-                "inconclusive": rep.get("inconclusive", 0), "wall": rep.get("wall_seconds", 0)}
+                "inconclusive": rep.get("inconclusive", 0), "reported": rep.get("reported", 0),
+                "wall": rep.get("wall_seconds", 0)}
         if args.figures:
-            png = r["recipe_id"] + ".png"
-            figure(args, rid, os.path.join(args.out, png))
+            md = figures(args, rid, args.out, r["recipe_id"])
             with open(page, "a", encoding="utf-8") as f:
-                f.write(f"\n## Figure\n\n![{r['recipe_id']}: each check's margin per seed]({png})\n")
+                f.write(md)
         with open(page, "a", encoding="utf-8") as f:
             f.write("\n<!-- report: " + json.dumps(meta) + " -->\n")
         print(f"{rid}: wrote {page}")
@@ -95,7 +108,7 @@ def main():
         f.write(HEADER)
         for m in sorted(rows, key=key):
             f.write(f"| [{m['id']}]({m['id']}.md) | {m['title']} | `{m['scale']}` | {m['seeds']} | {m['passed']} | "
-                    f"{m['failed']} | {m['inconclusive']} | {m['wall'] / 60:.1f} min |\n")
+                    f"{m['failed']} | {m['inconclusive']} | {m.get('reported', 0)} | {m['wall'] / 60:.1f} min |\n")
 
 
 if __name__ == "__main__":

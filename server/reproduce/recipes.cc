@@ -128,6 +128,46 @@ absl::Status ValidateScale(const v1::RecipeScale& scale, const std::string& wher
       return absl::InvalidArgumentError(f + " must hold one request (detect_circuit, label_run, intervene, ...)");
     }
   }
+  if (scale.figures_size() > 8) {
+    return absl::InvalidArgumentError(where + ".figures must have at most 8 entries, got " +
+                                      std::to_string(scale.figures_size()));
+  }
+  for (int i = 0; i < scale.figures_size(); ++i) {
+    const v1::RecipeFigure& fig = scale.figures(i);
+    const std::string f = where + ".figures[" + std::to_string(i) + "]";
+    if (!sweeps.count(fig.sweep())) {
+      return absl::InvalidArgumentError(f + ".sweep names no sweep of the scale, got \"" + fig.sweep() + "\"");
+    }
+    if (fig.kind() == v1::RecipeFigure::KIND_UNSPECIFIED || !v1::RecipeFigure::Kind_IsValid(fig.kind())) {
+      return absl::InvalidArgumentError(f + ".kind must be KIND_LABEL_MAP, KIND_CURVE, KIND_SERIES or KIND_BARS");
+    }
+    if (fig.columns().empty() || fig.columns_size() > 12 || fig.legend_size() > fig.columns_size()) {
+      return absl::InvalidArgumentError(f + ".columns must name 1 to 12 columns (and legend at most one name each)");
+    }
+    if (fig.kind() == v1::RecipeFigure::KIND_LABEL_MAP && (fig.columns_size() != 1 || fig.x().empty() ||
+                                                            fig.y().empty())) {
+      return absl::InvalidArgumentError(f + ": a KIND_LABEL_MAP needs x and y (two axes) and one label column");
+    }
+    if (fig.kind() == v1::RecipeFigure::KIND_CURVE && fig.x().empty()) {
+      return absl::InvalidArgumentError(f + ".x must name an axis or a column for KIND_CURVE");
+    }
+    for (const std::string& c : fig.columns()) {
+      const v1::RecipeAnalysis* a = nullptr;
+      if (c.empty() || c.size() > 256) return absl::InvalidArgumentError(f + ".columns: 1 to 256 characters each");
+      if (IsAnalysisColumn(scale, c, &a) && a->sweep() != fig.sweep()) {
+        return absl::InvalidArgumentError(f + ".columns reads analysis \"" + a->name() + "\", which runs on " +
+                                          a->sweep() + ", not " + fig.sweep());
+      }
+      if (IsSeriesColumn(c) && fig.kind() != v1::RecipeFigure::KIND_SERIES) {
+        return absl::InvalidArgumentError(f + ".columns: \"series:\" and \"trajectory:\" columns go with " +
+                                          "KIND_SERIES, got " + c);
+      }
+    }
+    if (fig.title().size() > 256 || fig.y_title().size() > 256 || fig.x().size() > 256 || fig.y().size() > 256 ||
+        fig.where_size() > 8) {
+      return absl::InvalidArgumentError(f + ": title, y_title, x and y at most 256 characters, where 8 entries");
+    }
+  }
   if (scale.checks().empty()) return absl::InvalidArgumentError(where + ".checks must hold at least one check");
   std::set<std::string> checks, reported;
   for (int i = 0; i < scale.checks_size(); ++i) {

@@ -136,6 +136,32 @@ std::map<std::string, Needed> NeededColumns(const v1::RecipeScale& scale) {
     add(c.value());
     add(c.against());
   }
+  // The figures' columns (CURVE's x may be a column too; an axis name is
+  // not one, and the table leaves out a column it cannot find).
+  const auto axis = [&](const std::string& sweep, const std::string& name) {
+    for (const v1::RecipeSweep& s : scale.sweeps()) {
+      if (s.name() != sweep) continue;
+      if (name == kSeedAxis) return true;
+      for (const v1::SweepAxis& a : s.sweep().axes()) {
+        const std::string& field = a.field();
+        const std::string last = field.substr(field.find_last_of("./") == std::string::npos
+                                                  ? 0
+                                                  : field.find_last_of("./") + 1);
+        if ((a.name().empty() ? last : a.name()) == name) return true;
+      }
+    }
+    return false;
+  };
+  for (const v1::RecipeFigure& f : scale.figures()) {
+    std::vector<std::string> columns(f.columns().begin(), f.columns().end());
+    if (f.kind() == v1::RecipeFigure::KIND_CURVE && !axis(f.sweep(), f.x())) columns.push_back(f.x());
+    for (const std::string& column : columns) {
+      v1::RecipeValue v;
+      v.mutable_column()->set_sweep(f.sweep());
+      v.mutable_column()->set_column(column);
+      add(v);
+    }
+  }
   return out;
 }
 

@@ -36,7 +36,10 @@ v1::Recipe TwoRunRecipe() {
        "comparison": "COMPARISON_LE", "against": {"constant": -0.99}},
       {"id": "too_much", "description": "a check that fails",
        "value": {"column": {"sweep": "runs", "column": "train/step", "reduce": "REDUCE_MIN"}},
-       "comparison": "COMPARISON_GT", "against": {"constant": 1000}}]}}})";
+       "comparison": "COMPARISON_GT", "against": {"constant": 1000}}],
+    "figures": [
+      {"title": "the step over training", "kind": "KIND_SERIES", "sweep": "runs", "columns": ["series:train/step"]},
+      {"title": "the final loss", "kind": "KIND_BARS", "sweep": "runs", "columns": ["train/loss"]}]}}})";
   auto s = google::protobuf::util::JsonStringToMessage(json, &r);
   EXPECT_TRUE(s.ok()) << s.ToString();
   return r;
@@ -90,6 +93,16 @@ TEST(ReproductionTest, StartsRefusesAndReports) {
   req.clear_recipe_id();
   req.set_seeds(1);
   *req.mutable_recipe() = TwoRunRecipe();
+  {  // A check that holds on at least 2 seeds cannot be decided on 1.
+    v1::RecipeCheck* check = (*req.mutable_recipe()->mutable_scales())["ci"].mutable_checks(0);
+    check->set_aggregate(v1::RecipeCheck::AGGREGATE_AT_LEAST);
+    check->set_at_least(2);
+    bad = c.StartReproduction(req);
+    EXPECT_TRUE(absl::IsInvalidArgument(bad.status())) << bad.status();
+    EXPECT_NE(bad.status().message().find("seeds must be at least 2 for check longest"), std::string::npos)
+        << bad.status();
+    *req.mutable_recipe() = TwoRunRecipe();
+  }
   (*req.mutable_recipe()->mutable_scales())["ci"]
       .mutable_sweeps(0)
       ->mutable_sweep()
@@ -119,6 +132,11 @@ TEST(ReproductionTest, StartsRefusesAndReports) {
   EXPECT_EQ(done.report().checks(2).outcome(), v1::CHECK_OUTCOME_FAIL);
   EXPECT_EQ(done.report().passed(), 2u);
   EXPECT_EQ(done.report().tables().at("runs").rows_size(), 2);
+  // The figures' columns join the table (no check reads these two).
+  const auto& columns = done.report().tables().at("runs").columns();
+  EXPECT_NE(std::find(columns.begin(), columns.end(), "series:train/step"), columns.end());
+  EXPECT_NE(std::find(columns.begin(), columns.end(), "train/loss"), columns.end());
+  EXPECT_EQ(done.recipe().scales().at("ci").figures_size(), 2);
   EXPECT_DOUBLE_EQ(done.progress(), 1.0);
   EXPECT_TRUE(absl::IsFailedPrecondition(c.CancelReproduction("p1").status()));
   EXPECT_TRUE(absl::IsInvalidArgument(c.GetReproduction("x1").status()));

@@ -360,6 +360,15 @@ TEST(ReproduceRecipeTest, ErrorsNameTheField) {
            {R"({"sweeps": [{"name": "a"}], "checks": [{"id": "c", "value": {"column": {"sweep": "a",
                  "column": "pair", "order": ["1-2"]}}, "against": {"constant": 1}}]})",
             "got 1 with REDUCE_VALUE"},
+           {R"({"sweeps": [)" + sweep + R"(], "checks": [)" + check +
+                R"(], "figures": [{"kind": "KIND_BARS", "sweep": "zz", "columns": ["x"]}]})",
+            "figures[0].sweep names no sweep"},
+           {R"({"sweeps": [)" + sweep + R"(], "checks": [)" + check +
+                R"(], "figures": [{"kind": "KIND_LABEL_MAP", "sweep": "a", "x": "lr", "columns": ["pair"]}]})",
+            "figures[0]: a KIND_LABEL_MAP needs x and y"},
+           {R"({"sweeps": [)" + sweep + R"(], "checks": [)" + check +
+                R"(], "figures": [{"kind": "KIND_BARS", "sweep": "a", "columns": ["series:train/loss"]}]})",
+            "go with KIND_SERIES"},
            {R"({"sweeps": [)" + sweep + R"(], "default_seeds": 17, "checks": [)" + check + "]}", "default_seeds"}}) {
     const absl::Status s = ValidateRecipe(recipe(c.scale));
     EXPECT_TRUE(absl::IsInvalidArgument(s)) << c.scale;

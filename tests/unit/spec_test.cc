@@ -245,7 +245,9 @@ TEST(SpecTest, LatentTaskResolvesToTvMicroDefaults) {
   EXPECT_EQ(t.diversity(), -1);
   EXPECT_DOUBLE_EQ(t.p_minor(), 0.1);
   EXPECT_EQ(t.num_majors(), 3u);
+  EXPECT_EQ(t.major_pool(), v1::MAJOR_POOL_DIRICHLET);
   ASSERT_TRUE(spec.model().has_decoder());  // the latent family's model
+  EXPECT_EQ(spec.model().decoder().init(), v1::DECODER_INIT_NORMAL);
   EXPECT_EQ(spec.model().decoder().d_model(), 48u);
   EXPECT_EQ(spec.model().decoder().mlp_width(), 192u);
   EXPECT_EQ(spec.model().decoder().activation(), v1::ACTIVATION_SILU);
@@ -268,6 +270,7 @@ TEST(SpecTest, LatentTaskResolvesToTvMicroDefaults) {
   ASSERT_TRUE(ResolveSpec({}, &dyck).ok());
   EXPECT_EQ(ShapeOf(dyck).vocab, 8);
   EXPECT_EQ(dyck.task().latent().seq_len(), 85u);
+  EXPECT_EQ(dyck.task().latent().major_pool(), v1::MAJOR_POOL_UNSPECIFIED);  // DICE only
 }
 
 // The torch-free families (families/spec/): one per resolved spec, each
@@ -418,6 +421,19 @@ TEST(SpecTest, LatentAndDecoderErrorsNameTheField) {
             "training.grad_clip must be in [0, 1e+06], got -1");
   EXPECT_EQ(error([](auto& s) { s.mutable_training()->set_warmup_fraction(2); }),
             "training.warmup_fraction must be in [0, 1], got 2");
+  EXPECT_EQ(error([](auto& s) {
+              s.mutable_task()->mutable_latent()->set_kind(v1::LATENT_KIND_MARKOV);
+              s.mutable_task()->mutable_latent()->set_major_pool(v1::MAJOR_POOL_DISJOINT);
+            }),
+            "task.latent.major_pool applies only to LATENT_KIND_DICE, leave it unset");
+  EXPECT_EQ(error([](auto& s) {
+              s.mutable_task()->mutable_latent()->set_num_majors(7);
+              s.mutable_task()->mutable_latent()->set_major_pool(v1::MAJOR_POOL_DISJOINT);
+            }),
+            "task.latent.major_pool MAJOR_POOL_DISJOINT gives each major its own faces, so num_majors must be at "
+            "most num_states, got 7 majors and 6 states");
+  EXPECT_EQ(error([](auto& s) { s.mutable_model()->mutable_decoder()->set_init(static_cast<v1::DecoderInit>(9)); }),
+            "model.decoder.init is not a known value: 9");
   // A decoder on a block-list task is refused too.
   v1::ExperimentSpec block;
   block.mutable_model()->mutable_decoder();

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <functional>
+#include <map>
 
 #include "server/engine/analysis/decoder_interventions.h"
 #include "server/engine/analysis/task_vectors.h"
@@ -34,6 +35,30 @@ TEST(LatentTaskTest, DiceTokensFollowTheirTask) {
   torch::Tensor majors = task.pool(LatentPool::kMajor);
   EXPECT_NEAR(majors.sum(-1).sub(1).abs().max().item<double>(), 0.0, 1e-12);
   EXPECT_GT((majors[0] - majors[1]).abs().sum().item<double>(), 0.05);
+}
+
+// SCIENCE.md G.9 (3): the authors' near-disjoint majors. Six faces, three
+// majors: each holds two faces at (1) / (2 + 4 x 0.005) and the others at
+// 0.005 / (2 + 4 x 0.005); the runs cover every face once; the pool seed
+// decides the shuffle.
+TEST(LatentTaskTest, DisjointMajorsSplitTheFaces) {
+  const v1::LatentTask spec = Latent(R"({"task": {"latent": {"major_pool": "MAJOR_POOL_DISJOINT"}}})");
+  LatentTaskGenerator task(spec, 7);
+  torch::Tensor majors = task.pool(LatentPool::kMajor);
+  ASSERT_EQ(majors.sizes(), (std::vector<int64_t>{3, 6}));
+  const double hi = 1.0 / (2 + 4 * 0.005), lo = 0.005 / (2 + 4 * 0.005);
+  torch::Tensor on = majors > 0.1;
+  EXPECT_TRUE(torch::equal(on.sum(0), torch::ones({6}, torch::kLong))) << majors;
+  EXPECT_TRUE(torch::equal(on.sum(1), torch::full({3}, 2, torch::kLong))) << majors;
+  const torch::Tensor want = torch::where(on, torch::tensor(hi, torch::kDouble), torch::tensor(lo, torch::kDouble));
+  EXPECT_NEAR((majors - want).abs().max().item<double>(), 0.0, 1e-12);
+  LatentTaskGenerator other(spec, 8);
+  EXPECT_FALSE(torch::equal(other.pool(LatentPool::kMajor), majors)) << "another pool seed, another split";
+  // Seven faces: runs of 3, 2 and 2; OOD tasks stay Dirichlet draws.
+  LatentTaskGenerator seven(
+      Latent(R"({"task": {"latent": {"num_states": 7, "major_pool": "MAJOR_POOL_DISJOINT"}}})"), 7);
+  EXPECT_TRUE(torch::equal((seven.pool(LatentPool::kMajor) > 0.1).sum(1), torch::tensor({3, 2, 2}, torch::kLong)));
+  EXPECT_GT((seven.pool(LatentPool::kOod) > 0.1).sum().item<int64_t>(), 0);
 }
 
 TEST(LatentTaskTest, MarkovTransitionsFollowTheirTask) {
@@ -163,6 +188,49 @@ TEST(DecoderModelTest, IsCausalAndHooksReplace) {
   for (const std::string& p : expect) EXPECT_TRUE(ParseHookPoint(p, 2).ok()) << p;
   EXPECT_EQ(ParseHookPoint("L2.post_mlp", 2).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(ParseHookPoint("L0.mlp", 2).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// SCIENCE.md G.9 (1): PyTorch's module defaults (the authors' models) next
+// to N(0, 0.02^2). The embedding is N(0, 1); a linear map's weight and bias
+// are uniform within 1/sqrt(fan_in) and fill it; LayerNorm starts at 1, 0.
+TEST(DecoderModelTest, TorchDefaultInitIsWhatPyTorchsModulesStartAt) {
+  v1::ExperimentSpec spec = TinyDecoderSpec();
+  spec.mutable_model()->mutable_decoder()->set_init(v1::DECODER_INIT_TORCH_DEFAULT);
+  spec.mutable_model()->mutable_decoder()->set_attention_bias(true);
+  auto model = MakeDecoder(spec, 1, torch::kCPU);
+  InitializeDecoder({1}, *model);
+  const int64_t D = spec.model().decoder().d_model(), F = spec.model().decoder().mlp_width();
+  std::map<std::string, torch::Tensor> p;
+  for (size_t i = 0; i < model->parameters().size(); ++i) p[model->parameter_names()[i]] = model->parameters()[i][0];
+  EXPECT_NEAR(p["embed"].std().item<double>(), 1.0, 0.15);
+  auto uniform_within = [](const torch::Tensor& t, int64_t fan_in, const std::string& name) {
+    const double bound = 1.0 / std::sqrt(static_cast<double>(fan_in));
+    EXPECT_LE(t.abs().max().item<double>(), bound) << name;
+    // A map fills its range (0.8^256 is the chance it would not); a bias is not zero.
+    EXPECT_GT(t.abs().max().item<double>(), t.numel() >= 256 ? 0.8 * bound : 0.0) << name;
+  };
+  uniform_within(p["L0.attn.q"], D, "attn.q");
+  uniform_within(p["L0.attn.q.bias"], D, "attn.q.bias");
+  uniform_within(p["L0.mlp.fc1.weight"], D, "fc1");
+  uniform_within(p["L0.mlp.fc2.weight"], F, "fc2");
+  uniform_within(p["L0.mlp.fc2.bias"], F, "fc2.bias");
+  uniform_within(p["head.weight"], D, "head");
+  uniform_within(p["head.bias"], D, "head.bias");
+  EXPECT_TRUE(torch::equal(p["L0.ln1.weight"], torch::ones({D})));
+  EXPECT_TRUE(torch::equal(p["L0.ln1.bias"], torch::zeros({D})));
+  // The same seed, the same weights; NORMAL keeps its N(0, 0.02^2) and zero biases.
+  auto again = MakeDecoder(spec, 1, torch::kCPU);
+  InitializeDecoder({1}, *again);
+  EXPECT_TRUE(torch::equal(again->parameters()[0], model->parameters()[0]));
+  spec.mutable_model()->mutable_decoder()->set_init(v1::DECODER_INIT_NORMAL);
+  auto normal = MakeDecoder(spec, 1, torch::kCPU);
+  InitializeDecoder({1}, *normal);
+  EXPECT_NEAR(normal->parameters()[0].std().item<double>(), 0.02, 0.004);
+  for (size_t i = 0; i < normal->parameters().size(); ++i) {
+    if (normal->parameter_names()[i] == "head.bias") {
+      EXPECT_EQ(normal->parameters()[i].abs().max().item<double>(), 0);
+    }
+  }
 }
 
 TEST(LatentTrainerTest, TriangleSchedule) {

@@ -541,6 +541,12 @@ class Client:
         from circuitlab import plots
         return plots.plot_reproduction(self, reproduction, ax=ax)
 
+    def plot_reproduction_figure(self, reproduction, index=0):
+        """The paper's figure the recipe names (its scale's figures[index]: a label map, a curve with its log-log
+        fit, series over training, or bars), drawn from the finished reproduction's tables; a Figure."""
+        from circuitlab import plots
+        return plots.plot_reproduction_figure(self, reproduction, index)
+
 
 def _state(s):
     if isinstance(s, int):

@@ -137,3 +137,107 @@ def plot_reproduction(client, reproduction, ax=None):
     ax.grid(axis="x", alpha=0.3)
     ax.figure.tight_layout()
     return ax
+
+
+def _number(v):
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _figure_rows(df, fig):
+    from google.protobuf.json_format import MessageToDict
+    for axis, want in fig.where.items():
+        df = df[df[axis] == MessageToDict(want)]
+    return df
+
+
+def plot_reproduction_figure(client, reproduction, index=0):
+    """The paper's figure a recipe names (RecipeScale.figures[index]), drawn from the finished reproduction's
+    tables: a label map per seed, a curve per seed against an axis (with the log-log fit and its slope), series
+    over training (a line per run), or bars (the seeds' mean, each seed a dot). Returns the Figure."""
+    plt = _plt()
+    r = client.get_reproduction(reproduction) if isinstance(reproduction, str) else reproduction
+    scale = r.recipe.scales[r.scale]
+    if index >= len(scale.figures):
+        raise IndexError(f"recipe {r.recipe_id} at {r.scale} names {len(scale.figures)} figure(s)")
+    fig = scale.figures[index]
+    kind = fig.Kind.Name(fig.kind).replace("KIND_", "")
+    df = _figure_rows(client.reproduction_table_df(r, fig.sweep), fig)
+    seeds = sorted(df["seed"].dropna().unique()) if "seed" in df else [None]
+    legend = list(fig.legend) + list(fig.columns)[len(fig.legend):]
+    if kind == "LABEL_MAP":
+        column = fig.columns[0]
+        labels = sorted({v for v in df[column] if isinstance(v, str) and v})
+        cmap = plt.get_cmap("tab10", max(1, len(labels)))
+        figure, axes = plt.subplots(1, len(seeds), figsize=(3.2 * len(seeds) + 2.2, 3.4), squeeze=False)
+        for ax, seed in zip(axes[0], seeds):
+            part = df[df["seed"] == seed] if seed is not None else df
+            pivot = part.pivot_table(index=fig.y, columns=fig.x, values=column, aggfunc="first")
+            codes = [[labels.index(v) if isinstance(v, str) and v in labels else math.nan for v in row]
+                     for row in pivot.values.tolist()]
+            ax.imshow(codes, origin="lower", cmap=cmap, vmin=-0.5, vmax=len(labels) - 0.5, aspect="auto")
+            ax.set_xticks(range(len(pivot.columns)), [f"{c:g}" if _number(c) else str(c) for c in pivot.columns],
+                          fontsize="x-small")
+            ax.set_yticks(range(len(pivot.index)), [f"{c:g}" if _number(c) else str(c) for c in pivot.index],
+                          fontsize="x-small")
+            ax.set_xlabel(fig.x)
+            ax.set_title(f"seed {int(seed)}" if seed is not None else "", fontsize="small")
+        axes[0][0].set_ylabel(fig.y)
+        from matplotlib.patches import Patch
+        figure.legend(handles=[Patch(color=cmap(i), label=l) for i, l in enumerate(labels)], fontsize="small",
+                      loc="center right", title=column)
+        figure.subplots_adjust(right=1 - 2.0 / (3.2 * len(seeds) + 2.2), wspace=0.3)
+    else:
+        figure, ax = plt.subplots(figsize=(7, 4.2))
+        colours = plt.get_cmap("tab10")
+        if kind == "CURVE":
+            for j, column in enumerate(fig.columns):
+                for k, seed in enumerate(seeds):
+                    part = df[df["seed"] == seed] if seed is not None else df
+                    xy = sorted((x, y) for x, y in zip(part[fig.x], part[column]) if _number(x) and _number(y))
+                    if not xy:
+                        continue
+                    name = legend[j] if k == 0 else None
+                    ax.plot([p[0] for p in xy], [p[1] for p in xy], "o-", color=colours(j), alpha=0.8, label=name)
+                if fig.fit:
+                    pts = [(math.log(x), math.log(y)) for x, y in zip(df[fig.x], df[column])
+                           if _number(x) and _number(y) and x > 0 and y > 0]
+                    if len({p[0] for p in pts}) >= 2:
+                        mx = sum(p[0] for p in pts) / len(pts)
+                        my = sum(p[1] for p in pts) / len(pts)
+                        slope = sum((p[0] - mx) * (p[1] - my) for p in pts) / sum((p[0] - mx) ** 2 for p in pts)
+                        xs = sorted({p[0] for p in pts})
+                        ax.plot([math.exp(x) for x in xs], [math.exp(my + slope * (x - mx)) for x in xs], "--",
+                                color=colours(j), label=f"fit: slope {slope:.2f}")
+            ax.set_xlabel(fig.x)
+        elif kind == "SERIES":
+            for j, column in enumerate(fig.columns):
+                for k, (_, row) in enumerate(df.iterrows()):
+                    series = row[column]
+                    if not isinstance(series, list) or not series:
+                        continue
+                    if isinstance(series[0], list):  # [step, value] pairs
+                        xs, ys = [p[0] for p in series], [p[1] for p in series]
+                    else:  # a list of numbers, against its index
+                        xs, ys = list(range(len(series))), series
+                    ax.plot(xs, ys, color=colours(j), alpha=0.8, label=legend[j] if k == 0 else None)
+            ax.set_xlabel(fig.x or "step")
+        else:  # BARS
+            for j, column in enumerate(fig.columns):
+                values = [v for v in df[column] if _number(v)]
+                if values:
+                    ax.bar(j, sum(values) / len(values), color=colours(j), alpha=0.6)
+                    ax.scatter([j] * len(values), values, color="0.2", s=14, zorder=3)
+            ax.set_xticks(range(len(fig.columns)), legend, rotation=20, ha="right", fontsize="small")
+            ax.axhline(0, color="0.4", lw=0.8)
+        if fig.log_x:
+            ax.set_xscale("log")
+        if fig.log_y:
+            ax.set_yscale("log")
+        ax.set_ylabel(fig.y_title)
+        if kind != "BARS":
+            ax.legend(fontsize="small", loc="best")
+        ax.grid(alpha=0.3)
+    figure.suptitle(f"{r.recipe_id} ({r.scale}, {r.seeds} seed(s)): {fig.title}", fontsize="medium")
+    if kind != "LABEL_MAP":
+        figure.tight_layout()
+    return figure

@@ -130,6 +130,60 @@ function axisChart(name, table, col, axis, seedAxis, holder) {
   }, data, el);
 }
 
+// Bars of a report table's numeric columns: each the seeds' mean, each seed
+// a dot (a recipe figure of KIND_BARS).
+function barsFigure(table, cols, legend) {
+  const W = 640, H = 240, left = 48, bottom = 54, top = 10;
+  const [svg, add] = svgCanvas(W, H, '');
+  svg.classList.add('bars');
+  const values = cols.map((col) => (table.rows || []).map((r) => r.values[col]).filter((v) => typeof v === 'number' && Number.isFinite(v)));
+  const all = values.flat().concat([0]);
+  const lo = Math.min(...all), hi = Math.max(...all);
+  const y = (v) => top + (H - top - bottom) * (hi === lo ? 0.5 : (hi - v) / (hi - lo));
+  const slot = (W - left - 10) / Math.max(1, cols.length);
+  add('line', {x1: left, x2: W - 10, y1: y(0), y2: y(0), stroke: '#555'});
+  for (const t of [lo, hi]) add('text', {x: 2, y: y(t) + 4, 'font-size': 10, fill: '#666'}, fmt(t));
+  values.forEach((vs, j) => {
+    const x0 = left + j * slot + slot * 0.15, w = slot * 0.7;
+    if (vs.length) {
+      const mean = vs.reduce((a, b) => a + b, 0) / vs.length;
+      add('rect', {x: x0, y: Math.min(y(mean), y(0)), width: w, height: Math.abs(y(mean) - y(0)),
+                   fill: PALETTE[j % PALETTE.length], opacity: 0.6, 'data-mean': String(mean)});
+      vs.forEach((v) => add('circle', {cx: x0 + w / 2, cy: y(v), r: 3, fill: '#222'}));
+    }
+    add('text', {x: x0, y: H - bottom + 14 + (j % 2) * 12, 'font-size': 10}, legend[j]);
+  });
+  return svg;
+}
+
+// The paper's figures the recipe names (RecipeScale.figures), from the
+// report's tables.
+function recipeFigure(f, i, rep) {
+  const box = h('div', {class: 'figure paper-figure', 'data-figure': String(i)}, h('h4', {}, f.title || `figure ${i + 1}`));
+  const table = (rep.tables || {})[f.sweep];
+  if (!table) return box;
+  const kind = short(f.kind, 'KIND_');
+  const seedAxis = (table.axes || []).indexOf('seed');
+  const seeds = [...new Set((table.rows || []).map((r) => seedAxis >= 0 ? r.swept[seedAxis] : 0))].sort((a, b) => a - b);
+  const cols = (f.columns || []).map((c) => (table.columns || []).indexOf(c)).filter((c) => c >= 0);
+  const legend = (f.columns || []).map((c, j) => (f.legend || [])[j] || c);
+  if (kind === 'LABEL_MAP' && cols.length) {
+    const labels = [...new Set((table.rows || []).map((r) => r.values[cols[0]]).filter((v) => typeof v === 'string'))].sort();
+    for (const seed of seeds) box.append(labelMap(table, cols[0], seed, seedAxis, labels));
+  } else if (kind === 'SERIES') {
+    // A list of numbers is drawn against its index, as [index, value] pairs.
+    const pairs = {...table, rows: (table.rows || []).map((r) => ({...r, values: r.values.map((v) =>
+      Array.isArray(v) && v.length && typeof v[0] === 'number' ? v.map((y, k) => [k, y]) : v)}))};
+    for (const col of cols) seriesChart(f.title, pairs, col, box);
+  } else if (kind === 'CURVE') {
+    const axis = (table.axes || []).indexOf(f.x);
+    if (axis >= 0) for (const col of cols) axisChart(f.title, table, col, axis, seedAxis, box);
+  } else if (kind === 'BARS') {
+    box.append(barsFigure(table, cols, legend));
+  }
+  return box;
+}
+
 // Each check's margin per seed, (value - threshold) / max(|value|,
 // |threshold|) turned so that the passing side is right of the line
 // (equality and "contains" checks sit at the ends), as the Python package's
@@ -206,6 +260,7 @@ export function reproductionView(id) {
                          h('p', {}, `${rep.passed || 0} passed, ${rep.failed || 0} failed, ${rep.inconclusive || 0} inconclusive${rep.reported ? `, ${rep.reported} reported only` : ''}; ${fmt(rep.wall_seconds || 0)} s`),
                          checks, (rep.notes || []).length ? h('ul', {}, rep.notes.map((n) => h('li', {class: 'muted'}, n))) : '',
                          h('h3', {}, 'Figures'), figures);
+    (scale.figures || []).forEach((f, i) => figures.append(recipeFigure(f, i, rep)));
     const comparisons = Object.fromEntries((scale.checks || []).map((c) => [c.id, c.comparison || 'COMPARISON_GE']));
     figures.append(h('div', {class: 'figure', 'data-table': 'margins'}, h('h4', {}, 'each check\'s margin per seed'),
                      marginStrip(rep.checks || [], comparisons)));

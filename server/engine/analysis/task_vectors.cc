@@ -132,6 +132,19 @@ torch::Tensor MeanCe(const DecoderModel& model, const torch::Tensor& tokens, con
   return total / static_cast<double>(N);
 }
 
+// The mean cross-entropy of the first prediction (of token 1 from token 0):
+// the loss before any context, from which the in-context gain is measured.
+double FirstCe(const DecoderModel& model, const torch::Tensor& tokens) {
+  double total = 0;
+  const int64_t N = tokens.size(0);
+  for (int64_t b = 0; b < N; b += kTvChunk) {
+    torch::Tensor chunk = tokens.narrow(0, b, std::min(kTvChunk, N - b)).unsqueeze(0);
+    torch::Tensor logp = torch::log_softmax(model.Forward(chunk).narrow(-2, 0, 1).to(torch::kDouble), -1);
+    total -= logp.gather(-1, chunk.narrow(-1, 1, 1).unsqueeze(-1)).sum().item<double>();
+  }
+  return total / static_cast<double>(N);
+}
+
 // Held-out (last 20% of rows) R^2 of an OLS fit of y [N, m] on x [N, f]
 // with an intercept.
 double HeldOutR2(const torch::Tensor& x, const torch::Tensor& y) {
@@ -199,18 +212,21 @@ absl::StatusOr<torch::Tensor> OptimiseVopt(TvRun& run, const torch::Tensor& comp
 // statistics (centred log counts) against the V_opt coordinate, with and
 // without the token, against random directions and the task subspace.
 void StatsProbe(TvRun& run, const torch::Tensor& v_opt, const torch::Tensor& complement,
-                const torch::Tensor& task_basis, int dl, int64_t pb, int64_t np, torch::Generator& gen) {
+                const torch::Tensor& task_basis, int dl, torch::Generator& gen) {
   auto& [model, task, r, rep, row, T, K, V, last, L, layers, positions, est_begin, est_end] = run;
   const int64_t S = task.num_states(), D = model.config().d_model;
   const int64_t Ns = r.stats_samples();
+  const int64_t pb = std::min<int64_t>(r.stats_begin(), last), np = last - pb + 1;
   torch::Tensor ood = task.SampleFrom(task.DrawTasks(Ns, gen), gen, {}, nullptr);
   torch::Tensor hs = HiddenStates(model, ood, {dl}, r.dissociation_hook())[0].narrow(1, pb, np).reshape({-1, D});
   torch::Tensor logc = (task.ContextCounts(ood).narrow(1, pb, np).reshape({-1, S}) + 0.5).log();
   torch::Tensor clr = logc - logc.mean(-1, true);
+  torch::Tensor token = torch::one_hot(ood.narrow(1, pb, np).reshape({-1}), V).to(torch::kDouble);
+  // The position as dummies (the authors' probe has them).
+  torch::Tensor position = torch::one_hot(torch::arange(np, kI64).repeat({Ns}), np).to(torch::kDouble);
   row("stats/r2_vopt", dl, -1, HeldOutR2(clr, torch::matmul(hs, v_opt)));
-  row("stats/r2_vopt_with_token", dl, -1,
-      HeldOutR2(torch::cat({clr, torch::one_hot(ood.narrow(1, pb, np).reshape({-1}), V).to(torch::kDouble)}, 1),
-                torch::matmul(hs, v_opt)));
+  row("stats/r2_vopt_with_token", dl, -1, HeldOutR2(torch::cat({clr, token}, 1), torch::matmul(hs, v_opt)));
+  row("stats/r2_vopt_full", dl, -1, HeldOutR2(torch::cat({clr, token, position}, 1), torch::matmul(hs, v_opt)));
   row("stats/r2_clr_from_vopt", dl, -1, HeldOutR2(torch::matmul(hs, v_opt), clr));
   double random = 0;
   for (int i = 0; i < 5; ++i) {
@@ -218,7 +234,7 @@ void StatsProbe(TvRun& run, const torch::Tensor& v_opt, const torch::Tensor& com
     random += HeldOutR2(clr, torch::matmul(hs, d)) / 5.0;
   }
   row("stats/r2_random", dl, -1, random);
-  row("stats/r2_task", dl, -1, HeldOutR2(clr, torch::matmul(hs, task_basis.narrow(1, 0, 1))));
+  row("stats/r2_task", dl, -1, HeldOutR2(clr, torch::matmul(hs, task_basis)));  // every task direction
 }
 
 // D.5.10-D.5.13 and E.20 at one layer: the joint probe and the task
@@ -268,7 +284,9 @@ absl::Status Dissociation(TvRun& run) {
   auto [Uk, Sk, Vhk] = torch::linalg_svd(w_tok, false);
   torch::Tensor energy = Sk.pow(2).cumsum(0) / Sk.pow(2).sum().clamp_min(1e-300);
   const int64_t tok_dims = std::min<int64_t>(Sk.size(0), (energy < 0.9).sum().item<int64_t>() + 1);
-  torch::Tensor protect = OrthonormalColumns(torch::cat({task_basis, Vhk.narrow(0, 0, tok_dims).t()}, 1));
+  torch::Tensor protect = r.protect() == "task_and_tokens"
+                              ? OrthonormalColumns(torch::cat({task_basis, Vhk.narrow(0, 0, tok_dims).t()}, 1))
+                              : OrthonormalColumns(task_basis);
   const int64_t D = model.config().d_model;
   auto [evals, evecs] = torch::linalg_eigh(torch::eye(D, kF64) - torch::matmul(protect, protect.t()));
   torch::Tensor complement = evecs.index({torch::indexing::Slice(), evals > 0.5});  // [D, D - p]
@@ -288,8 +306,13 @@ absl::Status Dissociation(TvRun& run) {
     torch::Tensor P = torch::matmul(basis, basis.t()).to(torch::kFloat);
     return [P](const torch::Tensor& v) { return v - torch::matmul(v, P.to(v.scalar_type())); };
   };
-  std::vector<double> base;
-  for (const auto& [name, toks] : groups) base.push_back(MeanCe(model, toks, point, {}).item<double>());
+  // The in-context gain of each group: the first prediction's loss minus
+  // the mean loss (the authors report a removal's effect as its fraction).
+  std::vector<double> base, gain;
+  for (const auto& [name, toks] : groups) {
+    base.push_back(MeanCe(model, toks, point, {}).item<double>());
+    gain.push_back(FirstCe(model, toks) - base.back());
+  }
 
   absl::StatusOr<torch::Tensor> optimised = OptimiseVopt(run, complement, ood_params, point, dl, gen);
   if (!optimised.ok()) return optimised.status();
@@ -305,9 +328,13 @@ absl::Status Dissociation(TvRun& run) {
       row(p + "ce", dl, -1, ce);
       row(p + "delta", dl, -1, ce - base[g]);
       row(p + "pct", dl, -1, 100.0 * (ce - base[g]) / base[g]);
+      row(p + "gain_frac", dl, -1, gain[g] > 0 ? (ce - base[g]) / gain[g] : 0.0);
     }
   };
-  for (size_t g = 0; g < groups.size(); ++g) row("dissociation/base/" + groups[g].first + "/ce", dl, -1, base[g]);
+  for (size_t g = 0; g < groups.size(); ++g) {
+    row("dissociation/base/" + groups[g].first + "/ce", dl, -1, base[g]);
+    row("dissociation/base/" + groups[g].first + "/gain", dl, -1, gain[g]);
+  }
   report("task", {task_basis});
   report("vopt", {v_opt});
   std::vector<torch::Tensor> rand1, rand3;
@@ -319,7 +346,7 @@ absl::Status Dissociation(TvRun& run) {
   report("random3", rand3);
   if (!rep.At(0.85)) return Stopped();
 
-  StatsProbe(run, v_opt, complement, task_basis, dl, pb, np, gen);
+  StatsProbe(run, v_opt, complement, task_basis, dl, gen);
   return absl::OkStatus();
 }
 

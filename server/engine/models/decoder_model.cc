@@ -2,6 +2,7 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
@@ -125,6 +126,7 @@ DecoderConfig DecoderConfigOf(const v1::ExperimentSpec& spec) {
   c.final_ln = m.final_layernorm();
   c.input_dim = SpecFamilyOf(spec).ContinuousInputWidth(spec);  // 0: token embedding
   c.init_std = m.init_std();
+  c.torch_default_init = m.init() == v1::DECODER_INIT_TORCH_DEFAULT;
   c.rope_base = m.rope_base();
   return c;
 }
@@ -186,19 +188,36 @@ DecoderModel::DecoderModel(const DecoderConfig& cfg, int64_t ensemble, torch::De
 
 void DecoderModel::Initialize(const std::vector<uint64_t>& init_seeds) {
   torch::NoGradGuard no_grad;
+  // A linear map's input width: its weight is [in, out]; a bias takes its
+  // weight's ("attn.q.bias" -> "attn.q", "mlp.fc1.bias" -> "mlp.fc1.weight").
+  auto fan_in = [&](const std::string& n) -> int64_t {
+    std::string w = n;
+    if (const size_t b = w.rfind(".bias"); b != std::string::npos) {
+      w = w.substr(0, b);
+      if (std::find(names_.begin(), names_.end(), w) == names_.end()) w += ".weight";
+    }
+    const auto it = std::find(names_.begin(), names_.end(), w);
+    return it == names_.end() ? 0 : params_[static_cast<size_t>(it - names_.begin())].size(1);
+  };
   for (int64_t e = 0; e < ensemble_; ++e) {
     torch::Generator gen = at::make_generator<at::CPUGeneratorImpl>(init_seeds[static_cast<size_t>(e)]);
     for (size_t i = 0; i < params_.size(); ++i) {
       torch::Tensor slot = params_[i][e];
       const std::string& n = names_[i];
-      const bool gain = n.find("ln") != std::string::npos && n.find("weight") != std::string::npos;
+      const bool norm = n.find("ln") != std::string::npos;
+      const bool gain = norm && n.find("weight") != std::string::npos;
       const bool bias = n.find("bias") != std::string::npos;
       if (gain) {
         slot.fill_(1.0);
-      } else if (bias) {
+      } else if (bias && (norm || !cfg_.torch_default_init)) {
         slot.zero_();
-      } else {
+      } else if (!cfg_.torch_default_init) {
         slot.copy_(torch::randn(slot.sizes(), gen) * cfg_.init_std);
+      } else if (n == "embed" || n == "pad") {
+        slot.copy_(torch::randn(slot.sizes(), gen));
+      } else {
+        const double bound = 1.0 / std::sqrt(static_cast<double>(fan_in(n)));
+        slot.copy_((torch::rand(slot.sizes(), gen) * 2.0 - 1.0) * bound);
       }
     }
   }

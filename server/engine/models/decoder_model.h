@@ -41,6 +41,8 @@ struct DecoderConfig {
   int64_t input_dim = 0;
   bool gelu = false, attn_bias = false, final_ln = false;
   double init_std = 0.02, rope_base = 10000.0;
+  // PyTorch's module defaults instead of N(0, init_std^2) (DECODER_INIT_TORCH_DEFAULT).
+  bool torch_default_init = false;
 };
 
 DecoderConfig DecoderConfigOf(const v1::ExperimentSpec& resolved);
@@ -60,7 +62,10 @@ class DecoderModel {
   DecoderModel(const DecoderConfig& cfg, int64_t ensemble, torch::Device device);
 
   // Member e from DeriveSeed-style seeds: N(0, init_std^2) matrices and
-  // embedding, zero biases, unit LayerNorm gains.
+  // embedding, zero biases, unit LayerNorm gains; or, with
+  // torch_default_init, what PyTorch's modules start at (an embedding and
+  // the pad N(0, 1), a linear map's weight and bias U(+-1/sqrt(fan_in)),
+  // LayerNorm 1 and 0).
   void Initialize(const std::vector<uint64_t>& init_seeds);
 
   // `hook`, when given, is called at every point in forward order. `upto`,

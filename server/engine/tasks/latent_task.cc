@@ -41,6 +41,21 @@ torch::Tensor LogDirMult(const torch::Tensor& counts, double alpha) {
   return std::lgamma(sa) - torch::lgamma(sa + counts.sum(-1)) + (torch::lgamma(counts + alpha) - std::lgamma(alpha)).sum(-1);
 }
 
+// MAJOR_POOL_DISJOINT: the S faces shuffled, split into n runs as even as
+// possible (the first S mod n one longer); weight 1 on a major's run and
+// 0.005 elsewhere, normalised [n, S].
+torch::Tensor DisjointMajors(int64_t n, int64_t S, torch::Generator& gen) {
+  constexpr double kOutside = 0.005;
+  const torch::Tensor perm = torch::randperm(S, gen, kI64);
+  torch::Tensor w = torch::full({n, S}, kOutside, kF64);
+  for (int64_t i = 0, start = 0; i < n; ++i) {
+    const int64_t size = S / n + (i < S % n ? 1 : 0);
+    w[i].index_fill_(0, perm.slice(0, start, start + size), 1.0);
+    start += size;
+  }
+  return w / w.sum(-1, true);
+}
+
 }  // namespace
 
 LatentTaskGenerator::LatentTaskGenerator(const v1::LatentTask& spec, uint64_t pool_seed)
@@ -52,7 +67,9 @@ LatentTaskGenerator::LatentTaskGenerator(const v1::LatentTask& spec, uint64_t po
       has_minors_(spec.diversity() >= 0) {
   torch::Generator gen = MakeGenerator(pool_seed);
   if (kind_ == v1::LATENT_KIND_DYCK) background_ = Dirichlet({states_}, 1.0, gen);
-  majors_ = DrawTasks(spec.num_majors(), gen);
+  majors_ = kind_ == v1::LATENT_KIND_DICE && spec.major_pool() == v1::MAJOR_POOL_DISJOINT
+                ? DisjointMajors(spec.num_majors(), states_, gen)
+                : DrawTasks(spec.num_majors(), gen);
   // kappa = -1: the pool holds one minor task that is never sampled (p_minor 0).
   minors_ = DrawTasks(has_minors_ ? int64_t{1} << spec.diversity() : 1, gen);
   torch::Generator ood = MakeGenerator(DeriveSeed63(pool_seed, "ood"));

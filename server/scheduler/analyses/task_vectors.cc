@@ -221,6 +221,11 @@ absl::Status FillDefaults(const v1::AnalyzeTaskVectorsRequest& request, v1::Anal
     return absl::InvalidArgumentError("steering_subtract must be true_task or projection, got " +
                                       Quote(c.steering_subtract()));
   }
+  if (c.protect().empty()) c.set_protect("task");
+  if (c.protect() != "task" && c.protect() != "task_and_tokens") {
+    return absl::InvalidArgumentError("protect must be task or task_and_tokens, got " + Quote(c.protect()));
+  }
+  if (!c.has_stats_begin()) c.set_stats_begin(0);
   if (c.opt_target().empty()) c.set_opt_target("minor");
   if (c.opt_target() != "minor" && c.opt_target() != "ood") {
     return absl::InvalidArgumentError("opt_target must be minor or ood, got " + Quote(c.opt_target()));
@@ -274,7 +279,8 @@ absl::Status CheckTarget(const Target& t, const v1::AnalyzeTaskVectorsRequest& c
                                std::tuple{"est_end", c.has_est_end(), c.est_end()},
                                std::tuple{"steer_begin", c.has_steer_begin(), c.steer_begin()},
                                std::tuple{"steer_end", c.has_steer_end(), c.steer_end()},
-                               std::tuple{"probe_begin", c.has_probe_begin(), c.probe_begin()}}) {
+                               std::tuple{"probe_begin", c.has_probe_begin(), c.probe_begin()},
+                               std::tuple{"stats_begin", c.has_stats_begin(), c.stats_begin()}}) {
     if (has && v > last) {
       return absl::InvalidArgumentError(std::string(field) + " must be in [0, " + std::to_string(last) +
                                         "], got " + std::to_string(v) + who);

@@ -47,6 +47,10 @@ absl::Status DecoderSpecFamily::ResolveModel(v1::ExperimentSpec* spec) const {
   if (!m->has_attention_bias()) m->set_attention_bias(d.attention_bias);
   if (!m->has_final_layernorm()) m->set_final_layernorm(d.final_layernorm);
   if (!m->has_init_std()) m->set_init_std(0.02);
+  if (m->init() == v1::DECODER_INIT_UNSPECIFIED) m->set_init(v1::DECODER_INIT_NORMAL);
+  if (!v1::DecoderInit_IsValid(m->init())) {
+    return absl::InvalidArgumentError(p + "init is not a known value: " + std::to_string(m->init()));
+  }
   if (!m->has_rope_base()) m->set_rope_base(10000.0);
   CL_RETURN_IF_ERROR(CheckRange<uint32_t>(p + "num_layers", m->num_layers(), 1, 24));
   CL_RETURN_IF_ERROR(CheckRange<uint32_t>(p + "d_model", m->d_model(), 4, 1024));

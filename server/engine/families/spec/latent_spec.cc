@@ -42,6 +42,20 @@ class Latent final : public DecoderSpecFamily {
                                         FormatNumber(t->dirichlet_alpha()));
     }
     CL_RETURN_IF_ERROR(CheckRange<uint32_t>(p + "dyck_length", t->dyck_length(), 1, 64));
+    if (t->kind() == v1::LATENT_KIND_DICE) {
+      if (t->major_pool() == v1::MAJOR_POOL_UNSPECIFIED) t->set_major_pool(v1::MAJOR_POOL_DIRICHLET);
+      if (!v1::MajorPool_IsValid(t->major_pool())) {
+        return absl::InvalidArgumentError(p + "major_pool is not a known value: " + std::to_string(t->major_pool()));
+      }
+      if (t->major_pool() == v1::MAJOR_POOL_DISJOINT && t->num_majors() > t->num_states()) {
+        return absl::InvalidArgumentError(p + "major_pool MAJOR_POOL_DISJOINT gives each major its own faces, so " +
+                                          "num_majors must be at most num_states, got " +
+                                          std::to_string(t->num_majors()) + " majors and " +
+                                          std::to_string(t->num_states()) + " states");
+      }
+    } else if (t->major_pool() != v1::MAJOR_POOL_UNSPECIFIED) {
+      return absl::InvalidArgumentError(p + "major_pool applies only to LATENT_KIND_DICE, leave it unset");
+    }
     if (!(t->repeat_prob() > 0.0 && t->repeat_prob() <= 1.0)) {
       return absl::InvalidArgumentError(p + "repeat_prob must be in (0, 1], got " + FormatNumber(t->repeat_prob()));
     }

@@ -36,7 +36,8 @@ class Regression final : public DecoderSpecFamily {
                                            {{"num_states", t->has_num_states()},
                                             {"dirichlet_alpha", t->has_dirichlet_alpha()},
                                             {"dyck_length", t->has_dyck_length()},
-                                            {"repeat_prob", t->has_repeat_prob()}},
+                                            {"repeat_prob", t->has_repeat_prob()},
+                                            {"major_pool", t->major_pool() != v1::MAJOR_POOL_UNSPECIFIED}},
                                            "does not apply to LATENT_KIND_REGRESSION (continuous tokens; set dim, "
                                            "noise_std and num_points)"));
     if (!t->has_dim()) t->set_dim(6);
