@@ -256,7 +256,13 @@ def test_reproductions(client, tmp_path_factory):
             {"id": "labelled", "value": {"column": {"sweep": "tiny", "column": "label.label", "reduce": "REDUCE_COUNT"}},
              "comparison": "COMPARISON_EQ", "against": {"constant": 2}},
             {"id": "impossible", "value": {"column": {"sweep": "tiny", "column": "train/loss", "reduce": "REDUCE_MIN"}},
-             "comparison": "COMPARISON_LT", "against": {"constant": 0}}]}}}
+             "comparison": "COMPARISON_LT", "against": {"constant": 0}}],
+        "figures": [
+            {"title": "the final loss against lr", "kind": "KIND_CURVE", "sweep": "tiny", "x": "lr",
+             "columns": ["train/loss"], "log_x": True, "log_y": True, "fit": True},
+            {"title": "the loss over training", "kind": "KIND_SERIES", "sweep": "tiny", "columns": ["series:train/loss"]},
+            {"title": "the final loss", "kind": "KIND_BARS", "sweep": "tiny", "columns": ["train/loss", "train/accuracy"],
+             "legend": ["loss", "accuracy"]}]}}}
     seen = []
     r = client.reproduce(recipe, seeds=2, progress=lambda f, resp: seen.append(f), deadline=300, poll=0.5)
     assert r.state == rpb.REPRODUCTION_STATE_DONE, (r.phase, r.error)
@@ -283,3 +289,16 @@ def test_reproductions(client, tmp_path_factory):
     assert sum(c == red for c in colours) == 2
     assert [t.get_text() for t in ax.get_yticklabels()] == ["trained", "labelled", "impossible"]
     ax.figure.savefig(str(tmp_path_factory.mktemp("fig") / "report.png"))
+    # The recipe's own figures (issue 50): a curve per seed with its fit, a line per run, bars with seed dots.
+    curve = client.plot_reproduction_figure(r, 0)
+    lines = curve.axes[0].get_lines()
+    assert len(lines) == 3 and lines[2].get_label().startswith("fit: slope ")
+    assert curve.axes[0].get_xscale() == "log" and "the final loss against lr" in curve._suptitle.get_text()
+    series = client.plot_reproduction_figure(r, 1).axes[0].get_lines()
+    assert len(series) == 4 and all(len(l.get_xdata()) > 1 for l in series)
+    bars = client.plot_reproduction_figure(r, 2).axes[0]
+    assert len(bars.patches) == 2 and [t.get_text() for t in bars.get_xticklabels()] == ["loss", "accuracy"]
+    assert len(bars.collections) == 2 and all(len(c.get_offsets()) == 4 for c in bars.collections)
+    with pytest.raises(IndexError):
+        client.plot_reproduction_figure(r, 3)
+    curve.savefig(str(tmp_path_factory.mktemp("fig") / "figure.png"))

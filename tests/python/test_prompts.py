@@ -95,11 +95,12 @@ def test_a_decoder_run_patches_prompts(client, decoder_run):  # noqa: F811
     df = client.patch_df(decoder_run, ["L0.resid_pre", "L0.post_mlp"], prompts=prompts)
     effect = df.set_index(["hook", "position"])["effect_logit_diff"]
     # Patching the whole last position's residual stream before the layer restores everything (the
-    # earlier positions are the same in both), and nothing earlier matters.
-    assert effect[("L0.resid_pre", 7)] == pytest.approx(1.0, abs=1e-6)
-    assert effect[("L0.post_mlp", 7)] == pytest.approx(1.0, abs=1e-6)
+    # earlier positions are the same in both), and nothing earlier matters. The effect is a ratio of
+    # float32 logit differences: 1.3e-6 from 1 was seen on one machine, so the bound is 1e-4.
+    assert effect[("L0.resid_pre", 7)] == pytest.approx(1.0, abs=1e-4)
+    assert effect[("L0.post_mlp", 7)] == pytest.approx(1.0, abs=1e-4)
     for t in range(6):
-        assert effect[("L0.resid_pre", t)] == pytest.approx(0.0, abs=1e-6), t
+        assert effect[("L0.resid_pre", t)] == pytest.approx(0.0, abs=1e-4), t
 
 
 def test_prompt_bounds_name_the_field(client, demo, decoder_run):  # noqa: F811
