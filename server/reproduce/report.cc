@@ -4,6 +4,7 @@
 #include <google/protobuf/util/json_util.h>
 
 #include <algorithm>
+#include <array>
 #include <cctype>
 #include <cmath>
 #include <cstdio>
@@ -113,26 +114,43 @@ std::optional<double> Spearman(const Json& series) {
   return num / std::sqrt(ds * dv);
 }
 
-// The most label changes along one line of the grid of the first two
-// non-seed axes.
-std::optional<double> Crossings(const SeedView& view, const std::vector<const v1::SweepRow*>& rows, int col,
-                                const v1::ColumnValue& c) {
+// The labelled cells of the plane of the first two non-seed axes as its grid
+// lines: [0] the lines of constant x (cells by y), [1] those of constant y
+// (cells by x). `value` turns a label into what the lines hold (nullopt
+// skips the cell); nullopt when the table has fewer than two such axes.
+template <typename T>
+using GridLines = std::array<std::map<double, std::map<double, T>>, 2>;  // line -> position -> value
+
+template <typename T, typename F>
+std::optional<GridLines<T>> PlaneLines(const SeedView& view, const std::vector<const v1::SweepRow*>& rows, int col,
+                                       const v1::ColumnValue& c, F value) {
   std::vector<int> axes;
   for (int i = 0; i < view.table->axes_size() && axes.size() < 2; ++i) {
     if (i != view.seed_axis) axes.push_back(i);
   }
   if (axes.size() < 2) return std::nullopt;
-  std::map<double, std::map<double, std::string>> by_x, by_y;  // line -> position -> label
+  GridLines<T> lines;
   for (const v1::SweepRow* r : rows) {
     const Json cell = ToJson(r->values(col));
     if (!IsLabel(cell, c)) continue;
+    const std::optional<T> v = value(cell.get<std::string>());
+    if (!v) continue;
     const double x = r->swept(axes[0]).number_value(), y = r->swept(axes[1]).number_value();
-    by_x[x][y] = cell.get<std::string>();
-    by_y[y][x] = cell.get<std::string>();
+    lines[0][x][y] = *v;
+    lines[1][y][x] = *v;
   }
+  return lines;
+}
+
+// The most label changes along one line of the grid of the first two
+// non-seed axes.
+std::optional<double> Crossings(const SeedView& view, const std::vector<const v1::SweepRow*>& rows, int col,
+                                const v1::ColumnValue& c) {
+  const auto lines = PlaneLines<std::string>(view, rows, col, c, [](const std::string& l) { return std::optional(l); });
+  if (!lines) return std::nullopt;
   int most = 0;
-  for (const auto* lines : {&by_x, &by_y}) {
-    for (const auto& [line, cells] : *lines) {
+  for (const auto& axis : *lines) {
+    for (const auto& [line, cells] : axis) {
       int changes = 0;
       const std::string* last = nullptr;
       for (const auto& [pos, label] : cells) {
@@ -147,30 +165,20 @@ std::optional<double> Crossings(const SeedView& view, const std::vector<const v1
 
 // SCIENCE.md G.6: along each line of the grid of the first two non-seed
 // axes, the ranked labels' steps up or down; per axis the direction most
-// steps take, and the steps against it.
+// steps take, and the steps against it. Labels outside the order are skipped.
 std::optional<double> OrderReversals(const SeedView& view, const std::vector<const v1::SweepRow*>& rows, int col,
                                      const v1::ColumnValue& c) {
-  std::vector<int> axes;
-  for (int i = 0; i < view.table->axes_size() && axes.size() < 2; ++i) {
-    if (i != view.seed_axis) axes.push_back(i);
-  }
-  if (axes.size() < 2) return std::nullopt;
   std::map<std::string, int> rank;
   for (int i = 0; i < c.order_size(); ++i) rank.emplace(c.order(i), i);
-  std::map<double, std::map<double, int>> by_x, by_y;  // line -> position -> rank
-  for (const v1::SweepRow* r : rows) {
-    const Json cell = ToJson(r->values(col));
-    if (!IsLabel(cell, c)) continue;
-    const auto k = rank.find(cell.get<std::string>());
-    if (k == rank.end()) continue;
-    const double x = r->swept(axes[0]).number_value(), y = r->swept(axes[1]).number_value();
-    by_x[y][x] = k->second;  // lines of constant y run along x
-    by_y[x][y] = k->second;
-  }
+  const auto lines = PlaneLines<int>(view, rows, col, c, [&](const std::string& l) -> std::optional<int> {
+    const auto k = rank.find(l);
+    return k == rank.end() ? std::nullopt : std::optional(k->second);
+  });
+  if (!lines) return std::nullopt;
   int reversals = 0;
-  for (const auto* lines : {&by_x, &by_y}) {
+  for (const auto& axis : *lines) {
     int up = 0, down = 0;
-    for (const auto& [line, cells] : *lines) {
+    for (const auto& [line, cells] : axis) {
       const int* last = nullptr;
       for (const auto& [pos, r] : cells) {
         if (last != nullptr && r > *last) ++up;

@@ -51,16 +51,28 @@ const std::map<std::string, std::set<std::string>>& KnownFailures() {
       // the first few; the KL gate separates (0.018 against 0.098 untrained).
       {"E.14", {"r_mean_task1"}},
       // V_opt kept off the task basis only takes token directions: removing
-      // it costs the majors 1.58% of their CE and OOD 1.32% (floor 1.5%).
-      // Kept off the token directions too (the report's dis_tok), OOD 0.47%
-      // against the majors' 0.094%: the dissociation holds, weakly.
-      {"E.18", {"vopt_hurts_ood", "vopt_beats_floor"}},
+      // it costs the majors 1.58% of their CE and OOD 1.32% (AVX2 machine;
+      // 2.75% and 2.54% on an AVX-512 one). Kept off the token directions
+      // too (the report's dis_tok), OOD 0.47% against the majors' 0.094%
+      // (1.57% against 1.49% on AVX-512): the dissociation holds, weakly.
+      {"E.18", {"vopt_hurts_ood"}},
   };
   return known;
 }
 
+// Checks whose outcome is not the same on every CPU: the value is printed
+// with the report, not asserted. V_opt is 200 Adam steps from a random start
+// on float32 states; the same trained model (task removal 111.9% vs 2.512%
+// on both machines) gives it an OOD effect of 1.32% on an AVX2 machine and
+// 2.54% on an AVX-512 one, either side of the 1.5% floor.
+const std::map<std::string, std::set<std::string>>& Unsettled() {
+  static const std::map<std::string, std::set<std::string>> unsettled = {{"E.18", {"vopt_beats_floor"}}};
+  return unsettled;
+}
+
 // Runs recipe `id` at its ci scale through an in-process server; every check
-// must pass, except KnownFailures(), which must fail.
+// must pass, except KnownFailures(), which must fail, and Unsettled(), which
+// is printed only.
 void ExpectEveryCheckPassesAtCiScale(const std::string& id) {
   testing::TempDir dir;
   app::ServerOptions o;
@@ -96,7 +108,9 @@ void ExpectEveryCheckPassesAtCiScale(const std::string& id) {
   for (const v1::RecipeCheck& c : r->recipe().scales().at("ci").checks()) {
     if (c.report_only()) reported.insert(c.id());
   }
+  const auto unsettled = Unsettled().find(id);
   for (const v1::CheckResult& check : r->report().checks()) {
+    if (unsettled != Unsettled().end() && unsettled->second.contains(check.id())) continue;
     const bool fails = known != KnownFailures().end() && known->second.contains(check.id());
     const v1::CheckOutcome want = reported.contains(check.id()) ? v1::CHECK_OUTCOME_REPORTED
                                   : fails                       ? v1::CHECK_OUTCOME_FAIL
