@@ -118,14 +118,15 @@ std::map<std::string, Needed> NeededColumns(const v1::RecipeScale& scale) {
     if (!v.has_column()) return;
     const v1::ColumnValue& c = v.column();
     Needed& n = out[c.sweep()];
-    for (const std::string& column : {c.column(), c.other()}) {
+    for (const std::string* named : {&c.column(), &c.other()}) {
+      const std::string& column = *named;
       if (column.empty()) continue;
       const v1::RecipeAnalysis* a = nullptr;
       if (IsSeriesColumn(column)) {
         n.series.insert(column);
       } else if (IsAnalysisColumn(scale, column, &a)) {
         n.analysis_paths[a->name()].insert(column.substr(a->name().size() + 1));
-      } else if (&column == &c.other() && c.reduce() == v1::ColumnValue::REDUCE_SLOPE_LOGLOG) {
+      } else if (named == &c.other() && c.reduce() == v1::ColumnValue::REDUCE_SLOPE_LOGLOG) {
         continue;  // an axis name, or a column named below
       } else {
         n.summary.insert(column);

@@ -121,12 +121,24 @@ TEST(ReproductionTest, StartsRefusesAndReports) {
   EXPECT_NE(bad.status().message().find("learning_rate"), std::string::npos) << bad.status();
 
   *req.mutable_recipe() = TwoRunRecipe();
+  {  // A slope against an axis (E.5's form) reads the axis, not a column of its name.
+    v1::RecipeCheck* slope = (*req.mutable_recipe()->mutable_scales())["ci"].add_checks();
+    ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(
+                    R"({"id": "slope", "description": "the last step against the steps", "report_only": true,
+                        "value": {"column": {"sweep": "runs", "column": "train/step", "reduce": "REDUCE_SLOPE_LOGLOG",
+                                             "other": "steps"}},
+                        "comparison": "COMPARISON_GE", "against": {"constant": 0.99}})",
+                    slope)
+                    .ok());
+  }
   auto started = c.StartReproduction(req);
   ASSERT_TRUE(started.ok()) << started.status();
   EXPECT_EQ(started->reproduction_id(), "p1");
   const v1::Reproduction done = WaitForReproduction(c, "p1", v1::REPRODUCTION_STATE_DONE);
   ASSERT_EQ(done.state(), v1::REPRODUCTION_STATE_DONE) << done.error() << " " << done.phase();
-  ASSERT_EQ(done.report().checks_size(), 3);
+  ASSERT_EQ(done.report().checks_size(), 4);
+  EXPECT_EQ(done.report().checks(3).outcome(), v1::CHECK_OUTCOME_REPORTED) << done.report().checks(3).note();
+  EXPECT_NEAR(done.report().checks(3).mean(), 1.0, 1e-9) << "train/step is the steps axis on the fake executor";
   EXPECT_EQ(done.report().checks(0).outcome(), v1::CHECK_OUTCOME_PASS) << done.report().checks(0).note();
   EXPECT_EQ(done.report().checks(1).outcome(), v1::CHECK_OUTCOME_PASS) << done.report().checks(1).note();
   EXPECT_EQ(done.report().checks(2).outcome(), v1::CHECK_OUTCOME_FAIL);
@@ -136,6 +148,7 @@ TEST(ReproductionTest, StartsRefusesAndReports) {
   const auto& columns = done.report().tables().at("runs").columns();
   EXPECT_NE(std::find(columns.begin(), columns.end(), "series:train/step"), columns.end());
   EXPECT_NE(std::find(columns.begin(), columns.end(), "train/loss"), columns.end());
+  EXPECT_EQ(std::find(columns.begin(), columns.end(), "steps"), columns.end()) << "an axis is not a column";
   EXPECT_EQ(done.recipe().scales().at("ci").figures_size(), 2);
   EXPECT_DOUBLE_EQ(done.progress(), 1.0);
   EXPECT_TRUE(absl::IsFailedPrecondition(c.CancelReproduction("p1").status()));

@@ -208,10 +208,14 @@ def reproduction_table_df(client, reproduction, sweep):
     if sweep not in r.report.tables:
         raise KeyError(f"{r.reproduction_id} has no table {sweep!r} (it has {sorted(r.report.tables)})")
     t = r.report.tables[sweep]
+    axes = list(t.axes)
+    # A column named like an axis (servers before 2026-12-07 added E.5's slope axis as an empty column): the
+    # axis wins.
+    columns = [(i, c) for i, c in enumerate(t.columns) if c not in axes]
     rows = []
     for row in t.rows:
         out = {"run_id": row.run_id, "state": row.state}
-        out.update({a: _value(v) for a, v in zip(t.axes, row.swept)})
-        out.update({c: _value(v) for c, v in zip(t.columns, row.values)})
+        out.update({a: _value(v) for a, v in zip(axes, row.swept)})
+        out.update({c: _value(row.values[i]) for i, c in columns if i < len(row.values)})
         rows.append(out)
-    return pd.DataFrame(rows, columns=["run_id", "state"] + list(t.axes) + list(t.columns))
+    return pd.DataFrame(rows, columns=["run_id", "state"] + axes + [c for _, c in columns])
