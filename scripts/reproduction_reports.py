@@ -30,7 +30,9 @@ the scale it names, written by `circuitlab reproduce show ID --markdown`
 reported as measured: thresholds are SCIENCE.md's and the science tests',
 fixed before these runs; [the science implemented](../science.md#reproductions-at-larger-scale)
 says what each failure means. Reports run side by side on one machine, so
-their wall times overlap. The `cpu` task-vector reports other than E.14
+their wall times overlap, and a reproduction that reuses an earlier one's
+runs and stored analyses counts only its own time (E.6's figure was redrawn
+that way: its first run, p10, took 5.1 minutes). The `cpu` task-vector reports other than E.14
 predate issue 50's recipes (the authors' initialisation and major tasks,
 paired controls, E.18/E.19 at 8 seeds): their figure is still the checks'
 margins, and [the science implemented](../science.md#the-task-vector-half-against-the-authors-code)
