@@ -102,7 +102,10 @@ TEST(EndToEndTest, UserSessionThroughTheCli) {
   ASSERT_EQ(project.exit_code, 0) << project.out;
   EXPECT_NE(project.out.find("r1 step 100, complete basis"), std::string::npos) << project.out;
   EXPECT_NE(project.out.find("rho "), std::string::npos);
-  EXPECT_EQ(Cli(server, {"project", "r1", "--step", "7"}).exit_code, 15);  // no checkpoint there
+  // No checkpoint there. (Debian 13's tier once saw 24, UNAVAILABLE, here under CI's load: the message says
+  // which layer answered.)
+  CommandResult missing = Cli(server, {"project", "r1", "--step", "7"});
+  EXPECT_EQ(missing.exit_code, 15) << missing.out;
   // The analysis jobs: none left queued; an unknown job is NOT_FOUND.
   CommandResult jobs = Cli(server, {"analyses"});
   ASSERT_EQ(jobs.exit_code, 0) << jobs.out;
