@@ -31,12 +31,10 @@ reported as measured: thresholds are SCIENCE.md's and the science tests',
 fixed before these runs; [the science implemented](../science.md#reproductions-at-larger-scale)
 says what each failure means. Reports run side by side on one machine, so
 their wall times overlap, and a reproduction that reuses an earlier one's
-runs and stored analyses counts only its own time (E.6's figure was redrawn
-that way: its first run, p10, took 5.1 minutes). The `cpu` task-vector reports other than E.14
-predate issue 50's recipes (the authors' initialisation and major tasks,
-paired controls, E.18/E.19 at 8 seeds): their figure is still the checks'
-margins, and [the science implemented](../science.md#the-task-vector-half-against-the-authors-code)
-lists what changed.
+runs and stored analyses counts only its own time. A page whose only figure
+is the checks' margins predates its recipe's figure and its recipe as it now
+stands ([the science implemented](../science.md#the-task-vector-half-against-the-authors-code)
+says which).
 
 ![E.9 at paper scale in the dashboard](../img/dashboard-reproduction.png)
 
