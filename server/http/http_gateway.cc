@@ -23,6 +23,7 @@
 #include "server/common/text.h"
 #include "server/http/dashboard_assets.h"
 #include "server/http/json_writer.h"
+#include "server/reproduce/render.h"
 
 namespace circuitlab::http {
 
@@ -648,12 +649,28 @@ void HttpGateway::Reproductions() {
         }
         return core->Get(r.reproduction_id());
       });
+  // The report as the Markdown file of docs/reproductions/ (the CLI's
+  // `reproduce show --markdown`), for the page's download.
+  Get(R"(/api/v1/reproductions/([^/]+)/report\.md)", "reproductions/{id}/report.md", false,
+      [core, &security](const httplib::Request& req, httplib::Response& res, const Caller& c) -> absl::Status {
+        v1::GetReproductionRequest r;
+        CL_RETURN_IF_ERROR(FillRequest(req, {"reproduction_id"}, &r));
+        absl::StatusOr<std::string> owner = core->OwnerOf(r.reproduction_id());
+        CL_RETURN_IF_ERROR(owner.status());
+        if (!MayRead(c.principal, *owner, security.private_runs())) {
+          return absl::NotFoundError("reproduction " + Clip(r.reproduction_id(), 64) + " not found");
+        }
+        CL_ASSIGN_OR_RETURN(v1::Reproduction rep, core->Get(r.reproduction_id()));
+        res.set_header("Content-Disposition", "attachment; filename=\"" + rep.reproduction_id() + "-" +
+                                                  rep.recipe().id() + ".md\"");
+        res.set_content(reproduce::ReproductionMarkdown(rep), "text/markdown; charset=utf-8");
+        return absl::OkStatus();
+      });
 }
 
 // A run's interventions over HTTP (issue 36): GET lists the stored Intervene
 // answers with their requests; POST runs one from the browser.
 void HttpGateway::Interventions() {
-  const Security& security = *cores_.security;
   scheduler::AnalysisCore* analysis = cores_.analysis;
   const std::string pattern = R"(/api/v1/runs/([^/]+)/interventions)";
   Read<v1::ListStoredInterventionsRequest>(
@@ -666,27 +683,40 @@ void HttpGateway::Interventions() {
       [analysis](const auto& r, const Caller&) -> absl::StatusOr<v1::StoredIntervention> {
         return StoredInterventionOf(analysis->store(), r);
       });
-  // Writes from a browser: a bearer token only (no cookie is ever read, so
-  // another site's page cannot ride a session) and a JSON body (a cross-site
-  // form cannot send Content-Type application/json without a CORS preflight,
-  // which this server never grants); then exactly the gRPC call's checks:
-  // read access to the run, a role that may start analyses, the request's
-  // validation, quotas and memory, an audit line.
-  Post(pattern, "runs/{id}/interventions",
-       [analysis, &security](const httplib::Request& req, httplib::Response& res, const Caller& c) -> absl::Status {
+  AnalysisPost<v1::InterveneRequest, v1::InterveneResponse>(pattern, "runs/{id}/interventions",
+                                                             "GET /api/v1/runs/{id}/interventions");
+}
+
+// An analysis whose request does not fit a query string (nested messages:
+// an InterveneRequest's prompts, GetActivations' sequences), POSTed as JSON.
+// Writes from a browser: a bearer token only (no cookie is ever read, so
+// another site's page cannot ride a session) and a JSON body (a cross-site
+// form cannot send Content-Type application/json without a CORS preflight,
+// which this server never grants); then exactly the gRPC call's checks: read
+// access to the run, a role that may start analyses, the request's
+// validation, quotas and memory, an audit line. `stored` names where a
+// reader finds stored answers instead (for the refusal's message).
+template <typename Req, typename Resp>
+void HttpGateway::AnalysisPost(const std::string& pattern, const std::string& route, const std::string& stored) {
+  const Security& security = *cores_.security;
+  scheduler::AnalysisCore* analysis = cores_.analysis;
+  Post(pattern, route,
+       [analysis, &security, stored](const httplib::Request& req, httplib::Response& res,
+                                             const Caller& c) -> absl::Status {
+         const std::string name(Req::descriptor()->name());
          const std::string type = absl::AsciiStrToLower(req.get_header_value("Content-Type"));
          if (type.rfind("application/json", 0) != 0) {
-           WriteError(res, absl::InvalidArgumentError("the body must be an InterveneRequest as JSON with Content-Type: "
-                                                      "application/json, got Content-Type " +
+           WriteError(res, absl::InvalidArgumentError("the body must be a " + name +
+                                                      " as JSON with Content-Type: application/json, got Content-Type " +
                                                       Quote(Clip(type, 64))));
            res.status = 415;
            return absl::OkStatus();
          }
-         v1::InterveneRequest r;
+         Req r;
          pb::util::JsonParseOptions o;
          o.ignore_unknown_fields = false;
          if (pb::util::Status p = pb::util::JsonStringToMessage(req.body, &r, o); !p.ok()) {
-           return absl::InvalidArgumentError("the body is not an InterveneRequest: " + Clip(p.ToString(), 300));
+           return absl::InvalidArgumentError("the body is not a " + name + ": " + Clip(p.ToString(), 300));
          }
          const std::string path_id = req.matches[1];
          if (!r.run_id().empty() && r.run_id() != path_id) {
@@ -695,19 +725,50 @@ void HttpGateway::Interventions() {
          }
          r.set_run_id(path_id);
          if (Security::ReadsOnly(c)) {
+           std::string where = stored;
+           if (const size_t at = where.find("{id}"); at != std::string::npos) where.replace(at, 4, Clip(path_id, 32));
            const absl::Status refused = absl::PermissionDeniedError(
-               "POST /interventions starts an analysis; the principal " + c.principal.name +
-               " may only read stored answers (GET /api/v1/runs/" + Clip(path_id, 32) + "/interventions)");
+               "POST " + Clip(req.path, 128) + " starts an analysis; the principal " + c.principal.name + " may only read " +
+               (where.empty() ? std::string("stored answers") : "stored answers (" + where + ")"));
            security.Audit(c, r, nullptr, refused);
            return refused;
          }
          CL_RETURN_IF_ERROR(security.Check(c, Access::kRead, r));
-         absl::StatusOr<v1::InterveneResponse> out =
-             analysis->Run<v1::InterveneResponse>(r, scheduler::Requester(c.principal.name, false));
+         absl::StatusOr<Resp> out = analysis->Run<Resp>(r, scheduler::Requester(c.principal.name, false));
          if (!out.ok() || scheduler::IsPending(out->state())) security.Audit(c, r, out.ok() ? &*out : nullptr, out.status());
          CL_RETURN_IF_ERROR(out.status());
          return Reply(res, *out);
        });
+}
+
+// A model out (issue 46): GET .../export answers ExportWeights as JSON (a
+// job for a starter, polled; the safetensors bytes in base64 once done), and
+// .../export/weights.safetensors the stored file itself, as an attachment
+// (`curl -o`), never starting a job.
+void HttpGateway::Exports() {
+  scheduler::AnalysisCore* analysis = cores_.analysis;
+  AnalysisReads<v1::ExportWeightsRequest, v1::ExportWeightsResponse>("export", "export");
+  Get(R"(/api/v1/runs/([^/]+)/export/weights\.safetensors)", "runs/{id}/export/weights.safetensors", false,
+      [this, analysis](const httplib::Request& req, httplib::Response& res, const Caller& c) -> absl::Status {
+        v1::ExportWeightsRequest r;
+        CL_RETURN_IF_ERROR(FillRequest(req, {"run_id"}, &r));
+        CL_RETURN_IF_ERROR(cores_.security->Check(c, Access::kRead, r));
+        absl::StatusOr<v1::ExportWeightsResponse> out =
+            analysis->Run<v1::ExportWeightsResponse>(r, scheduler::Requester(c.principal.name, true));
+        if (absl::IsPermissionDenied(out.status()) || (out.ok() && out->state() != v1::ANALYSIS_STATE_DONE)) {
+          return absl::NotFoundError("no export stored for " + Clip(r.run_id(), 32) +
+                                     " at this step; GET /api/v1/runs/" + Clip(r.run_id(), 32) +
+                                     "/export (or `circuitlab export " + Clip(r.run_id(), 32) + "`) makes one");
+        }
+        CL_RETURN_IF_ERROR(out.status());
+        CL_ASSIGN_OR_RETURN(ResponseBudget::Lease lease,
+                            ResponseBudget::Process().Acquire(static_cast<int64_t>(out->safetensors().size()),
+                                                              "weights.safetensors"));
+        res.set_header("Content-Disposition", "attachment; filename=\"" + out->run_id() + "-step-" +
+                                                  std::to_string(out->step()) + ".safetensors\"");
+        res.set_content(out->safetensors(), "application/octet-stream");
+        return absl::OkStatus();
+      });
 }
 
 void HttpGateway::Routes() {
@@ -788,6 +849,11 @@ void HttpGateway::Routes() {
             [&](const v1::AnalysisJob& job) { return MayRead(c.principal, job.owner(), security.private_runs()); });
       });
   Interventions();
+  // Activations on the caller's own sequences (issue 46): a POSTed
+  // GetActivationsRequest; stored answers are not listed.
+  AnalysisPost<v1::GetActivationsRequest, v1::GetActivationsResponse>(R"(/api/v1/runs/([^/]+)/activations)",
+                                                                     "runs/{id}/activations", "");
+  Exports();
   Reproductions();
   Get(R"(/api/.*)", "api/unknown", true, [](const httplib::Request& req, httplib::Response&, const Caller&) {
     return absl::NotFoundError("no such API endpoint: " + Quote(Clip(req.path, 128)) +

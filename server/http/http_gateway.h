@@ -108,6 +108,11 @@ class HttpGateway {
   // `handler` behind authentication (unless `open`), errors as JSON, the security headers, telemetry.
   std::function<void(const httplib::Request&, httplib::Response&)> Wrap(const std::string& route, bool open, Handler handler);
   void Interventions();
+  // GET /api/v1/runs/{id}/export (ExportWeights as JSON) and
+  // .../export/weights.safetensors (the stored file, raw).
+  void Exports();
+  template <typename Req, typename Resp>
+  void AnalysisPost(const std::string& pattern, const std::string& route, const std::string& stored);
   // GET /api/v1/recipes, /api/v1/reproductions[?mine=], /api/v1/reproductions/{id}.
   void Reproductions();
   // A JSON read: `fn(request, caller)` answers absl::StatusOr<a message>.

@@ -359,6 +359,95 @@ TEST(HttpTest, AnalysesAreJobsAndInterventionsArePosted) {
 }
 
 
+// Issue 46: a model and its activations leave over HTTP too. POST
+// .../activations takes the caller's sequences (a job, polled; the gRPC
+// call's answer once DONE), GET .../export is ExportWeights as JSON, and
+// .../export/weights.safetensors the stored file itself (404 before one is
+// stored, never a job), byte for byte the RPC's.
+TEST(HttpTest, ActivationsAndWeightsComeOutOverHttp) {
+  TempDir dir;
+  auto exec = engine::MakeTorchExecutor();
+  Server server(dir.path(), exec.get(), {}, WithHttp());
+  auto c = MakeClient(server.address());
+  httplib::Client http("127.0.0.1", server.http_port());
+  auto run = c.SubmitRun(TinySpec(20));
+  ASSERT_TRUE(run.ok());
+  ASSERT_EQ(WaitForEnd(c, run->run_id()), v1::RUN_STATE_SUCCEEDED);
+
+  const std::string body = R"({"sequences": [{"tokens": [0, 5, 6, 7, 8, 5], "positions": [0, 1, 2, 3, 4, 5]},
+                                              {"tokens": [0, 7, 8, 5, 6, 7], "positions": [0, 1, 2, 3, 4, 5]}],
+                               "hooks": ["L2.attn", "logits"]})";
+  EXPECT_EQ(http.Post("/api/v1/runs/r1/activations", body, "text/plain")->status, 415);
+  auto typo = http.Post("/api/v1/runs/r1/activations", R"({"sequencez": []})", "application/json");
+  EXPECT_EQ(typo->status, 400);
+  EXPECT_NE(typo->body.find("is not a GetActivationsRequest"), std::string::npos) << typo->body;
+  auto bad_hook = http.Post("/api/v1/runs/r1/activations",
+                            R"({"sequences": [{"tokens": [0, 5], "positions": [0, 1]}], "hooks": ["L9.attn"]})",
+                            "application/json");
+  EXPECT_EQ(bad_hook->status, 400) << "refused before a job, naming the hook: " << bad_hook->body;
+  EXPECT_NE(bad_hook->body.find("L9.attn"), std::string::npos) << bad_hook->body;
+  v1::GetActivationsResponse acts;
+  for (int i = 0; i < 240 && acts.state() != v1::ANALYSIS_STATE_DONE; ++i) {
+    auto got = http.Post("/api/v1/runs/r1/activations", body, "application/json");
+    ASSERT_TRUE(got);
+    ASSERT_EQ(got->status, 200) << got->body;
+    acts = FromJson<v1::GetActivationsResponse>(got->body);
+    if (acts.state() != v1::ANALYSIS_STATE_DONE) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_EQ(acts.state(), v1::ANALYSIS_STATE_DONE) << acts.error();
+  v1::GetActivationsRequest grpc_req;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(body, &grpc_req).ok());
+  grpc_req.set_run_id("r1");
+  auto same = Analysis(c, &client::Client::GetActivations, grpc_req);
+  ASSERT_TRUE(same.ok()) << same.status();
+  ASSERT_EQ(same->activations_size(), 2);
+  ASSERT_EQ(acts.activations_size(), 2);
+  for (int k = 0; k < 2; ++k) {
+    EXPECT_EQ(acts.activations(k).hook(), same->activations(k).hook());
+    EXPECT_EQ(std::vector<uint32_t>(acts.activations(k).shape().begin(), acts.activations(k).shape().end()),
+              std::vector<uint32_t>(same->activations(k).shape().begin(), same->activations(k).shape().end()));
+    ASSERT_EQ(acts.activations(k).values_size(), same->activations(k).values_size());
+    for (int i = 0; i < acts.activations(k).values_size(); ++i) {
+      ASSERT_FLOAT_EQ(acts.activations(k).values(i), same->activations(k).values(i)) << k << " " << i;
+    }
+  }
+  ASSERT_EQ(acts.activations(0).shape_size(), 4) << "B x H x T x T";
+  EXPECT_EQ(acts.activations(0).shape(0), 2u);
+  EXPECT_EQ(acts.activations(0).shape(3), 6u);
+
+  // The file before any export: 404 saying how to make one, no job.
+  const int jobs_before = c.ListAnalysisJobs()->jobs_size();
+  auto none = http.Get("/api/v1/runs/r1/export/weights.safetensors");
+  ASSERT_TRUE(none);
+  EXPECT_EQ(none->status, 404) << none->body;
+  EXPECT_NE(none->body.find("circuitlab export r1"), std::string::npos) << none->body;
+  EXPECT_EQ(c.ListAnalysisJobs()->jobs_size(), jobs_before) << "the raw download started a job";
+  v1::ExportWeightsResponse exported;
+  for (int i = 0; i < 240 && exported.state() != v1::ANALYSIS_STATE_DONE; ++i) {
+    auto got = http.Get("/api/v1/runs/r1/export");
+    ASSERT_TRUE(got);
+    ASSERT_EQ(got->status, 200) << got->body;
+    exported = FromJson<v1::ExportWeightsResponse>(got->body);
+    if (exported.state() != v1::ANALYSIS_STATE_DONE) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_EQ(exported.state(), v1::ANALYSIS_STATE_DONE) << exported.error();
+  v1::ExportWeightsRequest export_req;
+  export_req.set_run_id("r1");
+  auto grpc_export = Analysis(c, &client::Client::ExportWeights, export_req);
+  ASSERT_TRUE(grpc_export.ok()) << grpc_export.status();
+  EXPECT_EQ(exported.safetensors(), grpc_export->safetensors()) << "base64 in JSON, the same bytes";
+  auto file = http.Get("/api/v1/runs/r1/export/weights.safetensors");
+  ASSERT_TRUE(file);
+  ASSERT_EQ(file->status, 200) << file->body;
+  EXPECT_EQ(file->get_header_value("Content-Type"), "application/octet-stream");
+  EXPECT_EQ(file->get_header_value("Content-Disposition"),
+            "attachment; filename=\"r1-step-" + std::to_string(exported.step()) + ".safetensors\"");
+  EXPECT_EQ(file->body, grpc_export->safetensors());
+  EXPECT_EQ(http.Get("/api/v1/runs/r9/export/weights.safetensors")->status, 404);
+  EXPECT_EQ(http.Get("/api/v1/runs/r1/export/weights.safetensors?step=7")->status, 404)
+      << "a step with no stored export";
+}
+
 // Issue 51 item 2: a stored attention answer of the documented maximum
 // (4,194,304 weights, 33 MB of JSON) cost ~1.25 GB per GET, never given back
 // (protobuf's JSON printer built a tree node per weight). Served now at a
@@ -826,6 +915,11 @@ TEST(HttpTest, TokensApplyAsOnGrpc) {
   EXPECT_EQ(reader_post->status, 403) << reader_post->body;
   EXPECT_NE(reader_post->body.find("may only read stored answers"), std::string::npos) << reader_post->body;
   EXPECT_EQ(http.Post("/api/v1/runs/r1/interventions", ablate, "application/json")->status, 401);
+  auto reader_acts = http.Post("/api/v1/runs/r1/activations", {{"Authorization", "Bearer " + token}},
+                               R"({"sequences": [{"tokens": [0, 1]}]})", "application/json");
+  EXPECT_EQ(reader_acts->status, 403) << reader_acts->body;
+  EXPECT_NE(reader_acts->body.find("POST /api/v1/runs/r1/activations starts an analysis"), std::string::npos)
+      << reader_acts->body;
 }
 
 TEST(HttpTest, EventStreamsResumeWithLastEventIdAndAreCapped) {

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <thread>
 
+#include "server/reproduce/render.h"
 #include "tests/integration/integration_util.h"
 #include "tests/test_util/fake_analyzer.h"
 
@@ -315,6 +316,16 @@ TEST(ReproductionTest, ListsArePagesOfSummariesWithinTheirBudget) {
     full.set_page_token(listed->next_page_token());
   }
   EXPECT_EQ(ids, (std::vector<std::string>{"p3", "p2", "p1"}));
+  // The report as the Markdown file the CLI writes (the page's download).
+  auto p1 = c.GetReproduction("p1");
+  ASSERT_TRUE(p1.ok()) << p1.status();
+  auto md = http.Get("/api/v1/reproductions/p1/report.md");
+  ASSERT_TRUE(md);
+  ASSERT_EQ(md->status, 200) << md->body;
+  EXPECT_EQ(md->get_header_value("Content-Type"), "text/markdown; charset=utf-8");
+  EXPECT_EQ(md->body, reproduce::ReproductionMarkdown(*p1));
+  EXPECT_NE(md->get_header_value("Content-Disposition").find("p1-"), std::string::npos);
+  EXPECT_EQ(http.Get("/api/v1/reproductions/p9/report.md")->status, 404);
   const Rss after = ReadRss();
   EXPECT_LE(after.peak - before.now, int64_t{100} << 20) << "peak " << (after.peak >> 20) << " MB, from "
                                                          << (before.now >> 20) << " MB";

@@ -30,7 +30,7 @@
 #include <thread>
 
 #include "client/lib/client.h"
-#include "client/lib/reproduce_render.h"
+#include "server/reproduce/render.h"
 #include "server/app/server.h"
 #include "tests/test_util/temp_dir.h"
 
@@ -93,7 +93,7 @@ void ExpectEveryCheckPassesAtCiScale(const std::string& id) {
     r = c.GetReproduction(r->reproduction_id());
   }
   ASSERT_TRUE(r.ok()) << r.status();
-  std::printf("%s", client::ReproductionText(*r).c_str());
+  std::printf("%s", reproduce::ReproductionText(*r).c_str());
   ASSERT_EQ(r->state(), v1::REPRODUCTION_STATE_DONE) << r->phase() << " " << r->error();
   const auto known = KnownFailures().find(id);
   std::set<std::string> reported;

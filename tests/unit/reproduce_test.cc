@@ -8,7 +8,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "client/lib/reproduce_render.h"
+#include "server/reproduce/render.h"
 #include "server/reproduce/recipes.h"
 #include "server/reproduce/reproductions.h"
 #include "server/reproduce/report.h"
@@ -443,7 +443,7 @@ TEST(ReproduceRenderTest, ChecksAgainstAMeasuredValueShowIt) {
     "report": {"checks": [
       {"id": "rises", "outcome": "CHECK_OUTCOME_FAIL", "values": [0.99, 0.98], "against": [0.5, 0.995]},
       {"id": "small", "outcome": "CHECK_OUTCOME_PASS", "values": [0.99, 0.98], "against": [1, 1]}]}})");
-  const std::string md = client::ReproductionMarkdown(r), text = client::ReproductionText(r);
+  const std::string md = reproduce::ReproductionMarkdown(r), text = reproduce::ReproductionText(r);
   EXPECT_NE(md.find("0.99 vs 0.5, 0.98 vs 0.995"), std::string::npos) << md;
   EXPECT_NE(text.find("measured 0.99 vs 0.5, 0.98 vs 0.995"), std::string::npos) << text;
   EXPECT_EQ(md.find("vs 1"), std::string::npos) << "a constant threshold is in Expected: " << md;

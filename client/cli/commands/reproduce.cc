@@ -6,7 +6,7 @@
 #include <thread>
 
 #include "client/cli/commands/commands.h"
-#include "client/lib/reproduce_render.h"
+#include "server/reproduce/render.h"
 #include "client/lib/text_format.h"
 
 namespace circuitlab::cli {
@@ -40,9 +40,9 @@ bool Ended(const v1::Reproduction& r) {
 
 int Print(Context& ctx, const v1::Reproduction& r, const Options& o) {
   std::string text = ctx.g.json   ? client::ToJson(r) + "\n"
-                     : o.markdown ? client::ReproductionMarkdown(r)
-                     : o.csv      ? client::ReproductionCsv(r)
-                                  : client::ReproductionText(r);
+                     : o.markdown ? reproduce::ReproductionMarkdown(r)
+                     : o.csv      ? reproduce::ReproductionCsv(r)
+                                  : reproduce::ReproductionText(r);
   if (o.out.empty()) {
     if (o.markdown || o.csv || ctx.g.json) {
       std::cout << text;
@@ -86,7 +86,7 @@ int List(Context& ctx, const Options& o) {
   }
   if (!mine->reproductions().empty()) std::cout << "\nReproductions:\n";
   for (const v1::Reproduction& r : mine->reproductions()) {
-    std::cout << "  " << client::EscapeForTerminal(client::ReproductionProgressLine(r)) << "\n";
+    std::cout << "  " << client::EscapeForTerminal(reproduce::ReproductionProgressLine(r)) << "\n";
   }
   if (!mine->next_page_token().empty()) {
     std::cout << "  (older ones: circuitlab reproduce list --page-token " << mine->next_page_token() << ")\n";
@@ -97,7 +97,7 @@ int List(Context& ctx, const Options& o) {
 int Watch(Context& ctx, v1::Reproduction r, const Options& o) {
   std::string last;
   while (!Ended(r)) {
-    const std::string line = client::ReproductionProgressLine(r);
+    const std::string line = reproduce::ReproductionProgressLine(r);
     if (line != last) std::cerr << client::EscapeForTerminal(line) << "\n";
     last = line;
     std::this_thread::sleep_for(std::chrono::seconds(2));
@@ -139,7 +139,7 @@ int Show(Context& ctx, const Options& o) {
 int Cancel(Context& ctx, const Options& o) {
   absl::StatusOr<v1::Reproduction> r = ctx.client.CancelReproduction(o.id);
   if (!r.ok()) return ReportError(r.status());
-  std::cout << client::EscapeForTerminal(client::ReproductionProgressLine(*r)) << "\n";
+  std::cout << client::EscapeForTerminal(reproduce::ReproductionProgressLine(*r)) << "\n";
   return 0;
 }
 

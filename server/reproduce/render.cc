@@ -1,4 +1,4 @@
-#include "client/lib/reproduce_render.h"
+#include "server/reproduce/render.h"
 
 #include <algorithm>
 #include <cmath>
@@ -8,7 +8,7 @@
 #include <sstream>
 #include <vector>
 
-namespace circuitlab::client {
+namespace circuitlab::reproduce {
 namespace {
 
 std::string Num(double x) {
@@ -258,4 +258,4 @@ std::string ReproductionCsv(const v1::Reproduction& r) {
   return out.str();
 }
 
-}  // namespace circuitlab::client
+}  // namespace circuitlab::reproduce
