@@ -30,6 +30,13 @@ export async function api(path) {
   return answer(await fetch(path, {headers: authHeaders()}));
 }
 
+// A text answer (a Markdown report), or an ApiError from its JSON error.
+export async function apiText(path) {
+  const r = await fetch(path, {headers: authHeaders()});
+  if (!r.ok) return answer(r);
+  return r.text();
+}
+
 function showLogin() {
   document.getElementById('login').hidden = false;
 }

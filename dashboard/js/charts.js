@@ -1,4 +1,6 @@
-// Charts: uPlot line charts with smoothing and log-scale controls, colour scales, SVG canvases.
+// Charts: uPlot line charts with smoothing and log-scale controls (a series
+// may sit on its own right-hand axis), colour scales, SVG canvases.
+import {csvOf, downloadBar, fileName, save, saveText} from './downloads.js';
 import {PALETTE, fmt, h} from './util.js';
 
 // Exponential moving average, debiased at the start (as TensorBoard's).
@@ -18,29 +20,88 @@ function chartData(series, opts) {
   if (!series.length) return [[]];
   const tables = series.map((s) => {
     let ys = smooth(s.ys, opts.smooth);
-    if (opts.logY) ys = ys.map((y) => (y > 0 ? y : null));
+    if (opts.logY && s.axis !== 'right') ys = ys.map((y) => (y > 0 ? y : null));
     return [s.xs, ys];
   });
   return uPlot.join(tables);
 }
 
+// series: [{label, xs, ys, axis?, color?, dash?}]: `axis: 'right'` puts a
+// series on a second scale with its own axis on the right (opts.rightLabel
+// names it: a quantity of another range, such as rho in [0, 1] beside the
+// coordinates' 0-10), `color`/`dash` override the palette's colour and a
+// solid line. opts: {logY, smooth, xLabel} shared by a page's charts;
+// axes: {yLabel, rightLabel} this chart's own. The log scale applies to the
+// left axis. Each chart offers its data as CSV (the
+// values as recorded, not smoothed) and its picture as PNG.
 export class Chart {
-  constructor(parent, title, opts) {
+  constructor(parent, title, opts, axes) {
     this.title = title;
     this.opts = opts;  // shared {logY, smooth}
+    this.axes = axes || {};
     this.series = [];
-    this.box = h('div', {class: 'chart', 'data-chart': title}, h('h3', {}, title));
+    this.heading = h('h3', {}, title);
+    this.box = h('div', {class: 'chart', 'data-chart': title},
+                 h('div', {class: 'chart-head'}, this.heading,
+                   downloadBar({CSV: () => this.saveCsv(), PNG: () => this.savePng()})));
     parent.append(this.box);
     this.plot = null;
+  }
+  rename(title) {
+    this.title = title;
+    this.heading.textContent = title;
+    this.box.dataset.chart = title;
   }
   set(series) {
     this.series = series;
     this.draw();
   }
+  // x, then one column per series: the recorded values.
+  csvRows() {
+    const joined = this.series.length ? uPlot.join(this.series.map((s) => [s.xs, s.ys])) : [[]];
+    const rows = [[this.opts.xLabel || 'step', ...this.series.map((s) => s.label)]];
+    for (let i = 0; i < joined[0].length; i++) rows.push(joined.map((col) => (col[i] === null ? '' : col[i])));
+    return rows;
+  }
+  saveCsv() {
+    saveText(`${fileName(this.title)}.csv`, csvOf(this.csvRows()), 'text/csv');
+  }
+  // The plot with its title above and its legend (colour, dash, label) below.
+  savePng() {
+    if (!this.plot) return;
+    const src = this.plot.ctx.canvas, ratio = src.width / this.plot.width;
+    const lineH = 18 * ratio, top = 26 * ratio;
+    const c = document.createElement('canvas');
+    c.width = src.width;
+    c.height = top + src.height + lineH * (this.series.length + 1);
+    const g = c.getContext('2d');
+    g.fillStyle = '#fff';
+    g.fillRect(0, 0, c.width, c.height);
+    g.fillStyle = '#111';
+    g.font = `bold ${14 * ratio}px system-ui, sans-serif`;
+    g.fillText(this.title, 6 * ratio, 18 * ratio);
+    g.drawImage(src, 0, top);
+    g.font = `${12 * ratio}px system-ui, sans-serif`;
+    this.series.forEach((s, i) => {
+      const y = top + src.height + lineH * (i + 1);
+      g.strokeStyle = s.color || PALETTE[i % PALETTE.length];
+      g.lineWidth = 2 * ratio;
+      g.setLineDash((s.dash || []).map((d) => d * ratio));
+      g.beginPath();
+      g.moveTo(10 * ratio, y - 4 * ratio);
+      g.lineTo(40 * ratio, y - 4 * ratio);
+      g.stroke();
+      g.setLineDash([]);
+      g.fillStyle = '#111';
+      g.fillText(s.label + (s.axis === 'right' ? ` (right axis${this.axes.rightLabel ? ': ' + this.axes.rightLabel : ''})` : ''),
+                 48 * ratio, y);
+    });
+    c.toBlob((blob) => save(`${fileName(this.title)}.png`, blob));
+  }
   draw() {
     const width = Math.max(320, this.box.clientWidth - 16);
     const data = chartData(this.series, this.opts);
-    const labels = this.series.map((s) => s.label).join('\u0001');
+    const labels = this.series.map((s) => `${s.label}|${s.axis || ''}|${s.color || ''}|${s.dash || ''}`).join('\u0001');
     if (this.plot && this.plotLabels === labels && this.plotLog === this.opts.logY) {
       this.plot.setData(data);
       return;
@@ -48,17 +109,26 @@ export class Chart {
     if (this.plot) this.plot.destroy();
     this.plotLabels = labels;
     this.plotLog = this.opts.logY;
+    const right = this.series.some((s) => s.axis === 'right');
+    const scales = {x: {time: false}, y: this.opts.logY ? {distr: 3} : {}};
+    const axes = [{label: this.opts.xLabel || 'step'}, {label: this.axes.yLabel}];
+    if (right) {
+      scales.r = {};
+      axes.push({scale: 'r', side: 1, label: this.axes.rightLabel, grid: {show: false}});
+    }
     this.plot = new uPlot(
         {
           width,
           height: 260,
-          scales: {x: {time: false}, y: this.opts.logY ? {distr: 3} : {}},
-          axes: [{label: this.opts.xLabel || 'step'}, {}],
+          scales,
+          axes,
           cursor: {sync: {key: 'circuitlab'}},
           series: [
             {label: this.opts.xLabel || 'step'}, ...this.series.map((s, i) => ({
                                                   label: s.label,
-                                                  stroke: PALETTE[i % PALETTE.length],
+                                                  scale: s.axis === 'right' ? 'r' : 'y',
+                                                  stroke: s.color || PALETTE[i % PALETTE.length],
+                                                  dash: s.dash,
                                                   width: 1.5,
                                                   spanGaps: true,
                                                   value: (u, v) => fmt(v),
@@ -92,6 +162,19 @@ export function groupOf(name) {
   if (name.startsWith('tv/')) return 'task vectors: ' + name.split('/')[1];
   const parts = name.split('/');
   return parts[parts.length - 1];
+}
+
+// A colour bar: `lo` and `hi` at the ends of a ramp drawn by `scale(t)`,
+// t in [0, 1], with `label` (the quantity) before it.
+export function colorBar(lo, hi, scale, label, id) {
+  const c = h('canvas', {width: 200, height: 12, id});
+  const g = c.getContext('2d');
+  for (let i = 0; i < 200; i++) {
+    g.fillStyle = scale(i / 199);
+    g.fillRect(i, 0, 1, 12);
+  }
+  return h('div', {class: 'colorbar', 'data-label': label}, h('span', {}, label), h('span', {}, fmt(lo)), c,
+           h('span', {}, fmt(hi)));
 }
 
 export function colorScale(t) {  // 0..1 -> a blue-to-yellow ramp (viridis-like)

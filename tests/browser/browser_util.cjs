@@ -49,6 +49,69 @@ function chartStats(title) {
   return { series, labels: u.series.slice(1).map((s) => s.label), points: u.data[0].length, painted };
 }
 
+// Clicks the `kind` download button ('csv', 'png', 'svg', 'markdown') inside
+// every element matching `selector`, in order, and returns what each saved
+// (window.__downloads: {name, type, bytes, text}; null where the element has
+// no such button or nothing was saved within 2.5 s).
+async function downloadsOf(page, selector, kind) {
+  return page.evaluate(async (sel, k) => {
+    const out = [];
+    for (const el of document.querySelectorAll(sel)) {
+      const b = el.querySelector(`button.download[data-download="${k}"]`);
+      if (!b) {
+        out.push(null);
+        continue;
+      }
+      const n = window.__downloads.length;
+      b.click();
+      for (let i = 0; i < 50 && window.__downloads.length === n; i++) await new Promise((r) => setTimeout(r, 50));
+      out.push(window.__downloads[n] || null);
+    }
+    return out;
+  }, selector, kind);
+}
+
+// RFC 4180 CSV text -> rows of strings.
+function parseCsv(text) {
+  const rows = [];
+  let row = [], field = '', quoted = false;
+  for (let i = 0; i < text.length; i++) {
+    const c = text[i];
+    if (quoted) {
+      if (c === '"' && text[i + 1] === '"') { field += '"'; i++; }
+      else if (c === '"') quoted = false;
+      else field += c;
+    } else if (c === '"') quoted = true;
+    else if (c === ',') { row.push(field); field = ''; }
+    else if (c === '\n') { row.push(field); rows.push(row); row = []; field = ''; }
+    else if (c !== '\r') field += c;
+  }
+  if (field || row.length) { row.push(field); rows.push(row); }
+  return rows;
+}
+
+// A chart's CSV (a download record) against what the chart drew
+// (window.__charts[title]: x then one column per series): the header names
+// x and every series, one row per x, every value the drawn one. '' when
+// they agree, else what differs.
+async function csvMatchesChart(page, title, file) {
+  if (!file || !file.text) return 'no CSV saved';
+  const u = await page.evaluate((t) => {
+    const p = window.__charts[t];
+    return p && { labels: p.series.map((s) => s.label), data: p.data };
+  }, title);
+  if (!u) return 'no chart';
+  const rows = parseCsv(file.text);
+  if (rows[0].slice(1).join('|') !== u.labels.slice(1).join('|')) return `header ${rows[0]} vs ${u.labels}`;
+  if (rows.length - 1 !== u.data[0].length) return `${rows.length - 1} rows for ${u.data[0].length} points`;
+  for (let i = 0; i < u.data[0].length; i++)
+    for (let j = 0; j < u.data.length; j++) {
+      const v = u.data[j][i], cell = rows[i + 1][j];
+      if ((v === null || v === undefined) ? cell !== '' : Number(cell) !== v) return `row ${i + 1} column ${j}: ${cell} vs ${v}`;
+    }
+  return '';
+}
+
 // The last check (no errors), then exit 1 when any check failed.
 async function finish(browser, errors) {
   check(errors.length === 0, `no console errors or failed requests ${JSON.stringify(errors.slice(0, 3))}`);
@@ -64,4 +127,4 @@ function main(body) {
   body().catch((e) => { console.error(e); process.exit(1); });
 }
 
-module.exports = { failures, check, waitFor, openPage, chartStats, finish, main };
+module.exports = { failures, check, waitFor, openPage, chartStats, finish, main, downloadsOf, parseCsv, csvMatchesChart };

@@ -8,7 +8,7 @@
 'use strict';
 
 const [base, out] = process.argv.slice(2);
-const { check, waitFor, openPage, chartStats, finish, main } = require('./browser_util.cjs');
+const { check, waitFor, openPage, chartStats, finish, main, downloadsOf, parseCsv, csvMatchesChart } = require('./browser_util.cjs');
 
 main(async () => {
   const { browser, page, errors } = await openPage();
@@ -51,6 +51,27 @@ main(async () => {
     const c = await page.evaluate(chartStats, `${paper.title} · trajectory:${name}`);
     check(c && c.points > 50 && c.painted > 500, `E.4 paper figure ${name}: ${JSON.stringify(c)}`);
   }
+  // Downloads (issue 46): the Markdown report the server renders (the CLI's
+  // file), the checks as CSV, every chart's CSV as drawn, the margins as SVG.
+  const [md] = await downloadsOf(page, '#report-download', 'markdown');
+  const cliMd = await page.evaluate(async () => (await fetch('/api/v1/reproductions/p1/report.md')).text());
+  check(md && md.text === cliMd && /^# /.test(md.text) && md.text.includes('E.4') && md.name === 'p1-E.4.md',
+        `the Markdown report downloads (${md && md.name}, ${md && md.bytes} bytes)`);
+  const [checksCsv] = await downloadsOf(page, '#view .downloadable:has(#checks)', 'csv');
+  const checkRows = checksCsv ? parseCsv(checksCsv.text) : [];
+  check(checkRows.length === 6 && checkRows.slice(1).every((r) => r[3] === 'PASS'), `the checks' CSV: 5 checks, PASS (${checkRows.length} rows)`);
+  const figureCharts = await page.evaluate(() => Object.keys(window.__charts).filter((t) => t.includes('trajectory:')));
+  const chartFiles = await downloadsOf(page, '#figures .chart', 'csv');
+  const chartTitles = await page.$$eval('#figures .chart', (els) => els.map((e) => e.querySelector('.u-title') && e.querySelector('.u-title').textContent));
+  let matched = 0;
+  for (let i = 0; i < chartTitles.length; i++) {
+    const why = await csvMatchesChart(page, chartTitles[i], chartFiles[i]);
+    check(why === '', `E.4 figure '${chartTitles[i]}': CSV ${why || 'matches the chart'}`);
+    if (!why) matched++;
+  }
+  check(matched >= 3 && figureCharts.length >= 3, `every E.4 chart downloads as CSV (${matched} of ${chartTitles.length})`);
+  const [marginsSvg] = await downloadsOf(page, '.figure[data-table="margins"]', 'svg');
+  check(marginsSvg && (marginsSvg.text.match(/<circle/g) || []).length === 5, 'the margin strip downloads as SVG with its 5 dots');
   await page.screenshot({ path: `${out}/reproduction-e4.png`, fullPage: true });
 
   // ---- E.9: the label maps of the plane, coloured, y upward ----
@@ -75,6 +96,10 @@ main(async () => {
     return f && { maps: f.querySelectorAll('.label-map').length, cells: f.querySelectorAll('td.cell[data-value]').length };
   });
   check(e9paper && e9paper.maps === 1 && e9paper.cells === 16, `E.9's paper figure: the plane's label map (${JSON.stringify(e9paper)})`);
+  const [mapCsv] = await downloadsOf(page, '#figures .paper-figure[data-figure="0"] .label-map', 'csv');
+  const mapRows = mapCsv ? parseCsv(mapCsv.text) : [];
+  check(mapRows.length === 5 && mapRows.slice(1).every((r) => r.length === 5 && r.slice(1).every((v) => v !== '')),
+        `E.9's label map as CSV: 4 x 4 labels (${mapRows.length} rows)`);
   await page.screenshot({ path: `${out}/reproduction-e9.png`, fullPage: true });
 
   // ---- one axis besides the seed: a line per seed; the failing check red ----

@@ -812,7 +812,11 @@ TEST(FuzzTest, MutatedHttpRequestsNeverBreakTheBoundary) {
                                            "/api/v1/reproductions/p1",
                                            "/api/v1/runs/r1/interventions",
                                            "/api/v1/runs/r1/interventions/123",
-                                           "/api/v1/runs/r1/attention/stored"};
+                                           "/api/v1/runs/r1/attention/stored",
+                                           "/api/v1/runs/r1/activations",
+                                           "/api/v1/runs/r1/export",
+                                           "/api/v1/runs/r1/export/weights.safetensors",
+                                           "/api/v1/reproductions/p1/report.md"};
   const std::vector<std::string> pieces = {"%00",
                                            "%ff",
                                            "..",
@@ -861,8 +865,15 @@ TEST(FuzzTest, MutatedHttpRequestsNeverBreakTheBoundary) {
       std::lock_guard<std::mutex> lock(current_mu);
       current = path;
     }
-    httplib::Result r = gen() % 4 == 0 ? http.Post(path, headers, std::string(static_cast<size_t>(gen() % 70000), '{'),
-                                                   gen() % 2 ? "application/json" : "text/plain")
+    // POST bodies: a run of '{' of any length up to past the 64 KiB limit,
+    // or a GetActivationsRequest of hostile sizes and values.
+    const std::vector<std::string> bodies = {
+        R"({"sequences": [{"tokens": [1e30], "positions": [-1]}], "hooks": ["L999.attn"]})",
+        R"({"sequences": [{"tokens": [)" + std::string(20000, '7') + R"(]}]})",
+        R"({"step": "18446744073709551615", "hooks": [")" + std::string(5000, 'h') + R"("]})"};
+    const std::string body = gen() % 3 == 0 ? bodies[gen() % bodies.size()]
+                                            : std::string(static_cast<size_t>(gen() % 70000), '{');
+    httplib::Result r = gen() % 4 == 0 ? http.Post(path, headers, body, gen() % 2 ? "application/json" : "text/plain")
                                        : http.Get(path, headers);
     if (!r) {
       // httplib refuses some paths itself (bad characters): not the server's doing.

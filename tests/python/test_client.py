@@ -302,3 +302,13 @@ def test_reproductions(client, tmp_path_factory):
     with pytest.raises(IndexError):
         client.plot_reproduction_figure(r, 3)
     curve.savefig(str(tmp_path_factory.mktemp("fig") / "figure.png"))
+
+
+def test_messages_print_as_utf8():
+    """print(answer) shows labels as text, not protobuf's octal escapes (issue 46)."""
+    import circuitlab
+    r = circuitlab.analysis_service_pb2.DetectCircuitResponse()
+    r.circuit.add().coordinate.label = "β L2H1"
+    assert 'label: "β L2H1"' in str(r), str(r)
+    nested = circuitlab.reproduce_pb2.Recipe(title="ρ → 0")
+    assert "ρ → 0" in str(nested)

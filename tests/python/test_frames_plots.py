@@ -78,3 +78,47 @@ def test_plots_render(client, trained, tmp_path):
     ax.figure.savefig(tmp_path / "phase.png")
     assert _painted(tmp_path / "phase.png") > 500
     plt.close("all")
+
+
+def test_two_runs_coordinates_are_coloured_by_run_and_styled_by_coordinate(client, trained, tmp_path):
+    import matplotlib.colors as mcolors
+    ax = client.plot_coordinates(trained["runs"])
+    lines = ax.get_lines()
+    assert len(lines) == 8
+    colours = {mcolors.to_hex(l.get_color()) for l in lines}
+    assert len(colours) == 2, colours  # one per run
+    by_run = {}
+    for l in lines:
+        run, name = l.get_label().split(" ", 1)
+        by_run.setdefault(run, []).append((name, l.get_linestyle()))
+    assert sorted(by_run) == sorted(trained["runs"])
+    styles = [dict(v) for v in by_run.values()]
+    assert styles[0] == styles[1] and len(set(styles[0].values())) == 4, styles  # one style per coordinate
+    legend = ax.get_legend()
+    texts = [t.get_text() for t in legend.get_texts()]
+    rho = [t for t in texts if t.endswith(" ρ")]
+    m = client.metrics_df(trained["runs"], ["manifold/rho"])
+    assert len(rho) == (2 if len(m) else 0), texts  # each run's rho named in the one legend
+    ax.figure.savefig(tmp_path / "coords2.png")
+    plt.close("all")
+
+
+def test_phase_diagram_legend_stays_inside_the_saved_image(tmp_path):
+    """The label map's legend sits beside the map; saved as the tutorial says (ax.figure.savefig), it is
+    inside the image."""
+    import pandas as pd
+    from circuitlab import plots
+
+    class Labels:
+        def sweep_summary_df(self, sweep_id, pivot):
+            return pd.DataFrame([["pair_1_2", "pair_1_3", "in_weights_memory"], ["pair_1_2", "none", "pair_2_3"]],
+                                index=[1, 2], columns=[0.5, 1, 2])
+
+    ax = plots.plot_phase_diagram(Labels(), "s1", "lr", "seed", "pair")
+    fig = ax.figure
+    fig.savefig(tmp_path / "phase.png")
+    fig.canvas.draw()
+    box = ax.get_legend().get_window_extent(fig.canvas.get_renderer())
+    assert 0 <= box.x0 and box.x1 <= fig.bbox.x1 and 0 <= box.y0 and box.y1 <= fig.bbox.y1, (box, fig.bbox)
+    assert len(ax.get_legend().get_texts()) == 5
+    plt.close("all")

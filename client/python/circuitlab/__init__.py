@@ -20,6 +20,28 @@ from circuitlab.errors import (CircuitlabError, InvalidArgument, NotFound, Alrea
 from circuitlab.models import load_model, read_safetensors
 from circuitlab.v1 import spec_pb2, experiment_service_pb2, analysis_service_pb2, worker_service_pb2, reproduce_pb2
 
+
+def _print_as_utf8(modules):
+    """print(message) of every circuitlab message shows its text as UTF-8 ("β L2H1"), not protobuf's
+    default octal escapes ("\\316\\262 L2H1")."""
+    from google.protobuf import text_format
+
+    def text(self):
+        return text_format.MessageToString(self, as_utf8=True)
+
+    def classes(descriptors, scope):
+        for d in descriptors:
+            cls = getattr(scope, d.name)
+            yield cls
+            yield from classes(d.nested_types, cls)
+
+    for m in modules:
+        for cls in classes(m.DESCRIPTOR.message_types_by_name.values(), m):
+            cls.__str__ = text
+
+
+_print_as_utf8([spec_pb2, experiment_service_pb2, analysis_service_pb2, worker_service_pb2, reproduce_pb2])
+
 __version__ = "0.1.0"
 __all__ = ["Client", "load_model", "read_safetensors", "spec", "sweep_spec", "FINAL_STATES", "CircuitlabError", "InvalidArgument", "NotFound",
            "AlreadyExists", "PermissionDenied", "Unauthenticated", "ResourceExhausted", "FailedPrecondition",

@@ -41,30 +41,55 @@ def plot_metrics(client, runs, names, ax=None, logy=False, smooth=0.0):
     return ax
 
 
+_STYLES = ["-", "--", "-.", ":", (0, (5, 1)), (0, (3, 1, 1, 1, 1, 1))]
+
+
 def plot_coordinates(client, runs, names=("alpha", "beta", "gamma", "delta"), rho=True, ax=None):
-    """The IMIR coordinates over training (and rho, the off-manifold residual, on a second axis)."""
+    """The IMIR coordinates over training, and rho (the off-manifold residual, in [0, 1]) on its own
+    right-hand axis. One run: a colour per coordinate, rho dashed grey. Several runs: a colour per run,
+    a line style per coordinate, each run's rho a thick dotted line in its colour. One legend (both
+    axes) inside the plot."""
+    plt = _plt()
     ax = _axes(ax)
+    runs = [runs] if isinstance(runs, str) else list(runs)
     df = client.coordinates_df(runs, names)
-    for (run_id, name), g in df.groupby(["run_id", "name"], sort=True):
-        ax.plot(g["step"], g["value"], label=f"{run_id} {name}")
+    order = [n for n in names if n in set(df["name"])] + sorted(set(df["name"]) - set(names)) if len(df) else []
+    colours = plt.get_cmap("tab10")
+    several = len(runs) > 1
+    for (run_id, name), g in df.groupby(["run_id", "name"], sort=False):
+        r, k = runs.index(run_id) if run_id in runs else 0, order.index(name)
+        if several:
+            ax.plot(g["step"], g["value"], color=colours(r % 10), linestyle=_STYLES[k % len(_STYLES)],
+                    label=f"{run_id} {name}")
+        else:
+            ax.plot(g["step"], g["value"], color=colours(k % 10), label=name)
     ax.set_xlabel("step")
     ax.set_ylabel("coordinate")
+    handles, labels = ax.get_legend_handles_labels()
     if rho:
         m = client.metrics_df(runs, ["manifold/rho"])
         if len(m):
             ax2 = ax.twinx()
-            for run_id, g in m.groupby("run_id"):
-                ax2.plot(g["step"], g["value"], linestyle="--", color="grey", label=f"{run_id} rho")
-            ax2.set_ylabel("rho (dashed)")
-    ax.legend(fontsize="small")
+            for run_id, g in m.groupby("run_id", sort=False):
+                r = runs.index(run_id) if run_id in runs else 0
+                ax2.plot(g["step"], g["value"], linestyle=":" if several else "--", linewidth=2.2 if several else 1.5,
+                         color=colours(r % 10) if several else "grey", label=f"{run_id} ρ" if several else "ρ")
+            ax2.set_ylabel("ρ (off-manifold residual)")
+            ax2.set_ylim(0, max(1.0, float(m["value"].max()) * 1.05))
+            h2, l2 = ax2.get_legend_handles_labels()
+            handles, labels = handles + h2, labels + l2
+    if handles:
+        ax.legend(handles, labels, fontsize="small", loc="best", ncol=2 if len(handles) > 6 else 1)
     return ax
 
 
 def plot_phase_diagram(client, sweep_id, x, y, value, aggregate=None, ax=None):
     """A sweep's pivot as a map: text values (circuit labels) as colours with a legend, numbers as a
-    heatmap with a colour bar."""
+    heatmap with a colour bar. The figure is laid out so that the legend and colour bar stay inside it
+    when saved (`ax.figure.savefig(...)`)."""
     plt = _plt()
     ax = _axes(ax)
+    _fit(ax.figure)  # before the colour bar takes its space
     pivot = (x, y, value) + ((aggregate,) if aggregate else ())
     df = client.sweep_summary_df(sweep_id, pivot=pivot)
     cells = df.values.tolist()
@@ -76,7 +101,7 @@ def plot_phase_diagram(client, sweep_id, x, y, value, aggregate=None, ax=None):
         ax.imshow(codes, origin="lower", cmap=cmap, vmin=-0.5, vmax=len(labels) - 0.5, aspect="auto")
         from matplotlib.patches import Patch
         ax.legend(handles=[Patch(color=cmap(i), label=l) for i, l in enumerate(labels)], fontsize="small",
-                  bbox_to_anchor=(1.02, 1), loc="upper left")
+                  bbox_to_anchor=(1.02, 1), loc="upper left", borderaxespad=0)
     else:
         numbers = [[v if isinstance(v, (int, float)) else math.nan for v in row] for row in cells]
         im = ax.imshow(numbers, origin="lower", aspect="auto")
@@ -87,6 +112,15 @@ def plot_phase_diagram(client, sweep_id, x, y, value, aggregate=None, ax=None):
     ax.set_ylabel(y)
     ax.set_title(f"{value} ({sweep_id})")
     return ax
+
+
+def _fit(fig):
+    """Lays the figure out (constrained layout) so that every artist, a legend outside the axes
+    included, is inside it when saved."""
+    try:
+        fig.set_layout_engine("constrained")
+    except AttributeError:  # matplotlib < 3.6
+        fig.set_constrained_layout(True)
 
 
 _DIRECTION = {"COMPARISON_GE": 1, "COMPARISON_GT": 1, "COMPARISON_LE": -1, "COMPARISON_LT": -1}

@@ -1,13 +1,25 @@
-// A run's attention patterns (#/run/ID/attention): one heatmap per head, a step slider.
-import {api, askAnalysis, errorBox} from '../api.js';
-import {$view, checkpointSteps, fmt, h, query, short} from '../util.js';
+// A run's attention patterns (#/run/ID/attention): one heatmap per head, a
+// step slider, the evaluation set's sequences or tokens the user types in.
+import {api, apiPost, askAnalysis, errorBox} from '../api.js';
+import {colorBar} from '../charts.js';
+import {csvOf, downloadBar, savePng, saveText} from '../downloads.js';
+import {$view, checkpointSteps, fmt, h, short, sleep} from '../util.js';
 
-// One head's pattern (T x T, rows are queries) on a canvas: white to the
-// accent colour by weight, the sequence's tokens along the query axis when
-// the cells are large enough to read (and along the key axis when larger). Returns the canvas; its dataset holds what
-// a hover needs.
+// A weight's colour: white (0) to the accent colour (1), on a square-root
+// ramp so that small weights stay visible; the colour bar draws the same.
+const shadeOf = (v) => {
+  const t = Math.sqrt(Math.max(0, Math.min(1, v)));
+  const shade = (a, b) => Math.round(a + (b - a) * t);
+  return `rgb(${shade(255, 40)},${shade(255, 85)},${shade(255, 199)})`;
+};
+
+// One head's pattern (T x T, rows are queries) on a canvas coloured by
+// shadeOf, the sequence's tokens (this task's token ids: no task names its
+// tokens) along the query axis and, written upward, along the key axis when
+// the cells are large enough to read. Returns the canvas; its dataset holds
+// what a hover needs.
 function heatCanvas(pattern, tokens, cell) {
-  const T = pattern.size, pad = cell >= 10 ? 26 : 0;
+  const T = pattern.size, pad = cell >= 8 ? 30 : 0;
   const c = h('canvas', {width: pad + T * cell, height: pad + T * cell, class: 'attn'});
   const ctx = c.getContext('2d');
   ctx.fillStyle = '#fff';
@@ -15,9 +27,7 @@ function heatCanvas(pattern, tokens, cell) {
   const w = pattern.weights || [];
   for (let q = 0; q < T; q++)
     for (let k = 0; k <= q; k++) {
-      const v = Math.max(0, Math.min(1, w[q * T + k] || 0));
-      const shade = (a, b) => Math.round(a + (b - a) * Math.sqrt(v));  // sqrt: small weights stay visible
-      ctx.fillStyle = `rgb(${shade(255, 40)},${shade(255, 85)},${shade(255, 199)})`;
+      ctx.fillStyle = shadeOf(w[q * T + k] || 0);
       ctx.fillRect(pad + k * cell, pad + q * cell, cell, cell);
     }
   ctx.strokeStyle = '#d9dde6';
@@ -28,27 +38,61 @@ function heatCanvas(pattern, tokens, cell) {
     ctx.textAlign = 'right';
     ctx.textBaseline = 'middle';
     tokens.forEach((t, i) => ctx.fillText(String(t), pad - 3, pad + (i + 0.5) * cell));  // queries
-    if (cell >= 18) {  // keys across the top only where they do not run into each other
-      ctx.textAlign = 'center';
-      tokens.forEach((t, i) => ctx.fillText(String(t), pad + (i + 0.5) * cell, pad - 8));
-    }
+    ctx.save();  // keys along the top, written upward so that they never run into each other
+    ctx.rotate(-Math.PI / 2);
+    ctx.textAlign = 'left';
+    tokens.forEach((t, i) => ctx.fillText(String(t), -pad + 3, pad + (i + 0.5) * cell));
+    ctx.restore();
   }
   c.dataset.pad = pad;
   c.dataset.cell = cell;
   return c;
 }
 
-// #/run/{id}/attention?step=&set=&sequences=&layer=&head=: every head's
-// attention pattern on a few evaluation sequences at one checkpoint, as a
-// grid of heatmaps (layers x heads); a slider over the stored checkpoints
-// shows the pattern forming. The first look at a checkpoint is an analysis
-// job on the server (QUEUED/RUNNING, polled here); later looks are stored.
+// The patterns of an answer as CSV: one row per weight of the causal half.
+function patternsCsv(answer, seq) {
+  const tokens = ((answer.sequences || [])[seq] || {}).tokens || [];
+  const rows = [['head', 'layer', 'head_index', 'sequence', 'query', 'query_token', 'key', 'key_token', 'weight']];
+  for (const p of (answer.patterns || []).filter((x) => Number(x.sequence || 0) === seq))
+    for (let q = 0; q < p.size; q++)
+      for (let k = 0; k <= q; k++)
+        rows.push([p.name, p.layer || 0, p.head || 0, seq, q, tokens[q], k, tokens[k], p.weights[q * p.size + k] || 0]);
+  return csvOf(rows);
+}
+
+// GetActivations' attention probabilities (B x H x T x T per layer hook) as
+// GetAttentionPatterns' patterns, named as the server names heads: IMIR
+// "L{l}H{h}" (l, h from 1), a decoder's "L{l}.H{h}" (from 0).
+function patternsOf(acts, imir) {
+  const out = [];
+  for (const a of acts.activations || []) {
+    const [B, H, T] = a.shape.map(Number);
+    const l = Number(a.hook.slice(1, a.hook.indexOf('.')));
+    for (let b = 0; b < B; b++)
+      for (let hd = 0; hd < H; hd++) {
+        const off = ((b * H) + hd) * T * T;
+        out.push({layer: imir ? l - 1 : l, head: hd, name: imir ? `L${l}H${hd + 1}` : `L${l}.H${hd}`, sequence: b,
+                  size: T, weights: a.values.slice(off, off + T * T)});
+      }
+  }
+  return out;
+}
+
+// #/run/{id}/attention?step=&set=&sequences=&layer=&head=&tokens=&positions=:
+// every head's attention pattern at one checkpoint, as a grid of heatmaps
+// (layers x heads) with a colour bar: on a few evaluation sequences (the
+// first look at a checkpoint is an analysis job on the server, polled here;
+// later looks are stored), or on tokens the user types in (GetActivations,
+// POST /api/v1/runs/{id}/activations). A slider over the stored checkpoints
+// shows the pattern forming; each view downloads as CSV, a head as PNG.
 export function attentionView(id, params) {
   const head = h('div'), controls = h('div', {class: 'filters'}), status = h('p', {class: 'muted', id: 'attention-status'});
+  const own = h('div', {class: 'filters', id: 'attention-own'});
+  const bar = h('div', {id: 'attention-bar'});
   const grid = h('div', {class: 'heads', id: 'attention-grid'});
   const zoom = h('div', {id: 'attention-zoom'});
   const tip = h('div', {class: 'tip', id: 'attention-tip', hidden: true});
-  let stopped = false, answer = null, seq = 0, steps = [], loading = 0;
+  let stopped = false, answer = null, seq = 0, steps = [], loading = 0, run = null, typed = null;
   window.__attention = {step: 0, patterns: 0, drawn: 0, state: 'loading'};
 
   function onHover(e, pattern, tokens) {
@@ -66,14 +110,20 @@ export function attentionView(id, params) {
     tip.style.top = `${e.pageY + 12}px`;
   }
 
+  const scaleBar = () => colorBar(0, 1, shadeOf, 'attention weight', 'attention-scale');
+
   function enlarge(pattern, tokens) {
-    const cell = Math.max(6, Math.min(28, Math.floor(560 / pattern.size)));
+    const cell = Math.max(8, Math.min(32, Math.floor(640 / pattern.size)));
     const c = heatCanvas(pattern, tokens, cell);
     c.addEventListener('mousemove', (e) => onHover(e, pattern, tokens));
     c.addEventListener('mouseleave', () => (tip.hidden = true));
-    zoom.replaceChildren(h('h3', {}, `${pattern.name} (layer ${pattern.layer || 0}, head ${pattern.head || 0}) `,
-                           h('a', {href: 'javascript:void 0', onclick: () => zoom.replaceChildren()}, 'close')),
-                         c);
+    const title = `${run ? run.run_id + ' ' : ''}${pattern.name} step ${answer.step}`;
+    zoom.replaceChildren(
+        h('div', {class: 'chart-head'},
+          h('h3', {}, `${pattern.name} (layer ${pattern.layer || 0}, head ${pattern.head || 0}) `,
+            h('a', {href: 'javascript:void 0', onclick: () => zoom.replaceChildren()}, 'close')),
+          downloadBar({PNG: () => savePng(c, title, title)})),
+        c, scaleBar());
     zoom.scrollIntoView({block: 'nearest'});
   }
 
@@ -81,9 +131,12 @@ export function attentionView(id, params) {
     const tokens = ((answer.sequences || [])[seq] || {}).tokens || [];
     const shown = (answer.patterns || []).filter((p) => Number(p.sequence || 0) === seq);
     const layers = [...new Set(shown.map((p) => Number(p.layer || 0)))].sort((a, b) => a - b);
+    const name = `${run ? run.run_id : id}-attention-step-${answer.step}-sequence-${seq}`;
+    bar.replaceChildren(h('div', {class: 'chart-head'}, scaleBar(),
+                          downloadBar({CSV: () => saveText(`${name}.csv`, patternsCsv(answer, seq), 'text/csv')})));
     grid.replaceChildren(...layers.map((l) => h('div', {class: 'layer'}, h('h3', {}, `layer ${l}`),
       h('div', {class: 'row'}, ...shown.filter((p) => Number(p.layer || 0) === l).map((p) => {
-        const cell = Math.max(3, Math.min(14, Math.floor(240 / p.size)));
+        const cell = Math.max(4, Math.min(24, Math.floor(420 / p.size)));
         const c = heatCanvas(p, tokens, cell);
         c.title = 'click to enlarge';
         c.addEventListener('mousemove', (e) => onHover(e, p, tokens));
@@ -92,7 +145,31 @@ export function attentionView(id, params) {
         return h('figure', {class: 'head', 'data-head': p.name}, c, h('figcaption', {}, p.name));
       })))));
     window.__attention = {step: Number(answer.step), patterns: shown.length, drawn: grid.querySelectorAll('canvas').length,
-                          state: 'done', eval_set: answer.eval_set, answer, sequence: seq};
+                          state: 'done', eval_set: answer.eval_set, answer, sequence: seq, typed: !!typed};
+  }
+
+  const isImir = () => !(run.spec && run.spec.model && run.spec.model.decoder);
+
+  // The tokens typed in, as one sequence of GetActivations: every layer's
+  // attention probabilities.
+  async function loadTyped(step, mine) {
+    const model = run.spec.model.decoder || run.spec.model.imir || {};
+    const L = Number(model.num_layers || 0) || 2;
+    const hooks = Array.from({length: L}, (_, i) => (isImir() ? `L${i + 1}.attn` : `L${i}.attn.pattern`));
+    const seqIn = {tokens: typed.tokens};
+    if (isImir()) seqIn.positions = typed.positions.length ? typed.positions : typed.tokens.map((_, i) => i);
+    for (;;) {
+      const r = await apiPost(`/api/v1/runs/${encodeURIComponent(id)}/activations`, {step, sequences: [seqIn], hooks});
+      if (stopped || mine !== loading) return null;
+      if (r.state !== 'ANALYSIS_STATE_QUEUED' && r.state !== 'ANALYSIS_STATE_RUNNING') {
+        if (r.state !== 'ANALYSIS_STATE_DONE') return r;
+        return {state: r.state, step: r.step, eval_set: 'your tokens', sequences: [{tokens: typed.tokens}],
+                patterns: patternsOf(r, isImir()), from_store: r.from_store};
+      }
+      status.textContent = `${short(r.state, 'ANALYSIS_STATE_').toLowerCase()} (job ${r.job_id}): ` +
+          `${Math.round(100 * (r.progress || 0))}%`;
+      await sleep(400);
+    }
   }
 
   async function load(step) {
@@ -102,16 +179,17 @@ export function attentionView(id, params) {
     const isStale = () => stopped || mine !== loading;
     let r;
     try {
-      r = await askAnalysis(id, 'attention', {step, eval_set: params.get('set'), sequences: params.get('sequences') || 2,
-                                              layers: params.get('layer'), heads: params.get('head')},
-                            true, (p) => (status.textContent = `${short(p.state, 'ANALYSIS_STATE_').toLowerCase()} ` +
-                                          `(job ${p.job_id}): ${Math.round(100 * (p.progress || 0))}%`), isStale);
+      r = typed ? await loadTyped(step, mine) :
+                  await askAnalysis(id, 'attention', {step, eval_set: params.get('set'), sequences: params.get('sequences') || 2,
+                                                      layers: params.get('layer'), heads: params.get('head')},
+                                    true, (p) => (status.textContent = `${short(p.state, 'ANALYSIS_STATE_').toLowerCase()} ` +
+                                                  `(job ${p.job_id}): ${Math.round(100 * (p.progress || 0))}%`), isStale);
     } catch (e) {
       if (mine === loading) status.replaceChildren(errorBox(e));
       window.__attention.state = 'error';
       return;
     }
-    if (isStale()) return;
+    if (isStale() || !r) return;
     if (r.state !== 'ANALYSIS_STATE_DONE') {
       status.replaceChildren(errorBox(r.error || short(r.state, 'ANALYSIS_STATE_')));
       window.__attention.state = 'error';
@@ -119,8 +197,9 @@ export function attentionView(id, params) {
     }
     answer = r;
     seq = Math.min(seq, Math.max(0, (r.sequences || []).length - 1));
-    status.textContent = `step ${r.step} · ${(r.sequences || []).length} sequence(s) of ${r.eval_set}` +
-        `${r.from_store ? ' (stored)' : ''} · rows are queries, columns keys; hover to read a weight, click to enlarge`;
+    status.textContent = `step ${r.step} · ${typed ? 'the tokens typed in' : `${(r.sequences || []).length} sequence(s) of ${r.eval_set}`}` +
+        `${r.from_store ? ' (stored)' : ''} · rows are queries, columns keys, labelled by token id; hover to read a weight, ` +
+        'click to enlarge';
     renderControls();
     draw();
   }
@@ -143,8 +222,35 @@ export function attentionView(id, params) {
                              h('a', {href: `#/run/${id}`}, 'back to the run'));
   }
 
+  // "your tokens": comma- or space-separated token ids (and, for an IMIR
+  // model, position ids; empty = 0, 1, 2, ...); "evaluation set" goes back.
+  function renderOwn() {
+    const ids = (v) => v.split(/[\s,]+/).filter(Boolean).map(Number);
+    const tokIn = h('input', {id: 'attention-tokens', size: 40, placeholder: 'token ids, e.g. 0 14 30 22 25 14',
+                              value: params.get('tokens') || ''});
+    const posIn = h('input', {id: 'attention-positions', size: 30, placeholder: 'position ids (empty: 0, 1, 2, …)',
+                              value: params.get('positions') || ''});
+    const show = h('button', {type: 'button', id: 'attention-own-run'}, 'show');
+    const back = h('button', {type: 'button', id: 'attention-eval'}, 'evaluation set');
+    show.addEventListener('click', () => {
+      const tokens = ids(tokIn.value);
+      if (!tokens.length || tokens.some((t) => !Number.isInteger(t))) {
+        status.replaceChildren(errorBox('type token ids (integers) separated by spaces or commas'));
+        return;
+      }
+      typed = {tokens, positions: ids(posIn.value)};
+      seq = 0;
+      load(answer ? Number(answer.step) : steps[steps.length - 1]);
+    });
+    back.addEventListener('click', () => {
+      typed = null;
+      load(answer ? Number(answer.step) : steps[steps.length - 1]);
+    });
+    own.replaceChildren(h('label', {}, 'your tokens ', tokIn), isImir() ? h('label', {}, 'positions ', posIn) : '',
+                        show, back);
+  }
+
   (async () => {
-    let run;
     try {
       run = await api(`/api/v1/runs/${encodeURIComponent(id)}`);
     } catch (e) {
@@ -159,10 +265,12 @@ export function attentionView(id, params) {
     }
     const want = Number(params.get('step') || 0);
     renderControls();
-    load(want || steps[steps.length - 1]);
+    renderOwn();
+    if (params.get('tokens')) own.querySelector('#attention-own-run').click();
+    else load(want || steps[steps.length - 1]);
   })();
 
-  $view.replaceChildren(head, controls, status, grid, zoom, tip);
+  $view.replaceChildren(head, controls, own, status, bar, grid, zoom, tip);
   return () => {
     stopped = true;
   };

@@ -1,6 +1,7 @@
 // A run's circuit (#/run/ID/circuit): the detected coordinates as a graph, replayed over training.
 import {api, askAnalysis, errorBox} from '../api.js';
-import {Chart, smooth, svgCanvas} from '../charts.js';
+import {Chart, svgCanvas} from '../charts.js';
+import {csvOf, downloadBar, saveSvg, saveText, withTableDownloads} from '../downloads.js';
 import {$view, GREEK, fmt, h, query, short} from '../util.js';
 
 const ROLE_COLOUR = {canonical: '#2855c7', shortcut: '#d1495b', aiding: '#8c8c8c'};
@@ -99,7 +100,21 @@ export function circuitView(id, params) {
         return [label, v === null ? 0 : v];
       }));
       const graphBox = h('div', {class: 'scroll'});
+      let shownStep = null;
+      // The graph as SVG; the circuit's coordinates (and their values at the
+      // replayed step) as CSV.
+      const files = downloadBar({
+        SVG: () => saveSvg(graphBox.querySelector('svg'), `${id}-circuit-step-${shownStep}`),
+        CSV: () => {
+          const now = shownStep === null ? null : at(shownStep);
+          saveText(`${id}-circuit.csv`, csvOf([['label', 'role', 'layer', 'value_detected', 'value_at_step', 'step']].concat(
+              (answer.circuit || []).map((c) => [c.coordinate.label, c.role || '', c.coordinate.layer || 0, c.coordinate.value,
+                                                  now && now.has(c.coordinate.label) ? now.get(c.coordinate.label) : '',
+                                                  shownStep === null ? '' : shownStep]))), 'text/csv');
+        },
+      });
       const draw = (step) => {
+        shownStep = step;
         graphBox.replaceChildren(circuitGraph(answer, layers, step === null ? null : at(step)));
         window.__circuit = {state: 'done', step, edges: graphBox.querySelectorAll('path.edge').length,
                             widths: [...graphBox.querySelectorAll('path.edge')].map((p) => Number(p.getAttribute('stroke-width'))),
@@ -114,7 +129,7 @@ export function circuitView(id, params) {
       });
       controls.replaceChildren(h('label', {}, 'replay the coordinates ', slider, ' ', label),
                                h('a', {href: `#/run/${id}`}, 'back to the run'));
-      body.replaceChildren(graphBox,
+      body.replaceChildren(files, graphBox,
                            h('p', {class: 'muted'}, 'edge width ∝ |coordinate|; colour: canonical (blue), shortcut (red), ' +
                                                      'aiding (grey); dashed: the residual stream; hover an edge for its ' +
                                                      'value and necessity'));
@@ -151,10 +166,10 @@ export function circuitView(id, params) {
     }
     status.textContent = `step ${(answer.values || [{}])[0].step || ''} · ${byName.size} quantities ` +
         `(AnalyzeTaskVectors${answer.from_store ? ', stored' : ''}) · a line per layer`;
-    body.replaceChildren(charts, h('h3', {}, 'per layer'), h('table', {class: 'grid', id: 'tv-scalars'},
+    body.replaceChildren(charts, h('h3', {}, 'per layer'), withTableDownloads(h('table', {class: 'grid', id: 'tv-scalars'},
       h('thead', {}, h('tr', {}, h('th', {}, 'quantity'), h('th', {}, 'layer'), h('th', {}, 'value'))),
       h('tbody', {}, scalars.map((v) => h('tr', {}, h('td', {}, v.name), h('td', {}, Number(v.layer) < 0 ? '-' : v.layer),
-                                          h('td', {class: 'num'}, fmt(v.value)))))));
+                                          h('td', {class: 'num'}, fmt(v.value)))))), `${id} task vectors per layer`));
     window.__circuit = {state: 'done', charts: charts.querySelectorAll('.chart').length, scalars: scalars.length};
   }
 

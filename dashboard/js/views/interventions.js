@@ -1,6 +1,7 @@
 // A run's interventions (#/run/ID/interventions): the form, the stored answers, patch heatmaps.
 import {ApiError, api, apiPost, errorBox} from '../api.js';
-import {Chart, smooth} from '../charts.js';
+import {Chart, colorBar} from '../charts.js';
+import {withTableDownloads} from '../downloads.js';
 import {$view, fmt, h, short, sleep} from '../util.js';
 
 // One line per edit of a request: "OP_ZERO_COORDINATE beta", "OP_ABLATE_HEAD L2H1", ...
@@ -14,25 +15,56 @@ function describeRequest(rq) {
   return `${edits.join('; ') || '(no edit)'} · step ${rq.step} · ${rq.n_eval} sequences per set`;
 }
 
+// A patch effect's colour: white at 0 (the corrupted run's value), blue at
+// 1 (the clean run's), red below 0; clamped to [-1, 1]. The colour bar draws it.
+const effectColour = (t) => {
+  const v = Math.max(-1, Math.min(1, t));
+  return v >= 0 ? `rgb(${Math.round(255 - 215 * v)},${Math.round(255 - 170 * v)},${Math.round(255 - 56 * v)})` :
+                  `rgb(${Math.round(255 + 46 * v)},${Math.round(255 + 180 * v)},${Math.round(255 + 170 * v)})`;
+};
+// Two decimals fit a cell; the exact value is in the cell's tooltip.
+const cellText = (v) => (Math.abs(v) < 0.005 ? '0.00' : v.toFixed(2));
+
+const PATCH_METRICS = {
+  logit_diff: {field: 'effect_logit_diff', raw: 'logit_diff', name: 'logit difference'},
+  accuracy: {field: 'effect_accuracy', raw: 'accuracy', name: 'accuracy'},
+  loss: {field: 'effect_loss', raw: 'loss', name: 'loss'},
+};
+
 // The patch sweep of one evaluation set as a heatmap: hooks (rows) x
-// positions (columns), the normalised effect on the logit difference (or
-// the loss), white 0 to blue 1.
+// positions (columns), the normalised effect of patching the clean run's
+// activation into the corrupted run on the metric it names in its title
+// (the logit difference where the set has one, else the accuracy, as the
+// CLI headlines; a selector shows the others), with a colour bar.
 function patchHeat(effect) {
   const sites = effect.patch || [];
   const hooks = [...new Set(sites.map((p) => p.hook))];
   const positions = [...new Set(sites.map((p) => Number(p.position)))].sort((a, b) => a - b);
-  const value = (p) => (effect.has_logit_diff ? p.effect_logit_diff : p.effect_loss);
-  return h('table', {class: 'heat patch'},
-           h('thead', {}, h('tr', {}, h('th', {}, `${effect.eval_set}: hook \\ position`),
-                            positions.map((q) => h('th', {}, q < 0 ? 'all' : q)))),
-           h('tbody', {}, hooks.map((hook) => h('tr', {}, h('th', {}, hook), positions.map((q) => {
-             const p = sites.find((x) => x.hook === hook && Number(x.position) === q);
-             const v = p ? value(p) : null;
-             const t = v === null ? 0 : Math.max(0, Math.min(1, v));
-             const bg = `rgb(${Math.round(255 - 215 * t)},${Math.round(255 - 170 * t)},${Math.round(255 - 56 * t)})`;
-             return h('td', {class: 'cell', style: `background:${bg}`, title: p ? `loss ${fmt(p.loss)}, accuracy ${fmt(p.accuracy)}` : ''},
-                      v === null ? '' : fmt(v));
-           })))));
+  const metrics = Object.keys(PATCH_METRICS).filter((m) => m !== 'logit_diff' || effect.has_logit_diff);
+  const box = h('div', {class: 'patch-box', 'data-eval-set': effect.eval_set});
+  const pick = h('select', {class: 'patch-metric'}, metrics.map((m) => h('option', {value: m}, PATCH_METRICS[m].name)));
+  function render() {
+    const m = PATCH_METRICS[pick.value];
+    const title = `${effect.eval_set}: effect of patching on the ${m.name} (0 = corrupted, 1 = clean)`;
+    const table = h('table', {class: 'heat patch', 'data-metric': pick.value},
+      h('thead', {}, h('tr', {}, h('th', {}, 'hook \\ position'), positions.map((q) => h('th', {}, q < 0 ? 'all' : q)))),
+      h('tbody', {}, hooks.map((hook) => h('tr', {}, h('th', {}, hook), positions.map((q) => {
+        const p = sites.find((x) => x.hook === hook && Number(x.position) === q);
+        const v = p ? Number(p[m.field] || 0) : null;
+        return h('td', {class: 'cell', style: `background:${v === null ? '#f0f0f0' : effectColour(v)}`,
+                        'data-value': v === null ? '' : String(v),
+                        title: p ? `${m.name} effect ${fmt(v)} · patched ${m.name} ${fmt(p[m.raw])} · ` +
+                                   `loss ${fmt(p.loss)}, accuracy ${fmt(p.accuracy)}` : ''},
+                 v === null ? '' : cellText(v));
+      })))));
+    box.replaceChildren(h('div', {class: 'chart-head'}, h('h4', {class: 'patch-title'}, title),
+                          metrics.length > 1 ? h('label', {}, 'metric ', pick) : ''),
+                        withTableDownloads(table, title, true),
+                        colorBar(-1, 1, (t) => effectColour(2 * t - 1), `${m.name} effect`));
+  }
+  pick.addEventListener('change', render);
+  render();
+  return box;
 }
 
 function interventionCard(item) {
@@ -44,9 +76,9 @@ function interventionCard(item) {
     h('td', {class: 'num'}, e.has_logit_diff ? `${fmt(e.logit_diff_clean)} → ${fmt(e.logit_diff)}` : '')));
   const card = h('div', {class: 'chart intervention'},
     h('h3', {}, describeRequest(rq)),
-    h('table', {class: 'grid effects'},
+    withTableDownloads(h('table', {class: 'grid effects'},
       h('thead', {}, h('tr', {}, ['set', 'acc clean', 'acc', 'loss clean', 'loss', 'KL', 'logit diff'].map((c) => h('th', {}, c)))),
-      h('tbody', {}, rows)));
+      h('tbody', {}, rows)), `effects ${describeRequest(rq)}`));
   for (const e of effects) {
     if ((e.patch || []).length) card.append(patchHeat(e));
     if ((e.positions || []).length > 1) {
@@ -95,13 +127,40 @@ export function interventionsView(id) {
     const imir = !(run.spec && run.spec.model && run.spec.model.decoder);
     const op = h('select', {id: 'intervene-op'}, imir ?
       [h('option', {value: 'zero'}, 'zero coordinates'), h('option', {value: 'ablate'}, 'ablate a head')] :
-      [h('option', {value: 'json'}, 'a request as JSON')]);
+      [h('option', {value: 'json'}, 'a request as JSON')], h('option', {value: 'prompts'}, 'patch your own prompts'));
+    // Activation patching on the user's clean/corrupted pair: token ids
+    // (and an IMIR model's position ids), the answer and the wrong token
+    // whose logit difference is measured at the last position.
+    const ids = (v) => v.split(/[\s,]+/).filter(Boolean).map(Number);
+    const field = (fid, size, placeholder, value = '') => h('input', {id: fid, size, placeholder, value});
+    const pr = {
+      hooks: field('prompt-hooks', 30, 'hook points', imir ? 'embed,L1.H1.out,L2.H1.out' : 'L0.post_attn,L0.post_mlp'),
+      clean: field('prompt-clean', 24, 'clean token ids'),
+      positions: field('prompt-positions', 20, 'position ids (empty: 0, 1, …)'),
+      corrupted: field('prompt-corrupted', 24, 'corrupted token ids'),
+      answer: field('prompt-answer', 5, 'answer'),
+      wrong: field('prompt-wrong', 5, 'wrong'),
+    };
+    const promptsBox = h('div', {class: 'filters', id: 'prompt-form', hidden: true},
+      h('label', {}, 'patch ', pr.hooks), h('label', {}, 'clean ', pr.clean),
+      imir ? h('label', {}, 'positions ', pr.positions) : '', h('label', {}, 'corrupted ', pr.corrupted),
+      h('label', {}, 'answer ', pr.answer), h('label', {}, 'wrong ', pr.wrong));
+    const sequence = (tokens) => {
+      const s = {tokens: ids(tokens)};
+      if (imir) s.positions = pr.positions.value.trim() ? ids(pr.positions.value) : s.tokens.map((_, i) => i);
+      return s;
+    };
     const target = h('input', {id: 'intervene-target', value: imir ? 'beta' : '', size: 30,
                                placeholder: imir ? 'alpha, beta, gamma, delta or a label; or the layer (1..L)' : ''});
     const sets = h('input', {id: 'intervene-sets', value: '', size: 24, placeholder: 'all sets'});
     const json = h('textarea', {id: 'intervene-json', rows: 6, cols: 80});
     const requestOf = () => {
       if (op.value === 'json') return JSON.parse(json.value || '{}');
+      if (op.value === 'prompts') {
+        return {patch: {hooks: pr.hooks.value.split(',').map((x) => x.trim()).filter(Boolean)},
+                prompts: {clean: [sequence(pr.clean.value)], corrupted: [sequence(pr.corrupted.value)],
+                          answers: ids(pr.answer.value), wrong: ids(pr.wrong.value)}};
+      }
       const rq = {eval_sets: sets.value.split(',').map((x) => x.trim()).filter(Boolean)};
       rq.interventions = op.value === 'zero' ?
           [{op: 'OP_ZERO_COORDINATE', coordinates: target.value.split(',').map((x) => x.trim()).filter(Boolean)}] :
@@ -111,8 +170,12 @@ export function interventionsView(id) {
     const sync = () => {
       if (op.value !== 'json') json.value = JSON.stringify(requestOf(), null, 1);
     };
-    [op, target, sets].forEach((el) => el.addEventListener('input', sync));
-    op.addEventListener('change', sync);
+    [op, target, sets, ...Object.values(pr)].forEach((el) => el.addEventListener('input', sync));
+    op.addEventListener('change', () => {
+      promptsBox.hidden = op.value !== 'prompts';
+      for (const el of [target, sets]) if (el.parentElement) el.parentElement.hidden = op.value === 'prompts';
+      sync();
+    });
     if (!imir) json.value = JSON.stringify({interventions: [{op: 'OP_ZERO', hook: 'post_mlp', layer: 0}]}, null, 1);
     const run_ = h('button', {id: 'intervene-run', type: 'button'}, 'Run');
     run_.addEventListener('click', async () => {
@@ -150,6 +213,7 @@ export function interventionsView(id) {
     form.replaceChildren(h('h3', {}, 'Run an intervention'),
       h('div', {class: 'filters'}, h('label', {}, 'edit ', op), imir ? h('label', {}, 'on ', target) : '',
         h('label', {}, 'evaluation sets ', sets), run_),
+      promptsBox,
       h('details', {}, h('summary', {}, 'the request as JSON (InterveneRequest; edit for hook-point ops, patches, ' +
                                         'attention masses: examples/intervene_*.json)'), json));
     sync();

@@ -1,6 +1,7 @@
 // Reproductions (#/reproductions, #/reproduction/ID): the recipes, each claim's checks and figures.
-import {api, errorBox} from '../api.js';
+import {api, apiText, errorBox} from '../api.js';
 import {hexToRgb, svgCanvas, textOn} from '../charts.js';
+import {csvOf, downloadBar, plotDownloads, saveSvg, saveText, withTableDownloads} from '../downloads.js';
 import {$view, PALETTE, fmt, h, short, valueKey} from '../util.js';
 
 const outcomeName = (o) => short(o, 'CHECK_OUTCOME_');
@@ -25,7 +26,7 @@ export function reproductionsView() {
     const cmd = (r) => `circuitlab reproduce run ${r.id} --scale ${(r.scales || [])[0] || 'ci'}`;
     body.replaceChildren(
         h('h2', {}, 'Reproductions'),
-        reps.length ? h('table', {class: 'grid', id: 'reproductions'},
+        reps.length ? withTableDownloads(h('table', {class: 'grid', id: 'reproductions'},
                         h('thead', {}, h('tr', {}, ['id', 'claim', 'scale', 'seeds', 'state', 'progress', 'passed',
                                                     'failed', 'inconclusive', 'phase'].map((c) => h('th', {}, c)))),
                         h('tbody', {}, reps.map((r) => {
@@ -38,14 +39,14 @@ export function reproductionsView() {
                                    h('td', {class: 'num pass'}, rep.passed || 0),
                                    h('td', {class: 'num fail'}, rep.failed || 0),
                                    h('td', {class: 'num'}, rep.inconclusive || 0), h('td', {class: 'muted'}, r.phase));
-                        }))) :
+                        }))), 'reproductions') :
                       h('p', {class: 'muted'}, 'None yet: start one with the command beside a recipe below.'),
         h('h3', {}, 'Recipes'),
-        h('table', {class: 'grid', id: 'recipes'},
+        withTableDownloads(h('table', {class: 'grid', id: 'recipes'},
           h('thead', {}, h('tr', {}, ['claim', 'title', 'scales (estimated CPU-hours)', 'start'].map((c) => h('th', {}, c)))),
           h('tbody', {}, (recipes.recipes || []).map((r) => h('tr', {}, h('td', {}, r.id), h('td', {title: r.claim}, r.title),
                                                                  h('td', {}, (r.scales || []).map((s) => `${s} ~${fmt((r.estimated_cpu_hours || {})[s] || 0)} h`).join(', ')),
-                                                                 h('td', {}, h('code', {}, cmd(r))))))));
+                                                                 h('td', {}, h('code', {}, cmd(r))))))), 'recipes'));
     if (!stopped && reps.some((r) => !reproEnded(r.state))) timer = setTimeout(load, 3000);
   }
   $view.replaceChildren(body);
@@ -65,9 +66,10 @@ function labelMap(table, col, seed, seedAxis, labels) {
   const xs = [...new Set(rows.map((r) => r.swept[ax]))].sort((a, b) => a - b);
   const ys = [...new Set(rows.map((r) => r.swept[ay]))].sort((a, b) => a - b);
   const at = new Map(rows.map((r) => [valueKey([r.swept[ax], r.swept[ay]]), r]));
+  const title = `${table.columns[col]}, seed ${seed}`;
   return h('div', {class: 'label-map'},
-           h('h4', {}, `${table.columns[col]}, seed ${seed}`),
-           h('table', {class: 'heat'},
+           h('h4', {}, title),
+           withTableDownloads(h('table', {class: 'heat'},
              h('thead', {}, h('tr', {}, h('th', {}, `${table.axes[ay]} \\ ${table.axes[ax]}`), xs.map((x) => h('th', {}, fmt(x))))),
              h('tbody', {}, ys.slice().reverse().map((y) => h('tr', {}, h('th', {}, fmt(y)), xs.map((x) => {
                const r = at.get(valueKey([x, y]));
@@ -76,7 +78,7 @@ function labelMap(table, col, seed, seedAxis, labels) {
                return h('td', {class: 'cell', style: `background:${bg}`, 'data-value': v === null ? '' : String(v)},
                         r ? h('a', {href: `#/run/${r.run_id}`, style: `color:${textOn(bg.startsWith('#') ? hexToRgb(bg) : bg)}`,
                                     title: `${r.run_id} · ${v === null ? 'none' : v}`}, v === null ? '–' : v) : '');
-             }))))),
+             }))))), title, true),
            h('div', {class: 'legend'}, labels.filter((t) => rows.some((r) => r.values[col] === t))
                                              .map((t) => h('span', {}, h('i', {style: `background:${PALETTE[labels.indexOf(t) % PALETTE.length]}`}), t))));
 }
@@ -97,11 +99,12 @@ function seriesChart(name, table, col, holder) {
   const el = h('div', {class: 'chart'});
   holder.append(el);
   const label = (r) => [r.run_id].concat((table.axes || []).map((a, i) => `${a}=${fmt(r.swept[i])}`)).join(' ');
-  window.__charts[title] = new uPlot({
+  const u = window.__charts[title] = new uPlot({
     title, width: Math.min(900, holder.clientWidth || 900), height: 260,
     series: [{label: 'step'}].concat(rows.map((r, i) => ({label: label(r), stroke: PALETTE[i % PALETTE.length], spanGaps: true}))),
     axes: [{label: 'step'}, {}],
   }, data, el);
+  el.prepend(plotDownloads(title, u));
 }
 
 // A numeric column against the table's one axis besides the seed (E.5's N,
@@ -120,7 +123,7 @@ function axisChart(name, table, col, axis, seedAxis, holder) {
   const title = `${name} · ${table.columns[col]} by ${table.axes[axis]}`;
   const el = h('div', {class: 'chart'});
   holder.append(el);
-  window.__charts[title] = new uPlot({
+  const u = window.__charts[title] = new uPlot({
     title, width: Math.min(900, holder.clientWidth || 900), height: 240,
     series: [{label: table.axes[axis]}].concat(seeds.map((seed, i) => ({
       label: seedAxis >= 0 ? `seed ${fmt(seed)}` : table.columns[col], stroke: PALETTE[i % PALETTE.length], spanGaps: true,
@@ -128,6 +131,7 @@ function axisChart(name, table, col, axis, seedAxis, holder) {
     scales: {x: {time: false}},
     axes: [{label: table.axes[axis]}, {}],
   }, data, el);
+  el.prepend(plotDownloads(title, u));
 }
 
 // Bars of a report table's numeric columns: each the seeds' mean, each seed
@@ -179,7 +183,13 @@ function recipeFigure(f, i, rep) {
     const axis = (table.axes || []).indexOf(f.x);
     if (axis >= 0) for (const col of cols) axisChart(f.title, table, col, axis, seedAxis, box);
   } else if (kind === 'BARS') {
-    box.append(barsFigure(table, cols, legend));
+    const svg = barsFigure(table, cols, legend);
+    box.append(downloadBar({
+      SVG: () => saveSvg(svg, f.title || `figure ${i + 1}`),
+      CSV: () => saveText(`${f.title || 'figure'}.csv`.replace(/[^A-Za-z0-9_.-]+/g, '-'),
+                          csvOf([['run'].concat(legend)].concat((table.rows || []).map((r) => [r.run_id].concat(cols.map((c) => r.values[c]))))),
+                          'text/csv'),
+    }), svg);
   }
   return box;
 }
@@ -246,7 +256,7 @@ export function reproductionView(id) {
       if (!stopped && !reproEnded(r.state)) timer = setTimeout(load, 3000);
       return;
     }
-    const checks = h('table', {class: 'grid', id: 'checks'},
+    const checks = withTableDownloads(h('table', {class: 'grid', id: 'checks'},
                      h('thead', {}, h('tr', {}, ['check', 'expected', 'measured (per seed)', 'outcome', 'note'].map((c) => h('th', {}, c)))),
                      h('tbody', {}, (rep.checks || []).map((c) => h('tr', {'data-outcome': outcomeName(c.outcome)},
                        h('td', {title: c.description}, h('b', {}, c.id), h('div', {class: 'muted'}, c.description)),
@@ -254,16 +264,27 @@ export function reproductionView(id) {
                        h('td', {class: 'num'}, (c.values || []).map((v) => Array.isArray(v) ? `[${v.length}]` : fmt(v)).join(', ')),
                        h('td', {class: outcomeName(c.outcome) === 'PASS' ? 'pass' : outcomeName(c.outcome) === 'FAIL' ? 'fail' : 'muted'},
                          outcomeName(c.outcome)),
-                       h('td', {class: 'muted'}, c.note || '')))));
+                       h('td', {class: 'muted'}, c.note || ''))))), `${r.reproduction_id} ${r.recipe_id} checks`);
     const figures = h('div', {id: 'figures'});
+    // The report as the Markdown file of docs/reproductions/ (the server renders it).
+    const markdown = downloadBar({Markdown: async () => {
+      try {
+        const md = await apiText(`/api/v1/reproductions/${encodeURIComponent(id)}/report.md`);
+        saveText(`${r.reproduction_id}-${r.recipe_id}.md`, md, 'text/markdown');
+      } catch (e) {
+        body.prepend(errorBox(e));
+      }
+    }});
     body.replaceChildren(...head,
+                         h('p', {id: 'report-download'}, 'report: ', markdown),
                          h('p', {}, `${rep.passed || 0} passed, ${rep.failed || 0} failed, ${rep.inconclusive || 0} inconclusive${rep.reported ? `, ${rep.reported} reported only` : ''}; ${fmt(rep.wall_seconds || 0)} s`),
                          checks, (rep.notes || []).length ? h('ul', {}, rep.notes.map((n) => h('li', {class: 'muted'}, n))) : '',
                          h('h3', {}, 'Figures'), figures);
     (scale.figures || []).forEach((f, i) => figures.append(recipeFigure(f, i, rep)));
     const comparisons = Object.fromEntries((scale.checks || []).map((c) => [c.id, c.comparison || 'COMPARISON_GE']));
+    const strip = marginStrip(rep.checks || [], comparisons);
     figures.append(h('div', {class: 'figure', 'data-table': 'margins'}, h('h4', {}, 'each check\'s margin per seed'),
-                     marginStrip(rep.checks || [], comparisons)));
+                     downloadBar({SVG: () => saveSvg(strip, `${r.reproduction_id}-${r.recipe_id}-margins`)}), strip));
     // In the recipe's order (the experiment the claim is about comes first).
     const order = (scale.sweeps || []).map((sw) => sw.name);
     const rank = (n) => (order.indexOf(n) + order.length + 1) % (order.length + 1);
@@ -285,12 +306,12 @@ export function reproductionView(id) {
           axisChart(name, table, col, (table.axes || []).findIndex((a, i) => i !== seedAxis), seedAxis, box);
         }
       });
-      box.append(h('details', {}, h('summary', {}, `the data: ${(table.rows || []).length} runs`), h('div', {class: 'scroll'}, h('table', {class: 'grid'},
+      box.append(h('details', {}, h('summary', {}, `the data: ${(table.rows || []).length} runs`), h('div', {class: 'scroll'}, withTableDownloads(h('table', {class: 'grid'},
         h('thead', {}, h('tr', {}, h('th', {}, 'run'), (table.axes || []).map((a) => h('th', {}, a)),
                          (table.columns || []).map((c) => h('th', {}, c)))),
         h('tbody', {}, (table.rows || []).map((r) => h('tr', {}, h('td', {}, h('a', {href: `#/run/${r.run_id}`}, r.run_id)),
           (r.swept || []).map((v) => h('td', {}, fmt(v))),
-          (r.values || []).map((v) => h('td', {class: 'num'}, Array.isArray(v) ? `[${v.length}]` : fmt(v))))))))));
+          (r.values || []).map((v) => h('td', {class: 'num'}, Array.isArray(v) ? `[${v.length}]` : fmt(v))))))), `${r.reproduction_id} ${name}`))));
     }
   }
   $view.replaceChildren(body);

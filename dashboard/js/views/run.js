@@ -24,12 +24,20 @@ export function runView(id) {
       groups.get(g).push({label: name, xs: s.xs, ys: s.ys});
     }
     const order = [...groups.keys()].sort((a, b) => (a === 'loss' ? -1 : b === 'loss' ? 1 : a < b ? -1 : 1));
+    // rho (in [0, 1]) on its own right-hand axis: on the coordinates' 0-10
+    // scale its fall from 0.99 to 0.10 would be a flat line.
     const rho = series.get('manifold/rho');
-    const coordSeries = coords.concat(rho ? [{label: 'rho (manifold/rho)', xs: rho.xs, ys: rho.ys}] : []);
+    const coordSeries =
+        coords.concat(rho ? [{label: 'rho (manifold/rho)', xs: rho.xs, ys: rho.ys, axis: 'right', color: '#111',
+                              dash: [6, 4]}] :
+                            []);
     for (const title of ['coordinates', ...order]) {
       const list = title === 'coordinates' ? coordSeries : groups.get(title);
       if (!list || !list.length) continue;
-      if (!byTitle.has(title)) byTitle.set(title, new Chart(charts, title, opts));
+      if (!byTitle.has(title)) {
+        const axes = title === 'coordinates' ? {yLabel: 'coordinate', rightLabel: 'ρ'} : {yLabel: title};
+        byTitle.set(title, new Chart(charts, title, opts, axes));
+      }
       byTitle.get(title).set(list);
     }
   }

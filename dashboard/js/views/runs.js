@@ -1,5 +1,6 @@
 // The runs table (#/): filter, columns, states.
 import {api, errorBox} from '../api.js';
+import {withTableDownloads} from '../downloads.js';
 import {$view, FINAL, fmt, h, query, stateName, when} from '../util.js';
 
 const runCache = new Map();  // finished runs do not change
@@ -124,7 +125,8 @@ export function runsView(params) {
     if (!stopped) timer = setTimeout(refresh, 3000);
   }
   $view.replaceChildren(
-      h('h2', {}, 'Runs'), h('div', {class: 'filters'}, stateSel, tagIn, sweepIn, colIn, status), table);
+      h('h2', {}, 'Runs'), h('div', {class: 'filters'}, stateSel, tagIn, sweepIn, colIn, status),
+      withTableDownloads(table, 'runs'));
   refresh();
   return () => {
     stopped = true;

@@ -1,6 +1,7 @@
 // A sweep (#/sweep/ID): its map of one value over the swept axes, and its table.
 import {api, errorBox} from '../api.js';
 import {colorScale, hexToRgb, textOn} from '../charts.js';
+import {withTableDownloads} from '../downloads.js';
 import {$view, PALETTE, fmt, h, query, stateName, valueKey} from '../util.js';
 
 // The value a sweep's map opens on. A sweep of IMIR runs that stop at an
@@ -88,7 +89,7 @@ export function sweepView(id, params) {
     members.replaceChildren(
         h('h3', {}, 'Members'),
         h('div', {class: 'scroll'},
-          h('table', {class: 'grid', id: 'members'},
+          withTableDownloads(h('table', {class: 'grid', id: 'members'},
             h('thead', {},
               h('tr', {}, h('th', {}, 'run'), h('th', {}, 'state'), axes.map((a) => h('th', {}, a)),
                 (summary.columns || []).map((c) => h('th', {}, c)))),
@@ -99,7 +100,7 @@ export function sweepView(id, params) {
                           h('tr', {}, h('td', {}, h('a', {href: `#/run/${r.run_id}`}, r.run_id)),
                             h('td', {}, h('span', {class: 'state ' + stateName(r.state)}, stateName(r.state))),
                             (r.swept || []).map((v) => h('td', {}, fmt(v))),
-                            (r.values || []).map((v) => h('td', {class: 'num'}, fmt(v)))))))));
+                            (r.values || []).map((v) => h('td', {class: 'num'}, fmt(v))))))), `${id} members`)));
     await drawHeat(summary);
     if (!sweep.done && !stopped) timer = setTimeout(load, 4000);
   }
@@ -153,11 +154,12 @@ export function sweepView(id, params) {
         numbers.length ? h('div', {class: 'legend', id: 'heat-legend'}, fmt(lo), ' ',
                            h('canvas', {class: 'scale', id: 'heat-scale', width: 200, height: 12}), ' ', fmt(hi)) :
                          '';
+    const title = `${p.value} by ${p.x} (x) and ${p.y} (y)`;
     heat.replaceChildren(
-        h('h3', {}, `${p.value} by ${p.x} (x) and ${p.y} (y)`),
-        h('table', {class: 'heat'},
+        h('h3', {}, title),
+        withTableDownloads(h('table', {class: 'heat'},
           h('thead', {}, h('tr', {}, h('th', {}, `${p.y} \\ ${p.x}`), xs.map((x) => h('th', {}, fmt(x))))),
-          h('tbody', {}, rows)),
+          h('tbody', {}, rows)), `${id} ${title}`, true),
         legend, s.pending ? h('p', {class: 'muted'}, `${s.pending} label(s) still being computed…`) : '');
     const scale = document.getElementById('heat-scale');
     if (scale) {
