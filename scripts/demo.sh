@@ -57,7 +57,7 @@ if [ $# -eq 0 ]; then
   echo "==> $tv task-vector geometry at the last layer (circuitlab task-vectors $tv gives every analysis; --csv exports):"
   echo "    P0 residual ratio falls with context, P3 weights track the posterior, steering follows the mixture,"
   echo "    OOD states stay in the task subspace at this diversity"
-  $cli task-vectors "$tv" --analysis p0,p3,steering,ood_r2 --layer 1
+  $cli task-vectors "$tv" --analysis p0,p3,steering,ood_r2 --layer 2
 fi
 echo "==> runs in $data"
 $cli ls

@@ -135,7 +135,7 @@ absl::Status AnalysisJobs::Admit(const AnalysisJobRequest& request) const {
 }
 
 absl::StatusOr<AnalysisAnswer> AnalysisJobs::Submit(AnalysisJobRequest request, bool force) {
-  const int64_t hash = static_cast<int64_t>(HashPurpose(request.key) >> 1);
+  const int64_t hash = static_cast<int64_t>(HashPurpose(request.key + request.version) >> 1);
   if (!force) {
     CL_ASSIGN_OR_RETURN(std::optional<std::string> stored, store_->GetAnalysis(request.run_id, request.kind, hash));
     if (stored) {

@@ -78,7 +78,10 @@ struct Requester {
 struct AnalysisJobRequest {
   std::string kind;      // "intervene", "detect_circuit", ...
   int64_t run_id = 0;    // store::Store::kNoRun for a spec sent with the request
-  std::string key;       // the canonical request, serialized
+  std::string key;       // the canonical request, serialized (stored beside the answer)
+  // Hashed after `key` (not stored): a new version of what an answer means
+  // keeps the same request from finding answers stored under the old one.
+  std::string version;
   std::string owner;     // who asked (per-owner limit)
   bool read_only = false;     // may be answered from the store or a pending job, never start one
   uint64_t memory_bytes = 0;  // estimated peak while it runs

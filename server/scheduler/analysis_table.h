@@ -36,6 +36,7 @@ template <typename Response>
 struct AnalysisPlan {
   int64_t run_id = 0;         // store::Store::kNoRun for a spec sent with the request
   std::string key;            // the canonical request, serialized (its hash keys stored answers)
+  std::string version;        // hashed after the key (AnalysisJobRequest::version)
   uint64_t memory_bytes = 0;  // the job's estimated peak (JobMemory)
   // The DONE response (its result fields and the echoes of the request the
   // module wants); the table sets state and progress.
@@ -65,6 +66,12 @@ AnalysisPlan<Response> EnginePlan(engine::Analyzer& analyzer, int64_t run_id, co
   };
   return plan;
 }
+
+// The version of answers whose requests or results name layers or heads
+// (attention, activations, interventions, exports): those stored before
+// layers and heads counted from 1 on every surface meant other layers by the
+// same numbers, so they are not read back (recomputed once).
+inline constexpr char kLayersFromOne[] = "/layers-from-1";
 
 // A planned job as AnalysisJobs takes it, with its answer's decoration.
 struct PlannedJob {
@@ -104,6 +111,7 @@ bool RegisterJobAnalysis(std::string kind, F plan) {
     AnalysisJobRequest& job = planned.job;
     job.run_id = p->run_id;
     job.key = std::move(p->key);
+    job.version = std::move(p->version);
     job.memory_bytes = p->memory_bytes;
     job.work = [work = std::move(p->work)](const std::function<void(double)>& progress,
                                            const CancelToken* cancel) -> absl::StatusOr<std::string> {

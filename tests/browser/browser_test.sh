@@ -63,6 +63,27 @@ grep -q '^circuitlab_runs_finished_total{result="succeeded"} 7$' "$tmp/scrape1.t
 cli submit "$repo/tests/browser/live.json" >/dev/null   # r8, trains while the browser looks
 node "$cache/dashboard_check.cjs" "$url" "$out" || fail "the dashboard checks"
 
+# One indexing convention (issue 46 item 7): the demo run's heads, named on
+# every surface — the CLI's CSV, the HTTP API's JSON, the Python client and
+# the dashboard's rendering (heads-dashboard.txt) — as the same (layer, head,
+# name) triples, counted from 1.
+cli attention r2 --sequences 2 --csv | tail -n +2 | cut -d, -f4-6 | sort -u >"$tmp/heads-cli.txt"
+curl -sf "${url}api/v1/runs/r2/attention?sequences=2" | /usr/bin/python3 -c '
+import json, sys
+a = json.load(sys.stdin)
+print("\n".join(sorted({"%d,%d,%s" % (p["layer"], p["head"], p["name"]) for p in a["patterns"]})))' >"$tmp/heads-http.txt"
+PYTHONPATH="$repo/client/python" /usr/bin/python3 -c '
+import sys, circuitlab
+with circuitlab.Client(sys.argv[1]) as c:
+    a = c.attention_patterns("r2", sequences=2)
+print("\n".join(sorted({"%d,%d,%s" % (p.layer, p.head, p.name) for p in a.patterns})))' "127.0.0.1:$port" >"$tmp/heads-python.txt"
+for surface in cli http python; do
+  cmp -s "$tmp/heads-$surface.txt" "$out/heads-dashboard.txt" ||
+    fail "heads on $surface: $(tr '\n' ' ' <"$tmp/heads-$surface.txt") vs the dashboard's: $(tr '\n' ' ' <"$out/heads-dashboard.txt")"
+done
+grep -qx '2,1,L2H1' "$out/heads-dashboard.txt" || fail "the induction head is not L2H1 (layer 2, head 1): $(cat "$out/heads-dashboard.txt")"
+echo "browser_test: the demo's heads on CLI, HTTP, Python and the dashboard: $(tr '\n' ' ' <"$out/heads-dashboard.txt")"
+
 cli cancel r8 --wait >/dev/null || true
 for _ in $(seq 50); do scrape >"$tmp/scrape2.txt"; grep -q 'result="cancelled"} 1$' "$tmp/scrape2.txt" && break; sleep 0.1; done
 promtool check metrics <"$tmp/scrape2.txt" || fail "promtool check metrics (second scrape)"

@@ -103,10 +103,10 @@ main(async () => {
       for (let i = 0; i < d.length; i += 4) if (d[i] < 240 || d[i + 1] < 240 || d[i + 2] < 240) n++;
       return n;
     });
-    // The previous-token stripe of the layer-1 head (L1H1, layer index 0):
+    // The previous-token stripe of the layer-1 head (L1H1: layers count from 1):
     // at each block's second position (even t >= 2, the value after its
     // key) the head looks at t - 1. Read from the page's own data.
-    const p = a.answer.patterns.find((x) => Number(x.layer || 0) === 0 && Number(x.sequence || 0) === a.sequence);
+    const p = a.answer.patterns.find((x) => Number(x.layer) === 1 && Number(x.sequence || 0) === a.sequence);
     let sum = 0, n = 0;
     for (let q = 2; q < p.size; q += 2) { sum += p.weights[q * p.size + q - 1]; n++; }
     return { heads: [...document.querySelectorAll('#attention-grid figure')].map((f) => f.dataset.head), painted,
@@ -115,6 +115,16 @@ main(async () => {
              tokens: a.answer.sequences[a.sequence].tokens.length, size: p.size };
   });
   check(JSON.stringify(att.heads) === '["L1H1","L2H1"]', `one heatmap per head: ${att.heads}`);
+  // The heads as the page renders them (the layer heading each sits under,
+  // its caption's head, its name), for browser_test.sh to compare with the
+  // CLI's, the HTTP API's and Python's names of the same run's heads.
+  const rendered = await page.evaluate(() => [...document.querySelectorAll('#attention-grid .layer')].flatMap((div) =>
+    [...div.querySelectorAll('figure')].map((f) => {
+      const layer = Number(div.querySelector('h3').textContent.replace('layer ', ''));
+      const head = Number(f.querySelector('figcaption').textContent.match(/\(head (\d+)\)/)[1]);
+      return `${layer},${head},${f.dataset.head}`;
+    })));
+  fs.writeFileSync(`${out}/heads-dashboard.txt`, rendered.sort().join('\n') + '\n');
   check(att.painted.length === 2 && att.painted.every((n) => n > 500), `heatmaps painted (${att.painted} px)`);
   check(att.step === 600 && att.steps === 3, `newest checkpoint shown, slider over 3 (step ${att.step}, ${att.steps} steps)`);
   check(att.tokens === att.size, `the sequence's ${att.tokens} tokens label the ${att.size} x ${att.size} map`);
@@ -251,10 +261,10 @@ main(async () => {
         `the patch heatmap's CSV: a row per hook (${heatRows.map((r) => r[0])})`);
   check(heatSvg && heatSvg.type === 'image/svg+xml' && /<svg[^>]*>/.test(heatSvg.text) && (heatSvg.text.match(/<rect/g) || []).length >= 10,
         `the patch heatmap's SVG (${heatSvg && heatSvg.bytes} bytes)`);
+  await page.screenshot({ path: `${out}/interventions.png`, fullPage: true });
   await page.select('.patch-box[data-eval-set="prompts"] select.patch-metric', 'loss');
   check(await page.evaluate(() => /on the loss/.test(document.querySelector('.patch-box[data-eval-set="prompts"] .patch-title').textContent)),
         'the metric selector retitles the heatmap');
-  await page.screenshot({ path: `${out}/interventions.png`, fullPage: true });
   const plain = await page.evaluate(async () => (await fetch('/api/v1/runs/r2/interventions', {
     method: 'POST', headers: { 'Content-Type': 'text/plain' }, body: '{"interventions": []}' })).status);
   check(plain === 415, `a POST without Content-Type application/json is refused (${plain})`);

@@ -246,9 +246,10 @@ TEST(EndToEndTest, TaskVectorsThroughTheCli) {
   CommandResult csv = Cli(server, {"task-vectors", "r1", "--analysis", "ood_r2", "--all-checkpoints", "--csv"});
   ASSERT_EQ(csv.exit_code, 0) << csv.out;
   EXPECT_EQ(csv.out.rfind("run_id,step,sweep_values,name,layer,position,value\n", 0), 0u) << csv.out;
-  EXPECT_NE(csv.out.find("r1,20,,ood_r2/code,0,-1,"), std::string::npos) << csv.out;
-  EXPECT_NE(csv.out.find("r1,40,,ood_r2/code,0,-1,"), std::string::npos) << csv.out;
+  EXPECT_NE(csv.out.find("r1,20,,ood_r2/code,1,-1,"), std::string::npos) << csv.out;  // layers from 1
+  EXPECT_NE(csv.out.find("r1,40,,ood_r2/code,1,-1,"), std::string::npos) << csv.out;
   EXPECT_EQ(Cli(server, {"task-vectors", "r1", "--layer", "3"}).exit_code, 13);  // INVALID_ARGUMENT
+  EXPECT_EQ(Cli(server, {"task-vectors", "r1", "--layer", "0"}).exit_code, 13);  // layers count from 1
   EXPECT_EQ(Cli(server, {"detect", "r1"}).exit_code, 19);                       // FAILED_PRECONDITION
   EXPECT_EQ(Cli(server, {"task-vectors"}).exit_code, 2);                        // no target
 }

@@ -480,7 +480,7 @@ void StoreTheLargestAttentionAnswer(Server& server) {
     p->mutable_weights()->Reserve(1 << 20);
     for (int i = 0; i < (1 << 20); ++i) p->add_weights(u(rng));
   }
-  const int64_t hash = static_cast<int64_t>(HashPurpose((*rows)[0].request) >> 1);
+  const int64_t hash = (*rows)[0].request_hash;
   ASSERT_TRUE(server.app().store().PutAnalysis(1, "attention", hash, (*rows)[0].request, big.SerializeAsString()).ok());
   ASSERT_TRUE(server.app().store().Flush().ok());
 }

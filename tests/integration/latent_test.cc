@@ -158,7 +158,7 @@ TEST(IntegrationTest, TaskVectorsOfARunItsTrainingAndASweep) {
   patch.add_eval_sets("id");
   v1::Intervention* op = patch.add_interventions();
   op->set_op(v1::Intervention::OP_PATCH);
-  op->set_hook("L1.post_attn");
+  op->set_hook("L2.post_attn");
   op->set_reference_set("ood");
   auto patched = Analysis(c, &client::Client::Intervene, patch);
   ASSERT_TRUE(patched.ok()) << patched.status();
@@ -171,10 +171,10 @@ TEST(IntegrationTest, TaskVectorsOfARunItsTrainingAndASweep) {
   // previous one at layer 1, then with that pattern zeroed.
   v1::InterveneRequest massed = patch;
   massed.mutable_interventions(0)->set_op(v1::Intervention::OP_ZERO);
-  massed.mutable_interventions(0)->set_hook("L1.attn.pattern");
+  massed.mutable_interventions(0)->set_hook("L2.attn.pattern");
   massed.mutable_interventions(0)->clear_reference_set();
   v1::AttentionMass* previous = massed.add_attention_mass();
-  previous->set_pattern("L1.attn.pattern");
+  previous->set_pattern("L2.attn.pattern");
   previous->add_keys(-1);
   auto mass = Analysis(c, &client::Client::Intervene, massed);
   ASSERT_TRUE(mass.ok()) << mass.status();
@@ -207,7 +207,7 @@ TEST(IntegrationTest, TaskVectorsOfARunItsTrainingAndASweep) {
   steer.clear_interventions();
   v1::Intervention* convex = steer.add_interventions();
   convex->set_op(v1::Intervention::OP_REPLACE_CONVEX);
-  convex->set_hook("L1.post_attn");
+  convex->set_hook("L2.post_attn");
   for (uint32_t p : {6u, 7u, 8u}) convex->add_positions(p);
   for (double w : {0.2, 0.3, 0.5}) convex->add_weights(w);
   auto steered = Analysis(c, &client::Client::Intervene, steer);
@@ -226,9 +226,9 @@ TEST(IntegrationTest, TaskVectorsOfARunItsTrainingAndASweep) {
   auto projected = Analysis(c, &client::Client::Intervene, steer);
   ASSERT_TRUE(projected.ok()) << projected.status();
   EXPECT_EQ(projected->effects(0).eval_set(), "ood");
-  op->set_hook("L9.post_attn");
+  op->set_hook("L10.post_attn");
   EXPECT_EQ(Analysis(c, &client::Client::Intervene, patch).status().code(), absl::StatusCode::kInvalidArgument);
-  op->set_hook("L1.post_attn");
+  op->set_hook("L2.post_attn");
   op->set_op(v1::Intervention::OP_ZERO_COORDINATE);
   EXPECT_EQ(Analysis(c, &client::Client::Intervene, patch).status().code(), absl::StatusCode::kFailedPrecondition);
   // IMIR analyses refuse a decoder run, and task vectors an IMIR run.
@@ -253,16 +253,18 @@ TEST(IntegrationTest, TaskVectorsOfARunItsTrainingAndASweep) {
   EXPECT_EQ(imir_att->patterns(0).name(), "L1H1");
   EXPECT_EQ(imir_att->eval_set(), "icl_rare");
   att.set_run_id(run->run_id());
-  att.add_layers(1);
+  att.add_layers(2);  // layers and heads count from 1: the second block
   auto dec_att = Analysis(c, &client::Client::GetAttentionPatterns, att);
   ASSERT_TRUE(dec_att.ok()) << dec_att.status();
   ExpectPatterns(*dec_att, 1, 2, 2);
-  EXPECT_EQ(dec_att->patterns(0).name(), "L1.H0");
+  EXPECT_EQ(dec_att->patterns(0).name(), "L2H1");
+  EXPECT_EQ(dec_att->patterns(0).layer(), 2u);
+  EXPECT_EQ(dec_att->patterns(0).head(), 1u);
   EXPECT_EQ(dec_att->patterns(0).size(), 16u);
-  att.add_layers(2);  // the model has layers 0 and 1
+  att.add_layers(3);  // the model has layers 1 and 2
   auto far = Analysis(c, &client::Client::GetAttentionPatterns, att);
   EXPECT_EQ(far.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(far.status().message().find("layers must be in [0, 1]"), std::string::npos) << far.status();
+  EXPECT_NE(far.status().message().find("layers must be in [1, 2]"), std::string::npos) << far.status();
 
   // A diversity sweep, analysed along kappa.
   v1::SweepSpec sweep;
@@ -357,7 +359,7 @@ TEST(IntegrationTest, RegressionRunTrainsAndAnswersItsAnalyses) {
   iv.add_eval_sets("ood");
   v1::Intervention* op = iv.add_interventions();
   op->set_op(v1::Intervention::OP_ZERO);
-  op->set_hook("L1.post_attn");
+  op->set_hook("L2.post_attn");
   auto zeroed = Analysis(c, &client::Client::Intervene, iv);
   ASSERT_TRUE(zeroed.ok()) << zeroed.status();
   ASSERT_EQ(zeroed->effects_size(), 2);
@@ -371,10 +373,10 @@ TEST(IntegrationTest, RegressionRunTrainsAndAnswersItsAnalyses) {
   // head, and position 0 on itself (exactly 1).
   op->set_op(v1::Intervention::OP_ZERO);
   v1::AttentionMass* first = iv.add_attention_mass();
-  first->set_pattern("L0.attn.pattern");
+  first->set_pattern("L1.attn.pattern");
   first->add_keys(0);
   v1::AttentionMass* self = iv.add_attention_mass();
-  self->set_pattern("L1.attn.pattern");
+  self->set_pattern("L2.attn.pattern");
   self->add_keys(0);
   self->add_queries(0);
   auto massed = Analysis(c, &client::Client::Intervene, iv);

@@ -134,8 +134,9 @@ def test_task_vectors(client):
     with pytest.raises(circuitlab.InvalidArgument, match="p9"):
         client.analyze_task_vectors(run.run_id, analyses=["p9"])
     # Attention patterns of the decoder: rows of the (query x key) heatmap sum to 1 over keys <= query.
-    att = client.attention_df(run.run_id, sequences=2, layers=[0], heads=[1])
-    assert set(att["name"]) == {"L0.H1"} and set(att["sequence"]) == {0, 1}
+    att = client.attention_df(run.run_id, sequences=2, layers=[1], heads=[2])
+    assert set(att["name"]) == {"L1H2"} and set(att["sequence"]) == {0, 1}
+    assert set(att["layer"]) == {1} and set(att["head"]) == {2}
     sums = att.groupby(["sequence", "query"])["weight"].sum()
     assert ((sums - 1.0).abs() < 1e-4).all()
     assert att.attrs["eval_set"] == "id"

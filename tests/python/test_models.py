@@ -50,7 +50,7 @@ def test_imir_model_matches_the_engine_at_every_hook(client, trained):
     assert close(logits.numpy(), server["logits"])
     # The same on the task's own sequences (from an attention analysis), with position ids cycling
     # through the block offsets.
-    att = client.attention_patterns(run, sequences=2, layers=[0], heads=[0])
+    att = client.attention_patterns(run, sequences=2, layers=[1], heads=[1])
     seq = [list(s.tokens) for s in att.sequences]
     pos = [[t % 2 for t in range(len(s))] for s in seq]
     assert close(model(torch.tensor(seq), torch.tensor(pos)).detach().numpy(),
@@ -63,16 +63,16 @@ def test_decoder_model_matches_the_engine_at_every_hook(client, decoder_run):
     assert cfg["family"] == "latent" and cfg["layers"] == 1 and cfg["d_model"] == 16
     rng = np.random.default_rng(1)
     tokens = rng.integers(0, cfg["vocab"], size=(4, 16))
-    hooks = ["embed", "L0.resid_pre", "L0.attn.pattern", "L0.attn.head", "L0.post_attn", "L0.post_mlp", "logits"]
+    hooks = ["embed", "L1.resid_pre", "L1.attn.pattern", "L1.attn.head", "L1.post_attn", "L1.post_mlp", "logits"]
     server = client.activations(decoder_run, tokens.tolist(), hooks)
     with torch.no_grad():
         logits, cache = model.run_with_cache(torch.tensor(tokens))
     for h in hooks:
         assert close(cache[h].numpy(), server[h]), h
-    assert server["L0.attn.head"].shape == (4, 16, 2, 8)  # batch, position, head, d_head
+    assert server["L1.attn.head"].shape == (4, 16, 2, 8)  # batch, position, head, d_head
     assert close(logits.numpy(), server["logits"])
-    df = client.activations_df(decoder_run, tokens[:1].tolist(), ["L0.attn.pattern"])
-    assert len(df) == 2 * 16 * 16 and set(df["hook"]) == {"L0.attn.pattern"}
+    df = client.activations_df(decoder_run, tokens[:1].tolist(), ["L1.attn.pattern"])
+    assert len(df) == 2 * 16 * 16 and set(df["hook"]) == {"L1.attn.pattern"}
     rows = df.groupby(["axis1", "axis2"])["value"].sum()  # each (head, query) row sums to 1
     assert ((rows - 1.0).abs() < 1e-5).all()
 

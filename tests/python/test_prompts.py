@@ -92,15 +92,15 @@ def test_a_decoder_run_patches_prompts(client, decoder_run):  # noqa: F811
     tokens = [[1, 2, 3, 4, 5, 0, 1, 2], [3, 3, 4, 4, 5, 5, 0, 0]]  # dice faces (vocabulary 6)
     corrupted = [[1, 2, 3, 4, 5, 0, 1, 5], [3, 3, 4, 4, 5, 5, 0, 1]]
     prompts = client.prompts(tokens, [3, 1], wrong=[0, 2], corrupted=corrupted)
-    df = client.patch_df(decoder_run, ["L0.resid_pre", "L0.post_mlp"], prompts=prompts)
+    df = client.patch_df(decoder_run, ["L1.resid_pre", "L1.post_mlp"], prompts=prompts)
     effect = df.set_index(["hook", "position"])["effect_logit_diff"]
     # Patching the whole last position's residual stream before the layer restores everything (the
     # earlier positions are the same in both), and nothing earlier matters. The effect is a ratio of
     # float32 logit differences: 1.3e-6 from 1 was seen on one machine, so the bound is 1e-4.
-    assert effect[("L0.resid_pre", 7)] == pytest.approx(1.0, abs=1e-4)
-    assert effect[("L0.post_mlp", 7)] == pytest.approx(1.0, abs=1e-4)
+    assert effect[("L1.resid_pre", 7)] == pytest.approx(1.0, abs=1e-4)
+    assert effect[("L1.post_mlp", 7)] == pytest.approx(1.0, abs=1e-4)
     for t in range(6):
-        assert effect[("L0.resid_pre", t)] == pytest.approx(0.0, abs=1e-4), t
+        assert effect[("L1.resid_pre", t)] == pytest.approx(0.0, abs=1e-4), t
 
 
 def test_prompt_bounds_name_the_field(client, demo, decoder_run):  # noqa: F811
@@ -129,7 +129,7 @@ def test_prompt_bounds_name_the_field(client, demo, decoder_run):  # noqa: F811
             client.intervene(run_id=demo, **fields)
     with pytest.raises(circuitlab.InvalidArgument, match="context length"):
         client.intervene(run_id=decoder_run, prompts=client.prompts([[1] * 17], 1),
-                         interventions=[{"op": "OP_ZERO", "hook": "L0.post_mlp"}])
+                         interventions=[{"op": "OP_ZERO", "hook": "L1.post_mlp"}])
     with pytest.raises(circuitlab.InvalidArgument, match="OP_REPLACE_CONVEX"):
         client.intervene(run_id=decoder_run, prompts=client.prompts([[1, 2]], 1),
-                         interventions=[{"op": "OP_REPLACE_CONVEX", "hook": "L0.post_mlp"}])
+                         interventions=[{"op": "OP_REPLACE_CONVEX", "hook": "L1.post_mlp"}])

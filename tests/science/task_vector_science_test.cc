@@ -43,7 +43,7 @@ TEST(TaskVectorScienceTest, ReplaceConvexInterveneSteers) {
     v1::InterveneRequest req;
     v1::Intervention& op = *req.add_interventions();
     op.set_op(v1::Intervention::OP_REPLACE_CONVEX);
-    op.set_hook("L1.post_attn");
+    op.set_hook("L2.post_attn");
     op.set_subtract(subtract);
     for (uint32_t p = 16; p <= 31; ++p) op.add_positions(p);
     req.add_eval_sets("id");

@@ -336,9 +336,9 @@ TEST_F(AnalysesTest, TaskVectorsResolveAnalysesAndTagValues) {
 TEST_F(AnalysesTest, AttentionPatternsResolveTheRequest) {
   v1::GetAttentionPatternsRequest req;
   req.set_run_id("r1");
+  req.add_layers(2);
   req.add_layers(1);
-  req.add_layers(0);
-  req.add_layers(1);
+  req.add_layers(2);
   const v1::GetAttentionPatternsResponse done = Done<v1::GetAttentionPatternsResponse>(req);
   EXPECT_EQ(done.run_id(), "r1");
   EXPECT_EQ(done.step(), 200u);
@@ -347,14 +347,18 @@ TEST_F(AnalysesTest, AttentionPatternsResolveTheRequest) {
   const auto seen = analyzer_.Last<v1::GetAttentionPatternsRequest>();
   EXPECT_EQ(seen.sequences(), 4u);
   EXPECT_EQ(seen.seed(), 7u);
-  EXPECT_EQ(std::vector<uint32_t>(seen.layers().begin(), seen.layers().end()), (std::vector<uint32_t>{0, 1}));
+  EXPECT_EQ(std::vector<uint32_t>(seen.layers().begin(), seen.layers().end()), (std::vector<uint32_t>{1, 2}));
   EXPECT_TRUE(core_->Run<v1::GetAttentionPatternsResponse>(req)->from_store());
   req.set_sequences(17);
   EXPECT_EQ(core_->Run<v1::GetAttentionPatternsResponse>(req).status().message(),
             "sequences must be in [1, 16] (0 = 4), got 17");
   req.set_sequences(0);
-  req.add_heads(64);
-  EXPECT_EQ(core_->Run<v1::GetAttentionPatternsResponse>(req).status().message(), "heads[0] must be in [0, 63], got 64");
+  req.add_heads(65);
+  EXPECT_EQ(core_->Run<v1::GetAttentionPatternsResponse>(req).status().message(),
+            "heads[0] must be in [1, 64] (layers and heads count from 1), got 65");
+  req.set_heads(0, 0);
+  EXPECT_EQ(core_->Run<v1::GetAttentionPatternsResponse>(req).status().message(),
+            "heads[0] must be in [1, 64] (layers and heads count from 1), got 0");
   req.clear_heads();
   req.set_step(150);
   EXPECT_EQ(core_->Run<v1::GetAttentionPatternsResponse>(req).status().code(), absl::StatusCode::kNotFound);

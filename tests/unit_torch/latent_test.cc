@@ -177,16 +177,20 @@ TEST(DecoderModelTest, IsCausalAndHooksReplace) {
   std::vector<std::string> seen;
   HookFn zero = [&](const std::string& point, const torch::Tensor& v) -> torch::Tensor {
     seen.push_back(point);
-    return point == "L1.post_mlp" ? torch::zeros_like(v) : torch::Tensor();
+    return point == "L2.post_mlp" ? torch::zeros_like(v) : torch::Tensor();
   };
   torch::Tensor z = model->Forward(tokens, &zero);
   EXPECT_LT(z.abs().max().item<double>(), 1e-6);  // biases start at zero
-  const std::vector<std::string> expect = {"embed", "L0.resid_pre", "L0.attn.pattern", "L0.attn.head",
-                                           "L0.post_attn", "L0.post_mlp", "L1.resid_pre", "L1.attn.pattern",
-                                           "L1.attn.head", "L1.post_attn", "L1.post_mlp", "logits"};
+  const std::vector<std::string> expect = {"embed", "L1.resid_pre", "L1.attn.pattern", "L1.attn.head",
+                                           "L1.post_attn", "L1.post_mlp", "L2.resid_pre", "L2.attn.pattern",
+                                           "L2.attn.head", "L2.post_attn", "L2.post_mlp", "logits"};
   EXPECT_EQ(seen, expect);
   for (const std::string& p : expect) EXPECT_TRUE(ParseHookPoint(p, 2).ok()) << p;
-  EXPECT_EQ(ParseHookPoint("L2.post_mlp", 2).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ParseHookPoint("L3.post_mlp", 2).status().code(), absl::StatusCode::kInvalidArgument);
+  // Layers count from 1 on every surface: L0 is refused, saying so.
+  const absl::Status zero_based = ParseHookPoint("L0.post_mlp", 2).status();
+  EXPECT_EQ(zero_based.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(zero_based.message().find("layers count from 1"), std::string::npos) << zero_based;
   EXPECT_EQ(ParseHookPoint("L0.mlp", 2).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
@@ -408,13 +412,13 @@ TEST(DecoderInterventionTest, HookOpsDoWhatTheySay) {
   };
   // Zeroing the last block's stream leaves the readout bias alone: the same
   // loss as any constant prediction with those logits.
-  auto zero = run(Act(Op::OP_ZERO, "L1.post_mlp"));
+  auto zero = run(Act(Op::OP_ZERO, "L2.post_mlp"));
   ASSERT_TRUE(zero.ok()) << zero.status();
   ASSERT_EQ(zero->effects_size(), 3);  // id, ood, minor
   EXPECT_GT(zero->effects(0).kl_clean(), 0.01);
   // Projecting out a basis of the whole space is zeroing; projecting onto it
   // changes nothing.
-  Op out = Act(Op::OP_PROJECT_OUT, "L1.post_mlp"), onto = Act(Op::OP_PROJECT_ONTO, "L1.post_mlp");
+  Op out = Act(Op::OP_PROJECT_OUT, "L2.post_mlp"), onto = Act(Op::OP_PROJECT_ONTO, "L2.post_mlp");
   for (int i = 0; i < 16; ++i) {
     std::vector<double> e(16, 0.0);
     e[static_cast<size_t>(i)] = 1.0;
@@ -438,7 +442,7 @@ TEST(DecoderInterventionTest, HookOpsDoWhatTheySay) {
   EXPECT_GT(zero->effects(0).kl_ref(), zero->effects(0).kl_ref_clean());
   // Causality: editing the last position (which predicts nothing) changes
   // no scored prediction; editing position 5 changes them.
-  Op late = Act(Op::OP_ADD, "L0.post_attn");
+  Op late = Act(Op::OP_ADD, "L1.post_attn");
   AddVector(late, std::vector<double>(16, 3.0));
   late.add_positions(15);
   auto last = run(late);
@@ -448,9 +452,9 @@ TEST(DecoderInterventionTest, HookOpsDoWhatTheySay) {
   EXPECT_GT(run(late)->effects(0).kl_clean(), 1e-4);
   // Patching from the set itself at every point of a head, mean and
   // resample on the attention pattern: they run and move the output.
-  Op patch = Act(Op::OP_PATCH, "L0.attn.head");
+  Op patch = Act(Op::OP_PATCH, "L1.attn.head");
   patch.set_head(2);
-  Op mean = Act(Op::OP_MEAN, "L1.attn.pattern"), resample = Act(Op::OP_RESAMPLE, "L0.resid_pre");
+  Op mean = Act(Op::OP_MEAN, "L2.attn.pattern"), resample = Act(Op::OP_RESAMPLE, "L1.resid_pre");
   resample.set_reference_set("ood");
   for (const Op& op : {patch, mean, resample}) {
     auto r = run(op);
@@ -458,17 +462,17 @@ TEST(DecoderInterventionTest, HookOpsDoWhatTheySay) {
     EXPECT_GT(r->effects(1).kl_clean(), 0.0) << op.hook();
   }
   // Errors name the op and the field.
-  Op wide = Act(Op::OP_ADD, "L0.attn.head");
+  Op wide = Act(Op::OP_ADD, "L1.attn.head");
   AddVector(wide, std::vector<double>(16, 1.0));  // head width is 8
   EXPECT_EQ(run(wide).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(std::string(run(wide).status().message()).find("interventions[0].vectors[0] has 16 values"),
             std::string::npos);
-  EXPECT_EQ(run(Act(Op::OP_ZERO, "L7.post_mlp")).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(run(Act(Op::OP_ADD, "L0.attn.pattern")).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(run(Act(Op::OP_ZERO, "L8.post_mlp")).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(run(Act(Op::OP_ADD, "L1.attn.pattern")).status().code(), absl::StatusCode::kInvalidArgument);
   Op weight;
   weight.set_op(Op::OP_ZERO_COORDINATE);
   EXPECT_EQ(run(weight).status().code(), absl::StatusCode::kFailedPrecondition);
-  Op set = Act(Op::OP_MEAN, "L0.post_mlp");
+  Op set = Act(Op::OP_MEAN, "L1.post_mlp");
   set.set_reference_set("train");
   EXPECT_EQ(run(set).status().code(), absl::StatusCode::kInvalidArgument);
 }
@@ -501,8 +505,8 @@ TEST(DecoderInterventionTest, PatchSweepPerPositionAndMasks) {
   v1::InterveneRequest sweep = request();
   sweep.set_per_position(true);
   v1::PatchSweep* patch = sweep.mutable_patch();
-  patch->add_hooks("L0.post_attn");
-  patch->add_hooks("L1.attn.head");
+  patch->add_hooks("L1.post_attn");
+  patch->add_hooks("L2.attn.head");
   patch->add_positions(3);
   patch->add_positions(15);
   patch->set_reference_set("ood");
@@ -528,11 +532,11 @@ TEST(DecoderInterventionTest, PatchSweepPerPositionAndMasks) {
   EXPECT_NEAR(kl_ref, e.kl_ref_clean(), 1e-9);
   // Sites: per hook, positions 3 and 15, then both at once.
   ASSERT_EQ(e.patch_size(), 6);
-  EXPECT_EQ(e.patch(0).hook(), "L0.post_attn");
+  EXPECT_EQ(e.patch(0).hook(), "L1.post_attn");
   EXPECT_EQ(e.patch(0).position(), 3);
   EXPECT_EQ(e.patch(1).position(), 15);
   EXPECT_EQ(e.patch(2).position(), -1);
-  EXPECT_EQ(e.patch(3).hook(), "L1.attn.head");
+  EXPECT_EQ(e.patch(3).hook(), "L2.attn.head");
   // The source (ood sequences scored on id's next tokens) is far worse.
   EXPECT_GT(e.patch_source_loss(), e.loss_clean());
   for (const v1::PatchSite& site : e.patch()) {
@@ -547,7 +551,7 @@ TEST(DecoderInterventionTest, PatchSweepPerPositionAndMasks) {
   EXPECT_GT(std::abs(e.patch(0).effect_loss()), 1e-4);
   // The all-at-once site is OP_PATCH of both positions from the same source.
   v1::InterveneRequest op = request();
-  Op patched = Act(Op::OP_PATCH, "L0.post_attn");
+  Op patched = Act(Op::OP_PATCH, "L1.post_attn");
   patched.add_positions(3);
   patched.add_positions(15);
   patched.set_reference_set("ood");
@@ -564,7 +568,7 @@ TEST(DecoderInterventionTest, PatchSweepPerPositionAndMasks) {
     m.mutable_patch()->add_hooks("embed");
     m.mutable_patch()->add_positions(0);
     v1::AttentionMass* a = m.add_attention_mass();
-    a->set_pattern("L1.attn.pattern");
+    a->set_pattern("L2.attn.pattern");
     a->add_keys(-1);
     fill(*a);
     return InterveneDecoder(model, task, m);
@@ -584,7 +588,7 @@ TEST(DecoderInterventionTest, PatchSweepPerPositionAndMasks) {
   series.mutable_patch()->add_hooks("embed");
   series.mutable_patch()->add_positions(0);
   v1::AttentionMass* per = series.add_attention_mass();
-  per->set_pattern("L1.attn.pattern");
+  per->set_pattern("L2.attn.pattern");
   per->add_keys(-1);
   per->set_query_mask(v1::POSITION_MASK_ANSWER);
   absl::StatusOr<v1::InterveneResponse> by_query = InterveneDecoder(model, task, series);
@@ -616,12 +620,12 @@ TEST(DecoderInterventionTest, PatchSweepPerPositionAndMasks) {
   refused([](v1::PatchSweep& p) { p.set_positions(0, 16); }, "patch.positions[0] must be in [0, 15], got 16");
   refused([](v1::PatchSweep& p) { p.set_mask(v1::POSITION_MASK_ALL); }, "positions or mask, not both");
   refused([](v1::PatchSweep& p) { p.set_hooks(0, "logits"); }, "patch.hooks[0]");
-  refused([](v1::PatchSweep& p) { p.set_hooks(1, "L9.post_attn"); }, "patch.hooks[1]");
+  refused([](v1::PatchSweep& p) { p.set_hooks(1, "L10.post_attn"); }, "patch.hooks[1]");
   refused([](v1::PatchSweep& p) { p.set_reference_set("train"); }, "patch.reference_set");
   refused([](v1::PatchSweep& p) { p.set_head(1); }, "patch.head applies to points with a head axis only");
   refused(
       [](v1::PatchSweep& p) {
-        p.set_hooks(0, "L1.attn.head");
+        p.set_hooks(0, "L2.attn.head");
         p.set_head(3);
       },
       "patch.head must be in [0, 2]");

@@ -221,7 +221,7 @@ TEST(RegressionAnalysesTest, RowsAndRefusals) {
   };
   v1::Intervention onto;
   onto.set_op(v1::Intervention::OP_PROJECT_ONTO);
-  onto.set_hook("L0.post_attn");
+  onto.set_hook("L1.post_attn");
   for (int i = 0; i < 16; ++i) {
     v1::HookVector* e = onto.add_vectors();
     for (int j = 0; j < 16; ++j) e->add_values(i == j ? 1.0 : 0.0);
@@ -234,7 +234,7 @@ TEST(RegressionAnalysesTest, RowsAndRefusals) {
   EXPECT_GT(kept->effects(1).kl_ref_clean(), 0.0);
   v1::Intervention add;
   add.set_op(v1::Intervention::OP_ADD);
-  add.set_hook("L1.post_mlp");
+  add.set_hook("L2.post_mlp");
   v1::HookVector* v = add.add_vectors();
   for (int j = 0; j < 16; ++j) v->add_values(2.0);
   add.add_positions(22);  // the |- of the last point
@@ -252,10 +252,10 @@ TEST(RegressionAnalysesTest, RowsAndRefusals) {
   req.set_seed(1);
   req.add_eval_sets("id");
   req.set_per_position(true);
-  req.mutable_patch()->add_hooks("L0.post_attn");
+  req.mutable_patch()->add_hooks("L1.post_attn");
   req.mutable_patch()->set_mask(v1::POSITION_MASK_ANSWER);
   v1::AttentionMass* mass = req.add_attention_mass();
-  mass->set_pattern("L1.attn.pattern");
+  mass->set_pattern("L2.attn.pattern");
   mass->add_keys(-1);
   mass->set_query_mask(v1::POSITION_MASK_ANSWER);
   v1::AttentionMass* listed = req.add_attention_mass();

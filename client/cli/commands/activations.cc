@@ -142,12 +142,12 @@ void AddActivations(CLI::App& app, Action* chosen) {
   CLI::App* sub = AddVerb(
       app, chosen, "activations",
       "The model's activations at a stored checkpoint on sequences you write, at named hook points:\n"
-      "IMIR embed, L{l}.attn, L{l}.H{h}.out, L{l}.resid (layers and heads from 1); decoder embed,\n"
-      "L{l}.resid_pre, L{l}.attn.pattern, L{l}.attn.head, L{l}.post_attn, L{l}.post_mlp (layers from 0);\n"
-      "both: logits. The IMIR model reads a position id beside each token (--positions).\n"
+      "IMIR embed, L{l}.attn, L{l}.H{h}.out, L{l}.resid; decoder embed, L{l}.resid_pre,\n"
+      "L{l}.attn.pattern, L{l}.attn.head, L{l}.post_attn, L{l}.post_mlp; both: logits (layers and heads\n"
+      "count from 1). The IMIR model reads a position id beside each token (--positions).\n"
       "An analysis job on the server; this command waits and shows progress.\n"
       "  circuitlab activations r1 --tokens 0,14,30,22,25,14 --positions 0,3,4,9,10,12 --hook L2.attn,logits\n"
-      "  circuitlab activations r7 --tokens 3,1,4,1,5 --hook L0.post_mlp --csv > acts.csv",
+      "  circuitlab activations r7 --tokens 3,1,4,1,5 --hook L1.post_mlp --csv > acts.csv",
       o, activations_cmd::Run);
   sub->add_option("RUN", o->run_id, "Run id")->required();
   sub->add_option("--tokens", o->tokens, "One sequence's token ids, comma-separated; repeat for more sequences");

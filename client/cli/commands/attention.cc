@@ -90,14 +90,14 @@ void AddAttention(CLI::App& app, Action* chosen) {
                           "IMIR and latent-task decoder runs.\n"
                           "An analysis job on the server; this command waits and shows progress.\n"
                           "  circuitlab attention r3 --sequences 1\n  circuitlab attention r3 "
-                          "--layer 1 --head 0 --csv > induction.csv",
+                          "--layer 2 --head 1 --csv > induction.csv",
                           o, attention_cmd::Run);
   sub->add_option("RUN", o->run_id, "Run id")->required();
   sub->add_option("--step", o->step, "Checkpoint step (default: the newest)");
   sub->add_option("--eval-set", o->eval_set, "Evaluation set (default: icl_rare for recall, id for a decoder)");
   sub->add_option("--sequences", o->sequences, "Sequences, 1 to 16 (default 4)");
-  sub->add_option("--layer", o->layers, "Layers by index from 0 (default: all)")->delimiter(',');
-  sub->add_option("--head", o->heads, "Heads by index from 0 (default: all)")->delimiter(',');
+  sub->add_option("--layer", o->layers, "Layers, counted from 1 (default: all)")->delimiter(',');
+  sub->add_option("--head", o->heads, "Heads, counted from 1 (default: all)")->delimiter(',');
   sub->add_option("--seed", o->seed, "Seed of the sequences' draw (default: the run's)");
   sub->add_flag("--csv", o->csv, "CSV: one row per (pattern, query, key <= query)");
   sub->add_flag("--force", o->force, "Recompute even if stored");

@@ -262,7 +262,7 @@ void AddIntervene(CLI::App& app, Action* chosen) {
               "another seed); each site's effect is (m_patched - m_base) / (m_source - m_base): 1 when the site\n"
               "alone carries the difference between the two runs.\n"
               "  circuitlab intervene r3 --patch L1.H1.out,L2.attn --patch-from iwl --eval-sets icl_rare\n"
-              "  circuitlab intervene r3 --patch L1.post_attn --positions 0,8,16 --per-position --csv > p.csv\n"
+              "  circuitlab intervene r3 --patch L2.post_attn --positions 0,8,16 --per-position --csv > p.csv\n"
               "Your own prompts instead of the evaluation sets: --clean (one sequence each; IMIR runs add\n"
               "--clean-positions), the correct next token --answer and a competing --wrong (logit difference =\n"
               "answer - wrong at the last position). With --patch, --corrupted prompts (paired with --clean) are\n"

@@ -90,7 +90,7 @@ void AddTaskVectors(CLI::App& app, Action* chosen) {
       ->delimiter(',');
   sub->add_option("--step", o->step, "Checkpoint step (default: the newest)");
   sub->add_flag("--all-checkpoints", o->all, "Every stored checkpoint of the run");
-  sub->add_option("--layer", o->layers, "Layer(s) from 0 (default all; repeatable or a,b)")->delimiter(',');
+  sub->add_option("--layer", o->layers, "Layer(s), counted from 1 (default all; repeatable or a,b)")->delimiter(',');
   sub->add_option("--hook", o->hook, "Hidden state: post_mlp (default), post_attn or resid_pre");
   sub->add_option("--samples", o->samples, "Token-conditioned sequences per cell (default 128)");
   sub->add_flag("--paper-compat", o->paper_compat, "Steering: estimate at post_mlp, inject at post_attn");

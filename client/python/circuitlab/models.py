@@ -7,10 +7,10 @@ loaded into torch.nn.Modules whose forward pass is the engine's (docs/reference/
     logits, cache = model.run_with_cache(tokens, positions)  # IMIR: a position id beside each token
 
 `run_with_cache` returns the tensors at the same hook points, in the same shapes, as the server's
-GetActivations (batch first): IMIR "embed", "L{l}.attn", "L{l}.H{h}.out", "L{l}.resid" (layers and
-heads from 1, as the IMIR coordinate labels); decoder "embed", "L{l}.resid_pre",
-"L{l}.attn.pattern", "L{l}.attn.head", "L{l}.post_attn", "L{l}.post_mlp", "final_ln" (layers from
-0, as the decoder's hook points); both "logits".
+GetActivations (batch first): IMIR "embed", "L{l}.attn", "L{l}.H{h}.out", "L{l}.resid"; decoder
+"embed", "L{l}.resid_pre", "L{l}.attn.pattern", "L{l}.attn.head", "L{l}.post_attn", "L{l}.post_mlp",
+"final_ln"; both "logits". Layers and heads count from 1, as on every surface (the coordinate labels'
+L2H1 is layer 2, head 1).
 
 Needs PyTorch (Debian: python3-torch); the rest of the package does not.
 """
@@ -102,6 +102,8 @@ def _modules():
             super().__init__()
             self.config = config
             self.params = nn.ParameterDict({k.replace(".", "__"): nn.Parameter(v.clone()) for k, v in tensors.items()})
+            # Blocks are named from L1 in format circuitlab-weights/2, from L0 in files of format 1.
+            self.first = 0 if config.get("format") == "circuitlab-weights/1" else 1
             D, H = config["d_model"], config["heads"]
             half = D // H // 2
             inv = config["rope_base"] ** (-torch.arange(half, dtype=torch.float64) / half)
@@ -148,8 +150,9 @@ def _modules():
             act = (lambda m: torch.nn.functional.gelu(m, approximate="tanh")) if cfg["activation"] == "gelu_tanh" \
                 else torch.nn.functional.silu
             for l in range(cfg["layers"]):
-                p = f"L{l}."
-                keep(p + "resid_pre", x)
+                p = f"L{l + self.first}."  # the file's tensor names: blocks from 1 (format 2), from 0 (format 1)
+                q_ = f"L{l + 1}."          # hook names: layers from 1
+                keep(q_ + "resid_pre", x)
                 h = self._norm(x, p + "ln1")
 
                 def heads(name):
@@ -161,17 +164,17 @@ def _modules():
                 q, k, v = self._rope(heads("q")), self._rope(heads("k")), heads("v")
                 scores = (q @ k.transpose(-1, -2)) * (1.0 / math.sqrt(dh))
                 pattern = torch.softmax(scores.masked_fill(causal, float("-inf")), -1)
-                keep(p + "attn.pattern", pattern)                    # [B, H, T, T]
+                keep(q_ + "attn.pattern", pattern)                   # [B, H, T, T]
                 out = (pattern @ v).permute(0, 2, 1, 3)              # [B, T, H, dh]
-                keep(p + "attn.head", out)
+                keep(q_ + "attn.head", out)
                 attn = out.reshape(B, T, D) @ self.p(p + "attn.o")
                 if self.has(p + "attn.o.bias"):
                     attn = attn + self.p(p + "attn.o.bias")
                 x = x + attn
-                keep(p + "post_attn", x)
+                keep(q_ + "post_attn", x)
                 m = act(self._norm(x, p + "ln2") @ self.p(p + "mlp.fc1.weight") + self.p(p + "mlp.fc1.bias"))
                 x = x + m @ self.p(p + "mlp.fc2.weight") + self.p(p + "mlp.fc2.bias")
-                keep(p + "post_mlp", x)
+                keep(q_ + "post_mlp", x)
             if cfg["final_layernorm"]:
                 x = self._norm(x, "ln_f")
                 keep("final_ln", x)

@@ -61,9 +61,9 @@ function patternsCsv(answer, seq) {
 }
 
 // GetActivations' attention probabilities (B x H x T x T per layer hook) as
-// GetAttentionPatterns' patterns, named as the server names heads: IMIR
-// "L{l}H{h}" (l, h from 1), a decoder's "L{l}.H{h}" (from 0).
-function patternsOf(acts, imir) {
+// GetAttentionPatterns' patterns, named as the server names heads ("L{l}H{h}",
+// layers and heads from 1).
+function patternsOf(acts) {
   const out = [];
   for (const a of acts.activations || []) {
     const [B, H, T] = a.shape.map(Number);
@@ -71,8 +71,8 @@ function patternsOf(acts, imir) {
     for (let b = 0; b < B; b++)
       for (let hd = 0; hd < H; hd++) {
         const off = ((b * H) + hd) * T * T;
-        out.push({layer: imir ? l - 1 : l, head: hd, name: imir ? `L${l}H${hd + 1}` : `L${l}.H${hd}`, sequence: b,
-                  size: T, weights: a.values.slice(off, off + T * T)});
+        out.push({layer: l, head: hd + 1, name: `L${l}H${hd + 1}`, sequence: b, size: T,
+                  weights: a.values.slice(off, off + T * T)});
       }
   }
   return out;
@@ -134,7 +134,7 @@ export function attentionView(id, params) {
     const name = `${run ? run.run_id : id}-attention-step-${answer.step}-sequence-${seq}`;
     bar.replaceChildren(h('div', {class: 'chart-head'}, scaleBar(),
                           downloadBar({CSV: () => saveText(`${name}.csv`, patternsCsv(answer, seq), 'text/csv')})));
-    grid.replaceChildren(...layers.map((l) => h('div', {class: 'layer'}, h('h3', {}, `layer ${l}`),
+    grid.replaceChildren(...layers.map((l) => h('div', {class: 'layer', 'data-layer': l}, h('h3', {}, `layer ${l}`),
       h('div', {class: 'row'}, ...shown.filter((p) => Number(p.layer || 0) === l).map((p) => {
         const cell = Math.max(4, Math.min(24, Math.floor(420 / p.size)));
         const c = heatCanvas(p, tokens, cell);
@@ -142,7 +142,8 @@ export function attentionView(id, params) {
         c.addEventListener('mousemove', (e) => onHover(e, p, tokens));
         c.addEventListener('mouseleave', () => (tip.hidden = true));
         c.addEventListener('click', () => enlarge(p, tokens));
-        return h('figure', {class: 'head', 'data-head': p.name}, c, h('figcaption', {}, p.name));
+        return h('figure', {class: 'head', 'data-head': p.name, 'data-head-index': p.head || 0}, c,
+                 h('figcaption', {}, `${p.name} (head ${p.head || 0})`));
       })))));
     window.__attention = {step: Number(answer.step), patterns: shown.length, drawn: grid.querySelectorAll('canvas').length,
                           state: 'done', eval_set: answer.eval_set, answer, sequence: seq, typed: !!typed};
@@ -155,7 +156,7 @@ export function attentionView(id, params) {
   async function loadTyped(step, mine) {
     const model = run.spec.model.decoder || run.spec.model.imir || {};
     const L = Number(model.num_layers || 0) || 2;
-    const hooks = Array.from({length: L}, (_, i) => (isImir() ? `L${i + 1}.attn` : `L${i}.attn.pattern`));
+    const hooks = Array.from({length: L}, (_, i) => (isImir() ? `L${i + 1}.attn` : `L${i + 1}.attn.pattern`));
     const seqIn = {tokens: typed.tokens};
     if (isImir()) seqIn.positions = typed.positions.length ? typed.positions : typed.tokens.map((_, i) => i);
     for (;;) {
@@ -164,7 +165,7 @@ export function attentionView(id, params) {
       if (r.state !== 'ANALYSIS_STATE_QUEUED' && r.state !== 'ANALYSIS_STATE_RUNNING') {
         if (r.state !== 'ANALYSIS_STATE_DONE') return r;
         return {state: r.state, step: r.step, eval_set: 'your tokens', sequences: [{tokens: typed.tokens}],
-                patterns: patternsOf(r, isImir()), from_store: r.from_store};
+                patterns: patternsOf(r), from_store: r.from_store};
       }
       status.textContent = `${short(r.state, 'ANALYSIS_STATE_').toLowerCase()} (job ${r.job_id}): ` +
           `${Math.round(100 * (r.progress || 0))}%`;

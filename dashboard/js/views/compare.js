@@ -114,10 +114,14 @@ export function compareView(params) {
     const finals = names.map((n) => h('tr', {'data-series': n}, h('th', {}, `${n} (last)`),
                                       found.map((r) => h('td', {class: 'num'}, fmt(last[n][r.run_id])))));
     const table = h('table', {class: 'grid diff', id: 'cmp-table'}, h('thead', {}, head), h('tbody', {}, rows, finals));
+    const box = withTableDownloads(table, 'compare ' + found.map((r) => r.run_id).join(' '));
+    const scroll = h('div', {class: 'scroll'});
+    table.replaceWith(scroll);  // wide with many runs: it scrolls, the page does not
+    scroll.append(table);
     diffBox.replaceChildren(
         h('h3', {}, found.length < 2 ? 'spec' :
                     diff.length ? `${diff.length} spec field(s) differ` : 'the specs are the same'),
-        withTableDownloads(table, 'compare ' + found.map((r) => r.run_id).join(' ')));
+        box);
     status.textContent = `${found.length} run(s), ${names.length} series` + (notes.length ? ` · ${notes.join('; ')}` : '');
     window.__compare = {state: 'done', runs: found.map((r) => r.run_id), fields: diff.map((d) => d.path), charts: names};
   }

@@ -12,7 +12,9 @@ function describeRequest(rq) {
     return `${short(i.op, 'OP_').toLowerCase()} ${what}`.trim();
   });
   if (rq.patch && (rq.patch.hooks || []).length) edits.push(`patch sweep over ${rq.patch.hooks.join(', ')}`);
-  return `${edits.join('; ') || '(no edit)'} · step ${rq.step} · ${rq.n_eval} sequences per set`;
+  const clean = ((rq.prompts || {}).clean || []).length;
+  const on = clean ? `${clean} prompt(s) of your own` : `${rq.n_eval} sequences per set`;
+  return `${edits.join('; ') || '(no edit)'} · step ${rq.step} · ${on}`;
 }
 
 // A patch effect's colour: white at 0 (the corrupted run's value), blue at
@@ -134,7 +136,7 @@ export function interventionsView(id) {
     const ids = (v) => v.split(/[\s,]+/).filter(Boolean).map(Number);
     const field = (fid, size, placeholder, value = '') => h('input', {id: fid, size, placeholder, value});
     const pr = {
-      hooks: field('prompt-hooks', 30, 'hook points', imir ? 'embed,L1.H1.out,L2.H1.out' : 'L0.post_attn,L0.post_mlp'),
+      hooks: field('prompt-hooks', 30, 'hook points', imir ? 'embed,L1.H1.out,L2.H1.out' : 'L1.post_attn,L1.post_mlp'),
       clean: field('prompt-clean', 24, 'clean token ids'),
       positions: field('prompt-positions', 20, 'position ids (empty: 0, 1, …)'),
       corrupted: field('prompt-corrupted', 24, 'corrupted token ids'),
@@ -176,7 +178,7 @@ export function interventionsView(id) {
       for (const el of [target, sets]) if (el.parentElement) el.parentElement.hidden = op.value === 'prompts';
       sync();
     });
-    if (!imir) json.value = JSON.stringify({interventions: [{op: 'OP_ZERO', hook: 'post_mlp', layer: 0}]}, null, 1);
+    if (!imir) json.value = JSON.stringify({interventions: [{op: 'OP_ZERO', hook: 'L1.post_mlp'}]}, null, 1);
     const run_ = h('button', {id: 'intervene-run', type: 'button'}, 'Run');
     run_.addEventListener('click', async () => {
       let body;

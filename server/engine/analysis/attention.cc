@@ -1,8 +1,9 @@
 // GetAttentionPatterns on the IMIR block model (B.1) and the latent-task
 // decoder (B.2): a forward pass over a few evaluation sequences with a hook
 // that keeps each layer's attention probabilities, then the heads asked for.
-// The heads of both models are indexed from 0 here (the IMIR model names
-// them from 1: layer 0 head 0 is its L1H1).
+// Layers and heads count from 1 on the wire, as everywhere (the first
+// block's first head is L1H1 on both models); the engine's tensors index
+// them from 0 here.
 #include <torch/torch.h>
 
 #include <set>
@@ -25,17 +26,18 @@ namespace {
 // The largest answer: layers x heads x sequences x T^2 weights.
 constexpr int64_t kMaxWeights = int64_t{1} << 22;
 
-// The indices asked for (all of [0, n) when none), InvalidArgument naming
-// `field` for one out of range.
+// The 0-based indices of those asked for (layers and heads count from 1 on
+// the wire; all of them when none), InvalidArgument naming `field` for one
+// out of range.
 absl::StatusOr<std::vector<int64_t>> Chosen(const google::protobuf::RepeatedField<uint32_t>& asked, int64_t n,
                                             const std::string& field) {
   std::vector<int64_t> out;
   for (uint32_t i : asked) {
-    if (i >= n) {
-      return absl::InvalidArgumentError(field + " must be in [0, " + std::to_string(n - 1) + "] for this model, got " +
-                                        std::to_string(i));
+    if (i < 1 || i > n) {
+      return absl::InvalidArgumentError(field + " must be in [1, " + std::to_string(n) +
+                                        "] for this model (counted from 1), got " + std::to_string(i));
     }
-    out.push_back(i);
+    out.push_back(i - 1);
   }
   if (out.empty()) {
     for (int64_t i = 0; i < n; ++i) out.push_back(i);
@@ -70,8 +72,8 @@ absl::Status Fill(const std::vector<torch::Tensor>& by_layer, const torch::Tenso
     for (int64_t h : *hs) {
       for (int64_t b = 0; b < B; ++b) {
         v1::AttentionPattern* pat = out->add_patterns();
-        pat->set_layer(static_cast<uint32_t>(l));
-        pat->set_head(static_cast<uint32_t>(h));
+        pat->set_layer(static_cast<uint32_t>(l + 1));
+        pat->set_head(static_cast<uint32_t>(h + 1));
         pat->set_name(name(l, h));
         pat->set_sequence(static_cast<uint32_t>(b));
         pat->set_size(static_cast<uint32_t>(T));
@@ -139,7 +141,7 @@ absl::StatusOr<v1::GetAttentionPatternsResponse> DecoderAttention(const DecoderM
     // "L{l}.attn.pattern": [1, B, H, T, T] -> [B, H, T, T]
     constexpr std::string_view kSuffix = ".attn.pattern";
     if (point.size() > kSuffix.size() && point.compare(point.size() - kSuffix.size(), kSuffix.size(), kSuffix) == 0) {
-      const int64_t l = std::stoll(point.substr(1, point.size() - kSuffix.size() - 1));
+      const int64_t l = std::stoll(point.substr(1, point.size() - kSuffix.size() - 1)) - 1;
       by_layer[static_cast<size_t>(l)] = v[0].clone();
     }
     return torch::Tensor();
@@ -147,7 +149,7 @@ absl::StatusOr<v1::GetAttentionPatternsResponse> DecoderAttention(const DecoderM
   model.Forward(tokens.unsqueeze(0), &keep);
   v1::GetAttentionPatternsResponse out;
   out.set_eval_set(name);
-  const auto head_name = [](int64_t l, int64_t h) { return absl::StrCat("L", l, ".H", h); };
+  const auto head_name = [](int64_t l, int64_t h) { return absl::StrCat("L", l + 1, "H", h + 1); };
   if (absl::Status s = Fill(by_layer, tokens, r, spec.model().decoder().num_heads(), head_name, &out); !s.ok()) {
     return s;
   }

@@ -36,15 +36,15 @@ absl::Status CheckVectorRequest(const v1::ExperimentSpec& spec, const v1::Analyz
   const int64_t layers = spec.model().decoder().num_layers();
   for (const std::string& kind :
        {request.hook(), request.estimation_hook(), request.injection_hook(), request.dissociation_hook()}) {
-    if (absl::StatusOr<HookPoint> p = ParseHookPoint("L0." + kind, layers);
+    if (absl::StatusOr<HookPoint> p = ParseHookPoint("L1." + kind, layers);
         !p.ok() || p->kind == HookPoint::Kind::kPattern || p->kind == HookPoint::Kind::kHead) {
       return absl::InvalidArgumentError("hook '" + kind + "' must be post_mlp, post_attn or resid_pre");
     }
   }
   for (uint32_t l : request.layers()) {
-    if (l >= layers) {
-      return absl::InvalidArgumentError("layers must be in [0, " + std::to_string(layers - 1) + "], got " +
-                                        std::to_string(l));
+    if (l < 1 || l > layers) {
+      return absl::InvalidArgumentError("layers must be in [1, " + std::to_string(layers) +
+                                        "] (layers count from 1), got " + std::to_string(l));
     }
   }
   return absl::OkStatus();
@@ -52,7 +52,7 @@ absl::Status CheckVectorRequest(const v1::ExperimentSpec& spec, const v1::Analyz
 
 VectorWindow VectorWindowOf(const v1::AnalyzeTaskVectorsRequest& r, int num_layers, int64_t last) {
   VectorWindow w;
-  for (uint32_t l : r.layers()) w.layers.push_back(static_cast<int>(l));
+  for (uint32_t l : r.layers()) w.layers.push_back(static_cast<int>(l) - 1);  // from 1 on the wire
   if (w.layers.empty()) {
     for (int l = 0; l < num_layers; ++l) w.layers.push_back(l);
   }

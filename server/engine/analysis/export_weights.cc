@@ -11,6 +11,7 @@
 // each tensor's dtype, shape and byte range, then the raw bytes.
 #include <torch/torch.h>
 
+#include <cctype>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -116,10 +117,24 @@ absl::StatusOr<v1::ExportWeightsResponse> ImirExport(const AnalysisInput& in) {
   for (int64_t l = 0; l < layers; ++l) tensors.emplace_back(absl::StrCat("L", l + 1, ".kq"), dense->kq(l)[0]);
   tensors.emplace_back("out", dense->readout()[0]);
   const std::string config =
-      absl::StrCat("{\"format\":\"circuitlab-weights/1\",\"family\":\"imir\",\"vocab\":", task->vocab_size(),
+      absl::StrCat("{\"format\":\"circuitlab-weights/2\",\"family\":\"imir\",\"vocab\":", task->vocab_size(),
                    ",\"positions\":", task->num_positions(), ",\"seq_len\":", task->seq_len(), ",\"layers\":", layers,
                    ",\"heads\":", heads, ",\"spec\":", SpecJson(spec), "}");
   return Answer("imir", config, tensors);
+}
+
+// A decoder checkpoint's tensor name as exported: blocks count from 1, as
+// every surface counts layers (the checkpoint's own "L0.attn.q" is the
+// file's "L1.attn.q"; format circuitlab-weights/2).
+std::string ExportName(const std::string& name) {
+  size_t dot = name.find('.');
+  if (name.size() < 3 || name[0] != 'L' || dot == std::string::npos || dot < 2) return name;
+  int64_t l = 0;
+  for (size_t i = 1; i < dot; ++i) {
+    if (!std::isdigit(static_cast<unsigned char>(name[i]))) return name;
+    l = l * 10 + (name[i] - '0');
+  }
+  return absl::StrCat("L", l + 1, name.substr(dot));
 }
 
 absl::StatusOr<v1::ExportWeightsResponse> DecoderExport(const AnalysisInput& in, const std::string& family) {
@@ -130,9 +145,9 @@ absl::StatusOr<v1::ExportWeightsResponse> DecoderExport(const AnalysisInput& in,
   std::vector<std::pair<std::string, torch::Tensor>> tensors;
   const std::vector<torch::Tensor> params = (*model)->parameters();
   const std::vector<std::string> names = (*model)->parameter_names();
-  for (size_t i = 0; i < params.size(); ++i) tensors.emplace_back(names[i], params[i][0]);
+  for (size_t i = 0; i < params.size(); ++i) tensors.emplace_back(ExportName(names[i]), params[i][0]);
   const std::string config = absl::StrCat(
-      "{\"format\":\"circuitlab-weights/1\",\"family\":", Quote(family), ",\"vocab\":", c.vocab,
+      "{\"format\":\"circuitlab-weights/2\",\"family\":", Quote(family), ",\"vocab\":", c.vocab,
       ",\"d_model\":", c.d_model, ",\"heads\":", c.heads, ",\"mlp\":", c.mlp, ",\"layers\":", c.layers,
       ",\"max_len\":", c.max_len, ",\"input_dim\":", c.input_dim, ",\"activation\":\"",
       c.gelu ? "gelu_tanh" : "silu", "\",\"attention_bias\":", c.attn_bias ? "true" : "false",

@@ -174,7 +174,8 @@ absl::Status RegressionP3(RgRun& run) {
 absl::Status RegressionSteering(RgRun& run) {
   auto& [model, task, r, row, advance, n, K, d, last, L, layers, est_begin, est_end] = run;
   const absl::Status stopped = absl::CancelledError("task-vector analysis stopped");
-  const int sl = r.has_steering_layer() ? static_cast<int>(r.steering_layer()) : std::min(L - 1, (2 * L) / 3);
+  // steering_layer counts from 1 on the wire.
+  const int sl = r.has_steering_layer() ? static_cast<int>(r.steering_layer()) - 1 : std::min(L - 1, (2 * L) / 3);
   torch::Generator gen = MakeGenerator(DeriveSeed63(r.seed(), "tv/steering"));
   const int64_t Be = r.steering_est_samples();
   RegressionBatch est = task.SamplePool(LatentPool::kMajor, Repeat(K, Be), gen);
@@ -320,7 +321,7 @@ absl::StatusOr<v1::AnalyzeTaskVectorsResponse> RunRegressionAnalyses(const Decod
       [&](const std::string& name, int layer, int64_t position, double value) {
         v1::TaskVectorValue* v = report.add_values();
         v->set_name(name);
-        v->set_layer(layer);
+        v->set_layer(layer < 0 ? -1 : layer + 1);  // layers count from 1 on the wire
         v->set_position(static_cast<int32_t>(position));
         v->set_value(value);
       },

@@ -242,7 +242,7 @@ void StatsProbe(TvRun& run, const torch::Tensor& v_opt, const torch::Tensor& com
 // controls, their CE effects per group, and what V_opt encodes.
 absl::Status Dissociation(TvRun& run) {
   auto& [model, task, r, rep, row, T, K, V, last, L, layers, positions, est_begin, est_end] = run;
-  const int dl = r.has_dissociation_layer() ? static_cast<int>(r.dissociation_layer()) : L - 1;
+  const int dl = r.has_dissociation_layer() ? static_cast<int>(r.dissociation_layer()) - 1 : L - 1;  // from 1 on the wire
   const std::string point = HookName(dl, r.dissociation_hook());
   const int64_t pb = r.has_probe_begin() ? std::min<int64_t>(r.probe_begin(), last) : last / 2;
   const int64_t np = last - pb + 1;
@@ -402,7 +402,8 @@ std::vector<torch::Tensor> HiddenStates(const DecoderModel& model, const torch::
   return out;
 }
 
-std::string HookName(int layer, const std::string& kind) { return absl::StrCat("L", layer, ".", kind); }
+// The hook name of 0-based `layer` (hook names count layers from 1).
+std::string HookName(int layer, const std::string& kind) { return absl::StrCat("L", layer + 1, ".", kind); }
 
 torch::Tensor Repeat(int64_t n, int64_t times) { return torch::arange(n, kI64).repeat_interleave(times); }
 
@@ -595,7 +596,7 @@ absl::Status P3(TvRun& run) {
 // E3's projection).
 absl::Status Steering(TvRun& run) {
   auto& [model, task, r, rep, row, T, K, V, last, L, layers, positions, est_begin, est_end] = run;
-  const int sl = r.has_steering_layer() ? static_cast<int>(r.steering_layer()) : L - 1;
+  const int sl = r.has_steering_layer() ? static_cast<int>(r.steering_layer()) - 1 : L - 1;  // from 1 on the wire
   torch::Generator gen = MakeGenerator(DeriveSeed63(r.seed(), "tv/steering"));
   const int64_t Be = r.steering_est_samples();
   torch::Tensor est = task.SamplePool(LatentPool::kMajor, Repeat(K, Be), gen).tokens;
@@ -799,7 +800,7 @@ absl::StatusOr<v1::AnalyzeTaskVectorsResponse> RunTaskVectorAnalyses(const Decod
   TvRun x(model, task, r, rep, [&](const std::string& name, int layer, int64_t position, double value) {
     v1::TaskVectorValue* v = report.add_values();
     v->set_name(name);
-    v->set_layer(layer);
+    v->set_layer(layer < 0 ? -1 : layer + 1);  // layers count from 1 on the wire
     v->set_position(static_cast<int32_t>(position));
     v->set_value(value);
   });

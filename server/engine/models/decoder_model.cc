@@ -42,7 +42,7 @@ torch::Tensor LayerNorm(const torch::Tensor& x, const torch::Tensor& w, const to
 }  // namespace
 
 std::string HookPoint::name() const {
-  const std::string L = absl::StrCat("L", layer);
+  const std::string L = absl::StrCat("L", layer + 1);  // layers count from 1 on every surface
   switch (kind) {
     case Kind::kEmbed:
       return "embed";
@@ -68,7 +68,7 @@ absl::StatusOr<HookPoint> ParseHookPoint(const std::string& name, int64_t layers
   const std::string allowed =
       "embed, L{l}.resid_pre, L{l}.attn.pattern, L{l}.attn.head, L{l}.post_attn, "
       "L{l}.post_mlp, " +
-      std::string(final_ln ? "final_ln, " : "") + "or logits with l in [0, " + std::to_string(layers - 1) + "]";
+      std::string(final_ln ? "final_ln, " : "") + "or logits with l in [1, " + std::to_string(layers) + "]";
   HookPoint p;
   if (name == "embed") return p;
   if (name == "final_ln" && final_ln) {
@@ -104,11 +104,15 @@ absl::StatusOr<HookPoint> ParseHookPoint(const std::string& name, int64_t layers
   } else {
     return absl::InvalidArgumentError("hook point '" + name + "' is not one of " + allowed);
   }
-  if (layer >= layers) {
-    return absl::InvalidArgumentError("hook point '" + name + "' names layer " + std::to_string(layer) +
-                                      "; this model has layers 0 to " + std::to_string(layers - 1));
+  if (layer == 0) {
+    return absl::InvalidArgumentError("hook point '" + name + "' names layer 0; layers count from 1 (L1 is the first " +
+                                      "block; this model has L1 to L" + std::to_string(layers) + ")");
   }
-  p.layer = layer;
+  if (layer > layers) {
+    return absl::InvalidArgumentError("hook point '" + name + "' names layer " + std::to_string(layer) +
+                                      "; this model has layers 1 to " + std::to_string(layers));
+  }
+  p.layer = layer - 1;
   return p;
 }
 
@@ -290,7 +294,7 @@ torch::Tensor DecoderModel::Forward(const torch::Tensor& tokens, const HookFn* h
   };
   for (int64_t l = 0; l < cfg_.layers; ++l) {
     const Block& b = blocks_[static_cast<size_t>(l)];
-    const std::string p = absl::StrCat("L", l, ".");
+    const std::string p = absl::StrCat("L", l + 1, ".");  // hook names count layers from 1
     if (hook != nullptr) x = ApplyHook(hook, p + "resid_pre", x);
     torch::Tensor h = norm(x, b.ln1_w, b.ln1_b);
     torch::Tensor out = Attention(b, h, hook, p, fused);  // [E, B, T, D]: the heads side by side

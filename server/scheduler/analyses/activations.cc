@@ -57,8 +57,8 @@ absl::StatusOr<int64_t> HookWidth(const v1::ExperimentSpec& spec, const std::str
   const std::string allowed =
       imir ? "embed, L{l}.attn, L{l}.H{h}.out, L{l}.resid (l in [1, " + std::to_string(L) + "], h in [1, " +
                  std::to_string(H) + "]) or logits"
-           : "embed, L{l}.resid_pre, L{l}.attn.pattern, L{l}.attn.head, L{l}.post_attn, L{l}.post_mlp (l in [0, " +
-                 std::to_string(L - 1) + "])" + (spec.model().decoder().final_layernorm() ? ", final_ln" : "") +
+           : "embed, L{l}.resid_pre, L{l}.attn.pattern, L{l}.attn.head, L{l}.post_attn, L{l}.post_mlp (l in [1, " +
+                 std::to_string(L) + "])" + (spec.model().decoder().final_layernorm() ? ", final_ln" : "") +
                  " or logits";
   const auto bad = [&] {
     return absl::InvalidArgumentError("hooks[" + std::to_string(i) + "] '" + hook + "' is not a hook point of this " +
@@ -90,7 +90,7 @@ absl::StatusOr<int64_t> HookWidth(const v1::ExperimentSpec& spec, const std::str
     if (h < 1 || h > H) return bad();
     return below;
   }
-  if (l >= L) return bad();
+  if (l < 1 || l > L) return bad();
   if (rest == "attn.pattern") return H * T;
   if (rest == "resid_pre" || rest == "attn.head" || rest == "post_attn" || rest == "post_mlp") return D;
   return bad();
@@ -143,12 +143,14 @@ absl::StatusOr<AnalysisPlan<v1::GetActivationsResponse>> PlanActivations(Analysi
   engine::AnalysisInput input{spec, {{found.second.step, std::move(found.second.bytes)}}, {}};
   // The answer (at most 16 MiB of floats) and its forward pass's attention
   // (at most 256 MiB, the engine's bound) beside the model.
-  return EnginePlan<v1::GetActivationsResponse>(core.analyzer(), id, canonical, std::move(input),
-                                                JobMemory(spec, uint64_t{64} << 20),
-                                                [canonical](v1::GetActivationsResponse& done) {
-                                                  done.set_run_id(canonical.run_id());
-                                                  done.set_step(canonical.step());
-                                                });
+  auto plan = EnginePlan<v1::GetActivationsResponse>(core.analyzer(), id, canonical, std::move(input),
+                                                     JobMemory(spec, uint64_t{64} << 20),
+                                                     [canonical](v1::GetActivationsResponse& done) {
+                                                       done.set_run_id(canonical.run_id());
+                                                       done.set_step(canonical.step());
+                                                     });
+  plan.version = kLayersFromOne;
+  return plan;
 }
 
 }  // namespace

@@ -24,9 +24,10 @@ absl::Status CheckIndices(const google::protobuf::RepeatedField<uint32_t>& v, co
                                       std::to_string(v.size()));
   }
   for (int i = 0; i < v.size(); ++i) {
-    if (v[i] >= kMaxIndices) {
-      return absl::InvalidArgumentError(field + "[" + std::to_string(i) + "] must be in [0, " +
-                                        std::to_string(kMaxIndices - 1) + "], got " + std::to_string(v[i]));
+    if (v[i] < 1 || v[i] > kMaxIndices) {
+      return absl::InvalidArgumentError(field + "[" + std::to_string(i) + "] must be in [1, " +
+                                        std::to_string(kMaxIndices) + "] (layers and heads count from 1), got " +
+                                        std::to_string(v[i]));
     }
   }
   return absl::OkStatus();
@@ -61,12 +62,14 @@ absl::StatusOr<AnalysisPlan<v1::GetAttentionPatternsResponse>> PlanAttention(
   engine::AnalysisInput input{spec, {{found.second.step, std::move(found.second.bytes)}}, {}};
   // A training batch's activations (in JobMemory) hold more than 16
   // sequences' patterns.
-  return EnginePlan<v1::GetAttentionPatternsResponse>(core.analyzer(), id, canonical, std::move(input),
-                                                      JobMemory(spec, 0),
-                                                      [canonical](v1::GetAttentionPatternsResponse& done) {
-                                                        done.set_run_id(canonical.run_id());
-                                                        done.set_step(canonical.step());
-                                                      });
+  auto plan =
+      EnginePlan<v1::GetAttentionPatternsResponse>(core.analyzer(), id, canonical, std::move(input), JobMemory(spec, 0),
+                                                   [canonical](v1::GetAttentionPatternsResponse& done) {
+                                                     done.set_run_id(canonical.run_id());
+                                                     done.set_step(canonical.step());
+                                                   });
+  plan.version = kLayersFromOne;
+  return plan;
 }
 
 }  // namespace

@@ -22,11 +22,13 @@ absl::StatusOr<AnalysisPlan<v1::ExportWeightsResponse>> PlanExport(AnalysisCore&
   canonical.set_run_id(FormatRunId(id));
   canonical.set_step(static_cast<uint64_t>(found.second.step));
   engine::AnalysisInput input{spec, {{found.second.step, std::move(found.second.bytes)}}, {}};
-  return EnginePlan<v1::ExportWeightsResponse>(core.analyzer(), id, canonical, std::move(input), JobMemory(spec, 0),
-                                               [canonical](v1::ExportWeightsResponse& done) {
-                                                 done.set_run_id(canonical.run_id());
-                                                 done.set_step(canonical.step());
-                                               });
+  auto plan = EnginePlan<v1::ExportWeightsResponse>(core.analyzer(), id, canonical, std::move(input),
+                                                    JobMemory(spec, 0), [canonical](v1::ExportWeightsResponse& done) {
+                                                      done.set_run_id(canonical.run_id());
+                                                      done.set_step(canonical.step());
+                                                    });
+  plan.version = kLayersFromOne;
+  return plan;
 }
 
 }  // namespace

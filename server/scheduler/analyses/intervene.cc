@@ -267,11 +267,13 @@ absl::StatusOr<AnalysisPlan<v1::InterveneResponse>> PlanIntervene(AnalysisCore& 
       JobMemory(spec, reference_bytes + 8ULL * n * T *
                                              static_cast<uint64_t>(engine::ShapeOf(spec).vocab));
   engine::AnalysisInput input{spec, {{found.second.step, std::move(found.second.bytes)}}, std::move(swap_sources)};
-  return EnginePlan<v1::InterveneResponse>(core.analyzer(), id, canonical, std::move(input), memory,
-                                           [canonical](v1::InterveneResponse& done) {
-                                             done.set_run_id(canonical.run_id());
-                                             done.set_step(canonical.step());
-                                           });
+  auto plan = EnginePlan<v1::InterveneResponse>(core.analyzer(), id, canonical, std::move(input), memory,
+                                                [canonical](v1::InterveneResponse& done) {
+                                                  done.set_run_id(canonical.run_id());
+                                                  done.set_step(canonical.step());
+                                                });
+  plan.version = kLayersFromOne;
+  return plan;
 }
 
 }  // namespace

@@ -250,24 +250,25 @@ absl::Status CheckTarget(const Target& t, const v1::AnalyzeTaskVectorsRequest& c
   const uint32_t last = sites.last;
   const std::string who = " (" + FormatRunId(t.id) + " has " + std::to_string(layers) + " layers, " + sites.unit +
                           " 0 to " + std::to_string(last) + ")";
+  // Layers count from 1, as on every surface (docs/concepts/naming.md).
   for (int i = 0; i < c.layers_size(); ++i) {
-    if (c.layers(i) >= layers) {
-      return absl::InvalidArgumentError("layers[" + std::to_string(i) + "] must be in [0, " +
-                                        std::to_string(layers - 1) + "], got " + std::to_string(c.layers(i)) + who);
+    if (c.layers(i) < 1 || c.layers(i) > layers) {
+      return absl::InvalidArgumentError("layers[" + std::to_string(i) + "] must be in [1, " + std::to_string(layers) +
+                                        "] (layers count from 1), got " + std::to_string(c.layers(i)) + who);
     }
   }
-  if (c.has_dissociation_layer() && c.dissociation_layer() >= layers) {
-    return absl::InvalidArgumentError("dissociation_layer must be in [0, " + std::to_string(layers - 1) +
-                                      "], got " + std::to_string(c.dissociation_layer()) + who);
+  if (c.has_dissociation_layer() && (c.dissociation_layer() < 1 || c.dissociation_layer() > layers)) {
+    return absl::InvalidArgumentError("dissociation_layer must be in [1, " + std::to_string(layers) +
+                                      "] (layers count from 1), got " + std::to_string(c.dissociation_layer()) + who);
   }
   if (c.task_rank() > t.spec.task().latent().num_majors()) {
     return absl::InvalidArgumentError("task_rank must be at most the number of major tasks (" +
                                       std::to_string(t.spec.task().latent().num_majors()) + "), got " +
                                       std::to_string(c.task_rank()) + who);
   }
-  if (c.has_steering_layer() && c.steering_layer() >= layers) {
-    return absl::InvalidArgumentError("steering_layer must be in [0, " + std::to_string(layers - 1) + "], got " +
-                                      std::to_string(c.steering_layer()) + who);
+  if (c.has_steering_layer() && (c.steering_layer() < 1 || c.steering_layer() > layers)) {
+    return absl::InvalidArgumentError("steering_layer must be in [1, " + std::to_string(layers) +
+                                      "] (layers count from 1), got " + std::to_string(c.steering_layer()) + who);
   }
   for (int i = 0; i < c.positions_size(); ++i) {
     if (c.positions(i) > last) {
@@ -350,6 +351,7 @@ absl::StatusOr<AnalysisPlan<v1::AnalyzeTaskVectorsResponse>> PlanTaskVectors(
   AnalysisPlan<v1::AnalyzeTaskVectorsResponse> plan;
   plan.run_id = store_id;
   plan.key = std::move(key);
+  plan.version = kLayersFromOne;
   plan.memory_bytes = memory;
   plan.work = [store = &core.store(), analyzer = &core.analyzer(), targets, c, total](
                   const std::function<void(double)>& progress,
