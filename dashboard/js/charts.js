@@ -31,7 +31,7 @@ function chartData(series, opts) {
 // names it: a quantity of another range, such as rho in [0, 1] beside the
 // coordinates' 0-10), `color`/`dash` override the palette's colour and a
 // solid line. opts: {logY, smooth, xLabel} shared by a page's charts;
-// axes: {yLabel, rightLabel} this chart's own. The log scale applies to the
+// axes: {yLabel, rightLabel, rightRange} this chart's own. The log scale applies to the
 // left axis. Each chart offers its data as CSV (the
 // values as recorded, not smoothed) and its picture as PNG.
 export class Chart {
@@ -113,7 +113,9 @@ export class Chart {
     const scales = {x: {time: false}, y: this.opts.logY ? {distr: 3} : {}};
     const axes = [{label: this.opts.xLabel || 'step'}, {label: this.axes.yLabel}];
     if (right) {
-      scales.r = {};
+      // rightRange [lo, hi]: the right axis spans at least it (rho: [0, 1]).
+      const want = this.axes.rightRange;
+      scales.r = want ? {range: (u, lo, hi) => [Math.min(want[0], lo), Math.max(want[1], hi)]} : {};
       axes.push({scale: 'r', side: 1, label: this.axes.rightLabel, grid: {show: false}});
     }
     this.plot = new uPlot(

@@ -58,9 +58,10 @@ main(async () => {
     const i = u.series.findIndex((x) => x.label && x.label.startsWith('rho'));
     const ax = u.axes.find((a) => a.scale === 'r');
     return { scale: i > 0 ? u.series[i].scale : null, others: u.series.slice(1).filter((x, k) => k + 1 !== i).map((x) => x.scale),
-             side: ax && ax.side, label: ax && ax.label };
+             side: ax && ax.side, label: ax && ax.label, rmin: u.scales.r.min, rmax: u.scales.r.max };
   });
-  check(rhoAxis.scale === 'r' && rhoAxis.others.every((x) => x === 'y') && rhoAxis.side === 1 && rhoAxis.label === 'ρ',
+  check(rhoAxis.scale === 'r' && rhoAxis.others.every((x) => x === 'y') && rhoAxis.side === 1 && rhoAxis.label === 'ρ' &&
+        rhoAxis.rmin <= 0 && rhoAxis.rmax >= 1,
         `rho on its own right-hand axis labelled ρ (${JSON.stringify(rhoAxis)})`);
   // Every chart's CSV holds exactly what it drew; a PNG of one; and the file
   // chromium itself writes for a click equals what the page saved.

@@ -56,7 +56,9 @@ def plot_coordinates(client, runs, names=("alpha", "beta", "gamma", "delta"), rh
     order = [n for n in names if n in set(df["name"])] + sorted(set(df["name"]) - set(names)) if len(df) else []
     colours = plt.get_cmap("tab10")
     several = len(runs) > 1
-    for (run_id, name), g in df.groupby(["run_id", "name"], sort=False):
+    groups = dict(iter(df.groupby(["run_id", "name"], sort=False))) if len(df) else {}
+    for (run_id, name), g in sorted(groups.items(), key=lambda kv: (runs.index(kv[0][0]) if kv[0][0] in runs else 0,
+                                                                     order.index(kv[0][1]))):
         r, k = runs.index(run_id) if run_id in runs else 0, order.index(name)
         if several:
             ax.plot(g["step"], g["value"], color=colours(r % 10), linestyle=_STYLES[k % len(_STYLES)],

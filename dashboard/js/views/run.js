@@ -35,7 +35,7 @@ export function runView(id) {
       const list = title === 'coordinates' ? coordSeries : groups.get(title);
       if (!list || !list.length) continue;
       if (!byTitle.has(title)) {
-        const axes = title === 'coordinates' ? {yLabel: 'coordinate', rightLabel: 'ρ'} : {yLabel: title};
+        const axes = title === 'coordinates' ? {yLabel: 'coordinate', rightLabel: 'ρ', rightRange: [0, 1]} : {yLabel: title};
         byTitle.set(title, new Chart(charts, title, opts, axes));
       }
       byTitle.get(title).set(list);
