@@ -280,6 +280,15 @@ main(async () => {
   const tv = await page.evaluate(() => ({ ...window.__circuit, p0: window.__charts['p0/resid_ratio'] &&
                                           window.__charts['p0/resid_ratio'].series.length - 1 }));
   check(tv.charts >= 3 && tv.p0 === 2, `task-vector small multiples: ${tv.charts} charts, p0 with ${tv.p0} layers`);
+  const p0Lines = await page.evaluate(() => window.__charts['p0/resid_ratio'].series.slice(1).map((x) => x.label).join());
+  check(p0Lines === 'layer 1,layer 2', `the decoder's layers count from 1: ${p0Lines}`);
+  const tvTitles = await page.$$eval('#view .charts .chart', (els) => els.map((e) => e.dataset.chart));
+  const tvCsvs = await downloadsOf(page, '#view .charts .chart', 'csv');
+  let tvMatched = 0;
+  for (let i = 0; i < tvTitles.length; i++) if (await csvMatchesChart(page, tvTitles[i], tvCsvs[i]) === '') tvMatched++;
+  check(tvMatched === tvTitles.length, `every task-vector chart's CSV matches it (${tvMatched} of ${tvTitles.length})`);
+  const [scalarsCsv] = await downloadsOf(page, '#view .downloadable', 'csv');
+  check(scalarsCsv && parseCsv(scalarsCsv.text).length === 1 + tv.scalars, `the per-layer table's CSV (${tv.scalars} values)`);
   await page.screenshot({ path: `${out}/task-vectors.png`, fullPage: true });
 
   // ---- the live run: the view advances while it trains ----
