@@ -103,24 +103,17 @@ absl::StatusOr<std::string> ToJson(const pb::Message& m) {
   return out;
 }
 
-// The answer as JSON (json_writer.h: memory linear in its size), sent from
-// its one buffer (set_content would copy it).
-absl::Status Reply(httplib::Response& res, const pb::Message& m) {
-  // The lease is held until the answer is sent.
-  CL_ASSIGN_OR_RETURN(ResponseBudget::Lease lease,
-                      ResponseBudget::Process().Acquire(kJsonPerWireByte * static_cast<int64_t>(m.ByteSizeLong()),
-                                                        std::string(m.GetDescriptor()->name())));
-  auto body = std::make_shared<std::string>();
-  CL_RETURN_IF_ERROR(AppendJson(m, body.get()));
-  body->push_back('\n');
+// `body` sent as `type` from its one buffer (set_content would copy a large
+// one), `lease` held until it is sent.
+void Send(httplib::Response& res, std::shared_ptr<std::string> body, const char* type, ResponseBudget::Lease lease) {
   if (body->size() < kStreamAnswersFrom) {
-    res.set_content(*body, "application/json");
-    return absl::OkStatus();
+    res.set_content(*body, type);
+    return;
   }
   const size_t n = body->size();
   auto held = std::make_shared<ResponseBudget::Lease>(std::move(lease));
   res.set_content_provider(
-      n, "application/json",
+      n, type,
       [body](size_t offset, size_t length, httplib::DataSink& sink) {
         return sink.write(body->data() + offset, std::min(length, body->size() - offset));
       },
@@ -132,6 +125,17 @@ absl::Status Reply(httplib::Response& res, const pb::Message& m) {
         held->Release();
         ::malloc_trim(0);
       });
+}
+
+// The answer as JSON (json_writer.h: memory linear in its size).
+absl::Status Reply(httplib::Response& res, const pb::Message& m) {
+  CL_ASSIGN_OR_RETURN(ResponseBudget::Lease lease,
+                      ResponseBudget::Process().Acquire(kJsonPerWireByte * static_cast<int64_t>(m.ByteSizeLong()),
+                                                        std::string(m.GetDescriptor()->name())));
+  auto body = std::make_shared<std::string>();
+  CL_RETURN_IF_ERROR(AppendJson(m, body.get()));
+  body->push_back('\n');
+  Send(res, std::move(body), "application/json", std::move(lease));
   return absl::OkStatus();
 }
 
@@ -766,7 +770,8 @@ void HttpGateway::Exports() {
                                                               "weights.safetensors"));
         res.set_header("Content-Disposition", "attachment; filename=\"" + out->run_id() + "-step-" +
                                                   std::to_string(out->step()) + ".safetensors\"");
-        res.set_content(out->safetensors(), "application/octet-stream");
+        Send(res, std::make_shared<std::string>(std::move(*out->mutable_safetensors())), "application/octet-stream",
+             std::move(lease));  // the budget is held until the file is sent, as for every answer
         return absl::OkStatus();
       });
 }
