@@ -43,6 +43,16 @@ std::string Cell(const google::protobuf::Value& v) {
   }
 }
 
+// A swept value (an axis: seed, kappa, ...): whole numbers exactly (seed
+// 10086, not 1.009e+04), anything else as a cell.
+std::string AxisCell(const google::protobuf::Value& v) {
+  const double x = v.number_value();
+  if (v.has_number_value() && std::abs(x) < 9.0e15 && x == std::floor(x)) {
+    return std::to_string(static_cast<int64_t>(x));
+  }
+  return Cell(v);
+}
+
 std::string Outcome(v1::CheckOutcome o) {
   switch (o) {
     case v1::CHECK_OUTCOME_PASS:
@@ -139,7 +149,8 @@ std::string TableMarkdown(const std::string& name, const v1::GetSweepSummaryResp
       for (const v1::SweepRow& r : t.rows()) labels = labels || (c < r.values_size() && r.values(c).has_string_value());
       if (!labels) continue;
       for (double seed : seeds) {
-        out << "`" << t.columns(c) << "`, seed " << Num(seed) << ":\n\n" << GridMarkdown(t, c, seed, seed_axis) << "\n";
+        out << "`" << t.columns(c) << "`, seed " << static_cast<int64_t>(seed) << ":\n\n"
+            << GridMarkdown(t, c, seed, seed_axis) << "\n";
       }
     }
   }
@@ -156,7 +167,7 @@ std::string TableMarkdown(const std::string& name, const v1::GetSweepSummaryResp
       break;
     }
     out << "| " << r.run_id() << " | " << v1::RunState_Name(r.state()).substr(10) << " |";
-    for (const auto& v : r.swept()) out << " " << Escape(Cell(v)) << " |";
+    for (const auto& v : r.swept()) out << " " << Escape(AxisCell(v)) << " |";
     for (const auto& v : r.values()) out << " " << Escape(Cell(v)) << " |";
     out << "\n";
   }
@@ -221,8 +232,8 @@ std::string ReproductionMarkdown(const v1::Reproduction& r) {
   }
   const v1::ReproductionReport& rep = r.report();
   out << "**Outcome:** " << rep.passed() << " passed, " << rep.failed() << " failed, " << rep.inconclusive()
-      << " inconclusive"
-      << (rep.reported() ? ", " + std::to_string(rep.reported()) + " reported only (not gates)" : "") << ".\n\n";
+      << " inconclusive" << (rep.reported() ? ", " + std::to_string(rep.reported()) + " reported only (not gates)" : "")
+      << ".\n\n";
   out << "| Check | Expected | Measured (per seed) | Outcome |\n|---|---|---|---|\n";
   for (const v1::CheckResult& c : rep.checks()) {
     out << "| **" << c.id() << "**: " << Escape(c.description()) << " | " << Escape(c.expected()) << " | "

@@ -449,5 +449,18 @@ TEST(ReproduceRenderTest, ChecksAgainstAMeasuredValueShowIt) {
   EXPECT_EQ(md.find("vs 1"), std::string::npos) << "a constant threshold is in Expected: " << md;
 }
 
+// A table's axes print whole numbers exactly (a seed is 10086, not
+// 1.009e+04, which named every seed of a sweep alike); values keep 4 digits.
+TEST(ReproduceRenderTest, AxesPrintWholeNumbersExactly) {
+  const auto r = Parse<v1::Reproduction>(R"({"reproduction_id": "p1", "recipe_id": "X.1", "scale": "ci",
+    "seeds": 2, "state": "REPRODUCTION_STATE_DONE",
+    "report": {"tables": {"a": {"sweep_id": "s1", "axes": ["kappa", "seed"], "columns": ["late"],
+      "rows": [{"run_id": "r1", "swept": [8, 10086], "values": [0.123456]},
+               {"run_id": "r2", "swept": [0.5, 10087], "values": [12345.6]}]}}}})");
+  const std::string md = reproduce::ReproductionMarkdown(r);
+  EXPECT_NE(md.find("| 8 | 10086 | 0.1235 |"), std::string::npos) << md;
+  EXPECT_NE(md.find("| 0.5 | 10087 | 1.235e+04 |"), std::string::npos) << md;
+}
+
 }  // namespace
 }  // namespace circuitlab::reproduce
