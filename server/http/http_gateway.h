@@ -40,15 +40,16 @@
 
 #include "absl/status/statusor.h"
 #include "server/http/connection_guard.h"
-#include "server/security/security.h"
-#include "server/telemetry/telemetry.h"
-#include "server/security/tls.h"
+#include "server/reproduce/reproductions.h"
 #include "server/scheduler/analysis_core.h"
 #include "server/scheduler/scheduler.h"
 #include "server/scheduler/sweeps.h"
-#include "server/reproduce/reproductions.h"
+#include "server/security/security.h"
+#include "server/security/tls.h"
+#include "server/telemetry/telemetry.h"
 
 namespace httplib {
+class DataSink;
 class Server;
 struct Request;
 struct Response;
@@ -58,8 +59,8 @@ namespace circuitlab::http {
 
 struct HttpOptions {
   std::string listen;    // host:port (port 0 picks one); empty = no HTTP port (--http's default: 127.0.0.1:8080)
-  int threads = 256;      // connections served at once, each on a pooled thread, in [1, 4096]
-  int max_streams = 16;   // open event streams, in [0, 1024]
+  int threads = 256;     // connections served at once, each on a pooled thread, in [1, 4096]
+  int max_streams = 16;  // open event streams, in [0, 1024]
   // Connections and requests in progress from one address (429 beyond), in
   // [1, 4096]; at most half of `threads` apply.
   int max_per_peer = 32;
@@ -100,13 +101,21 @@ class HttpGateway {
  private:
   struct Stream;
   HttpGateway(HttpOptions options, HttpCores cores);
+  // The routes, by resource: Routes (http_gateway.cc: probes, /metrics, the
+  // dashboard) calls RunRoutes (routes_runs.cc), AnalysisRoutes
+  // (routes_analyses.cc) and SweepRoutes (routes_sweeps.cc: sweeps and
+  // reproductions); routes.h has the templates they share.
   void Routes();
+  void RunRoutes();
+  void AnalysisRoutes();
+  void SweepRoutes();
   // Wraps a handler: authentication (unless `open`), errors as JSON, telemetry.
   using Handler = std::function<absl::Status(const httplib::Request&, httplib::Response&, const security::Caller&)>;
   void Get(const std::string& pattern, const std::string& route, bool open, Handler handler);
   void Post(const std::string& pattern, const std::string& route, Handler handler);
   // `handler` behind authentication (unless `open`), errors as JSON, the security headers, telemetry.
-  std::function<void(const httplib::Request&, httplib::Response&)> Wrap(const std::string& route, bool open, Handler handler);
+  std::function<void(const httplib::Request&, httplib::Response&)> Wrap(const std::string& route, bool open,
+                                                                        Handler handler);
   void Interventions();
   // GET /api/v1/runs/{id}/export (ExportWeights as JSON) and
   // .../export/weights.safetensors (the stored file, raw).
@@ -127,6 +136,7 @@ class HttpGateway {
   template <typename Req, typename Resp>
   void AnalysisReads(const std::string& name, const std::string& verb);
   absl::Status Events(const httplib::Request& req, httplib::Response& res, const security::Caller& caller);
+  bool PumpEvents(const std::shared_ptr<Stream>& st, httplib::DataSink& sink);
 
   const HttpOptions options_;
   const HttpCores cores_;
