@@ -7,7 +7,7 @@
 
 #include <memory>
 
-#include "client/lib/client.h"
+#include "client/lib/options.h"
 
 namespace circuitlab::client {
 

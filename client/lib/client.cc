@@ -119,20 +119,6 @@ struct Client::Impl {
   }
 };
 
-std::shared_ptr<grpc::Channel> MakeChannel(const ClientOptions& options, grpc::ChannelArguments args) {
-  args.SetMaxReceiveMessageSize(64 << 20);
-  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
-  if (options.tls || !options.ca_cert_pem.empty() || !options.client_cert_pem.empty()) {
-    grpc::SslCredentialsOptions ssl;
-    ssl.pem_root_certs = options.ca_cert_pem;
-    ssl.pem_cert_chain = options.client_cert_pem;
-    ssl.pem_private_key = options.client_key_pem;
-    credentials = grpc::SslCredentials(ssl);
-    if (!options.tls_server_name.empty()) args.SetSslTargetNameOverride(options.tls_server_name);
-  }
-  return grpc::CreateCustomChannel(options.server, credentials, args);
-}
-
 Client::Client(const ClientOptions& options) : impl_(std::make_unique<Impl>()) {
   impl_->options = options;
   if (impl_->options.client_name.empty()) impl_->options.client_name = DefaultClientName();

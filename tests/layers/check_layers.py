@@ -18,6 +18,15 @@ a model-kind check anywhere else (ModelSpec::kDecoder, has_imir(), a
 LATENT_KIND_REGRESSION branch outside the task catalogue and generators,
 ...) is a violation; everything else asks the family (SpecFamilyOf, FamilyOf).
 
+Beside the server, the programs built on it (issue 47): client/lib < client/cli;
+worker/ (a process that runs the engine and calls home as a client); bench/
+on top. Outside server/ a file may include server/common/ (the torch-free,
+gRPC-free helpers every program shares); the clients also the proto-only
+report renderer (server/reproduce/render.h, which the server's HTTP report
+uses too); the worker the engine's torch-free API and client/lib (its
+channel home); bench/ anything below it (it measures every layer). Nothing
+under server/ includes client/, worker/ or bench/.
+
 Run from the repository root; prints each violation and exits 1 if any.
 `--report` prints the counts only (for issue notes).
 """
@@ -35,7 +44,49 @@ ENGINE_FLOORS = [  # (path prefix inside server/engine/, floor); first match win
     ("tasks/", 2), ("families/spec/", 3), ("spec.", 4), ("engine.h", 4), ("models/", 5),
     ("manifold/", 6), ("train/", 7), ("analysis/", 8), ("families/", 9), ("engine.cc", 10),
 ]
-INCLUDE = re.compile(r'^\s*#\s*include\s+"(server/[^"]+)"', re.M)
+INCLUDE = re.compile(r'^\s*#\s*include\s+"((?:server|client|worker|bench)/[^"]+)"', re.M)
+OUTER_TREES = ("client", "worker", "bench")
+ENGINE_API = r"server/engine/(engine\.h|spec\.h|basis/basis\.h|tasks/catalog\.h|families/spec/spec_family\.h)$"
+# (tree prefix, floor, what else it may include outside its own tree).
+OUTER_FLOORS = [
+    ("client/lib/", 10, [r"server/common/", r"server/reproduce/render\.h$"]),
+    ("client/cli/", 11, [r"client/lib/", r"server/common/", r"server/reproduce/render\.h$"]),
+    ("worker/", 12, [r"client/lib/", r"server/common/", ENGINE_API]),
+    ("bench/", 13, [r"server/", r"client/lib/"]),
+]
+
+
+def outer_room(path):
+    for prefix, floor, allowed in OUTER_FLOORS:
+        if path.startswith(prefix):
+            return prefix, floor, allowed
+    return None, None, None
+
+
+def OuterProblems(files, edges):
+    """Upward or sideways includes of the programs beside the server, and of
+    the server into them; fills `edges` for the loop check."""
+    problems = []
+    for f in sorted(files):
+        with open(f, encoding="utf-8") as fh:
+            text = fh.read()
+        src, _, allowed = outer_room(f)
+        for inc in INCLUDE.findall(text):
+            if not os.path.exists(inc):
+                continue
+            if f.startswith("server/"):
+                if inc.startswith(tuple(t + "/" for t in OUTER_TREES)):
+                    problems.append(f"{f} -> {inc}: the server includes a program built on it")
+                continue
+            edges[node(f)].add(node(inc))
+            if src is None:
+                problems.append(f"{f}: in no floor (add its folder to OUTER_FLOORS in tests/layers/check_layers.py)")
+                break
+            if inc.startswith(src) or any(re.match(a, inc) for a in allowed):
+                continue
+            problems.append(f"{f} -> {inc}: includes upward or sideways ({src} may include its own folder and "
+                            f"{', '.join(allowed)})")
+    return problems
 
 
 def engine_room(rel):
@@ -86,12 +137,17 @@ def FamilyChecks(files):
 
 
 def main():
-    files = []
-    for root, _, names in os.walk("server"):
-        files += [os.path.join(root, n) for n in names if n.endswith((".h", ".cc", ".cpp"))]
+    files, outer = [], []
+    for tree in ("server",) + OUTER_TREES:
+        for root, dirs, names in os.walk(tree):
+            dirs[:] = [d for d in dirs if d not in ("build", "python", "node_modules")]
+            found = [os.path.join(root, n) for n in names if n.endswith((".h", ".cc", ".cpp"))]
+            (files if tree == "server" else outer).extend(found)
     problems = []
     edges = defaultdict(set)
-    upward = 0
+    outer_problems = OuterProblems(files + outer, edges)
+    problems += outer_problems
+    upward = len(outer_problems)
     for f in sorted(files):
         src_room, src_floor, src_engine = room(f)
         if src_floor is None:
@@ -100,8 +156,8 @@ def main():
         with open(f, encoding="utf-8") as fh:
             text = fh.read()
         for inc in INCLUDE.findall(text):
-            if not os.path.exists(inc):
-                continue  # generated (dashboard_assets) or not ours
+            if not os.path.exists(inc) or not inc.startswith("server/"):
+                continue  # generated (dashboard_assets), not ours, or OuterProblems' concern
             dst_room, dst_floor, dst_engine = room(inc)
             edges[node(f)].add(node(inc))
             if dst_room == src_room or dst_floor is None:
@@ -113,7 +169,7 @@ def main():
                 # Engine files see only common/ outside the engine; others see
                 # the engine through its torch-free API only.
                 bad = (src_engine and dst_room != "common") or (
-                    not src_engine and not re.match(r"server/engine/(engine\.h|spec\.h|basis/basis\.h|tasks/catalog\.h|families/spec/spec_family\.h)$", inc))
+                    not src_engine and not re.match(ENGINE_API, inc))
             else:
                 bad = dst_floor >= src_floor
             if bad:
@@ -156,7 +212,7 @@ def main():
         problems.append(f"{f}:{line}: tells model families apart outside server/engine/families/ "
                         f"(ask the family: SpecFamilyOf/FamilyOf): {text}")
     if "--report" in sys.argv:
-        print(f"{len(files)} files, {upward} upward/sideways includes, {len(comps)} loops, "
+        print(f"{len(files) + len(outer)} files (server/, client/, worker/, bench/), {upward} upward/sideways includes, {len(comps)} loops, "
               f"{len(family_checks)} model-family checks outside server/engine/families/")
         return 0
     for p in problems:
