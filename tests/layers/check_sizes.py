@@ -1,0 +1,124 @@
+#!/usr/bin/env python3
+"""Sizes a maintainer can read (issue 47): no source file over 600 lines in
+server/, client/, worker/ or dashboard/ (generated and vendored files aside)
+and no C++ function over 100 lines there or in bench/.
+
+A ratchet: the files and functions still over their limit are listed below
+with the size they had when the list was written. The check fails when one
+not listed goes over, or a listed one grows; it says so when a listed one
+has come under its limit, so that the list only ever shrinks (delete the
+line). Run from the repository root; `--report` prints the counts only.
+
+A C++ function is a definition that starts at column 0 and ends at the next
+"}" in column 0 (the project's clang-format style); lambdas and functions
+defined inside a class body count with their enclosing definition.
+"""
+import os
+import sys
+
+MAX_FILE_LINES = 600
+MAX_FUNCTION_LINES = 100
+FILE_TREES = ("server", "client", "worker", "dashboard")
+FUNCTION_TREES = ("server", "client", "worker", "bench")
+SOURCE = (".cc", ".h", ".cpp", ".js", ".py")
+SKIP_DIRS = {"build", "vendor", "node_modules", "__pycache__"}
+
+# Still over: path -> lines when listed (issue 47 splits them).
+FILES_OVER = {
+    "server/scheduler/scheduler.cc": 963,
+    "server/engine/analysis/task_vectors.cc": 822,
+    "server/scheduler/sweeps.cc": 813,
+    "server/remote/workers.cc": 783,
+    "server/reproduce/reproductions.cc": 737,
+    "server/engine/analysis/decoder_interventions.cc": 623,
+}
+# Still over: (path, the definition's first line) -> lines when listed.
+FUNCTIONS_OVER = {
+    ("server/app/flags.cc", "void DefineFlags(CLI::App& app, ServerFlags& f) {"): 141,
+    ("server/app/flags.cc", "void DefineRemoteFlags(CLI::App& app, ServerFlags& f) {"): 111,
+    ("server/scheduler/sweeps.cc", "absl::StatusOr<std::vector<SweepMember>> ExpandSweep("): 127,
+    ("server/engine/tasks/assoc_recall.cc", "Batch AssocRecallTask::Sample("): 125,
+    ("bench/imir_train_bench.cc", "int main(int argc, char** argv) {"): 125,
+    ("worker/main.cpp", "int main(int argc, char** argv) {"): 121,
+    ("bench/decoder_train_bench.cc", "int main(int argc, char** argv) {"): 120,
+    ("bench/worker_bench.cc", "int main(int argc, char** argv) {"): 116,
+    ("worker/worker.cc", "Worker::End Worker::Session(std::string* why) {"): 113,
+    ("server/engine/models/imir_model.cc", "void ImirModel::PlanCoordinates() {"): 112,
+    ("server/reproduce/recipes.cc", "absl::Status ValidateScale("): 111,
+    ("server/engine/analysis/task_vectors.cc", "absl::Status Dissociation(TvRun& run) {"): 109,
+    ("client/cli/commands/compare.cc", "int Run(Context& ctx, const Options& o) {"): 107,
+    ("server/scheduler/analyses/intervene.cc", "absl::StatusOr<AnalysisPlan<v1::InterveneResponse>> PlanIntervene("): 105,
+    ("server/reproduce/reproductions.cc", "bool ReproductionCore::Analyse(v1::Reproduction* r) {"): 102,
+}
+
+
+def Sources(trees, exts):
+    for tree in trees:
+        for root, dirs, names in os.walk(tree):
+            dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS)
+            for n in sorted(names):
+                if n.endswith(exts) and "_pb2" not in n and ".pb." not in n:
+                    yield os.path.join(root, n)
+
+
+def Functions(path):
+    """(first line of the definition, lines) of each top-level C++ definition."""
+    with open(path, encoding="utf-8") as fh:
+        lines = fh.read().split("\n")
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        head = "".join(lines[max(0, i - 3):i + 1])
+        if (line and not line[0].isspace() and line.rstrip().endswith("{") and "(" in head and
+                not line.startswith(("namespace", "struct", "class", "enum", "union", "extern", "}", "#")) and
+                "=" not in line.split("(")[0]):
+            start = i
+            while start > 0 and lines[start - 1] and not lines[start - 1][0].isspace() and \
+                    not lines[start - 1].startswith(("//", "}", "#", "template")) and \
+                    not lines[start - 1].rstrip().endswith((";", "{", "}")):
+                start -= 1  # a signature over several lines starts above
+            j = i + 1
+            while j < len(lines) and not lines[j].startswith("}"):
+                j += 1
+            yield lines[start].strip(), j - start + 1
+            i = j
+        i += 1
+
+
+def main():
+    problems, shrunk = [], []
+    files_over, functions_over = 0, 0
+    for path in Sources(FILE_TREES, SOURCE):
+        with open(path, encoding="utf-8") as fh:
+            n = sum(1 for _ in fh)
+        listed = FILES_OVER.get(path)
+        if n > MAX_FILE_LINES:
+            files_over += 1
+            if listed is None:
+                problems.append(f"{path}: {n} lines (at most {MAX_FILE_LINES}: split it by what it serves)")
+            elif n > listed:
+                problems.append(f"{path}: {n} lines, grew from {listed} (listed as still over {MAX_FILE_LINES})")
+        elif listed is not None:
+            shrunk.append(f"{path}: {n} lines, under {MAX_FILE_LINES} now: delete its line in FILES_OVER")
+    for path in Sources(FUNCTION_TREES, (".cc", ".h", ".cpp")):
+        for first, n in Functions(path):
+            key = next((k for k in FUNCTIONS_OVER if k[0] == path and first.startswith(k[1])), None)
+            if n > MAX_FUNCTION_LINES:
+                functions_over += 1
+                if key is None:
+                    problems.append(f"{path}: {first} is {n} lines (at most {MAX_FUNCTION_LINES})")
+                elif n > FUNCTIONS_OVER[key]:
+                    problems.append(f"{path}: {first} is {n} lines, grew from {FUNCTIONS_OVER[key]}")
+            elif key is not None:
+                shrunk.append(f"{path}: {first} is {n} lines now: delete its line in FUNCTIONS_OVER")
+    if "--report" in sys.argv:
+        print(f"{files_over} files over {MAX_FILE_LINES} lines, {functions_over} functions over "
+              f"{MAX_FUNCTION_LINES} lines ({len(problems)} not listed or grown)")
+        return 0
+    for p in problems + shrunk:
+        print(p)
+    return 1 if problems or shrunk else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
