@@ -14,7 +14,7 @@
 #include "absl/status/statusor.h"
 #include "server/common/quotas.h"
 #include "server/common/response_budget.h"
-#include "server/engine/engine.h"
+#include "server/engine/api.h"
 #include "server/http/http_gateway.h"
 #include "server/remote/slurm.h"
 #include "server/remote/workers.h"

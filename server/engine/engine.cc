@@ -1,4 +1,4 @@
-#include "server/engine/engine.h"
+#include "server/engine/api.h"
 
 #include <dlfcn.h>
 #include <malloc.h>

@@ -37,7 +37,7 @@
 #include "absl/status/statusor.h"
 #include "circuitlab/v1/worker_service.pb.h"
 #include "server/common/clock.h"
-#include "server/engine/engine.h"
+#include "server/engine/api.h"
 #include "server/scheduler/remote.h"
 
 namespace circuitlab::remote {

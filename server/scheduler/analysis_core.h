@@ -20,7 +20,7 @@
 #include "server/common/cancel.h"
 #include "circuitlab/v1/analysis_service.pb.h"
 #include "google/protobuf/message.h"
-#include "server/engine/engine.h"
+#include "server/engine/api.h"
 #include "server/engine/spec.h"
 #include "server/scheduler/analysis_jobs.h"
 #include "server/store/store.h"

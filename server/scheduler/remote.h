@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <string>
 
-#include "server/engine/engine.h"
+#include "server/engine/api.h"
 
 namespace circuitlab::scheduler {
 

@@ -32,7 +32,7 @@
 #include "server/common/cancel.h"
 #include "server/common/clock.h"
 #include "server/common/quotas.h"
-#include "server/engine/engine.h"
+#include "server/engine/api.h"
 #include "server/scheduler/progress_hub.h"
 #include "server/scheduler/remote.h"
 #include "server/store/store.h"

@@ -15,7 +15,7 @@
 #include <thread>
 
 #include "client/lib/client.h"
-#include "server/engine/engine.h"
+#include "server/engine/api.h"
 #include "server/app/server.h"
 #include "server/scheduler/analysis_core.h"
 #include "server/scheduler/scheduler.h"

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "client/lib/client.h"
-#include "server/engine/engine.h"
+#include "server/engine/api.h"
 #include "server/engine/spec.h"
 
 namespace circuitlab::testing {

@@ -11,7 +11,7 @@
 #include <thread>
 
 #include "server/common/thread_cancel.h"
-#include "server/engine/engine.h"
+#include "server/engine/api.h"
 
 namespace circuitlab::testing {
 

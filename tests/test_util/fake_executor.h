@@ -12,7 +12,7 @@
 #include <thread>
 #include <vector>
 
-#include "server/engine/engine.h"
+#include "server/engine/api.h"
 
 namespace circuitlab::testing {
 

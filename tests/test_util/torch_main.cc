@@ -3,7 +3,7 @@
 // timings mean what server timings mean.
 #include <gtest/gtest.h>
 
-#include "server/engine/engine.h"
+#include "server/engine/api.h"
 
 int main(int argc, char** argv) {
   circuitlab::engine::ConfigureRuntime(1);

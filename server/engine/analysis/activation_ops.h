@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "server/engine/engine.h"
+#include "server/engine/api.h"
 #include "server/engine/models/hooks.h"
 
 namespace circuitlab::engine {

@@ -13,7 +13,7 @@
 #include "server/common/seeds.h"
 #include "server/engine/analysis/activation_ops.h"
 #include "server/engine/analysis/registry.h"
-#include "server/engine/engine.h"
+#include "server/engine/api.h"
 #include "server/engine/models/decoder_model.h"
 
 namespace circuitlab::engine {

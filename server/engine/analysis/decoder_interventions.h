@@ -6,7 +6,7 @@
 #pragma once
 
 #include "absl/status/statusor.h"
-#include "server/engine/engine.h"
+#include "server/engine/api.h"
 #include "server/engine/models/decoder_model.h"
 #include "server/engine/tasks/latent_task.h"
 #include "server/engine/tasks/regression_task.h"

@@ -2,7 +2,7 @@
 // synthetic tasks), one file each: projection (C.4), the invariance check
 // (C.6), circuit detection (D.1), weight-space and hook-point interventions
 // (D.6), run labels (D.2/D.3) and the data-dependence check (D.4). Each
-// takes its canonical request (engine.h's Analyzer) and answers the
+// takes its canonical request (api.h's Analyzer) and answers the
 // response's result fields. Engine-private (LibTorch in the .cc files).
 #pragma once
 
@@ -14,7 +14,7 @@
 
 #include "absl/status/statusor.h"
 #include "server/common/cancel.h"
-#include "server/engine/engine.h"
+#include "server/engine/api.h"
 
 namespace circuitlab::engine {
 

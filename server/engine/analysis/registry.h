@@ -20,7 +20,7 @@
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/message.h"
 #include "server/common/cancel.h"
-#include "server/engine/engine.h"
+#include "server/engine/api.h"
 
 namespace circuitlab::engine {
 

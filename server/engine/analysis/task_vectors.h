@@ -14,7 +14,7 @@
 
 #include "absl/status/statusor.h"
 #include "server/common/cancel.h"
-#include "server/engine/engine.h"
+#include "server/engine/api.h"
 #include "server/engine/models/decoder_model.h"
 #include "server/engine/tasks/latent_task.h"
 

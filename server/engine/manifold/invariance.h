@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "server/engine/engine.h"
+#include "server/engine/api.h"
 #include "server/engine/basis/basis.h"
 #include "server/engine/tasks/block_task.h"
 

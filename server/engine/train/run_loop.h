@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "server/engine/engine.h"
+#include "server/engine/api.h"
 #include "server/engine/train/trainer_base.h"
 
 namespace circuitlab::engine {

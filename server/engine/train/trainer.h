@@ -17,7 +17,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "circuitlab/v1/spec.pb.h"
-#include "server/engine/engine.h"
+#include "server/engine/api.h"
 #include "server/engine/models/imir_factory.h"
 #include "server/engine/models/imir_model.h"
 #include "server/engine/tasks/block_task.h"

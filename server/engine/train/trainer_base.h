@@ -24,7 +24,7 @@
 
 #include "absl/status/status.h"
 #include "circuitlab/v1/spec.pb.h"
-#include "server/engine/engine.h"
+#include "server/engine/api.h"
 #include "server/engine/torch_util.h"
 
 namespace circuitlab::engine {

@@ -8,7 +8,7 @@
 
 #include "absl/status/status.h"
 #include "circuitlab/v1/analysis_service.pb.h"
-#include "server/engine/engine.h"
+#include "server/engine/api.h"
 #include "server/store/store.h"
 
 namespace circuitlab::scheduler {

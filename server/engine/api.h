@@ -1,6 +1,7 @@
-// The engine's torch-free facade: what the scheduler (and tests) call to run
-// training. Everything that touches tensors lives behind it in engine .cc
-// files and engine-private headers.
+// The engine's torch-free API, implemented by the facade engine.cc: what the
+// scheduler, the worker and the tests call to train and analyse. Everything
+// that touches tensors lives behind it in engine .cc files and
+// engine-private headers.
 #pragma once
 
 #include <algorithm>
