@@ -15,7 +15,7 @@
 
 #include "client/lib/client.h"
 #include "server/common/seeds.h"
-#include "server/engine/engine.h"
+#include "server/engine/api.h"
 #include "server/engine/manifold/projection.h"
 #include "server/engine/spec.h"
 #include "server/engine/train/trainer.h"

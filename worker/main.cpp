@@ -14,7 +14,7 @@
 #include <thread>
 
 #include "server/common/logging.h"
-#include "server/engine/engine.h"
+#include "server/engine/api.h"
 #include "worker/worker.h"
 
 namespace {

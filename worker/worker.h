@@ -26,7 +26,7 @@
 #include <vector>
 
 #include "circuitlab/v1/worker_service.pb.h"
-#include "server/engine/engine.h"
+#include "server/engine/api.h"
 
 namespace grpc {
 class Channel;
