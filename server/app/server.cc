@@ -16,6 +16,25 @@
 namespace circuitlab::app {
 namespace {
 
+// Security's questions answered by the cores: a run's or a sweep's owner,
+// and the limits each core applies to a principal.
+class CoreDirectory : public security::Directory {
+ public:
+  CoreDirectory(scheduler::Scheduler* runs, scheduler::SweepCore* sweeps, scheduler::AnalysisJobs* jobs)
+      : runs_(runs), sweeps_(sweeps), jobs_(jobs) {}
+  absl::StatusOr<std::string> RunOwner(const std::string& id) const override { return runs_->OwnerOf(id); }
+  absl::StatusOr<std::string> SweepOwner(const std::string& id) const override { return sweeps_->OwnerOf(id); }
+  QuotaOverrides LimitsFor(const std::string& principal) const override {
+    return {runs_->QueueLimitFor(principal), jobs_->ActiveLimitFor(principal), runs_->WatchLimitFor(principal),
+            sweeps_->MaxRunsFor(principal)};
+  }
+
+ private:
+  scheduler::Scheduler* const runs_;
+  scheduler::SweepCore* const sweeps_;
+  scheduler::AnalysisJobs* const jobs_;
+};
+
 std::string RandomEpoch() {
   std::random_device rd;
   std::ostringstream ss;
@@ -207,13 +226,13 @@ absl::Status Server::Serve(const ServerOptions& o) {
   info.set_cuda_runtime(torch_.cuda_runtime);
   info.set_cuda_devices(static_cast<uint32_t>(o.scheduler.cuda_devices));
   for (const std::string& slot : scheduler_->device_slots()) info.add_device_slots(slot);
-  security_ = std::make_unique<security::Security>(auth_, o.audit, scheduler_.get(), sweeps_.get(), &analysis_->jobs(),
-                                                   std::move(sec));
+  directory_ = std::make_unique<CoreDirectory>(scheduler_.get(), sweeps_.get(), &analysis_->jobs());
+  security_ = std::make_unique<security::Security>(auth_, o.audit, directory_.get(), std::move(sec));
 
   rpc::GrpcOptions g{f.listen, f.max_message_bytes, f.tls, f.health_listen, o.remote.executor};
-  CL_ASSIGN_OR_RETURN(grpc_, rpc::GrpcServer::Start(g, {security_.get(), auth_, scheduler_.get(), analysis_.get(),
-                                                        sweeps_.get(), broker_.get(), telemetry_.get(),
-                                                        reproductions_.get()}));
+  CL_ASSIGN_OR_RETURN(
+      grpc_, rpc::GrpcServer::Start(g, {security_.get(), auth_, scheduler_.get(), analysis_.get(), sweeps_.get(),
+                                        broker_.get(), telemetry_.get(), reproductions_.get()}));
   if (f.http.listen.empty()) return absl::OkStatus();
   absl::StatusOr<std::unique_ptr<http::HttpGateway>> gateway = http::HttpGateway::Start(
       f.http, f.tls,

@@ -137,6 +137,7 @@ class Server {
   std::unique_ptr<reproduce::ReproductionCore> reproductions_;
   std::unique_ptr<remote::SlurmPool> pool_;
   std::unique_ptr<telemetry::Telemetry> telemetry_;
+  std::unique_ptr<security::Directory> directory_;  // security's view of the cores
   std::unique_ptr<security::Security> security_;
   std::unique_ptr<rpc::GrpcServer> grpc_;
   std::unique_ptr<http::HttpGateway> http_;

@@ -26,7 +26,15 @@ void HttpGateway::SweepRoutes() {
   // ?values=a,b&filters=...&pivot=X,Y,VALUE[,AGGREGATE] (or pivot.x=...).
   Read<v1::GetSweepSummaryRequest>(
       R"(/api/v1/sweeps/([^/]+)/summary)", "sweeps/{id}/summary", {"sweep_id"},
-      [sweeps, &security](const auto& r, const Caller& c) { return security.SweepSummary(c, r, *sweeps); });
+      [sweeps, &security](const auto& r, const Caller& c) -> absl::StatusOr<v1::GetSweepSummaryResponse> {
+        // As on gRPC: label columns start LabelRun jobs only for a caller who
+        // may start analyses, and a summary that started any is audited.
+        int started = 0;
+        absl::StatusOr<v1::GetSweepSummaryResponse> out =
+            sweeps->Summary(r, scheduler::Requester(c.principal.name, Security::ReadsOnly(c)), &started);
+        if (out.ok() && started > 0) security.Audit(c, r, &*out, absl::OkStatus());
+        return out;
+      });
   Reproductions();
 }
 

@@ -1,11 +1,11 @@
 #include "server/security/security.h"
 
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <string_view>
 #include <utility>
 #include <vector>
-
-#include <spdlog/spdlog.h>
 
 #include "server/common/status_macros.h"
 #include "server/common/text.h"
@@ -43,8 +43,7 @@ std::string TargetOf(const google::protobuf::Message& m) {
 // (source_run_id, ...), in nested messages at any depth (an Intervene op's
 // swap source, an inline recipe's steps); (id, is_sweep), each once. The
 // walk is bounded by the request's size (the transport's limits).
-void NestedReferences(const google::protobuf::Message& m, bool top,
-                      std::vector<std::pair<std::string, bool>>& out) {
+void NestedReferences(const google::protobuf::Message& m, bool top, std::vector<std::pair<std::string, bool>>& out) {
   using FD = google::protobuf::FieldDescriptor;
   const google::protobuf::Reflection* r = m.GetReflection();
   std::vector<const FD*> fields;
@@ -111,7 +110,7 @@ std::string MethodOf(const google::protobuf::Message& request) {
 }
 
 absl::StatusOr<Caller> Security::Authenticate(std::string_view authorization, std::string peer, bool tls,
-                                             std::string_view label) const {
+                                              std::string_view label) const {
   Caller caller;
   CL_ASSIGN_OR_RETURN(caller.principal, auth_->Resolve(authorization));
   caller.credential = std::string(authorization);
@@ -135,13 +134,12 @@ absl::Status Security::Check(const Caller& caller, Access access, const google::
   if (access == Access::kChange) CL_RETURN_IF_ERROR(MayWrite(who, MethodOf(request)));
   struct Target {
     const std::string& id;
-    scheduler::Scheduler* runs;
-    scheduler::SweepCore* sweeps;
+    bool sweep;
     const char* kind;
   };
-  for (const Target& t : {Target{run_id, runs_, nullptr, "run"}, Target{sweep_id, nullptr, sweeps_, "sweep"}}) {
+  for (const Target& t : {Target{run_id, false, "run"}, Target{sweep_id, true, "sweep"}}) {
     if (t.id.empty()) continue;
-    CL_ASSIGN_OR_RETURN(std::string owner, t.runs ? t.runs->OwnerOf(t.id) : t.sweeps->OwnerOf(t.id));
+    CL_ASSIGN_OR_RETURN(std::string owner, t.sweep ? directory_->SweepOwner(t.id) : directory_->RunOwner(t.id));
     if (!MayRead(who, owner, options_.private_runs)) {
       // The same answer as for an id that does not exist.
       return absl::NotFoundError(std::string(t.kind) + " " + Clip(EscapeControl(t.id), 64) + " not found");
@@ -160,7 +158,7 @@ absl::Status Security::CheckReferences(const Principal& who, const google::proto
   std::vector<std::pair<std::string, bool>> refs;
   NestedReferences(request, skip_top, refs);
   for (const auto& [id, sweep] : refs) {
-    absl::StatusOr<std::string> owner = sweep ? sweeps_->OwnerOf(id) : runs_->OwnerOf(id);
+    absl::StatusOr<std::string> owner = sweep ? directory_->SweepOwner(id) : directory_->RunOwner(id);
     if (!owner.ok() || !MayRead(who, *owner, options_.private_runs)) {
       return absl::NotFoundError(std::string(sweep ? "sweep " : "run ") + Clip(EscapeControl(id), 64) + " not found");
     }
@@ -174,10 +172,7 @@ std::optional<std::string> Security::ListFilter(const Caller& caller, bool mine)
   return std::nullopt;
 }
 
-QuotaOverrides Security::LimitsFor(const std::string& principal) const {
-  return {runs_->QueueLimitFor(principal), jobs_->ActiveLimitFor(principal), runs_->WatchLimitFor(principal),
-          sweeps_->MaxRunsFor(principal)};
-}
+QuotaOverrides Security::LimitsFor(const std::string& principal) const { return directory_->LimitsFor(principal); }
 
 void Security::Audit(const Caller& caller, const google::protobuf::Message& request,
                      const google::protobuf::Message* response, const absl::Status& outcome) const {
@@ -210,16 +205,6 @@ v1::WhoAmIResponse Security::WhoAmI(const Caller& caller) const {
   who.set_max_sweep_runs(limits.max_sweep_runs);
   *who.mutable_server() = options_.server_info;
   return who;
-}
-
-absl::StatusOr<v1::GetSweepSummaryResponse> Security::SweepSummary(const Caller& caller,
-                                                                   const v1::GetSweepSummaryRequest& request,
-                                                                   scheduler::SweepCore& sweeps) const {
-  int started = 0;
-  absl::StatusOr<v1::GetSweepSummaryResponse> out =
-      sweeps.Summary(request, scheduler::Requester(caller.principal.name, ReadsOnly(caller)), &started);
-  if (out.ok() && started > 0) Audit(caller, request, &*out, absl::OkStatus());
-  return out;
 }
 
 std::shared_ptr<StreamTicket> Security::OpenStream(const Caller& caller, std::function<void()> end) const {

@@ -7,21 +7,20 @@
 
 #include <google/protobuf/message.h>
 
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
-#include <mutex>
-#include <memory>
-#include <functional>
-#include <atomic>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "server/security/audit.h"
 #include "circuitlab/v1/experiment_service.pb.h"
+#include "server/common/quotas.h"
+#include "server/security/audit.h"
 #include "server/security/auth.h"
-#include "server/scheduler/analysis_jobs.h"
-#include "server/scheduler/scheduler.h"
-#include "server/scheduler/sweeps.h"
 
 namespace circuitlab::security {
 
@@ -65,12 +64,24 @@ struct SecurityOptions {
   v1::ServerInfo server_info;     // what the server runs on (WhoAmI)
 };
 
+// What the access rules ask of the server's cores: who owns a run or a
+// sweep, and the limits that apply to a principal. Security knows principals
+// and roles, not runs: app/ answers this from the scheduler's cores.
+class Directory {
+ public:
+  virtual ~Directory() = default;
+  // The principal that owns run / sweep `id`; NotFound for an unknown id.
+  virtual absl::StatusOr<std::string> RunOwner(const std::string& id) const = 0;
+  virtual absl::StatusOr<std::string> SweepOwner(const std::string& id) const = 0;
+  // The limits the cores apply to `principal` (its overrides, else the flags').
+  virtual QuotaOverrides LimitsFor(const std::string& principal) const = 0;
+};
+
 class Security {
  public:
   // All pointers must outlive this object; `audit` may be null.
-  Security(const Authenticator* auth, AuditLog* audit, scheduler::Scheduler* runs, scheduler::SweepCore* sweeps,
-           scheduler::AnalysisJobs* jobs, SecurityOptions options)
-      : auth_(auth), audit_(audit), runs_(runs), sweeps_(sweeps), jobs_(jobs), options_(std::move(options)) {}
+  Security(const Authenticator* auth, AuditLog* audit, const Directory* directory, SecurityOptions options)
+      : auth_(auth), audit_(audit), directory_(directory), options_(std::move(options)) {}
 
   // The caller's principal from the authorization it presented (gRPC
   // metadata, an HTTP header), its peer, whether the connection is TLS, and
@@ -97,12 +108,6 @@ class Security {
   // The limits that apply to `principal`: its overrides, else the server's
   // (as the cores that enforce them answer).
   QuotaOverrides LimitsFor(const std::string& principal) const;
-  // GetSweepSummary as `caller` (both fronts): its label columns start
-  // LabelRun jobs only for callers who may start analyses, and a summary that
-  // started any leaves an audit line.
-  absl::StatusOr<v1::GetSweepSummaryResponse> SweepSummary(const Caller& caller,
-                                                           const v1::GetSweepSummaryRequest& request,
-                                                           scheduler::SweepCore& sweeps) const;
   // Whether `caller` may only read stored analyses (readers and workers).
   static bool ReadsOnly(const Caller& caller) {
     return caller.principal.role == Role::kReader || caller.principal.role == Role::kWorker;
@@ -129,9 +134,7 @@ class Security {
   absl::Status CheckReferences(const Principal& who, const google::protobuf::Message& request, bool skip_top) const;
   const Authenticator* const auth_;
   AuditLog* const audit_;
-  scheduler::Scheduler* const runs_;
-  scheduler::SweepCore* const sweeps_;
-  scheduler::AnalysisJobs* const jobs_;
+  const Directory* const directory_;
   const SecurityOptions options_;
   mutable std::mutex streams_mu_;
   mutable std::vector<std::weak_ptr<StreamTicket>> streams_;  // under streams_mu_

@@ -3,8 +3,9 @@
 a lower floor (or stay in its own folder), and no two files may include each
 other through any path (no loop).
 
-Floors, bottom up. Server modules: common < store, engine < scheduler <
-remote, security < telemetry < rpc, http < app < main.cpp. Inside the engine:
+Floors, bottom up. Server modules: common < store, engine, security (it
+knows principals and roles; who owns what comes through its Directory) <
+scheduler < remote, reproduce < telemetry < rpc, http < app < main.cpp. Inside the engine:
 the torch helpers < basis/ (the IMIR coordinate system: bases, the tensor
 projector) < tasks/ < families/spec/ (the model families' torch-free half)
 < the torch-free API (spec.*, api.h) < models/ <
@@ -37,7 +38,7 @@ import sys
 from collections import defaultdict
 
 SERVER_FLOORS = {
-    "common": 0, "store": 1, "engine": 1, "scheduler": 2, "remote": 3, "reproduce": 3, "security": 3,
+    "common": 0, "store": 1, "engine": 1, "security": 1, "scheduler": 2, "remote": 3, "reproduce": 3,
     "telemetry": 4, "rpc": 5, "http": 5, "app": 6, "main.cpp": 7,
 }
 ENGINE_FLOORS = [  # (path prefix inside server/engine/, floor); first match wins
