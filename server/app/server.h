@@ -16,7 +16,7 @@
 #include "server/common/response_budget.h"
 #include "server/engine/api.h"
 #include "server/http/http_gateway.h"
-#include "server/remote/slurm.h"
+#include "server/slurm/pool.h"
 #include "server/remote/workers.h"
 #include "server/reproduce/reproductions.h"
 #include "server/rpc/server.h"

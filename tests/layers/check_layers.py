@@ -38,7 +38,7 @@ import sys
 from collections import defaultdict
 
 SERVER_FLOORS = {
-    "common": 0, "store": 1, "engine": 1, "security": 1, "scheduler": 2, "remote": 3, "reproduce": 3,
+    "common": 0, "store": 1, "engine": 1, "security": 1, "slurm": 1, "scheduler": 2, "remote": 3, "reproduce": 3,
     "telemetry": 4, "rpc": 5, "http": 5, "app": 6, "main.cpp": 7,
 }
 ENGINE_FLOORS = [  # (path prefix inside server/engine/, floor); first match wins

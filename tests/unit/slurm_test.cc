@@ -1,7 +1,7 @@
 // The Slurm pool's parsers against recorded squeue/sacct output (arrays,
 // truncated lines, job steps, "CANCELLED by N", accounting disabled), the
 // pilot script and sbatch line, and the pool's cycle against a fake Slurm.
-#include "server/remote/slurm.h"
+#include "server/slurm/pool.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include "server/remote/slurm.h"
+#include "server/slurm/pool.h"
 
 #include <fcntl.h>
 #include <poll.h>
