@@ -34,9 +34,7 @@ their wall times overlap, and a reproduction that reuses an earlier one's
 runs and stored analyses counts only its own time. A page whose only figure
 is the checks' margins predates its recipe's figure and its recipe as it now
 stands ([the science implemented](../science.md#the-task-vector-half-against-the-authors-code)
-says which). The task-vector pages E.18–E.20 were written before layers
-counted from 1 on every surface: they name layers from 0 (`layer=3` for the
-last of four blocks; [layers and heads](../concepts/naming.md)).
+says which).
 
 ![E.9 at paper scale in the dashboard](../img/dashboard-reproduction.png)
 
