@@ -31,10 +31,9 @@ reported as measured: thresholds are SCIENCE.md's and the science tests',
 fixed before these runs; [the science implemented](../science.md#reproductions-at-larger-scale)
 says what each failure means. Reports run side by side on one machine, so
 their wall times overlap, and a reproduction that reuses an earlier one's
-runs and stored analyses counts only its own time. A page whose only figure
-is the checks' margins predates its recipe's figure and its recipe as it now
-stands ([the science implemented](../science.md#the-task-vector-half-against-the-authors-code)
-says which).
+runs and stored analyses counts only its own time. Every page shows the paper's figure its recipe
+names (E.N.png, and E.N-2.png where it names two) and the checks' margins
+per seed (E.N-margins.png).
 
 ![E.9 at paper scale in the dashboard](../img/dashboard-reproduction.png)
 
