@@ -9,9 +9,10 @@ not listed goes over, or a listed one grows; it says so when a listed one
 has come under its limit, so that the list only ever shrinks (delete the
 line). Run from the repository root; `--report` prints the counts only.
 
-A C++ function is a definition that starts at column 0 and ends at the next
-"}" in column 0 (the project's clang-format style); lambdas and functions
-defined inside a class body count with their enclosing definition.
+A C++ function is a definition whose signature starts at column 0 (over one
+or more lines, the last ending with "{") and ends at the next "}" in column
+0 (the project's clang-format style); lambdas and functions defined inside a
+class body count with their enclosing definition.
 """
 import os
 import sys
@@ -43,6 +44,13 @@ FUNCTIONS_OVER = {
     ("server/engine/analysis/task_vectors.cc", "absl::Status Dissociation(TvRun& run) {"): 109,
     ("client/cli/commands/compare.cc", "int Run(Context& ctx, const Options& o) {"): 107,
     ("server/scheduler/analyses/intervene.cc", "absl::StatusOr<AnalysisPlan<v1::InterveneResponse>> PlanIntervene("): 105,
+    ("server/engine/analysis/decoder_interventions.cc", "v1::InterventionEffect LatentEffect("): 115,
+    ("server/engine/analysis/decoder_interventions.cc", "absl::StatusOr<v1::InterveneResponse> InterveneRegression("): 124,
+    ("server/engine/analysis/decoder_prompts.cc", "absl::StatusOr<v1::InterveneResponse> InterveneDecoderPrompts("): 102,
+    ("server/engine/train/run_loop.cc", "absl::StatusOr<std::vector<TrainOutcome>> TrainMembers("): 114,
+    ("server/remote/workers.cc", "std::vector<absl::StatusOr<engine::TrainOutcome>> WorkerBroker::RunLease("): 143,
+    ("server/reproduce/reproductions.cc", "absl::StatusOr<v1::Reproduction> ReproductionCore::Begin("): 116,
+    ("server/scheduler/sweep_summary.cc", "absl::StatusOr<v1::GetSweepSummaryResponse> SweepCore::Summary("): 127,
 }
 
 
@@ -56,27 +64,32 @@ def Sources(trees, exts):
 
 
 def Functions(path):
-    """(first line of the definition, lines) of each top-level C++ definition."""
+    """(first line of the definition, lines) of each C++ definition that starts
+    at column 0: a signature (over one or more lines) whose last line ends
+    with "{", up to the next "}" in column 0."""
     with open(path, encoding="utf-8") as fh:
         lines = fh.read().split("\n")
+    skip = ("namespace", "struct", "class", "enum", "union", "extern", "}", "#", "//", "template", "using",
+            "static_assert", "typedef")
     i = 0
     while i < len(lines):
         line = lines[i]
-        head = "".join(lines[max(0, i - 3):i + 1])
-        if (line and not line[0].isspace() and line.rstrip().endswith("{") and "(" in head and
-                not line.startswith(("namespace", "struct", "class", "enum", "union", "extern", "}", "#")) and
-                "=" not in line.split("(")[0]):
-            start = i
-            while start > 0 and lines[start - 1] and not lines[start - 1][0].isspace() and \
-                    not lines[start - 1].startswith(("//", "}", "#", "template")) and \
-                    not lines[start - 1].rstrip().endswith((";", "{", "}")):
-                start -= 1  # a signature over several lines starts above
-            j = i + 1
-            while j < len(lines) and not lines[j].startswith("}"):
-                j += 1
-            yield lines[start].strip(), j - start + 1
-            i = j
-        i += 1
+        if not line or line[0].isspace() or line.startswith(skip) or "(" not in line or \
+                "=" in line.split("(")[0] or line.rstrip().endswith(";"):
+            i += 1
+            continue
+        j = i
+        while j < len(lines) and not lines[j].rstrip().endswith("{") and not lines[j].rstrip().endswith(";") and \
+                j - i < 8:
+            j += 1
+        if j >= len(lines) or not lines[j].rstrip().endswith("{"):
+            i = j + 1
+            continue
+        k = j if lines[j].rstrip().endswith("}") else j + 1
+        while k < len(lines) and not lines[k].startswith("}"):
+            k += 1
+        yield line.strip(), k - i + 1
+        i = k + 1
 
 
 def main():
