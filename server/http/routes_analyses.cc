@@ -3,6 +3,7 @@
 // activations on the caller's sequences, and the exported weights.
 #include <httplib.h>
 
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>

@@ -2,9 +2,14 @@
 // watch stream as Server-Sent Events.
 #include <httplib.h>
 
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "server/common/status_macros.h"
 #include "server/common/text.h"
 #include "server/http/http_gateway.h"

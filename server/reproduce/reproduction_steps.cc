@@ -9,6 +9,7 @@
 #include <memory>
 #include <optional>
 #include <set>
+#include <vector>
 
 #include "server/common/status_macros.h"
 #include "server/common/text.h"

@@ -8,6 +8,7 @@
 #include <optional>
 #include <random>
 #include <set>
+#include <vector>
 
 #include "absl/strings/str_join.h"
 #include "server/common/seeds.h"
@@ -25,10 +26,7 @@ namespace {
 using google::protobuf::Value;
 using Json = nlohmann::json;
 using sweep_values::Describe;
-using sweep_values::FromJson;
-using sweep_values::Null;
 using sweep_values::Number;
-using sweep_values::Text;
 using sweep_values::ToJson;
 
 constexpr int kMaxAxes = 16;

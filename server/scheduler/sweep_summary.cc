@@ -8,6 +8,7 @@
 #include <optional>
 #include <random>
 #include <set>
+#include <vector>
 
 #include "absl/strings/str_join.h"
 #include "server/common/seeds.h"
@@ -30,7 +31,6 @@ using sweep_values::FromJson;
 using sweep_values::Null;
 using sweep_values::Number;
 using sweep_values::Text;
-using sweep_values::ToJson;
 
 constexpr int kMaxColumns = 64;
 constexpr int kMaxFilters = 32;

@@ -3,6 +3,7 @@
 // Checkpoints: files written atomically under checkpoints/r<id>/, indexed
 // (step, path, size, checksum) in the checkpoints table.
 
+#include <cstdio>
 #include <filesystem>
 #include <optional>
 #include <string>

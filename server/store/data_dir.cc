@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -21,7 +22,6 @@
 
 namespace circuitlab::store {
 namespace fs = std::filesystem;
-
 
 namespace {
 

@@ -3,7 +3,9 @@
 // The runs table and its neighbours: run rows, tags, sweeps, state
 // transitions, progress, listing and deletion.
 
+#include <algorithm>
 #include <filesystem>
+#include <map>
 #include <string>
 #include <vector>
 
