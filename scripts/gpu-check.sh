@@ -46,6 +46,12 @@ fail() { printf 'FAIL %-10s %s\n' "$1" "$2"; failed=1; }
 stop_server() { [ -n "$server_pid" ] && kill "$server_pid" 2>/dev/null && wait "$server_pid" 2>/dev/null; server_pid=; }
 finish() {
   stop_server
+  # A failed check shows the server's last words (a server that went away
+  # mid-check left only "failed to connect" in the client's output).
+  if [ $failed != 0 ] && [ -s "$work/server.log" ]; then
+    echo "gpu-check: the server log's last lines:"
+    tail -30 "$work/server.log"
+  fi
   if [ "${KEEP:-0}" = 1 ]; then echo "gpu-check: data and logs kept in $work"; else rm -rf "$work"; fi
 }
 trap finish EXIT
