@@ -58,7 +58,7 @@ docker volume create "$tag-data" >/dev/null
 docker run -d --name "$tag" --network host --read-only --tmpfs /tmp -v "$tag-data:/data" \
   -v "$tmp/secrets:/run/secrets:ro" -e "CIRCUITLAB_TARGET=127.0.0.1:$port" "$image" \
   --data /data --listen "127.0.0.1:$port" --tls-cert /run/secrets/server.pem --tls-key /run/secrets/server.key \
-  --auth-tokens-file /run/secrets/tokens.txt >/dev/null
+  --auth-tokens-file /run/secrets/tokens.txt --http "" >/dev/null
 for _ in $(seq 120); do
   [ "$(docker inspect -f '{{.State.Health.Status}}' "$tag")" = healthy ] && break
   [ "$(docker inspect -f '{{.State.Running}}' "$tag")" = true ] || break

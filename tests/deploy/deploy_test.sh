@@ -149,7 +149,7 @@ mkdir "$tmp/compose"
 grep -v '^    ports:' deploy/compose.yaml >"$tmp/compose/compose.yaml"
 cp tests/deploy/compose.host.yaml "$tmp/compose/"
 deploy/make-secrets.sh "$tmp/compose/secrets" >/dev/null
-export CIRCUITLAB_IMAGE=$image CIRCUITLAB_PORT=$port
+export CIRCUITLAB_IMAGE=$image CIRCUITLAB_PORT=$port CIRCUITLAB_HTTP_PORT=$hport
 dc=(docker-compose -p "$tag" -f "$tmp/compose/compose.yaml" -f "$tmp/compose/compose.host.yaml")
 ccli=("$cli_bin" --server "127.0.0.1:$port" --ca-cert "$tmp/compose/secrets/ca.pem" --token-file "$tmp/compose/admin.token")
 healthy() {  # container

@@ -206,8 +206,9 @@ def ports_free():
             try:
                 s.bind(("127.0.0.1", port))
             except OSError:
+                holder = subprocess.run(["ss", "-Hltnp", f"sport = :{port}"], capture_output=True, text=True).stdout
                 raise SystemExit(f"127.0.0.1:{port} is taken: the pages start their servers on the default ports; "
-                                 "stop whatever listens there first")
+                                 f"stop whatever listens there first\n{holder.strip() or '(ss names no holder)'}")
 
 
 def script(blocks, marks):
