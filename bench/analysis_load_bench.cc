@@ -90,7 +90,7 @@ int main(int argc, char** argv) {
           req.set_seed(base_seed + static_cast<uint64_t>(j) + 1);  // a fresh job, never a stored answer
           req.add_interventions()->set_op(v1::Intervention::OP_ABLATE_HEAD);
           req.mutable_interventions(0)->set_layer(1);
-          auto r = own.Intervene(req);
+          auto r = own.RunAnalysis<v1::InterveneResponse>(req);
           state = r.ok() ? r->state() : v1::ANALYSIS_STATE_FAILED;
           error = r.ok() ? r->error() : r.status().ToString();
         } else {
@@ -98,7 +98,7 @@ int main(int argc, char** argv) {
           req.set_run_id(run);
           req.set_n_eval(std::min<uint32_t>(n_eval, 4096));
           req.set_seed(base_seed + static_cast<uint64_t>(j) + 1);
-          auto r = own.DetectCircuit(req);
+          auto r = own.RunAnalysis<v1::DetectCircuitResponse>(req);
           state = r.ok() ? r->state() : v1::ANALYSIS_STATE_FAILED;
           error = r.ok() ? r->error() : r.status().ToString();
         }

@@ -78,6 +78,10 @@ bool ShowPending(const std::string& what, const std::string& job_id, int state, 
 // Clears the progress line.
 void EndPending();
 
+// An answer as protobuf JSON (the generic verbs overload it for their
+// reflected answers, commands/analysis_verbs.cc).
+inline std::string AnswerJson(const google::protobuf::Message& m) { return client::ToJson(m); }
+
 // Waits for an analysis as a person would (job id and progress on a terminal,
 // Ctrl-C stops waiting, not the job). Returns the exit code when nothing is
 // left to print (an RPC error, --json output, a FAILED or CANCELLED job,
@@ -98,7 +102,7 @@ std::optional<int> RunAnalysis(const Context& ctx, const std::string& what, bool
   if (!resp.ok()) return ReportError(resp.status());
   const int state = static_cast<int>(resp->state());
   if (ctx.g.json) {
-    std::cout << client::ToJson(*resp) << "\n";
+    std::cout << AnswerJson(*resp) << "\n";
     return state == v1::ANALYSIS_STATE_DONE ? 0 : 1;
   }
   if (state != v1::ANALYSIS_STATE_DONE) {

@@ -56,7 +56,7 @@ int main(int argc, char** argv) {
                    AddRm,         AddMetrics,   AddCoords,    AddOpen,           AddProject,
                    AddInvariance, AddSweep,     AddSweepShow, AddSweepCancel,    AddSweepSummary,
                    AddDetect,     AddIntervene, AddLabel,     AddDataDependence, AddTaskVectors, AddAttention, AddActivations, AddExport, AddCompare,
-                   AddHealth,     AddWhoAmI,    AddAnalyses,  AddCancelAnalysis, AddWorkers, AddReproduce}) {
+                   AddHealth,     AddWhoAmI,    AddAnalyses,  AddCancelAnalysis, AddWorkers, AddReproduce, AddAnalysisVerbs}) {
     add(app, &chosen);
   }
   try {

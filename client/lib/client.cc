@@ -2,6 +2,7 @@
 
 #include <google/protobuf/util/json_util.h>
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/impl/client_unary_call.h>
 #include <unistd.h>
 
 #include <condition_variable>
@@ -16,6 +17,7 @@
 #include "circuitlab/v1/reproduce.grpc.pb.h"
 #include "circuitlab/v1/worker_service.grpc.pb.h"
 #include "client/lib/channel.h"
+#include "server/common/analysis_names.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 
 namespace circuitlab::client {
@@ -168,37 +170,32 @@ absl::StatusOr<v1::GetMetricsResponse> Client::GetMetrics(const v1::GetMetricsRe
   return impl_->Call(impl_->stub.get(), &v1::ExperimentService::Stub::GetMetrics, request);
 }
 
-absl::StatusOr<v1::ProjectCheckpointResponse> Client::ProjectCheckpoint(const v1::ProjectCheckpointRequest& request) {
-  return impl_->Call(impl_->analysis.get(), &v1::AnalysisService::Stub::ProjectCheckpoint, request);
+std::vector<const google::protobuf::MethodDescriptor*> Client::AnalysisMethods() {
+  const google::protobuf::ServiceDescriptor* service = AnalysisServiceOf(v1::CancelAnalysisRequest::descriptor()->file());
+  std::vector<const google::protobuf::MethodDescriptor*> out;
+  for (int i = 0; i < service->method_count(); ++i) out.push_back(service->method(i));
+  return out;
 }
 
-absl::StatusOr<v1::GetTrajectoryResponse> Client::GetTrajectory(const v1::GetTrajectoryRequest& request) {
-  return impl_->Call(impl_->analysis.get(), &v1::AnalysisService::Stub::GetTrajectory, request);
-}
-
-absl::StatusOr<v1::CheckInvarianceResponse> Client::CheckInvariance(const v1::CheckInvarianceRequest& request) {
-  return impl_->Call(impl_->analysis.get(), &v1::AnalysisService::Stub::CheckInvariance, request);
-}
-
-absl::StatusOr<v1::DetectCircuitResponse> Client::DetectCircuit(const v1::DetectCircuitRequest& request) {
-  return impl_->Call(impl_->analysis.get(), &v1::AnalysisService::Stub::DetectCircuit, request);
-}
-
-absl::StatusOr<v1::GetAttentionPatternsResponse> Client::GetAttentionPatterns(
-    const v1::GetAttentionPatternsRequest& request) {
-  return impl_->Call(impl_->analysis.get(), &v1::AnalysisService::Stub::GetAttentionPatterns, request);
-}
-
-absl::StatusOr<v1::ExportWeightsResponse> Client::ExportWeights(const v1::ExportWeightsRequest& request) {
-  return impl_->Call(impl_->analysis.get(), &v1::AnalysisService::Stub::ExportWeights, request);
-}
-
-absl::StatusOr<v1::GetActivationsResponse> Client::GetActivations(const v1::GetActivationsRequest& request) {
-  return impl_->Call(impl_->analysis.get(), &v1::AnalysisService::Stub::GetActivations, request);
-}
-
-absl::StatusOr<v1::InterveneResponse> Client::Intervene(const v1::InterveneRequest& request) {
-  return impl_->Call(impl_->analysis.get(), &v1::AnalysisService::Stub::Intervene, request);
+absl::Status Client::CallAnalysis(const google::protobuf::Message& request, google::protobuf::Message* response) {
+  const google::protobuf::MethodDescriptor* method = AnalysisMethodOf(request.GetDescriptor());
+  if (method == nullptr) {
+    return absl::InvalidArgumentError("no AnalysisService method takes a " + std::string(request.GetTypeName()));
+  }
+  if (method->output_type() != response->GetDescriptor()) {
+    return absl::InvalidArgumentError(std::string(method->name()) + " answers a " +
+                                      std::string(method->output_type()->full_name()) + ", not a " +
+                                      std::string(response->GetTypeName()));
+  }
+  // What a generated stub does, by the method's path ("/circuitlab.v1.AnalysisService/GetLogitLens").
+  const std::string path = "/" + std::string(method->service()->full_name()) + "/" + std::string(method->name());
+  grpc::ClientContext ctx;
+  impl_->Prepare(ctx, true);
+  return FromGrpc(grpc::internal::BlockingUnaryCall<google::protobuf::Message, google::protobuf::Message,
+                                                                    google::protobuf::MessageLite,
+                                                                    google::protobuf::MessageLite>(
+      impl_->channel.get(), grpc::internal::RpcMethod(path.c_str(), grpc::internal::RpcMethod::NORMAL_RPC), &ctx,
+      request, response));
 }
 
 absl::StatusOr<v1::CancelAnalysisResponse> Client::CancelAnalysis(const std::string& job_id) {
@@ -210,20 +207,6 @@ absl::StatusOr<v1::CancelAnalysisResponse> Client::CancelAnalysis(const std::str
 absl::StatusOr<v1::ListAnalysisJobsResponse> Client::ListAnalysisJobs() {
   return impl_->Call(impl_->analysis.get(), &v1::AnalysisService::Stub::ListAnalysisJobs,
                      v1::ListAnalysisJobsRequest());
-}
-
-absl::StatusOr<v1::LabelRunResponse> Client::LabelRun(const v1::LabelRunRequest& request) {
-  return impl_->Call(impl_->analysis.get(), &v1::AnalysisService::Stub::LabelRun, request);
-}
-
-absl::StatusOr<v1::CheckDataDependenceResponse> Client::CheckDataDependence(
-    const v1::CheckDataDependenceRequest& request) {
-  return impl_->Call(impl_->analysis.get(), &v1::AnalysisService::Stub::CheckDataDependence, request);
-}
-
-absl::StatusOr<v1::AnalyzeTaskVectorsResponse> Client::AnalyzeTaskVectors(
-    const v1::AnalyzeTaskVectorsRequest& request) {
-  return impl_->Call(impl_->analysis.get(), &v1::AnalysisService::Stub::AnalyzeTaskVectors, request);
 }
 
 absl::StatusOr<v1::Sweep> Client::SubmitSweep(const v1::SweepSpec& sweep) {

@@ -9,9 +9,12 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "google/protobuf/descriptor.h"
+#include "google/protobuf/message.h"
 #include "circuitlab/v1/analysis_service.pb.h"
 #include "circuitlab/v1/experiment_service.pb.h"
 #include "circuitlab/v1/reproduce.pb.h"
@@ -54,18 +57,21 @@ class Client {
   // The server's executor and the remote workers connected now.
   absl::StatusOr<v1::ListWorkersResponse> ListWorkers();
 
-  // AnalysisService.
-  absl::StatusOr<v1::ProjectCheckpointResponse> ProjectCheckpoint(const v1::ProjectCheckpointRequest& request);
-  absl::StatusOr<v1::GetTrajectoryResponse> GetTrajectory(const v1::GetTrajectoryRequest& request);
-  absl::StatusOr<v1::CheckInvarianceResponse> CheckInvariance(const v1::CheckInvarianceRequest& request);
-  absl::StatusOr<v1::DetectCircuitResponse> DetectCircuit(const v1::DetectCircuitRequest& request);
-  absl::StatusOr<v1::InterveneResponse> Intervene(const v1::InterveneRequest& request);
-  absl::StatusOr<v1::LabelRunResponse> LabelRun(const v1::LabelRunRequest& request);
-  absl::StatusOr<v1::CheckDataDependenceResponse> CheckDataDependence(const v1::CheckDataDependenceRequest& request);
-  absl::StatusOr<v1::AnalyzeTaskVectorsResponse> AnalyzeTaskVectors(const v1::AnalyzeTaskVectorsRequest& request);
-  absl::StatusOr<v1::GetAttentionPatternsResponse> GetAttentionPatterns(const v1::GetAttentionPatternsRequest& request);
-  absl::StatusOr<v1::ExportWeightsResponse> ExportWeights(const v1::ExportWeightsRequest& request);
-  absl::StatusOr<v1::GetActivationsResponse> GetActivations(const v1::GetActivationsRequest& request);
+  // AnalysisService, any method: the one whose request type is `request`'s,
+  // found in the service's descriptor, so an analysis added to the proto
+  // needs nothing here. InvalidArgument when no method takes that type;
+  // else the RPC's status. `response` must be the method's response type.
+  absl::Status CallAnalysis(const google::protobuf::Message& request, google::protobuf::Message* response);
+  // Typed: client.RunAnalysis<v1::GetLogitLensResponse>(request).
+  template <typename Response, typename Request>
+  absl::StatusOr<Response> RunAnalysis(const Request& request) {
+    Response response;
+    if (absl::Status s = CallAnalysis(request, &response); !s.ok()) return s;
+    return response;
+  }
+  // Every AnalysisService method, in the proto's order (server/common/
+  // analysis_names.h names each for the fronts).
+  static std::vector<const google::protobuf::MethodDescriptor*> AnalysisMethods();
   absl::StatusOr<v1::CancelAnalysisResponse> CancelAnalysis(const std::string& job_id);
   absl::StatusOr<v1::ListAnalysisJobsResponse> ListAnalysisJobs();
 

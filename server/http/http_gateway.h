@@ -103,7 +103,7 @@ class HttpGateway {
   HttpGateway(HttpOptions options, HttpCores cores);
   // The routes, by resource: Routes (http_gateway.cc: probes, /metrics, the
   // dashboard) calls RunRoutes (routes_runs.cc), AnalysisRoutes
-  // (routes_analyses.cc) and SweepRoutes (routes_sweeps.cc: sweeps and
+  // (routes_analyses.cc, which calls TableRoutes, routes_jobs.cc) and SweepRoutes (routes_sweeps.cc: sweeps and
   // reproductions); routes.h has the templates they share.
   void Routes();
   void RunRoutes();
@@ -120,8 +120,12 @@ class HttpGateway {
   // GET /api/v1/runs/{id}/export (ExportWeights as JSON) and
   // .../export/weights.safetensors (the stored file, raw).
   void Exports();
-  template <typename Req, typename Resp>
-  void AnalysisPost(const std::string& pattern, const std::string& route, const std::string& stored);
+  // An analysis whose request does not fit a query string (nested messages:
+  // an InterveneRequest's prompts, GetActivations' sequences), POSTed as
+  // JSON: `request` the type's default instance, `stored` where a reader
+  // finds stored answers instead (for the refusal's message). routes_jobs.cc.
+  void AnalysisPost(const std::string& pattern, const std::string& route, const std::string& stored,
+                    const google::protobuf::Message& request);
   // GET /api/v1/recipes, /api/v1/reproductions[?mine=], /api/v1/reproductions/{id}.
   void Reproductions();
   // A JSON read: `fn(request, caller)` answers absl::StatusOr<a message>.
@@ -132,9 +136,12 @@ class HttpGateway {
   // with job_id and progress, ask again; the stored answer for a reader),
   // and .../`name`/stored only a stored answer, never starting one (none:
   // state ANALYSIS_STATE_UNSPECIFIED, `error` saying how to compute one;
-  // `verb` is the CLI's).
-  template <typename Req, typename Resp>
-  void AnalysisReads(const std::string& name, const std::string& verb);
+  // `verb` is the CLI's, "" for none). `request`: the type's default
+  // instance (an analysis table entry's). routes_jobs.cc.
+  void AnalysisReads(const std::string& name, const std::string& verb, const google::protobuf::Message& request);
+  // Every analysis table entry with a run_id under
+  // /api/v1/runs/{id}/analyses/{name}: the two reads and the POST.
+  void TableRoutes();
   absl::Status Events(const httplib::Request& req, httplib::Response& res, const security::Caller& caller);
   bool PumpEvents(const std::shared_ptr<Stream>& st, httplib::DataSink& sink);
 

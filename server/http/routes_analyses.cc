@@ -121,9 +121,9 @@ void HttpGateway::AnalysisRoutes() {
   // ?step=&eval_set=&sequences=&layers=0,1&heads=&seed= (attention), the
   // DetectCircuitRequest's fields (circuit), AnalyzeTaskVectorsRequest's
   // (task-vectors).
-  AnalysisReads<v1::GetAttentionPatternsRequest, v1::GetAttentionPatternsResponse>("attention", "attention");
-  AnalysisReads<v1::DetectCircuitRequest, v1::DetectCircuitResponse>("circuit", "detect");
-  AnalysisReads<v1::AnalyzeTaskVectorsRequest, v1::AnalyzeTaskVectorsResponse>("task-vectors", "task-vectors");
+  AnalysisReads("attention", "attention", v1::GetAttentionPatternsRequest::default_instance());
+  AnalysisReads("circuit", "detect", v1::DetectCircuitRequest::default_instance());
+  AnalysisReads("task-vectors", "task-vectors", v1::AnalyzeTaskVectorsRequest::default_instance());
   Read<v1::ListAnalysisJobsRequest>(
       "/api/v1/analyses", "analyses", {},
       [&security, analysis](const auto&, const Caller& c) -> absl::StatusOr<v1::ListAnalysisJobsResponse> {
@@ -133,9 +133,10 @@ void HttpGateway::AnalysisRoutes() {
   Interventions();
   // Activations on the caller's own sequences (issue 46): a POSTed
   // GetActivationsRequest; stored answers are not listed.
-  AnalysisPost<v1::GetActivationsRequest, v1::GetActivationsResponse>(R"(/api/v1/runs/([^/]+)/activations)",
-                                                                      "runs/{id}/activations", "");
+  AnalysisPost(R"(/api/v1/runs/([^/]+)/activations)", "runs/{id}/activations", "",
+               v1::GetActivationsRequest::default_instance());
   Exports();
+  TableRoutes();
 }
 
 // A run's interventions over HTTP (issue 36): GET lists the stored Intervene
@@ -153,8 +154,8 @@ void HttpGateway::Interventions() {
       [analysis](const auto& r, const Caller&) -> absl::StatusOr<v1::StoredIntervention> {
         return StoredInterventionOf(analysis->store(), r);
       });
-  AnalysisPost<v1::InterveneRequest, v1::InterveneResponse>(pattern, "runs/{id}/interventions",
-                                                            "GET /api/v1/runs/{id}/interventions");
+  AnalysisPost(pattern, "runs/{id}/interventions", "GET /api/v1/runs/{id}/interventions",
+               v1::InterveneRequest::default_instance());
 }
 
 // A model out (issue 46): GET .../export answers ExportWeights as JSON (a
@@ -163,7 +164,7 @@ void HttpGateway::Interventions() {
 // (`curl -o`), never starting a job.
 void HttpGateway::Exports() {
   scheduler::AnalysisCore* analysis = cores_.analysis;
-  AnalysisReads<v1::ExportWeightsRequest, v1::ExportWeightsResponse>("export", "export");
+  AnalysisReads("export", "export", v1::ExportWeightsRequest::default_instance());
   Get(R"(/api/v1/runs/([^/]+)/export/weights\.safetensors)", "runs/{id}/export/weights.safetensors", false,
       [this, analysis](const httplib::Request& req, httplib::Response& res, const Caller& c) -> absl::Status {
         v1::ExportWeightsRequest r;

@@ -32,21 +32,21 @@ TEST(IntegrationTest, CoordinatesOverTrainingAndCheckpointProjection) {
   traj.add_names("beta");
   traj.add_names("gamma");
   traj.add_names("delta");
-  auto t = c.GetTrajectory(traj);
+  auto t = c.RunAnalysis<v1::GetTrajectoryResponse>(traj);
   ASSERT_TRUE(t.ok()) << t.status();
   ASSERT_EQ(t->series_size(), 4);
   EXPECT_EQ(t->series(0).coordinate().label(), "L1H1:[∅→∅]:S_1");
   EXPECT_EQ(t->series(0).steps_size(), 4);  // steps 0, 20, 40, 60
   EXPECT_EQ(t->series(0).steps(3), 60u);
   traj.clear_names();
-  EXPECT_EQ(c.GetTrajectory(traj)->series_size(), 28);  // 4 + 16 + 8 with the relation C
+  EXPECT_EQ(c.RunAnalysis<v1::GetTrajectoryResponse>(traj)->series_size(), 28);  // 4 + 16 + 8 with the relation C
   traj.set_selection(v1::BASIS_SELECTION_COMPLETE);
-  auto complete = c.GetTrajectory(traj);
+  auto complete = c.RunAnalysis<v1::GetTrajectoryResponse>(traj);
   EXPECT_GT(complete->series_size(), 100);
 
   v1::ProjectCheckpointRequest proj;
   proj.set_run_id(run->run_id());
-  auto p = Analysis(c, &client::Client::ProjectCheckpoint, proj);
+  auto p = Analysis<v1::ProjectCheckpointResponse>(c, proj);
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_EQ(p->step(), 60u);
   EXPECT_FALSE(p->from_store());
@@ -68,25 +68,25 @@ TEST(IntegrationTest, CoordinatesOverTrainingAndCheckpointProjection) {
   ASSERT_EQ(rho->series_size(), 1);
   EXPECT_NEAR(rho->series(0).values(rho->series(0).values_size() - 1), p->rho_complete(), 1e-9);
 
-  auto again = Analysis(c, &client::Client::ProjectCheckpoint, proj);
+  auto again = Analysis<v1::ProjectCheckpointResponse>(c, proj);
   EXPECT_TRUE(again->from_store());
   EXPECT_EQ(again->rho(), p->rho());
   proj.set_force(true);
-  EXPECT_FALSE(Analysis(c, &client::Client::ProjectCheckpoint, proj)->from_store());
+  EXPECT_FALSE(Analysis<v1::ProjectCheckpointResponse>(c, proj)->from_store());
   proj.set_step(13);
-  auto missing = Analysis(c, &client::Client::ProjectCheckpoint, proj);
+  auto missing = Analysis<v1::ProjectCheckpointResponse>(c, proj);
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
   EXPECT_NE(missing.status().message().find("checkpoints at steps: 20, 40, 60"), std::string::npos)
       << missing.status();
   proj.set_step(0);
   proj.set_selection(static_cast<v1::BasisSelection>(9));
-  EXPECT_EQ(Analysis(c, &client::Client::ProjectCheckpoint, proj).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Analysis<v1::ProjectCheckpointResponse>(c, proj).status().code(), absl::StatusCode::kInvalidArgument);
   traj.set_max_step(5);
   traj.set_min_step(10);
-  EXPECT_EQ(c.GetTrajectory(traj).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(c.RunAnalysis<v1::GetTrajectoryResponse>(traj).status().code(), absl::StatusCode::kInvalidArgument);
   traj.set_run_id("r77");
   traj.set_max_step(0);
-  EXPECT_EQ(c.GetTrajectory(traj).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(c.RunAnalysis<v1::GetTrajectoryResponse>(traj).status().code(), absl::StatusCode::kNotFound);
 }
 
 // The invariance check runs as an analysis job: the first call waits up to
@@ -104,7 +104,7 @@ TEST(IntegrationTest, InvarianceCheckIsAQueuedStoredJob) {
   req.add_sample_sizes(1024);
   req.add_sample_sizes(4096);
   req.set_controls(true);
-  auto first = c.CheckInvariance(req);
+  auto first = c.RunAnalysis<v1::CheckInvarianceResponse>(req);
   ASSERT_TRUE(first.ok()) << first.status();
   EXPECT_FALSE(first->from_store());
   EXPECT_NE(first->state(), v1::CheckInvarianceResponse::STATE_FAILED);
@@ -113,7 +113,7 @@ TEST(IntegrationTest, InvarianceCheckIsAQueuedStoredJob) {
   }
   absl::StatusOr<v1::CheckInvarianceResponse> r;
   ASSERT_TRUE(WaitFor([&] {
-    r = c.CheckInvariance(req);
+    r = c.RunAnalysis<v1::CheckInvarianceResponse>(req);
     return r.ok() && r->state() == v1::CheckInvarianceResponse::STATE_DONE;
   }, std::chrono::seconds(120)));
   ASSERT_EQ(r->checks_size(), 3);  // in_span + both controls (the tiny task has common pairs)
@@ -126,16 +126,16 @@ TEST(IntegrationTest, InvarianceCheckIsAQueuedStoredJob) {
   // The span keeps the gradient far better than a point off it.
   EXPECT_LT(r->checks(0).series(0).off_fraction(2), r->checks(1).series(0).off_fraction(2));
   const v1::CheckInvarianceResponse by_run = *r;
-  EXPECT_TRUE(c.CheckInvariance(req)->from_store());
+  EXPECT_TRUE(c.RunAnalysis<v1::CheckInvarianceResponse>(req)->from_store());
   req.set_run_id("r2");
-  EXPECT_EQ(c.CheckInvariance(req).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(c.RunAnalysis<v1::CheckInvarianceResponse>(req).status().code(), absl::StatusCode::kNotFound);
 
   // A spec alone (no run): validated like SubmitRun, stored, answered again.
   req.clear_run_id();
   req.set_controls(false);
   *req.mutable_spec() = TinySpec(60);
   ASSERT_TRUE(WaitFor([&] {
-    r = c.CheckInvariance(req);
+    r = c.RunAnalysis<v1::CheckInvarianceResponse>(req);
     return r.ok() && r->state() == v1::CheckInvarianceResponse::STATE_DONE;
   }, std::chrono::seconds(120))) << r.status();
   ASSERT_EQ(r->checks_size(), 1);
@@ -143,12 +143,12 @@ TEST(IntegrationTest, InvarianceCheckIsAQueuedStoredJob) {
   for (int i = 0; i < 3; ++i) {
     EXPECT_EQ(r->checks(0).series(0).off_fraction(i), by_run.checks(0).series(0).off_fraction(i));
   }
-  EXPECT_TRUE(c.CheckInvariance(req)->from_store());
+  EXPECT_TRUE(c.RunAnalysis<v1::CheckInvarianceResponse>(req)->from_store());
   req.set_run_id("r1");
-  EXPECT_EQ(c.CheckInvariance(req).status().code(), absl::StatusCode::kInvalidArgument);  // both
+  EXPECT_EQ(c.RunAnalysis<v1::CheckInvarianceResponse>(req).status().code(), absl::StatusCode::kInvalidArgument);  // both
   req.clear_run_id();
   req.mutable_spec()->mutable_model()->mutable_imir()->set_num_layers(9);
-  auto bad = c.CheckInvariance(req);
+  auto bad = c.RunAnalysis<v1::CheckInvarianceResponse>(req);
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(bad.status().message(), "spec: model.imir.num_layers must be in [1, 6], got 9");
 }
@@ -169,7 +169,7 @@ TEST(IntegrationTest, DetectInterveneAndLabelAgreeOnACoordinateModel) {
   dreq.set_n_eval(512);
   absl::StatusOr<v1::DetectCircuitResponse> d;
   ASSERT_TRUE(WaitFor([&] {
-    d = c.DetectCircuit(dreq);
+    d = c.RunAnalysis<v1::DetectCircuitResponse>(dreq);
     return d.ok() && (d->state() == v1::ANALYSIS_STATE_DONE || d->state() == v1::ANALYSIS_STATE_FAILED);
   }, std::chrono::seconds(120))) << d.status();
   ASSERT_EQ(d->state(), v1::ANALYSIS_STATE_DONE) << d->error();
@@ -182,7 +182,7 @@ TEST(IntegrationTest, DetectInterveneAndLabelAgreeOnACoordinateModel) {
   EXPECT_LT(d->circuit_size(), static_cast<int>(d->candidates()));
   EXPECT_GT(d->evaluations(), 0u);
   for (const auto& m : d->circuit()) EXPECT_FALSE(m.role().empty());
-  EXPECT_TRUE(c.DetectCircuit(dreq)->from_store());
+  EXPECT_TRUE(c.RunAnalysis<v1::DetectCircuitResponse>(dreq)->from_store());
 
   // Keeping only K* reproduces m_circuit on the same sequences.
   v1::InterveneRequest ireq;
@@ -192,7 +192,7 @@ TEST(IntegrationTest, DetectInterveneAndLabelAgreeOnACoordinateModel) {
   v1::Intervention* keep = ireq.add_interventions();
   keep->set_op(v1::Intervention::OP_KEEP_ONLY);
   for (const auto& m : d->circuit()) keep->add_coordinates(m.coordinate().label());
-  auto iv = Analysis(c, &client::Client::Intervene, ireq);
+  auto iv = Analysis<v1::InterveneResponse>(c, ireq);
   ASSERT_TRUE(iv.ok()) << iv.status();
   ASSERT_EQ(iv->effects_size(), 1);
   EXPECT_DOUBLE_EQ(iv->effects(0).accuracy(), d->m_circuit());
@@ -203,7 +203,7 @@ TEST(IntegrationTest, DetectInterveneAndLabelAgreeOnACoordinateModel) {
   same->set_op(v1::Intervention::OP_SCALE_COORDINATE);
   same->set_scale(1.0);
   same->add_coordinates("gamma");
-  iv = Analysis(c, &client::Client::Intervene, ireq);
+  iv = Analysis<v1::InterveneResponse>(c, ireq);
   ASSERT_TRUE(iv.ok()) << iv.status();
   EXPECT_NEAR(iv->effects(0).kl_clean(), 0.0, 1e-12);
   ireq.clear_interventions();
@@ -211,17 +211,17 @@ TEST(IntegrationTest, DetectInterveneAndLabelAgreeOnACoordinateModel) {
   head->set_op(v1::Intervention::OP_ABLATE_HEAD);
   head->set_layer(2);
   ireq.clear_eval_sets();
-  iv = Analysis(c, &client::Client::Intervene, ireq);
+  iv = Analysis<v1::InterveneResponse>(c, ireq);
   ASSERT_TRUE(iv.ok()) << iv.status();
   EXPECT_GE(iv->effects_size(), 4);  // every evaluation set of the task
   EXPECT_GT(iv->effects(0).kl_clean(), 1e-6);
   head->set_layer(3);
-  auto bad = Analysis(c, &client::Client::Intervene, ireq);
+  auto bad = Analysis<v1::InterveneResponse>(c, ireq);
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(bad.status().message(), "interventions[0].layer must be in [1, 2], got 3");
   head->set_op(v1::Intervention::OP_ZERO_COORDINATE);
   head->add_coordinates("no_such");
-  EXPECT_EQ(Analysis(c, &client::Client::Intervene, ireq).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Analysis<v1::InterveneResponse>(c, ireq).status().code(), absl::StatusCode::kInvalidArgument);
 
   // D.6 hook-point ops on the block model: zeroing the last head's output
   // at the query is ablating that head; patching every position of X_2 from
@@ -232,7 +232,7 @@ TEST(IntegrationTest, DetectInterveneAndLabelAgreeOnACoordinateModel) {
     r.set_n_eval(512);
     r.add_eval_sets(set);
     for (const auto& op : ops) *r.add_interventions() = op;
-    auto out = Analysis(c, &client::Client::Intervene, r);
+    auto out = Analysis<v1::InterveneResponse>(c, r);
     EXPECT_TRUE(out.ok()) << out.status();
     return out.ok() ? out->effects(0) : v1::InterventionEffect();
   };
@@ -270,7 +270,7 @@ TEST(IntegrationTest, DetectInterveneAndLabelAgreeOnACoordinateModel) {
     self->set_pattern("L2.attn");
     self->add_keys(0);
     self->add_queries(0);
-    auto out = Analysis(c, &client::Client::Intervene, r);
+    auto out = Analysis<v1::InterveneResponse>(c, r);
     ASSERT_TRUE(out.ok()) << out.status();
     ASSERT_EQ(out->effects(0).attention_mass_size(), 2);
     const v1::AttentionMassEffect& m = out->effects(0).attention_mass(0);
@@ -285,10 +285,10 @@ TEST(IntegrationTest, DetectInterveneAndLabelAgreeOnACoordinateModel) {
     // the pair, refused beyond the vocabulary.
     r.add_logit_diff_tokens(5);  // a common token and a rare one
     r.add_logit_diff_tokens(10);
-    auto forward = Analysis(c, &client::Client::Intervene, r);
+    auto forward = Analysis<v1::InterveneResponse>(c, r);
     r.set_logit_diff_tokens(0, 10);
     r.set_logit_diff_tokens(1, 5);
-    auto backward = Analysis(c, &client::Client::Intervene, r);
+    auto backward = Analysis<v1::InterveneResponse>(c, r);
     ASSERT_TRUE(forward.ok() && backward.ok()) << forward.status() << backward.status();
     EXPECT_TRUE(forward->effects(0).has_logit_diff());
     EXPECT_EQ(forward->effects(0).alt_name(), "tokens 5-10");
@@ -296,17 +296,17 @@ TEST(IntegrationTest, DetectInterveneAndLabelAgreeOnACoordinateModel) {
     EXPECT_NEAR(forward->effects(0).logit_diff_clean(), -backward->effects(0).logit_diff_clean(), 1e-9);
     EXPECT_NE(forward->effects(0).logit_diff(), forward->effects(0).logit_diff_clean());
     r.set_logit_diff_tokens(1, 100000);
-    EXPECT_EQ(Analysis(c, &client::Client::Intervene, r).status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(Analysis<v1::InterveneResponse>(c, r).status().code(), absl::StatusCode::kInvalidArgument);
     r.add_logit_diff_tokens(3);
-    EXPECT_EQ(Analysis(c, &client::Client::Intervene, r).status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(Analysis<v1::InterveneResponse>(c, r).status().code(), absl::StatusCode::kInvalidArgument);
     r.clear_logit_diff_tokens();
     prev->set_pattern("L1.resid");
-    auto refused = Analysis(c, &client::Client::Intervene, r);
+    auto refused = Analysis<v1::InterveneResponse>(c, r);
     EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_NE(refused.status().message().find("attention_mass[0].pattern"), std::string::npos) << refused.status();
     prev->set_pattern("L1.attn");
     prev->set_keys(0, 100000);
-    refused = Analysis(c, &client::Client::Intervene, r);
+    refused = Analysis<v1::InterveneResponse>(c, r);
     EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_NE(refused.status().message().find("attention_mass[0].keys[0] must be in"), std::string::npos)
         << refused.status();
@@ -315,27 +315,27 @@ TEST(IntegrationTest, DetectInterveneAndLabelAgreeOnACoordinateModel) {
   bad_hook.set_hook("L3.resid");
   ireq.clear_interventions();
   *ireq.add_interventions() = bad_hook;
-  auto refused = Analysis(c, &client::Client::Intervene, ireq);
+  auto refused = Analysis<v1::InterveneResponse>(c, ireq);
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(refused.status().message().find("L{l}.H{h}.out"), std::string::npos) << refused.status();
   bad_hook.set_hook("L2.resid");
   bad_hook.set_op(v1::Intervention::OP_ADD);
   bad_hook.add_vectors()->add_values(1.0);
   *ireq.mutable_interventions(0) = bad_hook;
-  refused = Analysis(c, &client::Client::Intervene, ireq);
+  refused = Analysis<v1::InterveneResponse>(c, ireq);
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(refused.status().message().find("has width"), std::string::npos) << refused.status();
   bad_hook.clear_vectors();
   bad_hook.set_op(v1::Intervention::OP_REPLACE_CONVEX);  // an IMIR run has no task vectors
   *ireq.mutable_interventions(0) = bad_hook;
-  EXPECT_EQ(Analysis(c, &client::Client::Intervene, ireq).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(Analysis<v1::InterveneResponse>(c, ireq).status().code(), absl::StatusCode::kFailedPrecondition);
 
   v1::LabelRunRequest lreq;
   lreq.set_run_id("r1");
   lreq.set_n_eval(256);
   absl::StatusOr<v1::LabelRunResponse> l;
   ASSERT_TRUE(WaitFor([&] {
-    l = c.LabelRun(lreq);
+    l = c.RunAnalysis<v1::LabelRunResponse>(lreq);
     return l.ok() && (l->state() == v1::ANALYSIS_STATE_DONE || l->state() == v1::ANALYSIS_STATE_FAILED);
   }, std::chrono::seconds(120))) << l.status();
   ASSERT_EQ(l->state(), v1::ANALYSIS_STATE_DONE) << l->error();
@@ -351,7 +351,7 @@ TEST(IntegrationTest, DetectInterveneAndLabelAgreeOnACoordinateModel) {
     EXPECT_EQ(last.pair() == "1-2", last.pair_ablation().at("1-2") >= 0.5) << last.pair();
   }
   dreq.set_metric("median");
-  EXPECT_EQ(c.DetectCircuit(dreq).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(c.RunAnalysis<v1::DetectCircuitResponse>(dreq).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(IntegrationTest, EarlyStopAndDataDependenceCheck) {
@@ -391,7 +391,7 @@ TEST(IntegrationTest, EarlyStopAndDataDependenceCheck) {
   half->set_delta_saturated(true);
   absl::StatusOr<v1::CheckDataDependenceResponse> r;
   ASSERT_TRUE(WaitFor([&] {
-    r = c.CheckDataDependence(req);
+    r = c.RunAnalysis<v1::CheckDataDependenceResponse>(req);
     return r.ok() && (r->state() == v1::ANALYSIS_STATE_DONE || r->state() == v1::ANALYSIS_STATE_FAILED);
   }, std::chrono::seconds(120))) << r.status();
   ASSERT_EQ(r->state(), v1::ANALYSIS_STATE_DONE) << r->error();
@@ -404,16 +404,16 @@ TEST(IntegrationTest, EarlyStopAndDataDependenceCheck) {
   EXPECT_NEAR(r->rows(1).grad_gamma(), r->rows(1).closed_form_gamma(), 1e-9);
   EXPECT_GT(r->rows(2).point().delta(), 1.0);  // delta* resolved
   EXPECT_DOUBLE_EQ(r->rows(2).phi(), 0.5);
-  EXPECT_TRUE(c.CheckDataDependence(req)->from_store());
+  EXPECT_TRUE(c.RunAnalysis<v1::CheckDataDependenceResponse>(req)->from_store());
   req.mutable_points(0)->set_burstiness(99);
-  auto bad = c.CheckDataDependence(req);
+  auto bad = c.RunAnalysis<v1::CheckDataDependenceResponse>(req);
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(bad.status().message().find("points[0].burstiness must be in [1, 4]"), std::string::npos) << bad.status();
   req.clear_run_id();
   *req.mutable_spec() = TinySpec(60);
   req.mutable_spec()->mutable_task()->mutable_associative_recall()->set_num_common(0);
   req.mutable_spec()->mutable_data()->set_rare_fraction(1.0);
-  auto no_commons = c.CheckDataDependence(req);
+  auto no_commons = c.RunAnalysis<v1::CheckDataDependenceResponse>(req);
   EXPECT_EQ(no_commons.status().code(), absl::StatusCode::kFailedPrecondition) << no_commons.status();
 }
 
@@ -443,7 +443,7 @@ TEST(IntegrationTest, ReadsAnswerWhileAnalysesRunAndJobsCanBeCancelled) {
       req.set_seed(static_cast<uint64_t>(i + 1));  // eight distinct jobs
       req.add_interventions()->set_op(v1::Intervention::OP_ABLATE_HEAD);
       req.mutable_interventions(0)->set_layer(1);
-      auto r = own.Intervene(req);
+      auto r = own.RunAnalysis<v1::InterveneResponse>(req);
       if (r.ok() && scheduler::IsPending(r->state()) && !r->job_id().empty()) ++pending;
     });
   }

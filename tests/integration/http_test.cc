@@ -137,7 +137,7 @@ TEST(HttpTest, JsonApiAnswersWhatGrpcAnswers) {
   traj.set_run_id("r1");
   traj.add_names("alpha");
   traj.add_names("beta");
-  ExpectSameAsJson(*c.GetTrajectory(traj), http.Get("/api/v1/runs/r1/coordinates?names=alpha&names=beta"),
+  ExpectSameAsJson(*c.RunAnalysis<v1::GetTrajectoryResponse>(traj), http.Get("/api/v1/runs/r1/coordinates?names=alpha&names=beta"),
                    "runs/r1/coordinates");
   ExpectSameAsJson(*c.GetSweep("s1"), http.Get("/api/v1/sweeps/s1"), "sweeps/s1");
   v1::GetSweepSummaryRequest summary;
@@ -218,7 +218,7 @@ TEST(HttpTest, AnalysesAreJobsAndInterventionsArePosted) {
   EXPECT_EQ(c.ListAnalysisJobs()->jobs_size(), 0) << "a read over HTTP started an analysis";
   v1::LabelRunRequest label;
   label.set_run_id("r1");
-  auto labelled = Analysis(c, &client::Client::LabelRun, label);
+  auto labelled = Analysis<v1::LabelRunResponse>(c, label);
   ASSERT_TRUE(labelled.ok()) << labelled.status();
   auto stored = http.Get("/api/v1/runs/r1/label");
   ASSERT_TRUE(stored);
@@ -241,7 +241,7 @@ TEST(HttpTest, AnalysesAreJobsAndInterventionsArePosted) {
   att_req.set_run_id("r1");
   att_req.set_sequences(2);
   att_req.add_layers(1);
-  auto same = c.GetAttentionPatterns(att_req);
+  auto same = c.RunAnalysis<v1::GetAttentionPatternsResponse>(att_req);
   ASSERT_TRUE(same.ok()) << same.status();
   EXPECT_TRUE(same->from_store());
   EXPECT_EQ(same->patterns_size(), att.patterns_size());
@@ -264,7 +264,7 @@ TEST(HttpTest, AnalysesAreJobsAndInterventionsArePosted) {
   bad_sets.add_eval_sets("../../etc/passwd");
   bad_sets.add_interventions()->set_op(v1::Intervention::OP_ABLATE_HEAD);
   bad_sets.mutable_interventions(0)->set_layer(1);
-  const absl::Status grpc_refusal = c.Intervene(bad_sets).status();
+  const absl::Status grpc_refusal = c.RunAnalysis<v1::InterveneResponse>(bad_sets).status();
   EXPECT_TRUE(absl::IsInvalidArgument(grpc_refusal)) << grpc_refusal;
   EXPECT_NE(grpc_refusal.message().find("eval_sets[1] must name one of"), std::string::npos) << grpc_refusal;
   // At most the jobs listed before (one may have ended meanwhile): none new.
@@ -398,7 +398,7 @@ TEST(HttpTest, ActivationsAndWeightsComeOutOverHttp) {
   v1::GetActivationsRequest grpc_req;
   ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(body, &grpc_req).ok());
   grpc_req.set_run_id("r1");
-  auto same = Analysis(c, &client::Client::GetActivations, grpc_req);
+  auto same = Analysis<v1::GetActivationsResponse>(c, grpc_req);
   ASSERT_TRUE(same.ok()) << same.status();
   ASSERT_EQ(same->activations_size(), 2);
   ASSERT_EQ(acts.activations_size(), 2);
@@ -433,7 +433,7 @@ TEST(HttpTest, ActivationsAndWeightsComeOutOverHttp) {
   ASSERT_EQ(exported.state(), v1::ANALYSIS_STATE_DONE) << exported.error();
   v1::ExportWeightsRequest export_req;
   export_req.set_run_id("r1");
-  auto grpc_export = Analysis(c, &client::Client::ExportWeights, export_req);
+  auto grpc_export = Analysis<v1::ExportWeightsResponse>(c, export_req);
   ASSERT_TRUE(grpc_export.ok()) << grpc_export.status();
   EXPECT_EQ(exported.safetensors(), grpc_export->safetensors()) << "base64 in JSON, the same bytes";
   auto file = http.Get("/api/v1/runs/r1/export/weights.safetensors");
@@ -463,7 +463,7 @@ void StoreTheLargestAttentionAnswer(Server& server) {
   v1::GetAttentionPatternsRequest req;
   req.set_run_id("r1");
   req.set_sequences(2);
-  auto small = Analysis(c, &client::Client::GetAttentionPatterns, req);
+  auto small = Analysis<v1::GetAttentionPatternsResponse>(c, req);
   ASSERT_TRUE(small.ok()) << small.status();
   // The stored answer grown to the maximum, under the same request.
   auto rows = server.app().store().ListAnalyses(1, "attention", 1);
@@ -543,7 +543,7 @@ TEST(HttpTest, AnswersAreServedWithinTheServersResponseBudget) {
   v1::GetAttentionPatternsRequest req;
   req.set_run_id("r1");
   req.set_sequences(2);
-  auto served = c.GetAttentionPatterns(req);
+  auto served = c.RunAnalysis<v1::GetAttentionPatternsResponse>(req);
   ASSERT_TRUE(served.ok()) << served.status();
   EXPECT_EQ(served->patterns_size(), 4);
   httplib::Client http("127.0.0.1", server.http_port());
@@ -555,7 +555,7 @@ TEST(HttpTest, AnswersAreServedWithinTheServersResponseBudget) {
   EXPECT_NE(refused->body.find("41943040"), std::string::npos) << refused->body.substr(0, 300);
   EXPECT_EQ(ResponseBudget::Process().in_use(), 0) << "every lease given back";
   ResponseBudget::Process().SetLimit(10 << 20);
-  auto small = c.GetAttentionPatterns(req);
+  auto small = c.RunAnalysis<v1::GetAttentionPatternsResponse>(req);
   EXPECT_TRUE(absl::IsResourceExhausted(small.status())) << small.status();
   EXPECT_NE(small.status().message().find("10485760"), std::string::npos) << small.status();
   ResponseBudget::Process().SetLimit(ResponseBudget::kDefaultLimit);

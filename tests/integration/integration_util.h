@@ -165,12 +165,11 @@ inline absl::StatusOr<std::string> ListServicesByReflection(const std::string& a
 
 // An analysis call, asked again while its job is pending (the server holds
 // each call up to ~2 s, so a quick job answers in one); force only the first time.
-template <typename Request, typename Response>
-absl::StatusOr<Response> Analysis(client::Client& c,
-                                  absl::StatusOr<Response> (client::Client::*call)(const Request&), Request req) {
-  absl::StatusOr<Response> r = (c.*call)(req);
+template <typename Response, typename Request>
+absl::StatusOr<Response> Analysis(client::Client& c, Request req) {
+  absl::StatusOr<Response> r = c.RunAnalysis<Response>(req);
   req.set_force(false);
-  for (int i = 0; i < 120 && r.ok() && scheduler::IsPending(r->state()); ++i) r = (c.*call)(req);
+  for (int i = 0; i < 120 && r.ok() && scheduler::IsPending(r->state()); ++i) r = c.RunAnalysis<Response>(req);
   return r;
 }
 

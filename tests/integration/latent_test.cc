@@ -50,7 +50,7 @@ v1::AnalyzeTaskVectorsResponse WaitTaskVectors(client::Client& c, v1::AnalyzeTas
   absl::StatusOr<v1::AnalyzeTaskVectorsResponse> r;
   EXPECT_TRUE(WaitFor(
       [&] {
-        r = c.AnalyzeTaskVectors(req);
+        r = c.RunAnalysis<v1::AnalyzeTaskVectorsResponse>(req);
         return !r.ok() || r->state() == v1::ANALYSIS_STATE_DONE || r->state() == v1::ANALYSIS_STATE_FAILED;
       },
       std::chrono::seconds(120)));
@@ -89,7 +89,7 @@ TEST(IntegrationTest, TaskVectorsOfARunItsTrainingAndASweep) {
   req.set_eval_samples(16);
   req.set_opt_steps(5);
   req.set_stats_samples(16);
-  auto first = c.AnalyzeTaskVectors(req);
+  auto first = c.RunAnalysis<v1::AnalyzeTaskVectorsResponse>(req);
   ASSERT_TRUE(first.ok()) << first.status();
   EXPECT_NE(first->state(), v1::ANALYSIS_STATE_FAILED);
   v1::AnalyzeTaskVectorsResponse done = WaitTaskVectors(c, req);
@@ -113,7 +113,7 @@ TEST(IntegrationTest, TaskVectorsOfARunItsTrainingAndASweep) {
   EXPECT_EQ(names["stats/r2_vopt"], 1);
   EXPECT_EQ(done.request().opt_target(), "minor");  // falls back to OOD without minors
   // Asked again: the stored answer.
-  auto again = c.AnalyzeTaskVectors(req);
+  auto again = c.RunAnalysis<v1::AnalyzeTaskVectorsResponse>(req);
   ASSERT_TRUE(again.ok());
   EXPECT_TRUE(again->from_store());
   EXPECT_EQ(again->values_size(), done.values_size());
@@ -133,24 +133,24 @@ TEST(IntegrationTest, TaskVectorsOfARunItsTrainingAndASweep) {
   // Errors name the field and the allowed range.
   v1::AnalyzeTaskVectorsRequest bad = req;
   bad.add_layers(7);
-  EXPECT_EQ(c.AnalyzeTaskVectors(bad).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(c.RunAnalysis<v1::AnalyzeTaskVectorsResponse>(bad).status().code(), absl::StatusCode::kInvalidArgument);
   bad = req;
   bad.set_samples_per_cell(100000);
-  auto too_many = c.AnalyzeTaskVectors(bad);
+  auto too_many = c.RunAnalysis<v1::AnalyzeTaskVectorsResponse>(bad);
   EXPECT_EQ(too_many.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(too_many.status().message().find("samples_per_cell must be in [8, 4096]"), std::string::npos);
   bad = req;
   bad.add_analyses("dyck_p0");  // a DICE run
-  EXPECT_EQ(c.AnalyzeTaskVectors(bad).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(c.RunAnalysis<v1::AnalyzeTaskVectorsResponse>(bad).status().code(), absl::StatusCode::kFailedPrecondition);
   bad = req;
   bad.set_opt_target("majors");
-  EXPECT_EQ(c.AnalyzeTaskVectors(bad).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(c.RunAnalysis<v1::AnalyzeTaskVectorsResponse>(bad).status().code(), absl::StatusCode::kInvalidArgument);
   bad = req;
   bad.set_sweep_id("s1");
-  EXPECT_EQ(c.AnalyzeTaskVectors(bad).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(c.RunAnalysis<v1::AnalyzeTaskVectorsResponse>(bad).status().code(), absl::StatusCode::kInvalidArgument);
   bad = req;
   bad.set_step(7);
-  EXPECT_EQ(c.AnalyzeTaskVectors(bad).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(c.RunAnalysis<v1::AnalyzeTaskVectorsResponse>(bad).status().code(), absl::StatusCode::kNotFound);
   // Hook-point interventions (D.6) on the decoder run, answered at once.
   v1::InterveneRequest patch;
   patch.set_run_id(run->run_id());
@@ -160,7 +160,7 @@ TEST(IntegrationTest, TaskVectorsOfARunItsTrainingAndASweep) {
   op->set_op(v1::Intervention::OP_PATCH);
   op->set_hook("L2.post_attn");
   op->set_reference_set("ood");
-  auto patched = Analysis(c, &client::Client::Intervene, patch);
+  auto patched = Analysis<v1::InterveneResponse>(c, patch);
   ASSERT_TRUE(patched.ok()) << patched.status();
   ASSERT_EQ(patched->effects_size(), 1);
   EXPECT_GT(patched->effects(0).kl_clean(), 0.0);
@@ -176,7 +176,7 @@ TEST(IntegrationTest, TaskVectorsOfARunItsTrainingAndASweep) {
   v1::AttentionMass* previous = massed.add_attention_mass();
   previous->set_pattern("L2.attn.pattern");
   previous->add_keys(-1);
-  auto mass = Analysis(c, &client::Client::Intervene, massed);
+  auto mass = Analysis<v1::InterveneResponse>(c, massed);
   ASSERT_TRUE(mass.ok()) << mass.status();
   const v1::AttentionMassEffect& on_previous = mass->effects(0).attention_mass(0);
   ASSERT_EQ(on_previous.clean_size(), 2);
@@ -187,10 +187,10 @@ TEST(IntegrationTest, TaskVectorsOfARunItsTrainingAndASweep) {
   // D.6 logit_diff for a token pair at every predicting position.
   massed.add_logit_diff_tokens(0);
   massed.add_logit_diff_tokens(1);
-  auto zero_one = Analysis(c, &client::Client::Intervene, massed);
+  auto zero_one = Analysis<v1::InterveneResponse>(c, massed);
   massed.set_logit_diff_tokens(0, 1);
   massed.set_logit_diff_tokens(1, 0);
-  auto one_zero = Analysis(c, &client::Client::Intervene, massed);
+  auto one_zero = Analysis<v1::InterveneResponse>(c, massed);
   ASSERT_TRUE(zero_one.ok() && one_zero.ok()) << zero_one.status() << one_zero.status();
   EXPECT_TRUE(zero_one->effects(0).has_logit_diff());
   EXPECT_EQ(zero_one->effects(0).alt_name(), "tokens 0-1");
@@ -199,7 +199,7 @@ TEST(IntegrationTest, TaskVectorsOfARunItsTrainingAndASweep) {
   massed.clear_logit_diff_tokens();
   previous->add_queries(0);  // position 0 has no previous position
   previous->set_keys(0, -1);
-  mass = Analysis(c, &client::Client::Intervene, massed);
+  mass = Analysis<v1::InterveneResponse>(c, massed);
   EXPECT_EQ(mass.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(mass.status().message().find("no query sees any of the keys"), std::string::npos) << mass.status();
   // Steering as an op (D.6 replace_convex): kl_ref against the mixture law.
@@ -210,43 +210,43 @@ TEST(IntegrationTest, TaskVectorsOfARunItsTrainingAndASweep) {
   convex->set_hook("L2.post_attn");
   for (uint32_t p : {6u, 7u, 8u}) convex->add_positions(p);
   for (double w : {0.2, 0.3, 0.5}) convex->add_weights(w);
-  auto steered = Analysis(c, &client::Client::Intervene, steer);
+  auto steered = Analysis<v1::InterveneResponse>(c, steer);
   ASSERT_TRUE(steered.ok()) << steered.status();
   EXPECT_EQ(steered->effects(0).ref_name(), "mixture");
   EXPECT_GT(steered->effects(0).kl_clean(), 0.0);
   convex->add_weights(0.1);  // four weights for three majors
-  auto four = Analysis(c, &client::Client::Intervene, steer);
+  auto four = Analysis<v1::InterveneResponse>(c, steer);
   EXPECT_EQ(four.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(four.status().message().find("one entry per major task (3)"), std::string::npos) << four.status();
   convex->clear_weights();
   steer.clear_eval_sets();
   steer.add_eval_sets("ood");  // true_task needs the majors
-  EXPECT_EQ(Analysis(c, &client::Client::Intervene, steer).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Analysis<v1::InterveneResponse>(c, steer).status().code(), absl::StatusCode::kInvalidArgument);
   convex->set_subtract("projection");
-  auto projected = Analysis(c, &client::Client::Intervene, steer);
+  auto projected = Analysis<v1::InterveneResponse>(c, steer);
   ASSERT_TRUE(projected.ok()) << projected.status();
   EXPECT_EQ(projected->effects(0).eval_set(), "ood");
   op->set_hook("L10.post_attn");
-  EXPECT_EQ(Analysis(c, &client::Client::Intervene, patch).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Analysis<v1::InterveneResponse>(c, patch).status().code(), absl::StatusCode::kInvalidArgument);
   op->set_hook("L2.post_attn");
   op->set_op(v1::Intervention::OP_ZERO_COORDINATE);
-  EXPECT_EQ(Analysis(c, &client::Client::Intervene, patch).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(Analysis<v1::InterveneResponse>(c, patch).status().code(), absl::StatusCode::kFailedPrecondition);
   // IMIR analyses refuse a decoder run, and task vectors an IMIR run.
   v1::DetectCircuitRequest detect;
   detect.set_run_id(run->run_id());
-  EXPECT_EQ(c.DetectCircuit(detect).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(c.RunAnalysis<v1::DetectCircuitResponse>(detect).status().code(), absl::StatusCode::kFailedPrecondition);
   auto imir = c.SubmitRun(TinySpec(20));
   ASSERT_TRUE(imir.ok());
   ASSERT_EQ(WaitForEnd(c, imir->run_id()), v1::RUN_STATE_SUCCEEDED);
   v1::AnalyzeTaskVectorsRequest wrong;
   wrong.set_run_id(imir->run_id());
-  EXPECT_EQ(c.AnalyzeTaskVectors(wrong).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(c.RunAnalysis<v1::AnalyzeTaskVectorsResponse>(wrong).status().code(), absl::StatusCode::kFailedPrecondition);
 
   // Attention patterns of both families; heads are named as each model does.
   v1::GetAttentionPatternsRequest att;
   att.set_run_id(imir->run_id());
   att.set_sequences(2);
-  auto imir_att = Analysis(c, &client::Client::GetAttentionPatterns, att);
+  auto imir_att = Analysis<v1::GetAttentionPatternsResponse>(c, att);
   ASSERT_TRUE(imir_att.ok()) << imir_att.status();
   const auto& im = imir->spec().model().imir();
   ExpectPatterns(*imir_att, static_cast<int>(im.num_layers()), static_cast<int>(im.num_heads()), 2);
@@ -254,7 +254,7 @@ TEST(IntegrationTest, TaskVectorsOfARunItsTrainingAndASweep) {
   EXPECT_EQ(imir_att->eval_set(), "icl_rare");
   att.set_run_id(run->run_id());
   att.add_layers(2);  // layers and heads count from 1: the second block
-  auto dec_att = Analysis(c, &client::Client::GetAttentionPatterns, att);
+  auto dec_att = Analysis<v1::GetAttentionPatternsResponse>(c, att);
   ASSERT_TRUE(dec_att.ok()) << dec_att.status();
   ExpectPatterns(*dec_att, 1, 2, 2);
   EXPECT_EQ(dec_att->patterns(0).name(), "L2H1");
@@ -262,7 +262,7 @@ TEST(IntegrationTest, TaskVectorsOfARunItsTrainingAndASweep) {
   EXPECT_EQ(dec_att->patterns(0).head(), 1u);
   EXPECT_EQ(dec_att->patterns(0).size(), 16u);
   att.add_layers(3);  // the model has layers 1 and 2
-  auto far = Analysis(c, &client::Client::GetAttentionPatterns, att);
+  auto far = Analysis<v1::GetAttentionPatternsResponse>(c, att);
   EXPECT_EQ(far.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(far.status().message().find("layers must be in [1, 2]"), std::string::npos) << far.status();
 
@@ -336,16 +336,16 @@ TEST(IntegrationTest, RegressionRunTrainsAndAnswersItsAnalyses) {
   // Positions are points; token-only analyses refuse the run.
   v1::AnalyzeTaskVectorsRequest bad = req;
   bad.add_positions(8);
-  auto far = c.AnalyzeTaskVectors(bad);
+  auto far = c.RunAnalysis<v1::AnalyzeTaskVectorsResponse>(bad);
   EXPECT_EQ(far.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(far.status().message().find("points 0 to 7"), std::string::npos) << far.status();
   bad = req;
   bad.add_analyses("p1");
-  EXPECT_EQ(c.AnalyzeTaskVectors(bad).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(c.RunAnalysis<v1::AnalyzeTaskVectorsResponse>(bad).status().code(), absl::StatusCode::kFailedPrecondition);
   // An analysis the family lacks names the ones it has (the engine's table).
   v1::GetAttentionPatternsRequest att;
   att.set_run_id(run->run_id());
-  auto lacks = Analysis(c, &client::Client::GetAttentionPatterns, att);
+  auto lacks = Analysis<v1::GetAttentionPatternsResponse>(c, att);
   EXPECT_EQ(lacks.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(lacks.status().message().find("regression model family; it has AnalyzeTaskVectors, ExportWeights and Intervene"),
             std::string::npos)
@@ -360,7 +360,7 @@ TEST(IntegrationTest, RegressionRunTrainsAndAnswersItsAnalyses) {
   v1::Intervention* op = iv.add_interventions();
   op->set_op(v1::Intervention::OP_ZERO);
   op->set_hook("L2.post_attn");
-  auto zeroed = Analysis(c, &client::Client::Intervene, iv);
+  auto zeroed = Analysis<v1::InterveneResponse>(c, iv);
   ASSERT_TRUE(zeroed.ok()) << zeroed.status();
   ASSERT_EQ(zeroed->effects_size(), 2);
   EXPECT_EQ(zeroed->effects(0).ref_name(), "bayes");
@@ -368,7 +368,7 @@ TEST(IntegrationTest, RegressionRunTrainsAndAnswersItsAnalyses) {
   EXPECT_GT(zeroed->effects(0).kl_clean(), 0.0);  // the prediction moved
   EXPECT_NE(zeroed->effects(0).loss(), zeroed->effects(0).loss_clean());
   op->set_op(v1::Intervention::OP_REPLACE_CONVEX);
-  EXPECT_EQ(Analysis(c, &client::Client::Intervene, iv).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(Analysis<v1::InterveneResponse>(c, iv).status().code(), absl::StatusCode::kFailedPrecondition);
   // Attention mass on a decoder: every query's mass on position 0, per
   // head, and position 0 on itself (exactly 1).
   op->set_op(v1::Intervention::OP_ZERO);
@@ -379,7 +379,7 @@ TEST(IntegrationTest, RegressionRunTrainsAndAnswersItsAnalyses) {
   self->set_pattern("L2.attn.pattern");
   self->add_keys(0);
   self->add_queries(0);
-  auto massed = Analysis(c, &client::Client::Intervene, iv);
+  auto massed = Analysis<v1::InterveneResponse>(c, iv);
   ASSERT_TRUE(massed.ok()) << massed.status();
   ASSERT_EQ(massed->effects(0).attention_mass_size(), 2);
   const v1::AttentionMassEffect& m0 = massed->effects(0).attention_mass(0);
@@ -391,11 +391,11 @@ TEST(IntegrationTest, RegressionRunTrainsAndAnswersItsAnalyses) {
   iv.clear_attention_mass();
   iv.add_logit_diff_tokens(0);
   iv.add_logit_diff_tokens(1);
-  EXPECT_EQ(Analysis(c, &client::Client::Intervene, iv).status().code(), absl::StatusCode::kFailedPrecondition);  // no logits
+  EXPECT_EQ(Analysis<v1::InterveneResponse>(c, iv).status().code(), absl::StatusCode::kFailedPrecondition);  // no logits
   iv.clear_logit_diff_tokens();
   op->set_op(v1::Intervention::OP_ZERO);
   op->add_positions(24);  // 8 points: positions 0..23
-  EXPECT_EQ(Analysis(c, &client::Client::Intervene, iv).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Analysis<v1::InterveneResponse>(c, iv).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

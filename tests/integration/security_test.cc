@@ -379,7 +379,7 @@ TEST(SecurityTest, PrivateRunsHideOtherUsersRuns) {
     v1::Intervention* op = req.add_interventions();
     op->set_op(v1::Intervention::OP_SWAP_COORDINATES);
     op->set_source_run_id(source);
-    return bob.Intervene(req).status();
+    return bob.RunAnalysis<v1::InterveneResponse>(req).status();
   };
   const absl::Status refused = swap_from(run->run_id()), missing = swap_from("r999");
   EXPECT_EQ(refused.code(), absl::StatusCode::kNotFound) << refused;

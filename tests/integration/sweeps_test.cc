@@ -141,10 +141,10 @@ TEST(IntegrationTest, PackedSweepMembersMatchRunsTrainedAlone) {
   // Each member's checkpoint is a one-member checkpoint of its own spec.
   v1::ProjectCheckpointRequest p;
   p.set_run_id("r2");
-  auto packed = Analysis(c, &client::Client::ProjectCheckpoint, p);
+  auto packed = Analysis<v1::ProjectCheckpointResponse>(c, p);
   ASSERT_TRUE(packed.ok()) << packed.status();
   p.set_run_id("r4");
-  auto alone = Analysis(c, &client::Client::ProjectCheckpoint, p);
+  auto alone = Analysis<v1::ProjectCheckpointResponse>(c, p);
   ASSERT_TRUE(alone.ok()) << alone.status();
   ASSERT_EQ(packed->coordinates_size(), alone->coordinates_size());
   for (int i = 0; i < packed->coordinates_size(); ++i) {

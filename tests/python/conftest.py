@@ -23,11 +23,14 @@ TINY = {
 
 class ServerProcess:
     def __init__(self, data, *args):
-        self.proc = subprocess.Popen([SERVER, "--data", data, "--listen", "127.0.0.1:0", "--http", "", *args],
-                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        self.proc = subprocess.Popen([SERVER, "--data", data, "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0",
+                                      *args], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         line = self.proc.stdout.readline()
         assert line.startswith("listening port="), line
         self.target = "127.0.0.1:" + line.strip().split("=")[1]
+        line = self.proc.stdout.readline()  # "http port=N url=..."
+        assert line.startswith("http port="), line
+        self.http = "http://127.0.0.1:" + line.split()[1].split("=")[1]
 
     def stop(self):
         self.proc.send_signal(signal.SIGTERM)

@@ -79,7 +79,7 @@ int Run(Context& ctx, const Options& o) {
   v1::GetActivationsResponse resp;
   auto call = [&](bool force) {
     req.set_force(force);
-    return ctx.client.GetActivations(req);
+    return ctx.client.RunAnalysis<v1::GetActivationsResponse>(req);
   };
   if (auto rc = RunAnalysis(ctx, "activations", o.force, call, &resp)) return *rc;
   if (o.csv) {

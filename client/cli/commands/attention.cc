@@ -48,7 +48,7 @@ int Run(Context& ctx, const Options& o) {
   v1::GetAttentionPatternsResponse resp;
   auto call = [&](bool force) {
     req.set_force(force);
-    return ctx.client.GetAttentionPatterns(req);
+    return ctx.client.RunAnalysis<v1::GetAttentionPatternsResponse>(req);
   };
   if (auto rc = RunAnalysis(ctx, "attention patterns", o.force, call, &resp)) return *rc;
   if (o.csv) {

@@ -51,6 +51,8 @@ void AddExport(CLI::App& app, Action* chosen);
 void AddReproduce(CLI::App& app, Action* chosen);
 void AddAnalyses(CLI::App& app, Action* chosen);
 void AddCancelAnalysis(CLI::App& app, Action* chosen);
+// Every other AnalysisService job, from the descriptor (analysis_verbs.cc).
+void AddAnalysisVerbs(CLI::App& app, Action* chosen);
 // The server
 void AddHealth(CLI::App& app, Action* chosen);
 void AddWhoAmI(CLI::App& app, Action* chosen);

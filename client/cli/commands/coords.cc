@@ -73,7 +73,7 @@ int Run(Context& ctx, const Options& o) {
   req.set_min_step(o.min_step);
   req.set_max_step(o.max_step);
   req.set_max_points(o.max_points);
-  auto resp = ctx.client.GetTrajectory(req);
+  auto resp = ctx.client.RunAnalysis<v1::GetTrajectoryResponse>(req);
   if (!resp.ok()) return ReportError(resp.status());
   if (ctx.g.json) {
     std::cout << client::ToJson(*resp) << "\n";

@@ -20,7 +20,7 @@ int Run(Context& ctx, const Options& o) {
   v1::CheckDataDependenceResponse resp;
   auto call = [&](bool force) {
     req.set_force(force);
-    return ctx.client.CheckDataDependence(req);
+    return ctx.client.RunAnalysis<v1::CheckDataDependenceResponse>(req);
   };
   if (auto rc = RunAnalysis(ctx, "the data-dependence check", o.force, call, &resp)) return *rc;
   std::printf("%llu sequences per point%s\n", static_cast<unsigned long long>(resp.samples()),

@@ -60,7 +60,7 @@ int Run(Context& ctx, const Options& o) {
   v1::DetectCircuitResponse resp;
   auto call = [&](bool force) {
     req.set_force(force);
-    return ctx.client.DetectCircuit(req);
+    return ctx.client.RunAnalysis<v1::DetectCircuitResponse>(req);
   };
   if (auto rc = RunAnalysis(ctx, "circuit detection", o.force, call, &resp)) return *rc;
   std::printf("%s step %llu, %s on %s%s\n", o.run_id.c_str(), static_cast<unsigned long long>(resp.step()),

@@ -40,7 +40,7 @@ int Run(Context& ctx, const Options& o) {
   v1::ExportWeightsResponse resp;
   auto call = [&](bool force) {
     req.set_force(force);
-    return ctx.client.ExportWeights(req);
+    return ctx.client.RunAnalysis<v1::ExportWeightsResponse>(req);
   };
   // The answer holds the file: never printed as JSON.
   Globals quiet = ctx.g;

@@ -226,7 +226,7 @@ int Run(Context& ctx, const Options& o) {
   v1::InterveneResponse resp;
   auto call = [&](bool force) {
     req->set_force(force);
-    return ctx.client.Intervene(*req);
+    return ctx.client.RunAnalysis<v1::InterveneResponse>(*req);
   };
   if (auto rc = RunAnalysis(ctx, "the intervention", o.force, call, &resp)) return *rc;
   if (o.csv) {

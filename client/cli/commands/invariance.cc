@@ -47,7 +47,7 @@ int Run(Context& ctx, const Options& o) {
   v1::CheckInvarianceResponse resp;
   auto call = [&](bool force) {
     req.set_force(force);
-    return ctx.client.CheckInvariance(req);
+    return ctx.client.RunAnalysis<v1::CheckInvarianceResponse>(req);
   };
   if (auto rc = RunAnalysis(ctx, "the invariance check", o.force, call, &resp)) return *rc;
   std::printf("ladder N:");

@@ -62,7 +62,7 @@ int Run(Context& ctx, const Options& o) {
   v1::LabelRunResponse resp;
   auto call = [&](bool force) {
     req.set_force(force);
-    return ctx.client.LabelRun(req);
+    return ctx.client.RunAnalysis<v1::LabelRunResponse>(req);
   };
   if (auto rc = RunAnalysis(ctx, "labelling", o.force, call, &resp)) return *rc;
   std::printf("%s: %s%s%s\n", o.run_id.c_str(), resp.label().c_str(),

@@ -25,7 +25,7 @@ int Run(Context& ctx, const Options& o) {
   v1::ProjectCheckpointResponse resp;
   auto call = [&](bool force) {
     req.set_force(force);
-    return ctx.client.ProjectCheckpoint(req);
+    return ctx.client.RunAnalysis<v1::ProjectCheckpointResponse>(req);
   };
   if (auto rc = RunAnalysis(ctx, "the projection", o.force, call, &resp)) return *rc;
   std::printf("%s step %llu, %s basis (%d coordinates)%s\n", resp.run_id().c_str(),

@@ -55,7 +55,7 @@ int Run(Context& ctx, const Options& o) {
   v1::AnalyzeTaskVectorsResponse resp;
   auto call = [&](bool force) {
     req->set_force(force);
-    return ctx.client.AnalyzeTaskVectors(*req);
+    return ctx.client.RunAnalysis<v1::AnalyzeTaskVectorsResponse>(*req);
   };
   if (auto rc = RunAnalysis(ctx, "the task-vector analysis", o.force, call, &resp)) return *rc;
   if (o.csv) {

@@ -219,3 +219,43 @@ def reproduction_table_df(client, reproduction, sweep):
         out.update({c: _value(row.values[i]) for i, c in columns if i < len(row.values)})
         rows.append(out)
     return pd.DataFrame(rows, columns=["run_id", "state"] + axes + [c for _, c in columns])
+
+
+_JOB_FIELDS = frozenset({"state", "progress", "error", "job_id", "from_store"})
+
+
+def _field_value(msg, f):
+    """One field as a cell: enums by name, repeated scalars as lists, messages as dicts."""
+    value = getattr(msg, f.name)
+    if f.type == f.TYPE_MESSAGE:
+        if f.label == f.LABEL_REPEATED:
+            return [json_format.MessageToDict(v, preserving_proto_field_name=True) for v in value]
+        return json_format.MessageToDict(value, preserving_proto_field_name=True)
+    if f.type == f.TYPE_ENUM:
+        names = f.enum_type.values_by_number
+        return [names[v].name for v in value] if f.label == f.LABEL_REPEATED else names[value].name
+    return list(value) if f.label == f.LABEL_REPEATED else value
+
+
+def answer_df(answer, table=None):
+    """Any analysis answer as a DataFrame, from its descriptor: one row per entry of its first repeated message
+    field with entries (or of `table`), a column per field of the entry, led by the answer's echoes of the request
+    (run_id, step, eval_set, ...). What every generic analysis method's _df form returns."""
+    pd = _pd()
+    fields = answer.DESCRIPTOR.fields
+    tables = [f for f in fields if f.type == f.TYPE_MESSAGE and f.label == f.LABEL_REPEATED]
+    if table is None:
+        chosen = next((f for f in tables if len(getattr(answer, f.name))), tables[0] if tables else None)
+    else:
+        chosen = answer.DESCRIPTOR.fields_by_name.get(table)
+        if chosen not in tables:
+            raise ValueError(f"{answer.DESCRIPTOR.name} has no table {table!r}; its tables: "
+                             f"{', '.join(f.name for f in tables) or 'none'}")
+    if chosen is None:
+        raise ValueError(f"{answer.DESCRIPTOR.name} has no table (repeated message field); use the message itself")
+    echoes = {f.name: _field_value(answer, f) for f in fields
+              if f.name not in _JOB_FIELDS and f.type != f.TYPE_MESSAGE and f.label != f.LABEL_REPEATED}
+    columns = list(echoes) + [f.name for f in chosen.message_type.fields]
+    rows = [{**echoes, **{f.name: _field_value(item, f) for f in chosen.message_type.fields}}
+            for item in getattr(answer, chosen.name)]
+    return pd.DataFrame(rows, columns=columns)
