@@ -9,14 +9,13 @@ server's message.
 """
 import json
 import os
-import re
 import sys
 import time
 
 import grpc
 from google.protobuf import json_format
 
-from circuitlab import errors
+from circuitlab import analyses, errors
 from circuitlab._health import health_pb2, health_pb2_grpc
 from circuitlab.v1 import analysis_service_pb2 as apb
 from circuitlab.v1 import analysis_service_pb2_grpc as apb_grpc
@@ -556,55 +555,6 @@ def _state(s):
     return pb.RunState.Value(name if name.startswith("RUN_STATE_") else "RUN_STATE_" + name)
 
 
-# ------------------------------------------------ every other analysis job --
-# An AnalysisService job without a hand-written method above gets one from the
-# service's descriptor, named by the fronts' rule (server/common/analysis_names.h:
-# GetLogitLens -> logit_lens), with its DataFrame form (<name>_df: frames.answer_df).
-# Fields go in as keyword arguments (or `request`: a message, dict, JSON text or
-# path); the answer is the response message, waited for as every job is.
 
-def front_name(method):
-    """The fronts' name of an AnalysisService method, in snake case: GetLogitLens -> logit_lens."""
-    name = method[3:] if method.startswith("Get") and method[3:4].isupper() else method
-    return re.sub(r"(?<!^)([A-Z])", r"_\1", name).lower()
-
-
-def _is_job(method):
-    out, req = method.output_type.fields_by_name, method.input_type.fields_by_name
-    return "state" in out and "job_id" in out and "force" in req
-
-
-def _job_method(method):
-    name = front_name(method.name)
-    request_type = getattr(apb, method.input_type.name)
-
-    def call(self, run_id=None, request=None, progress=None, deadline=600.0, poll=0.2, **fields):
-        req = message(request_type, request, run_id=run_id, **fields)
-        return self._job(getattr(self._analysis, method.name), req, name.replace("_", " "), progress, deadline, poll)
-
-    call.__name__ = call.__qualname__ = name
-    call.__doc__ = (f"{method.name} (a job): fields as {method.input_type.name} "
-                    f"({', '.join(f.name for f in method.input_type.fields if f.name != 'run_id')}); returns a "
-                    f"{method.output_type.name}. {name}_df gives it as a DataFrame. The fields' meaning: the "
-                    f"proto's comments (docs/reference/generated/rpc.md).")
-    return call
-
-
-def _job_df(name):
-    def df(self, run_id=None, request=None, table=None, **fields):
-        from circuitlab import frames
-        return frames.answer_df(getattr(self, name)(run_id, request, **fields), table)
-
-    df.__name__ = df.__qualname__ = name + "_df"
-    df.__doc__ = (f"{name}(...) as a DataFrame: a row per entry of the answer's first table (or `table`, a "
-                  f"repeated message field), led by its echoes of the request (frames.answer_df).")
-    return df
-
-
-for _method in apb.DESCRIPTOR.services_by_name["AnalysisService"].methods:
-    if _is_job(_method):
-        _name = front_name(_method.name)
-        if not hasattr(Client, _name):
-            setattr(Client, _name, _job_method(_method))
-        if not hasattr(Client, _name + "_df"):
-            setattr(Client, _name + "_df", _job_df(_name))
+# Every AnalysisService job without a method above gets one from the descriptor (circuitlab.analyses).
+analyses.install(Client, message)
