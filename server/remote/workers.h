@@ -25,6 +25,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <set>
 #include <functional>
 #include <map>
 #include <memory>
@@ -126,8 +127,33 @@ class WorkerBroker : public engine::Executor, public scheduler::WorkerCapacity {
 
  private:
   int TotalSlotsLocked() const;  // mu_ held
-  struct Lease;
-  struct Session;
+  struct Session {
+    uint64_t id = 0;
+    std::shared_ptr<WorkerLink> link;
+    WorkerInfo info;
+    int busy = 0;
+    bool closed = false;
+    double last_seen = 0;  // Clock::MonotonicSeconds
+    std::set<uint64_t> leases;
+    std::string Where() const {
+      return info.id + (info.engine_job.empty() ? "" : " " + info.engine_job) + "@" + info.host + " " + info.device;
+    }
+  };
+
+  struct Lease {
+    uint64_t id = 0;
+    size_t members = 0;
+    std::vector<int64_t> run_ids;
+    std::vector<uint64_t> total_steps;  // per member: reports may not go beyond
+    uint64_t reports = 0;               // reports received: a worker that sent none is blamed for losing it
+    uint64_t session = 0;
+    uint64_t next_sequence = 1;
+    std::deque<v1::WorkerMessage> inbox;  // routed by the rpc side, applied by the slot thread
+    bool lost = false;
+    absl::Status lost_why;
+    bool worker_at_fault = false;  // lost through the worker's fault: not charged to the runs
+    bool blamed = false;           // the worker sent what the run cannot have (ApplyReport)
+  };
   // What the slot thread keeps about one member of its lease.
   struct Member {
     std::string checkpoint;  // chunks received so far
@@ -139,6 +165,12 @@ class WorkerBroker : public engine::Executor, public scheduler::WorkerCapacity {
     bool stop_sent = false;
     absl::Status failure;  // a server-side failure (basis or checkpoint not written)
   };
+  struct LeaseRun;  // one lease on its slot thread (leases.cc)
+  // Applies a lease's messages: reports to their members, a LeaseEnd to all.
+  void ApplyInbox(LeaseRun& run, const std::deque<v1::WorkerMessage>& inbox);
+  // Ends the lease when lost or its preempted members missed the grace;
+  // else sends the stops its members were asked. True when it ended.
+  bool EndedOrStopped(LeaseRun& run, bool lost, const absl::Status& lost_why);
   // Runs one lease to its end on the calling (slot) thread.
   std::vector<absl::StatusOr<engine::TrainOutcome>> RunLease(const std::vector<engine::TrainRequest>& requests,
                                                              const std::vector<scheduler::PlacedObserver*>& observers);

@@ -9,11 +9,13 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <functional>
 #include <string_view>
 
 #include "absl/status/statusor.h"
 #include "server/common/cancel.h"
+#include "server/engine/analysis/decoder_analysis.h"
 #include "server/engine/api.h"
 #include "server/engine/models/decoder_model.h"
 #include "server/engine/tasks/latent_task.h"
@@ -94,5 +96,100 @@ absl::StatusOr<v1::AnalyzeTaskVectorsResponse> RunTaskVectorAnalyses(const Decod
 
 // Whether the request asks `analysis` ("p0", ..., "dyck_p0").
 bool Asked(const v1::AnalyzeTaskVectorsRequest& request, std::string_view analysis);
+
+// ---- What the analyses of one checkpoint share (task_vectors.cc runs them;
+// tv_dissociation.cc holds E.18-E.20's): progress with cancellation, the
+// run's model, task, request, layers, positions and estimation window.
+// Sequences per forward pass of the analyses (bounds activation memory).
+constexpr int64_t kTvChunk = 1024;
+// Sequences per chunk of the known-pool Bayes predictor ([chunk, T, tasks]).
+constexpr int64_t kTvBayesChunk = 64;
+
+double Pearson(const torch::Tensor& a, const torch::Tensor& b);
+
+class Reporter {
+ public:
+  Reporter(const std::function<void(double)>& progress, const CancelToken* cancel, int stages)
+      : progress_(progress), cancel_(cancel), stages_(std::max(1, stages)) {}
+  // Marks `fraction` of the current stage done; false when cancelled.
+  bool At(double fraction) {
+    if (progress_) progress_((static_cast<double>(stage_) + std::clamp(fraction, 0.0, 1.0)) / stages_);
+    return cancel_ == nullptr || !cancel_->stop_requested();
+  }
+  bool NextStage() {
+    ++stage_;
+    return At(0.0);
+  }
+
+ private:
+  const std::function<void(double)>& progress_;
+  const CancelToken* cancel_;
+  int stages_;
+  int stage_ = 0;
+};
+
+absl::Status Stopped();
+
+// What the analyses of one checkpoint share: the model, its task, the
+// request, the layers and positions it asks (defaults filled in), the
+// estimation window of the task vectors, progress and the rows written.
+struct TvRun {
+  TvRun(const DecoderModel& m, const LatentTaskGenerator& t, const v1::AnalyzeTaskVectorsRequest& request,
+        Reporter& reporter, RowFn rows)
+      : model(m),
+        task(t),
+        r(request),
+        rep(reporter),
+        row(std::move(rows)),
+        T(t.seq_len()),
+        K(t.num_majors()),
+        V(t.vocab_size()),
+        last(T - 2),
+        L(static_cast<int>(m.config().layers)) {
+    VectorWindow w = VectorWindowOf(r, L, last);  // the estimation window over positions
+    layers = std::move(w.layers);
+    est_begin = w.est_begin;
+    est_end = w.est_end;
+    positions.assign(r.positions().begin(), r.positions().end());
+    if (positions.empty()) {
+      for (int64_t p : {2, 4, 8, 16, 32}) {
+        if (p < last) positions.push_back(p);
+      }
+      positions.push_back(last);
+    }
+    for (int64_t& p : positions) p = std::min(p, last);
+    std::sort(positions.begin(), positions.end());
+    positions.erase(std::unique(positions.begin(), positions.end()), positions.end());
+  }
+
+  const DecoderModel& model;
+  const LatentTaskGenerator& task;
+  const v1::AnalyzeTaskVectorsRequest& r;
+  Reporter& rep;
+  const RowFn row;
+  const int64_t T, K, V;
+  const int64_t last;  // the last state that predicts a token
+  const int L;
+  std::vector<int> layers;
+  std::vector<int64_t> positions;
+  int64_t est_begin = 0, est_end = 0;
+};
+
+// Token-conditioned states at position t (D.5.1): for every token value a
+// and major k, B sequences of task k with x_t overwritten by a (the same base
+// sequences for every a). One [V, K, B, D] tensor per layer.
+std::vector<torch::Tensor> ConditionedAt(const DecoderModel& model, const LatentTaskGenerator& task, int64_t t,
+                                         int64_t B, const std::vector<int>& layers, const std::string& kind,
+                                         torch::Generator& gen);
+// KL(p || q) summed over the last dim, from log p and q.
+torch::Tensor KlFromLogP(const torch::Tensor& logp, const torch::Tensor& q);
+// Mean next-token cross-entropy over every position of `tokens` [N, T], with
+// `edit` applied to the stream at hook `point` (none when `edit` is empty).
+// Differentiable when autograd is on.
+torch::Tensor MeanCe(const DecoderModel& model, const torch::Tensor& tokens, const std::string& point,
+                     const std::function<torch::Tensor(const torch::Tensor&)>& edit);
+
+// D.5.10-D.5.13 and E.20 at one layer (tv_dissociation.cc).
+absl::Status Dissociation(TvRun& run);
 
 }  // namespace circuitlab::engine
