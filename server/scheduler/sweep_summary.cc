@@ -301,6 +301,56 @@ absl::Status BuildPivot(const v1::SweepPivot& p, const std::vector<std::string>&
   return absl::OkStatus();
 }
 
+// The first step at which a member's metric reached the column's threshold
+// (null when it never did).
+absl::StatusOr<Value> FirstStep(store::Store& store, int64_t run_id, const Column& c) {
+  store::MetricQuery q;
+  q.names = {c.target};
+  q.max_points = 1000000;
+  CL_ASSIGN_OR_RETURN(std::vector<store::MetricSeries> series, store.GetMetrics(run_id, q));
+  if (!series.empty()) {
+    const auto& s = series.front();
+    for (size_t k = 0; k < s.values.size(); ++k) {
+      if (s.values[k] >= c.threshold) return Number(static_cast<double>(s.steps[k]));
+    }
+  }
+  return Null();
+}
+
+// A finished member's labels as `who` may have them: stored, started (a
+// pending answer), or a LabelRunResponse whose error says why not.
+v1::LabelRunResponse LabelOf(AnalysisCore& analyses, int64_t run_id, const Requester& who) {
+  v1::LabelRunRequest req;
+  req.set_run_id(FormatRunId(run_id));
+  absl::StatusOr<v1::LabelRunResponse> got = analyses.Run<v1::LabelRunResponse>(req, who);
+  if (got.ok()) return *std::move(got);
+  v1::LabelRunResponse label;
+  if (got.status().code() == absl::StatusCode::kPermissionDenied && who.read_only) {
+    label.set_error("not labelled yet (a reader cannot start labels)");  // a reader reads stored labels only
+  } else if (got.status().code() != absl::StatusCode::kResourceExhausted) {
+    // This member cannot be labelled: say why in the cell. (A full analysis
+    // queue leaves the cell pending: ask again.)
+    label.set_state(v1::ANALYSIS_STATE_FAILED);
+    label.set_error(std::string(got.status().message()));
+  }
+  return label;
+}
+
+// A label column's cell; a label not ready counts in `pending`.
+Value LabelCell(const v1::LabelRunResponse& label, const Column& c, uint32_t* pending) {
+  if (label.state() != v1::ANALYSIS_STATE_DONE) {
+    if (label.state() == v1::ANALYSIS_STATE_UNSPECIFIED && !label.error().empty()) return Text(label.error());
+    if (label.state() == v1::ANALYSIS_STATE_FAILED || label.state() == v1::ANALYSIS_STATE_CANCELLED) {
+      return Text("error: " + label.error());
+    }
+    ++*pending;
+    return Null();
+  }
+  return Text(c.kind == Column::kCircuit ? label.label()
+              : c.kind == Column::kPair  ? label.pair()
+                                         : label.pair_predicted());
+}
+
 }  // namespace
 
 absl::StatusOr<v1::GetSweepSummaryResponse> SweepCore::Summary(const v1::GetSweepSummaryRequest& request,
@@ -364,19 +414,7 @@ absl::StatusOr<v1::GetSweepSummaryResponse> SweepCore::Summary(const v1::GetSwee
           if (auto it = coords[c.target].find(r.id); it != coords[c.target].end()) v = Number(it->second);
           break;
         case Column::kFirstStep: {
-          store::MetricQuery q;
-          q.names = {c.target};
-          q.max_points = 1000000;
-          CL_ASSIGN_OR_RETURN(std::vector<store::MetricSeries> series, store_->GetMetrics(r.id, q));
-          if (!series.empty()) {
-            const auto& s = series.front();
-            for (size_t k = 0; k < s.values.size(); ++k) {
-              if (s.values[k] >= c.threshold) {
-                v = Number(static_cast<double>(s.steps[k]));
-                break;
-              }
-            }
-          }
+          CL_ASSIGN_OR_RETURN(v, FirstStep(*store_, r.id, c));
           break;
         }
         case Column::kCircuit:
@@ -387,37 +425,10 @@ absl::StatusOr<v1::GetSweepSummaryResponse> SweepCore::Summary(const v1::GetSwee
             break;
           }
           if (!label) {
-            v1::LabelRunRequest req;
-            req.set_run_id(FormatRunId(r.id));
-            absl::StatusOr<v1::LabelRunResponse> got = analyses_->Run<v1::LabelRunResponse>(req, who);
-            if (got.ok()) {
-              label = std::move(*got);
-              if (started != nullptr && IsPending(label->state())) ++*started;
-            } else if (got.status().code() == absl::StatusCode::kPermissionDenied && who.read_only) {
-              label = v1::LabelRunResponse();  // a reader reads stored labels only
-              label->set_error("not labelled yet (a reader cannot start labels)");
-            } else if (got.status().code() == absl::StatusCode::kResourceExhausted) {
-              label = v1::LabelRunResponse();  // a full analysis queue: the cell stays pending; ask again
-            } else {
-              label = v1::LabelRunResponse();  // this member cannot be labelled: say why in the cell
-              label->set_state(v1::ANALYSIS_STATE_FAILED);
-              label->set_error(std::string(got.status().message()));
-            }
+            label = LabelOf(*analyses_, r.id, who);
+            if (started != nullptr && IsPending(label->state())) ++*started;
           }
-          if (label->state() != v1::ANALYSIS_STATE_DONE) {
-            if (label->state() == v1::ANALYSIS_STATE_UNSPECIFIED && !label->error().empty()) {
-              v = Text(label->error());
-            } else if (label->state() == v1::ANALYSIS_STATE_FAILED || label->state() == v1::ANALYSIS_STATE_CANCELLED) {
-              v = Text("error: " + label->error());
-            } else {
-              ++pending;
-            }
-            break;
-          }
-          const std::string& text = c.kind == Column::kCircuit ? label->label()
-                                    : c.kind == Column::kPair  ? label->pair()
-                                                               : label->pair_predicted();
-          v = Text(text);
+          v = LabelCell(*label, c, &pending);
           break;
         }
       }

@@ -37,15 +37,10 @@ FUNCTIONS_OVER = {
     ("worker/worker.cc", "Worker::End Worker::Session(std::string* why) {"): 113,
     ("server/engine/models/imir_model.cc", "void ImirModel::PlanCoordinates() {"): 112,
     ("server/reproduce/recipes.cc", "absl::Status ValidateScale("): 111,
-    ("server/engine/analysis/tv_dissociation.cc", "absl::Status Dissociation(TvRun& run) {"): 109,
-    ("client/cli/commands/compare.cc", "int Run(Context& ctx, const Options& o) {"): 107,
-    ("server/scheduler/analyses/intervene.cc", "absl::StatusOr<AnalysisPlan<v1::InterveneResponse>> PlanIntervene("): 105,
     ("server/engine/analysis/decoder_interventions.cc", "v1::InterventionEffect LatentEffect("): 115,
     ("server/engine/analysis/regression_interventions.cc", "absl::StatusOr<v1::InterveneResponse> InterveneRegression("): 124,
-    ("server/engine/analysis/decoder_prompts.cc", "absl::StatusOr<v1::InterveneResponse> InterveneDecoderPrompts("): 102,
     ("server/engine/train/run_loop.cc", "absl::StatusOr<std::vector<TrainOutcome>> TrainMembers("): 114,
     ("server/reproduce/reproductions.cc", "absl::StatusOr<v1::Reproduction> ReproductionCore::Begin("): 116,
-    ("server/scheduler/sweep_summary.cc", "absl::StatusOr<v1::GetSweepSummaryResponse> SweepCore::Summary("): 127,
 }
 
 

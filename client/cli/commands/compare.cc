@@ -83,6 +83,115 @@ std::string Number(double v) {
   return buf;
 }
 
+// Rows of the comparison: (section, key) -> one cell per run, in order.
+struct Table {
+  std::vector<std::pair<std::string, std::string>> keys;
+  std::map<std::pair<std::string, std::string>, std::vector<std::string>> cells;
+  size_t width = 0;
+  void Add(const std::string& section, const std::string& key, size_t i, const std::string& value) {
+    auto k = std::make_pair(section, key);
+    auto [it, fresh] = cells.try_emplace(k, std::vector<std::string>(width, "-"));
+    if (fresh) keys.push_back(k);
+    it->second[i] = value;
+  }
+};
+
+// The runs' state, the spec fields that differ, the latest metrics whose
+// names contain `metric_filter`.
+Table Compare(const std::vector<v1::Run>& runs, const std::string& metric_filter) {
+  Table t;
+  t.width = runs.size();
+  std::vector<std::map<std::string, std::string>> specs;
+  std::set<std::string> paths;
+  for (const v1::Run& r : runs) {
+    specs.push_back(SpecFields(r.spec()));
+    for (const auto& [p, v] : specs.back()) paths.insert(p);
+  }
+  for (size_t i = 0; i < runs.size(); ++i) {
+    const v1::Run& r = runs[i];
+    t.Add("run", "name", i, r.spec().name());
+    t.Add("run", "state", i, v1::RunState_Name(r.state()).substr(10));  // RUN_STATE_
+    t.Add("run", "step", i, std::to_string(r.progress().step()) + "/" + std::to_string(r.progress().total_steps()));
+  }
+  for (const std::string& p : paths) {
+    std::vector<std::string> values;
+    for (const auto& s : specs) values.push_back(s.count(p) ? s.at(p) : "-");
+    if (std::adjacent_find(values.begin(), values.end(), std::not_equal_to<>()) == values.end()) continue;
+    for (size_t i = 0; i < values.size(); ++i) t.Add("spec", p, i, values[i]);
+  }
+  std::set<std::string> metrics;
+  for (const v1::Run& r : runs) {
+    for (const auto& [name, v] : r.progress().latest()) {
+      if (name.find(metric_filter) != std::string::npos) metrics.insert(name);
+    }
+  }
+  for (const std::string& m : metrics) {
+    for (size_t i = 0; i < runs.size(); ++i) {
+      auto it = runs[i].progress().latest().find(m);
+      if (it != runs[i].progress().latest().end()) t.Add("metric", m, i, Number(it->second));
+    }
+  }
+  return t;
+}
+
+void PrintJson(const std::vector<v1::Run>& runs, Table& t) {
+  google::protobuf::Struct out;
+  auto& f = *out.mutable_fields();
+  for (const v1::Run& r : runs) f["runs"].mutable_list_value()->add_values()->set_string_value(r.run_id());
+  for (const auto& k : t.keys) {
+    auto& section = *f[k.first == "run" ? "runs_info" : k.first == "spec" ? "spec_differs" : "metrics"]
+                         .mutable_struct_value()
+                         ->mutable_fields();
+    for (const std::string& v : t.cells[k]) section[k.second].mutable_list_value()->add_values()->set_string_value(v);
+  }
+  std::cout << client::ToJson(out) << "\n";
+}
+
+void PrintCsv(const std::vector<v1::Run>& runs, Table& t) {
+  std::printf("section,key");
+  for (const v1::Run& r : runs) std::printf(",%s", Csv(r.run_id()).c_str());
+  std::printf("\n");
+  for (const auto& k : t.keys) {
+    std::printf("%s,%s", k.first.c_str(), Csv(k.second).c_str());
+    for (const std::string& v : t.cells[k]) std::printf(",%s", Csv(v).c_str());
+    std::printf("\n");
+  }
+}
+
+void PrintText(const std::vector<v1::Run>& runs, Table& t) {
+  size_t key_w = 6;
+  for (const auto& k : t.keys) key_w = std::max(key_w, k.second.size());
+  key_w = std::min<size_t>(key_w, 48);
+  std::vector<size_t> col_w(runs.size(), 8);
+  for (size_t i = 0; i < runs.size(); ++i) {
+    col_w[i] = std::max(col_w[i], runs[i].run_id().size());
+    for (const auto& k : t.keys) col_w[i] = std::min<size_t>(std::max(col_w[i], t.cells[k][i].size()), 32);
+  }
+  auto line = [&](const std::string& key, const std::vector<std::string>& row) {
+    std::printf("  %-*s", static_cast<int>(key_w), key.substr(0, key_w).c_str());
+    for (size_t i = 0; i < row.size(); ++i) {
+      std::printf("  %-*s", static_cast<int>(col_w[i]), row[i].substr(0, col_w[i]).c_str());
+    }
+    std::printf("\n");
+  };
+  std::vector<std::string> ids;
+  for (const v1::Run& r : runs) ids.push_back(r.run_id());
+  line("", ids);
+  std::string section;
+  for (const auto& k : t.keys) {
+    if (k.first != section) {
+      section = k.first;
+      std::printf("%s\n", section == "run"    ? "run"
+                          : section == "spec" ? "spec fields that differ"
+                                              : "latest metrics");
+    }
+    line(k.second, t.cells[k]);
+  }
+  if (std::none_of(t.keys.begin(), t.keys.end(), [](const auto& k) { return k.first == "spec"; })) {
+    std::printf("(the specs are identical but for their names)\n");
+  }
+}
+
 int Run(Context& ctx, const Options& o) {
   if (o.run_ids.size() < 2 || o.run_ids.size() > kMaxRuns) {
     std::fprintf(stderr, "error: compare takes 2 to %zu runs, got %zu\n", kMaxRuns, o.run_ids.size());
@@ -94,99 +203,13 @@ int Run(Context& ctx, const Options& o) {
     if (!run.ok()) return ReportError(run.status());
     runs.push_back(std::move(*run));
   }
-  // Rows: (section, key) -> one cell per run.
-  std::vector<std::pair<std::string, std::string>> keys;
-  std::map<std::pair<std::string, std::string>, std::vector<std::string>> cells;
-  auto add = [&](const std::string& section, const std::string& key, size_t i, const std::string& value) {
-    auto k = std::make_pair(section, key);
-    auto [it, fresh] = cells.try_emplace(k, std::vector<std::string>(runs.size(), "-"));
-    if (fresh) keys.push_back(k);
-    it->second[i] = value;
-  };
-  std::vector<std::map<std::string, std::string>> specs;
-  std::set<std::string> paths;
-  for (const v1::Run& r : runs) {
-    specs.push_back(SpecFields(r.spec()));
-    for (const auto& [p, v] : specs.back()) paths.insert(p);
-  }
-  for (size_t i = 0; i < runs.size(); ++i) {
-    const v1::Run& r = runs[i];
-    add("run", "name", i, r.spec().name());
-    add("run", "state", i, v1::RunState_Name(r.state()).substr(10));  // RUN_STATE_
-    add("run", "step", i, std::to_string(r.progress().step()) + "/" + std::to_string(r.progress().total_steps()));
-  }
-  for (const std::string& p : paths) {
-    std::vector<std::string> values;
-    for (const auto& s : specs) values.push_back(s.count(p) ? s.at(p) : "-");
-    if (std::adjacent_find(values.begin(), values.end(), std::not_equal_to<>()) == values.end()) continue;
-    for (size_t i = 0; i < values.size(); ++i) add("spec", p, i, values[i]);
-  }
-  std::set<std::string> metrics;
-  for (const v1::Run& r : runs) {
-    for (const auto& [name, v] : r.progress().latest()) {
-      if (name.find(o.metrics) != std::string::npos) metrics.insert(name);
-    }
-  }
-  for (const std::string& m : metrics) {
-    for (size_t i = 0; i < runs.size(); ++i) {
-      auto it = runs[i].progress().latest().find(m);
-      if (it != runs[i].progress().latest().end()) add("metric", m, i, Number(it->second));
-    }
-  }
+  Table table = Compare(runs, o.metrics);
   if (ctx.g.json) {
-    google::protobuf::Struct out;
-    auto& f = *out.mutable_fields();
-    for (const v1::Run& r : runs) f["runs"].mutable_list_value()->add_values()->set_string_value(r.run_id());
-    for (const auto& k : keys) {
-      auto& section = *f[k.first == "run" ? "runs_info" : k.first == "spec" ? "spec_differs" : "metrics"]
-                           .mutable_struct_value()
-                           ->mutable_fields();
-      for (const std::string& v : cells[k]) section[k.second].mutable_list_value()->add_values()->set_string_value(v);
-    }
-    std::cout << client::ToJson(out) << "\n";
-    return 0;
-  }
-  if (o.csv) {
-    std::printf("section,key");
-    for (const v1::Run& r : runs) std::printf(",%s", Csv(r.run_id()).c_str());
-    std::printf("\n");
-    for (const auto& k : keys) {
-      std::printf("%s,%s", k.first.c_str(), Csv(k.second).c_str());
-      for (const std::string& v : cells[k]) std::printf(",%s", Csv(v).c_str());
-      std::printf("\n");
-    }
-    return 0;
-  }
-  size_t key_w = 6;
-  for (const auto& k : keys) key_w = std::max(key_w, k.second.size());
-  key_w = std::min<size_t>(key_w, 48);
-  std::vector<size_t> col_w(runs.size(), 8);
-  for (size_t i = 0; i < runs.size(); ++i) {
-    col_w[i] = std::max(col_w[i], runs[i].run_id().size());
-    for (const auto& k : keys) col_w[i] = std::min<size_t>(std::max(col_w[i], cells[k][i].size()), 32);
-  }
-  std::string section;
-  auto line = [&](const std::string& key, const std::vector<std::string>& row) {
-    std::printf("  %-*s", static_cast<int>(key_w), key.substr(0, key_w).c_str());
-    for (size_t i = 0; i < row.size(); ++i) {
-      std::printf("  %-*s", static_cast<int>(col_w[i]), row[i].substr(0, col_w[i]).c_str());
-    }
-    std::printf("\n");
-  };
-  std::vector<std::string> ids;
-  for (const v1::Run& r : runs) ids.push_back(r.run_id());
-  line("", ids);
-  for (const auto& k : keys) {
-    if (k.first != section) {
-      section = k.first;
-      std::printf("%s\n", section == "run"    ? "run"
-                          : section == "spec" ? "spec fields that differ"
-                                              : "latest metrics");
-    }
-    line(k.second, cells[k]);
-  }
-  if (std::none_of(keys.begin(), keys.end(), [](const auto& k) { return k.first == "spec"; })) {
-    std::printf("(the specs are identical but for their names)\n");
+    PrintJson(runs, table);
+  } else if (o.csv) {
+    PrintCsv(runs, table);
+  } else {
+    PrintText(runs, table);
   }
   return 0;
 }

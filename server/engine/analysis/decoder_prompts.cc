@@ -37,19 +37,10 @@ absl::StatusOr<HookGeometry> EditablePoint(const std::string& name, const Decode
   return DecoderHookGeometry(*hp, name, cfg);
 }
 
-}  // namespace
-
-absl::StatusOr<v1::InterveneResponse> InterveneDecoderPrompts(const DecoderModel& model,
-                                                              const v1::InterveneRequest& request) {
-  torch::NoGradGuard no_grad;
-  const DecoderConfig& cfg = model.config();
-  absl::StatusOr<PromptSet> read = ReadPrompts(request, cfg.vocab, 0, cfg.max_len);
-  if (!read.ok()) return read.status();
-  const PromptSet& p = *read;
-  const int64_t n = p.clean.B, T = p.clean.T;
-  const torch::Tensor& scored = (request.has_patch() ? p.corrupted : p.clean).tokens;  // [1, n, T]
-  auto forward = [&](const torch::Tensor& tokens, const HookFn* hook) { return model.Forward(tokens, hook); };
-
+// The request's ops on prompts of T positions: hook-point ops but
+// replace-convex; InvalidArgument naming the op's field.
+absl::StatusOr<std::vector<PreparedOp>> PromptOps(const v1::InterveneRequest& request, const DecoderConfig& cfg,
+                                                  int64_t T) {
   std::vector<PreparedOp> ops;
   for (int i = 0; i < request.interventions_size(); ++i) {
     const v1::Intervention& op = request.interventions(i);
@@ -68,14 +59,12 @@ absl::StatusOr<v1::InterveneResponse> InterveneDecoderPrompts(const DecoderModel
     if (!prepared.ok()) return prepared.status();
     ops.push_back(std::move(*prepared));
   }
-  for (PreparedOp& op : ops) {
-    if (!NeedsReference(op)) continue;
-    absl::Status s = CaptureReference(op, n, n, T, DeriveSeed63(request.seed(), "intervene/resample", 0),
-                                      [&](int64_t b, int64_t count, const HookFn& hook) {
-                                        forward(p.clean.tokens.narrow(1, b, count), &hook);
-                                      });
-    if (!s.ok()) return s;
-  }
+  return ops;
+}
+
+// The request's attention-mass meters, read at the prompts' last position.
+absl::StatusOr<std::vector<AttentionMassMeter>> PromptMeters(const v1::InterveneRequest& request,
+                                                             const DecoderConfig& cfg, int64_t T) {
   std::vector<AttentionMassMeter> meters;
   for (int i = 0; i < request.attention_mass_size(); ++i) {
     const std::string field = "attention_mass[" + std::to_string(i) + "]";
@@ -87,8 +76,37 @@ absl::StatusOr<v1::InterveneResponse> InterveneDecoderPrompts(const DecoderModel
     if (!m.ok()) return m.status();
     meters.push_back(std::move(*m));
   }
+  return meters;
+}
 
-  std::vector<AttentionMassMeter> clean_mass = FreshCopies(meters), hit_mass = FreshCopies(meters);
+}  // namespace
+
+absl::StatusOr<v1::InterveneResponse> InterveneDecoderPrompts(const DecoderModel& model,
+                                                              const v1::InterveneRequest& request) {
+  torch::NoGradGuard no_grad;
+  const DecoderConfig& cfg = model.config();
+  absl::StatusOr<PromptSet> read = ReadPrompts(request, cfg.vocab, 0, cfg.max_len);
+  if (!read.ok()) return read.status();
+  const PromptSet& p = *read;
+  const int64_t n = p.clean.B, T = p.clean.T;
+  const torch::Tensor& scored = (request.has_patch() ? p.corrupted : p.clean).tokens;  // [1, n, T]
+  auto forward = [&](const torch::Tensor& tokens, const HookFn* hook) { return model.Forward(tokens, hook); };
+
+  absl::StatusOr<std::vector<PreparedOp>> prepared = PromptOps(request, cfg, T);
+  if (!prepared.ok()) return prepared.status();
+  std::vector<PreparedOp>& ops = *prepared;
+  for (PreparedOp& op : ops) {
+    if (!NeedsReference(op)) continue;
+    absl::Status s = CaptureReference(op, n, n, T, DeriveSeed63(request.seed(), "intervene/resample", 0),
+                                      [&](int64_t b, int64_t count, const HookFn& hook) {
+                                        forward(p.clean.tokens.narrow(1, b, count), &hook);
+                                      });
+    if (!s.ok()) return s;
+  }
+  absl::StatusOr<std::vector<AttentionMassMeter>> meters = PromptMeters(request, cfg, T);
+  if (!meters.ok()) return meters.status();
+
+  std::vector<AttentionMassMeter> clean_mass = FreshCopies(*meters), hit_mass = FreshCopies(*meters);
   const HookFn clean_hook = MeteredHook(nullptr, clean_mass);
   const HookFn edit = EditHook(ops, 0), metered = MeteredHook(&edit, hit_mass);
   const torch::Tensor clean = forward(scored, &clean_hook);

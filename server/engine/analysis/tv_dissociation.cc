@@ -124,6 +124,37 @@ void StatsProbe(TvRun& run, const torch::Tensor& v_opt, const torch::Tensor& com
   row("stats/r2_task", dl, -1, HeldOutR2(clr, torch::matmul(hs, task_basis)));  // every task direction
 }
 
+// The protected subspace (the task basis, with the tokens' top directions
+// under protect = "task_and_tokens") and its orthogonal complement [D, D - p]
+// (D.5.12).
+torch::Tensor Complement(TvRun& run, const torch::Tensor& w_tok, const torch::Tensor& task_basis, int dl) {
+  auto [Uk, Sk, Vhk] = torch::linalg_svd(w_tok, false);
+  torch::Tensor energy = Sk.pow(2).cumsum(0) / Sk.pow(2).sum().clamp_min(1e-300);
+  const int64_t tok_dims = std::min<int64_t>(Sk.size(0), (energy < 0.9).sum().item<int64_t>() + 1);
+  torch::Tensor protect = run.r.protect() == "task_and_tokens"
+                              ? OrthonormalColumns(torch::cat({task_basis, Vhk.narrow(0, 0, tok_dims).t()}, 1))
+                              : OrthonormalColumns(task_basis);
+  const int64_t D = run.model.config().d_model;
+  auto [evals, evecs] = torch::linalg_eigh(torch::eye(D, kF64) - torch::matmul(protect, protect.t()));
+  run.row("dissociation/protected_dims", dl, -1, static_cast<double>(protect.size(1)));
+  return evecs.index({torch::indexing::Slice(), evals > 0.5});
+}
+
+// The evaluation groups: E sequences of the majors, of 30 fresh (OOD) tasks
+// `ood_params`, and of the minors when the task has them.
+std::vector<std::pair<std::string, torch::Tensor>> EvalGroups(const LatentTaskGenerator& task, int64_t E,
+                                                              const torch::Tensor& ood_params, torch::Generator& gen) {
+  const int64_t K = task.num_majors();
+  std::vector<std::pair<std::string, torch::Tensor>> groups = {
+      {"major", task.SamplePool(LatentPool::kMajor, torch::arange(E, kI64).remainder(K), gen).tokens},
+      {"ood", task.SampleFrom(ood_params.index_select(0, torch::arange(E, kI64).remainder(30)), gen, {}, nullptr)}};
+  if (task.num_minors() > 0) {
+    groups.emplace_back("minor", task.SamplePool(LatentPool::kMinor,
+                                                 torch::randint(task.num_minors(), {E}, gen, kI64), gen).tokens);
+  }
+  return groups;
+}
+
 }  // namespace
 
 // D.5.10-D.5.13 and E.20 at one layer: the joint probe and the task
@@ -169,28 +200,11 @@ absl::Status Dissociation(TvRun& run) {
   row("dissociation/task_rank", dl, -1, static_cast<double>(task_basis.size(1)));
   if (!rep.At(0.1)) return Stopped();
 
-  // ---- the protected subspace and its complement (D.5.12) ----
-  auto [Uk, Sk, Vhk] = torch::linalg_svd(w_tok, false);
-  torch::Tensor energy = Sk.pow(2).cumsum(0) / Sk.pow(2).sum().clamp_min(1e-300);
-  const int64_t tok_dims = std::min<int64_t>(Sk.size(0), (energy < 0.9).sum().item<int64_t>() + 1);
-  torch::Tensor protect = r.protect() == "task_and_tokens"
-                              ? OrthonormalColumns(torch::cat({task_basis, Vhk.narrow(0, 0, tok_dims).t()}, 1))
-                              : OrthonormalColumns(task_basis);
-  const int64_t D = model.config().d_model;
-  auto [evals, evecs] = torch::linalg_eigh(torch::eye(D, kF64) - torch::matmul(protect, protect.t()));
-  torch::Tensor complement = evecs.index({torch::indexing::Slice(), evals > 0.5});  // [D, D - p]
-  row("dissociation/protected_dims", dl, -1, static_cast<double>(protect.size(1)));
+  const torch::Tensor complement = Complement(run, w_tok, task_basis, dl);
 
   // ---- evaluation groups: major, OOD (30 fresh tasks), minor ----
-  const int64_t E = r.eval_samples();
   torch::Tensor ood_params = task.DrawTasks(30, gen);
-  std::vector<std::pair<std::string, torch::Tensor>> groups = {
-      {"major", task.SamplePool(LatentPool::kMajor, torch::arange(E, kI64).remainder(K), gen).tokens},
-      {"ood", task.SampleFrom(ood_params.index_select(0, torch::arange(E, kI64).remainder(30)), gen, {}, nullptr)}};
-  if (task.num_minors() > 0) {
-    groups.emplace_back("minor", task.SamplePool(LatentPool::kMinor,
-                                                 torch::randint(task.num_minors(), {E}, gen, kI64), gen).tokens);
-  }
+  const std::vector<std::pair<std::string, torch::Tensor>> groups = EvalGroups(task, r.eval_samples(), ood_params, gen);
   auto remove = [](const torch::Tensor& basis) {  // h <- h - h U U^T
     torch::Tensor P = torch::matmul(basis, basis.t()).to(torch::kFloat);
     return [P](const torch::Tensor& v) { return v - torch::matmul(v, P.to(v.scalar_type())); };

@@ -170,15 +170,8 @@ absl::Status CheckPromptsFit(const v1::ExperimentSpec& spec, const v1::Prompts& 
 
 namespace {
 
-absl::StatusOr<AnalysisPlan<v1::InterveneResponse>> PlanIntervene(AnalysisCore& core, const v1::InterveneRequest& request) {
-  CL_ASSIGN_OR_RETURN(int64_t id, ParseRunId(request.run_id()));
-  CL_RETURN_IF_ERROR(CheckSelection(request.selection()));
-  const bool prompts = request.has_prompts();
-  if (prompts) {
-    CL_RETURN_IF_ERROR(CheckPromptShape(request));
-  } else {
-    CL_RETURN_IF_ERROR(CheckEvalSize(request.n_eval(), 16, "n_eval"));
-  }
+// The request's lists bounded before anything is loaded or copied.
+absl::Status CheckCounts(const v1::InterveneRequest& request) {
   if (request.interventions_size() > kMaxInterventions) {
     return absl::InvalidArgumentError("interventions must have at most " + std::to_string(kMaxInterventions) +
                                       " entries, got " + std::to_string(request.interventions_size()));
@@ -191,10 +184,25 @@ absl::StatusOr<AnalysisPlan<v1::InterveneResponse>> PlanIntervene(AnalysisCore& 
     return absl::InvalidArgumentError("eval_sets must have at most 16 entries, got " +
                                       std::to_string(request.eval_sets_size()));
   }
-  CL_ASSIGN_OR_RETURN(auto found, core.RunCheckpoint(id, request.step(), request.run_id()));
-  const v1::ExperimentSpec& spec = found.first;
-  const bool has_coordinates = engine::SpecFamilyOf(spec).has_coordinates();
-  if (prompts) CL_RETURN_IF_ERROR(CheckPromptsFit(spec, request.prompts()));
+  if (request.attention_mass_size() > 16) {
+    return absl::InvalidArgumentError("attention_mass must have at most 16 entries, got " +
+                                      std::to_string(request.attention_mass_size()));
+  }
+  for (const v1::AttentionMass& a : request.attention_mass()) {
+    // Keys and queries beyond T are refused by the engine, naming the field.
+    if (a.keys_size() > 4096 || a.queries_size() > 4096) {
+      return absl::InvalidArgumentError("attention_mass: at most 4096 keys and queries each");
+    }
+  }
+  if (request.logit_diff_tokens_size() > 2) {  // bounded before copying; the engine checks the pair
+    return absl::InvalidArgumentError("logit_diff_tokens must be empty or two token ids (t1, t2), got " +
+                                      std::to_string(request.logit_diff_tokens_size()));
+  }
+  return absl::OkStatus();
+}
+
+// Every evaluation set the request names is one of the run's.
+absl::Status CheckSetNames(AnalysisCore& core, const v1::ExperimentSpec& spec, const v1::InterveneRequest& request) {
   for (int i = 0; i < request.eval_sets_size(); ++i) {
     CL_RETURN_IF_ERROR(CheckEvalSet(core.analyzer(), spec, request.eval_sets(i), "eval_sets[" + std::to_string(i) + "]"));
   }
@@ -207,6 +215,24 @@ absl::StatusOr<AnalysisPlan<v1::InterveneResponse>> PlanIntervene(AnalysisCore& 
           CheckEvalSet(core.analyzer(), spec, r, "interventions[" + std::to_string(i) + "].reference_set"));
     }
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<AnalysisPlan<v1::InterveneResponse>> PlanIntervene(AnalysisCore& core, const v1::InterveneRequest& request) {
+  CL_ASSIGN_OR_RETURN(int64_t id, ParseRunId(request.run_id()));
+  CL_RETURN_IF_ERROR(CheckSelection(request.selection()));
+  CL_RETURN_IF_ERROR(CheckCounts(request));
+  const bool prompts = request.has_prompts();
+  if (prompts) {
+    CL_RETURN_IF_ERROR(CheckPromptShape(request));
+  } else {
+    CL_RETURN_IF_ERROR(CheckEvalSize(request.n_eval(), 16, "n_eval"));
+  }
+  CL_ASSIGN_OR_RETURN(auto found, core.RunCheckpoint(id, request.step(), request.run_id()));
+  const v1::ExperimentSpec& spec = found.first;
+  const bool has_coordinates = engine::SpecFamilyOf(spec).has_coordinates();
+  if (prompts) CL_RETURN_IF_ERROR(CheckPromptsFit(spec, request.prompts()));
+  CL_RETURN_IF_ERROR(CheckSetNames(core, spec, request));
   v1::InterveneRequest canonical = request;
   canonical.set_run_id(FormatRunId(id));
   canonical.set_step(static_cast<uint64_t>(found.second.step));
@@ -243,23 +269,9 @@ absl::StatusOr<AnalysisPlan<v1::InterveneResponse>> PlanIntervene(AnalysisCore& 
       swap_sources[i] = {std::move(src.first), std::move(src.second.bytes)};
     }
   }
-  if (request.attention_mass_size() > 16) {
-    return absl::InvalidArgumentError("attention_mass must have at most 16 entries, got " +
-                                      std::to_string(request.attention_mass_size()));
-  }
-  for (const v1::AttentionMass& a : request.attention_mass()) {
-    // Keys and queries beyond T are refused by the engine, naming the field.
-    if (a.keys_size() > 4096 || a.queries_size() > 4096) {
-      return absl::InvalidArgumentError("attention_mass: at most 4096 keys and queries each");
-    }
-  }
   if (request.has_patch()) {
     CL_RETURN_IF_ERROR(CheckPatch(request.patch(), T, n));
     reference_bytes += ReferenceBytes(spec, n, T);  // one hook's source activations at a time
-  }
-  if (request.logit_diff_tokens_size() > 2) {  // bounded before copying; the engine checks the pair
-    return absl::InvalidArgumentError("logit_diff_tokens must be empty or two token ids (t1, t2), got " +
-                                      std::to_string(request.logit_diff_tokens_size()));
   }
   // The clean and intervened logits of one evaluation set (float32, n_eval x
   // T x vocab at most) come on top of the reference activations.
