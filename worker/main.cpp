@@ -39,36 +39,28 @@ bool ReadFile(const std::string& path, std::string* out, bool first_line) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  CLI::App app{
-      "circuitlab-worker: trains runs for a circuitlab server. Dials the server (TLS and a token with the worker\n"
-      "role, as any client), leases runs, trains them with this machine's LibTorch and streams metrics,\n"
-      "coordinates and checkpoints back; the server keeps the store. Slurm pilots run it (circuitlab-server\n"
-      "--executor slurm); so can a Kubernetes Job or a person (--executor workers).\n"
-      "SIGTERM/SIGUSR2: lease nothing more, checkpoint the runs, hand them back, exit 0.\n"
-      "Exit codes: 0 drained or idle; 2 bad flags (a --device this machine lacks) or server unreachable\n"
-      "at start; 3 server lost longer than --reconnect-seconds; 4 refused (token, role, version, a server\n"
-      "without remote workers).\n\n"
-      "Example:\n  circuitlab-worker --server login1:50051 --ca-cert ca.pem --token-file worker.token --slots 2",
-      "circuitlab-worker"};
-  circuitlab::worker::WorkerOptions o;
-  o.server = Env("CIRCUITLAB_TARGET").empty() ? o.server : Env("CIRCUITLAB_TARGET");
+// The flags that are not WorkerOptions fields.
+struct Flags {
   std::string token_file = Env("CIRCUITLAB_TOKEN_FILE"), ca_cert = Env("CIRCUITLAB_CA_CERT");
   std::string client_cert, client_key, log_level = "info";
+  bool cuda_deterministic = true;
+};
+
+void DefineFlags(CLI::App& app, circuitlab::worker::WorkerOptions& o, Flags& f) {
+  o.server = Env("CIRCUITLAB_TARGET").empty() ? o.server : Env("CIRCUITLAB_TARGET");
   if (!Env("SLURM_JOB_ID").empty()) o.engine_job = "slurm:" + Env("SLURM_JOB_ID");
   app.add_option("--server", o.server, "host:port of the server (env CIRCUITLAB_TARGET)")->capture_default_str();
-  app.add_option("--token-file", token_file, "File whose first line is the token (env CIRCUITLAB_TOKEN_FILE)");
-  app.add_option("--ca-cert", ca_cert, "PEM CA of the server's certificate; turns TLS on (env CIRCUITLAB_CA_CERT)");
+  app.add_option("--token-file", f.token_file, "File whose first line is the token (env CIRCUITLAB_TOKEN_FILE)");
+  app.add_option("--ca-cert", f.ca_cert, "PEM CA of the server's certificate; turns TLS on (env CIRCUITLAB_CA_CERT)");
   app.add_flag("--tls", o.tls, "TLS with the system's CAs");
-  app.add_option("--client-cert", client_cert, "PEM client certificate (servers with mutual TLS)");
-  app.add_option("--client-key", client_key, "PEM key of --client-cert");
+  app.add_option("--client-cert", f.client_cert, "PEM client certificate (servers with mutual TLS)");
+  app.add_option("--client-key", f.client_key, "PEM key of --client-cert");
   app.add_option("--tls-server-name", o.tls_server_name, "Check the server's certificate for this name");
   app.add_option("--slots", o.slots, "Runs (or ensembles) trained at once")
       ->capture_default_str()
       ->check(CLI::Range(1, 64));
   app.add_option("--device", o.device, "Torch device: cpu or cuda:N")->capture_default_str();
-  bool cuda_deterministic = true;
-  app.add_flag("--cuda-deterministic,!--no-cuda-deterministic", cuda_deterministic,
+  app.add_flag("--cuda-deterministic,!--no-cuda-deterministic", f.cuda_deterministic,
                "With --device cuda:N: deterministic CUDA kernels, a run repeats bit-for-bit on the same GPU\n"
                "and software (default on; off is somewhat faster)");
   app.add_option("--intra-op-threads", o.intra_op_threads, "LibTorch/BLAS threads per run")
@@ -86,21 +78,24 @@ int main(int argc, char** argv) {
                  "After losing the server, dial again for this long before exiting")
       ->capture_default_str()
       ->check(CLI::Range(0, 86400 * 7));
-  app.add_option("--log-level", log_level, "trace|debug|info|warn|error|off")->capture_default_str();
+  app.add_option("--log-level", f.log_level, "trace|debug|info|warn|error|off")->capture_default_str();
   app.set_version_flag("--version", "circuitlab-worker " CIRCUITLAB_VERSION);
-  CLI11_PARSE(app, argc, argv);
+}
 
-  if (absl::Status s = circuitlab::SetupLogging(log_level); !s.ok()) {
+// Logging, the token and PEM files read, the device checked, the host
+// named; 0, or the exit code (2) after saying why.
+int Prepare(circuitlab::worker::WorkerOptions& o, const Flags& f) {
+  if (absl::Status s = circuitlab::SetupLogging(f.log_level); !s.ok()) {
     std::fprintf(stderr, "circuitlab-worker: %s\n", std::string(s.message()).c_str());
     return 2;
   }
-  if (!token_file.empty() && !ReadFile(token_file, &o.token, true)) {
-    std::fprintf(stderr, "circuitlab-worker: cannot read --token-file %s\n", token_file.c_str());
+  if (!f.token_file.empty() && !ReadFile(f.token_file, &o.token, true)) {
+    std::fprintf(stderr, "circuitlab-worker: cannot read --token-file %s\n", f.token_file.c_str());
     return 2;
   }
-  for (auto [path, pem, flag] : {std::tuple{&ca_cert, &o.ca_cert_pem, "--ca-cert"},
-                                 {&client_cert, &o.client_cert_pem, "--client-cert"},
-                                 {&client_key, &o.client_key_pem, "--client-key"}}) {
+  for (auto [path, pem, flag] : {std::tuple<const std::string*, std::string*, const char*>{&f.ca_cert, &o.ca_cert_pem, "--ca-cert"},
+                                 {&f.client_cert, &o.client_cert_pem, "--client-cert"},
+                                 {&f.client_key, &o.client_key_pem, "--client-key"}}) {
     if (!path->empty() && !ReadFile(*path, pem, false)) {
       std::fprintf(stderr, "circuitlab-worker: cannot read %s %s\n", flag, path->c_str());
       return 2;
@@ -127,7 +122,11 @@ int main(int argc, char** argv) {
   gethostname(host, sizeof host - 1);
   o.host = host;
   o.version = CIRCUITLAB_VERSION;
+  return 0;
+}
 
+// Trains until the worker ends, draining on SIGTERM/SIGINT/SIGUSR2; its exit code.
+int Serve(const circuitlab::worker::WorkerOptions& o, bool cuda_deterministic) {
   // Signals are taken by sigwait on the main thread: the kernel offers a
   // process signal to the main thread first, so threads that libraries
   // started before this mask (with the signals unblocked) never get them.
@@ -159,4 +158,24 @@ int main(int argc, char** argv) {
   }
   runner.join();
   return rc;
+}
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "circuitlab-worker: trains runs for a circuitlab server. Dials the server (TLS and a token with the worker\n"
+      "role, as any client), leases runs, trains them with this machine's LibTorch and streams metrics,\n"
+      "coordinates and checkpoints back; the server keeps the store. Slurm pilots run it (circuitlab-server\n"
+      "--executor slurm); so can a Kubernetes Job or a person (--executor workers).\n"
+      "SIGTERM/SIGUSR2: lease nothing more, checkpoint the runs, hand them back, exit 0.\n"
+      "Exit codes: 0 drained or idle; 2 bad flags (a --device this machine lacks) or server unreachable\n"
+      "at start; 3 server lost longer than --reconnect-seconds; 4 refused (token, role, version, a server\n"
+      "without remote workers).\n\n"
+      "Example:\n  circuitlab-worker --server login1:50051 --ca-cert ca.pem --token-file worker.token --slots 2",
+      "circuitlab-worker"};
+  circuitlab::worker::WorkerOptions o;
+  Flags f;
+  DefineFlags(app, o, f);
+  CLI11_PARSE(app, argc, argv);
+  if (const int rc = Prepare(o, f); rc != 0) return rc;
+  return Serve(o, f.cuda_deterministic);
 }

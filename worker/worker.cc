@@ -253,6 +253,47 @@ int Worker::Run() {
   }
 }
 
+std::shared_ptr<Worker::LeaseRun> Worker::OnServerMessage(const v1::ServerMessage& in) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::shared_ptr<LeaseRun> start;
+  if (in.has_lease()) {
+    auto lease = std::make_shared<LeaseRun>();
+    lease->id = in.lease().lease_id();
+    lease->members.assign(in.lease().members().begin(), in.lease().members().end());
+    lease->resume.resize(lease->members.size());
+    lease->tokens = std::vector<CancelToken>(lease->members.size());
+    leases_[lease->id] = lease;
+    // Leased just before the server saw our Drain: hand it straight back.
+    if (drain_sent_) {
+      for (CancelToken& t : lease->tokens) t.Request(StopReason::kPreempt);
+    }
+    if (lease->Complete()) start = lease;
+  } else if (in.has_resume_chunk()) {
+    auto it = leases_.find(in.resume_chunk().lease_id());
+    if (it != leases_.end() && in.resume_chunk().member() < it->second->resume.size()) {
+      it->second->resume[in.resume_chunk().member()] += in.resume_chunk().data();
+      if (!it->second->started && it->second->Complete()) start = it->second;
+    }
+  } else if (in.has_stop()) {
+    auto it = leases_.find(in.stop().lease_id());
+    if (it != leases_.end()) {
+      if (in.stop().reason() == v1::Stop::REASON_PREEMPT) {
+        for (CancelToken& t : it->second->tokens) t.Request(StopReason::kPreempt);
+      } else if (in.stop().member() < it->second->tokens.size()) {
+        it->second->tokens[in.stop().member()].Request(StopReason::kCancel);
+      }
+    }
+  } else if (in.has_checkpoint_ack()) {
+    auto it = leases_.find(in.checkpoint_ack().lease_id());
+    if (it != leases_.end()) {
+      it->second->acks[{in.checkpoint_ack().member(), in.checkpoint_ack().step()}] = in.checkpoint_ack().error();
+    }
+    cv_.notify_all();
+  }
+  if (start) start->started = true;
+  return start;
+}
+
 Worker::End Worker::Session(std::string* why) {
   auto stub = v1::WorkerService::NewStub(channel_);
   grpc::ClientContext ctx;
@@ -297,46 +338,7 @@ Worker::End Worker::Session(std::string* why) {
   std::thread monitor([this] { Monitor(); });
 
   while (stream->Read(&in)) {
-    std::shared_ptr<LeaseRun> start;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (in.has_lease()) {
-        auto lease = std::make_shared<LeaseRun>();
-        lease->id = in.lease().lease_id();
-        lease->members.assign(in.lease().members().begin(), in.lease().members().end());
-        lease->resume.resize(lease->members.size());
-        lease->tokens = std::vector<CancelToken>(lease->members.size());
-        leases_[lease->id] = lease;
-        // Leased just before the server saw our Drain: hand it straight back.
-        if (drain_sent_) {
-          for (CancelToken& t : lease->tokens) t.Request(StopReason::kPreempt);
-        }
-        if (lease->Complete()) start = lease;
-      } else if (in.has_resume_chunk()) {
-        auto it = leases_.find(in.resume_chunk().lease_id());
-        if (it != leases_.end() && in.resume_chunk().member() < it->second->resume.size()) {
-          it->second->resume[in.resume_chunk().member()] += in.resume_chunk().data();
-          if (!it->second->started && it->second->Complete()) start = it->second;
-        }
-      } else if (in.has_stop()) {
-        auto it = leases_.find(in.stop().lease_id());
-        if (it != leases_.end()) {
-          if (in.stop().reason() == v1::Stop::REASON_PREEMPT) {
-            for (CancelToken& t : it->second->tokens) t.Request(StopReason::kPreempt);
-          } else if (in.stop().member() < it->second->tokens.size()) {
-            it->second->tokens[in.stop().member()].Request(StopReason::kCancel);
-          }
-        }
-      } else if (in.has_checkpoint_ack()) {
-        auto it = leases_.find(in.checkpoint_ack().lease_id());
-        if (it != leases_.end()) {
-          it->second->acks[{in.checkpoint_ack().member(), in.checkpoint_ack().step()}] = in.checkpoint_ack().error();
-        }
-        cv_.notify_all();
-      }
-      if (start) start->started = true;
-    }
-    if (start) StartLease(start);
+    if (std::shared_ptr<LeaseRun> start = OnServerMessage(in)) StartLease(start);
   }
 
   // The session is over: runs still training stop (the server queues them

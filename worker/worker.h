@@ -68,6 +68,9 @@ class Worker {
   enum class End { kDone, kLost, kRefused };
 
   End Session(std::string* why);
+  // Applies one message of the server (a lease, a resume chunk, a stop, a
+  // checkpoint ack); the lease to start now that it is complete, if any.
+  std::shared_ptr<LeaseRun> OnServerMessage(const v1::ServerMessage& in);
   void StartLease(const std::shared_ptr<LeaseRun>& lease);
   void TrainLease(std::shared_ptr<LeaseRun> lease);
   // Writes one message on the session's stream (false once it is broken).

@@ -86,6 +86,79 @@ absl::Status CheckValue(const v1::RecipeValue& v, const v1::RecipeScale& scale, 
   }
 }
 
+// One figure of a scale: it draws a sweep of the scale, a kind it knows,
+// 1 to 12 columns that fit the kind; `f` names it in errors.
+absl::Status ValidateFigure(const v1::RecipeScale& scale, const v1::RecipeFigure& fig,
+                            const std::set<std::string>& sweeps, const std::string& f) {
+  if (!sweeps.count(fig.sweep())) {
+    return absl::InvalidArgumentError(f + ".sweep names no sweep of the scale, got \"" + fig.sweep() + "\"");
+  }
+  if (fig.kind() == v1::RecipeFigure::KIND_UNSPECIFIED || !v1::RecipeFigure::Kind_IsValid(fig.kind())) {
+    return absl::InvalidArgumentError(f + ".kind must be KIND_LABEL_MAP, KIND_CURVE, KIND_SERIES or KIND_BARS");
+  }
+  if (fig.columns().empty() || fig.columns_size() > 12 || fig.legend_size() > fig.columns_size()) {
+    return absl::InvalidArgumentError(f + ".columns must name 1 to 12 columns (and legend at most one name each)");
+  }
+  if (fig.kind() == v1::RecipeFigure::KIND_LABEL_MAP && (fig.columns_size() != 1 || fig.x().empty() ||
+                                                          fig.y().empty())) {
+    return absl::InvalidArgumentError(f + ": a KIND_LABEL_MAP needs x and y (two axes) and one label column");
+  }
+  if (fig.kind() == v1::RecipeFigure::KIND_CURVE && fig.x().empty()) {
+    return absl::InvalidArgumentError(f + ".x must name an axis or a column for KIND_CURVE");
+  }
+  for (const std::string& c : fig.columns()) {
+    const v1::RecipeAnalysis* a = nullptr;
+    if (c.empty() || c.size() > 256) return absl::InvalidArgumentError(f + ".columns: 1 to 256 characters each");
+    if (IsAnalysisColumn(scale, c, &a) && a->sweep() != fig.sweep()) {
+      return absl::InvalidArgumentError(f + ".columns reads analysis \"" + a->name() + "\", which runs on " +
+                                        a->sweep() + ", not " + fig.sweep());
+    }
+    if (IsSeriesColumn(c) && fig.kind() != v1::RecipeFigure::KIND_SERIES) {
+      return absl::InvalidArgumentError(f + ".columns: \"series:\" and \"trajectory:\" columns go with " +
+                                        "KIND_SERIES, got " + c);
+    }
+  }
+  if (fig.title().size() > 256 || fig.y_title().size() > 256 || fig.x().size() > 256 || fig.y().size() > 256 ||
+      fig.where_size() > 8) {
+    return absl::InvalidArgumentError(f + ": title, y_title, x and y at most 256 characters, where 8 entries");
+  }
+  return absl::OkStatus();
+}
+
+// A scale's checks: ids unique, needs naming earlier checks that pass or
+// fail, aggregates known, values reading what the scale has.
+absl::Status ValidateChecks(const v1::RecipeScale& scale, const std::set<std::string>& sweeps,
+                            const std::string& where) {
+  if (scale.checks().empty()) return absl::InvalidArgumentError(where + ".checks must hold at least one check");
+  std::set<std::string> checks, reported;
+  for (int i = 0; i < scale.checks_size(); ++i) {
+    const v1::RecipeCheck& c = scale.checks(i);
+    const std::string f = where + ".checks[" + std::to_string(i) + "]";
+    CL_RETURN_IF_ERROR(CheckName(c.id(), f + ".id"));
+    for (const std::string& r : c.needs()) {
+      if (!checks.count(r)) {
+        return absl::InvalidArgumentError(f + ".needs names no earlier check, got \"" + r + "\"");
+      }
+      if (reported.count(r)) {
+        return absl::InvalidArgumentError(f + ".needs names \"" + r +
+                                          "\", a report_only check, which never passes or fails");
+      }
+    }
+    if (c.report_only()) reported.insert(c.id());
+    if (!v1::RecipeCheck::Aggregate_IsValid(c.aggregate())) {
+      return absl::InvalidArgumentError(f + ".aggregate is not a known value: " + std::to_string(c.aggregate()));
+    }
+    if ((c.aggregate() == v1::RecipeCheck::AGGREGATE_AT_LEAST) != (c.at_least() > 0) || c.at_least() > 16) {
+      return absl::InvalidArgumentError(f + ".at_least must be in [1, 16] with AGGREGATE_AT_LEAST, and 0 " +
+                                        "otherwise, got " + std::to_string(c.at_least()));
+    }
+    if (!checks.insert(c.id()).second) return absl::InvalidArgumentError(f + ".id repeats \"" + c.id() + "\"");
+    CL_RETURN_IF_ERROR(CheckValue(c.value(), scale, sweeps, f + ".value"));
+    CL_RETURN_IF_ERROR(CheckValue(c.against(), scale, sweeps, f + ".against"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateScale(const v1::RecipeScale& scale, const std::string& where) {
   if (scale.default_seeds() > 16) {
     return absl::InvalidArgumentError(where + ".default_seeds must be in [0, 16], got " +
@@ -135,66 +208,9 @@ absl::Status ValidateScale(const v1::RecipeScale& scale, const std::string& wher
   for (int i = 0; i < scale.figures_size(); ++i) {
     const v1::RecipeFigure& fig = scale.figures(i);
     const std::string f = where + ".figures[" + std::to_string(i) + "]";
-    if (!sweeps.count(fig.sweep())) {
-      return absl::InvalidArgumentError(f + ".sweep names no sweep of the scale, got \"" + fig.sweep() + "\"");
-    }
-    if (fig.kind() == v1::RecipeFigure::KIND_UNSPECIFIED || !v1::RecipeFigure::Kind_IsValid(fig.kind())) {
-      return absl::InvalidArgumentError(f + ".kind must be KIND_LABEL_MAP, KIND_CURVE, KIND_SERIES or KIND_BARS");
-    }
-    if (fig.columns().empty() || fig.columns_size() > 12 || fig.legend_size() > fig.columns_size()) {
-      return absl::InvalidArgumentError(f + ".columns must name 1 to 12 columns (and legend at most one name each)");
-    }
-    if (fig.kind() == v1::RecipeFigure::KIND_LABEL_MAP && (fig.columns_size() != 1 || fig.x().empty() ||
-                                                            fig.y().empty())) {
-      return absl::InvalidArgumentError(f + ": a KIND_LABEL_MAP needs x and y (two axes) and one label column");
-    }
-    if (fig.kind() == v1::RecipeFigure::KIND_CURVE && fig.x().empty()) {
-      return absl::InvalidArgumentError(f + ".x must name an axis or a column for KIND_CURVE");
-    }
-    for (const std::string& c : fig.columns()) {
-      const v1::RecipeAnalysis* a = nullptr;
-      if (c.empty() || c.size() > 256) return absl::InvalidArgumentError(f + ".columns: 1 to 256 characters each");
-      if (IsAnalysisColumn(scale, c, &a) && a->sweep() != fig.sweep()) {
-        return absl::InvalidArgumentError(f + ".columns reads analysis \"" + a->name() + "\", which runs on " +
-                                          a->sweep() + ", not " + fig.sweep());
-      }
-      if (IsSeriesColumn(c) && fig.kind() != v1::RecipeFigure::KIND_SERIES) {
-        return absl::InvalidArgumentError(f + ".columns: \"series:\" and \"trajectory:\" columns go with " +
-                                          "KIND_SERIES, got " + c);
-      }
-    }
-    if (fig.title().size() > 256 || fig.y_title().size() > 256 || fig.x().size() > 256 || fig.y().size() > 256 ||
-        fig.where_size() > 8) {
-      return absl::InvalidArgumentError(f + ": title, y_title, x and y at most 256 characters, where 8 entries");
-    }
+    CL_RETURN_IF_ERROR(ValidateFigure(scale, fig, sweeps, f));
   }
-  if (scale.checks().empty()) return absl::InvalidArgumentError(where + ".checks must hold at least one check");
-  std::set<std::string> checks, reported;
-  for (int i = 0; i < scale.checks_size(); ++i) {
-    const v1::RecipeCheck& c = scale.checks(i);
-    const std::string f = where + ".checks[" + std::to_string(i) + "]";
-    CL_RETURN_IF_ERROR(CheckName(c.id(), f + ".id"));
-    for (const std::string& r : c.needs()) {
-      if (!checks.count(r)) {
-        return absl::InvalidArgumentError(f + ".needs names no earlier check, got \"" + r + "\"");
-      }
-      if (reported.count(r)) {
-        return absl::InvalidArgumentError(f + ".needs names \"" + r +
-                                          "\", a report_only check, which never passes or fails");
-      }
-    }
-    if (c.report_only()) reported.insert(c.id());
-    if (!v1::RecipeCheck::Aggregate_IsValid(c.aggregate())) {
-      return absl::InvalidArgumentError(f + ".aggregate is not a known value: " + std::to_string(c.aggregate()));
-    }
-    if ((c.aggregate() == v1::RecipeCheck::AGGREGATE_AT_LEAST) != (c.at_least() > 0) || c.at_least() > 16) {
-      return absl::InvalidArgumentError(f + ".at_least must be in [1, 16] with AGGREGATE_AT_LEAST, and 0 " +
-                                        "otherwise, got " + std::to_string(c.at_least()));
-    }
-    if (!checks.insert(c.id()).second) return absl::InvalidArgumentError(f + ".id repeats \"" + c.id() + "\"");
-    CL_RETURN_IF_ERROR(CheckValue(c.value(), scale, sweeps, f + ".value"));
-    CL_RETURN_IF_ERROR(CheckValue(c.against(), scale, sweeps, f + ".against"));
-  }
+  CL_RETURN_IF_ERROR(ValidateChecks(scale, sweeps, where));
   return absl::OkStatus();
 }
 

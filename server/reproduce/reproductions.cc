@@ -139,6 +139,72 @@ v1::ListRecipesResponse ReproductionCore::Recipes() const {
   return out;
 }
 
+absl::StatusOr<int64_t> ReproductionCore::CheckRuns(const v1::RecipeScale& scale, const v1::Reproduction& r,
+                                                     const std::string& owner) {
+  // The sizes first, from the sweeps' shapes (axes x values x seeds), before
+  // anything is expanded: an oversized recipe costs nothing to refuse.
+  const int max_runs = sweeps_->MaxRunsFor(owner);
+  const int queue = runs_->QueueLimitFor(owner);
+  int64_t total = 0;
+  bool capped = false;
+  const v1::RecipeSweep* too_wide = nullptr;
+  int64_t too_wide_members = 0;
+  for (const v1::RecipeSweep& s : scale.sweeps()) {
+    const int64_t members = scheduler::SweepMemberCount(s.sweep(), kMaxTotalRuns);
+    capped = capped || members > kMaxTotalRuns;
+    total += members * r.seeds();
+    if (members > queue && too_wide == nullptr) {
+      too_wide = &s;
+      too_wide_members = members;
+    }
+  }
+  if (total > kMaxTotalRuns) {
+    return absl::ResourceExhaustedError("the reproduction has " + std::string(capped ? "more than " : "") +
+                                        std::to_string(total) + " runs; at most " + std::to_string(kMaxTotalRuns) +
+                                        " (lower seeds)");
+  }
+  if (too_wide != nullptr) {
+    return absl::ResourceExhaustedError("sweep " + too_wide->name() + " has " + std::to_string(too_wide_members) +
+                                        " runs per seed, more than " + owner + " may queue (" + std::to_string(queue) +
+                                        ", --max-queued-per-client)");
+  }
+  // Then every member of every sweep is checked, as SubmitRun would check it.
+  for (const v1::RecipeSweep& s : scale.sweeps()) {
+    absl::StatusOr<std::vector<scheduler::SweepMember>> members =
+        scheduler::ExpandSweep(SeededSweep(s, r, 0), max_runs);
+    if (!members.ok()) {
+      return absl::Status(members.status().code(),
+                          "sweep " + s.name() + ": " + std::string(members.status().message()));
+    }
+    for (scheduler::SweepMember& m : *members) {
+      const std::string who = m.spec.name();
+      absl::StatusOr<store::NewRun> ok = runs_->PrepareRun(std::move(m.spec), owner);
+      if (!ok.ok()) {
+        return absl::Status(ok.status().code(),
+                            "sweep " + s.name() + " member " + who + ": " + std::string(ok.status().message()));
+      }
+    }
+  }
+  return total;
+}
+
+absl::Status ReproductionCore::CheckActive(const std::string& owner) {
+  CL_ASSIGN_OR_RETURN(auto mine,
+                      store_->ListReproductions(Summaries(owner, Unfinished(), options_.max_active_per_owner)));
+  if (static_cast<int>(mine.rows.size()) >= options_.max_active_per_owner) {
+    return absl::ResourceExhaustedError(owner + " has " + std::to_string(mine.rows.size()) +
+                                        " unfinished reproductions (at most " +
+                                        std::to_string(options_.max_active_per_owner) + "); wait or cancel one");
+  }
+  CL_ASSIGN_OR_RETURN(auto all, store_->ListReproductions(Summaries("", Unfinished(), options_.max_active)));
+  if (static_cast<int>(all.rows.size()) >= options_.max_active) {
+    return absl::ResourceExhaustedError("the server has " + std::to_string(all.rows.size()) +
+                                        " unfinished reproductions (at most " + std::to_string(options_.max_active) +
+                                        ")");
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<v1::Reproduction> ReproductionCore::Begin(const v1::StartReproductionRequest& request,
                                                          const std::string& owner) {
   v1::Recipe recipe;
@@ -185,63 +251,8 @@ absl::StatusOr<v1::Reproduction> ReproductionCore::Begin(const v1::StartReproduc
   r.set_seeds(seeds);
   r.set_owner(owner);
   *r.mutable_recipe() = recipe;
-  // The sizes first, from the sweeps' shapes (axes x values x seeds), before
-  // anything is expanded: an oversized recipe costs nothing to refuse.
-  const int max_runs = sweeps_->MaxRunsFor(owner);
-  const int queue = runs_->QueueLimitFor(owner);
-  int64_t total = 0;
-  bool capped = false;
-  const v1::RecipeSweep* too_wide = nullptr;
-  int64_t too_wide_members = 0;
-  for (const v1::RecipeSweep& s : scale.sweeps()) {
-    const int64_t members = scheduler::SweepMemberCount(s.sweep(), kMaxTotalRuns);
-    capped = capped || members > kMaxTotalRuns;
-    total += members * seeds;
-    if (members > queue && too_wide == nullptr) {
-      too_wide = &s;
-      too_wide_members = members;
-    }
-  }
-  if (total > kMaxTotalRuns) {
-    return absl::ResourceExhaustedError("the reproduction has " + std::string(capped ? "more than " : "") +
-                                        std::to_string(total) + " runs; at most " + std::to_string(kMaxTotalRuns) +
-                                        " (lower seeds)");
-  }
-  if (too_wide != nullptr) {
-    return absl::ResourceExhaustedError("sweep " + too_wide->name() + " has " + std::to_string(too_wide_members) +
-                                        " runs per seed, more than " + owner + " may queue (" + std::to_string(queue) +
-                                        ", --max-queued-per-client)");
-  }
-  // Then every member of every sweep is checked, as SubmitRun would check it.
-  for (const v1::RecipeSweep& s : scale.sweeps()) {
-    absl::StatusOr<std::vector<scheduler::SweepMember>> members =
-        scheduler::ExpandSweep(SeededSweep(s, r, 0), max_runs);
-    if (!members.ok()) {
-      return absl::Status(members.status().code(),
-                          "sweep " + s.name() + ": " + std::string(members.status().message()));
-    }
-    for (scheduler::SweepMember& m : *members) {
-      const std::string who = m.spec.name();
-      absl::StatusOr<store::NewRun> ok = runs_->PrepareRun(std::move(m.spec), owner);
-      if (!ok.ok()) {
-        return absl::Status(ok.status().code(),
-                            "sweep " + s.name() + " member " + who + ": " + std::string(ok.status().message()));
-      }
-    }
-  }
-  CL_ASSIGN_OR_RETURN(auto mine,
-                      store_->ListReproductions(Summaries(owner, Unfinished(), options_.max_active_per_owner)));
-  if (static_cast<int>(mine.rows.size()) >= options_.max_active_per_owner) {
-    return absl::ResourceExhaustedError(owner + " has " + std::to_string(mine.rows.size()) +
-                                        " unfinished reproductions (at most " +
-                                        std::to_string(options_.max_active_per_owner) + "); wait or cancel one");
-  }
-  CL_ASSIGN_OR_RETURN(auto all, store_->ListReproductions(Summaries("", Unfinished(), options_.max_active)));
-  if (static_cast<int>(all.rows.size()) >= options_.max_active) {
-    return absl::ResourceExhaustedError("the server has " + std::to_string(all.rows.size()) +
-                                        " unfinished reproductions (at most " + std::to_string(options_.max_active) +
-                                        ")");
-  }
+  CL_ASSIGN_OR_RETURN(const int64_t total, CheckRuns(scale, r, owner));
+  CL_RETURN_IF_ERROR(CheckActive(owner));
   const int64_t now = NowUs();
   SetTime(now, r.mutable_created_at());
   r.set_state(v1::REPRODUCTION_STATE_TRAINING);

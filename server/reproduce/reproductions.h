@@ -72,6 +72,12 @@ class ReproductionCore {
   absl::StatusOr<std::string> OwnerOf(const std::string& id);
 
  private:
+  // Begin's admission: the reproduction's runs within the server's and the
+  // owner's limits, every member as SubmitRun would take it (its total runs);
+  // the unfinished reproductions of the owner and of the server under theirs.
+  absl::StatusOr<int64_t> CheckRuns(const v1::RecipeScale& scale, const v1::Reproduction& r,
+                                    const std::string& owner);
+  absl::Status CheckActive(const std::string& owner);
   void Loop();
   void AdvanceAll();
   // One step of `r`; true when its record changed.

@@ -31,16 +31,12 @@ FILES_OVER = {
 FUNCTIONS_OVER = {
     ("server/engine/tasks/assoc_recall.cc", "Batch AssocRecallTask::Sample("): 125,
     ("bench/imir_train_bench.cc", "int main(int argc, char** argv) {"): 125,
-    ("worker/main.cpp", "int main(int argc, char** argv) {"): 121,
     ("bench/decoder_train_bench.cc", "int main(int argc, char** argv) {"): 120,
     ("bench/worker_bench.cc", "int main(int argc, char** argv) {"): 116,
-    ("worker/worker.cc", "Worker::End Worker::Session(std::string* why) {"): 113,
     ("server/engine/models/imir_model.cc", "void ImirModel::PlanCoordinates() {"): 112,
-    ("server/reproduce/recipes.cc", "absl::Status ValidateScale("): 111,
     ("server/engine/analysis/decoder_interventions.cc", "v1::InterventionEffect LatentEffect("): 115,
     ("server/engine/analysis/regression_interventions.cc", "absl::StatusOr<v1::InterveneResponse> InterveneRegression("): 124,
     ("server/engine/train/run_loop.cc", "absl::StatusOr<std::vector<TrainOutcome>> TrainMembers("): 114,
-    ("server/reproduce/reproductions.cc", "absl::StatusOr<v1::Reproduction> ReproductionCore::Begin("): 116,
 }
 
 
