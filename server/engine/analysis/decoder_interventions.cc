@@ -122,6 +122,43 @@ struct LatentSetEval {
   torch::Tensor convex_lambda;
 };
 
+// LatentEffect's per-position sums (rows of `series` [kSeries, T - 1]).
+enum { kLossClean, kLoss, kAccClean, kAcc, kKl, kLdClean, kLd, kRefClean, kRef, kSeries };
+
+// The per-position means `series` [kSeries, T - 1] as the effect's
+// positions (position t: the prediction of token t + 1).
+void AddPositions(const torch::Tensor& series, v1::InterventionEffect& e) {
+  for (int64_t t = 0; t < series.size(1); ++t) {
+    auto v = [&](int row) { return series[row][t].item<double>(); };
+    v1::PositionEffect* p = e.add_positions();
+    p->set_position(static_cast<uint32_t>(t));
+    p->set_loss_clean(v(kLossClean));
+    p->set_loss(v(kLoss));
+    p->set_accuracy_clean(v(kAccClean));
+    p->set_accuracy(v(kAcc));
+    p->set_kl_clean(v(kKl));
+    p->set_logit_diff_clean(v(kLdClean));
+    p->set_logit_diff(v(kLd));
+    p->set_kl_ref_clean(v(kRefClean));
+    p->set_kl_ref(v(kRef));
+  }
+}
+
+// The reference law of kl_ref at the predicting positions [qn, T - 1, V] of
+// `seqs` (rows from `first` of the evaluated set): the mixture a
+// replace-convex op steers to, else the known pool's Bayes law on the majors
+// and the extrapolating one elsewhere.
+torch::Tensor ReferenceLaw(const LatentTaskGenerator& task, const LatentSetEval& s, const torch::Tensor& seqs,
+                           int64_t first) {
+  const int64_t T = task.seq_len(), qn = seqs.size(0);
+  if (s.convex != nullptr) {
+    torch::Tensor lam = s.convex_lambda.narrow(0, first, qn).unsqueeze(1).expand({qn, T, task.num_majors()});
+    return task.MixLaws(seqs, lam, task.pool(LatentPool::kMajor)).narrow(1, 0, T - 1);
+  }
+  const bool major = s.set->pool == LatentPool::kMajor;
+  return (major ? task.KnownPool(seqs).probs : task.Extrapolation(seqs)).narrow(1, 0, T - 1);
+}
+
 // The clean and intervened effects of `ops` on one evaluated set.
 v1::InterventionEffect LatentEffect(const DecoderModel& model, const LatentTaskGenerator& task,
                                     const v1::InterveneRequest& request, const std::vector<PreparedOp>& ops,
@@ -141,7 +178,6 @@ v1::InterventionEffect LatentEffect(const DecoderModel& model, const LatentTaskG
   const HookFn clean_hook = MeteredHook(nullptr, clean_mass);
   // Per predicting position (per_position): sums over the sequences of loss,
   // accuracy, KL, logit difference and kl_ref, clean and intervened.
-  enum { kLossClean, kLoss, kAccClean, kAcc, kKl, kLdClean, kLd, kRefClean, kRef, kSeries };
   torch::Tensor series = torch::zeros({kSeries, T - 1}, torch::kDouble);
   auto add = [&](int row, const torch::Tensor& per) { series[row] += per.reshape({-1, T - 1}).sum(0); };
   for (int64_t b = 0; b < n; b += kInterveneChunk) {
@@ -179,13 +215,7 @@ v1::InterventionEffect LatentEffect(const DecoderModel& model, const LatentTaskG
     for (int64_t q0 = 0; q0 < count; q0 += kInterveneBayesChunk) {
       const int64_t qn = std::min(kInterveneBayesChunk, count - q0);
       torch::Tensor seqs = s.tokens.narrow(0, b + q0, qn);
-      torch::Tensor q;
-      if (s.convex != nullptr) {  // the mixture law the steering aims at
-        torch::Tensor lam = s.convex_lambda.narrow(0, b + q0, qn).unsqueeze(1).expand({qn, T, task.num_majors()});
-        q = task.MixLaws(seqs, lam, task.pool(LatentPool::kMajor)).narrow(1, 0, T - 1);
-      } else {
-        q = (major ? task.KnownPool(seqs).probs : task.Extrapolation(seqs)).narrow(1, 0, T - 1);
-      }
+      const torch::Tensor q = ReferenceLaw(task, s, seqs, b + q0);
       torch::Tensor logq = q.clamp_min(1e-300).log();
       auto kl_to_q = [&](const torch::Tensor& lp, int row) {
         torch::Tensor l = lp.squeeze(0).narrow(0, q0, qn);
@@ -219,23 +249,7 @@ v1::InterventionEffect LatentEffect(const DecoderModel& model, const LatentTaskG
     e.set_kl_ref_clean(kl_ref_clean / dn);
     e.set_kl_ref(kl_ref / dn);
   }
-  if (request.per_position()) {  // position t: the prediction of token t + 1
-    series /= dn;
-    for (int64_t t = 0; t < T - 1; ++t) {
-      auto v = [&](int row) { return series[row][t].item<double>(); };
-      v1::PositionEffect* p = e.add_positions();
-      p->set_position(static_cast<uint32_t>(t));
-      p->set_loss_clean(v(kLossClean));
-      p->set_loss(v(kLoss));
-      p->set_accuracy_clean(v(kAccClean));
-      p->set_accuracy(v(kAcc));
-      p->set_kl_clean(v(kKl));
-      p->set_logit_diff_clean(v(kLdClean));
-      p->set_logit_diff(v(kLd));
-      p->set_kl_ref_clean(v(kRefClean));
-      p->set_kl_ref(v(kRef));
-    }
-  }
+  if (request.per_position()) AddPositions(series / dn, e);
   return e;
 }
 

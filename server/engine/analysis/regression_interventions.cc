@@ -15,19 +15,75 @@
 
 namespace circuitlab::engine {
 
+namespace {
+
+// Per ⊢ position (per_position): squared error, shift and distance to the
+// reference, summed over sequences (rows of [kSeries, points]).
+enum { kLossClean, kLoss, kShift, kRefClean, kRef, kSeries };
+
+// A regression run's op rule: no replace-convex.
+absl::Status NoConvex(const v1::Intervention& op, const HookPoint&, const std::string& field) {
+  if (op.op() != v1::Intervention::OP_REPLACE_CONVEX) return absl::OkStatus();
+  return absl::FailedPreconditionError(field + ": OP_REPLACE_CONVEX takes DICE and MARKOV runs (an E2 run's "
+                                       "per-task mean states carry almost none of its state; see the steering "
+                                       "analysis)");
+}
+
+// The set's Bayes predictor of every y_i [n, points]: retrieval over the
+// known tasks on the majors, ridge elsewhere.
+torch::Tensor BayesReference(const RegressionTaskGenerator& task, const RegressionBatch& eval, bool major) {
+  const int64_t n = eval.x.size(0);
+  std::vector<torch::Tensor> refs;
+  for (int64_t b = 0; b < n; b += kInterveneBayesChunk) {
+    const int64_t c = std::min(kInterveneBayesChunk, n - b);
+    torch::Tensor x = eval.x.narrow(0, b, c), y = eval.y.narrow(0, b, c);
+    refs.push_back(major ? task.KnownPool(x, y).mean : task.Ridge(x, y));
+  }
+  return torch::cat(refs, 0);
+}
+
+// The per-position means `series` [kSeries, points] as the effect's
+// positions (the ⊢ positions `answers`).
+void AddPositions(const torch::Tensor& series, const std::vector<int64_t>& answers, v1::InterventionEffect& e) {
+  for (int64_t i = 0; i < series.size(1); ++i) {
+    auto v = [&](int row) { return series[row][i].item<double>(); };
+    v1::PositionEffect* p = e.add_positions();
+    p->set_position(static_cast<uint32_t>(answers[static_cast<size_t>(i)]));
+    p->set_loss_clean(v(kLossClean));
+    p->set_loss(v(kLoss));
+    p->set_kl_clean(v(kShift));
+    p->set_kl_ref_clean(v(kRefClean));
+    p->set_kl_ref(v(kRef));
+  }
+}
+
+// The summed squared error of the predictions of `inputs` [n, T, d + 1]
+// (with the ops `with`) against y [n, points].
+double SquaredError(const DecoderModel& model, const torch::Tensor& inputs, const torch::Tensor& y,
+                    const std::vector<PreparedOp>& with) {
+  const int64_t n = inputs.size(0);
+  double sum = 0;
+  for (int64_t b = 0; b < n; b += kInterveneChunk) {
+    const int64_t count = std::min(kInterveneChunk, n - b);
+    const HookFn edit = EditHook(with, b);
+    torch::Tensor pred =
+        DecoderModel::Predictions(model.Forward(inputs.narrow(0, b, count).unsqueeze(0), with.empty() ? nullptr : &edit))
+            .squeeze(0)
+            .to(torch::kDouble);
+    sum += (pred - y.narrow(0, b, count)).pow(2).mean(1).sum().item<double>();
+  }
+  return sum;
+}
+
+}  // namespace
+
 absl::StatusOr<v1::InterveneResponse> InterveneRegression(const DecoderModel& model,
                                                           const RegressionTaskGenerator& task,
                                                           const v1::InterveneRequest& request) {
   torch::NoGradGuard no_grad;
   const int64_t points = task.num_points(), T = 3 * points;
   const SetIndex index(task.num_minors() > 0);
-  auto check = [](const v1::Intervention& op, const HookPoint&, const std::string& field) -> absl::Status {
-    if (op.op() != v1::Intervention::OP_REPLACE_CONVEX) return absl::OkStatus();
-    return absl::FailedPreconditionError(field + ": OP_REPLACE_CONVEX takes DICE and MARKOV runs (an E2 run's "
-                                         "per-task mean states carry almost none of its state; see the steering "
-                                         "analysis)");
-  };
-  absl::StatusOr<std::vector<PreparedOp>> prepared = PrepareOps(request, model.config(), T, index, check);
+  absl::StatusOr<std::vector<PreparedOp>> prepared = PrepareOps(request, model.config(), T, index, NoConvex);
   if (!prepared.ok()) return prepared.status();
   std::vector<PreparedOp>& ops = *prepared;
   const std::vector<int64_t> answers = RegressionAnswers(points);
@@ -61,16 +117,8 @@ absl::StatusOr<v1::InterveneResponse> InterveneRegression(const DecoderModel& mo
     if (!s.ok()) return s;
     // The set's Bayes predictor: retrieval over the known tasks on id, ridge elsewhere.
     const bool major = index.sets[static_cast<size_t>(si)].pool == LatentPool::kMajor;
-    std::vector<torch::Tensor> refs;
-    for (int64_t b = 0; b < n; b += kInterveneBayesChunk) {
-      const int64_t c = std::min(kInterveneBayesChunk, n - b);
-      torch::Tensor x = eval.x.narrow(0, b, c), y = eval.y.narrow(0, b, c);
-      refs.push_back(major ? task.KnownPool(x, y).mean : task.Ridge(x, y));
-    }
-    const torch::Tensor bayes = torch::cat(refs, 0);  // [n, points]
+    const torch::Tensor bayes = BayesReference(task, eval, major);  // [n, points]
     double loss_clean = 0, loss = 0, shift = 0, to_ref_clean = 0, to_ref = 0;
-    // Per ⊢ position (per_position): squared error, shift and distance to the reference, summed over sequences.
-    enum { kLossClean, kLoss, kShift, kRefClean, kRef, kSeries };
     torch::Tensor series = torch::zeros({kSeries, points}, torch::kDouble);
     std::vector<AttentionMassMeter> clean_mass = FreshCopies(*meters), hit_mass = FreshCopies(*meters);
     const HookFn clean_hook = MeteredHook(nullptr, clean_mass);
@@ -106,32 +154,12 @@ absl::StatusOr<v1::InterveneResponse> InterveneRegression(const DecoderModel& mo
     e.set_ref_name(major ? "bayes" : "ridge");
     e.set_kl_ref_clean(to_ref_clean / dn);
     e.set_kl_ref(to_ref / dn);
-    series /= dn;
-    for (int64_t i = 0; request.per_position() && i < points; ++i) {
-      auto v = [&](int row) { return series[row][i].item<double>(); };
-      v1::PositionEffect* p = e.add_positions();
-      p->set_position(static_cast<uint32_t>(answers[static_cast<size_t>(i)]));
-      p->set_loss_clean(v(kLossClean));
-      p->set_loss(v(kLoss));
-      p->set_kl_clean(v(kShift));
-      p->set_kl_ref_clean(v(kRefClean));
-      p->set_kl_ref(v(kRef));
-    }
+    if (request.per_position()) AddPositions(series / dn, answers, e);
     if (!request.has_patch()) continue;
     const std::string& from = request.patch().reference_set();
     const RegressionBatch source = draw(from.empty() ? si : index.Find(from), "intervene/reference");
     auto score = [&](const torch::Tensor& in, const std::vector<PreparedOp>& with) {
-      double sum = 0;
-      for (int64_t b = 0; b < n; b += kInterveneChunk) {
-        const int64_t count = std::min(kInterveneChunk, n - b);
-        const HookFn edit = EditHook(with, b);
-        torch::Tensor pred = DecoderModel::Predictions(
-                                 model.Forward(in.narrow(0, b, count).unsqueeze(0), with.empty() ? nullptr : &edit))
-                                 .squeeze(0)
-                                 .to(torch::kDouble);
-        sum += (pred - eval.y.narrow(0, b, count)).pow(2).mean(1).sum().item<double>();
-      }
-      return PatchScores{sum / dn, 0, 0};
+      return PatchScores{SquaredError(model, in, eval.y, with) / dn, 0, 0};
     };
     s = DecoderPatch(model, *patch, n, T, inputs, MemberInputs(model, source.x, source.y), {e.loss_clean(), 0, 0},
                      score, e);

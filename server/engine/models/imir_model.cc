@@ -104,6 +104,12 @@ void ImirModel::PlanCoordinates() {
     if (readout_active[static_cast<size_t>(b)]) readout_blocks_.push_back(b);
   }
 
+  PlanSparse(n);
+  PlanDependencies(readout_active);
+}
+
+void ImirModel::PlanSparse(int64_t n) {
+  const int64_t H = cfg_.heads, L = cfg_.layers, d0 = this->d0(), V = cfg_.vocab;
   // The block-sparse forward pays off when few block pairs carry a
   // coordinate (a ticket, a circuit); with most of them the dense matmuls on
   // the materialised matrices are faster (bench/RESULTS.md).
@@ -112,6 +118,7 @@ void ImirModel::PlanCoordinates() {
     for (int64_t h = 0; h < H; ++h) active += static_cast<int64_t>(active_pairs_[l][h].size());
     pairs += H * m * m;
   }
+  const CoordinateConfig& cc = *cfg_.coordinates;
   sparse_ = cc.forward == CoordinateConfig::Forward::kAuto ? 2 * active <= pairs
                                                            : cc.forward == CoordinateConfig::Forward::kSparse;
   // Per active pair (and readout block), the gather of its d0 x d0 (V x d0)
@@ -132,6 +139,10 @@ void ImirModel::PlanCoordinates() {
     for (int64_t b : readout_blocks_) readout_block_gather_.push_back(full.narrow(1, b * d0, d0).reshape({-1}).contiguous());
   }
 
+}
+
+void ImirModel::PlanDependencies(const std::vector<bool>& readout_active) {
+  const int64_t H = cfg_.heads, L = cfg_.layers;
   // Which residual blocks and heads the readout depends on, layer by layer
   // from the top.
   block_needed_.assign(static_cast<size_t>(L + 1), {});

@@ -136,6 +136,11 @@ class ImirModel {
   torch::Tensor SparseForward(const torch::Tensor& tokens, const torch::Tensor& pids, bool all_positions) const;
   torch::Tensor ScaledValues() const;  // [E, K + 1]: s_i c_i, then a zero
   void PlanCoordinates();
+  // PlanCoordinates' parts: the sparse forward's choice and per-pair gathers
+  // (n: residual blocks after the last layer); which blocks and heads the
+  // readout depends on, from the top.
+  void PlanSparse(int64_t n);
+  void PlanDependencies(const std::vector<bool>& readout_active);
 
   ImirModelConfig cfg_;
   int64_t ensemble_;

@@ -116,6 +116,63 @@ Batch Layout(const AssocRecallConfig& cfg, int64_t T, const torch::Tensor& bkey,
   return out;
 }
 
+// A sample mode's query class (rare or common per sequence), the copies of
+// the query's block in context and the chance a distractor is rare.
+struct QueryPlan {
+  torch::Tensor rare_query;
+  int64_t copies = 1;
+  double dist_rare = 1.0;
+};
+QueryPlan PlanQueries(const AssocRecallConfig& cfg, int64_t npairs, int64_t B, SampleMode mode,
+                      torch::Generator& gen) {
+  QueryPlan q;
+  q.dist_rare = npairs == 0 ? 1.0 : cfg.rare_fraction;
+  switch (mode) {
+    case SampleMode::kTrain:
+      q.rare_query = npairs == 0 ? torch::ones({B}, torch::kBool) : Coin({B}, cfg.rare_fraction, gen);
+      q.copies = cfg.burstiness;
+      break;
+    case SampleMode::kIclRare:
+    case SampleMode::kIclHoldout:
+      q.rare_query = torch::ones({B}, torch::kBool);
+      q.dist_rare = 1.0;
+      break;
+    case SampleMode::kIwl:
+      q.rare_query = torch::zeros({B}, torch::kBool);
+      q.copies = 0;
+      break;
+    case SampleMode::kConflict:
+      q.rare_query = torch::zeros({B}, torch::kBool);
+      break;
+    case SampleMode::kTest:
+      throw std::invalid_argument("associative recall has no kTest sample mode");
+  }
+  return q;
+}
+
+// The common distractors: where `want_common` [B, n], an unused common pair
+// drawn by Zipf weight without replacement (Gumbel top-k over the pairs not
+// `excluded`), in a random orientation, replaces the rare one in *dkey/*dval;
+// a slot that finds no unused pair stays rare.
+void CommonDistractors(const torch::Tensor& pair_log_w, const torch::Tensor& pairs, const torch::Tensor& want_common,
+                       const torch::Tensor& excluded, torch::Generator& gen, torch::Tensor* dkey, torch::Tensor* dval) {
+  const int64_t B = want_common.size(0), n = want_common.size(1), npairs = pair_log_w.size(0);
+  const int64_t m = std::min(n, npairs);
+  torch::Tensor u = torch::rand({B, npairs}, gen, kF64).clamp_min(1e-300);
+  torch::Tensor gumbel_keys = pair_log_w.unsqueeze(0) - torch::log(-torch::log(u));
+  gumbel_keys.masked_fill_(excluded, -std::numeric_limits<double>::infinity());
+  auto [cand_val, cand_idx] = gumbel_keys.topk(m, 1);
+  torch::Tensor crank = (want_common.to(torch::kLong).cumsum(1) - 1).clamp(0, m - 1);
+  torch::Tensor got = cand_val.gather(1, crank).isfinite();
+  torch::Tensor has_rank = want_common.to(torch::kLong).cumsum(1) <= m;
+  torch::Tensor use_common = want_common.logical_and(got).logical_and(has_rank);
+  torch::Tensor cpair = cand_idx.gather(1, crank);
+  torch::Tensor corient = Coin({B, n}, 0.5, gen).to(torch::kLong);
+  torch::Tensor ckey = pairs.index({cpair, corient}), cval = pairs.index({cpair, 1 - corient});
+  *dkey = torch::where(use_common, ckey, *dkey);
+  *dval = torch::where(use_common, cval, *dval);
+}
+
 }  // namespace
 
 Batch AssocRecallTask::Sample(int64_t B, SampleMode mode, torch::Generator& gen) const {
@@ -125,29 +182,10 @@ Batch AssocRecallTask::Sample(int64_t B, SampleMode mode, torch::Generator& gen)
   const bool train = mode == SampleMode::kTrain;
 
   // --- query class and how many copies of its block the context holds ---
-  torch::Tensor rare_query;
-  int64_t copies = 1;
-  double dist_rare = npairs == 0 ? 1.0 : cfg_.rare_fraction;
-  switch (mode) {
-    case SampleMode::kTrain:
-      rare_query = npairs == 0 ? torch::ones({B}, torch::kBool) : Coin({B}, cfg_.rare_fraction, gen);
-      copies = cfg_.burstiness;
-      break;
-    case SampleMode::kIclRare:
-    case SampleMode::kIclHoldout:
-      rare_query = torch::ones({B}, torch::kBool);
-      dist_rare = 1.0;
-      break;
-    case SampleMode::kIwl:
-      rare_query = torch::zeros({B}, torch::kBool);
-      copies = 0;
-      break;
-    case SampleMode::kConflict:
-      rare_query = torch::zeros({B}, torch::kBool);
-      break;
-    case SampleMode::kTest:
-      throw std::invalid_argument("associative recall has no kTest sample mode");
-  }
+  const QueryPlan plan = PlanQueries(cfg_, npairs, B, mode, gen);
+  const torch::Tensor& rare_query = plan.rare_query;
+  const int64_t copies = plan.copies;
+  const double dist_rare = plan.dist_rare;
 
   // Rare slots per sequence: 0,1 for the query pair (or 0 for a fresh
   // re-pairing/variant token), then 2+2j, 3+2j for distractor j.
@@ -213,22 +251,7 @@ Batch AssocRecallTask::Sample(int64_t B, SampleMode mode, torch::Generator& gen)
   torch::Tensor rare_pairs = rslots.narrow(1, 2, 2 * n).view({B, n, 2});
   torch::Tensor dkey = rare_pairs.select(2, 0), dval = rare_pairs.select(2, 1);
   torch::Tensor want_common = Coin({B, n}, 1.0 - dist_rare, gen).logical_and(is_distractor);
-  if (npairs > 0) {
-    const int64_t m = std::min(n, npairs);
-    torch::Tensor u = torch::rand({B, npairs}, gen, kF64).clamp_min(1e-300);
-    torch::Tensor gumbel_keys = pair_log_w_.unsqueeze(0) - torch::log(-torch::log(u));
-    gumbel_keys.masked_fill_(excluded, -std::numeric_limits<double>::infinity());
-    auto [cand_val, cand_idx] = gumbel_keys.topk(m, 1);
-    torch::Tensor crank = (want_common.to(torch::kLong).cumsum(1) - 1).clamp(0, m - 1);
-    torch::Tensor got = cand_val.gather(1, crank).isfinite();
-    torch::Tensor has_rank = want_common.to(torch::kLong).cumsum(1) <= m;
-    torch::Tensor use_common = want_common.logical_and(got).logical_and(has_rank);
-    torch::Tensor cpair = cand_idx.gather(1, crank);
-    torch::Tensor corient = Coin({B, n}, 0.5, gen).to(torch::kLong);
-    torch::Tensor ckey = pairs_.index({cpair, corient}), cval = pairs_.index({cpair, 1 - corient});
-    dkey = torch::where(use_common, ckey, dkey);
-    dval = torch::where(use_common, cval, dval);
-  }
+  if (npairs > 0) CommonDistractors(pair_log_w_, pairs_, want_common, excluded, gen, &dkey, &dval);
   torch::Tensor bkey = torch::where(is_distractor, dkey, key.unsqueeze(1));
   torch::Tensor bval = torch::where(is_distractor, dval, value.unsqueeze(1));
 

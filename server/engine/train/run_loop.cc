@@ -24,6 +24,53 @@ absl::StatusOr<std::vector<uint64_t>> PackSeeds(const std::vector<TrainRequest>&
   return seeds;
 }
 
+namespace {
+
+// Before the first step: each observer announced to the recorder, then the
+// members resumed from their checkpoint or evaluated at step 0.
+absl::Status StartMembers(const TrainRequest& request, const std::vector<TrainObserver*>& observers,
+                          TrainerBase& trainer, const StepRecorder* recorder) {
+  if (recorder != nullptr) {
+    for (TrainObserver* o : observers) {
+      if (absl::Status s = recorder->Announce(*o); !s.ok()) return s;
+    }
+  }
+  if (request.resume_from) return trainer.LoadCheckpoint(*request.resume_from);
+  std::vector<std::vector<Metric>> initial = trainer.Evaluate();
+  for (size_t e = 0; e < observers.size(); ++e) {
+    if (recorder != nullptr) recorder->Record(0, static_cast<int64_t>(e), *observers[e], initial[e]);
+    observers[e]->OnMetrics(0, initial[e]);
+  }
+  return absl::OkStatus();
+}
+
+// An evaluation step: each member's evaluation joins its points, and a live
+// member whose training.stop_metric reached stop_at makes this step its last
+// (*ends). InvalidArgument when the stop metric is not one of the task's.
+template <typename Training>
+absl::Status AddEvaluation(std::vector<std::vector<Metric>> eval, const std::vector<bool>& live,
+                           const Training& training, std::vector<std::vector<Metric>>* points,
+                           std::vector<bool>* ends) {
+  const std::string& stop_metric = training.stop_metric();
+  for (size_t e = 0; e < live.size(); ++e) {
+    (*points)[e].insert((*points)[e].end(), eval[e].begin(), eval[e].end());
+    if (stop_metric.empty() || !live[e]) continue;
+    const auto it =
+        std::find_if(eval[e].begin(), eval[e].end(), [&](const Metric& m) { return m.name == stop_metric; });
+    if (it == eval[e].end()) {
+      std::string have;
+      for (const Metric& m : eval[e]) have += (have.empty() ? "" : ", ") + m.name;
+      return absl::InvalidArgumentError("training.stop_metric '" + stop_metric +
+                                        "' is not an evaluation metric of this task (" + have + ")");
+    }
+    // Early stop: this step becomes the member's last (final records, checkpoint).
+    (*ends)[e] = (*ends)[e] || it->value >= training.stop_at();
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<std::vector<TrainOutcome>> TrainMembers(const std::vector<TrainRequest>& requests,
                                                        const std::vector<TrainObserver*>& observers,
                                                        TrainerBase& trainer, const StepRecorder* recorder) {
@@ -31,23 +78,9 @@ absl::StatusOr<std::vector<TrainOutcome>> TrainMembers(const std::vector<TrainRe
   const size_t E = requests.size();
   const v1::ExperimentSpec& spec = request.spec;
   const auto& rec = spec.recording();
-  if (recorder != nullptr) {
-    for (TrainObserver* o : observers) {
-      if (absl::Status s = recorder->Announce(*o); !s.ok()) return s;
-    }
-  }
-  if (request.resume_from) {
-    if (absl::Status s = trainer.LoadCheckpoint(*request.resume_from); !s.ok()) return s;
-  } else {
-    std::vector<std::vector<Metric>> initial = trainer.Evaluate();
-    for (size_t e = 0; e < E; ++e) {
-      if (recorder != nullptr) recorder->Record(0, static_cast<int64_t>(e), *observers[e], initial[e]);
-      observers[e]->OnMetrics(0, initial[e]);
-    }
-  }
+  if (absl::Status s = StartMembers(request, observers, trainer, recorder); !s.ok()) return s;
 
   const int64_t total = trainer.total_steps();
-  const std::string& stop_metric = spec.training().stop_metric();
   int64_t last_checkpoint = trainer.step();
   auto last_report = std::chrono::steady_clock::now();
   int64_t last_report_step = trainer.step();
@@ -92,21 +125,7 @@ absl::StatusOr<std::vector<TrainOutcome>> TrainMembers(const std::vector<TrainRe
     std::vector<std::vector<Metric>> points = trainer.Step(last || next % rec.metrics_every() == 0);
     points.resize(E);
     if (last || next % rec.eval_every() == 0) {
-      std::vector<std::vector<Metric>> eval = trainer.Evaluate();
-      for (size_t e = 0; e < E; ++e) {
-        points[e].insert(points[e].end(), eval[e].begin(), eval[e].end());
-        if (stop_metric.empty() || !live[e]) continue;
-        const auto it =
-            std::find_if(eval[e].begin(), eval[e].end(), [&](const Metric& m) { return m.name == stop_metric; });
-        if (it == eval[e].end()) {
-          std::string have;
-          for (const Metric& m : eval[e]) have += (have.empty() ? "" : ", ") + m.name;
-          return absl::InvalidArgumentError("training.stop_metric '" + stop_metric +
-                                            "' is not an evaluation metric of this task (" + have + ")");
-        }
-        // Early stop: this step becomes the member's last (final records, checkpoint).
-        ends[e] = ends[e] || it->value >= spec.training().stop_at();
-      }
+      if (absl::Status s = AddEvaluation(trainer.Evaluate(), live, spec.training(), &points, &ends); !s.ok()) return s;
     }
     const auto now = std::chrono::steady_clock::now();
     const double dt = std::chrono::duration<double>(now - last_report).count();
