@@ -34,6 +34,41 @@ void Write(std::ofstream& out, const torch::Tensor& t) {
 
 }  // namespace
 
+// The Python peer's file: the shapes and B.3 switches, the hyperparameters,
+// the initial weights (then AppendBatches adds the batches).
+void WriteHeader(const std::string& dump, const circuitlab::v1::ExperimentSpec& spec, const ce::DecoderModel& model,
+                 int fixed_batches) {
+  std::ofstream out(dump, std::ios::binary);
+  const auto& m = spec.model().decoder();
+  const auto& tr = spec.training();
+  // input_dim (0: tokens), attention biases, final LayerNorm, GELU: the B.3 switches.
+  const int64_t header[] = {fixed_batches,
+                            tr.batch_size(),
+                            ce::ShapeOf(spec).seq_len,
+                            ce::ShapeOf(spec).vocab,
+                            m.num_layers(),
+                            m.d_model(),
+                            m.num_heads(),
+                            m.mlp_width(),
+                            model.config().input_dim,
+                            m.attention_bias(),
+                            m.final_layernorm(),
+                            m.activation() == circuitlab::v1::ACTIVATION_GELU};
+  out.write(reinterpret_cast<const char*>(header), sizeof(header));
+  const double hyper[] = {tr.learning_rate(), tr.weight_decay()};
+  out.write(reinterpret_cast<const char*>(hyper), sizeof(hyper));
+  for (const torch::Tensor& p : model.parameters()) Write(out, p.detach().squeeze(0).to(torch::kFloat));
+}
+
+void AppendBatches(const std::string& dump, const std::vector<torch::Tensor>& batches,
+                   const std::vector<torch::Tensor>& targets) {
+  std::ofstream out(dump, std::ios::binary | std::ios::app);
+  for (size_t i = 0; i < batches.size(); ++i) {
+    Write(out, batches[i]);
+    if (!targets.empty()) Write(out, targets[i]);
+  }
+}
+
 int main(int argc, char** argv) {
   CLI::App app{"Decoder training-step benchmark (C++ side)"};
   std::string spec_path;
@@ -63,7 +98,6 @@ int main(int argc, char** argv) {
     return 2;
   }
   spec->mutable_training()->set_steps(static_cast<uint64_t>(steps + warmup) * 4);
-  const auto& m = spec->model().decoder();
 
   // E2: continuous tokens read in (x, the y flag), a scalar read-out.
   const bool regression = ce::SpecFamilyOf(*spec).ContinuousInputWidth(*spec) > 0;
@@ -83,26 +117,7 @@ int main(int argc, char** argv) {
   auto model = ce::MakeDecoder(*spec, 1, torch::kCPU);
   ce::InitializeDecoder({spec->seed()}, *model);
   const auto& tr = spec->training();
-  if (!dump.empty()) {
-    std::ofstream out(dump, std::ios::binary);
-    // input_dim (0: tokens), attention biases, final LayerNorm, GELU: the B.3 switches.
-    const int64_t header[] = {fixed_batches,
-                              tr.batch_size(),
-                              ce::ShapeOf(*spec).seq_len,
-                              ce::ShapeOf(*spec).vocab,
-                              m.num_layers(),
-                              m.d_model(),
-                              m.num_heads(),
-                              m.mlp_width(),
-                              model->config().input_dim,
-                              m.attention_bias(),
-                              m.final_layernorm(),
-                              m.activation() == circuitlab::v1::ACTIVATION_GELU};
-    out.write(reinterpret_cast<const char*>(header), sizeof(header));
-    const double hyper[] = {tr.learning_rate(), tr.weight_decay()};
-    out.write(reinterpret_cast<const char*>(hyper), sizeof(hyper));
-    for (const torch::Tensor& p : model->parameters()) Write(out, p.detach().squeeze(0).to(torch::kFloat));
-  }
+  if (!dump.empty()) WriteHeader(dump, *spec, *model, fixed_batches);
   // Tokens [B, T] int64, or E2's x [B, n, d] and y [B, n] float32.
   std::vector<torch::Tensor> batches, targets;
   for (int i = 0; i < fixed_batches; ++i) {
@@ -115,13 +130,7 @@ int main(int argc, char** argv) {
       batches.push_back(static_cast<ce::LatentTrainer&>(*trainer).task(0).SampleTrain(tr.batch_size(), gen).tokens);
     }
   }
-  if (!dump.empty()) {
-    std::ofstream out(dump, std::ios::binary | std::ios::app);
-    for (size_t i = 0; i < batches.size(); ++i) {
-      Write(out, batches[i]);
-      if (regression) Write(out, targets[i]);
-    }
-  }
+  if (!dump.empty()) AppendBatches(dump, batches, targets);
   torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(tr.learning_rate())
                                                    .betas({tr.adam_beta1(), tr.adam_beta2()})
                                                    .weight_decay(tr.weight_decay()));

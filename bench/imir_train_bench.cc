@@ -70,6 +70,52 @@ double GemmGflops() {
 
 }  // namespace
 
+// The IMIR projection onto the paper and complete bases against the step
+// time, interleaved so machine noise hits both alike: overhead at "every N
+// steps" = t_project / (N t_step), as JSON members "N": overhead.
+struct ProjectionCost {
+  double step_s = 0, project_s = 0;
+  std::string overhead;
+};
+ProjectionCost MeasureProjection(ce::EnsembleTrainer& trainer, const circuitlab::v1::ExperimentSpec& spec, int steps,
+                                 const std::vector<int>& project_every) {
+  const ce::Projector paper(ce::BuildBasis(trainer.task(0).Symmetry(), spec.model().imir().num_layers(),
+                                           spec.model().imir().num_heads(), ce::Selection::kPaper));
+  const ce::Projector complete(ce::BuildBasis(trainer.task(0).Symmetry(), spec.model().imir().num_layers(),
+                                              spec.model().imir().num_heads(), ce::Selection::kComplete));
+  double step_s = 0, project_s = 0;
+  for (int i = 0; i < steps; ++i) {
+    auto s0 = std::chrono::steady_clock::now();
+    trainer.Step(false);
+    auto s1 = std::chrono::steady_clock::now();
+    Project(paper, trainer.model(), 0);
+    Project(complete, trainer.model(), 0);
+    auto s2 = std::chrono::steady_clock::now();
+    step_s += Seconds(s0, s1);
+    project_s += Seconds(s1, s2);
+  }
+  std::string projected;
+  for (int every : project_every) {
+    if (every <= 0) continue;
+    char buf[64];
+    std::snprintf(buf, sizeof(buf), "%s\"%d\": %.4f", projected.empty() ? "" : ", ", every,
+                  project_s / (every * step_s));
+    projected += buf;
+  }
+  return {step_s, project_s, projected};
+}
+
+// `count` training batches of the run's task from seeds of their own (what
+// the Python peer reads from --dump).
+std::vector<ce::Batch> FixedBatches(const ce::BlockTask& task, const circuitlab::v1::ExperimentSpec& spec, int count) {
+  std::vector<ce::Batch> batches;
+  for (int i = 0; i < count; ++i) {
+    torch::Generator gen = at::make_generator<at::CPUGeneratorImpl>(circuitlab::DeriveSeed63(spec.seed(), "bench", i));
+    batches.push_back(task.Sample(spec.training().batch_size(), ce::SampleMode::kTrain, gen));
+  }
+  return batches;
+}
+
 int main(int argc, char** argv) {
   CLI::App app{"IMIR training-step benchmark (C++ side)"};
   std::string spec_path;
@@ -109,31 +155,9 @@ int main(int argc, char** argv) {
 
   // (d) the IMIR projection onto the paper and complete bases, as the server
   // records it.
-  const ce::Projector paper(ce::BuildBasis(trainer.task(0).Symmetry(), spec->model().imir().num_layers(),
-                                           spec->model().imir().num_heads(), ce::Selection::kPaper));
-  const ce::Projector complete(ce::BuildBasis(trainer.task(0).Symmetry(), spec->model().imir().num_layers(),
-                                              spec->model().imir().num_heads(), ce::Selection::kComplete));
-  // Projection time against step time, interleaved so machine noise hits
-  // both alike: overhead at "every N steps" = t_project / (N t_step).
-  double step_s = 0, project_s = 0;
-  for (int i = 0; i < steps; ++i) {
-    auto s0 = std::chrono::steady_clock::now();
-    trainer.Step(false);
-    auto s1 = std::chrono::steady_clock::now();
-    Project(paper, trainer.model(), 0);
-    Project(complete, trainer.model(), 0);
-    auto s2 = std::chrono::steady_clock::now();
-    step_s += Seconds(s0, s1);
-    project_s += Seconds(s1, s2);
-  }
-  std::string projected;
-  for (int every : project_every) {
-    if (every <= 0) continue;
-    char buf[64];
-    std::snprintf(buf, sizeof(buf), "%s\"%d\": %.4f", projected.empty() ? "" : ", ", every,
-                  project_s / (every * step_s));
-    projected += buf;
-  }
+  const ProjectionCost projection = MeasureProjection(trainer, *spec, steps, project_every);
+  const double step_s = projection.step_s, project_s = projection.project_s;
+  const std::string& projected = projection.overhead;
 
   // (c) one evaluation pass over every evaluation set.
   auto e0 = std::chrono::steady_clock::now();
@@ -142,11 +166,7 @@ int main(int argc, char** argv) {
 
   // (b) model step only, on fixed batches (the part the Python peer also does).
   const auto& task = trainer.task(0);
-  std::vector<ce::Batch> batches;
-  for (int i = 0; i < fixed_batches; ++i) {
-    torch::Generator gen = at::make_generator<at::CPUGeneratorImpl>(circuitlab::DeriveSeed63(spec->seed(), "bench", i));
-    batches.push_back(task.Sample(spec->training().batch_size(), ce::SampleMode::kTrain, gen));
-  }
+  const std::vector<ce::Batch> batches = FixedBatches(task, *spec, fixed_batches);
   const auto& m = spec->model().imir();
   if (!dump.empty()) {
     WriteBatches(dump, batches, task.vocab_size(), task.num_positions(), m.num_layers(), m.num_heads(),

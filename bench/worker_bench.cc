@@ -25,6 +25,43 @@
 namespace v1 = circuitlab::v1;
 using Clock = std::chrono::steady_clock;
 
+// Polls the run's state through ListRuns (newest first) until it succeeded:
+// GetRun would also read the run's latest metrics, a store query that
+// competes with the writes being measured.
+void WaitEnded(circuitlab::client::Client& client, const std::string& run_id) {
+  v1::ListRunsRequest req;
+  req.set_page_size(1);
+  while (true) {
+    absl::StatusOr<v1::ListRunsResponse> r = client.ListRuns(req);
+    if (r.ok() && r->runs_size() == 1 && r->runs(0).run_id() == run_id &&
+        r->runs(0).state() == v1::RUN_STATE_SUCCEEDED) {
+      return;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+// `count` reports of `batch` metric points each (8 series) for `lease`.
+std::vector<v1::WorkerMessage> MetricReports(uint64_t lease, int count, int batch) {
+  std::vector<v1::WorkerMessage> reports;
+  reports.reserve(static_cast<size_t>(count));
+  int64_t step = 0;
+  for (int r = 0; r < count; ++r) {
+    v1::WorkerMessage m;
+    m.mutable_report()->set_lease_id(lease);
+    m.mutable_report()->set_sequence(static_cast<uint64_t>(r + 1));
+    for (int j = 0; j < batch; ++j) {
+      auto* p = m.mutable_report()->mutable_metrics()->add_metrics();
+      if (j % 8 == 0) ++step;
+      p->set_step(static_cast<uint64_t>(step));
+      p->set_name("bench/m" + std::to_string(j % 8));
+      p->set_value(0.5 * j);
+    }
+    reports.push_back(std::move(m));
+  }
+  return reports;
+}
+
 int main(int argc, char** argv) {
   CLI::App app{"worker_bench: lease overhead and metric throughput of the worker protocol"};
   std::string server = "127.0.0.1:50051", spec_file;
@@ -75,21 +112,7 @@ int main(int argc, char** argv) {
     m->set_last_step(spec->training().steps());
     stream->Write(end);
   };
-  // Polls the run's state through ListRuns (newest first): GetRun would also
-  // read the run's latest metrics, a store query that competes with the
-  // writes being measured.
-  auto wait_ended = [&](const std::string& run_id) {
-    v1::ListRunsRequest req;
-    req.set_page_size(1);
-    while (true) {
-      absl::StatusOr<v1::ListRunsResponse> r = client.ListRuns(req);
-      if (r.ok() && r->runs_size() == 1 && r->runs(0).run_id() == run_id &&
-          r->runs(0).state() == v1::RUN_STATE_SUCCEEDED) {
-        return;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-  };
+  auto wait_ended = [&](const std::string& run_id) { WaitEnded(client, run_id); };
 
   std::vector<double> lease_ms;
   for (int i = 0; i < runs; ++i) {
@@ -113,23 +136,8 @@ int main(int argc, char** argv) {
   // Throughput: `points` metric points in reports of `batch`, then the end.
   absl::StatusOr<v1::Run> run = client.SubmitRun(*spec);
   const uint64_t lease = next_lease();
-  std::vector<v1::WorkerMessage> reports;
   const int n_reports = (points + batch - 1) / batch;
-  reports.reserve(static_cast<size_t>(n_reports));
-  int64_t step = 0;
-  for (int r = 0; r < n_reports; ++r) {
-    v1::WorkerMessage m;
-    m.mutable_report()->set_lease_id(lease);
-    m.mutable_report()->set_sequence(static_cast<uint64_t>(r + 1));
-    for (int j = 0; j < batch; ++j) {
-      auto* p = m.mutable_report()->mutable_metrics()->add_metrics();
-      if (j % 8 == 0) ++step;
-      p->set_step(static_cast<uint64_t>(step));
-      p->set_name("bench/m" + std::to_string(j % 8));
-      p->set_value(0.5 * j);
-    }
-    reports.push_back(std::move(m));
-  }
+  const std::vector<v1::WorkerMessage> reports = MetricReports(lease, n_reports, batch);
   const auto t0 = Clock::now();
   for (const v1::WorkerMessage& m : reports) stream->Write(m);
   end_lease(lease, static_cast<uint64_t>(n_reports + 1));
