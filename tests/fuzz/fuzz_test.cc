@@ -244,6 +244,22 @@ std::vector<Seed> Seeds() {
   auto cancel_rep = std::make_unique<v1::CancelReproductionRequest>();
   cancel_rep->set_reproduction_id("p1");
   add("ReproductionService", "CancelReproduction", std::move(cancel_rep));
+  // An analysis added later needs no line here: a request naming r1 from
+  // its descriptor (the mutations then reach every field).
+  std::set<std::string> have;
+  for (const Seed& seed : seeds) have.insert(seed.method);
+  const pb::ServiceDescriptor* analyses =
+      pb::DescriptorPool::generated_pool()->FindServiceByName("circuitlab.v1.AnalysisService");
+  for (int k = 0; k < analyses->method_count(); ++k) {
+    const pb::MethodDescriptor* m = analyses->method(k);
+    if (have.count("/circuitlab.v1.AnalysisService/" + m->name())) continue;
+    std::unique_ptr<pb::Message> request(
+        pb::MessageFactory::generated_factory()->GetPrototype(m->input_type())->New());
+    if (const pb::FieldDescriptor* run = m->input_type()->FindFieldByName("run_id")) {
+      request->GetReflection()->SetString(request.get(), run, "r1");
+    }
+    add("AnalysisService", std::string(m->name()), std::move(request));
+  }
   return seeds;
 }
 
