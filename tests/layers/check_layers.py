@@ -9,11 +9,12 @@ scheduler < remote, reproduce < telemetry < rpc, http < app < main.cpp. Inside t
 the torch helpers < basis/ (the IMIR coordinate system: bases, the tensor
 projector) < tasks/ < families/spec/ (the model families' torch-free half)
 < the torch-free API (spec.*, api.h) < models/ <
-manifold/ (whole-model projection, the invariance checks) < train/ (trainers,
-the run loop) < analysis/ < families/ (what differs per model family) < the
+manifold/ (whole-model projection, the invariance checks) < setup/ (a run's
+model, seeds, evaluation sets and checkpoints as training and analysis both
+read them) < train/ (trainers, the run loop) < analysis/ < families/ (what differs per model family) < the
 facade's implementation (engine.cc). A header and its .cc are one node
 of the loop check (the API, api.h, and the facade that implements it,
-engine.cc, are two nodes six floors apart: issue 47 named them apart).
+engine.cc, are two nodes seven floors apart: issue 47 named them apart).
 
 Model families are told apart in server/engine/families/ only (issue 31):
 a model-kind check anywhere else (ModelSpec::kDecoder, has_imir(), a
@@ -44,7 +45,7 @@ SERVER_FLOORS = {
 ENGINE_FLOORS = [  # (path prefix inside server/engine/, floor); first match wins
     ("pch.h", 0), ("torch_util.h", 0), ("torch_compat.h", 0), ("basis/", 1),
     ("tasks/", 2), ("families/spec/", 3), ("spec.", 4), ("api.h", 4), ("models/", 5),
-    ("manifold/", 6), ("train/", 7), ("analysis/", 8), ("families/", 9), ("engine.cc", 10),
+    ("manifold/", 6), ("setup/", 7), ("train/", 8), ("analysis/", 9), ("families/", 10), ("engine.cc", 11),
 ]
 INCLUDE = re.compile(r'^\s*#\s*include\s+"((?:server|client|worker|bench)/[^"]+)"', re.M)
 OUTER_TREES = ("client", "worker", "bench")

@@ -2,7 +2,7 @@
 
 #include <cmath>
 
-#include "server/engine/train/trainer_base.h"
+#include "server/engine/setup/checkpoint_io.h"
 
 namespace circuitlab::engine {
 namespace {

@@ -17,8 +17,8 @@
 #include "server/engine/analysis/registry.h"
 #include "server/engine/models/imir_factory.h"
 #include "server/engine/torch_util.h"
-#include "server/engine/train/latent_trainer.h"
-#include "server/engine/train/trainer.h"
+#include "server/engine/setup/decoder_setup.h"
+#include "server/engine/setup/imir_setup.h"
 
 namespace circuitlab::engine {
 namespace {

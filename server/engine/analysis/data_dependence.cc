@@ -12,7 +12,7 @@
 #include "server/engine/models/imir_model.h"
 #include "server/engine/spec.h"
 #include "server/engine/tasks/block_task.h"
-#include "server/engine/train/trainer.h"
+#include "server/engine/setup/imir_setup.h"
 #include "server/engine/analysis/registry.h"
 
 namespace circuitlab::engine {

@@ -2,7 +2,8 @@
 
 #include <algorithm>
 
-#include "server/engine/train/trainer_base.h"
+#include "server/engine/setup/checkpoint_io.h"
+#include "server/engine/setup/decoder_setup.h"
 
 namespace circuitlab::engine {
 

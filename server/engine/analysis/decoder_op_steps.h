@@ -15,7 +15,7 @@
 #include "absl/status/statusor.h"
 #include "server/engine/analysis/activation_ops.h"
 #include "server/engine/models/decoder_model.h"
-#include "server/engine/train/latent_trainer.h"
+#include "server/engine/setup/decoder_setup.h"
 
 namespace circuitlab::engine {
 

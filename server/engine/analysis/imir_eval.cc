@@ -4,7 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/common/seeds.h"
-#include "server/engine/train/trainer.h"
+#include "server/engine/setup/imir_setup.h"
 
 namespace circuitlab::engine {
 

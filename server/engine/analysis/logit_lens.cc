@@ -25,7 +25,7 @@
 #include "server/engine/analysis/imir_eval.h"
 #include "server/engine/analysis/registry.h"
 #include "server/engine/torch_util.h"
-#include "server/engine/train/latent_trainer.h"
+#include "server/engine/setup/decoder_setup.h"
 
 namespace circuitlab::engine {
 namespace {

@@ -4,7 +4,7 @@
 #include "server/common/seeds.h"
 #include "server/engine/analysis/imir_analyses.h"
 #include "server/engine/analysis/imir_eval.h"
-#include "server/engine/train/trainer.h"
+#include "server/engine/setup/imir_setup.h"
 #include "server/engine/analysis/registry.h"
 
 namespace circuitlab::engine {

@@ -10,8 +10,8 @@
 #include "server/engine/analysis/decoder_interventions.h"
 #include "server/engine/analysis/decoder_op_steps.h"
 #include "server/engine/analysis/registry.h"
-#include "server/engine/train/regression_trainer.h"
-#include "server/engine/train/trainer_base.h"
+#include "server/engine/setup/decoder_setup.h"
+#include "server/engine/setup/checkpoint_io.h"
 
 namespace circuitlab::engine {
 

@@ -6,8 +6,8 @@
 #include "server/common/seeds.h"
 #include "server/engine/analysis/task_vectors.h"
 #include "server/engine/torch_util.h"
-#include "server/engine/train/regression_trainer.h"
-#include "server/engine/train/trainer_base.h"
+#include "server/engine/setup/decoder_setup.h"
+#include "server/engine/setup/checkpoint_io.h"
 #include "server/engine/analysis/decoder_analysis.h"
 #include "server/engine/analysis/registry.h"
 

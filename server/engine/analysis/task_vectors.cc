@@ -6,8 +6,8 @@
 #include "absl/strings/str_cat.h"
 #include "server/common/seeds.h"
 #include "server/engine/torch_util.h"
-#include "server/engine/train/latent_trainer.h"
-#include "server/engine/train/trainer_base.h"
+#include "server/engine/setup/decoder_setup.h"
+#include "server/engine/setup/checkpoint_io.h"
 #include "server/engine/analysis/decoder_analysis.h"
 #include "server/engine/analysis/registry.h"
 

@@ -14,7 +14,7 @@
 #include "server/common/seeds.h"
 #include "server/engine/analysis/task_vectors.h"
 #include "server/engine/torch_util.h"
-#include "server/engine/train/latent_trainer.h"
+#include "server/engine/setup/decoder_setup.h"
 
 namespace circuitlab::engine {
 namespace {

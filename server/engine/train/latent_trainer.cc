@@ -20,36 +20,6 @@ torch::Tensor NextLogProb(const torch::Tensor& probs, const torch::Tensor& token
 
 }  // namespace
 
-std::vector<LatentEvalSetDef> LatentEvalSets(bool has_minors) {
-  std::vector<LatentEvalSetDef> defs = {{"id", LatentPool::kMajor}, {"ood", LatentPool::kOod}};
-  if (has_minors) defs.push_back({"minor", LatentPool::kMinor});
-  return defs;
-}
-
-uint64_t LatentEvalSeed(uint64_t member_seed, int index) {
-  return DeriveSeed63(member_seed, "latent_eval", static_cast<uint64_t>(index));
-}
-
-std::unique_ptr<DecoderModel> MakeDecoder(const v1::ExperimentSpec& spec, int64_t ensemble, torch::Device device) {
-  return std::make_unique<DecoderModel>(DecoderConfigOf(spec), ensemble, device);
-}
-
-void InitializeDecoder(const std::vector<uint64_t>& member_seeds, DecoderModel& model) {
-  std::vector<uint64_t> init;
-  for (uint64_t s : member_seeds) init.push_back(InitSeedOf(s));
-  model.Initialize(init);
-}
-
-torch::Tensor NextTokenLoss(const torch::Tensor& logits, const torch::Tensor& tokens) {
-  if (FusedKernelsApply(logits) && tokens.scalar_type() == torch::kLong && tokens.device().is_cpu()) {
-    return NextTokenCrossEntropy(logits, tokens);  // decoder_kernels.h: the same mean, one pass each way
-  }
-  const int64_t T = tokens.size(-1);
-  torch::Tensor logp = torch::log_softmax(logits.narrow(-2, 0, T - 1), -1);
-  torch::Tensor next = tokens.narrow(-1, 1, T - 1).unsqueeze(-1);
-  return -logp.gather(-1, next).squeeze(-1).mean(-1);
-}
-
 std::vector<std::vector<Metric>> DecoderTrainMetrics(const torch::Tensor& member_loss, const torch::Tensor& sq,
                                                      double lr,
                                                      const std::vector<std::pair<const char*, torch::Tensor>>& extra) {

@@ -24,30 +24,11 @@
 #include "server/common/seeds.h"
 #include "server/engine/models/decoder_model.h"
 #include "server/engine/tasks/latent_task.h"
+#include "server/engine/setup/decoder_setup.h"
 #include "server/engine/train/batch_split.h"
 #include "server/engine/train/trainer_base.h"
 
 namespace circuitlab::engine {
-
-// The spec's decoder model, not initialised / initialised from the members'
-// init seeds.
-std::unique_ptr<DecoderModel> MakeDecoder(const v1::ExperimentSpec& resolved, int64_t ensemble,
-                                          torch::Device device);
-void InitializeDecoder(const std::vector<uint64_t>& member_seeds, DecoderModel& model);
-
-// The evaluation sets of a latent run (token and regression kinds alike):
-// "id" (the majors), "ood" and, when the run has minors, "minor"; and the
-// seed of set `index`'s sequences for a member.
-struct LatentEvalSetDef {
-  std::string name;
-  LatentPool pool;
-};
-std::vector<LatentEvalSetDef> LatentEvalSets(bool has_minors);
-uint64_t LatentEvalSeed(uint64_t member_seed, int index);
-
-// Per-sequence mean next-token cross-entropy of logits [..., T, V] against
-// tokens [..., T] (positions 0..T-2 predict 1..T-1), shape [...].
-torch::Tensor NextTokenLoss(const torch::Tensor& logits, const torch::Tensor& tokens);
 
 // Per member of a recorded decoder step: train/loss (of `member_loss` [E]),
 // the `extra` metrics ([E] each), train/grad_norm (from the squared norms

@@ -11,15 +11,6 @@ constexpr int64_t kRegressionEvalBayesChunk = 64;
 
 }  // namespace
 
-torch::Tensor PredictRegression(const DecoderModel& model, const torch::Tensor& x, const torch::Tensor& y,
-                                const HookFn* hook) {
-  return DecoderModel::Predictions(model.Forward(model.MapstoInputs(x, y), hook));
-}
-
-torch::Tensor MemberInputs(const DecoderModel& model, const torch::Tensor& x, const torch::Tensor& y) {
-  return model.MapstoInputs(x.to(torch::kFloat).unsqueeze(0), y.to(torch::kFloat).unsqueeze(0)).squeeze(0);
-}
-
 RegressionTrainer::RegressionTrainer(const v1::ExperimentSpec& spec, std::vector<uint64_t> member_seeds,
                                      torch::Device device)
     : DecoderTrainer(spec, std::move(member_seeds), device, [this](int64_t step) {

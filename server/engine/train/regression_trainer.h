@@ -29,15 +29,6 @@
 
 namespace circuitlab::engine {
 
-// The model's predictions of every y_i for x [E, B, n, d], y [E, B, n]:
-// [E, B, n] (one forward; callers chunk).
-torch::Tensor PredictRegression(const DecoderModel& model, const torch::Tensor& x, const torch::Tensor& y,
-                                const HookFn* hook = nullptr);
-
-// One member's model inputs [N, 3n, d + 1] (float32) for sequences x
-// [N, n, d], y [N, n] of any floating type.
-torch::Tensor MemberInputs(const DecoderModel& model, const torch::Tensor& x, const torch::Tensor& y);
-
 // Batches are x [E, B, n, d] and y [E, B, n] (float32) on the CPU.
 class RegressionTrainer
     : public DecoderTrainer<RegressionTaskGenerator, std::pair<torch::Tensor, torch::Tensor>> {

@@ -21,23 +21,10 @@
 #include "server/engine/models/imir_factory.h"
 #include "server/engine/models/imir_model.h"
 #include "server/engine/tasks/block_task.h"
+#include "server/engine/setup/imir_setup.h"
 #include "server/engine/train/trainer_base.h"
 
 namespace circuitlab::engine {
-
-// Seed of a member's evaluation set `mode` (the same sequences at every
-// checkpoint, and in the circuit analyses).
-uint64_t EvalSeed(uint64_t seed, SampleMode mode);
-
-// Initialises every member as the spec says: `init` with the member's init
-// seed (DeriveSeed(seed, "init")); COORDINATES with INIT_SCHEME_PROJECTED
-// projects the FULL model's NORMAL init of the same seed; then
-// initial_coordinates override.
-void InitializeModel(const v1::ExperimentSpec& resolved, const std::vector<uint64_t>& member_seeds, ImirModel& model);
-
-// Reads only the weights of a checkpoint into `model` (no optimiser, no
-// evaluation sets). InvalidArgument when shapes or format do not match.
-absl::Status LoadWeights(const std::string& checkpoint, ImirModel& model);
 
 class EnsembleTrainer : public TrainerBase {
  public:

@@ -25,13 +25,10 @@
 #include "absl/status/status.h"
 #include "circuitlab/v1/spec.pb.h"
 #include "server/engine/api.h"
+#include "server/engine/setup/checkpoint_io.h"
 #include "server/engine/torch_util.h"
 
 namespace circuitlab::engine {
-
-// Seeds of one member, by purpose (SCIENCE.md 0.3).
-uint64_t InitSeedOf(uint64_t member_seed);
-uint64_t BatchSeedOf(uint64_t member_seed, int64_t step);
 
 // What a checkpoint records of its spec (task, data, model, training) and
 // member seeds, to refuse one that belongs to another run.
@@ -39,12 +36,6 @@ uint64_t CheckpointFingerprint(const v1::ExperimentSpec& spec, const std::vector
 
 // The learning rate of (1-based) `step` under the spec's schedule.
 double ScheduledLearningRate(const v1::TrainingSpec& training, int64_t step);
-
-// Reads only the weights of a checkpoint into `params` (named `names`; no
-// optimiser, no evaluation sets). InvalidArgument when shapes or format do
-// not match.
-absl::Status LoadWeights(const std::string& checkpoint, const std::vector<std::string>& names,
-                         const std::vector<torch::Tensor>& params);
 
 // Draws the training batch of step s + 1 on a background thread while step
 // s trains. A batch is a pure function of (member seeds, step) (counter-based
