@@ -2,7 +2,9 @@
 
 #include <map>
 #include <mutex>
+#include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_join.h"

@@ -9,8 +9,10 @@
 #include <algorithm>
 #include <deque>
 #include <memory>
+#include <mutex>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"

@@ -1,7 +1,11 @@
 #include "server/engine/analysis/decoder_op_steps.h"
 
+#include <functional>
 #include <map>
 #include <numeric>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "server/common/seeds.h"
 #include "server/common/text.h"

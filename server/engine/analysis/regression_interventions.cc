@@ -1,8 +1,11 @@
 // Interventions on the regression decoder of an E2 run (SCIENCE.md B.3,
 // D.6): the ops at hook points of the mapsto layout, scored with the
 // squared-error analogues against the set's Bayes predictor.
+#include <algorithm>
 #include <map>
 #include <numeric>
+#include <string>
+#include <vector>
 
 #include "server/common/seeds.h"
 #include "server/common/text.h"

@@ -1,6 +1,8 @@
 #include "server/engine/setup/checkpoint_io.h"
 
 #include <sstream>
+#include <string>
+#include <vector>
 
 #include "server/common/seeds.h"
 

@@ -1,5 +1,8 @@
 #include "server/engine/setup/decoder_setup.h"
 
+#include <memory>
+#include <vector>
+
 #include "server/common/seeds.h"
 #include "server/engine/models/decoder_kernels.h"
 #include "server/engine/setup/checkpoint_io.h"

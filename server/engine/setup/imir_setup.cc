@@ -1,5 +1,8 @@
 #include "server/engine/setup/imir_setup.h"
 
+#include <string>
+#include <vector>
+
 #include "server/common/seeds.h"
 #include "server/engine/basis/basis.h"
 #include "server/engine/setup/checkpoint_io.h"
