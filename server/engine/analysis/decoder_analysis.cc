@@ -62,4 +62,14 @@ VectorWindow VectorWindowOf(const v1::AnalyzeTaskVectorsRequest& r, int num_laye
   return w;
 }
 
+absl::StatusOr<LatentEvalSetDef> LatentEvalSetOf(const v1::ExperimentSpec& spec, const std::string& name) {
+  const std::vector<LatentEvalSetDef> sets = LatentEvalSets(spec.task().latent().diversity() >= 0);
+  std::string have;
+  for (const LatentEvalSetDef& s : sets) {
+    if (s.name == name || (name.empty() && &s == &sets.front())) return s;
+    have += (have.empty() ? "" : ", ") + s.name;
+  }
+  return absl::InvalidArgumentError("eval_set '" + name + "' is not one of this run's (" + have + ")");
+}
+
 }  // namespace circuitlab::engine

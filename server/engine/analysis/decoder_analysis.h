@@ -15,12 +15,17 @@
 #include "server/engine/analysis/registry.h"
 #include "server/engine/api.h"
 #include "server/engine/models/decoder_model.h"
+#include "server/engine/setup/decoder_setup.h"
 
 namespace circuitlab::engine {
 
 // A decoder checkpoint loaded for analysis (one member, no gradients).
 absl::StatusOr<std::unique_ptr<DecoderModel>> LoadDecoder(const v1::ExperimentSpec& spec,
                                                           const std::string& checkpoint);
+
+// A latent run's evaluation set `name` ("" = the first, "id");
+// InvalidArgument listing the run's sets for another name.
+absl::StatusOr<LatentEvalSetDef> LatentEvalSetOf(const v1::ExperimentSpec& spec, const std::string& name);
 
 // The tensor at a decoder hook point `name` parsed as `hp` (decoder_model.h).
 HookGeometry DecoderHookGeometry(const HookPoint& hp, const std::string& name, const DecoderConfig& cfg);

@@ -122,15 +122,9 @@ absl::StatusOr<v1::GetLogitLensResponse> DecoderLens(const DecoderModel& model, 
                                                      const v1::ExperimentSpec& spec, const v1::GetLogitLensRequest& r,
                                                      const AnalysisProgress& progress, const CancelToken* cancel) {
   torch::NoGradGuard no_grad;
-  const std::vector<LatentEvalSetDef> sets = LatentEvalSets(spec.task().latent().diversity() >= 0);
-  const std::string name = r.eval_set().empty() ? sets.front().name : r.eval_set();
-  const LatentEvalSetDef* set = nullptr;
-  std::string have;
-  for (const LatentEvalSetDef& s : sets) {
-    have += (have.empty() ? "" : ", ") + s.name;
-    if (s.name == name) set = &s;
-  }
-  if (set == nullptr) return absl::InvalidArgumentError("eval_set '" + name + "' is not one of this run's (" + have + ")");
+  absl::StatusOr<LatentEvalSetDef> set = LatentEvalSetOf(spec, r.eval_set());
+  if (!set.ok()) return set.status();
+  const std::string& name = set->name;
   torch::Generator gen = MakeGenerator(DeriveSeed63(r.seed(), "logit_lens", static_cast<uint64_t>(set->pool)));
   const int64_t n = r.sequences();
   const torch::Tensor all =
