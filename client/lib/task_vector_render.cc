@@ -5,6 +5,8 @@
 #include <sstream>
 #include <vector>
 
+#include "client/lib/text_format.h"
+
 namespace circuitlab::client {
 namespace {
 
@@ -12,14 +14,6 @@ std::string Num(double v) {
   char buf[32];
   std::snprintf(buf, sizeof(buf), "%.4g", v);
   return buf;
-}
-
-// CSV field: quoted when it holds a comma or a quote (sweep values are JSON).
-std::string Field(const std::string& s) {
-  if (s.find_first_of(",\"\n") == std::string::npos) return s;
-  std::string out = "\"";
-  for (char c : s) out += c == '"' ? std::string("\"\"") : std::string(1, c);
-  return out + "\"";
 }
 
 }  // namespace
@@ -30,7 +24,7 @@ std::string TaskVectorCsv(const v1::AnalyzeTaskVectorsResponse& r) {
   for (const v1::TaskVectorValue& v : r.values()) {
     char value[32];
     std::snprintf(value, sizeof(value), "%.9g", v.value());
-    out << v.run_id() << "," << v.step() << "," << Field(v.sweep_values()) << "," << Field(v.name()) << ","
+    out << v.run_id() << "," << v.step() << "," << CsvField(v.sweep_values()) << "," << CsvField(v.name()) << ","
         << v.layer() << "," << v.position() << "," << value << "\n";
   }
   return out.str();

@@ -53,4 +53,11 @@ std::string Pad(const std::string& s, size_t width) {
 
 std::string EscapeForTerminal(const std::string& text) { return EscapeControl(text); }
 
+std::string CsvField(const std::string& s) {
+  if (s.find_first_of(",\"\n") == std::string::npos) return s;
+  std::string out = "\"";
+  for (char c : s) out += c == '"' ? std::string("\"\"") : std::string(1, c);
+  return out + "\"";
+}
+
 }  // namespace circuitlab::client

@@ -20,6 +20,9 @@ std::string FormatTime(const google::protobuf::Timestamp& t);
 // "SUCCEEDED" for RUN_STATE_SUCCEEDED.
 std::string StateName(v1::RunState s);
 bool IsFinal(v1::RunState s);
+// A CSV field: quoted (quotes doubled) when it holds a comma, a quote or a
+// newline, else as it is.
+std::string CsvField(const std::string& s);
 // Left-aligns to `width` terminal columns (labels hold multi-byte "∅→").
 std::string Pad(const std::string& s, size_t width);
 // Control characters as \xNN (C0, DEL) or \uNNNN (C1 controls, bidirectional

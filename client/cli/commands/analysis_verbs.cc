@@ -27,6 +27,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "client/cli/commands/commands.h"
+#include "client/lib/text_format.h"
 #include "client/lib/proto_docs.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/message.h"
@@ -221,13 +222,6 @@ std::vector<const pb::FieldDescriptor*> Echoes(const pb::Message& m) {
   return out;
 }
 
-std::string CsvQuote(const std::string& s) {
-  if (s.find_first_of(",\"\n") == std::string::npos) return s;
-  std::string q = "\"";
-  for (char c : s) q += c == '"' ? std::string("\"\"") : std::string(1, c);
-  return q + "\"";
-}
-
 // The first repeated message field with entries, as CSV.
 int PrintCsv(const pb::Message& resp) {
   const pb::Reflection* r = resp.GetReflection();
@@ -245,9 +239,9 @@ int PrintCsv(const pb::Message& resp) {
     for (int k = 0; k < r->FieldSize(resp, table); ++k) {
       const pb::Message& item = r->GetRepeatedMessage(resp, table, k);
       std::vector<std::string> cells;
-      for (const pb::FieldDescriptor* e : echoes) cells.push_back(CsvQuote(Text(resp, e)));
+      for (const pb::FieldDescriptor* e : echoes) cells.push_back(client::CsvField(Text(resp, e)));
       for (int c = 0; c < row->field_count(); ++c) {
-        if (IsScalar(row->field(c))) cells.push_back(CsvQuote(Cell(item, row->field(c), ";", false)));
+        if (IsScalar(row->field(c))) cells.push_back(client::CsvField(Cell(item, row->field(c), ";", false)));
       }
       std::printf("%s\n", absl::StrJoin(cells, ",").c_str());
     }

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "client/cli/commands/commands.h"
+#include "client/lib/text_format.h"
 
 namespace circuitlab::cli {
 namespace {
@@ -68,13 +69,6 @@ std::map<std::string, std::string> SpecFields(const v1::ExperimentSpec& spec) {
   Flatten(v, "", &out);
   out.erase("name");
   return out;
-}
-
-std::string Csv(const std::string& s) {
-  if (s.find_first_of(",\"\n") == std::string::npos) return s;
-  std::string q = "\"";
-  for (char c : s) q += c == '"' ? std::string("\"\"") : std::string(1, c);
-  return q + "\"";
 }
 
 std::string Number(double v) {
@@ -149,11 +143,11 @@ void PrintJson(const std::vector<v1::Run>& runs, Table& t) {
 
 void PrintCsv(const std::vector<v1::Run>& runs, Table& t) {
   std::printf("section,key");
-  for (const v1::Run& r : runs) std::printf(",%s", Csv(r.run_id()).c_str());
+  for (const v1::Run& r : runs) std::printf(",%s", client::CsvField(r.run_id()).c_str());
   std::printf("\n");
   for (const auto& k : t.keys) {
-    std::printf("%s,%s", k.first.c_str(), Csv(k.second).c_str());
-    for (const std::string& v : t.cells[k]) std::printf(",%s", Csv(v).c_str());
+    std::printf("%s,%s", k.first.c_str(), client::CsvField(k.second).c_str());
+    for (const std::string& v : t.cells[k]) std::printf(",%s", client::CsvField(v).c_str());
     std::printf("\n");
   }
 }
