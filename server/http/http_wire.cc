@@ -10,6 +10,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "server/common/field_text.h"
 #include "server/common/status_macros.h"
 #include "server/common/text.h"
 #include "server/http/json_writer.h"
@@ -22,79 +23,15 @@ namespace pb = google::protobuf;
 // One query value into a scalar field (added when repeated).
 absl::Status SetScalar(pb::Message* m, const pb::FieldDescriptor* f, const std::string& value,
                        const std::string& path) {
-  const pb::Reflection* r = m->GetReflection();
-  const bool rep = f->is_repeated();
-  auto bad = [&](const char* what) {
-    return absl::InvalidArgumentError("query parameter " + path + " must be " + what + ", got " +
-                                      Quote(Clip(value, 64)));
-  };
-  switch (f->cpp_type()) {
-    case pb::FieldDescriptor::CPPTYPE_STRING:
-      rep ? r->AddString(m, f, value) : r->SetString(m, f, value);
-      return absl::OkStatus();
-    case pb::FieldDescriptor::CPPTYPE_BOOL: {
-      const std::string v = absl::AsciiStrToLower(value);
-      if (v != "true" && v != "false" && v != "1" && v != "0" && !v.empty()) return bad("true or false");
-      const bool b = v == "true" || v == "1" || v.empty();
-      rep ? r->AddBool(m, f, b) : r->SetBool(m, f, b);
-      return absl::OkStatus();
-    }
-    case pb::FieldDescriptor::CPPTYPE_INT32: {
-      int32_t v;
-      if (!absl::SimpleAtoi(value, &v)) return bad("an integer");
-      rep ? r->AddInt32(m, f, v) : r->SetInt32(m, f, v);
-      return absl::OkStatus();
-    }
-    case pb::FieldDescriptor::CPPTYPE_UINT32: {
-      uint32_t v;
-      if (!absl::SimpleAtoi(value, &v)) return bad("a non-negative integer");
-      rep ? r->AddUInt32(m, f, v) : r->SetUInt32(m, f, v);
-      return absl::OkStatus();
-    }
-    case pb::FieldDescriptor::CPPTYPE_INT64: {
-      int64_t v;
-      if (!absl::SimpleAtoi(value, &v)) return bad("an integer");
-      rep ? r->AddInt64(m, f, v) : r->SetInt64(m, f, v);
-      return absl::OkStatus();
-    }
-    case pb::FieldDescriptor::CPPTYPE_UINT64: {
-      uint64_t v;
-      if (!absl::SimpleAtoi(value, &v)) return bad("a non-negative integer");
-      rep ? r->AddUInt64(m, f, v) : r->SetUInt64(m, f, v);
-      return absl::OkStatus();
-    }
-    case pb::FieldDescriptor::CPPTYPE_DOUBLE:
-    case pb::FieldDescriptor::CPPTYPE_FLOAT: {
-      double v;
-      if (!absl::SimpleAtod(value, &v)) return bad("a number");
-      if (f->cpp_type() == pb::FieldDescriptor::CPPTYPE_FLOAT) {
-        rep ? r->AddFloat(m, f, static_cast<float>(v)) : r->SetFloat(m, f, static_cast<float>(v));
-      } else {
-        rep ? r->AddDouble(m, f, v) : r->SetDouble(m, f, v);
-      }
-      return absl::OkStatus();
-    }
-    case pb::FieldDescriptor::CPPTYPE_ENUM: {
-      // The full name (RUN_STATE_SUCCEEDED) or its last part in any case (succeeded).
-      const pb::EnumDescriptor* e = f->enum_type();
-      const pb::EnumValueDescriptor* v = e->FindValueByName(value);
-      std::vector<std::string> names;
-      for (int i = 0; v == nullptr && i < e->value_count(); ++i) {
-        const std::string& full = e->value(i)->name();
-        names.push_back(full);
-        const std::string upper = absl::AsciiStrToUpper(value);
-        if (full.size() > upper.size() && full.compare(full.size() - upper.size(), upper.size(), upper) == 0 &&
-            full[full.size() - upper.size() - 1] == '_') {
-          v = e->value(i);
-        }
-      }
-      if (v == nullptr) return bad(("one of " + absl::StrJoin(names, ", ")).c_str());
-      rep ? r->AddEnum(m, f, v) : r->SetEnum(m, f, v);
-      return absl::OkStatus();
-    }
-    default:
-      return absl::InvalidArgumentError("query parameter " + path + " cannot be set from a query string");
+  const absl::Status s = SetScalarFromText(m, f, value);
+  if (absl::IsUnimplemented(s)) {
+    return absl::InvalidArgumentError("query parameter " + path + " cannot be set from a query string");
   }
+  if (!s.ok()) {
+    return absl::InvalidArgumentError("query parameter " + path + " must be " + std::string(s.message()) +
+                                      ", got " + Quote(Clip(value, 64)));
+  }
+  return s;
 }
 
 }  // namespace

@@ -32,6 +32,7 @@
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/message.h"
 #include "server/common/analysis_names.h"
+#include "server/common/field_text.h"
 
 namespace circuitlab::cli {
 namespace {
@@ -77,64 +78,14 @@ std::string EnumValues(const pb::EnumDescriptor* e) {
   return absl::StrJoin(names, "|");
 }
 
-// One typed value into `f` of `m` (added when repeated); InvalidArgument
-// naming the flag.
+// One typed value into `f` of `m` (added when repeated), parsed as the HTTP
+// gateway parses a query (server/common/field_text.h); InvalidArgument naming
+// the flag.
 absl::Status SetValue(pb::Message* m, const pb::FieldDescriptor* f, const std::string& text) {
-  const pb::Reflection* r = m->GetReflection();
-  const bool rep = f->is_repeated();
-  const auto bad = [&](const std::string& what) {
-    return absl::InvalidArgumentError(Flag(f) + " expects " + what + ", got '" + text + "'");
-  };
-  switch (f->cpp_type()) {
-#define CL_INT_CASE(CPP, T, Name, what)                    \
-  case pb::FieldDescriptor::CPP: {                         \
-    T v;                                                   \
-    if (!absl::SimpleAtoi(text, &v)) return bad(what);     \
-    rep ? r->Add##Name(m, f, v) : r->Set##Name(m, f, v);   \
-    return absl::OkStatus();                               \
-  }
-    CL_INT_CASE(CPPTYPE_INT32, int32_t, Int32, "an integer")
-    CL_INT_CASE(CPPTYPE_INT64, int64_t, Int64, "an integer")
-    CL_INT_CASE(CPPTYPE_UINT32, uint32_t, UInt32, "a non-negative integer")
-    CL_INT_CASE(CPPTYPE_UINT64, uint64_t, UInt64, "a non-negative integer")
-#undef CL_INT_CASE
-    case pb::FieldDescriptor::CPPTYPE_DOUBLE:
-    case pb::FieldDescriptor::CPPTYPE_FLOAT: {
-      double v;
-      if (!absl::SimpleAtod(text, &v)) return bad("a number");
-      if (f->cpp_type() == pb::FieldDescriptor::CPPTYPE_FLOAT) {
-        rep ? r->AddFloat(m, f, static_cast<float>(v)) : r->SetFloat(m, f, static_cast<float>(v));
-      } else {
-        rep ? r->AddDouble(m, f, v) : r->SetDouble(m, f, v);
-      }
-      return absl::OkStatus();
-    }
-    case pb::FieldDescriptor::CPPTYPE_BOOL: {
-      bool v;
-      if (!absl::SimpleAtob(text, &v)) return bad("true or false");
-      rep ? r->AddBool(m, f, v) : r->SetBool(m, f, v);
-      return absl::OkStatus();
-    }
-    case pb::FieldDescriptor::CPPTYPE_ENUM: {
-      const std::string up = absl::AsciiStrToUpper(text);
-      const pb::EnumDescriptor* e = f->enum_type();
-      for (int i = 0; i < e->value_count(); ++i) {
-        const std::string& name = e->value(i)->name();
-        if (e->value(i)->number() != 0 &&
-            (name == up || (name.size() > up.size() && name.compare(name.size() - up.size(), up.size(), up) == 0 &&
-                            name[name.size() - up.size() - 1] == '_'))) {
-          rep ? r->AddEnum(m, f, e->value(i)) : r->SetEnum(m, f, e->value(i));
-          return absl::OkStatus();
-        }
-      }
-      return bad("one of " + EnumValues(e));
-    }
-    case pb::FieldDescriptor::CPPTYPE_STRING:
-      rep ? r->AddString(m, f, text) : r->SetString(m, f, text);
-      return absl::OkStatus();
-    default:
-      return absl::InvalidArgumentError(Flag(f) + ": a message field; set it in --request FILE.json");
-  }
+  const absl::Status s = SetScalarFromText(m, f, text);
+  if (absl::IsUnimplemented(s)) return absl::InvalidArgumentError(Flag(f) + ": set it in --request FILE.json");
+  if (!s.ok()) return absl::InvalidArgumentError(Flag(f) + " expects " + std::string(s.message()) + ", got '" + text + "'");
+  return s;
 }
 
 // The request: --request's file, the positional run or spec, the flags.
