@@ -13,10 +13,12 @@
 // the ticket, icl_rare 0.963, iwl 1, BOTH_IWL_WINS as the dense model; E.9 four labels, 16
 // of 16 labelled, 3 crossings, P_mag wrong on 8, the outside coordinate
 // flips 2 cells; E.10 two_hop_chain with 7 of 71 kept, m(K*) 0.952;
-// E.11 P0 ratio 0.017 at t = 46; E.15 KL ratio of the untrained control
+// E.15 KL ratio of the untrained control
 // 0.9999; since issue 50, with the authors' procedure: E.9 0 order
-// reversals, 3 crossings (reported); E.11 eta2_task 0.767 against 0.092
-// untrained, R2_task 0.781 against 0.111; E.19 last-3 ratio 0.327, prefix
+// reversals, 3 crossings (reported); E.11 with each (token, task) cell
+// drawing its own sequences (G.9 (6), 2026-12-07): eta2_task 0.767 against
+// 0.392 untrained, R2_task 0.781 against 0.411, P0 ratio 0.00098 at t = 46
+// against 0.012 at t = 4; E.19 last-3 ratio 0.327, prefix
 // 0.0087; E.20 R2 from the CLR 0.553, with token and position 0.948, a
 // random direction 0.318), except the checks KnownFailures() names, which
 // fail as measured.

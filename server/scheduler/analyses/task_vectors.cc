@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <set>
 #include <string>
+#include <string_view>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -352,6 +353,12 @@ absl::StatusOr<AnalysisPlan<v1::AnalyzeTaskVectorsResponse>> PlanTaskVectors(
   plan.run_id = store_id;
   plan.key = std::move(key);
   plan.version = kLayersFromOne;
+  // P0-P2's cells draw their own sequences per (token, task) since issue 50
+  // (SCIENCE.md G.9 (6)): answers stored before are recomputed, not served.
+  const auto conditioned = [&c](std::string_view a) {
+    return std::find(c.analyses().begin(), c.analyses().end(), a) != c.analyses().end();
+  };
+  if (conditioned("p0") || conditioned("p1") || conditioned("p2")) plan.version += "/cells-per-token";
   plan.memory_bytes = memory;
   plan.work = [store = &core.store(), analyzer = &core.analyzer(), targets, c, total](
                   const std::function<void(double)>& progress,
