@@ -61,6 +61,31 @@ TEST(LatentTaskTest, DisjointMajorsSplitTheFaces) {
   EXPECT_GT((seven.pool(LatentPool::kOod) > 0.1).sum().item<int64_t>(), 0);
 }
 
+// D.5.1 / SCIENCE.md G.9 (6): every (token, task) cell of the token-
+// conditioned design draws its own sequences; only x_t is set. (The cells
+// shared one set of prefixes across token values before.)
+TEST(LatentTaskTest, TokenConditionedCellsDrawTheirOwnPrefixes) {
+  LatentTaskGenerator task(Latent(R"({"task": {"latent": {"major_pool": "MAJOR_POOL_DISJOINT"}}})"), 7);
+  torch::Generator gen = MakeGenerator(3);
+  const int64_t t = 12, B = 5, K = task.num_majors(), V = task.vocab_size();
+  torch::Tensor cells = ConditionedTokens(task, t, B, gen);
+  ASSERT_EQ(cells.sizes(), (std::vector<int64_t>{V, K * B, t + 1}));
+  for (int64_t a = 0; a < V; ++a) {
+    EXPECT_TRUE(torch::equal(cells[a].select(1, t), torch::full({K * B}, a, torch::kLong))) << "x_t is the cell's token";
+  }
+  // Each row's prefix comes from its task: a near-disjoint major puts 99% of
+  // its mass on two faces, so most of the row's tokens lie there.
+  torch::Tensor on = task.pool(LatentPool::kMajor) > 0.1;  // [K, V]
+  torch::Tensor prefix = cells.narrow(2, 0, t);            // [V, K*B, t]
+  for (int64_t k = 0; k < K; ++k) {
+    torch::Tensor rows = prefix.narrow(1, k * B, B);
+    const double inside = on[k].index_select(0, rows.flatten()).to(torch::kDouble).mean().item<double>();
+    EXPECT_GT(inside, 0.9) << "major " << k;
+  }
+  // Different token values, different prefixes in the same (task, draw) slot.
+  for (int64_t a = 1; a < V; ++a) EXPECT_FALSE(torch::equal(prefix[0], prefix[a])) << "token " << a;
+}
+
 TEST(LatentTaskTest, MarkovTransitionsFollowTheirTask) {
   LatentTaskGenerator task(Latent(R"({"task": {"latent": {"kind": "LATENT_KIND_MARKOV", "seq_len": 300}}})"), 3);
   torch::Generator gen = MakeGenerator(2);

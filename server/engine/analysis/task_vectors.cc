@@ -25,20 +25,21 @@ absl::Status Stopped() { return absl::CancelledError("task-vector analysis stopp
 
 
 
-// Token-conditioned states at position t (D.5.1): for every token value a
-// and major k, B sequences of task k with x_t overwritten by a. Each (a, k)
-// cell draws its own sequences, as the authors' token-conditioned sampler
-// does (SCIENCE.md G.9 (6)); the cells shared one set of prefixes across
-// tokens before. One [V, K, B, D] tensor per layer.
-std::vector<torch::Tensor> ConditionedAt(const DecoderModel& model, const LatentTaskGenerator& task, int64_t t,
-                                         int64_t B, const std::vector<int>& layers, const std::string& kind,
-                                         torch::Generator& gen) {
+torch::Tensor ConditionedTokens(const LatentTaskGenerator& task, int64_t t, int64_t B, torch::Generator& gen) {
   const int64_t K = task.num_majors(), V = task.vocab_size();
   torch::Tensor all = task.SamplePool(LatentPool::kMajor, Repeat(K, B).repeat({V}), gen)
                           .tokens.narrow(1, 0, t + 1)
                           .reshape({V, K * B, t + 1})
                           .clone();
   all.select(2, t).copy_(torch::arange(V, kI64).unsqueeze(1).expand({V, K * B}));
+  return all;
+}
+
+std::vector<torch::Tensor> ConditionedAt(const DecoderModel& model, const LatentTaskGenerator& task, int64_t t,
+                                         int64_t B, const std::vector<int>& layers, const std::string& kind,
+                                         torch::Generator& gen) {
+  const int64_t K = task.num_majors(), V = task.vocab_size();
+  torch::Tensor all = ConditionedTokens(task, t, B, gen);
   std::vector<torch::Tensor> states = HiddenStates(model, all.view({V * K * B, t + 1}), layers, kind, t);
   for (torch::Tensor& s : states) s = s.view({V, K, B, -1});
   return states;

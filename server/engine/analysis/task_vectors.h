@@ -175,9 +175,12 @@ struct TvRun {
   int64_t est_begin = 0, est_end = 0;
 };
 
-// Token-conditioned states at position t (D.5.1): for every token value a
-// and major k, B sequences of task k with x_t overwritten by a (the same base
-// sequences for every a). One [V, K, B, D] tensor per layer.
+// The token-conditioned design at position t (D.5.1): for every token value
+// a and major k, B sequences of task k cut after t with x_t overwritten by
+// a. Each (a, k) cell draws its own sequences, as the authors' sampler does
+// (SCIENCE.md G.9 (6)). [V, K * B, t + 1], rows ordered by task then draw.
+torch::Tensor ConditionedTokens(const LatentTaskGenerator& task, int64_t t, int64_t B, torch::Generator& gen);
+// Their states at position t: one [V, K, B, D] tensor per layer.
 std::vector<torch::Tensor> ConditionedAt(const DecoderModel& model, const LatentTaskGenerator& task, int64_t t,
                                          int64_t B, const std::vector<int>& layers, const std::string& kind,
                                          torch::Generator& gen);
