@@ -72,7 +72,7 @@ void AppendBatches(const std::string& dump, const std::vector<torch::Tensor>& ba
 int main(int argc, char** argv) {
   CLI::App app{"Decoder training-step benchmark (C++ side)"};
   std::string spec_path;
-  int steps = 100, warmup = 10, fixed_batches = 8, threads = 1, batch = 0;
+  int steps = 100, warmup = 10, fixed_batches = 8, threads = 1, batch = 0, members = 1;
   std::string dump;
   app.add_option("--spec", spec_path, "ExperimentSpec JSON (task.latent)")->required()->check(CLI::ExistingFile);
   app.add_option("--steps", steps, "Timed steps");
@@ -83,6 +83,9 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 64));
   app.add_option("--batch", batch, "Batch size instead of the spec's (B.3's 256 needs ~19 GB; 0: the spec's)")
       ->check(CLI::Range(0, 65536));
+  app.add_option("--members", members,
+                 "Members trained as one ensemble in (a), seeds spec.seed + 0..members-1 (a packed sweep; issue 48)")
+      ->check(CLI::Range(1, 64));
   bool reference_ops = false;
   app.add_flag("--reference-ops", reference_ops,
                "The decoder's reference ATen ops instead of its fused CPU kernels (models/decoder_kernels.h)");
@@ -102,8 +105,9 @@ int main(int argc, char** argv) {
   // E2: continuous tokens read in (x, the y flag), a scalar read-out.
   const bool regression = ce::SpecFamilyOf(*spec).ContinuousInputWidth(*spec) > 0;
   // (a) the server's step.
-  std::unique_ptr<ce::TrainerBase> trainer =
-      ce::FamilyOf(*spec).MakeTrainer(*spec, std::vector<uint64_t>{spec->seed()}, torch::kCPU);
+  std::vector<uint64_t> seeds;
+  for (int e = 0; e < members; ++e) seeds.push_back(spec->seed() + static_cast<uint64_t>(e));
+  std::unique_ptr<ce::TrainerBase> trainer = ce::FamilyOf(*spec).MakeTrainer(*spec, seeds, torch::kCPU);
   for (int i = 0; i < warmup; ++i) trainer->Step(false);
   const double waited0 = trainer->data_wait_seconds();
   auto t0 = std::chrono::steady_clock::now();
@@ -155,10 +159,10 @@ int main(int argc, char** argv) {
   for (int i = 0; i < steps; ++i) step(i);
   const double model_rate = steps / Seconds(t0, std::chrono::steady_clock::now());
   std::printf(
-      "{\"side\": \"cpp\", \"threads\": %d, \"batch\": %u, \"full_steps_per_s\": %.3f, \"model_steps_per_s\": %.3f, "
-      "\"data_wait_share\": %.4f, "
+      "{\"side\": \"cpp\", \"threads\": %d, \"batch\": %u, \"members\": %d, \"full_steps_per_s\": %.3f, "
+      "\"member_steps_per_s\": %.3f, \"model_steps_per_s\": %.3f, \"data_wait_share\": %.4f, "
       "\"first_losses\": [",
-      threads, tr.batch_size(), full, model_rate, data_wait_share);
+      threads, tr.batch_size(), members, full, full * members, model_rate, data_wait_share);
   for (size_t i = 0; i < first_losses.size(); ++i) std::printf("%s%.6f", i ? ", " : "", first_losses[i]);
   std::printf("]}\n");
   return 0;

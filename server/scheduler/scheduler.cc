@@ -72,11 +72,13 @@ Scheduler::Scheduler(SchedulerOptions options, store::Store* store, engine::Exec
 Scheduler::~Scheduler() { Drain(); }
 
 Scheduler::Pack Scheduler::PackOf(const store::RunRow& row) const {
-  // Only members of one sweep that never started (so have no checkpoint).
+  // Only sweep members that never started (so have no checkpoint). Members
+  // of different sweeps of one owner pack too: a reproduction makes one sweep
+  // per seed, so its seeds of one experiment differ only in their seed.
   if (options_.max_pack <= 1 || row.sweep_id <= 0 || row.attempts > 0) return {};
   v1::ExperimentSpec spec;
   if (!spec.ParseFromString(row.spec)) return {};
-  return {std::to_string(row.sweep_id) + "/" + std::to_string(row.device_request) + "/" + engine::PackKey(spec),
+  return {absl::StrCat(row.owner, "/", row.priority, "/", row.device_request, "/", engine::PackKey(spec)),
           engine::EstimateRunMemoryBytes(spec)};
 }
 

@@ -475,14 +475,28 @@ TEST_F(SchedulerTest, SeedMembersOfASweepArePackedIntoOneEnsemble) {
     EXPECT_EQ(StateOf(id), v1::RUN_STATE_SUCCEEDED) << id;
     EXPECT_EQ(scheduler_->GetRun(id)->checkpoint_step(), 10u) << id;
   }
-  // Lone runs are never packed, nor members of different sweeps.
+  // Lone runs are never packed, nor another owner's members.
   executor_.Close();
   ASSERT_TRUE(sweeps.Submit(SeedSweep(SmallSpec(10), 1), "alice").ok());
   ASSERT_TRUE(scheduler_->Submit(SmallSpec(10), "alice").ok());
   ASSERT_TRUE(scheduler_->Submit(SmallSpec(10), "alice").ok());
+  ASSERT_TRUE(sweeps.Submit(SeedSweep(SmallSpec(10), 1), "bob").ok());
   executor_.Open();
-  ASSERT_TRUE(WaitFor([&] { return sweeps.Get("s2")->done() && StateOf("r6") == v1::RUN_STATE_SUCCEEDED; }));
+  ASSERT_TRUE(WaitFor([&] { return sweeps.Get("s3")->done() && StateOf("r6") == v1::RUN_STATE_SUCCEEDED; }));
   EXPECT_EQ(executor_.pack_sizes().size(), 1u);
+}
+
+// Members of different sweeps of one owner pack when their specs differ only
+// in the seed: a reproduction makes one sweep per seed (issue 48).
+TEST_F(SchedulerTest, OneOwnersSweepsOfOneSpecPackTogether) {
+  SweepCore sweeps(scheduler_.get(), store_.get(), nullptr);
+  v1::ExperimentSpec longer = SmallSpec(20);
+  ASSERT_TRUE(sweeps.Submit(SeedSweep(SmallSpec(10), 1), "alice").ok());
+  ASSERT_TRUE(sweeps.Submit(SeedSweep(SmallSpec(10), 2), "alice").ok());
+  ASSERT_TRUE(sweeps.Submit(SeedSweep(longer, 2), "alice").ok());  // another spec: its own pack
+  ASSERT_TRUE(scheduler_->Start().ok());
+  ASSERT_TRUE(WaitFor([&] { return sweeps.Get("s1")->done() && sweeps.Get("s2")->done() && sweeps.Get("s3")->done(); }));
+  EXPECT_EQ(executor_.pack_sizes(), (std::vector<size_t>{3, 2}));
 }
 
 // On a CUDA slot a pack holds as many members as 90% of the device's memory
