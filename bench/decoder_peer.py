@@ -8,9 +8,15 @@ q/k/v/o, tanh-GELU MLP, final LayerNorm, bias-free scalar head, squared
 error on the y positions) from the same initial weights, trained with AdamW
 on exactly the batches the C++ side dumped.
 
-    /usr/bin/python3 bench/decoder_peer.py DUMP_FILE [--steps N] [--warmup W]
+    /usr/bin/python3 bench/decoder_peer.py DUMP_FILE [--steps N] [--warmup W] [--threads T]
+        [--members E [--vmap]]
 
-Prints one JSON object (model steps per second, the first losses).
+Prints one JSON object (model steps per second, the first losses). With
+--members E (issue 48's packed sweep): E members from the same initial
+weights, each on its own batch of the dump, either one after another (E
+separate models and optimisers, as E runs would be) or, with --vmap, as one
+ensemble step through functorch's vmap over the stacked parameters (the
+peer's own way of packing); member_steps_per_s counts member steps.
 """
 import argparse
 import json
@@ -107,15 +113,64 @@ class Decoder(torch.nn.Module):
         return x @ p[i] if self.din else x @ p[i] + p[i + 1]
 
 
+def token_loss(logits, tokens):
+    return F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
+
+
+def members_rate(params, batches, cfg, members, steps, warmup, vmap):
+    """Member steps per second of `members` token-task members (see the docstring)."""
+    make = lambda: Decoder([p.clone() for p in params], cfg["layers"], cfg["d"], cfg["heads"], cfg["t"])
+    if not vmap:  # one run after another: each its own model, optimiser and batches
+        total = 0.0
+        for e in range(members):
+            model = make()
+            opt = torch.optim.AdamW(model.parameters(), lr=cfg["lr"], weight_decay=cfg["wd"])
+            for i in range(warmup + steps):
+                if i == warmup:
+                    t0 = time.perf_counter()
+                tokens = batches[(e + i) % len(batches)]
+                loss = token_loss(model(tokens), tokens)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+            total += time.perf_counter() - t0
+        return members * steps / total
+    from functorch import combine_state_for_ensemble, vmap as fvmap
+    fmodel, stacked, buffers = combine_state_for_ensemble([make() for _ in range(members)])
+    stacked = [torch.nn.Parameter(p.detach().clone()) for p in stacked]
+    opt = torch.optim.AdamW(stacked, lr=cfg["lr"], weight_decay=cfg["wd"])
+    n = len(batches)
+    grouped = [torch.stack([batches[(e + i) % n] for e in range(members)]) for i in range(n)]  # [E, B, T]
+    for i in range(warmup + steps):
+        if i == warmup:
+            t0 = time.perf_counter()
+        tokens = grouped[i % n]
+        logits = fvmap(fmodel)(stacked, buffers, tokens)  # [E, B, T, V]
+        loss = sum(token_loss(logits[e], tokens[e]) for e in range(members))  # each member's mean loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return members * steps / (time.perf_counter() - t0)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("dump")
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--members", type=int, default=0)
+    ap.add_argument("--vmap", action="store_true")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     params, batches, cfg = load(a.dump)
+    if a.members:
+        if cfg["din"]:
+            raise SystemExit("--members: token tasks only")
+        rate = members_rate(params, batches, cfg, a.members, a.steps, a.warmup, a.vmap)
+        print(json.dumps({"side": "python", "members": a.members, "vmap": a.vmap, "threads": a.threads,
+                          "member_steps_per_s": round(rate, 3)}))
+        return
     model = Decoder(params, cfg["layers"], cfg["d"], cfg["heads"], cfg["t"], cfg["din"], cfg["abias"], cfg["fln"],
                     cfg["gelu"])
     opt = torch.optim.AdamW(model.parameters(), lr=cfg["lr"], weight_decay=cfg["wd"])

@@ -222,8 +222,10 @@ void DefineTrainingFlags(CLI::App& app, ServerFlags& f) {
                "off is somewhat faster)")
       ->group(g);
   app.add_option("--max-ensemble", f.server.scheduler.max_pack,
-                 "Most members of one sweep that differ only in their seed trained as one ensemble job (1 = off; "
-                 "default 8 when CUDA devices are used, else 1: CPU slots already run runs in parallel)")
+                 "Most sweep members (of one owner, differing only in their seed) trained as one ensemble job "
+                 "(1 = off; default 8 when CUDA devices are used, else 1: CPU slots already run runs in parallel). "
+                 "On a CPU slot only IMIR members pack: a decoder's packed step is slower there than its members "
+                 "one after another (bench/RESULTS.md)")
       ->check(CLI::Range(1, 64))
       ->group(g);
 }

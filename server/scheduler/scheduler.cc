@@ -79,12 +79,14 @@ Scheduler::Pack Scheduler::PackOf(const store::RunRow& row) const {
   v1::ExperimentSpec spec;
   if (!spec.ParseFromString(row.spec)) return {};
   return {absl::StrCat(row.owner, "/", row.priority, "/", row.device_request, "/", engine::PackKey(spec)),
-          engine::EstimateRunMemoryBytes(spec)};
+          engine::EstimateRunMemoryBytes(spec), engine::SpecFamilyOf(spec).PacksOnCpu()};
 }
 
-int Scheduler::PackRoomLocked(size_t slot, uint64_t memory) const {
+int Scheduler::PackRoomLocked(size_t slot, const Queued& q) const {
   const Slot& me = slots_[slot];
-  if (!me.cuda || me.memory == 0 || memory == 0) return options_.max_pack;
+  const uint64_t memory = q.memory;
+  if (!me.cuda) return q.packs_on_cpu ? options_.max_pack : 1;
+  if (me.memory == 0 || memory == 0) return options_.max_pack;
   const double fits = 0.9 * static_cast<double>(me.memory) / static_cast<double>(memory);
   return static_cast<int>(std::clamp(fits, 1.0, static_cast<double>(options_.max_pack)));
 }
@@ -106,7 +108,7 @@ absl::Status Scheduler::Start() {
     for (int64_t id : queued) {
       CL_ASSIGN_OR_RETURN(store::RunRow row, store_->GetRun(id));
       const Pack pack = PackOf(row);
-      queue_[{row.priority, id}] = {row.device_request, row.owner, pack.key, pack.memory};
+      queue_[{row.priority, id}] = {row.device_request, row.owner, pack.key, pack.memory, pack.packs_on_cpu};
       ++queued_per_owner_[row.owner];
     }
     started_ = true;
@@ -259,8 +261,11 @@ absl::StatusOr<std::pair<int64_t, std::vector<int64_t>>> Scheduler::SubmitSweep(
         as_row.spec = rows[i].spec;
         as_row.sweep_id = inserted->first;
         as_row.device_request = rows[i].device_request;
+        as_row.owner = owner;
+        as_row.priority = rows[i].priority;
         const Pack pack = PackOf(as_row);
-        queue_[{rows[i].priority, inserted->second[i]}] = {rows[i].device_request, owner, pack.key, pack.memory};
+        queue_[{rows[i].priority, inserted->second[i]}] = {rows[i].device_request, owner, pack.key, pack.memory,
+                                                             pack.packs_on_cpu};
       }
     } else {
       queued_per_owner_[owner] -= count;

@@ -190,10 +190,12 @@ class Scheduler {
     std::string owner;
     std::string pack;  // runs with the same non-empty key may train as one ensemble
     uint64_t memory = 0;  // with a pack key: one member's estimated memory
+    bool packs_on_cpu = false;  // its family's packed step pays on a CPU slot
   };
   struct Pack {
     std::string key;
     uint64_t memory = 0;
+    bool packs_on_cpu = false;
   };
   struct Active {
     CancelToken cancel;
@@ -236,8 +238,9 @@ class Scheduler {
   void FailRun(int64_t run_id, const absl::Status& why);
   // The pack key of a queued run ("" = trains alone) and its memory estimate.
   Pack PackOf(const store::RunRow& row) const;
-  // Most members of a pack with members of `memory` bytes the slot takes.
-  int PackRoomLocked(size_t slot, uint64_t memory) const;
+  // Most members of a pack of `q`'s kind the slot takes: on a CPU slot one
+  // unless its family's packed step pays there; on CUDA what memory holds.
+  int PackRoomLocked(size_t slot, const Queued& q) const;
   absl::Status Transition(int64_t run_id, const store::RunTransition& t);
   absl::StatusOr<v1::Run> ToRun(const store::RunRow& row);
 

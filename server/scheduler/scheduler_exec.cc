@@ -181,7 +181,7 @@ void Scheduler::WorkerLoop(size_t slot) {
     if (draining_) return;
     auto it = std::find_if(queue_.begin(), queue_.end(), [&](const auto& e) { return e.first.id == id; });
     const std::string pack = it->second.pack;
-    const int room = PackRoomLocked(slot, it->second.memory);
+    const int room = PackRoomLocked(slot, it->second);
     std::vector<int64_t> ids = {id};
     --queued_per_owner_[it->second.owner];
     queue_.erase(it);

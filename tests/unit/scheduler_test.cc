@@ -519,6 +519,25 @@ TEST_F(SchedulerTest, PacksOnAGpuFitItsMemory) {
   EXPECT_EQ(scheduler_->GetRun("r5")->device(), "cuda:0");
 }
 
+// The cost model (issue 48): a decoder's packed step is slower than its
+// members one after another on a CPU (bench/decoder_pack.sh: 0.77-0.95x), so
+// CPU slots train decoder members alone; IMIR members pack (the tests above).
+TEST_F(SchedulerTest, DecoderMembersTrainAloneOnACpuSlot) {
+  v1::ExperimentSpec decoder = SmallSpec(5);
+  decoder.clear_task();
+  decoder.clear_model();
+  decoder.mutable_task()->mutable_latent()->set_seq_len(16);
+  decoder.mutable_model()->mutable_decoder()->set_num_layers(1);
+  decoder.mutable_model()->mutable_decoder()->set_d_model(16);
+  SweepCore sweeps(scheduler_.get(), store_.get(), nullptr);
+  absl::StatusOr<v1::Sweep> sweep = sweeps.Submit(SeedSweep(decoder, 3), "alice");
+  ASSERT_TRUE(sweep.ok()) << sweep.status();
+  ASSERT_TRUE(scheduler_->Start().ok());
+  ASSERT_TRUE(WaitFor([&] { return sweeps.Get("s1")->done(); }));
+  EXPECT_TRUE(executor_.pack_sizes().empty());
+  EXPECT_EQ(executor_.started(), 3);
+}
+
 TEST_F(SchedulerTest, PackingCanBeTurnedOff) {
   SchedulerOptions opts;
   opts.max_pack = 1;
