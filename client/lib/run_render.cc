@@ -32,6 +32,11 @@ std::string RunDetailsText(const v1::Run& run) {
   if (!run.error().empty()) out << "error      " << EscapeForTerminal(run.error()) << "\n";
   if (!run.warning().empty()) out << "warning    " << EscapeForTerminal(run.warning()) << "\n";
   if (!run.owner().empty()) out << "owner      " << EscapeForTerminal(run.owner()) << "\n";
+  if (run.packed_with_size() > 0) {
+    out << "packed with";
+    for (const auto& other : run.packed_with()) out << " " << EscapeForTerminal(other);
+    out << "  (one ensemble job on " << run.device() << ")\n";
+  }
   if (!p.latest().empty()) {
     out << "latest metrics:\n";
     for (const auto& [name, value] : std::map<std::string, double>(p.latest().begin(), p.latest().end())) {

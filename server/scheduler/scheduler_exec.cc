@@ -229,6 +229,7 @@ std::optional<engine::TrainRequest> Scheduler::StartRun(const Slot& dev, int64_t
   running.device = dev.name;
   running.started_at_us = clock_->NowMicros();
   running.increment_attempts = true;
+  running.packed_with = "";  // Execute names the pack once its members started
   running.from_states = {v1::RUN_STATE_QUEUED};
   if (absl::Status s = Transition(id, running); !s.ok()) {
     spdlog::error("{} could not start: {}", FormatRunId(id), s.ToString());
@@ -293,6 +294,19 @@ void Scheduler::Execute(size_t slot, const std::vector<int64_t>& ids) {
   std::string names;
   for (int64_t id : members) names += (names.empty() ? "" : ",") + FormatRunId(id);
   spdlog::info("{} run(s) packed as one ensemble on {}: {}", members.size(), dev.name, names);
+  // Each member's detail names the others (Run.packed_with).
+  for (int64_t id : members) {
+    std::string others;
+    for (int64_t o : members) {
+      if (o != id) absl::StrAppend(&others, others.empty() ? "" : ",", FormatRunId(o));
+    }
+    store::RunTransition packed;
+    packed.state = v1::RUN_STATE_RUNNING;
+    packed.packed_with = std::move(others);
+    packed.from_states = {v1::RUN_STATE_RUNNING};
+    // Detail, not a state change: stored, not announced to watchers.
+    if (absl::Status s = store_->TransitionRun(id, packed); !s.ok()) spdlog::warn("{}: {}", FormatRunId(id), s.ToString());
+  }
   std::vector<engine::TrainObserver*> raw;
   for (auto& o : observers) raw.push_back(o.get());
   const std::vector<absl::StatusOr<engine::TrainOutcome>> outcomes = executor_->TrainPack(requests, raw);

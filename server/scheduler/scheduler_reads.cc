@@ -18,6 +18,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "server/common/status_macros.h"
 #include "server/common/text.h"
 
@@ -92,6 +93,9 @@ absl::StatusOr<v1::Run> Scheduler::ToRun(const store::RunRow& row) {
   if (row.sweep_id > 0) run.set_sweep_id(FormatSweepId(row.sweep_id));
   run.set_warning(row.warning);
   run.set_owner(row.owner);
+  for (absl::string_view other : absl::StrSplit(row.packed_with, ',', absl::SkipEmpty())) {
+    run.add_packed_with(std::string(other));
+  }
   v1::Progress* p = run.mutable_progress();
   // A run resumed after a restart has reached at least its checkpoint, before
   // its first progress report says so (issue 32 item 10).

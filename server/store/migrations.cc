@@ -177,6 +177,10 @@ ALTER TABLE analyses ADD COLUMN bytes INTEGER NOT NULL DEFAULT 0;
 UPDATE analyses SET bytes = length(request) + length(result);
 CREATE INDEX analyses_by_owner ON analyses(owner, created_at);
 )sql",
+    // 10: the runs a run's latest attempt was packed with ("r3,r4"; issue 48).
+    R"sql(
+ALTER TABLE runs ADD COLUMN packed_with TEXT NOT NULL DEFAULT '';
+)sql",
 };
 
 constexpr int kLatest = static_cast<int>(sizeof(kMigrations) / sizeof(kMigrations[0]));

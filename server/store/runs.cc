@@ -129,13 +129,15 @@ absl::Status Store::TransitionRun(int64_t run_id, const RunTransition& t) {
         Statement st,
         c.Prepare("UPDATE runs SET state = ?1, device = COALESCE(?2, device), error = COALESCE(?3, error), "
                   "started_at = CASE WHEN ?4 IS NOT NULL AND started_at = 0 THEN ?4 ELSE started_at END, "
-                  "finished_at = COALESCE(?5, finished_at), attempts = attempts + ?6 WHERE id = ?7"));
+                  "finished_at = COALESCE(?5, finished_at), attempts = attempts + ?6, "
+                  "packed_with = COALESCE(?8, packed_with) WHERE id = ?7"));
     st.Bind(1, int64_t{t.state});
     t.device ? st.Bind(2, *t.device) : st.BindNull(2);
     t.error ? st.Bind(3, *t.error) : st.BindNull(3);
     t.started_at_us ? st.Bind(4, *t.started_at_us) : st.BindNull(4);
     t.finished_at_us ? st.Bind(5, *t.finished_at_us) : st.BindNull(5);
     st.Bind(6, int64_t{t.increment_attempts ? 1 : 0}).Bind(7, run_id);
+    t.packed_with ? st.Bind(8, *t.packed_with) : st.BindNull(8);
     return st.Run();
   });
 }

@@ -83,6 +83,7 @@ struct RunRow {
   int64_t sweep_id = 0;
   std::string sweep_values;
   std::string warning;
+  std::string packed_with;  // the runs its latest attempt trained with as one ensemble: "r3,r4"
 };
 
 struct NewSweep {
@@ -136,6 +137,7 @@ struct RunTransition {
   std::optional<std::string> error;
   std::optional<int64_t> started_at_us;   // only written if the run has none yet
   std::optional<int64_t> finished_at_us;  // 0 clears it
+  std::optional<std::string> packed_with;  // "" when the attempt trains alone
   bool increment_attempts = false;
   // Only apply if the run is currently in one of these states (empty = any).
   // FailedPrecondition otherwise.

@@ -128,6 +128,7 @@ RunRow ReadRunRow(Statement& st) {
   r.sweep_id = st.ColumnInt(16);
   r.sweep_values = st.ColumnText(17);
   r.warning = st.ColumnText(18);
+  r.packed_with = st.ColumnText(19);
   return r;
 }
 

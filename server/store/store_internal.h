@@ -39,7 +39,7 @@ std::string CheckpointFile(const std::string& dir, const std::string& path);
 // The columns ReadRunRow reads, in its order.
 inline constexpr const char* kRunColumns =
     "id, name, spec, state, priority, device_request, created_at, started_at, finished_at, device, error, "
-    "step, total_steps, attempts, checkpoint_step, owner, ifnull(sweep_id, 0), sweep_values, warning";
+    "step, total_steps, attempts, checkpoint_step, owner, ifnull(sweep_id, 0), sweep_values, warning, packed_with";
 RunRow ReadRunRow(Statement& st);
 // Appends the run's tags (sorted) to `row.tags`.
 absl::Status LoadTags(Connection& conn, RunRow& row);

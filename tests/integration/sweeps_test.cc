@@ -3,6 +3,7 @@
 // Sweeps: expansion, summaries and pivots, cancellation, ensemble packing.
 #include <gtest/gtest.h>
 
+#include "absl/strings/str_join.h"
 #include "tests/integration/integration_util.h"
 
 namespace circuitlab::testing {
@@ -138,6 +139,9 @@ TEST(IntegrationTest, PackedSweepMembersMatchRunsTrainedAlone) {
   }
   EXPECT_NE(FinalValue(c, "r1", "eval/icl_rare/loss"), FinalValue(c, "r2", "eval/icl_rare/loss"));
   EXPECT_EQ(c.GetRun("r2")->attempts(), 1u);
+  // Its detail names the members it trained with; the lone run names none.
+  EXPECT_EQ(absl::StrJoin(c.GetRun("r2")->packed_with(), ","), "r1,r3");
+  EXPECT_EQ(c.GetRun("r4")->packed_with_size(), 0);
   // Each member's checkpoint is a one-member checkpoint of its own spec.
   v1::ProjectCheckpointRequest p;
   p.set_run_id("r2");

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "absl/strings/str_join.h"
 #include "server/scheduler/sweeps.h"
 #include "tests/test_util/fake_executor.h"
 #include "tests/test_util/temp_dir.h"
@@ -475,6 +476,8 @@ TEST_F(SchedulerTest, SeedMembersOfASweepArePackedIntoOneEnsemble) {
     EXPECT_EQ(StateOf(id), v1::RUN_STATE_SUCCEEDED) << id;
     EXPECT_EQ(scheduler_->GetRun(id)->checkpoint_step(), 10u) << id;
   }
+  // Each names the others in its detail (Run.packed_with).
+  EXPECT_EQ(absl::StrJoin(scheduler_->GetRun("r2")->packed_with(), ","), "r1,r3");
   // Lone runs are never packed, nor another owner's members.
   executor_.Close();
   ASSERT_TRUE(sweeps.Submit(SeedSweep(SmallSpec(10), 1), "alice").ok());
@@ -536,6 +539,7 @@ TEST_F(SchedulerTest, DecoderMembersTrainAloneOnACpuSlot) {
   ASSERT_TRUE(WaitFor([&] { return sweeps.Get("s1")->done(); }));
   EXPECT_TRUE(executor_.pack_sizes().empty());
   EXPECT_EQ(executor_.started(), 3);
+  EXPECT_EQ(scheduler_->GetRun("r1")->packed_with_size(), 0);
 }
 
 TEST_F(SchedulerTest, PackingCanBeTurnedOff) {
