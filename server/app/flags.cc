@@ -224,8 +224,8 @@ void DefineTrainingFlags(CLI::App& app, ServerFlags& f) {
   app.add_option("--max-ensemble", f.server.scheduler.max_pack,
                  "Most sweep members (of one owner, differing only in their seed) trained as one ensemble job "
                  "(1 = off; default 8 when CUDA devices are used, else 1: CPU slots already run runs in parallel). "
-                 "On a CPU slot only IMIR members pack: a decoder's packed step is slower there than its members "
-                 "one after another (bench/RESULTS.md)")
+                 "On a CPU slot only IMIR members at batch <= 32 pack: other packed steps are slower there than "
+                 "their members one after another (bench/RESULTS.md)")
       ->check(CLI::Range(1, 64))
       ->group(g);
 }

@@ -79,7 +79,7 @@ Scheduler::Pack Scheduler::PackOf(const store::RunRow& row) const {
   v1::ExperimentSpec spec;
   if (!spec.ParseFromString(row.spec)) return {};
   return {absl::StrCat(row.owner, "/", row.priority, "/", row.device_request, "/", engine::PackKey(spec)),
-          engine::EstimateRunMemoryBytes(spec), engine::SpecFamilyOf(spec).PacksOnCpu()};
+          engine::EstimateRunMemoryBytes(spec), engine::SpecFamilyOf(spec).PacksOnCpu(spec)};
 }
 
 int Scheduler::PackRoomLocked(size_t slot, const Queued& q) const {

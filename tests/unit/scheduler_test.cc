@@ -455,6 +455,14 @@ TEST_F(SchedulerTest, WatchSeesSnapshotStateChangesAndEnd) {
 namespace circuitlab::scheduler {
 namespace {
 
+// A spec whose members pack on a CPU slot: IMIR at batch <= 32 (the cost
+// model, SpecFamily::PacksOnCpu).
+v1::ExperimentSpec PackableSpec(uint64_t steps) {
+  v1::ExperimentSpec spec = SmallSpec(steps);
+  spec.mutable_training()->set_batch_size(32);
+  return spec;
+}
+
 v1::SweepSpec SeedSweep(const v1::ExperimentSpec& base, int seeds) {
   v1::SweepSpec sweep;
   *sweep.mutable_base() = base;
@@ -468,7 +476,7 @@ v1::SweepSpec SeedSweep(const v1::ExperimentSpec& base, int seeds) {
 // each still ends, checkpoints and reports as its own run.
 TEST_F(SchedulerTest, SeedMembersOfASweepArePackedIntoOneEnsemble) {
   SweepCore sweeps(scheduler_.get(), store_.get(), nullptr);
-  ASSERT_TRUE(sweeps.Submit(SeedSweep(SmallSpec(10), 3), "alice").ok());  // queued before the worker starts
+  ASSERT_TRUE(sweeps.Submit(SeedSweep(PackableSpec(10), 3), "alice").ok());  // queued before the worker starts
   ASSERT_TRUE(scheduler_->Start().ok());
   ASSERT_TRUE(WaitFor([&] { return sweeps.Get("s1")->done(); }));
   EXPECT_EQ(executor_.pack_sizes(), (std::vector<size_t>{3}));
@@ -480,10 +488,10 @@ TEST_F(SchedulerTest, SeedMembersOfASweepArePackedIntoOneEnsemble) {
   EXPECT_EQ(absl::StrJoin(scheduler_->GetRun("r2")->packed_with(), ","), "r1,r3");
   // Lone runs are never packed, nor another owner's members.
   executor_.Close();
-  ASSERT_TRUE(sweeps.Submit(SeedSweep(SmallSpec(10), 1), "alice").ok());
-  ASSERT_TRUE(scheduler_->Submit(SmallSpec(10), "alice").ok());
-  ASSERT_TRUE(scheduler_->Submit(SmallSpec(10), "alice").ok());
-  ASSERT_TRUE(sweeps.Submit(SeedSweep(SmallSpec(10), 1), "bob").ok());
+  ASSERT_TRUE(sweeps.Submit(SeedSweep(PackableSpec(10), 1), "alice").ok());
+  ASSERT_TRUE(scheduler_->Submit(PackableSpec(10), "alice").ok());
+  ASSERT_TRUE(scheduler_->Submit(PackableSpec(10), "alice").ok());
+  ASSERT_TRUE(sweeps.Submit(SeedSweep(PackableSpec(10), 1), "bob").ok());
   executor_.Open();
   ASSERT_TRUE(WaitFor([&] { return sweeps.Get("s3")->done() && StateOf("r6") == v1::RUN_STATE_SUCCEEDED; }));
   EXPECT_EQ(executor_.pack_sizes().size(), 1u);
@@ -493,9 +501,9 @@ TEST_F(SchedulerTest, SeedMembersOfASweepArePackedIntoOneEnsemble) {
 // in the seed: a reproduction makes one sweep per seed (issue 48).
 TEST_F(SchedulerTest, OneOwnersSweepsOfOneSpecPackTogether) {
   SweepCore sweeps(scheduler_.get(), store_.get(), nullptr);
-  v1::ExperimentSpec longer = SmallSpec(20);
-  ASSERT_TRUE(sweeps.Submit(SeedSweep(SmallSpec(10), 1), "alice").ok());
-  ASSERT_TRUE(sweeps.Submit(SeedSweep(SmallSpec(10), 2), "alice").ok());
+  v1::ExperimentSpec longer = PackableSpec(20);
+  ASSERT_TRUE(sweeps.Submit(SeedSweep(PackableSpec(10), 1), "alice").ok());
+  ASSERT_TRUE(sweeps.Submit(SeedSweep(PackableSpec(10), 2), "alice").ok());
   ASSERT_TRUE(sweeps.Submit(SeedSweep(longer, 2), "alice").ok());  // another spec: its own pack
   ASSERT_TRUE(scheduler_->Start().ok());
   ASSERT_TRUE(WaitFor([&] { return sweeps.Get("s1")->done() && sweeps.Get("s2")->done() && sweeps.Get("s3")->done(); }));
@@ -540,6 +548,10 @@ TEST_F(SchedulerTest, DecoderMembersTrainAloneOnACpuSlot) {
   EXPECT_TRUE(executor_.pack_sizes().empty());
   EXPECT_EQ(executor_.started(), 3);
   EXPECT_EQ(scheduler_->GetRun("r1")->packed_with_size(), 0);
+  // Nor IMIR members at batch 256 (0.92x measured): only batch <= 32 pays.
+  ASSERT_TRUE(sweeps.Submit(SeedSweep(SmallSpec(5), 3), "alice").ok());
+  ASSERT_TRUE(WaitFor([&] { return sweeps.Get("s2")->done(); }));
+  EXPECT_TRUE(executor_.pack_sizes().empty());
 }
 
 TEST_F(SchedulerTest, PackingCanBeTurnedOff) {
@@ -547,7 +559,7 @@ TEST_F(SchedulerTest, PackingCanBeTurnedOff) {
   opts.max_pack = 1;
   Open(opts);
   SweepCore sweeps(scheduler_.get(), store_.get(), nullptr);
-  ASSERT_TRUE(sweeps.Submit(SeedSweep(SmallSpec(5), 3), "alice").ok());
+  ASSERT_TRUE(sweeps.Submit(SeedSweep(PackableSpec(5), 3), "alice").ok());
   ASSERT_TRUE(scheduler_->Start().ok());
   ASSERT_TRUE(WaitFor([&] { return sweeps.Get("s1")->done(); }));
   EXPECT_TRUE(executor_.pack_sizes().empty());

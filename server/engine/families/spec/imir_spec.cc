@@ -227,7 +227,7 @@ class Imir final : public SpecFamily {
 
   int64_t NumHeads(const v1::ExperimentSpec& spec) const override { return spec.model().imir().num_heads(); }
   bool has_coordinates() const override { return true; }
-  bool PacksOnCpu() const override { return true; }
+  bool PacksOnCpu(const v1::ExperimentSpec& resolved) const override { return resolved.training().batch_size() <= 32; }
 };
 
 }  // namespace

@@ -87,13 +87,13 @@ class SpecFamily {
   // The run's weights have IMIR coordinates (projections, circuits, labels,
   // coordinate edits).
   virtual bool has_coordinates() const { return false; }
-  // Whether sweep members packed into one ensemble step train faster than
-  // one after another on a CPU slot, as measured (bench/RESULTS.md,
-  // "Packing decoder sweep members"): the IMIR step 0.92-1.25x, the decoders'
-  // 0.77-0.95x (their step is GEMM-bound; packing only grows the working
-  // set). The scheduler packs CPU members only where it pays; CUDA slots
-  // always may.
-  virtual bool PacksOnCpu() const { return false; }
+  // Whether members of `resolved` packed into one ensemble step train faster
+  // than one after another on a CPU slot, as measured (bench/RESULTS.md,
+  // "Packing decoder sweep members"): IMIR steps at batch <= 32 1.00-1.25x,
+  // at 64 and 256 0.92-0.94x; the decoders' 0.77-0.95x (their step is
+  // GEMM-bound; packing only grows the working set). The scheduler packs CPU
+  // members only where it pays; CUDA slots always may.
+  virtual bool PacksOnCpu(const v1::ExperimentSpec& resolved) const { return false; }
   // The run's hidden states carry task vectors (AnalyzeTaskVectors).
   virtual bool has_task_vectors() const { return false; }
   // Whether `analysis` (AnalyzeTaskVectorsRequest.analyses: "p0", "p2",
