@@ -10,13 +10,14 @@ import numpy as np  # noqa: E402
 def test_runs_df(client, trained):
     df = client.runs_df(tags=["py"], state=["succeeded"])
     assert set(trained["runs"] + trained["members"]) <= set(df["run_id"])
-    for col in ["run_id", "state", "name", "sweep_id", "created", "owner", "step", "total_steps",
+    for col in ["run_id", "state", "name", "sweep_id", "created", "owner", "device", "packed_with", "step", "total_steps",
                 "config.training.learning_rate", "config.seed", "metrics.train/loss",
                 "metrics.eval/icl_rare/accuracy"]:
         assert col in df.columns, col
     assert str(df["step"].dtype) == "int64"
     assert str(df["created"].dtype).startswith("datetime64")
     assert (df["state"] == "succeeded").all()
+    assert df["device"].str.startswith("cpu:").all() and (df["packed_with"] == "").all()  # CPU: no packs by default
     members = client.runs_df(sweep=trained["sweep"])
     assert sorted(members["run_id"]) == sorted(trained["members"])
     assert sorted(members["config.training.learning_rate"].unique()) == [1.0, 4.0]

@@ -36,14 +36,15 @@ def runs_df(client, state=(), tags=(), sweep=None, mine=False):
         row = {"run_id": run.run_id, "state": pb.RunState.Name(run.state)[len("RUN_STATE_"):].lower(),
                "name": run.name, "sweep_id": run.sweep_id,
                "created": pd.Timestamp(run.created_at.ToDatetime(), tz="UTC") if run.HasField("created_at") else None,
-               "owner": run.owner, "step": run.progress.step, "total_steps": run.progress.total_steps}
+               "owner": run.owner, "device": run.device, "packed_with": ",".join(run.packed_with),
+               "step": run.progress.step, "total_steps": run.progress.total_steps}
         config = {}
         _flatten("", json_format.MessageToDict(run.spec, preserving_proto_field_name=True), config)
         row.update({f"config.{k}": v for k, v in config.items()})
         row.update({f"metrics.{k}": v for k, v in sorted(run.progress.latest.items())})
         rows.append(row)
     df = pd.DataFrame(rows, columns=None if rows else ["run_id", "state", "name", "sweep_id", "created", "owner",
-                                                       "step", "total_steps"])
+                                                       "device", "packed_with", "step", "total_steps"])
     for c in ("step", "total_steps"):
         df[c] = df[c].astype("int64")
     return df
