@@ -85,8 +85,9 @@ Scheduler::Pack Scheduler::PackOf(const store::RunRow& row) const {
 int Scheduler::PackRoomLocked(size_t slot, const Queued& q) const {
   const Slot& me = slots_[slot];
   const uint64_t memory = q.memory;
-  if (!me.cuda) return q.packs_on_cpu ? options_.max_pack : 1;
-  if (me.memory == 0 || memory == 0) return options_.max_pack;
+  // A remote slot's device is the worker's: it decides nothing here.
+  if (!me.cuda && !me.remote) return q.packs_on_cpu ? options_.max_pack : 1;
+  if (!me.cuda || me.memory == 0 || memory == 0) return options_.max_pack;
   const double fits = 0.9 * static_cast<double>(me.memory) / static_cast<double>(memory);
   return static_cast<int>(std::clamp(fits, 1.0, static_cast<double>(options_.max_pack)));
 }

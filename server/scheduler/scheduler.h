@@ -238,8 +238,9 @@ class Scheduler {
   void FailRun(int64_t run_id, const absl::Status& why);
   // The pack key of a queued run ("" = trains alone) and its memory estimate.
   Pack PackOf(const store::RunRow& row) const;
-  // Most members of a pack of `q`'s kind the slot takes: on a CPU slot one
-  // unless its family's packed step pays there; on CUDA what memory holds.
+  // Most members of a pack of `q`'s kind the slot takes: on a local CPU slot
+  // one unless its family's packed step pays there (the cost model); on CUDA
+  // what memory holds; on a remote slot --max-ensemble.
   int PackRoomLocked(size_t slot, const Queued& q) const;
   absl::Status Transition(int64_t run_id, const store::RunTransition& t);
   absl::StatusOr<v1::Run> ToRun(const store::RunRow& row);

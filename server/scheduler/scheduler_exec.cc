@@ -305,7 +305,9 @@ void Scheduler::Execute(size_t slot, const std::vector<int64_t>& ids) {
     packed.packed_with = std::move(others);
     packed.from_states = {v1::RUN_STATE_RUNNING};
     // Detail, not a state change: stored, not announced to watchers.
-    if (absl::Status s = store_->TransitionRun(id, packed); !s.ok()) spdlog::warn("{}: {}", FormatRunId(id), s.ToString());
+    if (absl::Status s = store_->TransitionRun(id, packed); !s.ok()) {
+      spdlog::warn("{}: {}", FormatRunId(id), s.ToString());
+    }
   }
   std::vector<engine::TrainObserver*> raw;
   for (auto& o : observers) raw.push_back(o.get());
