@@ -65,30 +65,34 @@ absl::Status NeedsLatent(const v1::ExperimentSpec& spec, int64_t id) {
 
 // Largest tensor the request keeps at once for one target, in bytes
 // (float64 hidden states), so that it stays inside the per-run memory limit.
+// Whether the request asks for analysis `a` ("p0", "dissociation", ...).
+bool Asks(const v1::AnalyzeTaskVectorsRequest& c, std::string_view a) {
+  return std::find(c.analyses().begin(), c.analyses().end(), a) != c.analyses().end();
+}
+
 uint64_t EstimateBytes(const v1::ExperimentSpec& spec, const v1::AnalyzeTaskVectorsRequest& c) {
   const auto& m = spec.model().decoder();
   const engine::TaskShape shape = engine::ShapeOf(spec);
   const double D = m.d_model(), V = static_cast<double>(shape.vocab), T = static_cast<double>(shape.seq_len);
   const double K = spec.task().latent().num_majors();
   const double layers = c.layers_size() > 0 ? c.layers_size() : m.num_layers();
-  const std::set<std::string> a(c.analyses().begin(), c.analyses().end());
   double cells = 0;
-  if (a.count("p2")) {
+  if (Asks(c, "p2")) {
     cells = T - 1;
-  } else if (a.count("p0") || a.count("p1")) {
+  } else if (Asks(c, "p0") || Asks(c, "p1")) {
     cells = c.positions_size() > 0 ? c.positions_size() : 6;
   }
   double most = 8.0 * D * layers * V * K * c.samples_per_cell() * cells;
-  if (a.count("p3")) most = std::max(most, 8.0 * D * layers * K * c.p3_samples() * T * 2.0);
-  if (a.count("steering")) {
+  if (Asks(c, "p3")) most = std::max(most, 8.0 * D * layers * K * c.p3_samples() * T * 2.0);
+  if (Asks(c, "steering")) {
     most = std::max(most, 8.0 * D * K * c.steering_est_samples() * T + 24.0 * c.steering_samples() * T * V);
   }
-  if (a.count("ood_r2")) most = std::max(most, 8.0 * D * layers * (K + c.ood_tasks()) * c.ood_samples() * T);
-  if (a.count("dyck_p0")) {
+  if (Asks(c, "ood_r2")) most = std::max(most, 8.0 * D * layers * (K + c.ood_tasks()) * c.ood_samples() * T);
+  if (Asks(c, "dyck_p0")) {
     const double tasks = K + std::min<uint32_t>(32, 1u << std::max(0, spec.task().latent().diversity()));
     most = std::max(most, 8.0 * D * layers * tasks * c.samples_per_cell() * T);
   }
-  if (a.count("dissociation")) {
+  if (Asks(c, "dissociation")) {
     // Probe states, design and their pseudo-inverse; the statistics probe.
     const double rows = std::max(c.probe_samples(), c.stats_samples()) * T;
     most = std::max(most, 8.0 * rows * (3.0 * D + 2.0 * (K + V + 1)));
@@ -355,10 +359,7 @@ absl::StatusOr<AnalysisPlan<v1::AnalyzeTaskVectorsResponse>> PlanTaskVectors(
   plan.version = kLayersFromOne;
   // P0-P2's cells draw their own sequences per (token, task) since issue 50
   // (SCIENCE.md G.9 (6)): answers stored before are recomputed, not served.
-  const auto conditioned = [&c](std::string_view a) {
-    return std::find(c.analyses().begin(), c.analyses().end(), a) != c.analyses().end();
-  };
-  if (conditioned("p0") || conditioned("p1") || conditioned("p2")) plan.version += "/cells-per-token";
+  if (Asks(c, "p0") || Asks(c, "p1") || Asks(c, "p2")) plan.version += "/cells-per-token";
   plan.memory_bytes = memory;
   plan.work = [store = &core.store(), analyzer = &core.analyzer(), targets, c, total](
                   const std::function<void(double)>& progress,
