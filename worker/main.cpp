@@ -37,6 +37,16 @@ bool ReadFile(const std::string& path, std::string* out, bool first_line) {
   return true;
 }
 
+// The GPUs this process was given, as the batch system or a person set
+// them: "CUDA_VISIBLE_DEVICES=0,1 (SLURM_JOB_GPUS=2,3)", or "" when unset.
+std::string GivenGpus() {
+  const std::string visible = Env("CUDA_VISIBLE_DEVICES"), slurm = Env("SLURM_JOB_GPUS");
+  if (visible.empty() && slurm.empty()) return "";
+  std::string out = "CUDA_VISIBLE_DEVICES=" + (visible.empty() ? std::string("(unset)") : visible);
+  if (!slurm.empty()) out += " (SLURM_JOB_GPUS=" + slurm + ")";
+  return out;
+}
+
 }  // namespace
 
 // The flags that are not WorkerOptions fields.
@@ -105,16 +115,18 @@ int Prepare(circuitlab::worker::WorkerOptions& o, const Flags& f) {
     std::fprintf(stderr, "circuitlab-worker: --device must be cpu or cuda:N, got '%s'\n", o.device.c_str());
     return 2;
   }
+  const std::string gpus = GivenGpus();
   if (o.device != "cpu") {
     // Refused here, not at the first lease: a pilot on a node without the
     // GPU it was meant for should fail its job at once, saying why.
     const circuitlab::engine::TorchRuntime torch = circuitlab::engine::DescribeTorchRuntime();
+    spdlog::info("devices: {}; given {}", torch.Describe(), gpus.empty() ? "no CUDA_VISIBLE_DEVICES" : gpus);
     int index = -1;
     const std::string_view n = std::string_view(o.device).substr(5);
     const auto [end, ec] = std::from_chars(n.data(), n.data() + n.size(), index);
     if (ec != std::errc() || end != n.data() + n.size() || index < 0 || index >= torch.cuda_devices) {
-      std::fprintf(stderr, "circuitlab-worker: --device %s is not available: %s\n", o.device.c_str(),
-                   torch.Describe().c_str());
+      std::fprintf(stderr, "circuitlab-worker: --device %s is not available: %s (given %s)\n", o.device.c_str(),
+                   torch.Describe().c_str(), gpus.empty() ? "no CUDA_VISIBLE_DEVICES" : gpus.c_str());
       return 2;
     }
   }

@@ -67,10 +67,10 @@ void DefineSlurmFlags(CLI::App& app, ServerFlags& f) {
       ->check(CLI::Range(1, 10000))
       ->group(g);
   app.add_option("--slurm-worker-slots", s.worker_slots,
-                 "Runs one pilot trains at once (its --cpus-per-task "
-                 "is this x --threads-per-run)")
+                 "Runs one pilot trains at once (its --cpus-per-task is this x --threads-per-run); 0 sizes "
+                 "each pilot by its node: a whole node (--exclusive), its CPUs / --threads-per-run slots")
       ->capture_default_str()
-      ->check(CLI::Range(1, 64))
+      ->check(CLI::Range(0, remote::SlurmOptions::kMaxWorkerSlots))
       ->group(g);
   app.add_option("--slurm-partition", s.partition, "sbatch --partition")->group(g);
   app.add_option("--slurm-account", s.account, "sbatch --account")->group(g);

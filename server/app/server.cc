@@ -204,7 +204,10 @@ absl::Status Server::BuildRemote(ServerOptions& o) {
   opts.remote = broker_.get();
   opts.max_lost_leases = o.remote.max_lost_leases;
   opts.remote_slots = o.remote.remote_slots > 0      ? o.remote.remote_slots
-                      : o.remote.executor == "slurm" ? o.remote.slurm.max_workers * o.remote.slurm.worker_slots
+                      : o.remote.executor == "slurm"
+                          ? o.remote.slurm.max_workers * (o.remote.slurm.worker_slots > 0
+                                                              ? o.remote.slurm.worker_slots
+                                                              : remote::SlurmOptions::kMaxWorkerSlots)
                                                      : 64;
   opts.cpu_slots = opts.cuda_devices = 0;  // runs train on the workers
   return CompleteSlurmOptions(o, o.remote.slurm);

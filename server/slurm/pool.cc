@@ -118,7 +118,7 @@ std::string PilotScript(const SlurmOptions& o) {
                                    "--server",
                                    ShellQuote(o.server_address),
                                    "--slots",
-                                   std::to_string(o.worker_slots),
+                                   o.worker_slots > 0 ? std::to_string(o.worker_slots) : "\"$slots\"",
                                    "--intra-op-threads",
                                    std::to_string(o.intra_op_threads),
                                    "--idle-exit",
@@ -129,6 +129,13 @@ std::string PilotScript(const SlurmOptions& o) {
   if (!o.ca_cert.empty()) argv.insert(argv.end(), {"--ca-cert", ShellQuote(o.ca_cert)});
   if (o.tls && o.ca_cert.empty()) argv.push_back("--tls");
   if (!o.gpus_per_node.empty()) argv.insert(argv.end(), {"--device", "cuda:0"});
+  if (o.worker_slots == 0) {
+    s += "# Sized by its node (--slurm-worker-slots 0): the whole node's CPUs / threads per run.\n";
+    s += "slots=$(( ${SLURM_CPUS_ON_NODE:-1} / " + std::to_string(std::max(1, o.intra_op_threads)) + " ))\n";
+    s += "[ \"$slots\" -ge 1 ] || slots=1\n";
+    s += "[ \"$slots\" -le " + std::to_string(SlurmOptions::kMaxWorkerSlots) + " ] || slots=" +
+         std::to_string(SlurmOptions::kMaxWorkerSlots) + "\n";
+  }
   s += "job=$SLURM_JOB_ID\n";
   s += "[ -n \"${SLURM_ARRAY_TASK_ID:-}\" ] && job=${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}\n";
   s += "exec " + absl::StrJoin(argv, " ") + "\n";
@@ -140,8 +147,12 @@ std::vector<std::string> SbatchArgs(const SlurmOptions& o, int count) {
                                 "--parsable",
                                 "--job-name=" + o.job_name,
                                 "--signal=B:USR2@120",
-                                "--no-requeue",
-                                "--cpus-per-task=" + std::to_string(o.worker_slots * o.intra_op_threads)};
+                                "--no-requeue"};
+  if (o.worker_slots > 0) {
+    a.push_back("--cpus-per-task=" + std::to_string(o.worker_slots * o.intra_op_threads));
+  } else {
+    a.insert(a.end(), {"--nodes=1", "--exclusive"});  // the pilot sizes itself by the node
+  }
   a.push_back("--output=" + o.log_dir + "/" + o.job_name + (count > 1 ? "-%A_%a.out" : "-%j.out"));
   if (count > 1) a.push_back("--array=0-" + std::to_string(count - 1));
   if (!o.partition.empty()) a.push_back("--partition=" + o.partition);
@@ -228,9 +239,11 @@ absl::Status SlurmPool::Start() {
         Clip(Trim(v->err), 400));
   }
   Refresh();  // adopts the pilots an earlier server process left
-  spdlog::info("slurm: {} ({}), job name {}, up to {} pilot(s) of {} slot(s); {} pilot(s) found", Trim(v->out),
+  spdlog::info("slurm: {} ({}), job name {}, up to {} pilot(s) of {}; {} pilot(s) found", Trim(v->out),
                options_.partition.empty() ? "default partition" : "partition " + options_.partition, options_.job_name,
-               options_.max_workers, options_.worker_slots, alive());
+               options_.max_workers,
+               options_.worker_slots > 0 ? std::to_string(options_.worker_slots) + " slot(s)" : "a whole node each",
+               alive());
   thread_ = std::thread([this] {
     std::unique_lock<std::mutex> lock(mu_);
     while (!stopping_) {
@@ -340,6 +353,8 @@ void SlurmPool::Refresh() {
 }
 
 void SlurmPool::Grow() {
+  // A node-sized pilot's slots are known once it runs: counted as 1 here, so
+  // the pool asks for up to --slurm-max-workers whole nodes.
   const int slots = std::max(1, options_.worker_slots);
   const int demand = std::max(0, demand_());
   const int want = std::min(options_.max_workers, (demand + slots - 1) / slots);

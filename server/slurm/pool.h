@@ -54,7 +54,12 @@ bool AccountingDisabled(std::string_view sacct_stderr);
 
 struct SlurmOptions {
   int max_workers = 4;   // pilots at once
-  int worker_slots = 1;  // runs one pilot trains at once
+  // Runs one pilot trains at once. 0 sizes each pilot by its node: the pilot
+  // takes a whole node (sbatch --exclusive) and trains
+  // $SLURM_CPUS_ON_NODE / intra_op_threads runs at once (at least 1, at most
+  // kMaxWorkerSlots), so a 2-CPU node runs 2 and a 1-CPU node 1.
+  int worker_slots = 1;
+  static constexpr int kMaxWorkerSlots = 64;  // the worker's --slots range
   int intra_op_threads = 1;
   std::string partition, account, qos, time;  // empty = Slurm's default
   std::string gpus_per_node;                  // --gpus-per-node, e.g. "1" or "a100:2"; empty = CPU pilots

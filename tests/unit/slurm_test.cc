@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <fstream>
+
 namespace circuitlab::remote {
 namespace {
 
@@ -104,6 +106,34 @@ TEST(Slurm, PilotScriptExecsTheWorker) {
   const std::vector<std::string> one = SbatchArgs(o, 1);
   EXPECT_TRUE(std::none_of(one.begin(), one.end(), [](const std::string& x) { return x.rfind("--array", 0) == 0; }));
   EXPECT_NE(std::find(one.begin(), one.end(), "--output=/data/slurm-logs/circuitlab-%j.out"), one.end());
+}
+
+// --slurm-worker-slots 0: a pilot takes a whole node and sizes its worker by
+// the node's CPUs. The script is run by bash with /bin/echo as the worker.
+TEST(Slurm, NodeSizedPilotTakesTheWholeNodeAndCountsItsCpus) {
+  SlurmOptions o;
+  o.worker_binary = "/bin/echo";
+  o.server_address = "srv:50051";
+  o.worker_slots = 0;
+  o.intra_op_threads = 2;
+  const std::vector<std::string> a = SbatchArgs(o, 1);
+  auto has = [&](const std::string& x) { return std::find(a.begin(), a.end(), x) != a.end(); };
+  EXPECT_TRUE(has("--exclusive"));
+  EXPECT_TRUE(has("--nodes=1"));
+  EXPECT_TRUE(
+      std::none_of(a.begin(), a.end(), [](const std::string& x) { return x.rfind("--cpus-per-task", 0) == 0; }));
+  const std::string script = ::testing::TempDir() + "/pilot.sh";
+  {
+    std::ofstream out(script);
+    out << PilotScript(o);
+  }
+  // CPUs on the node -> the worker's --slots (threads per run 2).
+  for (auto [cpus, slots] : {std::pair<std::string, std::string>{"8", "4"}, {"3", "1"}, {"1", "1"}, {"1000", "64"}}) {
+    absl::StatusOr<CommandResult> r =
+        RunCommand({"env", "SLURM_CPUS_ON_NODE=" + cpus, "SLURM_JOB_ID=9", "bash", script}, "");
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_NE(r->out.find("--slots " + slots + " "), std::string::npos) << cpus << " CPUs: " << r->out;
+  }
 }
 
 // A fake Slurm: answers by program, records every call.
