@@ -43,6 +43,10 @@ std::string StateWord(std::string_view s) {
   return t.substr(0, t.find(' '));
 }
 
+bool AllDigits(std::string_view s) {
+  return !s.empty() && std::all_of(s.begin(), s.end(), [](unsigned char c) { return std::isdigit(c); });
+}
+
 std::vector<SlurmJob> ParseFields(std::string_view out, int* skipped, bool drop_steps) {
   std::vector<SlurmJob> jobs;
   int bad = 0;
@@ -55,7 +59,10 @@ std::vector<SlurmJob> ParseFields(std::string_view out, int* skipped, bool drop_
     }
     const std::string id = Trim(f[0]);
     if (drop_steps && id.find('.') != std::string::npos) continue;
-    for (const std::string& one : ExpandArrayId(id)) jobs.push_back({one, StateWord(f[1]), Trim(f[2])});
+    const std::vector<std::string> ids = ExpandArrayId(id);
+    // A pending range ("4712_[2-4]") has no element ids yet.
+    const std::string raw = f.size() > 3 && ids.size() == 1 && AllDigits(Trim(f[3])) ? Trim(f[3]) : "";
+    for (const std::string& one : ids) jobs.push_back({one, StateWord(f[1]), Trim(f[2]), raw});
   }
   if (skipped != nullptr) *skipped = bad;
   return jobs;
@@ -67,10 +74,6 @@ std::string ShellQuote(std::string_view text) {
   std::string out = "'";
   for (char c : text) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
   return out + "'";
-}
-
-bool AllDigits(std::string_view s) {
-  return !s.empty() && std::all_of(s.begin(), s.end(), [](unsigned char c) { return std::isdigit(c); });
 }
 
 }  // namespace
@@ -282,7 +285,7 @@ void SlurmPool::Cycle() {
 
 void SlurmPool::Refresh() {
   absl::StatusOr<CommandResult> q =
-      run_({"squeue", "--noheader", "--name=" + options_.job_name, "--format=%i|%T|%r"}, "");
+      run_({"squeue", "--noheader", "--name=" + options_.job_name, "--format=%i|%T|%r|%A"}, "");
   if (!q.ok() || q->exit_code != 0) {
     spdlog::warn("slurm: squeue failed ({}); pilots unchanged this cycle",
                  q.ok() ? Trim(q->err) : std::string(q.status().message()));
@@ -303,6 +306,7 @@ void SlurmPool::Refresh() {
                      j.reason.empty() || j.reason == "None" ? "" : " (" + j.reason + ")");
       p.state = j.state;
       p.final = false;
+      if (!j.raw_id.empty()) p.raw_id = j.raw_id;
     }
     for (auto& [id, p] : pilots_) {
       if (!p.final && !seen.count(id)) gone.push_back(id);
@@ -332,7 +336,10 @@ void SlurmPool::Refresh() {
   std::lock_guard<std::mutex> lock(mu_);
   for (const std::string& id : gone) {
     Pilot& p = pilots_[id];
-    auto it = std::find_if(ended.begin(), ended.end(), [&](const SlurmJob& j) { return j.id == id; });
+    // sacct names an array element "4712_3"; the completion log only by its
+    // own id (squeue's %A), e.g. 4716.
+    auto it = std::find_if(ended.begin(), ended.end(),
+                           [&](const SlurmJob& j) { return j.id == id || (!p.raw_id.empty() && j.id == p.raw_id); });
     std::string why = it == ended.end() ? "left the queue (no accounting record)" : it->state + " exit " + it->reason;
     // Not final per sacct (COMPLETING, REQUEUED, ...): the pilot may be back.
     if (it != ended.end() && !IsFinalSlurmState(it->state)) {
@@ -391,9 +398,9 @@ void SlurmPool::Grow() {
   }
   std::lock_guard<std::mutex> lock(mu_);
   if (count == 1) {
-    pilots_[id] = {"SUBMITTED", false};
+    pilots_[id] = {"SUBMITTED", false, ""};
   } else {
-    for (int i = 0; i < count; ++i) pilots_[id + "_" + std::to_string(i)] = {"SUBMITTED", false};
+    for (int i = 0; i < count; ++i) pilots_[id + "_" + std::to_string(i)] = {"SUBMITTED", false, ""};
   }
   spdlog::info("slurm: submitted {} pilot(s) as job {} for {} queued/leased run(s) (log {}/{}-{}.out)", count, id,
                demand, options_.log_dir, options_.job_name, count > 1 ? id + "_N" : id);

@@ -35,10 +35,13 @@ struct SlurmJob {
   std::string id;      // "4711", "4711_3"; a pending array's "4711_[4-7]" is expanded
   std::string state;   // "PENDING", "RUNNING", "COMPLETED", "CANCELLED" (a "by 0" suffix dropped)
   std::string reason;  // squeue's %r, or sacct's ExitCode
+  // squeue's %A: the id Slurm gives each array element ("4712_3" runs as
+  // 4716), which is all `sacct -c` (the job-completion log) knows it by.
+  std::string raw_id;
 };
 
-// `squeue --noheader --format=%i|%T|%r` output. Lines that do not have three
-// fields (a truncated read) are skipped and counted in *skipped.
+// `squeue --noheader --format=%i|%T|%r|%A` output. Lines that do not have
+// three fields (a truncated read) are skipped and counted in *skipped.
 std::vector<SlurmJob> ParseSqueue(std::string_view out, int* skipped = nullptr);
 // `sacct --parsable2 --noheader -X --format=JobID,State,ExitCode` output,
 // likewise; job steps ("4711.batch") are dropped.
@@ -109,6 +112,7 @@ class SlurmPool {
   struct Pilot {
     std::string state;
     bool final = false;
+    std::string raw_id;  // SlurmJob::raw_id, once squeue has shown it
   };
   // The live pilots and the most recent kKeptEnded ended ones.
   std::map<std::string, Pilot> pilots() const;

@@ -11,11 +11,11 @@ namespace circuitlab::remote {
 namespace {
 
 TEST(Slurm, ParsesSqueueWithArraysAndTruncation) {
-  // squeue --noheader --format=%i|%T|%r (22.05), the last line cut short.
+  // squeue --noheader --format=%i|%T|%r|%A (22.05), the last line cut short.
   const std::string out =
-      "4711|RUNNING|None\n"
-      "4712_[2-4,7]|PENDING|Resources\n"
-      "4712_0|RUNNING|None\n"
+      "4711|RUNNING|None|4711\n"
+      "4712_[2-4,7]|PENDING|Resources|4712\n"
+      "4712_0|RUNNING|None|4716\n"
       "4713|COMPLETING|None\n"
       "4714|PEND";
   int skipped = 0;
@@ -26,6 +26,8 @@ TEST(Slurm, ParsesSqueueWithArraysAndTruncation) {
   EXPECT_EQ(ids, (std::vector<std::string>{"4711", "4712_2", "4712_3", "4712_4", "4712_7", "4712_0", "4713"}));
   EXPECT_EQ(jobs[1].state, "PENDING");
   EXPECT_EQ(jobs[1].reason, "Resources");
+  EXPECT_EQ(jobs[1].raw_id, "") << "a pending range's elements have no ids of their own yet";
+  EXPECT_EQ(jobs[5].raw_id, "4716");
   EXPECT_FALSE(IsFinalSlurmState(jobs.back().state)) << "COMPLETING is not final";
 }
 
@@ -218,6 +220,28 @@ TEST(SlurmPool, FallsBackWhenAccountingIsDisabled) {
   pool.Cycle();  // it left: only `sacct -c` is asked now
   EXPECT_EQ(slurm.Count("sacct"), sacct_calls + 1);
   EXPECT_EQ(slurm.calls.back()[0], "sbatch") << "and the queue still wants one";
+}
+
+// Seen on a real cluster (tests/cluster): a node died under array pilot 1_2,
+// and `sacct -c` answered "1|NODE_FAIL|0:0": the completion log knows an
+// array element only by its own job id, which squeue's %A tells.
+TEST(SlurmPool, ExplainsAnArrayPilotsEndFromTheCompletionLog) {
+  FakeSlurm slurm;
+  int demand = 3;
+  SlurmOptions o;
+  o.max_workers = 3;
+  SlurmPool pool(o, slurm.Runner(), [&] { return demand; });
+  pool.Cycle();  // submits array 100 of three
+  slurm.squeue = "100_0|RUNNING|None|101\n100_1|RUNNING|None|102\n100_2|RUNNING|None|100\n";
+  pool.Cycle();
+  EXPECT_EQ(pool.pilots().at("100_2").raw_id, "100");
+  demand = 2;
+  slurm.squeue = "100_0|RUNNING|None|101\n100_1|RUNNING|None|102\n";
+  slurm.sacct = {1, "", "sacct: error: Slurm accounting storage is disabled\n"};
+  slurm.sacct_c = {0, "100|NODE_FAIL|0:0\n", ""};
+  pool.Cycle();
+  EXPECT_TRUE(pool.pilots().at("100_2").final);
+  EXPECT_EQ(pool.pilots().at("100_2").state, "NODE_FAIL") << "not GONE: the log's record is found by its own id";
 }
 
 TEST(SlurmPool, ForgetsTheOldestEndedPilots) {
