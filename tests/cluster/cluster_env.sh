@@ -22,6 +22,7 @@
 # missing. Processes are found again by namespace (`ip netns pids`), so
 # `stop` leaves nothing behind.
 set -euo pipefail
+exec=
 here=$(cd "$(dirname "$0")" && pwd)
 cmd=${1:-}
 say() { echo "cluster-env: $*" >&2; }
@@ -39,7 +40,7 @@ on() {
   shift
   # nsenter, not `ip netns exec`: that remounts /sys without the cgroup
   # filesystem slurmd needs. A UTS namespace too: each host has its own name.
-  nsenter --net="/run/netns/$(ns_of "$host")" unshare -m -u --propagation slave /bin/sh -c '
+  $exec nsenter --net="/run/netns/$(ns_of "$host")" unshare -m -u --propagation slave /bin/sh -c '
     dir=$1 host=$2; shift 2
     hostname "$host"
     mount --bind "$dir/etc-hosts" /etc/hosts || exit 97
@@ -162,7 +163,7 @@ CONF
 case $cmd in
   start) dir=$(mkdir -p "$2" && cd "$2" && pwd); start ;;
   stop) dir=$2; stop ;;
-  on) dir=$CLUSTER_DIR; shift; on "$@" ;;
+  on) dir=$CLUSTER_DIR; shift; exec=exec on "$@" ;;  # exec: $! of `cluster_env.sh on HOST CMD &` is CMD's pid
   kill) dir=$CLUSTER_DIR; kill_host "$2" ;;
   boot) dir=$CLUSTER_DIR; boot "$2" ;;
   *) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
