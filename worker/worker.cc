@@ -408,15 +408,24 @@ void Worker::TrainLease(std::shared_ptr<LeaseRun> lease) {
     *end.mutable_lease_end()->add_members() =
         ToEnd(i < outcomes.size() ? outcomes[i] : absl::InternalError("no outcome"));
   }
+  bool reported = false;
   {
     std::lock_guard<std::mutex> wl(write_mu_);
     if (!lease->lost && stream_ != nullptr) {
       end.mutable_lease_end()->set_sequence(++lease->sequence);
-      stream_->Write(end);
+      reported = stream_->Write(end);
     }
   }
-  spdlog::info("lease {}: {} {}", lease->id, names,
-               v1::MemberEnd::End_Name(end.lease_end().members(0).end()).substr(4));
+  const std::string how = v1::MemberEnd::End_Name(end.lease_end().members(0).end()).substr(4);
+  if (reported) {
+    spdlog::info("lease {}: {} {}", lease->id, names, how);
+  } else {
+    // Cut off from the server (or dropped by it) past the lease timeout: the
+    // server has given the lease up and re-queued the run; nothing of it
+    // from here counts.
+    spdlog::warn("lease {}: {} stopped ({}), not reported: the connection to the server was lost", lease->id, names,
+                 how);
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     leases_.erase(lease->id);

@@ -263,6 +263,8 @@ on "$node" iptables -F
 wait_run "$run"
 [ "$(node_of "$run")" != "$node" ] || fail "$run finished on the cut-off node"
 same_metrics "$run" "$lrun" "after a partition"
+for _ in $(seq 100); do grep -qs "$run stopped (.*), not reported" "$d"/shared/logs/*.out && break; sleep 0.2; done
+grep -qs "$run stopped (.*), not reported" "$d"/shared/logs/*.out || fail "the cut-off worker did not give its lease up"
 say "$node cut off from srv mid-run: $run moved to $(node_of "$run"), the late worker fenced, metrics identical, no duplicates"
 
 # 4. The server restarted while pilots train elsewhere.
