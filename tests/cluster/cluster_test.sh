@@ -155,36 +155,52 @@ same_metrics() {  # remote-run local-run what
   cmp -s "$tmp/remote.csv" "$tmp/local.csv" || { diff "$tmp/remote.csv" "$tmp/local.csv" | head -5; fail "$3: $1 != a local run"; }
 }
 
+sweep_wall() {  # cli-function -> seconds from submitting the 64-run sweep to its end
+  local sid t0 done_
+  t0=$(date +%s.%N)
+  sid=$("$@" sweep "$(sweep_spec 64)" | grep -o "s[0-9]*" | head -1)
+  for _ in $(seq 6000); do
+    done_=$("$@" --json sweep-show "$sid" | pyjson 'print(int(r.get("done", False)))')
+    [ "$done_" = 1 ] && break
+    sleep 0.1
+  done
+  [ "$done_" = 1 ] || fail "sweep $sid did not end"
+  echo "$(date +%s.%N) - $t0" | bc
+}
+
 if [ "$mode" = bench ]; then
-  # The 64-run sweep on 1, 2 and 3 nodes (the others drained), and a local
-  # server with one slot per CPU for comparison; runs/s.
+  # The 64-run sweep (200 steps each) on 1, 2 and 3 nodes (the others
+  # drained, the pilots of the last round cancelled), and on local servers
+  # with 1 and 2 CPU slots; runs/s, and a lease's cost per run beside a
+  # local slot's: (remote wall - local wall) x slots / 64.
   start_server
-  start_local
-  echo "| nodes | slots | sweep wall s | runs/s |"
-  echo "|---|---|---|---|"
+  declare -A wall=()
   for nodes in n3 n1 n1,n2 n1,n2,n3; do
-    all=n1,n2,n3
-    on ctl scontrol update nodename="$all" state=resume 2>/dev/null || true
-    for n in ${all//,/ }; do
-      [[ ",$nodes," == *",$n,"* ]] || on ctl scontrol update nodename="$n" state=drain reason=bench
+    on ctl scancel --name=clc 2>/dev/null || true
+    for _ in $(seq 300); do [ -z "$(on ctl squeue -h --name=clc)" ] && break; sleep 0.2; done
+    for n in n1 n2 n3; do
+      if [[ ",$nodes," == *",$n,"* ]]; then on ctl scontrol update nodename="$n" state=resume 2>/dev/null || true
+      else on ctl scontrol update nodename="$n" state=drain reason=bench; fi
     done
-    sleep 1
-    sid=$(cli sweep "$(sweep_spec 64)" | grep -o "s[0-9]*" | head -1)
-    read -r t1 t0 < <(wait_sweep "$sid")
-    slots=$(( $(echo "$nodes" | tr , '\n' | sed 's/n1/2/;s/n2/2/;s/n3/1/' | paste -sd+) ))
-    awk -v n="$nodes" -v s="$slots" -v a="$t0" -v b="$t1" 'BEGIN { printf "| %s | %d | %.1f | %.2f |\n", n, s, b - a, 64 / (b - a) }'
+    wall[$nodes]=$(sweep_wall cli)
   done
   for slots in 1 2; do
-    "${lcli[@]}" sweep "$(sweep_spec 64)" >/dev/null
-    t0=$(date +%s.%N)
-    lsid=$("${lcli[@]}" --json sweep-show s$(( slots )) >/dev/null 2>&1; echo s$slots)
-    for _ in $(seq 3000); do
-      [ "$("${lcli[@]}" --json sweep-show "$lsid" | pyjson 'print(int(r.get("done", False)))')" = 1 ] && break
-      sleep 0.2
-    done
-    t1=$(date +%s.%N)
-    awk -v s="$slots" -v a="$t0" -v b="$t1" 'BEGIN { printf "| local (%d cpu slot(s)) | %d | %.1f | %.2f |\n", s, s, b - a, 64 / (b - a) }'
+    "$server_bin" --data "$tmp/local$slots" --listen 127.0.0.1:0 --http "" --cpu-slots "$slots" --max-ensemble 1 \
+      >"$tmp/local$slots.log" 2>&1 &
+    local_pid=$!
+    for _ in $(seq 100); do lport=$(grep -o "port=[0-9]*" "$tmp/local$slots.log" | cut -d= -f2 || true); [ -n "$lport" ] && break; sleep 0.1; done
+    wall[local$slots]=$(sweep_wall "$cli_bin" --server "127.0.0.1:$lport")
+    kill "$local_pid"; wait "$local_pid" || true; local_pid=
   done
+  echo "| where | slots | 64-run sweep, wall s | runs/s |"
+  echo "|---|---|---|---|"
+  for k in local1 local2 n3 n1 n1,n2 n1,n2,n3; do
+    case $k in local1) slots=1 ;; local2|n1) slots=2 ;; n3) slots=1 ;; n1,n2) slots=4 ;; *) slots=5 ;; esac
+    awk -v k="$k" -v s="$slots" -v w="${wall[$k]}" 'BEGIN { printf "| %s | %d | %.1f | %.2f |\n", k, s, w, 64 / w }'
+  done
+  awk -v r="${wall[n3]}" -v l="${wall[local1]}" -v r2="${wall[n1]}" -v l2="${wall[local2]}" 'BEGIN {
+    printf "lease cost per run beside a local slot: %.0f ms (1 slot: n3 vs local), %.0f ms (2 slots: n1 vs local)\n",
+      (r - l) * 1000 / 64, (r2 - l2) * 2000 / 64 }'
   exit 0
 fi
 
