@@ -17,7 +17,7 @@ void DefineRemoteFlags(CLI::App& app, ServerFlags& f) {
       ->group(g);
   app.add_option("--remote-slots", f.server.remote.remote_slots,
                  "Runs training on remote workers at once (default: 64 with workers; with slurm "
-                 "--slurm-max-workers x --slurm-worker-slots)")
+                 "--slurm-max-workers x --slurm-worker-slots, x 64 when 0)")
       ->check(CLI::Range(1, 100000))
       ->group(g);
   app.add_option("--lease-timeout-seconds", f.lease_timeout_s,
@@ -80,8 +80,8 @@ void DefineSlurmFlags(CLI::App& app, ServerFlags& f) {
                  "signalled (USR2, 120 s before) and hands its runs back")
       ->group(g);
   app.add_option("--slurm-gpus-per-node", s.gpus_per_node,
-                 "sbatch --gpus-per-node (e.g. 1, a100:1); the pilots "
-                 "then train on cuda:0 (untested here: no GPU Slurm)")
+                 "sbatch --gpus-per-node (e.g. 1, a100:1; Slurm's --gres=gpu:N); the pilots then train on cuda:0, "
+                 "the first GPU Slurm gave them (placement tested on fake GPUs; training on GPUs untested here)")
       ->group(g);
   app.add_option("--slurm-extra", s.extra_lines,
                  "A line for the pilot script, right after its shebang "
