@@ -309,7 +309,7 @@ void SlurmPool::Refresh() {
       if (!j.raw_id.empty()) p.raw_id = j.raw_id;
     }
     for (auto& [id, p] : pilots_) {
-      if ((!p.final && !seen.count(id)) || p.unexplained > 0) gone.push_back(id);
+      if (!p.final && !seen.count(id)) gone.push_back(id);
     }
   }
   if (gone.empty()) return;
@@ -340,27 +340,16 @@ void SlurmPool::Refresh() {
     // own id (squeue's %A), e.g. 4716.
     auto it = std::find_if(ended.begin(), ended.end(),
                            [&](const SlurmJob& j) { return j.id == id || (!p.raw_id.empty() && j.id == p.raw_id); });
+    std::string why = it == ended.end() ? "left the queue (no accounting record)" : it->state + " exit " + it->reason;
     // Not final per sacct (COMPLETING, REQUEUED, ...): the pilot may be back.
     if (it != ended.end() && !IsFinalSlurmState(it->state)) {
       p.state = it->state;
-      p.unexplained = 0;
       continue;
     }
-    const bool newly = !p.final;
-    if (newly) {
-      p.final = true;  // no longer counted as alive, explained or not
-      ended_.push_back(id);
-    }
-    if (it != ended.end()) {
-      p.state = it->state;
-      p.unexplained = 0;
-      spdlog::info("slurm: pilot {} ended: {} exit {}", id, it->state, it->reason);
-    } else if (newly) {
-      p.state = "GONE";
-      p.unexplained = kExplainCycles;
-    } else if (--p.unexplained == 0) {
-      spdlog::info("slurm: pilot {} ended: left the queue (no accounting record)", id);
-    }
+    p.final = true;
+    p.state = it == ended.end() ? "GONE" : it->state;
+    spdlog::info("slurm: pilot {} ended: {}", id, why);
+    ended_.push_back(id);
   }
   // A long-lived server submits pilots for months: forget the oldest ends.
   while (ended_.size() > kKeptEnded) {

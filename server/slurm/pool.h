@@ -113,11 +113,7 @@ class SlurmPool {
     std::string state;
     bool final = false;
     std::string raw_id;  // SlurmJob::raw_id, once squeue has shown it
-    // Ended with no record yet: Slurm writes the completion log a moment
-    // after the job leaves the queue, so it is asked again this many cycles.
-    int unexplained = 0;
   };
-  static constexpr int kExplainCycles = 3;
   // The live pilots and the most recent kKeptEnded ended ones.
   std::map<std::string, Pilot> pilots() const;
   static constexpr size_t kKeptEnded = 64;
