@@ -294,7 +294,7 @@ void SlurmPool::Refresh() {
   int skipped = 0;
   const std::vector<SlurmJob> queued = ParseSqueue(q->out, &skipped);
   if (skipped > 0) spdlog::warn("slurm: {} squeue line(s) could not be read", skipped);
-  std::vector<std::string> gone;
+  std::vector<std::string> gone, gone_raw;  // the pilots that left; their own job ids where known
   {
     std::lock_guard<std::mutex> lock(mu_);
     std::map<std::string, bool> seen;
@@ -309,21 +309,26 @@ void SlurmPool::Refresh() {
       if (!j.raw_id.empty()) p.raw_id = j.raw_id;
     }
     for (auto& [id, p] : pilots_) {
-      if (!p.final && !seen.count(id)) gone.push_back(id);
+      if (!p.final && !seen.count(id)) {
+        gone.push_back(id);
+        gone_raw.push_back(p.raw_id.empty() ? id : p.raw_id);
+      }
     }
   }
   if (gone.empty()) return;
   // Pilots that left the queue: one batched sacct explains how they ended.
   std::vector<SlurmJob> ended;
-  const std::vector<std::string> base = {"sacct",
-                                         "--parsable2",
-                                         "--noheader",
-                                         "-X",
-                                         "--format=JobID,State,ExitCode",
-                                         "--jobs=" + absl::StrJoin(gone, ",")};
+  // The completion log (`sacct -c`) knows an array element only by its own
+  // job id (squeue's %A: "4712_3" runs as 4716) and finds nothing for
+  // --jobs=4712_3; sacct with slurmdbd takes either.
   for (bool completion_log : {false, true}) {
     if (!completion_log && accounting_off_) continue;
-    std::vector<std::string> argv = base;
+    std::vector<std::string> argv = {"sacct",
+                                     "--parsable2",
+                                     "--noheader",
+                                     "-X",
+                                     "--format=JobID,State,ExitCode",
+                                     "--jobs=" + absl::StrJoin(completion_log ? gone_raw : gone, ",")};
     if (completion_log) argv.insert(argv.begin() + 1, "-c");
     absl::StatusOr<CommandResult> a = run_(argv, "");
     if (a.ok() && a->exit_code == 0) {
@@ -336,8 +341,7 @@ void SlurmPool::Refresh() {
   std::lock_guard<std::mutex> lock(mu_);
   for (const std::string& id : gone) {
     Pilot& p = pilots_[id];
-    // sacct names an array element "4712_3"; the completion log only by its
-    // own id (squeue's %A), e.g. 4716.
+    // sacct names an array element "4712_3"; the completion log by its own id.
     auto it = std::find_if(ended.begin(), ended.end(),
                            [&](const SlurmJob& j) { return j.id == id || (!p.raw_id.empty() && j.id == p.raw_id); });
     std::string why = it == ended.end() ? "left the queue (no accounting record)" : it->state + " exit " + it->reason;

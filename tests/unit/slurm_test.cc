@@ -222,9 +222,10 @@ TEST(SlurmPool, FallsBackWhenAccountingIsDisabled) {
   EXPECT_EQ(slurm.calls.back()[0], "sbatch") << "and the queue still wants one";
 }
 
-// Seen on a real cluster (tests/cluster): a node died under array pilot 1_2,
-// and `sacct -c` answered "1|NODE_FAIL|0:0": the completion log knows an
-// array element only by its own job id, which squeue's %A tells.
+// Seen on a real cluster (tests/cluster): a node died under array pilot 1_0,
+// and `sacct -c --jobs=1_0` answered nothing, `--jobs=2` "2|NODE_FAIL|0:0":
+// the completion log knows an array element only by its own job id, which
+// squeue's %A tells.
 TEST(SlurmPool, ExplainsAnArrayPilotsEndFromTheCompletionLog) {
   FakeSlurm slurm;
   int demand = 3;
@@ -234,14 +235,17 @@ TEST(SlurmPool, ExplainsAnArrayPilotsEndFromTheCompletionLog) {
   pool.Cycle();  // submits array 100 of three
   slurm.squeue = "100_0|RUNNING|None|101\n100_1|RUNNING|None|102\n100_2|RUNNING|None|100\n";
   pool.Cycle();
-  EXPECT_EQ(pool.pilots().at("100_2").raw_id, "100");
+  EXPECT_EQ(pool.pilots().at("100_0").raw_id, "101");
   demand = 2;
-  slurm.squeue = "100_0|RUNNING|None|101\n100_1|RUNNING|None|102\n";
+  slurm.squeue = "100_1|RUNNING|None|102\n100_2|RUNNING|None|100\n";
   slurm.sacct = {1, "", "sacct: error: Slurm accounting storage is disabled\n"};
-  slurm.sacct_c = {0, "100|NODE_FAIL|0:0\n", ""};
+  slurm.sacct_c = {0, "101|NODE_FAIL|0:0\n", ""};
   pool.Cycle();
-  EXPECT_TRUE(pool.pilots().at("100_2").final);
-  EXPECT_EQ(pool.pilots().at("100_2").state, "NODE_FAIL") << "not GONE: the log's record is found by its own id";
+  const auto& asked = slurm.calls.back();
+  ASSERT_EQ(asked[1], "-c");
+  EXPECT_EQ(asked.back(), "--jobs=101") << "the completion log is asked by the element's own id";
+  EXPECT_TRUE(pool.pilots().at("100_0").final);
+  EXPECT_EQ(pool.pilots().at("100_0").state, "NODE_FAIL") << "not GONE: the log's record is found by its own id";
 }
 
 TEST(SlurmPool, ForgetsTheOldestEndedPilots) {
