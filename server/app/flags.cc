@@ -80,8 +80,10 @@ void DefineSlurmFlags(CLI::App& app, ServerFlags& f) {
                  "signalled (USR2, 120 s before) and hands its runs back")
       ->group(g);
   app.add_option("--slurm-gpus-per-node", s.gpus_per_node,
-                 "sbatch --gpus-per-node (e.g. 1, a100:1; Slurm's --gres=gpu:N); the pilots then train on cuda:0, "
-                 "the first GPU Slurm gave them (placement tested on fake GPUs; training on GPUs untested here)")
+                 "GPU pilots for the runs whose spec asks for CUDA (resources.device), with sbatch --gpus-per-node "
+                 "(e.g. 1, a100:1; Slurm's --gres=gpu:N) and job name <--slurm-job-name>-gpu; they train on cuda:0, "
+                 "the first GPU Slurm gave them. Other runs keep to CPU pilots. (Placement tested on fake GPUs; "
+                 "training on GPUs untested here)")
       ->group(g);
   app.add_option("--slurm-extra", s.extra_lines,
                  "A line for the pilot script, right after its shebang "

@@ -185,10 +185,22 @@ absl::Status Server::Build(ServerOptions o) {
                                                                  analysis_.get(), o.reproductions);
   reproductions_->Start();  // resumes the unfinished ones
   if (o.remote.executor == "slurm") {
+    // CPU pilots for the runs that do not ask for CUDA; with
+    // --slurm-gpus-per-node, GPU pilots (job name <name>-gpu) for those that do.
     remote::WorkerBroker* b = broker_.get();
-    pool_ = std::make_unique<remote::SlurmPool>(o.remote.slurm, remote::RunCommand,
-                                                [s = scheduler_.get(), b] { return s->QueuedRuns() + b->BusySlots(); });
+    auto demand = [s = scheduler_.get(), b](bool gpu) {
+      return [=] { return s->QueuedRuns(gpu) + b->BusySlots(gpu); };
+    };
+    remote::SlurmOptions cpu = o.remote.slurm;
+    cpu.gpus_per_node.clear();
+    pool_ = std::make_unique<remote::SlurmPool>(cpu, remote::RunCommand, demand(false));
     CL_RETURN_IF_ERROR(Annotate(pool_->Start(), "cannot use Slurm"));
+    if (!o.remote.slurm.gpus_per_node.empty()) {
+      remote::SlurmOptions gpu = o.remote.slurm;
+      gpu.job_name += "-gpu";
+      gpu_pool_ = std::make_unique<remote::SlurmPool>(gpu, remote::RunCommand, demand(true));
+      CL_RETURN_IF_ERROR(Annotate(gpu_pool_->Start(), "cannot use Slurm"));
+    }
   }
   options_ = o;
   return Serve(o);
@@ -198,6 +210,7 @@ absl::Status Server::BuildRemote(ServerOptions& o) {
   if (o.remote.executor == "local") return absl::OkStatus();
   remote::BrokerOptions b = o.remote.broker;
   b.version = o.version;
+  b.by_device = o.remote.executor == "slurm" && !o.remote.slurm.gpus_per_node.empty();
   b.max_message_bytes = o.fronts.max_message_bytes;
   broker_ = std::make_unique<remote::WorkerBroker>(b, local_, Clock::Real());
   scheduler::SchedulerOptions& opts = o.scheduler;
@@ -209,6 +222,8 @@ absl::Status Server::BuildRemote(ServerOptions& o) {
                                                               ? o.remote.slurm.worker_slots
                                                               : remote::SlurmOptions::kMaxWorkerSlots)
                                                      : 64;
+  // GPU pilots' slots, for the runs that ask for CUDA (as many as the CPU pilots').
+  opts.remote_gpu_slots = b.by_device ? opts.remote_slots : 0;
   opts.cpu_slots = opts.cuda_devices = 0;  // runs train on the workers
   return CompleteSlurmOptions(o, o.remote.slurm);
 }
@@ -314,6 +329,7 @@ void Server::Shutdown(std::chrono::milliseconds grace) {
   if (analysis_) analysis_->Shutdown();  // queued analyses end at once, running ones at their next forward pass
   if (started_) scheduler_->Drain();     // remote workers checkpoint their runs over their streams, still open
   if (pool_) pool_->Stop();
+  if (gpu_pool_) gpu_pool_->Stop();
   if (http_) http_->Shutdown();  // its event streams end first
   if (grpc_) grpc_->Shutdown(grace);
 }

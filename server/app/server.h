@@ -135,7 +135,8 @@ class Server {
   std::unique_ptr<scheduler::AnalysisCore> analysis_;
   std::unique_ptr<scheduler::SweepCore> sweeps_;
   std::unique_ptr<reproduce::ReproductionCore> reproductions_;
-  std::unique_ptr<remote::SlurmPool> pool_;
+  std::unique_ptr<remote::SlurmPool> pool_;      // CPU pilots
+  std::unique_ptr<remote::SlurmPool> gpu_pool_;  // GPU pilots (--slurm-gpus-per-node)
   std::unique_ptr<telemetry::Telemetry> telemetry_;
   std::unique_ptr<security::Directory> directory_;  // security's view of the cores
   std::unique_ptr<security::Security> security_;

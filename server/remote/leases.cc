@@ -92,7 +92,7 @@ std::shared_ptr<WorkerBroker::Session> WorkerBroker::TryAssign(const std::shared
   for (int round = 0; round < 2; ++round) {
     std::shared_ptr<Session> best;
     for (auto& [id, s] : sessions_) {
-      if (s->closed || s->info.draining || s->busy >= s->info.slots) continue;
+      if (s->closed || s->info.draining || s->busy >= s->info.slots || !OfKind(*s, lease->gpu)) continue;
       if (!QuarantinedLocked(s->info.principal).empty()) continue;
       if (!best || s->info.slots - s->busy > best->info.slots - best->busy) best = s;
     }
@@ -373,6 +373,8 @@ std::vector<absl::StatusOr<engine::TrainOutcome>> WorkerBroker::RunLease(
   }
   run.lease = std::make_shared<Lease>();
   run.lease->members = n;
+  // A remote GPU slot's runs (the scheduler names its device cuda:0).
+  run.lease->gpu = n > 0 && requests[0].device.rfind("cuda", 0) == 0;
   for (PlacedObserver* o : observers) run.lease->run_ids.push_back(o->run_id());
   for (const engine::TrainRequest& r : requests) run.lease->total_steps.push_back(r.spec.training().steps());
   {

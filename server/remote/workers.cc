@@ -325,17 +325,17 @@ void WorkerBroker::Watchdog() {
   }
 }
 
-bool WorkerBroker::TryAcquire() {
+bool WorkerBroker::TryAcquire(bool gpu) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (acquired_ >= TotalSlotsLocked()) return false;
-  ++acquired_;
+  if (acquired_[gpu] >= TotalSlotsLocked(gpu)) return false;
+  ++acquired_[gpu];
   return true;
 }
 
-void WorkerBroker::Release() {
+void WorkerBroker::Release(bool gpu) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    acquired_ = std::max(0, acquired_ - 1);
+    acquired_[gpu] = std::max(0, acquired_[gpu] - 1);
   }
   WakeScheduler();
 }
@@ -358,21 +358,28 @@ std::vector<WorkerInfo> WorkerBroker::Workers() const {
 
 int WorkerBroker::TotalSlots() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return TotalSlotsLocked();
+  return TotalSlotsLocked(false) + TotalSlotsLocked(true);
 }
 
-int WorkerBroker::TotalSlotsLocked() const {
+bool WorkerBroker::OfKind(const Session& s, bool gpu) const {
+  const bool on_gpu = options_.by_device && s.info.device.rfind("cuda", 0) == 0;
+  return on_gpu == gpu;
+}
+
+int WorkerBroker::TotalSlotsLocked(bool gpu) const {
   int total = 0;
   for (const auto& [id, s] : sessions_) {
-    if (!s->closed && !s->info.draining) total += s->info.slots;
+    if (!s->closed && !s->info.draining && OfKind(*s, gpu)) total += s->info.slots;
   }
   return total;
 }
 
-int WorkerBroker::BusySlots() const {
+int WorkerBroker::BusySlots() const { return BusySlots(false) + BusySlots(true); }
+
+int WorkerBroker::BusySlots(bool gpu) const {
   std::lock_guard<std::mutex> lock(mu_);
   int busy = 0;
-  for (const auto& [id, s] : sessions_) busy += s->busy;
+  for (const auto& [id, s] : sessions_) busy += OfKind(*s, gpu) ? s->busy : 0;
   return busy;
 }
 

@@ -73,6 +73,11 @@ struct BrokerOptions {
   // `quarantine` is refused new sessions and leases for `quarantine`.
   int quarantine_after = 16;
   std::chrono::seconds quarantine = std::chrono::seconds(600);
+  // Two kinds of workers (--executor slurm --slurm-gpus-per-node: CPU and
+  // GPU pilots): a lease for a remote GPU slot (a run that asks for CUDA)
+  // goes only to a worker on a cuda device, any other lease only to a CPU
+  // worker. Off: any worker takes any lease.
+  bool by_device = false;
 };
 
 // A connected worker, as `circuitlab workers` lists it.
@@ -109,8 +114,8 @@ class WorkerBroker : public engine::Executor, public scheduler::WorkerCapacity {
   void Closed(uint64_t session, const absl::Status& why);
 
   // ---- the scheduler side ----
-  bool TryAcquire() override;
-  void Release() override;
+  bool TryAcquire(bool gpu) override;
+  void Release(bool gpu) override;
   absl::StatusOr<engine::TrainOutcome> Train(const engine::TrainRequest& request,
                                              engine::TrainObserver& observer) override;
   std::vector<absl::StatusOr<engine::TrainOutcome>> TrainPack(
@@ -119,14 +124,16 @@ class WorkerBroker : public engine::Executor, public scheduler::WorkerCapacity {
 
   // ---- what the pool and `circuitlab workers` see ----
   std::vector<WorkerInfo> Workers() const;
-  // Slots of connected, non-draining workers; slots leased now.
+  // Slots of connected, non-draining workers; slots leased now (all, or
+  // those of the GPU or the CPU workers when by_device).
   int TotalSlots() const;
   int BusySlots() const;
+  int BusySlots(bool gpu) const;
   // Leases waiting for a worker.
   int WaitingLeases() const;
 
  private:
-  int TotalSlotsLocked() const;  // mu_ held
+  int TotalSlotsLocked(bool gpu) const;  // mu_ held
   struct Session {
     uint64_t id = 0;
     std::shared_ptr<WorkerLink> link;
@@ -139,6 +146,9 @@ class WorkerBroker : public engine::Executor, public scheduler::WorkerCapacity {
       return info.id + (info.engine_job.empty() ? "" : " " + info.engine_job) + "@" + info.host + " " + info.device;
     }
   };
+  // Whether `s` takes leases of the kind (gpu or not), and its slots
+  // count there; everything is the CPU kind unless by_device.
+  bool OfKind(const Session& s, bool gpu) const;
 
   struct Lease {
     uint64_t id = 0;
@@ -147,6 +157,7 @@ class WorkerBroker : public engine::Executor, public scheduler::WorkerCapacity {
     std::vector<uint64_t> total_steps;  // per member: reports may not go beyond
     uint64_t reports = 0;               // reports received: a worker that sent none is blamed for losing it
     uint64_t session = 0;
+    bool gpu = false;  // for a GPU worker (its runs asked for CUDA; BrokerOptions::by_device)
     uint64_t next_sequence = 1;
     std::deque<v1::WorkerMessage> inbox;  // routed by the rpc side, applied by the slot thread
     bool lost = false;
@@ -212,7 +223,7 @@ class WorkerBroker : public engine::Executor, public scheduler::WorkerCapacity {
   std::map<std::string, double> quarantined_until_;
   uint64_t next_session_ = 1;
   uint64_t next_lease_ = 1;
-  int acquired_ = 0;
+  int acquired_[2] = {0, 0};  // held by the scheduler: CPU kind, GPU kind
   int waiting_ = 0;
   bool stopping_ = false;
   std::thread watchdog_;

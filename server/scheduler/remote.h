@@ -32,9 +32,10 @@ class PlacedObserver : public engine::TrainObserver {
 class WorkerCapacity {
  public:
   virtual ~WorkerCapacity() = default;
-  // Holds one free worker slot for a run the caller is about to start.
-  virtual bool TryAcquire() = 0;
-  virtual void Release() = 0;
+  // Holds one free worker slot for a run the caller is about to start: a
+  // GPU worker's when `gpu` (a remote GPU slot: runs that ask for CUDA).
+  virtual bool TryAcquire(bool gpu) = 0;
+  virtual void Release(bool gpu) = 0;
 };
 
 }  // namespace circuitlab::scheduler

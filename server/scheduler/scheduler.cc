@@ -66,6 +66,9 @@ Scheduler::Scheduler(SchedulerOptions options, store::Store* store, engine::Exec
   for (int i = 0; options_.remote != nullptr && i < options_.remote_slots; ++i) {
     slots_.push_back({"worker:" + std::to_string(i), false, "cpu", false, true});
   }
+  for (int i = 0; options_.remote != nullptr && i < options_.remote_gpu_slots; ++i) {
+    slots_.push_back({"worker-gpu:" + std::to_string(i), true, "cuda:0", false, true});
+  }
   for (const Slot& s : slots_) slot_names_.push_back(s.name);
 }
 
@@ -150,7 +153,7 @@ absl::StatusOr<store::NewRun> Scheduler::PrepareRun(v1::ExperimentSpec spec, con
   }
   const v1::DeviceKind device = spec.resources().device();
   const bool have_cpu = options_.cpu_slots > 0 || (options_.remote != nullptr && options_.remote_slots > 0);
-  const bool have_cuda = options_.cuda_devices > 0;
+  const bool have_cuda = options_.cuda_devices > 0 || (options_.remote != nullptr && options_.remote_gpu_slots > 0);
   if ((device == v1::DEVICE_KIND_CUDA && !have_cuda) || (device == v1::DEVICE_KIND_CPU && !have_cpu)) {
     return absl::FailedPreconditionError("resources.device is " + v1::DeviceKind_Name(device) +
                                          " but this server has no such device (slots: " +

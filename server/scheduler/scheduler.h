@@ -50,6 +50,10 @@ struct SchedulerOptions {
   // named "worker:N"; a slot takes a run only when `remote` has a free worker
   // slot, and hands it to the executor (the WorkerBroker) to train.
   int remote_slots = 0;
+  // Remote slots for runs whose spec asks for CUDA (resources.device), named
+  // "worker-gpu:N": they take only those runs, from GPU workers
+  // (--executor slurm --slurm-gpus-per-node: the GPU pilots).
+  int remote_gpu_slots = 0;
   WorkerCapacity* remote = nullptr;
   // A run whose remote worker was lost this many times (crashed, killed,
   // silent) fails instead of being queued again: a run that kills its
@@ -162,8 +166,10 @@ class Scheduler {
 
   // Wakes the slots (a remote worker may have capacity now).
   void Wake();
-  // Runs waiting in the queue now.
+  // Runs waiting in the queue now; those that ask for CUDA (what GPU
+  // workers train) or the others.
   int QueuedRuns();
+  int QueuedRuns(bool cuda);
   // For /metrics: runs that reached each final state since the server
   // started (RunState number -> count) and the watch streams open now.
   std::map<int, uint64_t> FinishedRuns();

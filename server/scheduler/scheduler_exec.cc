@@ -150,14 +150,17 @@ class Scheduler::RunObserver : public PlacedObserver {
 
 int64_t Scheduler::PickLocked(size_t slot) {
   const Slot& me = slots_[slot];
-  const bool idle_cuda = std::any_of(slots_.begin(), slots_.end(), [](const Slot& s) { return s.cuda && !s.busy; });
+  // A remote GPU slot waits for a GPU worker: "idle" says nothing there.
+  const bool idle_cuda =
+      std::any_of(slots_.begin(), slots_.end(), [](const Slot& s) { return s.cuda && !s.busy && !s.remote; });
   for (const auto& [key, q] : queue_) {
-    const bool fits = q.device_request == v1::DEVICE_KIND_CPU    ? !me.cuda
+    const bool fits = me.remote && me.cuda                     ? q.device_request == v1::DEVICE_KIND_CUDA
+                      : q.device_request == v1::DEVICE_KIND_CPU  ? !me.cuda
                       : q.device_request == v1::DEVICE_KIND_CUDA ? me.cuda
                                                                  : (me.cuda || !idle_cuda);
     if (!fits) continue;
     // A remote slot holds a free worker slot before it takes the run.
-    if (me.remote && !options_.remote->TryAcquire()) return 0;
+    if (me.remote && !options_.remote->TryAcquire(me.cuda)) return 0;
     return key.id;
   }
   return 0;
@@ -171,6 +174,13 @@ void Scheduler::Wake() {
 int Scheduler::QueuedRuns() {
   std::lock_guard<std::mutex> lock(mu_);
   return static_cast<int>(queue_.size());
+}
+
+int Scheduler::QueuedRuns(bool cuda) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return static_cast<int>(std::count_if(queue_.begin(), queue_.end(), [&](const auto& e) {
+    return (e.second.device_request == v1::DEVICE_KIND_CUDA) == cuda;
+  }));
 }
 
 void Scheduler::WorkerLoop(size_t slot) {
@@ -201,7 +211,7 @@ void Scheduler::WorkerLoop(size_t slot) {
     slots_[slot].busy = true;
     lock.unlock();
     Execute(slot, ids);
-    if (slots_[slot].remote) options_.remote->Release();
+    if (slots_[slot].remote) options_.remote->Release(slots_[slot].cuda);
     lock.lock();
     // A run requeued inside Execute (its worker was lost) may already run
     // again on another slot under a new entry: only ours is removed.

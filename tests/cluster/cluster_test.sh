@@ -16,9 +16,11 @@
 #      worker's late reports are refused (fenced), no point is duplicated;
 #   4. the server is restarted while pilots train elsewhere: the run ends
 #      identical and the pool adopts its pilots;
-#   5. GPU pilots on paper: --slurm-gpus-per-node 1 places the pilot on n1
-#      (gres.conf of fake devices), Slurm gives it CUDA_VISIBLE_DEVICES and
-#      the worker reports what it was given and that it cannot use it here.
+#   5. GPU pilots on paper: a run whose spec asks for CUDA gets a GPU pilot
+#      (--slurm-gpus-per-node 1) on n1 (gres.conf of fake devices), Slurm
+#      gives it CUDA_VISIBLE_DEVICES and the worker reports what it was
+#      given and that it cannot use it here; every other run trains on the
+#      CPU pilots.
 #   tests/cluster/cluster_test.sh          (BUILD_DIR: the build, default build/)
 #   tests/cluster/cluster_test.sh bench    the 64-run sweep on 1, 2 and 3 nodes (runs/s)
 set -euo pipefail
@@ -34,7 +36,6 @@ tmp=$(mktemp -d /tmp/circuitlab-cluster.XXXXXX)
 chmod 755 "$tmp"
 server_pid=
 local_pid=
-gpu_pid=
 faketime_lib=/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1
 
 say() { echo "cluster_test: $*"; }
@@ -51,7 +52,7 @@ cleanup() {
   if [ -n "${CLUSTER_KEEP:-}" ]; then  # a directory for the logs, kept
     mkdir -p "$CLUSTER_KEEP" && cp -r "$d/shared/logs" "$d/srv/server.log" "$d/slurmctld.log" "$CLUSTER_KEEP/"
   fi
-  for pid in $server_pid $gpu_pid $local_pid; do kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null; done
+  for pid in $server_pid $local_pid; do kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null; done
   [ -n "${CLUSTER_DIR:-}" ] && "$env_sh" stop "$CLUSTER_DIR"
   rm -rf "$tmp"
 }
@@ -86,7 +87,8 @@ start_server() {  # extra flags
     --executor slurm --slurm-worker-slots 0 --slurm-max-workers 3 --slurm-job-name clc --slurm-poll-seconds 1 \
     --slurm-idle-exit 90 --slurm-log-dir "$d/shared/logs" --slurm-extra "$skew" \
     --worker-binary "$worker_bin" --worker-token-file "$d/shared/pilot.token" --worker-ca-cert "$d/shared/ca.pem" \
-    --heartbeat-seconds 1 --lease-timeout-seconds 5 --max-ensemble 1 "$@" >>"$d/srv/server.log" 2>&1 &
+    --slurm-gpus-per-node 1 --heartbeat-seconds 1 --lease-timeout-seconds 5 --max-ensemble 1 "$@" \
+    >>"$d/srv/server.log" 2>&1 &
   server_pid=$!
   for _ in $(seq 100); do
     cli --timeout 1 health >/dev/null 2>&1 && return 0
@@ -296,26 +298,27 @@ pilots=$(on ctl squeue -h --name=clc | wc -l)
 [ "$pilots" -le 3 ] || fail "$pilots pilots after the restart (the pool should adopt, not add)"
 say "server restarted while $run trained on $node: it ended identical; $pilots pilot(s) in the queue"
 
-# 5. GPU pilots on paper: a second server whose pilots ask for a GPU. The
-# first server's whole-node pilots are idle now; they leave n1 free.
+# 5. GPU pilots on paper: a run whose spec asks for CUDA gets a GPU pilot
+# (--slurm-gpus-per-node 1, job name clc-gpu) on n1, the node with GPUs in
+# gres.conf; the other runs above trained on CPU pilots. The CPU pilots,
+# idle now, leave n1 free.
 on ctl scancel --name=clc
-mkdir -p "$d/srv/gpu"
-"$env_sh" on srv "$server_bin" --data "$d/srv/gpu" --listen 127.0.0.1:50052 --http "" --executor slurm \
-  --slurm-gpus-per-node 1 --slurm-max-workers 1 --slurm-job-name clgpu --slurm-poll-seconds 1 \
-  --slurm-log-dir "$d/shared/gpu-logs" --worker-binary "$worker_bin" >"$d/srv/gpu.log" 2>&1 &
-gpu_pid=$!
-for _ in $(seq 100); do on srv "$cli_bin" --server 127.0.0.1:50052 --timeout 1 health >/dev/null 2>&1 && break; sleep 0.2; done
-on srv "$cli_bin" --server 127.0.0.1:50052 submit "$(spec gpu 100)" >/dev/null
-for _ in $(seq 300); do grep -qs "is not available" "$d"/shared/gpu-logs/*.out && break; sleep 0.2; done
-log=$(grep -ls "is not available" "$d"/shared/gpu-logs/*.out | head -1 || true)
-[ -n "$log" ] || fail "no GPU pilot ran"
+for _ in $(seq 100); do [ -z "$(on ctl squeue -h --name=clc)" ] && break; sleep 0.2; done
+sed 's/"tags": \["demo", "imir-2L"\],/"tags": ["demo"], "resources": {"device": "DEVICE_KIND_CUDA"},/' \
+  "$(spec gpu 100)" >"$d/login/gpu-cuda.json"
+grep -q DEVICE_KIND_CUDA "$d/login/gpu-cuda.json" || fail "could not ask for CUDA in the spec"
+run=$(cli submit "$d/login/gpu-cuda.json" | grep -o "r[0-9]*" | head -1)
+for _ in $(seq 300); do grep -qs "is not available" "$d"/shared/logs/clc-gpu-*.out && break; sleep 0.2; done
+log=$(grep -ls "is not available" "$d"/shared/logs/clc-gpu-*.out | head -1 || true)
+[ -n "$log" ] || fail "no GPU pilot ran for $run"
 grep -q "given CUDA_VISIBLE_DEVICES=0 (SLURM_JOB_GPUS=0)" "$log" || { cat "$log"; fail "the GPU pilot's worker did not report the GPU Slurm gave it"; }
 grep -q "cuda:0 is not available" "$log" || fail "the worker did not say it cannot use the GPU here"
-first=$(basename "$log" .out)
-first=${first#clgpu-}
-on ctl scontrol show job "$first" 2>/dev/null | grep -q "TresPerNode=.*gpu:1" || fail "pilot $first did not ask Slurm for gpu:1"
-on ctl scontrol show job "$first" 2>/dev/null | grep -q "NodeList=n1" || fail "pilot $first did not land on n1, the GPU node"
-kill "$gpu_pid"; wait "$gpu_pid" 2>/dev/null || true; gpu_pid=
-on ctl scancel --name=clgpu || true
-say "GPU pilot $first: gpu:1 on n1, $(grep -o "given CUDA_VISIBLE_DEVICES=[^;]*" "$log" | head -1); the worker refused (CPU-only LibTorch)"
+job=$(basename "$log" .out)
+job=${job#clc-gpu-}
+on ctl scontrol show job "$job" >"$tmp/gpu-job"
+grep -q "TresPerNode=.*gpu:1" "$tmp/gpu-job" || fail "pilot $job did not ask Slurm for gpu:1"
+grep -q "NodeList=n1" "$tmp/gpu-job" || fail "pilot $job did not land on n1, the GPU node"
+[ "$(json "$run" 'r["state"]')" = RUN_STATE_QUEUED ] || fail "$run should wait for a GPU worker: $(json "$run" 'r["state"]')"
+cli cancel "$run" >/dev/null
+say "$run asks for CUDA: GPU pilot $job with gpu:1 on n1, $(grep -o "given CUDA_VISIBLE_DEVICES=[^;]*" "$log" | head -1); the worker refused (CPU-only LibTorch), the run waits"
 say "PASS in $(( $(date +%s) - t0 )) s"

@@ -584,8 +584,8 @@ class LosingExecutor : public engine::Executor {
 
 class AlwaysCapacity : public WorkerCapacity {
  public:
-  bool TryAcquire() override { return true; }
-  void Release() override {}
+  bool TryAcquire(bool) override { return true; }
+  void Release(bool) override {}
 };
 
 // Options for a scheduler whose one slot is a remote worker's.
@@ -664,8 +664,8 @@ class LosesOnceThenTrains : public engine::Executor {
 class ReleaseAfterTheSecondAttempt : public WorkerCapacity {
  public:
   explicit ReleaseAfterTheSecondAttempt(LosesOnceThenTrains* e) : executor_(e) {}
-  bool TryAcquire() override { return true; }
-  void Release() override {
+  bool TryAcquire(bool) override { return true; }
+  void Release(bool) override {
     for (int i = 0; i < 1000 && !executor_->training; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
 
@@ -692,6 +692,73 @@ TEST_F(SchedulerTest, ADrainReachesARunRequeuedOntoAnotherSlot) {
   drain.join();
   EXPECT_TRUE(ok) << "the drain did not reach the second attempt";
   EXPECT_EQ(s.GetRun(run->run_id())->state(), v1::RUN_STATE_QUEUED);
+}
+
+// Trains at once, recording each run's device (the slot's torch device).
+class DeviceRecorder : public engine::Executor {
+ public:
+  absl::StatusOr<engine::TrainOutcome> Train(const engine::TrainRequest& req, engine::TrainObserver&) override {
+    std::lock_guard<std::mutex> lock(mu);
+    devices[req.spec.name()] = req.device;
+    return engine::TrainOutcome{engine::TrainEnd::kCompleted, static_cast<int64_t>(req.spec.training().steps())};
+  }
+  std::mutex mu;
+  std::map<std::string, std::string> devices;
+};
+
+// Capacity by kind: `gpu_slots` GPU worker slots, CPU ones without end.
+class KindCapacity : public WorkerCapacity {
+ public:
+  bool TryAcquire(bool gpu) override {
+    std::lock_guard<std::mutex> lock(mu);
+    if (gpu && gpu_held >= gpu_slots) return false;
+    gpu_held += gpu;
+    return true;
+  }
+  void Release(bool gpu) override {
+    std::lock_guard<std::mutex> lock(mu);
+    gpu_held -= gpu;
+  }
+  std::mutex mu;
+  int gpu_slots = 0, gpu_held = 0;
+};
+
+// --executor slurm with GPU pilots: a run that asks for CUDA waits for a
+// remote GPU slot (a GPU worker), the others train on the CPU workers'.
+TEST_F(SchedulerTest, RunsThatAskForCudaTakeRemoteGpuSlots) {
+  DeviceRecorder executor;
+  KindCapacity capacity;
+  scheduler_.reset();
+  SchedulerOptions opts = RemoteOptions(&capacity, 2);
+  v1::ExperimentSpec gpu_spec = SmallSpec();
+  gpu_spec.set_name("on-gpu");
+  gpu_spec.mutable_resources()->set_device(v1::DEVICE_KIND_CUDA);
+  {
+    Scheduler without(opts, store_.get(), &executor, &clock_);
+    EXPECT_EQ(without.Submit(gpu_spec, "me").status().code(), absl::StatusCode::kFailedPrecondition)
+        << "no GPU workers configured";
+  }
+  opts.remote_gpu_slots = 1;
+  Scheduler s(opts, store_.get(), &executor, &clock_);
+  ASSERT_TRUE(s.Start().ok());
+  v1::ExperimentSpec any = SmallSpec();
+  any.set_name("anywhere");
+  auto g = s.Submit(gpu_spec, "me");
+  ASSERT_TRUE(g.ok()) << g.status();
+  auto a = s.Submit(any, "me");
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(WaitFor([&] { return s.GetRun(a->run_id())->state() == v1::RUN_STATE_SUCCEEDED; }));
+  EXPECT_EQ(s.QueuedRuns(true), 1) << "no GPU worker yet: the CUDA run waits";
+  EXPECT_EQ(s.QueuedRuns(false), 0);
+  {
+    std::lock_guard<std::mutex> lock(capacity.mu);
+    capacity.gpu_slots = 1;  // a GPU pilot registered
+  }
+  s.Wake();
+  ASSERT_TRUE(WaitFor([&] { return s.GetRun(g->run_id())->state() == v1::RUN_STATE_SUCCEEDED; }));
+  std::lock_guard<std::mutex> lock(executor.mu);
+  EXPECT_EQ(executor.devices["on-gpu"], "cuda:0");
+  EXPECT_EQ(executor.devices["anywhere"], "cpu");
 }
 
 }  // namespace

@@ -155,21 +155,60 @@ TEST_F(WorkerBrokerTest, RegisterChecksFieldsAndVersion) {
 
 TEST_F(WorkerBrokerTest, CapacityFollowsWorkersAndDrain) {
   WorkerBroker b(Options(), nullptr, &clock);
-  EXPECT_FALSE(b.TryAcquire());
+  EXPECT_FALSE(b.TryAcquire(false));
   auto link = std::make_shared<RecordingLink>();
   const uint64_t s = *b.Open(link, Reg(2), "w", "peer");
-  EXPECT_TRUE(b.TryAcquire());
-  EXPECT_TRUE(b.TryAcquire());
-  EXPECT_FALSE(b.TryAcquire());
-  b.Release();
-  EXPECT_TRUE(b.TryAcquire());
-  b.Release();
-  b.Release();
+  EXPECT_TRUE(b.TryAcquire(false));
+  EXPECT_TRUE(b.TryAcquire(false));
+  EXPECT_FALSE(b.TryAcquire(false));
+  b.Release(false);
+  EXPECT_TRUE(b.TryAcquire(false));
+  b.Release(false);
+  b.Release(false);
   v1::WorkerMessage drain;
   drain.mutable_drain();
   ASSERT_TRUE(b.OnMessage(s, drain).ok());
-  EXPECT_FALSE(b.TryAcquire()) << "a draining worker takes nothing more";
+  EXPECT_FALSE(b.TryAcquire(false)) << "a draining worker takes nothing more";
   EXPECT_EQ(b.TotalSlots(), 0);
+}
+
+// --executor slurm with GPU pilots: leases of the remote GPU slots (runs
+// that ask for CUDA) go to GPU workers only, the others to CPU workers only.
+TEST_F(WorkerBrokerTest, ByDeviceLeasesGoToTheirKindOfWorker) {
+  BrokerOptions o = Options();
+  o.by_device = true;
+  WorkerBroker b(o, nullptr, &clock);
+  auto cpu_link = std::make_shared<RecordingLink>(), gpu_link = std::make_shared<RecordingLink>();
+  const uint64_t cpu = *b.Open(cpu_link, Reg(2), "w", "peer");
+  v1::Register gpu_reg = Reg(1);
+  gpu_reg.set_device("cuda:0");
+  const uint64_t gpu = *b.Open(gpu_link, gpu_reg, "w", "peer");
+  EXPECT_TRUE(b.TryAcquire(true));
+  EXPECT_FALSE(b.TryAcquire(true)) << "one GPU worker slot";
+  EXPECT_TRUE(b.TryAcquire(false));
+  EXPECT_TRUE(b.TryAcquire(false));
+  EXPECT_FALSE(b.TryAcquire(false)) << "two CPU worker slots; the GPU worker's is not among them";
+  EXPECT_EQ(b.TotalSlots(), 3);
+
+  for (bool on_gpu : {true, false}) {
+    RecordingObserver obs(on_gpu ? 5 : 6);
+    engine::TrainRequest req;
+    req.device = on_gpu ? "cuda:0" : "cpu";  // what the scheduler's remote GPU and CPU slots name
+    CancelToken token;
+    req.cancel = &token;
+    RecordingLink& to = on_gpu ? *gpu_link : *cpu_link;
+    RecordingLink& other = on_gpu ? *cpu_link : *gpu_link;
+    const size_t other_leases = other.Count(v1::ServerMessage::kLease);
+    auto done = std::async(std::launch::async, [&] { return b.Train(req, obs); });
+    auto lease = to.WaitFor(v1::ServerMessage::kLease);
+    ASSERT_TRUE(lease.has_value()) << (on_gpu ? "the GPU worker" : "the CPU worker") << " got no lease";
+    EXPECT_EQ(other.Count(v1::ServerMessage::kLease), other_leases);
+    EXPECT_EQ(b.BusySlots(on_gpu), 1);
+    EXPECT_EQ(b.BusySlots(!on_gpu), 0);
+    ASSERT_TRUE(b.OnMessage(on_gpu ? gpu : cpu, EndMsg(lease->lease().lease_id(), 1, v1::MemberEnd::END_COMPLETED, 0))
+                    .ok());
+    EXPECT_EQ(done.get()->end, engine::TrainEnd::kCompleted);
+  }
 }
 
 TEST_F(WorkerBrokerTest, LeaseLifeResumeReportsCheckpointAndEnd) {
