@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -198,6 +199,9 @@ absl::Status Server::Build(ServerOptions o) {
     if (!o.remote.slurm.gpus_per_node.empty()) {
       remote::SlurmOptions gpu = o.remote.slurm;
       gpu.job_name += "-gpu";
+      // A node-sized GPU pilot would hold every GPU of its node and train
+      // on the first: GPU pilots are sized by what they ask for instead.
+      if (gpu.worker_slots == 0) gpu.worker_slots = 1;
       gpu_pool_ = std::make_unique<remote::SlurmPool>(gpu, remote::RunCommand, demand(true));
       CL_RETURN_IF_ERROR(Annotate(gpu_pool_->Start(), "cannot use Slurm"));
     }
@@ -222,8 +226,9 @@ absl::Status Server::BuildRemote(ServerOptions& o) {
                                                               ? o.remote.slurm.worker_slots
                                                               : remote::SlurmOptions::kMaxWorkerSlots)
                                                      : 64;
-  // GPU pilots' slots, for the runs that ask for CUDA (as many as the CPU pilots').
-  opts.remote_gpu_slots = b.by_device ? opts.remote_slots : 0;
+  // GPU pilots' slots, for the runs that ask for CUDA (a GPU pilot has
+  // --slurm-worker-slots of them, 1 when that is 0).
+  opts.remote_gpu_slots = b.by_device ? o.remote.slurm.max_workers * std::max(1, o.remote.slurm.worker_slots) : 0;
   opts.cpu_slots = opts.cuda_devices = 0;  // runs train on the workers
   return CompleteSlurmOptions(o, o.remote.slurm);
 }

@@ -311,7 +311,7 @@ run=$(cli submit "$d/login/gpu-cuda.json" | grep -o "r[0-9]*" | head -1)
 for _ in $(seq 300); do grep -qs "is not available" "$d"/shared/logs/clc-gpu-*.out && break; sleep 0.2; done
 log=$(grep -ls "is not available" "$d"/shared/logs/clc-gpu-*.out | head -1 || true)
 [ -n "$log" ] || fail "no GPU pilot ran for $run"
-grep -q "given CUDA_VISIBLE_DEVICES=0 (SLURM_JOB_GPUS=0)" "$log" || { cat "$log"; fail "the GPU pilot's worker did not report the GPU Slurm gave it"; }
+grep -Eq "given CUDA_VISIBLE_DEVICES=[01] \(SLURM_JOB_GPUS=[01]\)" "$log" || { cat "$log"; fail "the GPU pilot's worker did not report the GPU Slurm gave it"; }
 grep -q "cuda:0 is not available" "$log" || fail "the worker did not say it cannot use the GPU here"
 job=$(basename "$log" .out)
 job=${job#clc-gpu-}

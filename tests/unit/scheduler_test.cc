@@ -4,6 +4,9 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <mutex>
+#include <string>
 
 #include "absl/strings/str_join.h"
 #include "server/scheduler/sweeps.h"
