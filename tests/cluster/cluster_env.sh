@@ -4,8 +4,8 @@
 #
 #   tests/cluster/cluster_env.sh start DIR     # prints `export ...` lines; eval them
 #   tests/cluster/cluster_env.sh on HOST CMD...  # run CMD on HOST (DIR from $CLUSTER_DIR)
-#   tests/cluster/cluster_env.sh kill HOST     # SIGKILL everything on HOST (a node crash)
-#   tests/cluster/cluster_env.sh boot HOST     # start HOST's munged (+ slurmd on a node) again
+#   tests/cluster/cluster_env.sh kill HOST     # a crash: HOST's link down, then SIGKILL everything on it
+#   tests/cluster/cluster_env.sh boot HOST     # link up, HOST's munged (+ slurmd on a node) started again
 #   tests/cluster/cluster_env.sh stop DIR
 #
 # Every host is a network namespace of its own (address 10.231.0.x on one
@@ -49,8 +49,9 @@ on() {
     exec "$@"' sh "$dir" "$host" "$@"
 }
 
-boot() {  # host: munged, and slurmd on a node
+boot() {  # host: its link, munged, and slurmd on a node
   local host=$1
+  ip -n "$(ns_of "$host")" link set eth0 up
   on "$host" runuser -u munge -- /usr/sbin/munged --socket="$dir/munge/munge.socket" \
     --pid-file="$dir/munge/munged.pid" --log-file="$dir/munge/munged.log" --seed-file="$dir/munge/munged.seed" \
     --force
@@ -164,7 +165,9 @@ case $cmd in
   start) dir=$(mkdir -p "$2" && cd "$2" && pwd); start ;;
   stop) dir=$2; stop ;;
   on) dir=$CLUSTER_DIR; shift; exec=exec on "$@" ;;  # exec: $! of `cluster_env.sh on HOST CMD &` is CMD's pid
-  kill) dir=$CLUSTER_DIR; kill_host "$2" ;;
+  # A crash sends nothing: the link goes first, so no FIN or RST of the
+  # killed processes' connections reaches another host.
+  kill) dir=$CLUSTER_DIR; ip -n "$(ns_of "$2")" link set eth0 down; kill_host "$2" ;;
   boot) dir=$CLUSTER_DIR; boot "$2" ;;
   *) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
 esac

@@ -8,9 +8,10 @@
 #   1. a 64-run sweep spreads over every node: n1 and n2 pilots train 2 at
 #      once, n3's 1; every run ends with exactly a local server's metrics,
 #      the skewed node's too, and none lost a lease;
-#   2. a node crashes mid-run (every process on it SIGKILLed): the run
-#      resumes on another node with exactly a local run's metrics, and
-#      Slurm's NODE_FAIL of its pilot is logged;
+#   2. a node crashes mid-run (its link down, then every process on it
+#      SIGKILLed: nothing reaches the server): within the lease timeout the
+#      run is queued again, resumes on another node with exactly a local
+#      run's metrics, and Slurm's NODE_FAIL of its pilot is logged;
 #   3. a node is cut off from the server (iptables in its namespace) past
 #      the lease timeout and comes back: the run moves on, the cut-off
 #      worker's late reports are refused (fenced), no point is duplicated;
@@ -258,6 +259,12 @@ run=$(cli submit "$long" | grep -o "r[0-9]*" | head -1)
 lrun=r65
 node=$(wait_step "$run" 300)
 "$env_sh" kill "$node"
+# Nothing tells the server: the lease timeout (5 s) does, well before the
+# kernel would give the connection up (gRPC's TCP_USER_TIMEOUT, 20 s).
+c0=$(date +%s%N)
+for _ in $(seq 300); do [ "$(json "$run" 'r["attempts"]')" -ge 2 ] && break; sleep 0.1; done
+moved_ms=$(( ($(date +%s%N) - c0) / 1000000 ))
+[ "$moved_ms" -le 15000 ] || fail "$run was given to another node $moved_ms ms after $node crashed (lease timeout 5 s)"
 wait_run "$run"
 [ "$(json "$run" 'r["attempts"]')" -ge 2 ] || fail "$run should have two attempts"
 [ "$(node_of "$run")" != "$node" ] || fail "$run finished on the crashed node"
@@ -266,7 +273,7 @@ same_metrics "$run" "$lrun" "after a node crash"
 for _ in $(seq 450); do grep -q "NODE_FAIL" "$d/srv/server.log" && break; sleep 0.2; done
 grep -q "NODE_FAIL" "$d/srv/server.log" || fail "the pool did not log its pilot's NODE_FAIL"
 "$env_sh" boot "$node"
-say "$node crashed at step >= 300 of $run: it resumed on $(node_of "$run") and ended identical to a local run; NODE_FAIL logged"
+say "$node crashed at step >= 300 of $run: queued again after $moved_ms ms, resumed on $(node_of "$run"), identical to a local run; NODE_FAIL logged"
 
 # 3. A node cut off from the server past the lease timeout, then back.
 run=$(cli submit "$long" | grep -o "r[0-9]*" | head -1)
