@@ -107,7 +107,7 @@ int main(int argc, char** argv) {
   // (a) the server's step.
   std::vector<uint64_t> seeds;
   for (int e = 0; e < members; ++e) seeds.push_back(spec->seed() + static_cast<uint64_t>(e));
-  std::unique_ptr<ce::TrainerBase> trainer = ce::FamilyOf(*spec).MakeTrainer(*spec, seeds, torch::kCPU);
+  std::unique_ptr<ce::TrainerBase> trainer = ce::FamilyOf(*spec).MakeTrainer(ce::MembersOf(*spec, seeds), torch::kCPU);
   for (int i = 0; i < warmup; ++i) trainer->Step(false);
   const double waited0 = trainer->data_wait_seconds();
   auto t0 = std::chrono::steady_clock::now();

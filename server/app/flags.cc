@@ -224,7 +224,8 @@ void DefineTrainingFlags(CLI::App& app, ServerFlags& f) {
                "off is somewhat faster)")
       ->group(g);
   app.add_option("--max-ensemble", f.server.scheduler.max_pack,
-                 "Most sweep members (of one owner, differing only in their seed) trained as one ensemble job "
+                 "Most sweep members (of one owner, differing only in what a pack allows: the seed, IMIR initial "
+                 "coordinates, the decoders' kappa and p_minor) trained as one ensemble job "
                  "(1 = off; default 8 when CUDA devices are used, else 1: CPU slots already run runs in parallel). "
                  "On a CPU slot only IMIR members at batch <= 32 pack: other packed steps are slower there than "
                  "their members one after another (bench/RESULTS.md)")

@@ -75,8 +75,10 @@ class Executor {
   // InvalidArgument for a checkpoint that does not belong to the spec,
   // Internal for failures inside LibTorch (the message says what failed).
   virtual absl::StatusOr<TrainOutcome> Train(const TrainRequest& request, TrainObserver& observer) = 0;
-  // Several runs whose specs differ only in their seed (PackableTogether),
-  // trained as one ensemble sharing every tensor op: one member per request,
+  // Several runs whose specs differ only in their seed and their family's
+  // member settings (PackableTogether: the IMIR initial_coordinates, the
+  // latent tasks' diversity and p_minor), trained as one ensemble sharing
+  // every tensor op: one member per request,
   // each reporting to its own observer and writing its own checkpoints (the
   // ones a run alone would write, so it resumes alone). Requests must not
   // resume. A member whose token asks kCancel drops out (kCancelled), and one

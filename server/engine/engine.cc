@@ -60,10 +60,10 @@ class TorchExecutor : public Executor {
     if (device.is_cuda() && device.index() >= CudaDeviceCount()) {
       return absl::FailedPreconditionError("device " + request.device + " is not available");
     }
-    absl::StatusOr<std::vector<uint64_t>> seeds = PackSeeds(requests);
-    if (!seeds.ok()) return seeds.status();
+    absl::StatusOr<std::vector<v1::ExperimentSpec>> members = PackMembers(requests);
+    if (!members.ok()) return members.status();
     const ModelFamily& family = FamilyOf(request.spec);
-    std::unique_ptr<TrainerBase> trainer = family.MakeTrainer(request.spec, *seeds, device);
+    std::unique_ptr<TrainerBase> trainer = family.MakeTrainer(*std::move(members), device);
     std::unique_ptr<StepRecorder> recorder = family.MakeRecorder(request.spec, *trainer);
     return TrainMembers(requests, observers, *trainer, recorder.get());
   }

@@ -344,8 +344,8 @@ std::string PackKey(const v1::ExperimentSpec& resolved) {
   v1::ExperimentSpec key = resolved;
   key.clear_name();
   key.clear_tags();
-  key.clear_seed();
   key.clear_resources();
+  SpecFamilyOf(resolved).ClearMemberSettings(&key);
   std::string out;
   {
     // Deterministic serialization: map fields (initial_coordinates) in key

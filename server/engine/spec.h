@@ -44,7 +44,10 @@ int64_t ParameterCount(const v1::ExperimentSpec& resolved);
 uint64_t EstimateRunMemoryBytes(const v1::ExperimentSpec& resolved);
 
 // What decides whether resolved specs can train as one ensemble: the spec
-// without its name, tags, seed and resources (deterministically serialized).
+// without its name, tags, resources and the settings its family lets each
+// member have its own (SpecFamily::ClearMemberSettings: the seed, but for a
+// coordinate model whose basis it draws; IMIR initial coordinates; the
+// decoders' kappa and p_minor), deterministically serialized.
 std::string PackKey(const v1::ExperimentSpec& resolved);
 // PackKey(a) == PackKey(b).
 bool PackableTogether(const v1::ExperimentSpec& a, const v1::ExperimentSpec& b);

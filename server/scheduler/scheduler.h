@@ -67,7 +67,7 @@ struct SchedulerOptions {
   int intra_op_threads = 1;    // LibTorch threads per worker
   int max_queued_runs = 1000;  // RESOURCE_EXHAUSTED beyond
   int max_queued_per_client = 200;  // queued runs of one owner (principal)
-  // Most members of one sweep (differing only in their seed) trained as one
+  // Most sweep members of one pack key (engine::PackKey) trained as one
   // ensemble job; 1 turns packing off.
   int max_pack = 8;
   engine::EngineLimits limits;

@@ -195,7 +195,8 @@ void Scheduler::WorkerLoop(size_t slot) {
     std::vector<int64_t> ids = {id};
     --queued_per_owner_[it->second.owner];
     queue_.erase(it);
-    // Queued members of the same sweep that differ only in their seed train
+    // Queued members of its pack key (engine::PackKey: the same spec but for
+    // the seed and the settings a pack lets its members differ in) train
     // with it as one ensemble (as many as the slot's device memory holds).
     for (auto q = queue_.begin(); !pack.empty() && q != queue_.end() && static_cast<int>(ids.size()) < room;) {
       if (q->second.pack != pack) {

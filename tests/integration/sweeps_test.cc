@@ -156,6 +156,35 @@ TEST(IntegrationTest, PackedSweepMembersMatchRunsTrainedAlone) {
   }
 }
 
+// Members that differ in their initial coordinates (the phase diagram's
+// axes) pack too, and each ends as its spec trained alone.
+TEST(IntegrationTest, MembersWithTheirOwnInitialCoordinatesPack) {
+  TempDir dir;
+  auto exec = engine::MakeTorchExecutor();
+  Server server(dir.path(), exec.get());
+  auto c = MakeClient(server.address());
+  v1::ExperimentSpec base = TinySpec(60);
+  base.mutable_model()->mutable_imir()->set_parameterisation(v1::PARAMETERISATION_COORDINATES);
+  base.mutable_model()->mutable_imir()->set_init(v1::INIT_SCHEME_ZERO);
+  base.mutable_training()->set_learning_rate(0.5);
+  v1::SweepSpec sweep;
+  *sweep.mutable_base() = base;
+  v1::SweepAxis* axis = sweep.add_axes();
+  axis->set_field("/model/imir/initial_coordinates/gamma");
+  for (double v : {1.0, 3.0}) axis->add_values()->set_number_value(v);
+  auto sw = c.SubmitSweep(sweep);
+  ASSERT_TRUE(sw.ok()) << sw.status();
+  for (const std::string& id : sw->run_ids()) ASSERT_EQ(WaitForEnd(c, id), v1::RUN_STATE_SUCCEEDED);
+  (*base.mutable_model()->mutable_imir()->mutable_initial_coordinates())["gamma"] = 3.0;
+  ASSERT_TRUE(c.SubmitRun(base).ok());
+  ASSERT_EQ(WaitForEnd(c, "r3"), v1::RUN_STATE_SUCCEEDED);
+  EXPECT_EQ(absl::StrJoin(c.GetRun("r2")->packed_with(), ","), "r1");
+  for (const char* name : {"eval/icl_rare/loss", "train/loss"}) {
+    EXPECT_NEAR(FinalValue(c, "r2", name), FinalValue(c, "r3", name), 1e-5) << name;
+  }
+  EXPECT_NE(FinalValue(c, "r1", "train/loss"), FinalValue(c, "r2", "train/loss"));
+}
+
 // A drained pack checkpoints every member; after a restart each resumes
 // alone from its own checkpoint and ends like a run trained alone.
 TEST(IntegrationTest, DrainedPackMembersResumeAlone) {

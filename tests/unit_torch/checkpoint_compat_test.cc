@@ -73,7 +73,7 @@ const std::vector<Case>& Cases() {
 }
 
 std::unique_ptr<TrainerBase> MakeTrainer(const v1::ExperimentSpec& spec, const std::vector<uint64_t>& seeds) {
-  return FamilyOf(spec).MakeTrainer(spec, seeds, torch::kCPU);
+  return FamilyOf(spec).MakeTrainer(MembersOf(spec, seeds), torch::kCPU);
 }
 
 json SumsOf(const torch::Tensor& t) {

@@ -161,6 +161,76 @@ TEST(CoordinateModelTest, ProjectedAndGivenInitialisation) {
   EXPECT_GT(std::abs(want.values[0]), 1e-6);  // the dense init does project somewhere
 }
 
+// Members whose initial coordinates differ (the phase diagram's axes) pack
+// (PackableTogether) and each trains as its own run would: the same losses,
+// the same weights, and a member checkpoint that resumes alone under its own
+// spec and no other. Seeds pack too where they do not draw the basis (no
+// common pairs, as in the phase diagram).
+TEST(CoordinateModelTest, MembersWithTheirOwnInitialCoordinatesTrainAsTheirOwnRuns) {
+  const auto spec = [](uint64_t seed, const std::string& coords) {
+    return testing::ResolvedSpec(R"({"seed": )" + std::to_string(seed) + R"(, "task": {"associative_recall":
+        {"num_common": 0, "num_rare": 24, "num_heldout": 4, "num_blocks": 4, "num_positions": 12}},
+        "model": {"imir": {"num_layers": 2, "num_heads": 1, "parameterisation": "PARAMETERISATION_COORDINATES",
+        "init": "INIT_SCHEME_ZERO", "initial_coordinates": {)" + coords + R"(}}},
+        "training": {"batch_size": 16, "steps": 10, "learning_rate": 0.5}, "recording": {"eval_size": 16}})");
+  };
+  const v1::ExperimentSpec a = spec(1, R"("L1H1:[∅→∅]:S_1": 1.5)"), b = spec(2, R"("L1H1:[∅→∅]:S_1": -2)"),
+                           c = spec(1, R"("gamma": 3)");
+  ASSERT_TRUE(PackableTogether(a, b));
+  ASSERT_TRUE(PackableTogether(a, c));
+  EnsembleTrainer pack({a, b, c}, torch::kCPU);
+  std::vector<std::unique_ptr<EnsembleTrainer>> alone;
+  for (const v1::ExperimentSpec* m : {&a, &b, &c}) {
+    alone.push_back(std::make_unique<EnsembleTrainer>(*m, std::vector<uint64_t>{m->seed()}, torch::kCPU));
+  }
+  for (int step = 1; step <= 6; ++step) {
+    const auto joint = pack.Step(true);
+    for (size_t e = 0; e < alone.size(); ++e) {
+      const auto own = alone[e]->Step(true);
+      EXPECT_NEAR(testing::MetricValue(joint[e], "train/loss"), testing::MetricValue(own[0], "train/loss"), 1e-6)
+          << "member " << e << " step " << step;
+    }
+  }
+  for (size_t e = 0; e < alone.size(); ++e) {
+    const auto jp = pack.model().parameters(), op = alone[e]->model().parameters();
+    for (size_t i = 0; i < jp.size(); ++i) EXPECT_TRUE(torch::allclose(jp[i][e], op[i][0], 1e-5, 1e-6)) << e;
+  }
+  // The members did start apart: their losses differ.
+  const auto eval = pack.Evaluate();
+  EXPECT_NE(testing::MetricValue(eval[0], "eval/icl_rare/loss"), testing::MetricValue(eval[2], "eval/icl_rare/loss"));
+  EnsembleTrainer resumed(c, {c.seed()}, torch::kCPU);
+  EXPECT_EQ(resumed.LoadCheckpoint(pack.SaveMemberCheckpoint(0)).code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(resumed.LoadCheckpoint(pack.SaveMemberCheckpoint(2)).ok());
+  EXPECT_TRUE(torch::equal(resumed.model().parameters()[0], alone[2]->model().parameters()[0]));
+  // The whole pack's checkpoint is its own: a pack of other settings refuses it.
+  EnsembleTrainer other({a, b, a}, torch::kCPU);
+  EXPECT_EQ(other.LoadCheckpoint(pack.SaveCheckpoint()).code(), absl::StatusCode::kInvalidArgument);
+  EnsembleTrainer same({a, b, c}, torch::kCPU);
+  EXPECT_TRUE(same.LoadCheckpoint(pack.SaveCheckpoint()).ok());
+}
+
+// Associative recall draws its common pairs from the seed, and with them the
+// C relation of the basis: coordinate models of two such seeds never pack
+// (the first member's basis would be the other's), FULL models do, and the
+// executor refuses such a pack.
+TEST(CoordinateModelTest, SeedsThatDrawTheBasisDoNotPack) {
+  const v1::ExperimentSpec a = Recall(2, 1, "");
+  v1::ExperimentSpec b = a;
+  b.set_seed(a.seed() + 1);
+  EXPECT_FALSE(PackableTogether(a, b));
+  v1::ExperimentSpec c = Recall(2, 1, R"(, "initial_coordinates": {"gamma": 3})");
+  EXPECT_TRUE(PackableTogether(a, c));  // one seed, one basis
+  std::vector<TrainRequest> requests(2);
+  requests[0].spec = a;
+  requests[1].spec = b;
+  EXPECT_EQ(MakeTorchExecutor()->TrainPack(requests, {nullptr, nullptr})[0].status().code(),
+            absl::StatusCode::kInvalidArgument);
+  v1::ExperimentSpec full = testing::ResolvedSpec(R"({"task": {"associative_recall": {"num_common": 8}}})");
+  v1::ExperimentSpec full2 = full;
+  full2.set_seed(full.seed() + 1);
+  EXPECT_TRUE(PackableTogether(full, full2));
+}
+
 // A named subset trains only those coordinates; the rest of W stays zero and
 // the checkpoint resumes bit-identically.
 TEST(CoordinateModelTest, TicketTrainsOnlyItsCoordinatesAndResumes) {

@@ -318,6 +318,36 @@ TEST(LatentTrainerTest, EnsembleMembersTrainAsTheirOwnRuns) {
   for (size_t i = 0; i < pr.size(); ++i) EXPECT_TRUE(torch::allclose(pr[i], pa[i], 1e-5, 1e-6));
 }
 
+// Members with their own kappa and p_minor (a diversity sweep) pack and each
+// trains as its own run would; a member without minor tasks does not pack
+// with them (its evaluation sets differ).
+TEST(LatentTrainerTest, MembersWithTheirOwnDiversityTrainAsTheirOwnRuns) {
+  v1::ExperimentSpec low = TinyDecoderSpec(8), high = TinyDecoderSpec(8);
+  high.mutable_task()->mutable_latent()->set_diversity(4);
+  high.mutable_task()->mutable_latent()->set_p_minor(0.5);
+  high.set_seed(low.seed() + 1);
+  ASSERT_TRUE(PackableTogether(low, high));
+  v1::ExperimentSpec none = TinyDecoderSpec(8);
+  none.mutable_task()->mutable_latent()->set_diversity(-1);
+  EXPECT_FALSE(PackableTogether(low, none));
+  LatentTrainer pack({low, high}, torch::kCPU);
+  LatentTrainer low_alone(low, {low.seed()}, torch::kCPU), high_alone(high, {high.seed()}, torch::kCPU);
+  for (int s = 0; s < 8; ++s) {
+    const auto mp = pack.Step(true), ml = low_alone.Step(true), mh = high_alone.Step(true);
+    EXPECT_NEAR(testing::MetricValue(mp[0], "train/loss"), testing::MetricValue(ml[0], "train/loss"), 1e-5) << s;
+    EXPECT_NEAR(testing::MetricValue(mp[1], "train/loss"), testing::MetricValue(mh[0], "train/loss"), 1e-5) << s;
+  }
+  const auto ep = pack.Evaluate(), eh = high_alone.Evaluate();
+  EXPECT_NEAR(testing::MetricValue(ep[1], "eval/minor/bayes_loss"),
+              testing::MetricValue(eh[0], "eval/minor/bayes_loss"), 1e-9);
+  EXPECT_EQ(pack.task(0).num_minors(), 2);  // each member drew its own kappa's minor pool
+  EXPECT_EQ(pack.task(1).num_minors(), 16);
+  LatentTrainer resumed(high, {high.seed()}, torch::kCPU);
+  ASSERT_TRUE(resumed.LoadCheckpoint(pack.SaveMemberCheckpoint(1)).ok());
+  LatentTrainer wrong(low, {high.seed()}, torch::kCPU);  // high's seed, low's kappa
+  EXPECT_EQ(wrong.LoadCheckpoint(pack.SaveMemberCheckpoint(1)).code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(BatchSplitTest, SlicesCoverTheRowsInOrder) {
   for (int parts : {1, 2, 3, 7}) {
     int64_t next = 0;

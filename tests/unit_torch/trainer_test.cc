@@ -201,8 +201,12 @@ class Recorder : public TrainObserver {
     if (cancel_at_checkpoint != nullptr) cancel_at_checkpoint->Request(reason);
     return absl::OkStatus();
   }
+  void OnCoordinates(int64_t step, Selection selection, const std::vector<double>& values) override {
+    if (selection == Selection::kPaper) coordinates[step] = values;
+  }
   std::map<int64_t, std::vector<Metric>> metrics;
   std::map<int64_t, std::string> checkpoints;
+  std::map<int64_t, std::vector<double>> coordinates;  // paper basis
   int64_t last_progress = 0;
   CancelToken* cancel_at_checkpoint = nullptr;
   StopReason reason = StopReason::kCancel;
@@ -263,6 +267,32 @@ TEST(ExecutorTest, RecordsOnScheduleAndHonoursCancelAndPreempt) {
   ASSERT_TRUE(out.ok());
   EXPECT_EQ(out->end, TrainEnd::kCancelled);
   EXPECT_TRUE(cancelled.checkpoints.empty());
+}
+
+// Packed members are projected on their own task's bases: associative recall
+// draws its common pairs (the basis' C relation) from the seed, so member 1's
+// coordinates are those it records alone, not its weights on member 0's basis.
+TEST(ExecutorTest, PackedMembersRecordCoordinatesOnTheirOwnBasis) {
+  auto exec = MakeTorchExecutor();
+  std::vector<TrainRequest> requests(2);
+  for (uint64_t e = 0; e < 2; ++e) {
+    requests[e].spec = SmallSpec(v1::OPTIMIZER_KIND_SGD, 10);
+    requests[e].spec.mutable_recording()->set_coordinates_every(5);
+    requests[e].spec.set_seed(11 + e);
+  }
+  Recorder packed0, packed1, alone;
+  const auto outcomes = exec->TrainPack(requests, {&packed0, &packed1});
+  ASSERT_EQ(outcomes.size(), 2u);
+  for (const auto& o : outcomes) ASSERT_TRUE(o.ok()) << o.status();
+  ASSERT_TRUE(exec->Train(requests[1], alone).ok());
+  ASSERT_EQ(packed1.coordinates.size(), 3u);  // steps 0, 5, 10
+  for (const auto& [step, values] : alone.coordinates) {
+    const std::vector<double>& got = packed1.coordinates.at(step);
+    ASSERT_EQ(got.size(), values.size());
+    for (size_t i = 0; i < values.size(); ++i) {
+      EXPECT_NEAR(got[i], values[i], 1e-5) << "step " << step << " coordinate " << i;
+    }
+  }
 }
 
 TEST(ExecutorTest, LibTorchFailuresBecomeStatuses) {

@@ -248,7 +248,7 @@ void LabelByCoordinates(const std::vector<std::array<double, 4>>& abgd, v1::Labe
 // initial weights.
 std::string PredictedPair(const LabelContext& x) {
   std::unique_ptr<ImirModel> init = MakeModel(x.spec, *x.task, 1, torch::kCPU);
-  InitializeModel(x.spec, {x.spec.seed()}, *init);
+  InitializeModel({x.spec}, *init);
   std::unique_ptr<ImirModel> dense = DenseLike(*x.task, x.L, x.H);
   CopyDense(*init, *dense);
   const auto scores = x.PairScores(Project(*x.projector, *dense, 0).values);

@@ -45,6 +45,8 @@ struct TaskSymmetry {
   std::vector<int64_t> paper_shifts = {0, 1};
   int64_t vocab() const { return static_cast<int64_t>(token_class.size()); }
   int64_t d0() const { return vocab() + positions; }
+  // Equal symmetries give equal bases.
+  bool operator==(const TaskSymmetry&) const = default;
 };
 
 enum class Selection { kPaper = 0, kComplete = 1 };

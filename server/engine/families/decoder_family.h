@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "server/engine/families/family.h"
@@ -27,9 +28,9 @@ class DecoderFamily final : public ModelFamily {
   DecoderFamily(const SpecFamily& spec, std::vector<std::string> metrics) : spec_(spec), metrics_(std::move(metrics)) {}
 
   std::string_view name() const override { return spec_.name(); }
-  std::unique_ptr<TrainerBase> MakeTrainer(const v1::ExperimentSpec& resolved, const std::vector<uint64_t>& seeds,
+  std::unique_ptr<TrainerBase> MakeTrainer(std::vector<v1::ExperimentSpec> members,
                                            torch::Device device) const override {
-    return std::make_unique<Trainer>(resolved, seeds, device);
+    return std::make_unique<Trainer>(std::move(members), device);
   }
   std::vector<std::string> EvalMetricNames(const v1::ExperimentSpec& resolved) const override {
     std::vector<std::string> out;

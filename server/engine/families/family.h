@@ -30,10 +30,9 @@ class ModelFamily {
   virtual ~ModelFamily() = default;
   virtual std::string_view name() const = 0;
 
-  // The trainer of a resolved spec's members (one per seed), not yet
-  // evaluated or restored.
-  virtual std::unique_ptr<TrainerBase> MakeTrainer(const v1::ExperimentSpec& resolved,
-                                                   const std::vector<uint64_t>& member_seeds,
+  // The trainer of an ensemble, one member per resolved spec (one spec:
+  // MembersOf; several: PackableTogether), not yet evaluated or restored.
+  virtual std::unique_ptr<TrainerBase> MakeTrainer(std::vector<v1::ExperimentSpec> members,
                                                    torch::Device device) const = 0;
   // What `trainer` (made by MakeTrainer) records beside its metrics; null
   // when nothing.

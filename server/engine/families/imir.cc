@@ -1,6 +1,9 @@
 // The IMIR family: the block model of SCIENCE.md B.1 on its synthetic tasks.
+#include <algorithm>
+#include <iterator>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "server/common/seeds.h"
@@ -14,29 +17,40 @@ namespace {
 
 // Projects the weights onto the paper and complete bases at recording steps:
 // paper coordinates (and complete ones on request) go to OnCoordinates, the
-// residuals rho to the metrics of the step.
+// residuals rho to the metrics of the step. Each member on the bases of its
+// own task's symmetry: associative recall draws its common pairs (the C
+// relation) from the seed, so a pack's members may each have their own.
 class ManifoldRecorder final : public StepRecorder {
  public:
   ManifoldRecorder(const EnsembleTrainer& trainer, bool store_complete, int64_t every)
-      : trainer_(trainer),
-        paper_(BuildBasis(trainer.task(0).Symmetry(), trainer.model().config().layers, trainer.model().config().heads,
-                          Selection::kPaper)),
-        complete_(BuildBasis(trainer.task(0).Symmetry(), trainer.model().config().layers,
-                             trainer.model().config().heads, Selection::kComplete)),
-        store_complete_(store_complete),
-        every_(every) {}
+      : trainer_(trainer), store_complete_(store_complete), every_(every) {
+    const ImirModelConfig& cfg = trainer.model().config();
+    for (int64_t e = 0; e < trainer.ensemble(); ++e) {
+      TaskSymmetry symmetry = trainer.task(e).Symmetry();
+      auto same = std::find_if(bases_.begin(), bases_.end(), [&](const auto& b) { return b->symmetry == symmetry; });
+      if (same == bases_.end()) {
+        Projector paper(BuildBasis(symmetry, cfg.layers, cfg.heads, Selection::kPaper));
+        Projector complete(BuildBasis(symmetry, cfg.layers, cfg.heads, Selection::kComplete));
+        bases_.push_back(std::make_unique<Bases>(Bases{std::move(symmetry), std::move(paper), std::move(complete)}));
+        same = std::prev(bases_.end());
+      }
+      of_member_.push_back(same->get());
+    }
+  }
 
-  absl::Status Announce(TrainObserver& observer) const override {
-    if (absl::Status s = observer.OnBasis(paper_.basis()); !s.ok()) return s;
-    return store_complete_ ? observer.OnBasis(complete_.basis()) : absl::OkStatus();
+  absl::Status Announce(int64_t member, TrainObserver& observer) const override {
+    const Bases& b = *of_member_[static_cast<size_t>(member)];
+    if (absl::Status s = observer.OnBasis(b.paper.basis()); !s.ok()) return s;
+    return store_complete_ ? observer.OnBasis(b.complete.basis()) : absl::OkStatus();
   }
 
   bool Due(int64_t step) const override { return step % every_ == 0; }
   // Appends member `member`'s rho metrics of the step to `metrics`.
   void Record(int64_t step, int64_t member, TrainObserver& observer, std::vector<Metric>& metrics) const override {
     const ImirModel& model = trainer_.model();
-    const Projection paper = Project(paper_, model, member);
-    const Projection complete = Project(complete_, model, member);
+    const Bases& b = *of_member_[static_cast<size_t>(member)];
+    const Projection paper = Project(b.paper, model, member);
+    const Projection complete = Project(b.complete, model, member);
     observer.OnCoordinates(step, Selection::kPaper, paper.values);
     if (store_complete_) observer.OnCoordinates(step, Selection::kComplete, complete.values);
     metrics.push_back({"manifold/rho", complete.rho()});
@@ -45,8 +59,13 @@ class ManifoldRecorder final : public StepRecorder {
   }
 
  private:
+  struct Bases {
+    TaskSymmetry symmetry;
+    Projector paper, complete;
+  };
   const EnsembleTrainer& trainer_;
-  Projector paper_, complete_;
+  std::vector<std::unique_ptr<Bases>> bases_;  // one per distinct symmetry among the members
+  std::vector<const Bases*> of_member_;
   bool store_complete_;
   int64_t every_;
 };
@@ -54,9 +73,9 @@ class ManifoldRecorder final : public StepRecorder {
 class Imir final : public ModelFamily {
  public:
   std::string_view name() const override { return ImirSpecFamily().name(); }
-  std::unique_ptr<TrainerBase> MakeTrainer(const v1::ExperimentSpec& resolved, const std::vector<uint64_t>& seeds,
+  std::unique_ptr<TrainerBase> MakeTrainer(std::vector<v1::ExperimentSpec> members,
                                            torch::Device device) const override {
-    return std::make_unique<EnsembleTrainer>(resolved, seeds, device);
+    return std::make_unique<EnsembleTrainer>(std::move(members), device);
   }
   std::unique_ptr<StepRecorder> MakeRecorder(const v1::ExperimentSpec& resolved,
                                              const TrainerBase& trainer) const override {

@@ -13,10 +13,10 @@ uint64_t EvalSeed(uint64_t seed, SampleMode mode) {
   return DeriveSeed63(seed, "eval", static_cast<uint64_t>(mode));
 }
 
-void InitializeModel(const v1::ExperimentSpec& spec, const std::vector<uint64_t>& member_seeds, ImirModel& model) {
+void InitializeModel(const std::vector<v1::ExperimentSpec>& members, ImirModel& model) {
   std::vector<uint64_t> init_seeds;
-  for (uint64_t seed : member_seeds) init_seeds.push_back(InitSeedOf(seed));
-  const auto& m = spec.model().imir();
+  for (const v1::ExperimentSpec& member : members) init_seeds.push_back(InitSeedOf(member.seed()));
+  const auto& m = members.at(0).model().imir();
   if (!model.coordinate_model()) {
     model.Initialize(init_seeds);
     return;
@@ -37,10 +37,11 @@ void InitializeModel(const v1::ExperimentSpec& spec, const std::vector<uint64_t>
     model.Initialize(init_seeds);
   }
   const Basis& basis = model.config().coordinates->basis;
-  for (const auto& [name, value] : m.initial_coordinates()) {
-    const int32_t id = FindCoordinate(basis, name);
-    if (id < 0) continue;  // ResolveSpec rejected unknown names
-    for (int64_t e = 0; e < model.ensemble(); ++e) model.SetRawCoordinate(e, id, value);
+  for (int64_t e = 0; e < model.ensemble(); ++e) {
+    for (const auto& [name, value] : members[static_cast<size_t>(e)].model().imir().initial_coordinates()) {
+      const int32_t id = FindCoordinate(basis, name);
+      if (id >= 0) model.SetRawCoordinate(e, id, value);  // ResolveSpec rejected unknown names
+    }
   }
 }
 

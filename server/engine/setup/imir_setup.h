@@ -20,11 +20,11 @@ namespace circuitlab::engine {
 // checkpoint, and in the circuit analyses).
 uint64_t EvalSeed(uint64_t seed, SampleMode mode);
 
-// Initialises every member as the spec says: `init` with the member's init
-// seed (DeriveSeed(seed, "init")); COORDINATES with INIT_SCHEME_PROJECTED
-// projects the FULL model's NORMAL init of the same seed; then
-// initial_coordinates override.
-void InitializeModel(const v1::ExperimentSpec& resolved, const std::vector<uint64_t>& member_seeds, ImirModel& model);
+// Initialises member e as members[e] says (the first's init scheme is every
+// member's): `init` with the member's init seed (DeriveSeed(seed, "init"));
+// COORDINATES with INIT_SCHEME_PROJECTED projects the FULL model's NORMAL
+// init of the same seed; then the member's initial_coordinates override.
+void InitializeModel(const std::vector<v1::ExperimentSpec>& members, ImirModel& model);
 
 // Reads only the weights of a checkpoint into `model` (no optimiser, no
 // evaluation sets). InvalidArgument when shapes or format do not match.

@@ -35,8 +35,8 @@ std::vector<std::vector<Metric>> DecoderTrainMetrics(const torch::Tensor& member
   return out;
 }
 
-LatentTrainer::LatentTrainer(const v1::ExperimentSpec& spec, std::vector<uint64_t> member_seeds, torch::Device device)
-    : DecoderTrainer(spec, std::move(member_seeds), device, [this](int64_t step) {
+LatentTrainer::LatentTrainer(std::vector<v1::ExperimentSpec> members, torch::Device device)
+    : DecoderTrainer(std::move(members), device, [this](int64_t step) {
         std::vector<torch::Tensor> toks;
         for (size_t e = 0; e < seeds_.size(); ++e) {
           torch::Generator gen = MakeGenerator(BatchSeedOf(seeds_[e], step));

@@ -38,17 +38,19 @@ std::vector<std::vector<Metric>> DecoderTrainMetrics(
     const std::vector<std::pair<const char*, torch::Tensor>>& extra);
 
 // What the trainers of both decoder families (token and regression tasks)
-// share: one task generator per member, its pools drawn from the member's
-// pool seed; the spec's decoder initialised from the members' init seeds;
+// share: one task generator per member, made from the member's own task
+// settings (a pack's members may differ in them: PackKey) with its pools
+// drawn from the member's pool seed; the spec's decoder initialised from the members' init seeds;
 // the optimiser over the decoder's named parameters; the training batches
 // (`Batch`, drawn by `sample` one step ahead); the training metrics.
 template <class Task, class Batch>
 class DecoderTrainer : public TrainerBase {
  public:
-  DecoderTrainer(const v1::ExperimentSpec& spec, std::vector<uint64_t> member_seeds, torch::Device device,
-                 std::function<Batch(int64_t)> sample)
-      : TrainerBase(spec, std::move(member_seeds), device), batches_(std::move(sample)) {
-    for (uint64_t seed : seeds_) tasks_.push_back(std::make_unique<Task>(spec_.task().latent(), PoolSeedOf(seed)));
+  DecoderTrainer(std::vector<v1::ExperimentSpec> members, torch::Device device, std::function<Batch(int64_t)> sample)
+      : TrainerBase(std::move(members), device), batches_(std::move(sample)) {
+    for (const v1::ExperimentSpec& m : members_) {
+      tasks_.push_back(std::make_unique<Task>(m.task().latent(), PoolSeedOf(m.seed())));
+    }
     model_ = MakeDecoder(spec_, ensemble(), device_);
     InitializeDecoder(seeds_, *model_);
     MakeOptimizer(model_->parameters(), model_->parameter_names());
@@ -97,7 +99,10 @@ class DecoderTrainer : public TrainerBase {
 // Batches are [E, B, T] tokens on the CPU.
 class LatentTrainer : public DecoderTrainer<LatentTaskGenerator, torch::Tensor> {
  public:
-  LatentTrainer(const v1::ExperimentSpec& spec, std::vector<uint64_t> member_seeds, torch::Device device);
+  LatentTrainer(const v1::ExperimentSpec& spec, const std::vector<uint64_t>& member_seeds, torch::Device device)
+      : LatentTrainer(MembersOf(spec, member_seeds), device) {}
+  // One member per resolved spec (PackableTogether).
+  LatentTrainer(std::vector<v1::ExperimentSpec> members, torch::Device device);
 
   std::vector<std::vector<Metric>> Step(bool record) override;
   std::vector<std::vector<Metric>> Evaluate() const override;

@@ -11,9 +11,8 @@ constexpr int64_t kRegressionEvalBayesChunk = 64;
 
 }  // namespace
 
-RegressionTrainer::RegressionTrainer(const v1::ExperimentSpec& spec, std::vector<uint64_t> member_seeds,
-                                     torch::Device device)
-    : DecoderTrainer(spec, std::move(member_seeds), device, [this](int64_t step) {
+RegressionTrainer::RegressionTrainer(std::vector<v1::ExperimentSpec> members, torch::Device device)
+    : DecoderTrainer(std::move(members), device, [this](int64_t step) {
         std::vector<torch::Tensor> xs, ys;
         for (size_t e = 0; e < seeds_.size(); ++e) {
           torch::Generator gen = MakeGenerator(BatchSeedOf(seeds_[e], step));

@@ -33,7 +33,10 @@ namespace circuitlab::engine {
 class RegressionTrainer
     : public DecoderTrainer<RegressionTaskGenerator, std::pair<torch::Tensor, torch::Tensor>> {
  public:
-  RegressionTrainer(const v1::ExperimentSpec& spec, std::vector<uint64_t> member_seeds, torch::Device device);
+  RegressionTrainer(const v1::ExperimentSpec& spec, const std::vector<uint64_t>& member_seeds, torch::Device device)
+      : RegressionTrainer(MembersOf(spec, member_seeds), device) {}
+  // One member per resolved spec (PackableTogether).
+  RegressionTrainer(std::vector<v1::ExperimentSpec> members, torch::Device device);
 
   std::vector<std::vector<Metric>> Step(bool record) override;
   std::vector<std::vector<Metric>> Evaluate() const override;

@@ -13,15 +13,16 @@ constexpr double kProgressIntervalSeconds = 0.5;
 
 }  // namespace
 
-absl::StatusOr<std::vector<uint64_t>> PackSeeds(const std::vector<TrainRequest>& requests) {
-  std::vector<uint64_t> seeds;
+absl::StatusOr<std::vector<v1::ExperimentSpec>> PackMembers(const std::vector<TrainRequest>& requests) {
+  std::vector<v1::ExperimentSpec> members;
   for (const TrainRequest& r : requests) {
     if (requests.size() > 1 && (r.resume_from || !PackableTogether(r.spec, requests.front().spec))) {
-      return absl::InvalidArgumentError("a pack holds fresh runs whose specs differ only in their seed");
+      return absl::InvalidArgumentError(
+          "a pack holds fresh runs whose specs differ only in their seed and their family's member settings");
     }
-    seeds.push_back(r.spec.seed());
+    members.push_back(r.spec);
   }
-  return seeds;
+  return members;
 }
 
 namespace {
@@ -31,8 +32,8 @@ namespace {
 absl::Status StartMembers(const TrainRequest& request, const std::vector<TrainObserver*>& observers,
                           TrainerBase& trainer, const StepRecorder* recorder) {
   if (recorder != nullptr) {
-    for (TrainObserver* o : observers) {
-      if (absl::Status s = recorder->Announce(*o); !s.ok()) return s;
+    for (size_t e = 0; e < observers.size(); ++e) {
+      if (absl::Status s = recorder->Announce(static_cast<int64_t>(e), *observers[e]); !s.ok()) return s;
     }
   }
   if (request.resume_from) return trainer.LoadCheckpoint(*request.resume_from);

@@ -19,21 +19,22 @@ namespace circuitlab::engine {
 class StepRecorder {
  public:
   virtual ~StepRecorder() = default;
-  // Before the first step: what the observers need to read the records.
-  virtual absl::Status Announce(TrainObserver& observer) const = 0;
+  // Before the first step: what member `member`'s observer needs to read
+  // its records.
+  virtual absl::Status Announce(int64_t member, TrainObserver& observer) const = 0;
   // Whether `step` is a recording step (a member's last step always is).
   virtual bool Due(int64_t step) const = 0;
   // Member `member`'s records of `step`; metrics are appended to `metrics`.
   virtual void Record(int64_t step, int64_t member, TrainObserver& observer, std::vector<Metric>& metrics) const = 0;
 };
 
-// The members' seeds: InvalidArgument unless `requests` is one run, or fresh
-// runs whose specs differ only in their seed (a pack).
-absl::StatusOr<std::vector<uint64_t>> PackSeeds(const std::vector<TrainRequest>& requests);
+// The members' specs: InvalidArgument unless `requests` is one run, or fresh
+// runs whose specs may train together (a pack: PackableTogether).
+absl::StatusOr<std::vector<v1::ExperimentSpec>> PackMembers(const std::vector<TrainRequest>& requests);
 
 // One ensemble member per request (SCIENCE.md 0.3: member e trains as a
-// one-member run with its seed would), on `trainer` (the family's, built
-// for PackSeeds(requests)); `recorder` may be null. LibTorch's exceptions
+// one-member run of its spec would), on `trainer` (the family's, built
+// for PackMembers(requests)); `recorder` may be null. LibTorch's exceptions
 // propagate (the executor turns them into statuses).
 absl::StatusOr<std::vector<TrainOutcome>> TrainMembers(const std::vector<TrainRequest>& requests,
                                                        const std::vector<TrainObserver*>& observers,

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <sstream>
+#include <utility>
 
 #include "server/common/seeds.h"
 #include "server/engine/manifold/projection.h"
@@ -32,9 +33,8 @@ Batch Concat(const std::vector<Batch>& parts) {
 
 }  // namespace
 
-EnsembleTrainer::EnsembleTrainer(const v1::ExperimentSpec& spec, std::vector<uint64_t> member_seeds,
-                                 torch::Device device)
-    : TrainerBase(spec, std::move(member_seeds), device), batches_([this](int64_t step) {
+EnsembleTrainer::EnsembleTrainer(std::vector<v1::ExperimentSpec> members, torch::Device device)
+    : TrainerBase(std::move(members), device), batches_([this](int64_t step) {
         std::vector<Batch> out;
         for (size_t e = 0; e < seeds_.size(); ++e) {
           torch::Generator gen = MakeGenerator(BatchSeedOf(seeds_[e], step));
@@ -43,8 +43,10 @@ EnsembleTrainer::EnsembleTrainer(const v1::ExperimentSpec& spec, std::vector<uin
         return out;
       }) {
   for (uint64_t seed : seeds_) tasks_.push_back(MakeBlockTask(spec_, PoolSeedOf(seed)));
+  // A coordinate model's members share the first's basis (PackKey keeps
+  // apart the seeds that draw their own).
   model_ = MakeModel(spec_, *tasks_[0], ensemble(), device_);
-  InitializeModel(spec_, seeds_, *model_);
+  InitializeModel(members_, *model_);
   MakeOptimizer(model_->parameters(), model_->parameter_names());
 
   const int64_t eval_size = spec_.recording().eval_size();

@@ -1,8 +1,9 @@
 // Training of an ensemble of IMIR models on a block-list task. Engine-private
 // (includes LibTorch).
 //
-// Member e of an ensemble is defined by its master seed alone: its task pool,
-// training stream, initialisation and evaluation sets derive from it, so
+// Member e of an ensemble is defined by its master seed (and its own
+// initial_coordinates): its task pool, training stream, initialisation and
+// evaluation sets derive from it, so
 // member e trains exactly as a one-member run with that seed would (the
 // ensemble shares tensor ops, not randomness or parameters). Checkpoints,
 // the optimiser and the RNG convention come from TrainerBase.
@@ -29,7 +30,11 @@ namespace circuitlab::engine {
 class EnsembleTrainer : public TrainerBase {
  public:
   // `spec` must be resolved. One member per seed.
-  EnsembleTrainer(const v1::ExperimentSpec& spec, std::vector<uint64_t> member_seeds, torch::Device device);
+  EnsembleTrainer(const v1::ExperimentSpec& spec, const std::vector<uint64_t>& member_seeds, torch::Device device)
+      : EnsembleTrainer(MembersOf(spec, member_seeds), device) {}
+  // One member per resolved spec (PackableTogether: they may differ in their
+  // seed and initial_coordinates).
+  EnsembleTrainer(std::vector<v1::ExperimentSpec> members, torch::Device device);
 
   std::vector<std::vector<Metric>> Step(bool record) override;
   double data_wait_seconds() const override { return batches_.waited_seconds(); }

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <sstream>
+#include <utility>
 
 #include "server/common/seeds.h"
 #include "server/engine/torch_compat.h"
@@ -68,8 +69,16 @@ double ScheduledLearningRate(const v1::TrainingSpec& t, int64_t step) {
   return peak - (peak - low) * (s - warm) / (total - warm);
 }
 
-TrainerBase::TrainerBase(const v1::ExperimentSpec& spec, std::vector<uint64_t> member_seeds, torch::Device device)
-    : spec_(spec), seeds_(std::move(member_seeds)), device_(device) {}
+std::vector<v1::ExperimentSpec> MembersOf(const v1::ExperimentSpec& spec, const std::vector<uint64_t>& seeds) {
+  std::vector<v1::ExperimentSpec> members(seeds.size(), spec);
+  for (size_t e = 0; e < seeds.size(); ++e) members[e].set_seed(seeds[e]);
+  return members;
+}
+
+TrainerBase::TrainerBase(std::vector<v1::ExperimentSpec> members, torch::Device device)
+    : members_(std::move(members)), spec_(members_.at(0)), device_(device) {
+  for (const v1::ExperimentSpec& m : members_) seeds_.push_back(m.seed());
+}
 
 void TrainerBase::MakeOptimizer(const std::vector<torch::Tensor>& params, const std::vector<std::string>& names) {
   params_ = params;
@@ -122,8 +131,16 @@ uint64_t CheckpointFingerprint(const v1::ExperimentSpec& spec, const std::vector
   return h >> 1;
 }
 
-uint64_t TrainerBase::Fingerprint(const std::vector<uint64_t>& seeds) const {
-  return CheckpointFingerprint(spec_, seeds);
+uint64_t TrainerBase::EnsembleFingerprint() const {
+  const uint64_t shared = CheckpointFingerprint(spec_, {});
+  const bool seeds_only = std::all_of(members_.begin(), members_.end(), [&](const v1::ExperimentSpec& m) {
+    return CheckpointFingerprint(m, {}) == shared;
+  });
+  // What every ensemble wrote before a pack's members could differ in more.
+  if (seeds_only) return CheckpointFingerprint(spec_, seeds_);
+  uint64_t h = shared;
+  for (const v1::ExperimentSpec& m : members_) h = Mix64(h ^ CheckpointFingerprint(m, {m.seed()}));
+  return h >> 1;
 }
 
 absl::Status CheckCheckpoint(const v1::ExperimentSpec& spec, int64_t step, const std::string& bytes) {
@@ -145,12 +162,13 @@ absl::Status CheckCheckpoint(const v1::ExperimentSpec& spec, int64_t step, const
   });
 }
 
-std::string TrainerBase::Archive(const std::vector<uint64_t>& seeds, const std::vector<torch::Tensor>& params,
+std::string TrainerBase::Archive(uint64_t fingerprint, const std::vector<uint64_t>& seeds,
+                                 const std::vector<torch::Tensor>& params,
                                  const std::vector<const torch::optim::OptimizerParamState*>& states) const {
   torch::serialize::OutputArchive archive;
   archive.write("format", torch::tensor(kCheckpointFormat));
   archive.write("torch_version", c10::IValue(TorchVersion()));
-  archive.write("fingerprint", torch::tensor(static_cast<int64_t>(Fingerprint(seeds))));
+  archive.write("fingerprint", torch::tensor(static_cast<int64_t>(fingerprint)));
   archive.write("step", torch::tensor(step_));
   std::vector<int64_t> s(seeds.begin(), seeds.end());
   archive.write("rng/member_seeds", torch::tensor(s));
@@ -174,7 +192,7 @@ const torch::optim::OptimizerParamState* TrainerBase::StateOf(size_t i) const {
 std::string TrainerBase::SaveCheckpoint() const {
   std::vector<const torch::optim::OptimizerParamState*> states;
   for (size_t i = 0; i < params_.size(); ++i) states.push_back(StateOf(i));
-  return Archive(seeds_, params_, states);
+  return Archive(EnsembleFingerprint(), seeds_, params_, states);
 }
 
 std::string TrainerBase::SaveMemberCheckpoint(int64_t member) const {
@@ -202,7 +220,8 @@ std::string TrainerBase::SaveMemberCheckpoint(int64_t member) const {
     }
     states.push_back(owned.back().get());
   }
-  return Archive({seeds_[static_cast<size_t>(member)]}, params, states);
+  const v1::ExperimentSpec& own = member_spec(member);
+  return Archive(CheckpointFingerprint(own, {own.seed()}), {own.seed()}, params, states);
 }
 
 absl::Status TrainerBase::LoadCheckpoint(const std::string& bytes) {
@@ -212,7 +231,7 @@ absl::Status TrainerBase::LoadCheckpoint(const std::string& bytes) {
   return ReadGuarded(archive, [&]() -> absl::Status {
     torch::Tensor fingerprint, step;
     archive.read("fingerprint", fingerprint);
-    if (static_cast<uint64_t>(fingerprint.item<int64_t>()) != Fingerprint(seeds_)) {
+    if (static_cast<uint64_t>(fingerprint.item<int64_t>()) != EnsembleFingerprint()) {
       return absl::InvalidArgumentError("checkpoint belongs to a different spec, seed or ensemble");
     }
     archive.read("step", step);

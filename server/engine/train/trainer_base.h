@@ -34,6 +34,9 @@ namespace circuitlab::engine {
 // member seeds, to refuse one that belongs to another run.
 uint64_t CheckpointFingerprint(const v1::ExperimentSpec& spec, const std::vector<uint64_t>& seeds);
 
+// The members of a one-spec ensemble: `spec` once per seed, with that seed.
+std::vector<v1::ExperimentSpec> MembersOf(const v1::ExperimentSpec& spec, const std::vector<uint64_t>& seeds);
+
 // The learning rate of (1-based) `step` under the spec's schedule.
 double ScheduledLearningRate(const v1::TrainingSpec& training, int64_t step);
 
@@ -158,6 +161,9 @@ class TrainerBase {
   int64_t step() const { return step_; }
   int64_t total_steps() const { return static_cast<int64_t>(spec_.training().steps()); }
   int64_t ensemble() const { return static_cast<int64_t>(seeds_.size()); }
+  // Member e's own resolved spec (its seed, and its own values of the
+  // settings a pack lets members differ in: PackKey).
+  const v1::ExperimentSpec& member_spec(int64_t e) const { return members_[static_cast<size_t>(e)]; }
   // What a checkpoint holds, for tests that compare a loaded trainer with the
   // one that wrote it.
   const std::vector<torch::Tensor>& parameters() const { return params_; }
@@ -165,7 +171,10 @@ class TrainerBase {
   const torch::optim::Optimizer& optimizer() const { return *optimizer_; }
 
  protected:
-  TrainerBase(const v1::ExperimentSpec& spec, std::vector<uint64_t> member_seeds, torch::Device device);
+  // `members`: resolved specs that train as one ensemble (PackableTogether);
+  // spec_ is the first, whose shared settings (model shape, training,
+  // recording) are every member's.
+  TrainerBase(std::vector<v1::ExperimentSpec> members, torch::Device device);
   // Call once the model exists.
   void MakeOptimizer(const std::vector<torch::Tensor>& params, const std::vector<std::string>& names);
   // Before backward.
@@ -177,16 +186,20 @@ class TrainerBase {
   // Per-member squared gradient norm [E] (float64).
   torch::Tensor GradSquaredNorms() const;
 
+  std::vector<v1::ExperimentSpec> members_;
   v1::ExperimentSpec spec_;
   std::vector<uint64_t> seeds_;
   torch::Device device_;
   int64_t step_ = 0;
 
  private:
-  uint64_t Fingerprint(const std::vector<uint64_t>& seeds) const;
+  // The whole ensemble's: CheckpointFingerprint(spec_, seeds_) when the
+  // members differ in their seed only, else every member's folded.
+  uint64_t EnsembleFingerprint() const;
   // The checkpoint of `params` (named names_) with their optimiser states
   // (null: none yet) at step_.
-  std::string Archive(const std::vector<uint64_t>& seeds, const std::vector<torch::Tensor>& params,
+  std::string Archive(uint64_t fingerprint, const std::vector<uint64_t>& seeds,
+                      const std::vector<torch::Tensor>& params,
                       const std::vector<const torch::optim::OptimizerParamState*>& states) const;
   // The optimiser's state of params_[i], or null.
   const torch::optim::OptimizerParamState* StateOf(size_t i) const;

@@ -30,6 +30,15 @@ class DecoderSpecFamily : public SpecFamily {
   uint64_t EstimateRunMemoryBytes(const v1::ExperimentSpec& spec) const override;
   int64_t NumHeads(const v1::ExperimentSpec& spec) const override;
   bool has_task_vectors() const override { return true; }
+  // kappa (task.latent.diversity, as long as every member has minor tasks
+  // or none does: the evaluation sets follow it) and p_minor: each member
+  // draws its own task pools and batches.
+  void ClearMemberSettings(v1::ExperimentSpec* key) const override {
+    SpecFamily::ClearMemberSettings(key);
+    v1::LatentTask* t = key->mutable_task()->mutable_latent();
+    t->set_diversity(t->diversity() < 0 ? -1 : 0);
+    t->clear_p_minor();
+  }
 
  protected:
   virtual const DecoderDefaults& decoder_defaults() const = 0;

@@ -228,6 +228,17 @@ class Imir final : public SpecFamily {
   int64_t NumHeads(const v1::ExperimentSpec& spec) const override { return spec.model().imir().num_heads(); }
   bool has_coordinates() const override { return true; }
   bool PacksOnCpu(const v1::ExperimentSpec& resolved) const override { return resolved.training().batch_size() <= 32; }
+  // Initial coordinates only set the members' starting values (the phase
+  // diagram's axes). A coordinate model trains on the basis of its task's
+  // symmetry, and associative recall draws its common pairs (the basis' C
+  // relation) from the seed: such a model packs with its own seed only.
+  void ClearMemberSettings(v1::ExperimentSpec* key) const override {
+    v1::ImirModel* m = key->mutable_model()->mutable_imir();
+    m->clear_initial_coordinates();
+    const bool seeded_basis = m->parameterisation() == v1::PARAMETERISATION_COORDINATES &&
+                              key->task().has_associative_recall() && key->task().associative_recall().num_common() > 0;
+    if (!seeded_basis) key->clear_seed();
+  }
 };
 
 }  // namespace

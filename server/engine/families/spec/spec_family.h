@@ -94,6 +94,11 @@ class SpecFamily {
   // GEMM-bound; packing only grows the working set). The scheduler packs CPU
   // members only where it pays; CUDA slots always may.
   virtual bool PacksOnCpu(const v1::ExperimentSpec& resolved) const { return false; }
+  // Clears from a pack key (PackKey) the settings each member of a pack may
+  // have its own: those that keep every shape (and a coordinate model's
+  // basis) and that the family's trainer reads per member. The seed by
+  // default.
+  virtual void ClearMemberSettings(v1::ExperimentSpec* key) const { key->clear_seed(); }
   // The run's hidden states carry task vectors (AnalyzeTaskVectors).
   virtual bool has_task_vectors() const { return false; }
   // Whether `analysis` (AnalyzeTaskVectorsRequest.analyses: "p0", "p2",
