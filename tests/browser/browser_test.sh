@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The browser tier: Debian's chromium, headless, driven by npm puppeteer-core
 # (tests/browser/dashboard_check.cjs) against a real circuitlab-server that
-# has trained two runs and a 2x2 sweep while a third run trains live.
+# has trained two runs and a 2x2 sweep while a third run trains live; then
+# reproductions' pages, and a packed sweep's runs (--max-ensemble 2).
 # Also: `promtool check metrics` on a /metrics scrape (Debian's prometheus),
 # and the counters moving when runs end. Screenshots go to
 # $BUILD_DIR/browser/ (the README's come from here).
@@ -37,7 +38,7 @@ cleanup() {
 trap cleanup EXIT
 fail() { echo "browser_test: FAIL: $*"; [ -f "$tmp/server.log" ] && tail -20 "$tmp/server.log"; exit 1; }
 
-"$build/server/circuitlab-server" --data "$tmp/data" --listen 127.0.0.1:0 --http 127.0.0.1:0 --cpu-slots 2 \
+"$build/server/circuitlab-server" --data "$tmp/data" --listen 127.0.0.1:0 --http 127.0.0.1:0 --cpu-slots 2 --max-ensemble 2 \
   >"$tmp/ready" 2>"$tmp/server.log" &
 server_pid=$!
 for _ in $(seq 100); do grep -q "^http port=" "$tmp/ready" 2>/dev/null && break; sleep 0.1; done
@@ -97,4 +98,14 @@ cli reproduce run E.9 --scale ci --watch >/dev/null || fail "E.9 at ci scale did
 rc=0; cli reproduce run --recipe-file "$repo/tests/browser/axis_recipe.json" --scale ci --watch >/dev/null || rc=$?
 [ "$rc" = 3 ] || fail "the axis recipe: exit $rc, expected 3 (one check fails)"
 node "$cache/reproduction_check.cjs" "$url" "$out" || fail "the reproduction pages"
+# A packed sweep (issue 48): two seeds of an IMIR spec at batch 32 pack on a
+# CPU slot under --max-ensemble 2 (every sweep above is at batch >= 64, so
+# nothing else packed); each run's page names the other.
+cp "$repo/tests/browser/packed_check.cjs" "$cache/"
+read -r packed_a packed_b < <(cli --json sweep "$repo/tests/browser/packed.json" |
+  /usr/bin/python3 -c 'import json, sys; print(" ".join(json.load(sys.stdin)["run_ids"]))')
+for id in "$packed_a" "$packed_b"; do cli watch "$id" >/dev/null || fail "the packed run $id did not succeed"; done
+grep -q "2 run(s) packed as one ensemble on cpu:[01]: $packed_a,$packed_b" "$tmp/server.log" ||
+  fail "$packed_a and $packed_b did not train as one pack: $(grep -i pack "$tmp/server.log" | tail -3)"
+node "$cache/packed_check.cjs" "$url" "$out" "$packed_a" "$packed_b" || fail "the packed runs' pages"
 echo "browser_test: PASS (screenshots in $out)"
