@@ -18,6 +18,9 @@
 #include "server/engine/train/batch_split.h"
 #include "server/engine/train/latent_trainer.h"
 #include "server/engine/train/regression_trainer.h"
+#include "server/engine/analysis/task_vectors.h"
+#include "server/engine/setup/decoder_setup.h"
+#include "server/common/seeds.h"
 
 namespace ce = circuitlab::engine;
 
@@ -30,6 +33,40 @@ double Seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_cloc
 void Write(std::ofstream& out, const torch::Tensor& t) {
   torch::Tensor c = t.contiguous();
   out.write(reinterpret_cast<const char*>(c.data_ptr()), static_cast<std::streamsize>(c.nbytes()));
+}
+
+// (c) The task-vector analyses' forward (analysis/task_vectors.cc's
+// HiddenStates): `n` sequences in chunks of kTvChunk, no gradient, every
+// block's output stream captured at the last position as float64, for a
+// decoder of `members` members (a pack) fed the same tokens. Returns member
+// sequences per second.
+double HiddenStatesRate(const circuitlab::v1::ExperimentSpec& spec, int members, int64_t n, int repeats) {
+  torch::NoGradGuard no_grad;
+  std::vector<uint64_t> seeds;
+  for (int e = 0; e < members; ++e) seeds.push_back(spec.seed() + static_cast<uint64_t>(e));
+  auto model = ce::MakeDecoder(spec, members, torch::kCPU);
+  ce::InitializeDecoder(seeds, *model);
+  ce::LatentTaskGenerator task(spec.task().latent(), circuitlab::PoolSeedOf(spec.seed()));
+  torch::Generator gen = ce::MakeGenerator(7);
+  const torch::Tensor tokens = task.SampleTrain(n, gen).tokens;  // [n, T]
+  const int64_t last = tokens.size(1) - 1;
+  std::vector<torch::Tensor> kept;
+  ce::HookFn capture = [&](const std::string& point, const torch::Tensor& v) -> torch::Tensor {
+    if (point.find(".post_mlp") != std::string::npos) kept.push_back(v.select(2, last).to(torch::kDouble));
+    return {};
+  };
+  auto pass = [&] {
+    kept.clear();
+    for (int64_t b = 0; b < n; b += ce::kTvChunk) {
+      torch::Tensor chunk = tokens.narrow(0, b, std::min(ce::kTvChunk, n - b));
+      model->Forward(chunk.unsqueeze(0).expand({members, chunk.size(0), chunk.size(1)}).contiguous(), &capture);
+    }
+  };
+  pass();  // warm-up
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int r = 0; r < repeats; ++r) pass();
+  const double s = Seconds(t0, std::chrono::steady_clock::now());
+  return static_cast<double>(members) * static_cast<double>(n) * repeats / s;
 }
 
 }  // namespace
@@ -86,6 +123,11 @@ int main(int argc, char** argv) {
   app.add_option("--members", members,
                  "Members trained as one ensemble in (a), seeds spec.seed + 0..members-1 (a packed sweep; issue 48)")
       ->check(CLI::Range(1, 64));
+  int64_t hidden_states = 0;
+  app.add_option("--hidden-states", hidden_states,
+                 "Instead of (a) and (b): the task-vector analyses' forward over this many sequences, one member "
+                 "after another against --members packed (token tasks; issue 48)")
+      ->check(CLI::Range(0, 1 << 20));
   bool reference_ops = false;
   app.add_flag("--reference-ops", reference_ops,
                "The decoder's reference ATen ops instead of its fused CPU kernels (models/decoder_kernels.h)");
@@ -104,6 +146,19 @@ int main(int argc, char** argv) {
 
   // E2: continuous tokens read in (x, the y flag), a scalar read-out.
   const bool regression = ce::SpecFamilyOf(*spec).ContinuousInputWidth(*spec) > 0;
+  if (hidden_states > 0) {
+    if (regression) {
+      std::fprintf(stderr, "--hidden-states: token tasks only\n");
+      return 2;
+    }
+    const int repeats = std::max(1, steps / members);
+    const double alone = HiddenStatesRate(*spec, 1, hidden_states, repeats * members);
+    const double packed = HiddenStatesRate(*spec, members, hidden_states, repeats);
+    std::printf("{\"side\": \"cpp\", \"threads\": %d, \"members\": %d, \"sequences\": %lld, "
+                "\"alone_member_seqs_per_s\": %.1f, \"packed_member_seqs_per_s\": %.1f}\n",
+                threads, members, static_cast<long long>(hidden_states), alone, packed);
+    return 0;
+  }
   // (a) the server's step.
   std::vector<uint64_t> seeds;
   for (int e = 0; e < members; ++e) seeds.push_back(spec->seed() + static_cast<uint64_t>(e));
