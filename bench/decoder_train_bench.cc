@@ -7,20 +7,23 @@
 // weights on exactly the same data; the first steps' losses are printed for
 // a cross-check. Prints one JSON object.
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <string>
+#include <vector>
 
 #include "client/lib/client.h"
+#include "server/common/seeds.h"
+#include "server/engine/analysis/task_vectors.h"
 #include "server/engine/families/family.h"
 #include "server/engine/models/decoder_kernels.h"
+#include "server/engine/setup/decoder_setup.h"
 #include "server/engine/spec.h"
 #include "server/engine/train/batch_split.h"
 #include "server/engine/train/latent_trainer.h"
 #include "server/engine/train/regression_trainer.h"
-#include "server/engine/analysis/task_vectors.h"
-#include "server/engine/setup/decoder_setup.h"
-#include "server/common/seeds.h"
 
 namespace ce = circuitlab::engine;
 

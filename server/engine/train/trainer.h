@@ -3,9 +3,9 @@
 //
 // Member e of an ensemble is defined by its master seed (and its own
 // initial_coordinates): its task pool, training stream, initialisation and
-// evaluation sets derive from it, so
-// member e trains exactly as a one-member run with that seed would (the
-// ensemble shares tensor ops, not randomness or parameters). Checkpoints,
+// evaluation sets derive from them, so member e trains exactly as a
+// one-member run of its spec would (the ensemble shares tensor ops, not
+// randomness or parameters). Checkpoints,
 // the optimiser and the RNG convention come from TrainerBase.
 #pragma once
 
