@@ -72,6 +72,32 @@ double HiddenStatesRate(const circuitlab::v1::ExperimentSpec& spec, int members,
   return static_cast<double>(members) * static_cast<double>(n) * repeats / s;
 }
 
+// The resolved decoder spec of `path`, at batch size `batch` (0: the spec's).
+absl::StatusOr<circuitlab::v1::ExperimentSpec> DecoderSpec(const std::string& path, int batch) {
+  absl::StatusOr<circuitlab::v1::ExperimentSpec> spec = circuitlab::client::ReadSpecFile(path);
+  if (!spec.ok()) return spec.status();
+  if (batch > 0) spec->mutable_training()->set_batch_size(static_cast<uint32_t>(batch));
+  if (absl::Status s = ce::ResolveSpec({}, &*spec); !s.ok()) return s;
+  if (!ce::SpecFamilyOf(*spec).has_task_vectors()) return absl::InvalidArgumentError("not a decoder spec");
+  return spec;
+}
+
+// --hidden-states: one member after another against `members` packed, as
+// one JSON line. Exit status 2 for a regression spec (no tokens).
+int PrintHiddenStates(const circuitlab::v1::ExperimentSpec& spec, int members, int64_t n, int steps, int threads) {
+  if (ce::SpecFamilyOf(spec).ContinuousInputWidth(spec) > 0) {
+    std::fprintf(stderr, "--hidden-states: token tasks only\n");
+    return 2;
+  }
+  const int repeats = std::max(1, steps / members);
+  const double alone = HiddenStatesRate(spec, 1, n, repeats * members);
+  const double packed = HiddenStatesRate(spec, members, n, repeats);
+  std::printf("{\"side\": \"cpp\", \"threads\": %d, \"members\": %d, \"sequences\": %lld, "
+              "\"alone_member_seqs_per_s\": %.1f, \"packed_member_seqs_per_s\": %.1f}\n",
+              threads, members, static_cast<long long>(n), alone, packed);
+  return 0;
+}
+
 }  // namespace
 
 // The Python peer's file: the shapes and B.3 switches, the hyperparameters,
@@ -111,9 +137,8 @@ void AppendBatches(const std::string& dump, const std::vector<torch::Tensor>& ba
 
 int main(int argc, char** argv) {
   CLI::App app{"Decoder training-step benchmark (C++ side)"};
-  std::string spec_path;
+  std::string spec_path, dump;
   int steps = 100, warmup = 10, fixed_batches = 8, threads = 1, batch = 0, members = 1;
-  std::string dump;
   app.add_option("--spec", spec_path, "ExperimentSpec JSON (task.latent)")->required()->check(CLI::ExistingFile);
   app.add_option("--steps", steps, "Timed steps");
   app.add_option("--warmup", warmup, "Untimed steps first");
@@ -138,30 +163,15 @@ int main(int argc, char** argv) {
   ce::SetFusedKernelsEnabled(!reference_ops);
   at::set_num_threads(threads);  // the trainer takes them over (batch_split.h)
 
-  auto spec = circuitlab::client::ReadSpecFile(spec_path);
-  if (spec.ok() && batch > 0) spec->mutable_training()->set_batch_size(static_cast<uint32_t>(batch));
-  absl::Status resolved = spec.ok() ? ce::ResolveSpec({}, &*spec) : spec.status();
-  if (!resolved.ok() || !ce::SpecFamilyOf(*spec).has_task_vectors()) {
-    std::fprintf(stderr, "bad spec (a task.latent spec is needed): %s\n", std::string(resolved.message()).c_str());
+  absl::StatusOr<circuitlab::v1::ExperimentSpec> spec = DecoderSpec(spec_path, batch);
+  if (!spec.ok()) {
+    std::fprintf(stderr, "bad spec (a task.latent spec is needed): %s\n", std::string(spec.status().message()).c_str());
     return 2;
   }
   spec->mutable_training()->set_steps(static_cast<uint64_t>(steps + warmup) * 4);
-
+  if (hidden_states > 0) return PrintHiddenStates(*spec, members, hidden_states, steps, threads);
   // E2: continuous tokens read in (x, the y flag), a scalar read-out.
   const bool regression = ce::SpecFamilyOf(*spec).ContinuousInputWidth(*spec) > 0;
-  if (hidden_states > 0) {
-    if (regression) {
-      std::fprintf(stderr, "--hidden-states: token tasks only\n");
-      return 2;
-    }
-    const int repeats = std::max(1, steps / members);
-    const double alone = HiddenStatesRate(*spec, 1, hidden_states, repeats * members);
-    const double packed = HiddenStatesRate(*spec, members, hidden_states, repeats);
-    std::printf("{\"side\": \"cpp\", \"threads\": %d, \"members\": %d, \"sequences\": %lld, "
-                "\"alone_member_seqs_per_s\": %.1f, \"packed_member_seqs_per_s\": %.1f}\n",
-                threads, members, static_cast<long long>(hidden_states), alone, packed);
-    return 0;
-  }
   // (a) the server's step.
   std::vector<uint64_t> seeds;
   for (int e = 0; e < members; ++e) seeds.push_back(spec->seed() + static_cast<uint64_t>(e));
